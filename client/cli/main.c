@@ -1,0 +1,48 @@
+/* batchwire: the command-line tool. One subcommand per file (cmd_*.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "batchwire/batchwire.h"
+#include "commands.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"status", bw__cmd_status, "show the coordinator's workers (table or --json)"},
+    {"health", bw__cmd_health, "ask any batchwire daemon whether it is serving"},
+    {"plan", bw__cmd_plan, "print the batches each rank gets, offline (JSON lines)"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "Usage: batchwire COMMAND [options]   (batchwire COMMAND --help for details)\n\n"
+                 "Commands:\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].help);
+    fprintf(out, "  version  print the version\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
+        printf("batchwire %s\n", bw_version());
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "batchwire: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,32 @@
+/* Leveled logging: one line per event, context in the line ("worker=w1 peer=..."). The
+ * level is checked before anything is formatted. Daemons log to stderr; the client library
+ * logs only through the callback its embedder sets (bw_set_log_callback). */
+#ifndef BW_COMMON_LOG_H
+#define BW_COMMON_LOG_H
+
+#include "batchwire/batchwire.h"
+
+/* The most verbose level currently emitted; -1 when logging is off. */
+extern int bw__log_max_level;
+
+void bw__log_write(bw_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define BW_LOG(lvl, ...)                                                                           \
+    do {                                                                                           \
+        if ((int)(lvl) <= bw__log_max_level)                                                       \
+            bw__log_write((lvl), __VA_ARGS__);                                                     \
+    } while (0)
+#define BW_ERROR(...) BW_LOG(BW_LOG_ERROR, __VA_ARGS__)
+#define BW_WARN(...) BW_LOG(BW_LOG_WARN, __VA_ARGS__)
+#define BW_INFO(...) BW_LOG(BW_LOG_INFO, __VA_ARGS__)
+#define BW_DEBUG(...) BW_LOG(BW_LOG_DEBUG, __VA_ARGS__)
+
+/* Daemons and tools: log lines "TIME LEVEL component[pid]: message" to stderr. */
+void bw__log_to_stderr(const char *component, bw_log_level max_level);
+
+/* Parses "error", "warn", "info", "debug"; returns BW_OK or BW_INVALID_ARGUMENT. */
+int bw__log_level_parse(const char *text, bw_log_level *out);
+
+const char *bw__log_level_name(bw_log_level level);
+
+#endif

@@ -1,0 +1,29 @@
+/* Small helpers with no better home: clocks, randomness, host name. */
+#ifndef BW_COMMON_UTIL_H
+#define BW_COMMON_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Milliseconds on the monotonic clock (for intervals). */
+uint64_t bw__mono_ms(void);
+
+/* Milliseconds since the Unix epoch (for timestamps shown to people). */
+uint64_t bw__unix_ms(void);
+
+/* 64 random bits from the kernel (getrandom); falls back to clock and pid mixing. */
+uint64_t bw__random_u64(void);
+
+/* The host name, or "unknown". */
+void bw__hostname(char *out, size_t outlen);
+
+#endif
+
+#include <pthread.h>
+#include <time.h>
+
+/* A condition variable whose timed waits use CLOCK_MONOTONIC. */
+void bw__cond_init_mono(pthread_cond_t *cv);
+
+/* The CLOCK_MONOTONIC time `ms` from now, for pthread_cond_timedwait on such a variable. */
+struct timespec bw__mono_deadline(uint64_t ms);

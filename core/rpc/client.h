@@ -1,0 +1,44 @@
+/* Client side of the gRPC runtime: a channel to one address and unary calls with a deadline.
+ * Every call has a deadline; errors come back as a code and a sentence naming the method and
+ * the target. */
+#ifndef BW_RPC_CLIENT_H
+#define BW_RPC_CLIENT_H
+
+#include <stddef.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "common/arena.h"
+#include "rpc/methods.h"
+#include "rpc/tls.h"
+
+typedef struct bw_rpc_channel bw_rpc_channel;
+
+typedef struct bw_rpc_channel_opts {
+    const char *target; /* HOST:PORT */
+    bw_tls_client_files tls;
+    int max_receive_bytes; /* largest response accepted (0: 4 MiB) */
+    int max_reconnect_ms;  /* cap on the reconnect backoff (0: 1000) */
+} bw_rpc_channel_opts;
+
+/* Opens a channel (connects lazily). Returns BW_OK, or BW_TLS/BW_INVALID_ARGUMENT with a
+ * sentence in err. Calls grpc_init itself (balanced by bw__rpc_channel_close). */
+int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, char *err,
+                         size_t errlen);
+
+/* NULL is a no-op. No call may be running on the channel. */
+void bw__rpc_channel_close(bw_rpc_channel *ch);
+
+/* The target the channel was opened with. */
+const char *bw__rpc_channel_target(const bw_rpc_channel *ch);
+
+/*
+ * One unary call: sends `req`, waits up to timeout_ms, and unpacks the response into `arena`
+ * (*resp lives until the arena is reset). Returns BW_OK, or the peer's batchwire code (or one
+ * derived from the gRPC status) with "Method to TARGET: STATUS: details" in err. Thread-safe:
+ * several threads may call on one channel.
+ */
+int bw__rpc_call(bw_rpc_channel *ch, bw_method_id method, const ProtobufCMessage *req,
+                 bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, char *err,
+                 size_t errlen);
+
+#endif

@@ -1,0 +1,30 @@
+/* Every RPC of the protocol, once: path, request and response types. Servers register and
+ * clients call methods by their id here, so no path string is spelled twice. */
+#ifndef BW_RPC_METHODS_H
+#define BW_RPC_METHODS_H
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "batchwire.pb-c.h"
+#include "health.pb-c.h"
+
+typedef enum bw_method_id {
+    BW_M_HEALTH_CHECK,
+    BW_M_COORDINATOR_INFO,
+    BW_M_REGISTER_WORKER,
+    BW_M_HEARTBEAT,
+    BW_M_LIST_WORKERS,
+    BW_M_WORKER_INFO,
+    BW_M__COUNT
+} bw_method_id;
+
+typedef struct bw_rpc_method {
+    const char *path; /* "/batchwire.v1.Coordinator/Heartbeat" */
+    const char *name; /* "Heartbeat", for messages */
+    const ProtobufCMessageDescriptor *request;
+    const ProtobufCMessageDescriptor *response;
+} bw_rpc_method;
+
+extern const bw_rpc_method bw__methods[BW_M__COUNT];
+
+#endif

@@ -1,0 +1,500 @@
+#include "rpc/server.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/support/alloc.h>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/util.h"
+
+/* Everything placed on a completion queue starts with a tag: the handler of its event. */
+typedef struct tag tag;
+struct tag {
+    void (*done)(tag *t, bool ok);
+};
+
+typedef struct queue {
+    grpc_completion_queue *cq;
+    pthread_t thread;
+    bool started;
+} queue;
+
+struct bw_rpc_server {
+    grpc_server *server;
+    queue *queues;
+    int nqueues;
+    const bw_rpc_handler *handlers; /* copy, indexed like `registered` */
+    size_t nhandlers;
+    void **registered; /* grpc_server_register_method handles */
+    void *user;
+    int requests_per_method;
+    size_t call_memory_limit;
+    const char *role;
+    atomic_int stopping;
+    atomic_long live_calls;
+
+    tag shutdown_tag;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool shutdown_done;
+};
+
+/* A pre-posted request for one registered method on one queue. */
+typedef struct request {
+    tag t;
+    bw_rpc_server *srv;
+    size_t handler;
+    int qi;
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_metadata_array md;
+    grpc_byte_buffer *payload;
+} request;
+
+/* A pre-posted catch-all request (methods nobody registered). */
+typedef struct unknown_request {
+    tag t;
+    bw_rpc_server *srv;
+    int qi;
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array md;
+} unknown_request;
+
+struct bw_rpc_call {
+    tag t;
+    bw_rpc_server *srv;
+    grpc_call *call;
+    const bw_rpc_method *method;
+    bw_rpc_handler_fn fn;
+    bw_arena arena;
+    char *peer;
+    char message[512];
+    grpc_byte_buffer *send;
+    grpc_slice details;
+    grpc_metadata trailer;
+    int cancelled;
+    grpc_op ops[4];
+};
+
+static void post_request(bw_rpc_server *srv, size_t handler, int qi);
+static void post_unknown(bw_rpc_server *srv, int qi);
+
+static void *queue_thread(void *arg)
+{
+    grpc_completion_queue *cq = arg;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type == GRPC_OP_COMPLETE) {
+            tag *t = ev.tag;
+            t->done(t, ev.success != 0);
+        }
+    }
+    return NULL;
+}
+
+bw_arena *bw__rpc_call_arena(bw_rpc_call *call)
+{
+    return &call->arena;
+}
+
+const char *bw__rpc_call_peer(bw_rpc_call *call)
+{
+    if (!call->peer)
+        call->peer = grpc_call_get_peer(call->call);
+    return call->peer ? call->peer : "?";
+}
+
+int bw__rpc_fail(bw_rpc_call *call, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(call->message, sizeof(call->message), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static void call_free(bw_rpc_call *c)
+{
+    if (c->send)
+        grpc_byte_buffer_destroy(c->send);
+    grpc_slice_unref(c->details);
+    if (c->call)
+        grpc_call_unref(c->call);
+    if (c->peer)
+        gpr_free(c->peer);
+    bw__arena_reset(&c->arena);
+    atomic_fetch_sub(&c->srv->live_calls, 1);
+    free(c);
+}
+
+static void call_sent(tag *t, bool ok)
+{
+    bw_rpc_call *c = (bw_rpc_call *)t;
+    if (!ok)
+        BW_DEBUG("%s: %s from %s: response not delivered", c->srv->role, c->method->name,
+                 bw__rpc_call_peer(c));
+    call_free(c);
+}
+
+void bw__rpc_finish(bw_rpc_call *c, int rc, const ProtobufCMessage *resp)
+{
+    memset(c->ops, 0, sizeof(c->ops));
+    size_t nops = 0;
+    c->ops[nops++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (rc == BW_OK && !resp)
+        rc = bw__rpc_fail(c, BW_INTERNAL, "%s: handler returned no response", c->method->name);
+    if (rc == BW_OK) {
+        size_t len = protobuf_c_message_get_packed_size(resp);
+        grpc_slice s = grpc_slice_malloc(len);
+        protobuf_c_message_pack(resp, GRPC_SLICE_START_PTR(s));
+        c->send = grpc_raw_byte_buffer_create(&s, 1);
+        grpc_slice_unref(s); /* the byte buffer holds its own reference */
+        c->ops[nops].op = GRPC_OP_SEND_MESSAGE;
+        c->ops[nops++].data.send_message.send_message = c->send;
+    }
+    grpc_op *st = &c->ops[nops++];
+    st->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    st->data.send_status_from_server.status = bw__err_to_grpc(rc);
+    if (rc != BW_OK) {
+        if (c->message[0] == '\0')
+            snprintf(c->message, sizeof(c->message), "%s", bw_strerror(rc));
+        c->details = grpc_slice_from_copied_string(c->message);
+        st->data.send_status_from_server.status_details = &c->details;
+        /* The exact code, for batchwire peers (gRPC status codes are coarser). */
+        c->trailer.key = grpc_slice_from_static_string("bw-error");
+        c->trailer.value = grpc_slice_from_static_string(bw_err_name(rc));
+        st->data.send_status_from_server.trailing_metadata_count = 1;
+        st->data.send_status_from_server.trailing_metadata = &c->trailer;
+        BW_DEBUG("%s: %s from %s failed: %s: %s", c->srv->role, c->method->name,
+                 bw__rpc_call_peer(c), bw_err_name(rc), c->message);
+    }
+    c->ops[nops].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    c->ops[nops++].data.recv_close_on_server.cancelled = &c->cancelled;
+    c->t.done = call_sent;
+    grpc_call_error e = grpc_call_start_batch(c->call, c->ops, nops, &c->t, NULL);
+    if (e != GRPC_CALL_OK) {
+        BW_ERROR("%s: %s: cannot send the response (grpc_call_start_batch error %d)", c->srv->role,
+                 c->method->name, (int)e);
+        call_free(c);
+    }
+}
+
+static int unpack(bw_rpc_call *c, grpc_byte_buffer *payload, ProtobufCMessage **req)
+{
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, payload))
+        return bw__rpc_fail(c, BW_PROTOCOL, "%s: cannot read the request", c->method->name);
+    grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+    size_t len = GRPC_SLICE_LENGTH(all);
+    *req =
+        protobuf_c_message_unpack(c->method->request, &c->arena.pb, len, GRPC_SLICE_START_PTR(all));
+    grpc_slice_unref(all);
+    if (!*req)
+        return bw__rpc_fail(c, BW_INVALID_ARGUMENT,
+                            "%s: malformed request: %zu bytes are not a valid %s message"
+                            " (or it needs more than %zu bytes of memory)",
+                            c->method->name, len, c->method->request->name,
+                            c->srv->call_memory_limit);
+    return BW_OK;
+}
+
+static void request_arrived(tag *t, bool ok)
+{
+    request *r = (request *)t;
+    bw_rpc_server *srv = r->srv;
+    if (!ok || atomic_load(&srv->stopping)) {
+        /* Shutdown: the request was cancelled (or the call must not start). */
+        if (r->call) {
+            grpc_call_cancel_with_status(r->call, GRPC_STATUS_UNAVAILABLE, "server shutting down",
+                                         NULL);
+            grpc_call_unref(r->call);
+        }
+        if (r->payload)
+            grpc_byte_buffer_destroy(r->payload);
+        grpc_metadata_array_destroy(&r->md);
+        free(r);
+        return;
+    }
+    /* Keep the method's request count up before doing any work. */
+    post_request(srv, r->handler, r->qi);
+
+    bw_rpc_call *c = calloc(1, sizeof(*c));
+    if (!c)
+        abort(); /* daemons abort on OOM; the orchestrator restarts them */
+    atomic_fetch_add(&srv->live_calls, 1);
+    c->srv = srv;
+    c->call = r->call;
+    c->method = &bw__methods[srv->handlers[r->handler].method];
+    c->fn = srv->handlers[r->handler].fn;
+    c->details = grpc_empty_slice();
+    bw__arena_init(&c->arena, srv->call_memory_limit);
+    grpc_byte_buffer *payload = r->payload;
+    grpc_metadata_array_destroy(&r->md);
+    free(r);
+
+    ProtobufCMessage *req = NULL;
+    ProtobufCMessage *resp = NULL;
+    int rc;
+    if (!payload)
+        rc = bw__rpc_fail(c, BW_INVALID_ARGUMENT, "%s: the request carried no message",
+                          c->method->name);
+    else
+        rc = unpack(c, payload, &req);
+    if (payload)
+        grpc_byte_buffer_destroy(payload);
+    if (rc == BW_OK) {
+        rc = c->fn(srv->user, c, req, &resp);
+        if (rc == BW_RPC_DEFERRED)
+            return;
+    }
+    bw__rpc_finish(c, rc, resp);
+}
+
+static void post_request(bw_rpc_server *srv, size_t handler, int qi)
+{
+    request *r = calloc(1, sizeof(*r));
+    if (!r)
+        abort();
+    r->t.done = request_arrived;
+    r->srv = srv;
+    r->handler = handler;
+    r->qi = qi;
+    grpc_metadata_array_init(&r->md);
+    grpc_completion_queue *cq = srv->queues[qi].cq;
+    grpc_call_error e =
+        grpc_server_request_registered_call(srv->server, srv->registered[handler], &r->call,
+                                            &r->deadline, &r->md, &r->payload, cq, cq, &r->t);
+    if (e != GRPC_CALL_OK) {
+        /* Only happens while shutting down. */
+        grpc_metadata_array_destroy(&r->md);
+        free(r);
+    }
+}
+
+static void unknown_replied(tag *t, bool ok)
+{
+    (void)ok;
+    bw_rpc_call *c = (bw_rpc_call *)t;
+    call_free(c);
+}
+
+static void unknown_arrived(tag *t, bool ok)
+{
+    unknown_request *u = (unknown_request *)t;
+    bw_rpc_server *srv = u->srv;
+    if (ok && !atomic_load(&srv->stopping)) {
+        post_unknown(srv, u->qi);
+        bw_rpc_call *c = calloc(1, sizeof(*c));
+        if (!c)
+            abort();
+        atomic_fetch_add(&srv->live_calls, 1);
+        c->srv = srv;
+        c->call = u->call;
+        u->call = NULL;
+        bw__arena_init(&c->arena, 0);
+        char *method = grpc_slice_to_c_string(u->details.method);
+        snprintf(c->message, sizeof(c->message), "unknown method %s", method);
+        BW_INFO("%s: %s from %s", srv->role, c->message, bw__rpc_call_peer(c));
+        gpr_free(method);
+        c->details = grpc_slice_from_copied_string(c->message);
+        grpc_op *ops = c->ops;
+        memset(ops, 0, sizeof(c->ops));
+        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[1].data.send_status_from_server.status = GRPC_STATUS_UNIMPLEMENTED;
+        ops[1].data.send_status_from_server.status_details = &c->details;
+        ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[2].data.recv_close_on_server.cancelled = &c->cancelled;
+        c->t.done = unknown_replied;
+        if (grpc_call_start_batch(c->call, ops, 3, &c->t, NULL) != GRPC_CALL_OK)
+            call_free(c);
+    } else if (u->call) {
+        grpc_call_unref(u->call);
+    }
+    grpc_call_details_destroy(&u->details);
+    grpc_metadata_array_destroy(&u->md);
+    free(u);
+}
+
+static void post_unknown(bw_rpc_server *srv, int qi)
+{
+    unknown_request *u = calloc(1, sizeof(*u));
+    if (!u)
+        abort();
+    u->t.done = unknown_arrived;
+    u->srv = srv;
+    u->qi = qi;
+    grpc_call_details_init(&u->details);
+    grpc_metadata_array_init(&u->md);
+    grpc_completion_queue *cq = srv->queues[qi].cq;
+    if (grpc_server_request_call(srv->server, &u->call, &u->details, &u->md, cq, cq, &u->t) !=
+        GRPC_CALL_OK) {
+        grpc_call_details_destroy(&u->details);
+        grpc_metadata_array_destroy(&u->md);
+        free(u);
+    }
+}
+
+static void shutdown_done(tag *t, bool ok)
+{
+    (void)ok;
+    bw_rpc_server *srv = (bw_rpc_server *)((char *)t - offsetof(bw_rpc_server, shutdown_tag));
+    pthread_mutex_lock(&srv->mu);
+    srv->shutdown_done = true;
+    pthread_cond_broadcast(&srv->cv);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* Waits for the shutdown tag until `ms` from now (ms < 0: forever); true when it arrived. */
+static bool wait_shutdown(bw_rpc_server *srv, int ms)
+{
+    struct timespec until = bw__mono_deadline(ms > 0 ? (uint64_t)ms : 0);
+    pthread_mutex_lock(&srv->mu);
+    while (!srv->shutdown_done) {
+        if (ms < 0)
+            pthread_cond_wait(&srv->cv, &srv->mu);
+        else if (pthread_cond_timedwait(&srv->cv, &srv->mu, &until) != 0)
+            break;
+    }
+    bool done = srv->shutdown_done;
+    pthread_mutex_unlock(&srv->mu);
+    return done;
+}
+
+static void destroy(bw_rpc_server *srv)
+{
+    if (srv->server)
+        grpc_server_destroy(srv->server);
+    for (int i = 0; i < srv->nqueues; i++) {
+        if (!srv->queues[i].cq)
+            continue;
+        grpc_completion_queue_shutdown(srv->queues[i].cq);
+        if (srv->queues[i].started) {
+            pthread_join(srv->queues[i].thread, NULL);
+        } else {
+            while (grpc_completion_queue_next(srv->queues[i].cq,
+                                              gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
+                       .type != GRPC_QUEUE_SHUTDOWN)
+                ;
+        }
+        grpc_completion_queue_destroy(srv->queues[i].cq);
+    }
+    free(srv->queues);
+    free(srv->registered);
+    free((void *)srv->handlers);
+    pthread_mutex_destroy(&srv->mu);
+    pthread_cond_destroy(&srv->cv);
+    free(srv);
+    grpc_shutdown();
+}
+
+/* "127.0.0.1:0" + 40123 -> "127.0.0.1:40123" */
+static void bound_address(const char *listen, int port, char *out, size_t outlen)
+{
+    const char *colon = strrchr(listen, ':');
+    if (strncmp(listen, "unix:", 5) == 0 || !colon)
+        snprintf(out, outlen, "%s", listen);
+    else
+        snprintf(out, outlen, "%.*s:%d", (int)(colon - listen), listen, port);
+}
+
+int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *handlers, size_t n,
+                         void *user, bw_rpc_server **out, char *bound, size_t boundlen, char *err,
+                         size_t errlen)
+{
+    *out = NULL;
+    grpc_server_credentials *creds = NULL;
+    int rc = bw__tls_server_credentials(&opts->tls, &creds, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+
+    grpc_init();
+    bw_rpc_server *srv = calloc(1, sizeof(*srv));
+    bw_rpc_handler *hcopy = calloc(n ? n : 1, sizeof(*hcopy));
+    if (!srv || !hcopy)
+        abort();
+    memcpy(hcopy, handlers, n * sizeof(*hcopy));
+    srv->handlers = hcopy;
+    srv->nhandlers = n;
+    srv->user = user;
+    srv->role = opts->role ? opts->role : "server";
+    srv->requests_per_method = opts->requests_per_method > 0 ? opts->requests_per_method : 4;
+    srv->call_memory_limit = opts->call_memory_limit;
+    srv->nqueues = opts->threads > 0 ? opts->threads : 1;
+    pthread_mutex_init(&srv->mu, NULL);
+    bw__cond_init_mono(&srv->cv);
+    srv->shutdown_tag.done = shutdown_done;
+
+    grpc_arg args[1];
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = opts->max_receive_bytes > 0 ? opts->max_receive_bytes : 4 << 20;
+    grpc_channel_args cargs = {1, args};
+    srv->server = grpc_server_create(&cargs, NULL);
+
+    srv->queues = calloc((size_t)srv->nqueues, sizeof(queue));
+    srv->registered = calloc(n ? n : 1, sizeof(void *));
+    if (!srv->queues || !srv->registered)
+        abort();
+    for (int i = 0; i < srv->nqueues; i++) {
+        srv->queues[i].cq = grpc_completion_queue_create_for_next(NULL);
+        grpc_server_register_completion_queue(srv->server, srv->queues[i].cq, NULL);
+    }
+    for (size_t h = 0; h < n; h++)
+        srv->registered[h] =
+            grpc_server_register_method(srv->server, bw__methods[handlers[h].method].path, NULL,
+                                        GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+
+    int port = grpc_server_add_http2_port(srv->server, opts->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (port == 0) {
+        snprintf(err, errlen, "cannot listen on %s (address in use, or not a local address?)",
+                 opts->listen);
+        destroy(srv);
+        return BW_UNAVAILABLE;
+    }
+    bound_address(opts->listen, port, bound, boundlen);
+    grpc_server_start(srv->server);
+    for (int i = 0; i < srv->nqueues; i++) {
+        for (size_t h = 0; h < n; h++)
+            for (int k = 0; k < srv->requests_per_method; k++)
+                post_request(srv, h, i);
+        post_unknown(srv, i);
+    }
+    for (int i = 0; i < srv->nqueues; i++) {
+        if (pthread_create(&srv->queues[i].thread, NULL, queue_thread, srv->queues[i].cq) != 0)
+            abort();
+        srv->queues[i].started = true;
+    }
+    *out = srv;
+    return BW_OK;
+}
+
+void bw__rpc_server_stop(bw_rpc_server *srv, int grace_ms)
+{
+    if (!srv)
+        return;
+    atomic_store(&srv->stopping, 1);
+    grpc_server_shutdown_and_notify(srv->server, srv->queues[0].cq, &srv->shutdown_tag);
+    if (!wait_shutdown(srv, grace_ms)) {
+        BW_WARN("%s: %ld calls still running after %d ms; cancelling them", srv->role,
+                atomic_load(&srv->live_calls), grace_ms);
+        grpc_server_cancel_all_calls(srv->server);
+        wait_shutdown(srv, -1);
+    }
+    destroy(srv);
+}

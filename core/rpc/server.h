@@ -1,0 +1,73 @@
+/*
+ * The gRPC server runtime shared by every daemon: one completion queue per thread, every
+ * registered method with several requests pre-posted on every queue, a catch-all that answers
+ * UNIMPLEMENTED for unknown methods, one arena per call, and orderly shutdown.
+ *
+ * Handlers run on a completion-queue thread, which also polls I/O: they must not block long.
+ * A handler returns BW_OK with *resp set (memory from the call's arena, or static), an error
+ * code (after bw__rpc_fail for a message), or BW_RPC_DEFERRED and later calls
+ * bw__rpc_finish from any thread.
+ */
+#ifndef BW_RPC_SERVER_H
+#define BW_RPC_SERVER_H
+
+#include <stddef.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "common/arena.h"
+#include "rpc/methods.h"
+#include "rpc/tls.h"
+
+typedef struct bw_rpc_server bw_rpc_server;
+typedef struct bw_rpc_call bw_rpc_call;
+
+enum { BW_RPC_DEFERRED = 1 };
+
+typedef int (*bw_rpc_handler_fn)(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                                 ProtobufCMessage **resp);
+
+typedef struct bw_rpc_handler {
+    bw_method_id method;
+    bw_rpc_handler_fn fn;
+} bw_rpc_handler;
+
+typedef struct bw_rpc_server_opts {
+    const char *listen; /* HOST:PORT; port 0 picks a free one */
+    bw_tls_server_files tls;
+    int threads;              /* completion-queue threads (>= 1) */
+    int requests_per_method;  /* requests pre-posted per method per queue (>= 1) */
+    int max_receive_bytes;    /* largest request accepted */
+    size_t call_memory_limit; /* cap on one call's arena (unpacked request + response) */
+    const char *role;         /* "coordinator", for log lines */
+} bw_rpc_server_opts;
+
+/*
+ * Binds, registers `handlers` (n of them; `user` is passed to each) and starts the threads.
+ * On success *out is the running server and `bound` holds the bound address
+ * ("127.0.0.1:40123"). On failure returns an error with a sentence in err; nothing is left
+ * running. Calls grpc_init itself (balanced by bw__rpc_server_stop).
+ */
+int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *handlers, size_t n,
+                         void *user, bw_rpc_server **out, char *bound, size_t boundlen, char *err,
+                         size_t errlen);
+
+/* Stops accepting calls, lets running calls finish for up to grace_ms, cancels the rest,
+ * joins the threads and frees everything. Deferred calls must be finished by their owners
+ * (their threads keep running until the call is cancelled). NULL is a no-op. */
+void bw__rpc_server_stop(bw_rpc_server *srv, int grace_ms);
+
+/* The call's arena, for the response and anything it points to. */
+bw_arena *bw__rpc_call_arena(bw_rpc_call *call);
+
+/* The peer's address ("ipv4:127.0.0.1:5555"); valid for the call's life. */
+const char *bw__rpc_call_peer(bw_rpc_call *call);
+
+/* Records a message for the error the handler is about to return; returns rc. */
+int bw__rpc_fail(bw_rpc_call *call, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Completes a deferred call: rc BW_OK sends resp, anything else sends the error status with
+ * the message recorded by bw__rpc_fail (or bw_strerror(rc)). Thread-safe. */
+void bw__rpc_finish(bw_rpc_call *call, int rc, const ProtobufCMessage *resp);
+
+#endif

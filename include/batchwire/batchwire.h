@@ -1,0 +1,92 @@
+/*
+ * batchwire — public C API of libbatchwire.
+ *
+ * Everything a program may rely on is declared under include/batchwire/; nothing else is
+ * exported from the shared library. All functions are thread-safe unless noted.
+ */
+#ifndef BATCHWIRE_BATCHWIRE_H
+#define BATCHWIRE_BATCHWIRE_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(BW_BUILDING_LIBRARY)
+#define BW_EXTERN __attribute__((visibility("default")))
+#else
+#define BW_EXTERN
+#endif
+
+#define BW_VERSION_MAJOR 0
+#define BW_VERSION_MINOR 1
+#define BW_VERSION_PATCH 0
+
+/* Returns the library version as "MAJOR.MINOR.PATCH"; a static string. */
+BW_EXTERN const char *bw_version(void);
+
+/*
+ * Error codes. Numbers are stable: a retired number is never reused. Functions return
+ * BW_OK (0) or a negative code; a sentence for people travels separately (see each API).
+ *
+ * X(name, number, grpc_status, message). grpc_status follows gRPC's rule: UNAVAILABLE means
+ * retry the call, ABORTED retry higher up, FAILED_PRECONDITION do not retry.
+ */
+#define BW_ERR_MAP(X)                                                                              \
+    X(OK, 0, OK, "success")                                                                        \
+    X(INVALID_ARGUMENT, -1, INVALID_ARGUMENT, "invalid argument")                                  \
+    X(NOMEM, -2, RESOURCE_EXHAUSTED, "out of memory")                                              \
+    X(IO, -3, INTERNAL, "input/output error")                                                      \
+    X(NOT_FOUND, -4, NOT_FOUND, "not found")                                                       \
+    X(ALREADY_EXISTS, -5, ALREADY_EXISTS, "already exists")                                        \
+    X(PERMISSION_DENIED, -6, PERMISSION_DENIED, "permission denied")                               \
+    X(UNAVAILABLE, -7, UNAVAILABLE, "service unavailable")                                         \
+    X(TIMEOUT, -8, DEADLINE_EXCEEDED, "deadline exceeded")                                         \
+    X(TOO_BIG, -9, RESOURCE_EXHAUSTED, "size limit exceeded")                                      \
+    X(CORRUPT, -10, DATA_LOSS, "corrupt data")                                                     \
+    X(PROTOCOL, -11, INTERNAL, "protocol error")                                                   \
+    X(UNIMPLEMENTED, -12, UNIMPLEMENTED, "not implemented")                                        \
+    X(FAILED_PRECONDITION, -13, FAILED_PRECONDITION, "failed precondition")                        \
+    X(ABORTED, -14, ABORTED, "aborted; retry from a higher level")                                 \
+    X(OUT_OF_RANGE, -15, OUT_OF_RANGE, "out of range")                                             \
+    X(CANCELLED, -16, CANCELLED, "cancelled")                                                      \
+    X(TLS, -17, UNAVAILABLE, "TLS setup failed")                                                   \
+    X(UNAUTHENTICATED, -18, UNAUTHENTICATED, "not authenticated")                                  \
+    X(WRONG_OWNER, -19, FAILED_PRECONDITION, "placement changed: refresh placement")               \
+    X(MISMATCH, -20, FAILED_PRECONDITION, "configuration or fingerprint mismatch")                 \
+    X(NO_DEVICE, -21, FAILED_PRECONDITION, "no GPU device available")                              \
+    X(END_OF_EPOCH, -22, OUT_OF_RANGE, "end of epoch")                                             \
+    X(INTERNAL, -23, INTERNAL, "internal error")
+
+typedef enum bw_err {
+#define BW__ERR_ENUM(name, num, grpc, msg) BW_##name = (num),
+    BW_ERR_MAP(BW__ERR_ENUM)
+#undef BW__ERR_ENUM
+} bw_err;
+
+/* A static sentence describing `rc`, e.g. "deadline exceeded"; never NULL. */
+BW_EXTERN const char *bw_strerror(int rc);
+
+/* The code's stable name, e.g. "BW_TIMEOUT"; "BW_UNKNOWN_ERROR" for numbers not in the list. */
+BW_EXTERN const char *bw_err_name(int rc);
+
+/* Log levels, most severe first. */
+typedef enum bw_log_level {
+    BW_LOG_ERROR = 0,
+    BW_LOG_WARN = 1,
+    BW_LOG_INFO = 2,
+    BW_LOG_DEBUG = 3,
+} bw_log_level;
+
+/*
+ * The library never prints. An embedder that wants its log lines sets a callback: it is
+ * called with one formatted line (no trailing newline) per event, from any thread, for
+ * events at `max_level` or more severe. NULL (the default) discards everything.
+ * Not thread-safe against concurrent library use: call it before opening anything.
+ */
+typedef void (*bw_log_fn)(void *user, bw_log_level level, const char *line);
+BW_EXTERN void bw_set_log_callback(bw_log_fn fn, void *user, bw_log_level max_level);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,32 @@
+/* The coordinator daemon: state shared by its RPC handlers. */
+#ifndef BW_SERVER_COORDINATOR_H
+#define BW_SERVER_COORDINATOR_H
+
+#include <stdint.h>
+
+#include "membership.h"
+#include "rpc/daemon.h"
+#include "rpc/server.h"
+
+typedef struct bw_coordinator_config {
+    bw_daemon_common common;
+    char *state_dir;
+    int64_t heartbeat_ms;
+    int64_t dead_after;
+} bw_coordinator_config;
+
+typedef struct bw_coordinator {
+    const bw_coordinator_config *cfg;
+    bw_membership *members;
+    char bound[256];
+    uint64_t start_ms;
+} bw_coordinator;
+
+/* The coordinator's RPC handlers (coordinator_service.c). */
+extern const bw_rpc_handler bw__coordinator_handlers[];
+extern const size_t bw__coordinator_nhandlers;
+
+/* Takes the state directory's lock (creating the directory); fd stays open while running. */
+int bw__state_dir_lock(const char *dir, int *fd, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,81 @@
+/* The coordinator's RPC handlers. They run on completion-queue threads: no blocking. */
+#include "coordinator.h"
+
+#include <string.h>
+
+#include "common/log.h"
+#include "rpc/common_handlers.h"
+
+static int on_info(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                   ProtobufCMessage **resp)
+{
+    (void)req;
+    bw_coordinator *c = user;
+    return bw__rpc_info(call, BATCHWIRE__V1__ROLE__ROLE_COORDINATOR, "", c->bound, c->start_ms,
+                        resp);
+}
+
+static int on_register(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                       ProtobufCMessage **resp)
+{
+    bw_coordinator *c = user;
+    const Batchwire__V1__RegisterWorkerRequest *r = (const void *)req;
+    char err[256];
+    int rc = bw__membership_register(c->members, r, bw__rpc_call_peer(call), err, sizeof(err));
+    if (rc != BW_OK)
+        return bw__rpc_fail(call, rc, "RegisterWorker: %s", err);
+    Batchwire__V1__RegisterWorkerResponse *out =
+        bw__arena_alloc(bw__rpc_call_arena(call), sizeof(*out));
+    if (!out)
+        return BW_NOMEM;
+    batchwire__v1__register_worker_response__init(out);
+    out->heartbeat_interval_ms = bw__membership_heartbeat_ms(c->members);
+    out->missed_heartbeats_dead = bw__membership_dead_after(c->members);
+    *resp = &out->base;
+    return BW_OK;
+}
+
+static int on_heartbeat(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                        ProtobufCMessage **resp)
+{
+    bw_coordinator *c = user;
+    const Batchwire__V1__HeartbeatRequest *r = (const void *)req;
+    char err[256];
+    bool known = false;
+    int rc = bw__membership_heartbeat(c->members, r->id, r->incarnation, &known, err, sizeof(err));
+    if (rc != BW_OK)
+        return bw__rpc_fail(call, rc, "Heartbeat: %s", err);
+    Batchwire__V1__HeartbeatResponse *out = bw__arena_alloc(bw__rpc_call_arena(call), sizeof(*out));
+    if (!out)
+        return BW_NOMEM;
+    batchwire__v1__heartbeat_response__init(out);
+    out->known = known;
+    out->heartbeat_interval_ms = bw__membership_heartbeat_ms(c->members);
+    *resp = &out->base;
+    return BW_OK;
+}
+
+static int on_list_workers(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                           ProtobufCMessage **resp)
+{
+    (void)req;
+    bw_coordinator *c = user;
+    Batchwire__V1__ListWorkersResponse *out =
+        bw__arena_alloc(bw__rpc_call_arena(call), sizeof(*out));
+    if (!out)
+        return BW_NOMEM;
+    batchwire__v1__list_workers_response__init(out);
+    int rc = bw__membership_list(c->members, bw__rpc_call_arena(call), out);
+    if (rc != BW_OK)
+        return rc;
+    *resp = &out->base;
+    return BW_OK;
+}
+
+const bw_rpc_handler bw__coordinator_handlers[] = {
+    {BW_M_HEALTH_CHECK, bw__rpc_health_check}, {BW_M_COORDINATOR_INFO, on_info},
+    {BW_M_REGISTER_WORKER, on_register},       {BW_M_HEARTBEAT, on_heartbeat},
+    {BW_M_LIST_WORKERS, on_list_workers},
+};
+const size_t bw__coordinator_nhandlers =
+    sizeof(bw__coordinator_handlers) / sizeof(bw__coordinator_handlers[0]);

@@ -1,0 +1,260 @@
+#include "membership.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batchwire/batchwire.h"
+#include "common/log.h"
+#include "common/util.h"
+
+enum { ID_MAX = 128, ADDR_MAX = 256, FORMATS_MAX = 32 };
+
+typedef struct worker {
+    char id[ID_MAX];
+    char address[ADDR_MAX];
+    uint64_t incarnation;
+    uint64_t last_heartbeat_ms; /* monotonic */
+    uint64_t registered_unix_ms;
+    uint32_t restarts;
+    bool alive;
+    char version[32];
+    uint32_t max_message_bytes;
+    size_t nformats;
+    char formats[FORMATS_MAX][16];
+} worker;
+
+struct bw_membership {
+    pthread_mutex_t mu;
+    worker *workers;
+    size_t n, cap;
+    uint32_t heartbeat_ms, dead_after;
+};
+
+bw_membership *bw__membership_new(uint32_t heartbeat_ms, uint32_t dead_after)
+{
+    bw_membership *m = calloc(1, sizeof(*m));
+    if (!m)
+        abort();
+    pthread_mutex_init(&m->mu, NULL);
+    m->heartbeat_ms = heartbeat_ms;
+    m->dead_after = dead_after;
+    return m;
+}
+
+void bw__membership_free(bw_membership *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_destroy(&m->mu);
+    free(m->workers);
+    free(m);
+}
+
+uint32_t bw__membership_heartbeat_ms(const bw_membership *m)
+{
+    return m->heartbeat_ms;
+}
+
+uint32_t bw__membership_dead_after(const bw_membership *m)
+{
+    return m->dead_after;
+}
+
+static worker *find(bw_membership *m, const char *id)
+{
+    for (size_t i = 0; i < m->n; i++)
+        if (strcmp(m->workers[i].id, id) == 0)
+            return &m->workers[i];
+    return NULL;
+}
+
+/* Worker ids appear in logs, tables and (later) placement hashes: keep them printable. */
+static int check_id(const char *id, char *err, size_t errlen)
+{
+    size_t len = strlen(id);
+    if (len == 0 || len >= ID_MAX) {
+        snprintf(err, errlen, "worker id must be 1 to %d characters (got %zu)", ID_MAX - 1, len);
+        return BW_INVALID_ARGUMENT;
+    }
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)id[i];
+        if (!(ch >= 'a' && ch <= 'z') && !(ch >= 'A' && ch <= 'Z') && !(ch >= '0' && ch <= '9') &&
+            ch != '-' && ch != '_' && ch != '.') {
+            snprintf(err, errlen,
+                     "worker id '%.64s': character %zu is not a letter, digit, '-', '_' or '.'", id,
+                     i + 1);
+            return BW_INVALID_ARGUMENT;
+        }
+    }
+    return BW_OK;
+}
+
+int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorkerRequest *req,
+                            const char *peer, char *err, size_t errlen)
+{
+    int rc = check_id(req->id, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    size_t alen = strlen(req->address);
+    if (alen == 0 || alen >= ADDR_MAX) {
+        snprintf(err, errlen, "worker %s: address must be 1 to %d characters (got %zu)", req->id,
+                 ADDR_MAX - 1, alen);
+        return BW_INVALID_ARGUMENT;
+    }
+    const Batchwire__V1__WorkerCapabilities *caps = req->capabilities;
+    if (caps && caps->n_formats > FORMATS_MAX) {
+        snprintf(err, errlen, "worker %s: %zu formats is more than the limit of %d", req->id,
+                 caps->n_formats, FORMATS_MAX);
+        return BW_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&m->mu);
+    worker *w = find(m, req->id);
+    bool is_new = w == NULL;
+    if (is_new) {
+        if (m->n == m->cap) {
+            size_t cap = m->cap ? m->cap * 2 : 16;
+            worker *nw = realloc(m->workers, cap * sizeof(*nw));
+            if (!nw)
+                abort();
+            m->workers = nw;
+            m->cap = cap;
+        }
+        w = &m->workers[m->n++];
+        memset(w, 0, sizeof(*w));
+        snprintf(w->id, sizeof(w->id), "%s", req->id);
+        w->registered_unix_ms = bw__unix_ms();
+    }
+    bool was_alive = w->alive;
+    bool restarted = !is_new && w->incarnation != req->incarnation;
+    if (restarted)
+        w->restarts++;
+    w->incarnation = req->incarnation;
+    snprintf(w->address, sizeof(w->address), "%s", req->address);
+    w->last_heartbeat_ms = bw__mono_ms();
+    w->alive = true;
+    w->nformats = 0;
+    w->max_message_bytes = caps ? caps->max_message_bytes : 0;
+    snprintf(w->version, sizeof(w->version), "%s", caps && caps->version ? caps->version : "");
+    for (size_t i = 0; caps && i < caps->n_formats; i++)
+        snprintf(w->formats[w->nformats++], sizeof(w->formats[0]), "%s", caps->formats[i]);
+    pthread_mutex_unlock(&m->mu);
+
+    if (is_new)
+        BW_INFO("worker=%s address=%s peer=%s registered", req->id, req->address, peer);
+    else if (restarted)
+        BW_INFO("worker=%s address=%s peer=%s registered again (new process%s)", req->id,
+                req->address, peer,
+                was_alive ? "; the previous one had not been marked dead yet" : "; alive again");
+    else if (!was_alive)
+        BW_INFO("worker=%s address=%s re-registered; alive again", req->id, req->address);
+    return BW_OK;
+}
+
+int bw__membership_heartbeat(bw_membership *m, const char *id, uint64_t incarnation, bool *known,
+                             char *err, size_t errlen)
+{
+    int rc = BW_OK;
+    *known = false;
+    pthread_mutex_lock(&m->mu);
+    worker *w = find(m, id);
+    if (w && w->incarnation != incarnation) {
+        snprintf(err, errlen,
+                 "worker id '%s' is now held by another process at %s; two workers must not "
+                 "share an id",
+                 id, w->address);
+        rc = BW_ALREADY_EXISTS;
+    } else if (w) {
+        bool was_alive = w->alive;
+        w->last_heartbeat_ms = bw__mono_ms();
+        w->alive = true;
+        *known = true;
+        if (!was_alive)
+            BW_INFO("worker=%s address=%s heartbeat after being marked dead; alive again", id,
+                    w->address);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return rc;
+}
+
+static uint64_t dead_ms(const bw_membership *m)
+{
+    return (uint64_t)m->heartbeat_ms * m->dead_after;
+}
+
+int bw__membership_sweep(bw_membership *m)
+{
+    int changed = 0;
+    uint64_t now = bw__mono_ms();
+    pthread_mutex_lock(&m->mu);
+    for (size_t i = 0; i < m->n; i++) {
+        worker *w = &m->workers[i];
+        uint64_t since = now - w->last_heartbeat_ms;
+        if (w->alive && since > dead_ms(m)) {
+            w->alive = false;
+            changed++;
+            BW_WARN("worker=%s address=%s marked dead: no heartbeat for %llu ms (%u missed at "
+                    "%u ms)",
+                    w->id, w->address, (unsigned long long)since, m->dead_after, m->heartbeat_ms);
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+    return changed;
+}
+
+static int by_id(const void *a, const void *b)
+{
+    const Batchwire__V1__WorkerInfo *const *x = a, *const *y = b;
+    return strcmp((*x)->id, (*y)->id);
+}
+
+int bw__membership_list(bw_membership *m, bw_arena *arena, Batchwire__V1__ListWorkersResponse *resp)
+{
+    uint64_t now = bw__mono_ms();
+    pthread_mutex_lock(&m->mu);
+    size_t n = m->n;
+    Batchwire__V1__WorkerInfo **list = bw__arena_alloc(arena, (n ? n : 1) * sizeof(*list));
+    Batchwire__V1__WorkerInfo *infos = bw__arena_alloc(arena, (n ? n : 1) * sizeof(*infos));
+    Batchwire__V1__WorkerCapabilities *caps = bw__arena_alloc(arena, (n ? n : 1) * sizeof(*caps));
+    if (!list || !infos || !caps) {
+        pthread_mutex_unlock(&m->mu);
+        return BW_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const worker *w = &m->workers[i];
+        Batchwire__V1__WorkerInfo *wi = &infos[i];
+        batchwire__v1__worker_info__init(wi);
+        batchwire__v1__worker_capabilities__init(&caps[i]);
+        wi->id = bw__arena_strdup(arena, w->id);
+        wi->address = bw__arena_strdup(arena, w->address);
+        uint64_t since = now - w->last_heartbeat_ms;
+        /* Report what a sweep would decide now, so the table never lags the clock. */
+        bool alive = w->alive && since <= dead_ms(m);
+        wi->state = alive ? BATCHWIRE__V1__WORKER_STATE__WORKER_STATE_ALIVE
+                          : BATCHWIRE__V1__WORKER_STATE__WORKER_STATE_DEAD;
+        wi->ms_since_heartbeat = since;
+        wi->incarnation = w->incarnation;
+        wi->registered_unix_ms = w->registered_unix_ms;
+        wi->restarts = w->restarts;
+        caps[i].version = bw__arena_strdup(arena, w->version);
+        caps[i].max_message_bytes = w->max_message_bytes;
+        caps[i].n_formats = w->nformats;
+        caps[i].formats = bw__arena_alloc(arena, (w->nformats ? w->nformats : 1) * sizeof(char *));
+        if (!wi->id || !wi->address || !caps[i].version || !caps[i].formats) {
+            pthread_mutex_unlock(&m->mu);
+            return BW_NOMEM;
+        }
+        for (size_t f = 0; f < w->nformats; f++)
+            caps[i].formats[f] = bw__arena_strdup(arena, w->formats[f]);
+        wi->capabilities = &caps[i];
+        list[i] = wi;
+    }
+    pthread_mutex_unlock(&m->mu);
+    qsort(list, n, sizeof(*list), by_id);
+    resp->n_workers = n;
+    resp->workers = list;
+    resp->heartbeat_interval_ms = m->heartbeat_ms;
+    resp->missed_heartbeats_dead = m->dead_after;
+    return BW_OK;
+}

@@ -1,0 +1,40 @@
+/* The coordinator's table of storage workers: registration, heartbeats and liveness.
+ * A worker is dead once it has missed `dead_after` heartbeats in a row, and alive again as
+ * soon as it heartbeats or registers. Thread-safe. */
+#ifndef BW_SERVER_MEMBERSHIP_H
+#define BW_SERVER_MEMBERSHIP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/arena.h"
+#include "batchwire.pb-c.h"
+
+typedef struct bw_membership bw_membership;
+
+bw_membership *bw__membership_new(uint32_t heartbeat_ms, uint32_t dead_after);
+void bw__membership_free(bw_membership *m);
+
+uint32_t bw__membership_heartbeat_ms(const bw_membership *m);
+uint32_t bw__membership_dead_after(const bw_membership *m);
+
+/* Adds or updates a worker; a new incarnation of a known id replaces the old process. */
+int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorkerRequest *req,
+                            const char *peer, char *err, size_t errlen);
+
+/* Records a heartbeat. *known is false when the id or incarnation is unknown (the worker must
+ * register again). Returns BW_ALREADY_EXISTS with a sentence when another process has taken
+ * over the id. */
+int bw__membership_heartbeat(bw_membership *m, const char *id, uint64_t incarnation, bool *known,
+                             char *err, size_t errlen);
+
+/* Marks workers dead whose heartbeats are overdue and logs every transition; returns how many
+ * changed. Called periodically. */
+int bw__membership_sweep(bw_membership *m);
+
+/* Fills resp->workers (sorted by id) with a snapshot, allocated in `arena`. */
+int bw__membership_list(bw_membership *m, bw_arena *arena,
+                        Batchwire__V1__ListWorkersResponse *resp);
+
+#endif

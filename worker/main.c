@@ -1,0 +1,129 @@
+/* batchwire-worker: serves dataset shards below --data-root and keeps itself registered with
+ * the coordinator. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/util.h"
+#include "worker.h"
+
+static const bw_opt options[] = {
+    BW_DAEMON_OPTS(bw_worker_config, common, "127.0.0.1:7701"),
+    {"coordinator", BW_OPT_ADDR, offsetof(bw_worker_config, coordinator), NULL, 0, 0, NULL,
+     BW_OPT_REQUIRED, "HOST:PORT", "the coordinator to register with"},
+    {"data-root", BW_OPT_PATH, offsetof(bw_worker_config, data_root), NULL, 0, 0, NULL,
+     BW_OPT_REQUIRED, "DIR", "datasets are read below this directory only"},
+    {"id", BW_OPT_STRING, offsetof(bw_worker_config, id), NULL, 0, 0, NULL, 0, "NAME",
+     "stable worker id (default: the host name, e.g. the StatefulSet pod name)"},
+    {"advertise", BW_OPT_ADDR, offsetof(bw_worker_config, advertise), NULL, 0, 0, NULL, 0,
+     "HOST:PORT", "address clients use to reach this worker (default: the bound address)"},
+    {"tls-ca", BW_OPT_PATH, offsetof(bw_worker_config, tls_ca), NULL, 0, 0, NULL, 0, "FILE",
+     "PEM CA that signed the coordinator's certificate: talk TLS to the coordinator"},
+    {"tls-server-name", BW_OPT_STRING, offsetof(bw_worker_config, tls_server_name), NULL, 0, 0,
+     NULL, 0, "NAME", "name to verify in the coordinator's certificate instead of its host"},
+    {"rpc-timeout-ms", BW_OPT_INT, offsetof(bw_worker_config, rpc_timeout_ms), "2000", 10, 600000,
+     NULL, 0, "MS", "deadline of each call to the coordinator"},
+    BW_OPT_END,
+};
+
+static int resolve_data_root(bw_worker *w, char *err, size_t errlen)
+{
+    char real[PATH_MAX];
+    if (!realpath(w->cfg->data_root, real)) {
+        snprintf(err, errlen, "--data-root %s: %s", w->cfg->data_root, strerror(errno));
+        return BW_INVALID_ARGUMENT;
+    }
+    struct stat st;
+    if (stat(real, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "--data-root %s: not a directory", w->cfg->data_root);
+        return BW_INVALID_ARGUMENT;
+    }
+    snprintf(w->data_root, sizeof(w->data_root), "%s", real);
+    return BW_OK;
+}
+
+/* Clients need a routable address: replace a wildcard host by the host name. */
+static void advertise_address(bw_worker *w)
+{
+    if (w->cfg->advertise) {
+        snprintf(w->advertise, sizeof(w->advertise), "%s", w->cfg->advertise);
+        return;
+    }
+    const char *colon = strrchr(w->bound, ':');
+    size_t hostlen = colon ? (size_t)(colon - w->bound) : 0;
+    if (colon && ((hostlen == 7 && strncmp(w->bound, "0.0.0.0", 7) == 0) ||
+                  (hostlen == 4 && strncmp(w->bound, "[::]", 4) == 0))) {
+        char host[200];
+        bw__hostname(host, sizeof(host));
+        snprintf(w->advertise, sizeof(w->advertise), "%s%s", host, colon);
+    } else {
+        snprintf(w->advertise, sizeof(w->advertise), "%s", w->bound);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    bw__daemon_block_signals();
+    bw_worker_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    int status =
+        bw__config_main("batchwire-worker", "--coordinator HOST:PORT --data-root DIR [options]",
+                        "Serves dataset shards to batchwire clients.", options, &cfg, argc, argv);
+    if (status >= 0) {
+        bw__config_free(options, &cfg);
+        return status;
+    }
+    bw__log_to_stderr("worker", (bw_log_level)cfg.common.log_level);
+
+    bw_worker w;
+    memset(&w, 0, sizeof(w));
+    w.cfg = &cfg;
+    w.start_ms = bw__mono_ms();
+    w.incarnation = bw__random_u64();
+    if (cfg.id)
+        snprintf(w.id, sizeof(w.id), "%s", cfg.id);
+    else
+        bw__hostname(w.id, sizeof(w.id));
+
+    char err[512];
+    bw_rpc_server *srv = NULL;
+    int rc = resolve_data_root(&w, err, sizeof(err));
+    if (rc == BW_OK)
+        rc = bw__worker_connect(&w, err, sizeof(err));
+    if (rc == BW_OK) {
+        bw_rpc_server_opts so;
+        bw__daemon_server_opts(&cfg.common, "worker", &so);
+        rc = bw__rpc_server_start(&so, bw__worker_handlers, bw__worker_nhandlers, &w, &srv, w.bound,
+                                  sizeof(w.bound), err, sizeof(err));
+    }
+    if (rc == BW_OK) {
+        advertise_address(&w);
+        BW_INFO("listening on %s (%s%s) worker=%s advertise=%s data-root=%s coordinator=%s",
+                w.bound, cfg.common.tls_cert ? "TLS" : "plaintext",
+                cfg.common.tls_client_ca ? ", client certificates required" : "", w.id, w.advertise,
+                w.data_root, cfg.coordinator);
+        rc = bw__worker_membership_start(&w, err, sizeof(err));
+        if (rc != BW_OK)
+            bw__rpc_server_stop(srv, 0);
+    }
+    if (rc != BW_OK) {
+        BW_ERROR("cannot start: %s", err);
+        bw__worker_membership_stop(&w);
+        bw__config_free(options, &cfg);
+        return 1;
+    }
+    int sig;
+    while ((sig = bw__daemon_wait_signal(200)) == 0 && !atomic_load(&w.fatal))
+        ;
+    if (sig)
+        BW_INFO("received %s; shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    bw__worker_membership_stop(&w);
+    bw__rpc_server_stop(srv, (int)cfg.common.grace_ms);
+    BW_INFO("stopped");
+    status = atomic_load(&w.fatal) ? 1 : 0;
+    bw__config_free(options, &cfg);
+    return status;
+}

@@ -1,0 +1,171 @@
+/* The worker's side of membership: register, then heartbeat at the coordinator's interval;
+ * register again when the coordinator forgets us; retry with capped backoff when it is away. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "worker.h"
+
+/* Sleeps up to ms unless stopping; returns true when stopping. */
+static bool nap(bw_worker *w, uint64_t ms)
+{
+    struct timespec until = bw__mono_deadline(ms);
+    pthread_mutex_lock(&w->mu);
+    while (!w->stopping && pthread_cond_timedwait(&w->cv, &w->mu, &until) == 0)
+        ;
+    bool stopping = w->stopping;
+    pthread_mutex_unlock(&w->mu);
+    return stopping;
+}
+
+static int do_register(bw_worker *w, uint32_t *interval_ms, char *err, size_t errlen)
+{
+    static char *formats[] = {NULL};
+    Batchwire__V1__WorkerCapabilities caps = BATCHWIRE__V1__WORKER_CAPABILITIES__INIT;
+    caps.n_formats = 0;
+    caps.formats = formats;
+    caps.max_message_bytes = (uint32_t)w->cfg->common.max_message_bytes;
+    caps.version = (char *)bw_version();
+    Batchwire__V1__RegisterWorkerRequest req = BATCHWIRE__V1__REGISTER_WORKER_REQUEST__INIT;
+    req.id = w->id;
+    req.address = w->advertise;
+    req.capabilities = &caps;
+    req.incarnation = w->incarnation;
+    bw_arena arena;
+    bw__arena_init(&arena, 1 << 20);
+    ProtobufCMessage *resp = NULL;
+    int rc = bw__rpc_call(w->coord, BW_M_REGISTER_WORKER, &req.base, &arena, &resp,
+                          (int)w->cfg->rpc_timeout_ms, err, errlen);
+    if (rc == BW_OK) {
+        const Batchwire__V1__RegisterWorkerResponse *r = (const void *)resp;
+        if (r->heartbeat_interval_ms > 0)
+            *interval_ms = r->heartbeat_interval_ms;
+    }
+    bw__arena_reset(&arena);
+    return rc;
+}
+
+static int do_heartbeat(bw_worker *w, bool *known, uint32_t *interval_ms, char *err, size_t errlen)
+{
+    Batchwire__V1__HeartbeatRequest req = BATCHWIRE__V1__HEARTBEAT_REQUEST__INIT;
+    req.id = w->id;
+    req.incarnation = w->incarnation;
+    bw_arena arena;
+    bw__arena_init(&arena, 1 << 20);
+    ProtobufCMessage *resp = NULL;
+    int rc = bw__rpc_call(w->coord, BW_M_HEARTBEAT, &req.base, &arena, &resp,
+                          (int)w->cfg->rpc_timeout_ms, err, errlen);
+    if (rc == BW_OK) {
+        const Batchwire__V1__HeartbeatResponse *r = (const void *)resp;
+        *known = r->known;
+        if (r->heartbeat_interval_ms > 0)
+            *interval_ms = r->heartbeat_interval_ms;
+    }
+    bw__arena_reset(&arena);
+    return rc;
+}
+
+static void *membership_thread(void *arg)
+{
+    bw_worker *w = arg;
+    bool registered = false;
+    uint32_t interval = 1000;
+    uint64_t backoff = 100;
+    char err[512], last_err[512] = "";
+    uint64_t last_err_ms = 0;
+    do {
+        int rc;
+        if (!registered) {
+            rc = do_register(w, &interval, err, sizeof(err));
+            if (rc == BW_OK) {
+                registered = true;
+                backoff = 100;
+                last_err[0] = '\0';
+                BW_INFO("worker=%s registered with coordinator %s as %s (heartbeat every %u ms)",
+                        w->id, w->cfg->coordinator, w->advertise, interval);
+            }
+        } else {
+            bool known = true;
+            rc = do_heartbeat(w, &known, &interval, err, sizeof(err));
+            if (rc == BW_OK && !known) {
+                BW_WARN("worker=%s the coordinator does not know this worker (it restarted?); "
+                        "registering again",
+                        w->id);
+                registered = false;
+                continue;
+            }
+            if (rc == BW_OK)
+                last_err[0] = '\0';
+        }
+        if (rc == BW_ALREADY_EXISTS) {
+            BW_ERROR("worker=%s stopping: %s", w->id, err);
+            atomic_store(&w->fatal, 1);
+            break;
+        }
+        if (rc != BW_OK) {
+            /* Say it once, then again only when it changes or every 10 s. */
+            uint64_t now = bw__mono_ms();
+            if (strcmp(err, last_err) != 0 || now - last_err_ms > 10000) {
+                BW_WARN("worker=%s %s failed (will retry): %s", w->id,
+                        registered ? "heartbeat" : "registration", err);
+                snprintf(last_err, sizeof(last_err), "%s", err);
+                last_err_ms = now;
+            }
+            if (nap(w, registered ? interval : backoff))
+                break;
+            if (!registered)
+                backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+            continue;
+        }
+    } while (!nap(w, interval));
+    return NULL;
+}
+
+int bw__worker_connect(bw_worker *w, char *err, size_t errlen)
+{
+    bw_rpc_channel_opts co;
+    memset(&co, 0, sizeof(co));
+    co.target = w->cfg->coordinator;
+    co.tls.ca = w->cfg->tls_ca;
+    co.tls.cert = w->cfg->common.tls_cert;
+    co.tls.key = w->cfg->common.tls_key;
+    co.tls.server_name = w->cfg->tls_server_name;
+    co.max_receive_bytes = (int)w->cfg->common.max_message_bytes;
+    return bw__rpc_channel_open(&co, &w->coord, err, errlen);
+}
+
+int bw__worker_membership_start(bw_worker *w, char *err, size_t errlen)
+{
+    pthread_mutex_init(&w->mu, NULL);
+    bw__cond_init_mono(&w->cv);
+    if (pthread_create(&w->hb_thread, NULL, membership_thread, w) != 0) {
+        snprintf(err, errlen, "cannot start the heartbeat thread");
+        bw__rpc_channel_close(w->coord);
+        w->coord = NULL;
+        return BW_INTERNAL;
+    }
+    w->hb_started = true;
+    return BW_OK;
+}
+
+void bw__worker_membership_stop(bw_worker *w)
+{
+    if (!w->coord)
+        return;
+    if (!w->hb_started) {
+        bw__rpc_channel_close(w->coord);
+        w->coord = NULL;
+        return;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->stopping = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->hb_thread, NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    bw__rpc_channel_close(w->coord);
+    w->coord = NULL;
+}

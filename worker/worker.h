@@ -1,0 +1,56 @@
+/* The storage worker daemon. */
+#ifndef BW_WORKER_WORKER_H
+#define BW_WORKER_WORKER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "rpc/client.h"
+#include "rpc/daemon.h"
+#include "rpc/server.h"
+
+typedef struct bw_worker_config {
+    bw_daemon_common common;
+    char *coordinator;
+    char *data_root;
+    char *id;
+    char *advertise;
+    char *tls_ca;
+    char *tls_server_name;
+    int64_t rpc_timeout_ms;
+} bw_worker_config;
+
+typedef struct bw_worker {
+    const bw_worker_config *cfg;
+    char id[128];
+    char data_root[4096]; /* resolved */
+    char bound[256];
+    char advertise[256];
+    uint64_t incarnation;
+    uint64_t start_ms;
+
+    /* membership: the heartbeat thread */
+    bw_rpc_channel *coord;
+    pthread_t hb_thread;
+    bool hb_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stopping;
+    atomic_int fatal; /* set when the worker must exit (id taken over) */
+} bw_worker;
+
+extern const bw_rpc_handler bw__worker_handlers[];
+extern const size_t bw__worker_nhandlers;
+
+/* Opens the channel to the coordinator (checks the client TLS files). */
+int bw__worker_connect(bw_worker *w, char *err, size_t errlen);
+
+/* Starts the thread that registers with the coordinator and heartbeats. */
+int bw__worker_membership_start(bw_worker *w, char *err, size_t errlen);
+
+/* Stops and joins it and closes the channel; safe when only connected. */
+void bw__worker_membership_stop(bw_worker *w);
+
+#endif
