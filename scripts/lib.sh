@@ -1,0 +1,38 @@
+# Shared by scripts/demo and scripts/test: install missing Debian packages, configure, build.
+# shellcheck shell=bash
+
+BW_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# What building needs (Debian 12 / Ubuntu 22.04+ package names).
+BW_BUILD_PACKAGES=(gcc libc6-dev make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev
+    protobuf-c-compiler libssl-dev openssl ca-certificates)
+# What the test suite needs on top.
+BW_TEST_PACKAGES=(libcmocka-dev python3 python3-grpcio python3-protobuf python3-numpy
+    clang-format)
+
+bw_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+# bw_install PKG...: installs the packages that are not installed yet (sudo when not root).
+bw_install() {
+    local missing=() p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
+            missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    bw_log "installing missing packages: ${missing[*]}"
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}"
+}
+
+# bw_build DIR [CMAKE_ARGS...]: configures (once) and builds into DIR.
+bw_build() {
+    local dir=$1
+    shift
+    bw_log "building into ${dir#"$BW_ROOT"/}"
+    cmake -S "$BW_ROOT" -B "$dir" -G Ninja "$@" >/dev/null
+    cmake --build "$dir" -- -j"$(nproc)"
+}
