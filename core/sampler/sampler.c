@@ -116,12 +116,17 @@ int bw__sampler_resize(bw__sampler *s, uint64_t at_step, uint64_t world_size, ch
     uint64_t k = at_step - cur->first_step;
     uint64_t min_steps = bw__layout_steps(l, l->world - 1), max_steps = bw__layout_max_steps(l);
     if (k > min_steps && k != max_steps) {
-        if (err && errlen)
+        if (err && errlen && min_steps == max_steps)
             snprintf(err, errlen,
-                     "resume_from_step %llu: with world_size %llu ranks have %llu to %llu "
-                     "steps from step %llu, so not every rank can have run %llu steps",
+                     "resume_from_step %llu is past the end of the epoch: with world_size %llu "
+                     "it ends at step %llu",
+                     (ull)at_step, (ull)l->world, (ull)(cur->first_step + max_steps));
+        else if (err && errlen)
+            snprintf(err, errlen,
+                     "resume_from_step %llu: with world_size %llu ranks end at step %llu to "
+                     "%llu, so not every rank can have run %llu steps",
                      (ull)at_step, (ull)l->world, (ull)(cur->first_step + min_steps),
-                     (ull)(cur->first_step + max_steps), (ull)cur->first_step, (ull)at_step);
+                     (ull)(cur->first_step + max_steps), (ull)at_step);
         return BW_INVALID_ARGUMENT;
     }
     uint64_t offset = cur->offset + bw__layout_consumed(l, k);
