@@ -73,9 +73,11 @@ static int on_list_workers(void *user, bw_rpc_call *call, const ProtobufCMessage
 }
 
 const bw_rpc_handler bw__coordinator_handlers[] = {
-    {BW_M_HEALTH_CHECK, bw__rpc_health_check}, {BW_M_COORDINATOR_INFO, on_info},
-    {BW_M_REGISTER_WORKER, on_register},       {BW_M_HEARTBEAT, on_heartbeat},
-    {BW_M_LIST_WORKERS, on_list_workers},
+    {BW_METHOD(BW_M_HEALTH_CHECK), bw__rpc_health_check},
+    {BW_METHOD(BW_M_COORDINATOR_INFO), on_info},
+    {BW_METHOD(BW_M_REGISTER_WORKER), on_register},
+    {BW_METHOD(BW_M_HEARTBEAT), on_heartbeat},
+    {BW_METHOD(BW_M_LIST_WORKERS), on_list_workers},
 };
 const size_t bw__coordinator_nhandlers =
     sizeof(bw__coordinator_handlers) / sizeof(bw__coordinator_handlers[0]);

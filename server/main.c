@@ -73,6 +73,7 @@ int main(int argc, char **argv)
         return status;
     }
     bw__log_to_stderr("coordinator", (bw_log_level)cfg.common.log_level);
+    bw__daemon_route_grpc_logs((bw_log_level)cfg.common.log_level);
 
     char err[512];
     int lock_fd = -1;

@@ -77,6 +77,7 @@ int main(int argc, char **argv)
         return status;
     }
     bw__log_to_stderr("worker", (bw_log_level)cfg.common.log_level);
+    bw__daemon_route_grpc_logs((bw_log_level)cfg.common.log_level);
 
     bw_worker w;
     memset(&w, 0, sizeof(w));

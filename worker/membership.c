@@ -36,7 +36,7 @@ static int do_register(bw_worker *w, uint32_t *interval_ms, char *err, size_t er
     bw_arena arena;
     bw__arena_init(&arena, 1 << 20);
     ProtobufCMessage *resp = NULL;
-    int rc = bw__rpc_call(w->coord, BW_M_REGISTER_WORKER, &req.base, &arena, &resp,
+    int rc = bw__rpc_call(w->coord, BW_METHOD(BW_M_REGISTER_WORKER), &req.base, &arena, &resp,
                           (int)w->cfg->rpc_timeout_ms, err, errlen);
     if (rc == BW_OK) {
         const Batchwire__V1__RegisterWorkerResponse *r = (const void *)resp;
@@ -55,7 +55,7 @@ static int do_heartbeat(bw_worker *w, bool *known, uint32_t *interval_ms, char *
     bw_arena arena;
     bw__arena_init(&arena, 1 << 20);
     ProtobufCMessage *resp = NULL;
-    int rc = bw__rpc_call(w->coord, BW_M_HEARTBEAT, &req.base, &arena, &resp,
+    int rc = bw__rpc_call(w->coord, BW_METHOD(BW_M_HEARTBEAT), &req.base, &arena, &resp,
                           (int)w->cfg->rpc_timeout_ms, err, errlen);
     if (rc == BW_OK) {
         const Batchwire__V1__HeartbeatResponse *r = (const void *)resp;

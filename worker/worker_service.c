@@ -11,7 +11,7 @@ static int on_info(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
 }
 
 const bw_rpc_handler bw__worker_handlers[] = {
-    {BW_M_HEALTH_CHECK, bw__rpc_health_check},
-    {BW_M_WORKER_INFO, on_info},
+    {BW_METHOD(BW_M_HEALTH_CHECK), bw__rpc_health_check},
+    {BW_METHOD(BW_M_WORKER_INFO), on_info},
 };
 const size_t bw__worker_nhandlers = sizeof(bw__worker_handlers) / sizeof(bw__worker_handlers[0]);

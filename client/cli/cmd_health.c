@@ -45,8 +45,8 @@ int bw__cmd_health(int argc, char **argv)
     ProtobufCMessage *resp = NULL;
     int rc = bw__rpc_channel_open(&co, &ch, err, sizeof(err));
     if (rc == BW_OK)
-        rc = bw__rpc_call(ch, BW_M_HEALTH_CHECK, &req.base, &arena, &resp, (int)cfg.timeout_ms, err,
-                          sizeof(err));
+        rc = bw__rpc_call(ch, BW_METHOD(BW_M_HEALTH_CHECK), &req.base, &arena, &resp,
+                          (int)cfg.timeout_ms, err, sizeof(err));
     if (rc == BW_OK) {
         const Grpc__Health__V1__HealthCheckResponse *r = (const void *)resp;
         const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(

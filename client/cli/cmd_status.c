@@ -130,11 +130,11 @@ int bw__cmd_status(int argc, char **argv)
     Batchwire__V1__ListWorkersRequest lreq = BATCHWIRE__V1__LIST_WORKERS_REQUEST__INIT;
     int rc = bw__rpc_channel_open(&co, &ch, err, sizeof(err));
     if (rc == BW_OK)
-        rc = bw__rpc_call(ch, BW_M_COORDINATOR_INFO, &ireq.base, &arena, &info, (int)cfg.timeout_ms,
-                          err, sizeof(err));
+        rc = bw__rpc_call(ch, BW_METHOD(BW_M_COORDINATOR_INFO), &ireq.base, &arena, &info,
+                          (int)cfg.timeout_ms, err, sizeof(err));
     if (rc == BW_OK)
-        rc = bw__rpc_call(ch, BW_M_LIST_WORKERS, &lreq.base, &arena, &lw, (int)cfg.timeout_ms, err,
-                          sizeof(err));
+        rc = bw__rpc_call(ch, BW_METHOD(BW_M_LIST_WORKERS), &lreq.base, &arena, &lw,
+                          (int)cfg.timeout_ms, err, sizeof(err));
     if (rc == BW_OK) {
         if (cfg.json)
             print_json((const void *)info, (const void *)lw, cfg.coordinator);

@@ -4,6 +4,7 @@
 
 #include "batchwire/batchwire.h"
 #include "commands.h"
+#include "rpc/daemon.h"
 
 static const struct {
     const char *name;
@@ -26,6 +27,9 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    /* Errors reach the user through each command's own message; gRPC's internal log lines
+     * (handshake failures and the like) would only repeat them in another format. */
+    bw__daemon_route_grpc_logs(BW_LOG_ERROR);
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -316,7 +316,10 @@ int bw__config_parse(const bw_opt *opts, void *cfg, int argc, char **argv, char 
         if ((o->flags & BW_OPT_REQUIRED) && !given[k] && !(o->def && is_set(o, cfg))) {
             char env[96];
             env_name(o->name, env, sizeof(env));
-            snprintf(err, errlen, "--%s is required (or set %s)", o->name, env);
+            if (o->flags & BW_OPT_NO_ENV)
+                snprintf(err, errlen, "--%s is required", o->name);
+            else
+                snprintf(err, errlen, "--%s is required (or set %s)", o->name, env);
             rc = BW_INVALID_ARGUMENT;
             goto out;
         }

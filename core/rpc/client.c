@@ -1,5 +1,8 @@
 #include "rpc/client.h"
 
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,10 +14,16 @@
 
 #include "common/errors.h"
 
+enum { BW_CHANNEL_METHODS_MAX = 64 };
+
 struct bw_rpc_channel {
     grpc_channel *channel;
     char *target;
-    void *methods[BW_M__COUNT]; /* grpc_channel_register_call handles */
+    /* grpc_channel_register_call handles, registered on first use of each method */
+    pthread_mutex_t mu;
+    const bw_rpc_method *registered[BW_CHANNEL_METHODS_MAX];
+    void *handles[BW_CHANNEL_METHODS_MAX];
+    size_t nregistered;
 };
 
 int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, char *err,
@@ -69,8 +78,7 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
         grpc_shutdown();
         return BW_INVALID_ARGUMENT;
     }
-    for (int m = 0; m < BW_M__COUNT; m++)
-        ch->methods[m] = grpc_channel_register_call(ch->channel, bw__methods[m].path, NULL, NULL);
+    pthread_mutex_init(&ch->mu, NULL);
     *out = ch;
     return BW_OK;
 }
@@ -80,6 +88,7 @@ void bw__rpc_channel_close(bw_rpc_channel *ch)
     if (!ch)
         return;
     grpc_channel_destroy(ch->channel);
+    pthread_mutex_destroy(&ch->mu);
     free(ch->target);
     free(ch);
     grpc_shutdown();
@@ -88,6 +97,25 @@ void bw__rpc_channel_close(bw_rpc_channel *ch)
 const char *bw__rpc_channel_target(const bw_rpc_channel *ch)
 {
     return ch->target;
+}
+
+/* The channel's handle for `m`, registering the method on first use. */
+static void *method_handle(bw_rpc_channel *ch, const bw_rpc_method *m)
+{
+    void *h = NULL;
+    pthread_mutex_lock(&ch->mu);
+    for (size_t i = 0; i < ch->nregistered && !h; i++)
+        if (ch->registered[i] == m)
+            h = ch->handles[i];
+    if (!h) {
+        h = grpc_channel_register_call(ch->channel, m->path, NULL, NULL);
+        if (ch->nregistered < BW_CHANNEL_METHODS_MAX) {
+            ch->registered[ch->nregistered] = m;
+            ch->handles[ch->nregistered++] = h;
+        }
+    }
+    pthread_mutex_unlock(&ch->mu);
+    return h;
 }
 
 /* The batchwire code a batchwire peer put in the "bw-error" trailer, or 1 if none. */
@@ -104,25 +132,74 @@ static int trailer_code(const grpc_metadata_array *md)
     return 1;
 }
 
-int bw__rpc_call(bw_rpc_channel *ch, bw_method_id method, const ProtobufCMessage *req,
+/* The error for a failed call: the peer's exact code when it sent one, and a sentence. */
+static int call_error(const bw_rpc_channel *ch, const bw_rpc_method *m, grpc_status_code status,
+                      grpc_slice details, const grpc_metadata_array *trailing, char *err,
+                      size_t errlen)
+{
+    int rc = trailer_code(trailing);
+    if (rc > 0)
+        rc = bw__err_from_grpc(status);
+    char *d = grpc_slice_to_c_string(details);
+    snprintf(err, errlen, "%s to %s: %s: %s", m->name, ch->target, bw__grpc_status_name(status),
+             *d ? d : bw_strerror(rc));
+    gpr_free(d);
+    return rc;
+}
+
+static void queue_destroy(grpc_completion_queue *cq)
+{
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+}
+
+static grpc_byte_buffer *pack(const ProtobufCMessage *msg)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    grpc_slice s = grpc_slice_malloc(len);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s); /* the byte buffer holds its own reference */
+    return bb;
+}
+
+static int unpack_response(const bw_rpc_channel *ch, const bw_rpc_method *m, grpc_byte_buffer *recv,
+                           bw_arena *arena, ProtobufCMessage **resp, char *err, size_t errlen)
+{
+    grpc_byte_buffer_reader reader;
+    grpc_byte_buffer_reader_init(&reader, recv);
+    grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+    *resp = protobuf_c_message_unpack(m->response, &arena->pb, GRPC_SLICE_LENGTH(all),
+                                      GRPC_SLICE_START_PTR(all));
+    int rc = BW_OK;
+    if (!*resp) {
+        snprintf(err, errlen, "%s to %s: malformed %s (%zu bytes)", m->name, ch->target,
+                 m->response->name, GRPC_SLICE_LENGTH(all));
+        rc = BW_PROTOCOL;
+    }
+    grpc_slice_unref(all);
+    return rc;
+}
+
+static gpr_timespec deadline_in(int timeout_ms)
+{
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                        gpr_time_from_millis(timeout_ms > 0 ? timeout_ms : 1, GPR_TIMESPAN));
+}
+
+int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMessage *req,
                  bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, char *err, size_t errlen)
 {
-    const bw_rpc_method *m = &bw__methods[method];
     *resp = NULL;
-    if (timeout_ms <= 0)
-        timeout_ms = 1;
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
-    gpr_timespec deadline =
-        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
-    grpc_call *call = grpc_channel_create_registered_call(
-        ch->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, ch->methods[method], deadline, NULL);
-
-    size_t len = protobuf_c_message_get_packed_size(req);
-    grpc_slice s = grpc_slice_malloc(len);
-    protobuf_c_message_pack(req, GRPC_SLICE_START_PTR(s));
-    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-
+    grpc_call *call =
+        grpc_channel_create_registered_call(ch->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                            method_handle(ch, m), deadline_in(timeout_ms), NULL);
+    grpc_byte_buffer *send = pack(req);
     grpc_metadata_array initial_md, trailing_md;
     grpc_metadata_array_init(&initial_md);
     grpc_metadata_array_init(&trailing_md);
@@ -157,31 +234,12 @@ int bw__rpc_call(bw_rpc_channel *ch, bw_method_id method, const ProtobufCMessage
         /* The call's deadline bounds the wait; the batch always completes. */
         grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (status != GRPC_STATUS_OK) {
-            rc = trailer_code(&trailing_md);
-            if (rc > 0)
-                rc = bw__err_from_grpc(status);
-            char *d = grpc_slice_to_c_string(details);
-            snprintf(err, errlen, "%s to %s: %s: %s", m->name, ch->target,
-                     bw__grpc_status_name(status), *d ? d : bw_strerror(rc));
-            gpr_free(d);
+            rc = call_error(ch, m, status, details, &trailing_md, err, errlen);
         } else if (!recv) {
             snprintf(err, errlen, "%s to %s: the response carried no message", m->name, ch->target);
             rc = BW_PROTOCOL;
         } else {
-            grpc_byte_buffer_reader reader;
-            grpc_byte_buffer_reader_init(&reader, recv);
-            grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
-            grpc_byte_buffer_reader_destroy(&reader);
-            *resp = protobuf_c_message_unpack(m->response, &arena->pb, GRPC_SLICE_LENGTH(all),
-                                              GRPC_SLICE_START_PTR(all));
-            if (!*resp) {
-                snprintf(err, errlen, "%s to %s: malformed %s (%zu bytes)", m->name, ch->target,
-                         m->response->name, GRPC_SLICE_LENGTH(all));
-                rc = BW_PROTOCOL;
-            } else {
-                rc = BW_OK;
-            }
-            grpc_slice_unref(all);
+            rc = unpack_response(ch, m, recv, arena, resp, err, errlen);
         }
     }
     if (recv)
@@ -193,10 +251,145 @@ int bw__rpc_call(bw_rpc_channel *ch, bw_method_id method, const ProtobufCMessage
     grpc_metadata_array_destroy(&initial_md);
     grpc_metadata_array_destroy(&trailing_md);
     grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
+    queue_destroy(cq);
     return rc;
+}
+
+/* Tags of a stream's batches. */
+enum { ST_START = 1, ST_STATUS, ST_MESSAGE };
+
+struct bw_rpc_stream {
+    bw_rpc_channel *ch;
+    const bw_rpc_method *m;
+    grpc_completion_queue *cq;
+    grpc_call *call;
+    grpc_byte_buffer *send;
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_status_code status;
+    grpc_slice details;
+    const char *error_string;
+    grpc_byte_buffer *recv;
+    int pending; /* batches started and not yet completed */
+    int status_done, ended;
+    grpc_op ops[4];
+    grpc_op status_op;
+    grpc_op recv_op;
+};
+
+/* Takes one completion off the stream's queue; returns its tag (0 when the queue is done). */
+static intptr_t stream_wait_one(bw_rpc_stream *st)
+{
+    grpc_event ev = grpc_completion_queue_next(st->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type != GRPC_OP_COMPLETE)
+        return 0;
+    st->pending--;
+    if ((intptr_t)ev.tag == ST_STATUS)
+        st->status_done = 1;
+    return (intptr_t)ev.tag;
+}
+
+/* Waits for the completion of batch `want`, recording the others. */
+static void stream_wait(bw_rpc_stream *st, intptr_t want)
+{
+    intptr_t t;
+    while ((t = stream_wait_one(st)) != 0 && t != want)
+        ;
+}
+
+int bw__rpc_stream_open(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMessage *req,
+                        int timeout_ms, bw_rpc_stream **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    bw_rpc_stream *st = calloc(1, sizeof(*st));
+    if (!st)
+        return BW_NOMEM;
+    st->ch = ch;
+    st->m = m;
+    st->cq = grpc_completion_queue_create_for_next(NULL);
+    st->call =
+        grpc_channel_create_registered_call(ch->channel, NULL, GRPC_PROPAGATE_DEFAULTS, st->cq,
+                                            method_handle(ch, m), deadline_in(timeout_ms), NULL);
+    st->send = pack(req);
+    st->details = grpc_empty_slice();
+    grpc_metadata_array_init(&st->initial_md);
+    grpc_metadata_array_init(&st->trailing_md);
+    memset(st->ops, 0, sizeof(st->ops));
+    st->ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    st->ops[1].op = GRPC_OP_SEND_MESSAGE;
+    st->ops[1].data.send_message.send_message = st->send;
+    st->ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    st->ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    st->ops[3].data.recv_initial_metadata.recv_initial_metadata = &st->initial_md;
+    memset(&st->status_op, 0, sizeof(st->status_op));
+    st->status_op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    st->status_op.data.recv_status_on_client.trailing_metadata = &st->trailing_md;
+    st->status_op.data.recv_status_on_client.status = &st->status;
+    st->status_op.data.recv_status_on_client.status_details = &st->details;
+    st->status_op.data.recv_status_on_client.error_string = &st->error_string;
+    bool started = grpc_call_start_batch(st->call, st->ops, 4, (void *)(intptr_t)ST_START, NULL) ==
+                   GRPC_CALL_OK;
+    st->pending += started;
+    started = started && grpc_call_start_batch(st->call, &st->status_op, 1,
+                                               (void *)(intptr_t)ST_STATUS, NULL) == GRPC_CALL_OK;
+    st->pending += started;
+    if (!started) {
+        snprintf(err, errlen, "%s to %s: cannot start the call", st->m->name, ch->target);
+        st->status_done = 1; /* nothing to cancel */
+        bw__rpc_stream_close(st);
+        return BW_INTERNAL;
+    }
+    *out = st;
+    return BW_OK;
+}
+
+int bw__rpc_stream_next(bw_rpc_stream *st, bw_arena *arena, ProtobufCMessage **msg, char *err,
+                        size_t errlen)
+{
+    *msg = NULL;
+    if (!st->ended) {
+        memset(&st->recv_op, 0, sizeof(st->recv_op));
+        st->recv_op.op = GRPC_OP_RECV_MESSAGE;
+        st->recv_op.data.recv_message.recv_message = &st->recv;
+        st->recv = NULL;
+        if (grpc_call_start_batch(st->call, &st->recv_op, 1, (void *)(intptr_t)ST_MESSAGE, NULL) !=
+            GRPC_CALL_OK) {
+            snprintf(err, errlen, "%s to %s: cannot read the stream", st->m->name, st->ch->target);
+            return BW_INTERNAL;
+        }
+        st->pending++;
+        stream_wait(st, ST_MESSAGE);
+        if (st->recv) {
+            int rc = unpack_response(st->ch, st->m, st->recv, arena, msg, err, errlen);
+            grpc_byte_buffer_destroy(st->recv);
+            st->recv = NULL;
+            return rc;
+        }
+        st->ended = 1;
+    }
+    while (!st->status_done)
+        stream_wait(st, ST_STATUS);
+    if (st->status != GRPC_STATUS_OK)
+        return call_error(st->ch, st->m, st->status, st->details, &st->trailing_md, err, errlen);
+    return BW_RPC_STREAM_END;
+}
+
+void bw__rpc_stream_close(bw_rpc_stream *st)
+{
+    if (!st)
+        return;
+    if (!st->status_done)
+        grpc_call_cancel(st->call, NULL);
+    while (st->pending > 0 && stream_wait_one(st) != 0)
+        ;
+    grpc_call_unref(st->call);
+    queue_destroy(st->cq);
+    grpc_byte_buffer_destroy(st->send);
+    if (st->recv)
+        grpc_byte_buffer_destroy(st->recv);
+    grpc_slice_unref(st->details);
+    if (st->error_string)
+        gpr_free((void *)st->error_string);
+    grpc_metadata_array_destroy(&st->initial_md);
+    grpc_metadata_array_destroy(&st->trailing_md);
+    free(st);
 }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include "batchwire/batchwire.h"
 #include "common/arena.h"
 #include "rpc/methods.h"
 #include "rpc/tls.h"
@@ -37,8 +38,25 @@ const char *bw__rpc_channel_target(const bw_rpc_channel *ch);
  * derived from the gRPC status) with "Method to TARGET: STATUS: details" in err. Thread-safe:
  * several threads may call on one channel.
  */
-int bw__rpc_call(bw_rpc_channel *ch, bw_method_id method, const ProtobufCMessage *req,
+int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *method, const ProtobufCMessage *req,
                  bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, char *err,
                  size_t errlen);
+
+/* A server-streaming call being read. Not thread-safe: one reader per stream. */
+typedef struct bw_rpc_stream bw_rpc_stream;
+
+/* Starts a server-streaming call with `req`; timeout_ms bounds the whole stream. */
+int bw__rpc_stream_open(bw_rpc_channel *ch, const bw_rpc_method *method,
+                        const ProtobufCMessage *req, int timeout_ms, bw_rpc_stream **out, char *err,
+                        size_t errlen);
+
+/* The next message, unpacked into `arena`: BW_OK with *msg set; BW_RPC_STREAM_END (positive)
+ * when the server ended the stream with OK; or the stream's error with a sentence in err. */
+enum { BW_RPC_STREAM_END = 3 };
+int bw__rpc_stream_next(bw_rpc_stream *st, bw_arena *arena, ProtobufCMessage **msg, char *err,
+                        size_t errlen);
+
+/* Cancels the call if it has not ended and frees everything. NULL is a no-op. */
+void bw__rpc_stream_close(bw_rpc_stream *st);
 
 #endif

@@ -31,7 +31,23 @@ int bw__daemon_wait_signal(int timeout_ms)
 }
 
 #include <stdio.h>
+#include <grpc/support/log.h>
 #include <string.h>
+
+/* gRPC's own log lines (handshake failures and the like) in our format and level. */
+static void grpc_log(gpr_log_func_args *args)
+{
+    bw_log_level level = args->severity == GPR_LOG_SEVERITY_ERROR  ? BW_LOG_WARN
+                         : args->severity == GPR_LOG_SEVERITY_INFO ? BW_LOG_INFO
+                                                                   : BW_LOG_DEBUG;
+    BW_LOG(level, "grpc: %s", args->message);
+}
+
+void bw__daemon_route_grpc_logs(bw_log_level level)
+{
+    gpr_set_log_function(grpc_log);
+    gpr_set_log_verbosity(level >= BW_LOG_DEBUG ? GPR_LOG_SEVERITY_DEBUG : GPR_LOG_SEVERITY_ERROR);
+}
 
 void bw__daemon_server_opts(const bw_daemon_common *c, const char *role, bw_rpc_server_opts *o)
 {

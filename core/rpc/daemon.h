@@ -98,6 +98,10 @@ typedef struct bw_daemon_common {
             NULL, "most verbose level logged to stderr"                                            \
     }
 
+/* Sends gRPC's internal log lines through our logger (errors as warnings; all of them at
+ * debug level). */
+void bw__daemon_route_grpc_logs(bw_log_level level);
+
 /* Fills server options from the common settings. */
 void bw__daemon_server_opts(const bw_daemon_common *c, const char *role, bw_rpc_server_opts *o);
 

@@ -27,4 +27,7 @@ typedef struct bw_rpc_method {
 
 extern const bw_rpc_method bw__methods[BW_M__COUNT];
 
+/* The method with id `id`. */
+#define BW_METHOD(id) (&bw__methods[id])
+
 #endif

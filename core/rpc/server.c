@@ -78,6 +78,13 @@ struct bw_rpc_call {
     const bw_rpc_method *method;
     bw_rpc_handler_fn fn;
     bw_arena arena;
+    bw_arena msg_arena;
+    /* server streaming */
+    bw_rpc_next_fn next;
+    void *stream_state;
+    void (*free_state)(void *state);
+    bool metadata_sent;
+    gpr_timespec deadline;
     char *peer;
     char message[512];
     grpc_byte_buffer *send;
@@ -128,6 +135,9 @@ int bw__rpc_fail(bw_rpc_call *call, int rc, const char *fmt, ...)
 
 static void call_free(bw_rpc_call *c)
 {
+    if (c->free_state)
+        c->free_state(c->stream_state);
+    bw__arena_reset(&c->msg_arena);
     if (c->send)
         grpc_byte_buffer_destroy(c->send);
     grpc_slice_unref(c->details);
@@ -153,10 +163,16 @@ void bw__rpc_finish(bw_rpc_call *c, int rc, const ProtobufCMessage *resp)
 {
     memset(c->ops, 0, sizeof(c->ops));
     size_t nops = 0;
-    c->ops[nops++].op = GRPC_OP_SEND_INITIAL_METADATA;
-    if (rc == BW_OK && !resp)
+    if (c->send) {
+        grpc_byte_buffer_destroy(c->send);
+        c->send = NULL;
+    }
+    if (!c->metadata_sent)
+        c->ops[nops++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->metadata_sent = true;
+    if (rc == BW_OK && !resp && !c->next)
         rc = bw__rpc_fail(c, BW_INTERNAL, "%s: handler returned no response", c->method->name);
-    if (rc == BW_OK) {
+    if (rc == BW_OK && resp) {
         size_t len = protobuf_c_message_get_packed_size(resp);
         grpc_slice s = grpc_slice_malloc(len);
         protobuf_c_message_pack(resp, GRPC_SLICE_START_PTR(s));
@@ -190,6 +206,86 @@ void bw__rpc_finish(bw_rpc_call *c, int rc, const ProtobufCMessage *resp)
                  c->method->name, (int)e);
         call_free(c);
     }
+}
+
+bw_arena *bw__rpc_call_msg_arena(bw_rpc_call *call)
+{
+    return &call->msg_arena;
+}
+
+int bw__rpc_call_cancelled(bw_rpc_call *call)
+{
+    return gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC),
+                        gpr_convert_clock_type(call->deadline, GPR_CLOCK_MONOTONIC)) > 0;
+}
+
+void bw__rpc_stream_start(bw_rpc_call *call, bw_rpc_next_fn next, void *state,
+                          void (*free_state)(void *state))
+{
+    call->next = next;
+    call->stream_state = state;
+    call->free_state = free_state;
+}
+
+static void stream_sent(tag *t, bool ok);
+
+/* Produces and sends the next message of a stream, or ends the call. */
+static void stream_pump(bw_rpc_call *c)
+{
+    bw__arena_reset(&c->msg_arena);
+    if (c->send) {
+        grpc_byte_buffer_destroy(c->send);
+        c->send = NULL;
+    }
+    bw_rpc_out out = {NULL, NULL};
+    int rc = c->next(c->stream_state, c, &out);
+    if (rc == BW_RPC_END) {
+        bw__rpc_finish(c, BW_OK, NULL);
+        return;
+    }
+    if (rc == BW_OK && !out.msg && !out.raw)
+        rc = bw__rpc_fail(c, BW_INTERNAL, "%s: stream produced no message", c->method->name);
+    if (rc != BW_OK) {
+        bw__rpc_finish(c, rc, NULL);
+        return;
+    }
+    if (out.raw) {
+        c->send = out.raw;
+    } else {
+        size_t len = protobuf_c_message_get_packed_size(out.msg);
+        grpc_slice s = grpc_slice_malloc(len);
+        protobuf_c_message_pack(out.msg, GRPC_SLICE_START_PTR(s));
+        c->send = grpc_raw_byte_buffer_create(&s, 1);
+        grpc_slice_unref(s);
+    }
+    memset(c->ops, 0, sizeof(c->ops));
+    size_t nops = 0;
+    if (!c->metadata_sent)
+        c->ops[nops++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->metadata_sent = true;
+    c->ops[nops].op = GRPC_OP_SEND_MESSAGE;
+    c->ops[nops++].data.send_message.send_message = c->send;
+    c->t.done = stream_sent;
+    grpc_call_error e = grpc_call_start_batch(c->call, c->ops, nops, &c->t, NULL);
+    if (e != GRPC_CALL_OK) {
+        BW_ERROR("%s: %s: cannot send a stream message (grpc_call_start_batch error %d)",
+                 c->srv->role, c->method->name, (int)e);
+        call_free(c);
+    }
+}
+
+static void stream_sent(tag *t, bool ok)
+{
+    bw_rpc_call *c = (bw_rpc_call *)t;
+    if (!ok) {
+        /* The client went away or the deadline passed: close our side and clean up. */
+        BW_DEBUG("%s: %s stream to %s ended early", c->srv->role, c->method->name,
+                 bw__rpc_call_peer(c));
+        bw__rpc_fail(c, BW_CANCELLED, "stream cancelled");
+        bw__rpc_finish(c, BW_CANCELLED, NULL);
+        return;
+    }
+    stream_pump(c);
 }
 
 static int unpack(bw_rpc_call *c, grpc_byte_buffer *payload, ProtobufCMessage **req)
@@ -238,10 +334,12 @@ static void request_arrived(tag *t, bool ok)
     atomic_fetch_add(&srv->live_calls, 1);
     c->srv = srv;
     c->call = r->call;
-    c->method = &bw__methods[srv->handlers[r->handler].method];
+    c->method = srv->handlers[r->handler].method;
     c->fn = srv->handlers[r->handler].fn;
+    c->deadline = r->deadline;
     c->details = grpc_empty_slice();
     bw__arena_init(&c->arena, srv->call_memory_limit);
+    bw__arena_init(&c->msg_arena, srv->call_memory_limit);
     grpc_byte_buffer *payload = r->payload;
     grpc_metadata_array_destroy(&r->md);
     free(r);
@@ -260,6 +358,15 @@ static void request_arrived(tag *t, bool ok)
         rc = c->fn(srv->user, c, req, &resp);
         if (rc == BW_RPC_DEFERRED)
             return;
+        if (rc == BW_RPC_STREAM) {
+            if (!c->next)
+                rc = bw__rpc_fail(c, BW_INTERNAL, "%s: stream handler set no producer",
+                                  c->method->name);
+            else {
+                stream_pump(c);
+                return;
+            }
+        }
     }
     bw__rpc_finish(c, rc, resp);
 }
@@ -306,6 +413,7 @@ static void unknown_arrived(tag *t, bool ok)
         c->call = u->call;
         u->call = NULL;
         bw__arena_init(&c->arena, 0);
+        bw__arena_init(&c->msg_arena, 0);
         char *method = grpc_slice_to_c_string(u->details.method);
         snprintf(c->message, sizeof(c->message), "unknown method %s", method);
         BW_INFO("%s: %s from %s", srv->role, c->message, bw__rpc_call_peer(c));
@@ -456,7 +564,7 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
     }
     for (size_t h = 0; h < n; h++)
         srv->registered[h] =
-            grpc_server_register_method(srv->server, bw__methods[handlers[h].method].path, NULL,
+            grpc_server_register_method(srv->server, handlers[h].method->path, NULL,
                                         GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
 
     int port = grpc_server_add_http2_port(srv->server, opts->listen, creds);

@@ -7,6 +7,11 @@
  * A handler returns BW_OK with *resp set (memory from the call's arena, or static), an error
  * code (after bw__rpc_fail for a message), or BW_RPC_DEFERRED and later calls
  * bw__rpc_finish from any thread.
+ *
+ * Server-streaming methods: the handler calls bw__rpc_stream_start and returns BW_RPC_STREAM.
+ * The runtime then asks the producer for one message at a time, sending the next only when the
+ * previous one has gone out (gRPC allows one send in flight), so a slow client holds at most
+ * one message of the server's memory.
  */
 #ifndef BW_RPC_SERVER_H
 #define BW_RPC_SERVER_H
@@ -14,6 +19,7 @@
 #include <stddef.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include "batchwire/batchwire.h"
 #include "common/arena.h"
 #include "rpc/methods.h"
 #include "rpc/tls.h"
@@ -21,13 +27,13 @@
 typedef struct bw_rpc_server bw_rpc_server;
 typedef struct bw_rpc_call bw_rpc_call;
 
-enum { BW_RPC_DEFERRED = 1 };
+enum { BW_RPC_DEFERRED = 1, BW_RPC_STREAM = 2, BW_RPC_END = 3 };
 
 typedef int (*bw_rpc_handler_fn)(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                                  ProtobufCMessage **resp);
 
 typedef struct bw_rpc_handler {
-    bw_method_id method;
+    const bw_rpc_method *method;
     bw_rpc_handler_fn fn;
 } bw_rpc_handler;
 
@@ -69,5 +75,30 @@ int bw__rpc_fail(bw_rpc_call *call, int rc, const char *fmt, ...)
 /* Completes a deferred call: rc BW_OK sends resp, anything else sends the error status with
  * the message recorded by bw__rpc_fail (or bw_strerror(rc)). Thread-safe. */
 void bw__rpc_finish(bw_rpc_call *call, int rc, const ProtobufCMessage *resp);
+
+/* One message of a stream, produced by a bw_rpc_next_fn: either `msg` (packed by the runtime;
+ * memory from bw__rpc_call_msg_arena) or `raw` (a ready byte buffer whose ownership passes to
+ * the runtime, e.g. built from slices that reference mapped file memory without copying). */
+typedef struct bw_rpc_out {
+    const ProtobufCMessage *msg;
+    struct grpc_byte_buffer *raw;
+} bw_rpc_out;
+
+/* Produces the next message into *out and returns BW_OK, returns BW_RPC_END when the stream is
+ * complete, or an error code (after bw__rpc_fail) that ends the call with that status. Runs on
+ * a completion-queue thread. */
+typedef int (*bw_rpc_next_fn)(void *state, bw_rpc_call *call, bw_rpc_out *out);
+
+/* Makes the call a server stream: `next` is called for each message; `free_state` (may be
+ * NULL) releases `state` once the call is over, however it ended. Call from the handler, then
+ * return BW_RPC_STREAM. */
+void bw__rpc_stream_start(bw_rpc_call *call, bw_rpc_next_fn next, void *state,
+                          void (*free_state)(void *state));
+
+/* An arena reset after each streamed message has been sent: for per-message allocations. */
+bw_arena *bw__rpc_call_msg_arena(bw_rpc_call *call);
+
+/* The call's deadline has passed or the client went away. */
+int bw__rpc_call_cancelled(bw_rpc_call *call);
 
 #endif
