@@ -19,6 +19,7 @@ enum { BW_CHANNEL_METHODS_MAX = 64 };
 struct bw_rpc_channel {
     grpc_channel *channel;
     char *target;
+    bool tls;
     /* grpc_channel_register_call handles, registered on first use of each method */
     pthread_mutex_t mu;
     const bw_rpc_method *registered[BW_CHANNEL_METHODS_MAX];
@@ -79,6 +80,7 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
         return BW_INVALID_ARGUMENT;
     }
     pthread_mutex_init(&ch->mu, NULL);
+    ch->tls = bw__tls_client_enabled(&opts->tls);
     *out = ch;
     return BW_OK;
 }
@@ -141,8 +143,16 @@ static int call_error(const bw_rpc_channel *ch, const bw_rpc_method *m, grpc_sta
     if (rc > 0)
         rc = bw__err_from_grpc(status);
     char *d = grpc_slice_to_c_string(details);
-    snprintf(err, errlen, "%s to %s: %s: %s", m->name, ch->target, bw__grpc_status_name(status),
-             *d ? d : bw_strerror(rc));
+    /* A refused handshake reaches us as a closed socket: say where to look. */
+    const char *hint = "";
+    if (status == GRPC_STATUS_UNAVAILABLE && ch->tls)
+        hint = " (TLS: check that --tls-ca signed the server's certificate and, if the server "
+               "requires client certificates, that --tls-cert/--tls-key are given and signed by "
+               "its --tls-client-ca)";
+    else if (status == GRPC_STATUS_UNAVAILABLE && strstr(d, "Socket closed"))
+        hint = " (the server may require TLS: try --tls-ca)";
+    snprintf(err, errlen, "%s to %s: %s: %s%s", m->name, ch->target, bw__grpc_status_name(status),
+             *d ? d : bw_strerror(rc), hint);
     gpr_free(d);
     return rc;
 }
