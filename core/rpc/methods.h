@@ -6,6 +6,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "batchwire.pb-c.h"
+#include "data.pb-c.h"
 #include "health.pb-c.h"
 
 typedef enum bw_method_id {
@@ -15,6 +16,10 @@ typedef enum bw_method_id {
     BW_M_HEARTBEAT,
     BW_M_LIST_WORKERS,
     BW_M_WORKER_INFO,
+    BW_M_DATA_DESCRIBE,
+    BW_M_DATA_READ_SAMPLES,
+    BW_M_DATA_READ_STREAM,
+    BW_M_PLACEMENT_GET,
     BW_M__COUNT
 } bw_method_id;
 
