@@ -7,7 +7,7 @@ BW_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BW_BUILD_PACKAGES=(gcc libc6-dev make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev
     protobuf-c-compiler libssl-dev openssl ca-certificates)
 # What the test suite needs on top.
-BW_TEST_PACKAGES=(libcmocka-dev python3 python3-grpcio python3-protobuf python3-numpy
+BW_TEST_PACKAGES=(libcmocka-dev python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
     clang-format)
 
 bw_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
