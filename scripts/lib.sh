@@ -3,11 +3,12 @@
 
 BW_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-# What building needs (Debian 12 / Ubuntu 22.04+ package names).
+# What building needs (Debian 12 / Ubuntu 22.04+ package names); the default build includes
+# the unit tests, hence cmocka.
 BW_BUILD_PACKAGES=(gcc libc6-dev make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev
-    protobuf-c-compiler libssl-dev openssl ca-certificates)
-# What the test suite needs on top.
-BW_TEST_PACKAGES=(libcmocka-dev python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
+    protobuf-c-compiler libssl-dev openssl ca-certificates libcmocka-dev)
+# What running the test suite needs on top.
+BW_TEST_PACKAGES=(python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
     clang-format)
 
 bw_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
