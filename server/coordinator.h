@@ -7,6 +7,7 @@
 #include "membership.h"
 #include "rpc/daemon.h"
 #include "rpc/server.h"
+#include "state_dir.h"
 
 typedef struct bw_coordinator_config {
     bw_daemon_common common;
@@ -25,8 +26,5 @@ typedef struct bw_coordinator {
 /* The coordinator's RPC handlers (coordinator_service.c). */
 extern const bw_rpc_handler bw__coordinator_handlers[];
 extern const size_t bw__coordinator_nhandlers;
-
-/* Takes the state directory's lock (creating the directory); fd stays open while running. */
-int bw__state_dir_lock(const char *dir, int *fd, char *err, size_t errlen);
 
 #endif

@@ -1,0 +1,405 @@
+/* The journal's writer: group commit on one thread, rotation to a new file, and snapshots.
+ *
+ * Why one thread: an fsync takes milliseconds, and gRPC's completion-queue threads must never
+ * wait for one. Appenders queue records under the mutex and return; the writer takes the whole
+ * queue, writes it with one write() and makes it durable with one fdatasync(), so N concurrent
+ * changes cost one fsync, not N. */
+#include "journal/journal_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "batchwire/batchwire.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "journal/crc32c.h"
+
+void bw__journal_put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+void bw__journal_put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+uint32_t bw__journal_get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+uint64_t bw__journal_get64(const uint8_t *p)
+{
+    return (uint64_t)bw__journal_get32(p) | (uint64_t)bw__journal_get32(p + 4) << 32;
+}
+
+void bw__journal_file_name(uint64_t first_seq, char *out, size_t outlen)
+{
+    snprintf(out, outlen, "journal-%020llu", (unsigned long long)first_seq);
+}
+
+static int write_all(int fd, const uint8_t *p, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int bw__journal_create_file(bw_journal *j, uint64_t first_seq)
+{
+    char name[64], tmp[80];
+    bw__journal_file_name(first_seq, name, sizeof(name));
+    snprintf(tmp, sizeof(tmp), "%s.tmp", name);
+    int fd = openat(j->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0)
+        return -1;
+    uint8_t hdr[BW_JOURNAL_HEADER];
+    memcpy(hdr, BW_JOURNAL_FILE_MAGIC, 8);
+    bw__journal_put64(hdr + 8, first_seq);
+    if (write_all(fd, hdr, sizeof(hdr)) != 0 || fdatasync(fd) != 0 ||
+        renameat(j->dirfd, tmp, j->dirfd, name) != 0 || fsync(j->dirfd) != 0) {
+        int e = errno;
+        close(fd);
+        unlinkat(j->dirfd, tmp, 0);
+        errno = e;
+        return -1;
+    }
+    /* O_APPEND is not needed: only the writer writes, always at the end. */
+    return fd;
+}
+
+uint64_t bw__journal_next_seq(bw_journal *j)
+{
+    pthread_mutex_lock(&j->mu);
+    uint64_t s = j->next_seq;
+    pthread_mutex_unlock(&j->mu);
+    return s;
+}
+
+uint64_t bw__journal_durable_seq(bw_journal *j)
+{
+    pthread_mutex_lock(&j->mu);
+    uint64_t s = j->durable_seq;
+    pthread_mutex_unlock(&j->mu);
+    return s;
+}
+
+int bw__journal_failed(bw_journal *j)
+{
+    pthread_mutex_lock(&j->mu);
+    int f = j->failed;
+    pthread_mutex_unlock(&j->mu);
+    return f;
+}
+
+uint64_t bw__journal_bytes_since_snapshot(bw_journal *j)
+{
+    pthread_mutex_lock(&j->mu);
+    uint64_t b = j->bytes_since_snapshot;
+    pthread_mutex_unlock(&j->mu);
+    return b;
+}
+
+int bw__journal_append(bw_journal *j, const void *data, size_t len, uint64_t *seq)
+{
+    if (len == 0 || len > BW_JOURNAL_MAX_RECORD)
+        return BW_TOO_BIG;
+    pthread_mutex_lock(&j->mu);
+    if (j->failed || j->closing) {
+        pthread_mutex_unlock(&j->mu);
+        return BW_IO;
+    }
+    size_t need = j->plen + BW_RECORD_HEADER + len;
+    if (need > j->pcap) {
+        size_t cap = j->pcap ? j->pcap : 4096;
+        while (cap < need)
+            cap *= 2;
+        uint8_t *np = realloc(j->pending, cap);
+        if (!np)
+            abort(); /* daemons abort on OOM */
+        j->pending = np;
+        j->pcap = cap;
+    }
+    uint8_t *p = j->pending + j->plen;
+    bw__journal_put32(p, (uint32_t)len);
+    memcpy(p + BW_RECORD_HEADER, data, len);
+    uint32_t crc = bw__crc32c(0, p, 4);
+    bw__journal_put32(p + 4, bw__crc32c(crc, data, len));
+    j->plen = need;
+    j->bytes_since_snapshot += BW_RECORD_HEADER + len;
+    *seq = j->next_seq++;
+    pthread_cond_signal(&j->wake);
+    pthread_mutex_unlock(&j->mu);
+    return BW_OK;
+}
+
+void bw__journal_when_durable(bw_journal *j, uint64_t seq, bw_journal_done_fn fn, void *arg)
+{
+    pthread_mutex_lock(&j->mu);
+    if (j->failed || seq <= j->durable_seq) {
+        int rc = j->failed ? BW_IO : BW_OK;
+        pthread_mutex_unlock(&j->mu);
+        fn(arg, rc);
+        return;
+    }
+    if (j->nwaiters == j->wcap) {
+        j->wcap = j->wcap ? j->wcap * 2 : 64;
+        j->waiters = realloc(j->waiters, j->wcap * sizeof(*j->waiters));
+        if (!j->waiters)
+            abort();
+    }
+    j->waiters[j->nwaiters++] = (bw_journal_waiter){seq, fn, arg};
+    pthread_mutex_unlock(&j->mu);
+}
+
+int bw__journal_sync(bw_journal *j, uint64_t seq)
+{
+    pthread_mutex_lock(&j->mu);
+    while (!j->failed && j->durable_seq < seq)
+        pthread_cond_wait(&j->done, &j->mu);
+    int rc = j->failed ? BW_IO : BW_OK;
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+/* Runs (outside the mutex, which the caller holds on entry and exit) the callbacks of every
+ * waiter that is now settled. */
+static void run_settled(bw_journal *j)
+{
+    bw_journal_waiter ready[64];
+    for (;;) {
+        size_t n = 0;
+        for (size_t i = 0; i < j->nwaiters && n < 64;) {
+            if (j->failed || j->waiters[i].seq <= j->durable_seq) {
+                ready[n++] = j->waiters[i];
+                j->waiters[i] = j->waiters[--j->nwaiters];
+            } else {
+                i++;
+            }
+        }
+        if (n == 0)
+            return;
+        int rc = j->failed ? BW_IO : BW_OK;
+        pthread_mutex_unlock(&j->mu);
+        for (size_t i = 0; i < n; i++)
+            ready[i].fn(ready[i].arg, rc);
+        pthread_mutex_lock(&j->mu);
+    }
+}
+
+static int push_old(bw_journal *j, uint64_t first)
+{
+    if (j->nold == j->oldcap) {
+        j->oldcap = j->oldcap ? j->oldcap * 2 : 8;
+        j->old = realloc(j->old, j->oldcap * sizeof(*j->old));
+        if (!j->old)
+            abort();
+    }
+    j->old[j->nold++] = first;
+    return 0;
+}
+
+static void *writer(void *arg)
+{
+    bw_journal *j = arg;
+    uint8_t *spare = NULL; /* the previous batch's buffer, reused for the next queue */
+    size_t sparecap = 0;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        while (!j->closing && j->plen == 0 && !j->rotate_pending)
+            pthread_cond_wait(&j->wake, &j->mu);
+        if (j->plen == 0 && !j->rotate_pending)
+            break; /* closing with nothing left */
+        /* Take the whole queue: this is the group commit. */
+        uint8_t *buf = j->pending;
+        size_t bufcap = j->pcap, len = j->plen;
+        j->pending = spare;
+        j->pcap = sparecap;
+        j->plen = 0;
+        spare = NULL;
+        sparecap = 0;
+        uint64_t target = j->next_seq - 1;
+        bool rot = j->rotate_pending;
+        size_t rot_at = rot ? j->rotate_at : len;
+        uint64_t rot_seq = j->rotate_seq;
+        j->rotate_pending = false;
+        j->rotating = rot;
+        int fd = j->fd;
+        bool failed = j->failed != 0;
+        pthread_mutex_unlock(&j->mu);
+
+        int err = 0, newfd = -1;
+        if (!failed) {
+            if (rot_at > 0 && (write_all(fd, buf, rot_at) != 0 || fdatasync(fd) != 0))
+                err = errno ? errno : EIO;
+            if (!err && rot) {
+                newfd = bw__journal_create_file(j, rot_seq);
+                if (newfd < 0)
+                    err = errno ? errno : EIO;
+            }
+            if (!err && rot && len > rot_at &&
+                (write_all(newfd, buf + rot_at, len - rot_at) != 0 || fdatasync(newfd) != 0))
+                err = errno ? errno : EIO;
+        }
+
+        pthread_mutex_lock(&j->mu);
+        spare = buf;
+        sparecap = bufcap;
+        if (err && !j->failed) {
+            j->failed = err;
+            BW_ERROR("journal %s: write or fsync failed: %s; nothing more will be acknowledged "
+                     "(restart the coordinator to recover from what is on disk)",
+                     j->dir, strerror(err));
+        }
+        if (!j->failed) {
+            j->durable_seq = target;
+            if (rot) {
+                close(j->fd);
+                push_old(j, j->file_first);
+                j->fd = newfd;
+                j->file_first = rot_seq;
+            }
+        } else if (newfd >= 0) {
+            close(newfd);
+        }
+        j->rotating = false;
+        pthread_cond_broadcast(&j->done);
+        run_settled(j);
+    }
+    pthread_mutex_unlock(&j->mu);
+    free(spare);
+    return NULL;
+}
+
+int bw__journal_start(bw_journal *j)
+{
+    if (pthread_create(&j->thread, NULL, writer, j) != 0)
+        return BW_IO;
+    j->thread_started = true;
+    return BW_OK;
+}
+
+void bw__journal_free(bw_journal *j)
+{
+    if (!j)
+        return;
+    if (j->dirfd >= 0)
+        close(j->dirfd);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->wake);
+    pthread_cond_destroy(&j->done);
+    free(j->pending);
+    free(j->old);
+    free(j->waiters);
+    free(j->dir);
+    free(j);
+}
+
+void bw__journal_close(bw_journal *j)
+{
+    if (!j)
+        return;
+    pthread_mutex_lock(&j->mu);
+    j->closing = true;
+    pthread_cond_signal(&j->wake);
+    pthread_mutex_unlock(&j->mu);
+    if (j->thread_started)
+        pthread_join(j->thread, NULL);
+    pthread_mutex_lock(&j->mu);
+    if (!j->failed && j->nwaiters > 0)
+        j->failed = EIO; /* cannot happen: everything queued was written */
+    run_settled(j);
+    pthread_mutex_unlock(&j->mu);
+    if (j->fd >= 0)
+        close(j->fd);
+    bw__journal_free(j);
+}
+
+int bw__journal_rotate(bw_journal *j, uint64_t *snapshot_seq)
+{
+    pthread_mutex_lock(&j->mu);
+    if (j->rotate_pending || j->rotating || j->failed) {
+        int rc = j->failed ? BW_IO : BW_UNAVAILABLE;
+        pthread_mutex_unlock(&j->mu);
+        return rc;
+    }
+    *snapshot_seq = j->next_seq - 1;
+    j->bytes_since_snapshot = 0;
+    /* A current file with no record in it already starts at the right seq. */
+    if (j->file_first != j->next_seq) {
+        j->rotate_pending = true;
+        j->rotate_at = j->plen;
+        j->rotate_seq = j->next_seq;
+        pthread_cond_signal(&j->wake);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return BW_OK;
+}
+
+int bw__journal_write_snapshot(bw_journal *j, uint64_t seq, const void *data, size_t len, char *err,
+                               size_t errlen)
+{
+    pthread_mutex_lock(&j->mu);
+    while (!j->failed && (j->rotate_pending || j->rotating || j->durable_seq < seq))
+        pthread_cond_wait(&j->done, &j->mu);
+    bool ok = !j->failed && j->file_first == seq + 1;
+    pthread_mutex_unlock(&j->mu);
+    if (!ok) {
+        snprintf(err, errlen, "journal %s: %s", j->dir,
+                 bw__journal_failed(j) ? "the journal has failed"
+                                       : "snapshot seq does not match the last rotation");
+        return bw__journal_failed(j) ? BW_IO : BW_INVALID_ARGUMENT;
+    }
+
+    uint8_t hdr[BW_SNAPSHOT_HEADER];
+    memcpy(hdr, BW_SNAPSHOT_MAGIC, 8);
+    bw__journal_put64(hdr + 8, seq);
+    bw__journal_put32(hdr + 16, (uint32_t)len);
+    uint32_t crc = bw__crc32c(0, hdr + 8, 12);
+    bw__journal_put32(hdr + 20, bw__crc32c(crc, data, len));
+    int fd = openat(j->dirfd, "snapshot.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0 || write_all(fd, hdr, sizeof(hdr)) != 0 || write_all(fd, data, len) != 0 ||
+        fsync(fd) != 0 || renameat(j->dirfd, "snapshot.tmp", j->dirfd, "snapshot") != 0 ||
+        fsync(j->dirfd) != 0) {
+        snprintf(err, errlen, "journal %s: cannot write the snapshot: %s", j->dir, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        unlinkat(j->dirfd, "snapshot.tmp", 0);
+        return BW_IO;
+    }
+    close(fd);
+
+    /* Every file before the current one now holds only records <= seq. */
+    pthread_mutex_lock(&j->mu);
+    size_t n = j->nold;
+    uint64_t *old = j->old;
+    j->old = NULL;
+    j->nold = j->oldcap = 0;
+    pthread_mutex_unlock(&j->mu);
+    for (size_t i = 0; i < n; i++) {
+        char name[64];
+        bw__journal_file_name(old[i], name, sizeof(name));
+        if (unlinkat(j->dirfd, name, 0) != 0 && errno != ENOENT)
+            BW_WARN("journal %s: cannot remove %s after a snapshot: %s", j->dir, name,
+                    strerror(errno));
+    }
+    free(old);
+    if (n > 0)
+        fsync(j->dirfd);
+    return BW_OK;
+}

@@ -1,0 +1,546 @@
+/* The journal: round trip, group commit, a torn tail at every byte offset of the last record,
+ * a flipped bit anywhere in a middle record, truncation on request, snapshot plus tail,
+ * interrupted compaction, and the state directory's lock. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "batchwire/batchwire.h"
+#include "journal/crc32c.h"
+#include "journal/journal.h"
+#include "../../server/state_dir.c"
+
+/* ---- a tiny "state": the records seen, in order ---- */
+
+typedef struct seen {
+    uint64_t snap_seq;
+    char snap[256];
+    size_t n;
+    uint64_t seqs[4096];
+    char recs[4096][48];
+    int reject_seq; /* a record the "state" refuses (0: none) */
+} seen;
+
+static int on_snap(void *user, uint64_t seq, const uint8_t *data, size_t len, char *err,
+                   size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    seen *s = user;
+    s->snap_seq = seq;
+    snprintf(s->snap, sizeof(s->snap), "%.*s", (int)len, (const char *)data);
+    return BW_OK;
+}
+
+static int on_rec(void *user, uint64_t seq, const uint8_t *data, size_t len, char *err,
+                  size_t errlen)
+{
+    seen *s = user;
+    if (s->reject_seq && (uint64_t)s->reject_seq == seq) {
+        snprintf(err, errlen, "record %llu makes no sense", (unsigned long long)seq);
+        return BW_CORRUPT;
+    }
+    s->seqs[s->n] = seq;
+    snprintf(s->recs[s->n], sizeof(s->recs[0]), "%.*s", (int)len, (const char *)data);
+    s->n++;
+    return BW_OK;
+}
+
+static char dir[512];
+
+static void fresh_dir(void)
+{
+    const char *base = getenv("BW_TEST_TMP");
+    if (!base || !*base)
+        base = "/tmp";
+    mkdir(base, 0755);
+    snprintf(dir, sizeof(dir), "%s/journal-XXXXXX", base);
+    assert_non_null(mkdtemp(dir));
+}
+
+static void rm_dir(void)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static bw_journal *open_ok(seen *s, const char *truncate_at, bw_journal_report *rep)
+{
+    memset(s, 0, sizeof(*s));
+    bw_journal *j = NULL;
+    char err[1024];
+    int rc = bw__journal_open(dir, truncate_at, on_snap, on_rec, s, &j, rep, err, sizeof(err));
+    if (rc != BW_OK)
+        fail_msg("open: %s", err);
+    return j;
+}
+
+static void append_str(bw_journal *j, const char *text)
+{
+    uint64_t seq;
+    assert_int_equal(bw__journal_append(j, text, strlen(text), &seq), BW_OK);
+    assert_int_equal(bw__journal_sync(j, seq), BW_OK);
+}
+
+static void path_of(uint64_t first, char *out, size_t outlen)
+{
+    char name[64];
+    bw__journal_file_name(first, name, sizeof(name));
+    snprintf(out, outlen, "%s/%s", dir, name);
+}
+
+static long file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+/* Writes n records "rec-1".."rec-n"; returns the offset of the start of each in offs. */
+static void write_records(int n, long *offs)
+{
+    seen s;
+    bw_journal_report rep;
+    bw_journal *j = open_ok(&s, NULL, &rep);
+    char path[600];
+    path_of(1, path, sizeof(path));
+    for (int i = 1; i <= n; i++) {
+        if (offs)
+            offs[i - 1] = file_size(path);
+        char text[32];
+        snprintf(text, sizeof(text), "rec-%d", i);
+        append_str(j, text);
+    }
+    bw__journal_close(j);
+}
+
+static void test_crc32c(void **state)
+{
+    (void)state;
+    assert_int_equal(bw__crc32c(0, "123456789", 9), 0xE3069283u);
+    uint32_t a = bw__crc32c(0, "1234", 4);
+    assert_int_equal(bw__crc32c(a, "56789", 5), 0xE3069283u);
+    uint8_t zeros[32] = {0};
+    assert_int_equal(bw__crc32c(0, zeros, 32), 0x8A9136AAu); /* RFC 3720 B.4 */
+}
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    fresh_dir();
+    seen s;
+    bw_journal_report rep;
+    bw_journal *j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.n, 0);
+    assert_int_equal(bw__journal_next_seq(j), 1);
+    for (int i = 1; i <= 100; i++) {
+        char text[32];
+        snprintf(text, sizeof(text), "rec-%d", i);
+        uint64_t seq;
+        assert_int_equal(bw__journal_append(j, text, strlen(text), &seq), BW_OK);
+        assert_int_equal(seq, (uint64_t)i);
+    }
+    assert_int_equal(bw__journal_sync(j, 100), BW_OK);
+    assert_true(bw__journal_durable_seq(j) >= 100);
+    assert_int_equal(bw__journal_append(j, "x", 0, &(uint64_t){0}), BW_TOO_BIG);
+    bw__journal_close(j);
+
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.n, 100);
+    for (int i = 0; i < 100; i++) {
+        char text[32];
+        snprintf(text, sizeof(text), "rec-%d", i + 1);
+        assert_int_equal(s.seqs[i], (uint64_t)i + 1);
+        assert_string_equal(s.recs[i], text);
+    }
+    assert_int_equal(rep.last_seq, 100);
+    assert_string_equal(rep.notes, "");
+    append_str(j, "rec-101");
+    bw__journal_close(j);
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.n, 101);
+    assert_string_equal(s.recs[100], "rec-101");
+    bw__journal_close(j);
+    rm_dir();
+}
+
+/* Group commit: concurrent appenders, callbacks in any order, all durable. */
+typedef struct gc_arg {
+    bw_journal *j;
+    int id;
+} gc_arg;
+
+static pthread_mutex_t gc_mu = PTHREAD_MUTEX_INITIALIZER;
+static int gc_acked;
+
+static void gc_done(void *arg, int rc)
+{
+    (void)arg;
+    assert_int_equal(rc, BW_OK);
+    pthread_mutex_lock(&gc_mu);
+    gc_acked++;
+    pthread_mutex_unlock(&gc_mu);
+}
+
+static void *gc_thread(void *p)
+{
+    gc_arg *a = p;
+    for (int i = 0; i < 200; i++) {
+        char text[32];
+        snprintf(text, sizeof(text), "t%d-%d", a->id, i);
+        uint64_t seq;
+        if (bw__journal_append(a->j, text, strlen(text), &seq) != BW_OK)
+            abort();
+        bw__journal_when_durable(a->j, seq, gc_done, NULL);
+    }
+    return NULL;
+}
+
+static void test_group_commit(void **state)
+{
+    (void)state;
+    fresh_dir();
+    seen s;
+    bw_journal_report rep;
+    bw_journal *j = open_ok(&s, NULL, &rep);
+    pthread_t t[4];
+    gc_arg args[4];
+    gc_acked = 0;
+    for (int i = 0; i < 4; i++) {
+        args[i] = (gc_arg){j, i};
+        pthread_create(&t[i], NULL, gc_thread, &args[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    bw__journal_close(j); /* runs every pending callback */
+    assert_int_equal(gc_acked, 800);
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.n, 800);
+    for (size_t i = 0; i < s.n; i++)
+        assert_int_equal(s.seqs[i], i + 1);
+    bw__journal_close(j);
+    rm_dir();
+}
+
+/* Cutting the file anywhere inside the last record (or padding it with zeros, as a crash
+ * after the file grew can leave it) loses exactly that record, with a note; the journal
+ * then continues where it stopped. */
+static void test_torn_tail_every_offset(void **state)
+{
+    (void)state;
+    fresh_dir();
+    long offs[5];
+    write_records(5, offs);
+    char path[600];
+    path_of(1, path, sizeof(path));
+    long size = file_size(path);
+    uint8_t *orig = malloc((size_t)size);
+    FILE *f = fopen(path, "rb");
+    assert_int_equal(fread(orig, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    for (int zero_fill = 0; zero_fill <= 1; zero_fill++) {
+        for (long cut = offs[4]; cut < size; cut++) {
+            f = fopen(path, "wb");
+            fwrite(orig, 1, (size_t)cut, f);
+            for (long z = cut; zero_fill && z < size + 7; z++)
+                fputc(0, f);
+            fclose(f);
+            seen s;
+            bw_journal_report rep;
+            bw_journal *j = open_ok(&s, NULL, &rep);
+            assert_int_equal(s.n, 4);
+            assert_string_equal(s.recs[3], "rec-4");
+            if (cut > offs[4] || zero_fill)
+                assert_non_null(strstr(rep.notes, "torn final record"));
+            else
+                assert_string_equal(rep.notes, "");
+            assert_int_equal(file_size(path), offs[4]);
+            append_str(j, "rec-5b");
+            bw__journal_close(j);
+            j = open_ok(&s, NULL, &rep);
+            assert_int_equal(s.n, 5);
+            assert_int_equal(s.seqs[4], 5);
+            assert_string_equal(s.recs[4], "rec-5b");
+            assert_string_equal(rep.notes, "");
+            bw__journal_close(j);
+        }
+    }
+    free(orig);
+    rm_dir();
+}
+
+/* A flipped bit anywhere in a record that has good records after it: refuse to start,
+ * naming the file and the record's offset; --truncate-journal-at FILE:OFFSET cuts there. */
+static void test_flipped_bit_in_the_middle(void **state)
+{
+    (void)state;
+    fresh_dir();
+    long offs[5];
+    write_records(5, offs);
+    char path[600];
+    path_of(1, path, sizeof(path));
+    uint8_t orig[4096];
+    long size = file_size(path);
+    FILE *f = fopen(path, "rb");
+    assert_int_equal(fread(orig, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    char name[64], want[128];
+    bw__journal_file_name(1, name, sizeof(name));
+    snprintf(want, sizeof(want), "%s is corrupt at offset %ld", name, offs[2]);
+    for (long at = offs[2]; at < offs[3]; at++) {
+        uint8_t bad[4096];
+        memcpy(bad, orig, (size_t)size);
+        bad[at] ^= (uint8_t)(1u << (at % 8));
+        f = fopen(path, "wb");
+        fwrite(bad, 1, (size_t)size, f);
+        fclose(f);
+        seen s;
+        bw_journal *j = NULL;
+        bw_journal_report rep;
+        char err[1024];
+        int rc = bw__journal_open(dir, NULL, on_snap, on_rec, &s, &j, &rep, err, sizeof(err));
+        assert_int_equal(rc, BW_CORRUPT);
+        assert_null(j);
+        if (!strstr(err, want))
+            fail_msg("byte %ld: %s", at, err);
+        assert_non_null(strstr(err, "--truncate-journal-at"));
+        assert_int_equal(file_size(path), size); /* nothing was cut */
+    }
+    /* The operator accepts the loss. */
+    char spec[128];
+    snprintf(spec, sizeof(spec), "%s:%ld", name, offs[2]);
+    seen s;
+    bw_journal_report rep;
+    bw_journal *j = open_ok(&s, spec, &rep);
+    assert_int_equal(s.n, 2);
+    assert_non_null(strstr(rep.notes, "truncated at offset"));
+    char kept[700];
+    snprintf(kept, sizeof(kept), "%s.discarded-%ld", path, offs[2]);
+    assert_int_equal(file_size(kept), size - offs[2]);
+    append_str(j, "rec-3b");
+    bw__journal_close(j);
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.n, 3);
+    assert_string_equal(s.recs[2], "rec-3b");
+    bw__journal_close(j);
+
+    /* Bad truncation requests are refused with a reason. */
+    char err[1024];
+    const char *bad_specs[] = {"nonsense", "journal-00000000000000000009:20", "x:", ":5"};
+    for (size_t i = 0; i < sizeof(bad_specs) / sizeof(bad_specs[0]); i++) {
+        j = NULL;
+        int rc =
+            bw__journal_open(dir, bad_specs[i], on_snap, on_rec, &s, &j, &rep, err, sizeof(err));
+        assert_int_equal(rc, BW_INVALID_ARGUMENT);
+        assert_non_null(strstr(err, "--truncate-journal-at"));
+    }
+    rm_dir();
+}
+
+/* A record with a good checksum that the state rejects is corruption too. */
+static void test_rejected_record(void **state)
+{
+    (void)state;
+    fresh_dir();
+    write_records(3, NULL);
+    seen s;
+    memset(&s, 0, sizeof(s));
+    s.reject_seq = 2;
+    bw_journal *j = NULL;
+    bw_journal_report rep;
+    char err[1024];
+    int rc = bw__journal_open(dir, NULL, on_snap, on_rec, &s, &j, &rep, err, sizeof(err));
+    assert_int_equal(rc, BW_CORRUPT);
+    assert_non_null(strstr(err, "record 2 makes no sense"));
+    rm_dir();
+}
+
+static void test_snapshot_and_tail(void **state)
+{
+    (void)state;
+    fresh_dir();
+    seen s;
+    bw_journal_report rep;
+    bw_journal *j = open_ok(&s, NULL, &rep);
+    for (int i = 1; i <= 10; i++) {
+        char text[32];
+        snprintf(text, sizeof(text), "rec-%d", i);
+        append_str(j, text);
+    }
+    assert_true(bw__journal_bytes_since_snapshot(j) > 0);
+    uint64_t snap_seq;
+    assert_int_equal(bw__journal_rotate(j, &snap_seq), BW_OK);
+    assert_int_equal(snap_seq, 10);
+    /* Records appended between rotation and snapshot go to the new file. */
+    append_str(j, "rec-11");
+    char err[512];
+    const char *blob = "state-after-10";
+    assert_int_equal(bw__journal_write_snapshot(j, snap_seq, blob, strlen(blob), err, sizeof(err)),
+                     BW_OK);
+    for (int i = 12; i <= 15; i++) {
+        char text[32];
+        snprintf(text, sizeof(text), "rec-%d", i);
+        append_str(j, text);
+    }
+    bw__journal_close(j);
+    char p1[600], p11[600];
+    path_of(1, p1, sizeof(p1));
+    path_of(11, p11, sizeof(p11));
+    assert_int_equal(file_size(p1), -1); /* compacted away */
+    assert_true(file_size(p11) > 0);
+
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.snap_seq, 10);
+    assert_string_equal(s.snap, "state-after-10");
+    assert_int_equal(s.n, 5);
+    assert_int_equal(s.seqs[0], 11);
+    assert_string_equal(s.recs[4], "rec-15");
+    assert_int_equal(rep.snapshot_seq, 10);
+    assert_int_equal(rep.last_seq, 15);
+
+    /* A second compaction with nothing new since the rotation. */
+    assert_int_equal(bw__journal_rotate(j, &snap_seq), BW_OK);
+    assert_int_equal(snap_seq, 15);
+    assert_int_equal(bw__journal_write_snapshot(j, 15, "s15", 3, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__journal_rotate(j, &snap_seq), BW_OK); /* empty file: no new file */
+    assert_int_equal(bw__journal_write_snapshot(j, 15, "s15", 3, err, sizeof(err)), BW_OK);
+    bw__journal_close(j);
+    j = open_ok(&s, NULL, &rep);
+    assert_string_equal(s.snap, "s15");
+    assert_int_equal(s.n, 0);
+    append_str(j, "rec-16");
+    bw__journal_close(j);
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.n, 1);
+    assert_int_equal(s.seqs[0], 16);
+    bw__journal_close(j);
+
+    /* A corrupt snapshot stops the start with a clear message. */
+    char sp[600];
+    snprintf(sp, sizeof(sp), "%s/snapshot", dir);
+    int fd = open(sp, O_WRONLY);
+    assert_int_equal(pwrite(fd, "X", 1, 30), 1);
+    close(fd);
+    bw_journal *j2 = NULL;
+    int rc = bw__journal_open(dir, NULL, on_snap, on_rec, &s, &j2, &rep, err, sizeof(err));
+    assert_int_equal(rc, BW_CORRUPT);
+    assert_non_null(strstr(err, "snapshot is corrupt"));
+    rm_dir();
+}
+
+/* A crash after rotation but before the snapshot: the old file and the new one are both
+ * replayed; a leftover snapshot.tmp is ignored. */
+static void test_interrupted_compaction(void **state)
+{
+    (void)state;
+    fresh_dir();
+    seen s;
+    bw_journal_report rep;
+    bw_journal *j = open_ok(&s, NULL, &rep);
+    for (int i = 1; i <= 3; i++)
+        append_str(j, "a");
+    uint64_t snap_seq;
+    assert_int_equal(bw__journal_rotate(j, &snap_seq), BW_OK);
+    append_str(j, "b");
+    bw__journal_close(j);
+    char tmp[600];
+    snprintf(tmp, sizeof(tmp), "%s/snapshot.tmp", dir);
+    FILE *f = fopen(tmp, "wb");
+    fputs("half a snapshot", f);
+    fclose(f);
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.n, 4);
+    assert_int_equal(s.seqs[3], 4);
+    assert_string_equal(s.recs[3], "b");
+    assert_int_equal(file_size(tmp), -1);
+    assert_int_equal(rep.files, 2);
+    bw__journal_close(j);
+
+    /* A missing middle file is corruption, not silence. */
+    char p1[600];
+    path_of(1, p1, sizeof(p1));
+    unlink(p1);
+    char err[1024];
+    int rc = bw__journal_open(dir, NULL, on_snap, on_rec, &s, &j, &rep, err, sizeof(err));
+    assert_int_equal(rc, BW_CORRUPT);
+    assert_non_null(strstr(err, "records 1 to 3 are missing"));
+    rm_dir();
+}
+
+/* The state directory's lock: a second holder is refused (naming the first), and a holder
+ * that dies, even by SIGKILL, releases it. */
+static void test_state_dir_lock(void **state)
+{
+    (void)state;
+    fresh_dir();
+    char err[1024];
+    int fd1 = -1, fd2 = -1;
+    assert_int_equal(bw__state_dir_lock(dir, &fd1, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__state_dir_lock(dir, &fd2, err, sizeof(err)), BW_ALREADY_EXISTS);
+    assert_int_equal(fd2, -1);
+    char want[64];
+    snprintf(want, sizeof(want), "pid %d", (int)getpid());
+    assert_non_null(strstr(err, want));
+    assert_non_null(strstr(err, "in use by another coordinator"));
+    close(fd1);
+
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        int fd = -1;
+        char e[512];
+        char ok = bw__state_dir_lock(dir, &fd, e, sizeof(e)) == BW_OK ? 'y' : 'n';
+        if (write(pipefd[1], &ok, 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    char ok = 0;
+    assert_int_equal(read(pipefd[0], &ok, 1), 1);
+    assert_int_equal(ok, 'y');
+    assert_int_equal(bw__state_dir_lock(dir, &fd2, err, sizeof(err)), BW_ALREADY_EXISTS);
+    snprintf(want, sizeof(want), "pid %d", (int)child);
+    assert_non_null(strstr(err, want));
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    assert_int_equal(bw__state_dir_lock(dir, &fd2, err, sizeof(err)), BW_OK);
+    close(fd2);
+    close(pipefd[0]);
+    close(pipefd[1]);
+
+    /* A state directory that cannot be created is a clear error. */
+    char bad[600];
+    snprintf(bad, sizeof(bad), "%s/LOCK/sub", dir);
+    assert_int_equal(bw__state_dir_lock(bad, &fd2, err, sizeof(err)), BW_IO);
+    assert_non_null(strstr(err, "cannot create"));
+    rm_dir();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_crc32c),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_group_commit),
+        cmocka_unit_test(test_torn_tail_every_offset),
+        cmocka_unit_test(test_flipped_bit_in_the_middle),
+        cmocka_unit_test(test_rejected_record),
+        cmocka_unit_test(test_snapshot_and_tail),
+        cmocka_unit_test(test_interrupted_compaction),
+        cmocka_unit_test(test_state_dir_lock),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
