@@ -91,7 +91,10 @@ int main(int argc, char **argv)
 
     char err[512];
     bw_rpc_server *srv = NULL;
+    bw__pview_init(&w.placement);
     int rc = resolve_data_root(&w, err, sizeof(err));
+    if (rc == BW_OK)
+        w.datasets = bw__ds_cache_new(w.data_root);
     if (rc == BW_OK)
         rc = bw__worker_connect(&w, err, sizeof(err));
     if (rc == BW_OK) {
@@ -113,6 +116,8 @@ int main(int argc, char **argv)
     if (rc != BW_OK) {
         BW_ERROR("cannot start: %s", err);
         bw__worker_membership_stop(&w);
+        bw__ds_cache_free(w.datasets);
+        bw__pview_destroy(&w.placement);
         bw__config_free(options, &cfg);
         return 1;
     }
@@ -123,6 +128,8 @@ int main(int argc, char **argv)
         BW_INFO("received %s; shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     bw__worker_membership_stop(&w);
     bw__rpc_server_stop(srv, (int)cfg.common.grace_ms);
+    bw__ds_cache_free(w.datasets);
+    bw__pview_destroy(&w.placement);
     BW_INFO("stopped");
     status = atomic_load(&w.fatal) ? 1 : 0;
     bw__config_free(options, &cfg);

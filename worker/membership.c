@@ -22,10 +22,11 @@ static bool nap(bw_worker *w, uint64_t ms)
 
 static int do_register(bw_worker *w, uint32_t *interval_ms, char *err, size_t errlen)
 {
-    static char *formats[] = {NULL};
+    size_t nformats;
+    const char *const *formats = bw__format_names(&nformats);
     Batchwire__V1__WorkerCapabilities caps = BATCHWIRE__V1__WORKER_CAPABILITIES__INIT;
-    caps.n_formats = 0;
-    caps.formats = formats;
+    caps.n_formats = nformats;
+    caps.formats = (char **)formats;
     caps.max_message_bytes = (uint32_t)w->cfg->common.max_message_bytes;
     caps.version = (char *)bw_version();
     Batchwire__V1__RegisterWorkerRequest req = BATCHWIRE__V1__REGISTER_WORKER_REQUEST__INIT;
@@ -47,6 +48,39 @@ static int do_register(bw_worker *w, uint32_t *interval_ms, char *err, size_t er
     return rc;
 }
 
+/* Fetches the placement table when the coordinator's version differs from ours (or a
+ * request showed ours is stale). Failures are retried at the next heartbeat. */
+static void refresh_placement(bw_worker *w, uint64_t version)
+{
+    pthread_mutex_lock(&w->placement.mu);
+    bool need = version != w->placement.version || w->placement.stale;
+    pthread_mutex_unlock(&w->placement.mu);
+    if (!need || version == 0)
+        return;
+    Batchwire__V1__PlacementRequest req = BATCHWIRE__V1__PLACEMENT_REQUEST__INIT;
+    bw_arena arena;
+    bw__arena_init(&arena, 16 << 20);
+    ProtobufCMessage *resp = NULL;
+    char err[512];
+    int rc = bw__rpc_call(w->coord, BW_METHOD(BW_M_PLACEMENT_GET), &req.base, &arena, &resp,
+                          (int)w->cfg->rpc_timeout_ms, err, sizeof(err));
+    if (rc == BW_OK) {
+        const Batchwire__V1__PlacementTable *t = (const void *)resp;
+        const char **ids = bw__arena_alloc(&arena, (t->n_workers + 1) * sizeof(char *));
+        if (ids) {
+            for (size_t i = 0; i < t->n_workers; i++)
+                ids[i] = t->workers[i]->id;
+            bw__pview_set(&w->placement, t->version, ids, t->n_workers);
+            BW_INFO("worker=%s placement version %llu: %zu live workers", w->id,
+                    (unsigned long long)t->version, t->n_workers);
+        }
+    } else {
+        BW_WARN("worker=%s cannot fetch placement version %llu (will retry): %s", w->id,
+                (unsigned long long)version, err);
+    }
+    bw__arena_reset(&arena);
+}
+
 static int do_heartbeat(bw_worker *w, bool *known, uint32_t *interval_ms, char *err, size_t errlen)
 {
     Batchwire__V1__HeartbeatRequest req = BATCHWIRE__V1__HEARTBEAT_REQUEST__INIT;
@@ -62,6 +96,8 @@ static int do_heartbeat(bw_worker *w, bool *known, uint32_t *interval_ms, char *
         *known = r->known;
         if (r->heartbeat_interval_ms > 0)
             *interval_ms = r->heartbeat_interval_ms;
+        if (r->known)
+            refresh_placement(w, r->placement_version);
     }
     bw__arena_reset(&arena);
     return rc;

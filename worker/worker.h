@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "data.h"
 #include "rpc/client.h"
 #include "rpc/daemon.h"
 #include "rpc/server.h"
@@ -22,7 +23,7 @@ typedef struct bw_worker_config {
     int64_t rpc_timeout_ms;
 } bw_worker_config;
 
-typedef struct bw_worker {
+struct bw_worker {
     const bw_worker_config *cfg;
     char id[128];
     char data_root[4096]; /* resolved */
@@ -39,7 +40,11 @@ typedef struct bw_worker {
     pthread_cond_t cv;
     bool stopping;
     atomic_int fatal; /* set when the worker must exit (id taken over) */
-} bw_worker;
+
+    /* data plane */
+    bw__ds_cache *datasets;
+    bw__pview placement;
+};
 
 extern const bw_rpc_handler bw__worker_handlers[];
 extern const size_t bw__worker_nhandlers;

@@ -13,5 +13,8 @@ static int on_info(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
 const bw_rpc_handler bw__worker_handlers[] = {
     {BW_METHOD(BW_M_HEALTH_CHECK), bw__rpc_health_check},
     {BW_METHOD(BW_M_WORKER_INFO), on_info},
+    {BW_METHOD(BW_M_DATA_DESCRIBE), bw__data_describe},
+    {BW_METHOD(BW_M_DATA_READ_SAMPLES), bw__data_read_samples},
+    {BW_METHOD(BW_M_DATA_READ_STREAM), bw__data_read_stream},
 };
 const size_t bw__worker_nhandlers = sizeof(bw__worker_handlers) / sizeof(bw__worker_handlers[0]);

@@ -14,6 +14,7 @@ static const struct {
     {"status", bw__cmd_status, "show the coordinator's workers (table or --json)"},
     {"health", bw__cmd_health, "ask any batchwire daemon whether it is serving"},
     {"plan", bw__cmd_plan, "print the batches each rank gets, offline (JSON lines)"},
+    {"gen", bw__cmd_gen, "write a synthetic dataset (npy, tfrecord, jsonl, tar, files)"},
 };
 
 static void usage(FILE *out)

@@ -1,0 +1,61 @@
+/*
+ * A dataset: one format over a list of sources (files, globs, or directories for "files")
+ * below a data root. Map-style indices run over the sources in order: source k holds indices
+ * [first[k], first[k] + count[k]). Opening resolves every path and refuses any that resolves
+ * outside the root ("..", symlinks, absolute paths); it parses headers and computes the
+ * fingerprint, but builds no record index (bw__dataset_index does, once).
+ *
+ * Thread-safety: open and free are single-threaded; bw__dataset_index may be called from any
+ * thread (the first caller builds, others wait); get/next are thread-safe once indexed.
+ */
+#ifndef BW_FORMATS_DATASET_H
+#define BW_FORMATS_DATASET_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "formats/formats.h"
+
+enum { BW_DATASET_MAX_SOURCES = 65536 };
+
+typedef struct bw__dataset {
+    const bw__format_ops *ops;
+    size_t nsources;
+    bw__source **sources;
+    uint64_t *first; /* per source, once indexed */
+    uint64_t length; /* once indexed */
+    uint64_t total_bytes;
+    bw__layout layout; /* shared by every source (sample_bytes 0 when they differ) */
+    char fingerprint[33];
+    pthread_mutex_t mu;
+    bool indexed;
+    int index_rc; /* the first index attempt's result, repeated to later callers */
+    char index_err[512];
+} bw__dataset;
+
+/* Opens `format` over `patterns` below `root` (a resolved directory). On failure returns a
+ * code with a sentence naming the source and the reason; nothing is left open. */
+int bw__dataset_open(const char *root, const char *format, const char *const *patterns,
+                     size_t npatterns, bw__dataset **out, char *err, size_t errlen);
+
+/* Builds every source's record index (idempotent; the result, good or bad, is kept). */
+int bw__dataset_index(bw__dataset *d, char *err, size_t errlen);
+
+/* Sample `index` (needs the index). BW_OUT_OF_RANGE past the end, BW_CORRUPT etc. from the
+ * reader. Release the record with bw__record_release. */
+int bw__dataset_get(bw__dataset *d, uint64_t index, bw__record *r, char *err, size_t errlen);
+
+/* Stream access: the record at byte offset `off` of source `src`. BW_FMT_END at its end;
+ * BW_UNIMPLEMENTED for formats that are not streams. */
+int bw__dataset_next(bw__dataset *d, uint32_t src, uint64_t off, bw__record *r, uint64_t *next,
+                     char *err, size_t errlen);
+
+/* True when a source's size or modification time differs from what was opened. */
+bool bw__dataset_changed(const bw__dataset *d);
+
+/* NULL is a no-op. Records still referenced through their mapping stay valid. */
+void bw__dataset_free(bw__dataset *d);
+
+#endif

@@ -1,0 +1,133 @@
+/*
+ * Dataset formats. Each format is one reader behind `struct bw__format_ops`, in its own file.
+ * Readers parse memory (a file mapped read-only) and return records as spans into that memory,
+ * so the worker can hand them to gRPC without copying. Every error is a code plus a sentence
+ * naming the file, the byte offset and the reason ("data/a.tfrecord: offset 1040: data CRC
+ * mismatch (stored 0x1234abcd, computed 0x...)").
+ *
+ * A source is one file (or, for "files", one directory). Map-style access goes through an
+ * index of records built by ->index; stream access reads the record at a byte offset with
+ * ->next and needs no index. Sources are not thread-safe while being opened or indexed; after
+ * that, ->get and ->next only read and may run on many threads at once.
+ */
+#ifndef BW_FORMATS_FORMATS_H
+#define BW_FORMATS_FORMATS_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "batchwire/batchwire.h"
+
+/* A read-only view of a file (mapped, or read into memory), shared by the source and by the
+ * gRPC slices that reference records in it; freed when the last reference goes. */
+typedef struct bw__mapping {
+    atomic_long refs;
+    const uint8_t *base;
+    size_t len;
+    bool mapped; /* munmap, else free */
+} bw__mapping;
+
+/* Maps the open file fd (len bytes; 0 is fine). Returns NULL with errno set on failure. */
+bw__mapping *bw__mapping_map(int fd, size_t len);
+/* Wraps malloc'd memory (takes ownership). */
+bw__mapping *bw__mapping_wrap(void *mem, size_t len);
+bw__mapping *bw__mapping_ref(bw__mapping *m);
+void bw__mapping_unref(bw__mapping *m); /* NULL is a no-op */
+
+typedef struct bw__span {
+    const uint8_t *p;
+    size_t len;
+} bw__span;
+
+enum { BW_FMT_MAX_FIELDS = 64, BW_FMT_MAX_DIMS = 32, BW_FMT_END = 1 };
+
+/* One record: its bytes are the concatenation of parts (one part except for tar, where each
+ * part is a field). `owner` keeps the memory alive (borrowed: take a reference to keep it past
+ * the source's life). */
+typedef struct bw__record {
+    size_t nparts;
+    bw__span parts[BW_FMT_MAX_FIELDS];
+    uint64_t size; /* sum of the parts' lengths */
+    bw__mapping *owner;
+    bool owner_is_own; /* files: owner was created for this record; release it */
+    /* tar: the sample key and each field's name, NUL-terminated, at these offsets of text */
+    bool has_names;
+    uint32_t key;
+    uint32_t names[BW_FMT_MAX_FIELDS];
+    uint32_t textlen;
+    char text[8192];
+} bw__record;
+
+/* Releases what a record owns (only "files" records own anything). */
+void bw__record_release(bw__record *r);
+
+/* The layout every sample shares, when the format knows it. */
+typedef struct bw__layout {
+    char dtype[32]; /* npy descr, "" when not an array */
+    int ndim;       /* dims of one sample */
+    uint64_t shape[BW_FMT_MAX_DIMS];
+    uint64_t sample_bytes; /* 0: variable */
+} bw__layout;
+
+typedef struct bw__source bw__source;
+
+typedef struct bw__format_ops {
+    const char *name;
+    bool is_dir; /* the source is a directory ("files") */
+    /* Parses headers (cheap): fills s->layout where known. */
+    int (*open)(bw__source *s, char *err, size_t errlen);
+    /* Builds the record index (may read the whole file): sets s->count. */
+    int (*index)(bw__source *s, char *err, size_t errlen);
+    /* Record i < s->count (after index). Checks checksums where the format has them. */
+    int (*get)(bw__source *s, uint64_t i, bw__record *r, char *err, size_t errlen);
+    /* The record starting at byte offset `off`; *next is the offset after it. BW_FMT_END when
+     * the source has no record at off (its end). NULL when the format is not a stream. */
+    int (*next)(bw__source *s, uint64_t off, bw__record *r, uint64_t *next, char *err,
+                size_t errlen);
+    void (*close)(bw__source *s);
+} bw__format_ops;
+
+struct bw__source {
+    const bw__format_ops *ops;
+    char path[1024];    /* as shown to people: relative to the data root */
+    char abspath[4096]; /* resolved */
+    const char *root;   /* the data root (resolved), for checks on paths found inside */
+    bw__mapping *map;   /* whole file; NULL for directories */
+    uint64_t size;
+    int64_t mtime_ns;
+    bw__layout layout;
+    uint64_t count; /* records, once indexed */
+    bool indexed;
+    bool sidecar_writable; /* tfrecord: may write its index next to the file */
+    void *state;           /* the reader's */
+    /* directories: a digest of every entry's name, size and mtime, for the fingerprint */
+    bool has_digest;
+    uint8_t digest[32];
+};
+
+extern const bw__format_ops bw__fmt_npy;
+extern const bw__format_ops bw__fmt_tfrecord;
+extern const bw__format_ops bw__fmt_jsonl;
+extern const bw__format_ops bw__fmt_text;
+extern const bw__format_ops bw__fmt_tar;
+extern const bw__format_ops bw__fmt_files;
+
+/* The reader named `name`, or NULL. */
+const bw__format_ops *bw__format_find(const char *name);
+
+/* "npy,tfrecord,..." : every format's name, for capabilities and messages. */
+const char *const *bw__format_names(size_t *n);
+
+/* Tests and fuzzers: a source over memory (a copy is made) with the given name. */
+int bw__source_from_memory(const bw__format_ops *ops, const char *name, const void *data,
+                           size_t len, bw__source **out, char *err, size_t errlen);
+/* Closes the reader, drops the mapping and frees s. NULL is a no-op. */
+void bw__source_free(bw__source *s);
+
+/* Formats the common error prefix "PATH: offset N: " + message. Returns rc. */
+int bw__fmt_fail(const bw__source *s, int rc, uint64_t off, char *err, size_t errlen,
+                 const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+#endif

@@ -1,0 +1,63 @@
+#include "placement/placement.h"
+
+#include <string.h>
+
+uint64_t bw__placement_mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+uint64_t bw__placement_hash_bytes(const void *p, size_t len)
+{
+    const unsigned char *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+uint32_t bw__placement_shard(uint64_t index, uint32_t num_shards, bw_shard_mode mode)
+{
+    if (num_shards <= 1)
+        return 0;
+    uint64_t k = mode == BW_SHARD_HASH ? bw__placement_mix64(index) : index;
+    return (uint32_t)(k % num_shards);
+}
+
+uint32_t bw__placement_stream_shard(uint32_t position, const char *path, uint32_t num_shards,
+                                    bw_shard_mode mode)
+{
+    if (num_shards <= 1)
+        return 0;
+    if (mode == BW_SHARD_HASH)
+        return (uint32_t)(bw__placement_mix64(bw__placement_hash_bytes(path, strlen(path))) %
+                          num_shards);
+    return position % num_shards;
+}
+
+uint64_t bw__placement_score(const char *worker_id, uint32_t shard)
+{
+    uint64_t h = bw__placement_hash_bytes(worker_id, strlen(worker_id));
+    return bw__placement_mix64(h ^ bw__placement_mix64((uint64_t)shard + 0x9e3779b97f4a7c15ull));
+}
+
+size_t bw__placement_owner(const char *const *ids, size_t n, uint32_t shard)
+{
+    size_t best = 0;
+    uint64_t best_score = bw__placement_score(ids[0], shard);
+    for (size_t i = 1; i < n; i++) {
+        uint64_t sc = bw__placement_score(ids[i], shard);
+        if (sc > best_score || (sc == best_score && strcmp(ids[i], ids[best]) < 0)) {
+            best = i;
+            best_score = sc;
+        }
+    }
+    return best;
+}

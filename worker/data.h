@@ -1,0 +1,86 @@
+/* The worker's data plane: the dataset cache, its view of placement and the Data service. */
+#ifndef BW_WORKER_DATA_H
+#define BW_WORKER_DATA_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "formats/dataset.h"
+#include "rpc/server.h"
+
+typedef struct bw_worker bw_worker;
+
+/* Caps on what one request may ask for. */
+enum {
+    BW_DATA_MAX_INDICES = 1 << 20,  /* indices per ReadSamples */
+    BW_DATA_MAX_SHARDS = 1 << 20,   /* Routing.num_shards */
+    BW_DATA_MIN_MESSAGE = 64 << 10, /* smallest message limit a client may ask for */
+};
+
+/* ---- datasets.c: open datasets, shared by concurrent requests ---- */
+
+typedef struct bw__wds bw__wds;
+typedef struct bw__ds_cache bw__ds_cache;
+
+bw__ds_cache *bw__ds_cache_new(const char *root);
+void bw__ds_cache_free(bw__ds_cache *c);
+
+/* The open dataset for `spec` (opened on first use; reopened when a source changed). The
+ * caller holds a reference until bw__ds_put. */
+int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **out, char *err,
+               size_t errlen);
+bw__dataset *bw__ds_dataset(bw__wds *e);
+void bw__ds_put(bw__wds *e);
+
+/* ---- placement_view.c: the placement table this worker last fetched ---- */
+
+typedef struct bw__pview {
+    pthread_mutex_t mu;
+    uint64_t version;
+    size_t n;
+    char **ids; /* live worker ids at `version` */
+    bool stale; /* a request carried a newer version: fetch soon */
+} bw__pview;
+
+void bw__pview_init(bw__pview *v);
+void bw__pview_destroy(bw__pview *v);
+
+/* Replaces the table (copies ids). */
+void bw__pview_set(bw__pview *v, uint64_t version, const char *const *ids, size_t n);
+
+/* Checks that worker `self` owns every shard in shards[0..n) (shards < rt->num_shards) under
+ * the newest placement it knows. BW_OK when it does, when the request carries no version, or
+ * when the request's version is newer than this worker's table (the client has seen a change
+ * this worker has not yet: it serves and refreshes). Otherwise BW_WRONG_OWNER naming the
+ * shard, its owner and both versions. */
+int bw__pview_check(bw__pview *v, const char *self, const Batchwire__V1__Routing *rt,
+                    const uint32_t *shards, size_t n, char *err, size_t errlen);
+
+/* ---- data_service.c: Describe, ReadSamples, ReadStream ---- */
+
+int bw__data_describe(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                      ProtobufCMessage **resp);
+int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                          ProtobufCMessage **resp);
+int bw__data_read_stream(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                         ProtobufCMessage **resp);
+
+/* ---- sample_stream.c: SampleBatch messages built around mapped file memory ---- */
+
+typedef struct bw__sstream bw__sstream;
+
+/* A producer of SampleBatch messages for ReadSamples (indices borrowed from the request,
+ * which lives as long as the call) or ReadStream (src, offset, max_records). Each message
+ * stays below limit bytes; a sample larger than that is sent in chunks. Takes over e. */
+bw__sstream *bw__sstream_samples(bw__wds *e, const uint64_t *indices, size_t n, size_t limit);
+bw__sstream *bw__sstream_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t max_records,
+                                 size_t limit);
+int bw__sstream_next(void *state, bw_rpc_call *call, bw_rpc_out *out);
+void bw__sstream_free(void *state);
+
+/* For tests and benchmarks: the next message as a byte buffer, BW_RPC_END, or an error with
+ * a sentence in err. */
+int bw__sstream_produce(bw__sstream *st, struct grpc_byte_buffer **out, char *err, size_t errlen);
+
+#endif

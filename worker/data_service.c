@@ -1,0 +1,197 @@
+/* The Data service: Describe, ReadSamples and ReadStream. Every failure is a status with a
+ * sentence naming the dataset, file, offset and reason; the worker keeps serving. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "data.h"
+#include "placement/placement.h"
+#include "worker.h"
+
+static const char *first_source(const Batchwire__V1__Dataset *spec)
+{
+    return spec && spec->n_sources ? spec->sources[0] : "";
+}
+
+/* Opens and (when `index`) indexes the dataset; checks the expected fingerprint. */
+static int open_dataset(bw_worker *w, bw_rpc_call *call, const char *method,
+                        const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
+                        bw__wds **out)
+{
+    char err[1024];
+    bw__wds *e = NULL;
+    int rc = bw__ds_get(w->datasets, spec, &e, err, sizeof(err));
+    if (rc == BW_OK && index)
+        rc = bw__dataset_index(bw__ds_dataset(e), err, sizeof(err));
+    if (rc == BW_OK && fingerprint && fingerprint[0] &&
+        strcmp(fingerprint, bw__ds_dataset(e)->fingerprint) != 0) {
+        snprintf(err, sizeof(err),
+                 "dataset fingerprint is %s, the request expects %s: the files changed since the "
+                 "job described them",
+                 bw__ds_dataset(e)->fingerprint, fingerprint);
+        rc = BW_MISMATCH;
+    }
+    if (rc != BW_OK) {
+        bw__ds_put(e);
+        BW_DEBUG("worker=%s %s from %s: %s: %s", w->id, method, bw__rpc_call_peer(call),
+                 bw_err_name(rc), err);
+        return bw__rpc_fail(call, rc, "%s: dataset %s %s%s: %s", method,
+                            spec && spec->format ? spec->format : "?", first_source(spec),
+                            spec && spec->n_sources > 1 ? ",..." : "", err);
+    }
+    *out = e;
+    return BW_OK;
+}
+
+static size_t message_limit(bw_worker *w, uint32_t asked)
+{
+    size_t limit = (size_t)w->cfg->common.max_message_bytes;
+    if (asked && asked < limit)
+        limit = asked < BW_DATA_MIN_MESSAGE ? BW_DATA_MIN_MESSAGE : asked;
+    return limit;
+}
+
+int bw__data_describe(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                      ProtobufCMessage **resp)
+{
+    bw_worker *w = user;
+    const Batchwire__V1__DescribeRequest *r = (const void *)req;
+    bw__wds *e = NULL;
+    int rc = open_dataset(w, call, "Describe", r->dataset, NULL, true, &e);
+    if (rc != BW_OK)
+        return rc;
+    const bw__dataset *d = bw__ds_dataset(e);
+    bw_arena *a = bw__rpc_call_arena(call);
+    Batchwire__V1__DescribeResponse *out = bw__arena_alloc(a, sizeof(*out));
+    Batchwire__V1__DatasetInfo *info = bw__arena_alloc(a, sizeof(*info));
+    Batchwire__V1__SampleLayout *lay = bw__arena_alloc(a, sizeof(*lay));
+    Batchwire__V1__SourceInfo *srcs = bw__arena_alloc(a, (d->nsources + 1) * sizeof(*srcs));
+    Batchwire__V1__SourceInfo **sp = bw__arena_alloc(a, (d->nsources + 1) * sizeof(*sp));
+    uint64_t *shape = bw__arena_alloc(a, (BW_FMT_MAX_DIMS + 1) * sizeof(*shape));
+    if (!out || !info || !lay || !srcs || !sp || !shape) {
+        bw__ds_put(e);
+        return bw__rpc_fail(call, BW_TOO_BIG, "Describe: the description of %zu sources is too big",
+                            d->nsources);
+    }
+    batchwire__v1__describe_response__init(out);
+    batchwire__v1__dataset_info__init(info);
+    batchwire__v1__sample_layout__init(lay);
+    out->info = info;
+    info->format = (char *)d->ops->name;
+    info->length = d->length;
+    info->fingerprint = bw__arena_strdup(a, d->fingerprint);
+    info->total_bytes = d->total_bytes;
+    info->layout = lay;
+    lay->dtype = bw__arena_strdup(a, d->layout.dtype);
+    lay->n_shape = (size_t)d->layout.ndim;
+    memcpy(shape, d->layout.shape, sizeof(uint64_t) * (size_t)d->layout.ndim);
+    lay->shape = shape;
+    lay->sample_bytes = d->layout.sample_bytes;
+    info->n_sources = d->nsources;
+    info->sources = sp;
+    for (size_t i = 0; i < d->nsources; i++) {
+        const bw__source *s = d->sources[i];
+        batchwire__v1__source_info__init(&srcs[i]);
+        srcs[i].path = bw__arena_strdup(a, s->path);
+        srcs[i].size_bytes = s->size;
+        srcs[i].records = s->count;
+        srcs[i].first_index = d->first[i];
+        srcs[i].mtime_ns = s->mtime_ns;
+        if (!srcs[i].path) {
+            bw__ds_put(e);
+            return bw__rpc_fail(call, BW_TOO_BIG, "Describe: the description is too big");
+        }
+        sp[i] = &srcs[i];
+    }
+    bw__ds_put(e); /* the strings live in the arena; format names are static */
+    *resp = &out->base;
+    return BW_OK;
+}
+
+int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                          ProtobufCMessage **resp)
+{
+    (void)resp;
+    bw_worker *w = user;
+    const Batchwire__V1__ReadSamplesRequest *r = (const void *)req;
+    if (r->n_indices > BW_DATA_MAX_INDICES)
+        return bw__rpc_fail(call, BW_TOO_BIG,
+                            "ReadSamples: %zu indices is more than the limit of %d", r->n_indices,
+                            BW_DATA_MAX_INDICES);
+    bw__wds *e = NULL;
+    int rc = open_dataset(w, call, "ReadSamples", r->dataset, r->fingerprint, true, &e);
+    if (rc != BW_OK)
+        return rc;
+    const bw__dataset *d = bw__ds_dataset(e);
+    for (size_t i = 0; i < r->n_indices; i++)
+        if (r->indices[i] >= d->length) {
+            bw__ds_put(e);
+            return bw__rpc_fail(call, BW_OUT_OF_RANGE,
+                                "ReadSamples: dataset %s %s: index %llu requested (position %zu) "
+                                "but the dataset has %llu samples",
+                                r->dataset->format, first_source(r->dataset),
+                                (unsigned long long)r->indices[i], i,
+                                (unsigned long long)d->length);
+        }
+    const Batchwire__V1__Routing *rt = r->routing;
+    if (rt && rt->placement_version) {
+        uint32_t *shards = malloc((r->n_indices ? r->n_indices : 1) * sizeof(*shards));
+        if (!shards)
+            abort();
+        uint32_t ns = rt->num_shards ? rt->num_shards : 1;
+        for (size_t i = 0; i < r->n_indices; i++)
+            shards[i] = bw__placement_shard(r->indices[i], ns, (bw_shard_mode)rt->shard_mode);
+        char err[512];
+        rc = bw__pview_check(&w->placement, w->id, rt, shards, r->n_indices, err, sizeof(err));
+        free(shards);
+        if (rc != BW_OK) {
+            bw__ds_put(e);
+            return bw__rpc_fail(call, rc, "ReadSamples: %s", err);
+        }
+    }
+    bw__sstream *st =
+        bw__sstream_samples(e, r->indices, r->n_indices, message_limit(w, r->max_message_bytes));
+    bw__rpc_stream_start(call, bw__sstream_next, st, bw__sstream_free);
+    return BW_RPC_STREAM;
+}
+
+int bw__data_read_stream(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                         ProtobufCMessage **resp)
+{
+    (void)resp;
+    bw_worker *w = user;
+    const Batchwire__V1__ReadStreamRequest *r = (const void *)req;
+    bw__wds *e = NULL;
+    int rc = open_dataset(w, call, "ReadStream", r->dataset, r->fingerprint, false, &e);
+    if (rc != BW_OK)
+        return rc;
+    const bw__dataset *d = bw__ds_dataset(e);
+    if (!d->ops->next) {
+        bw__ds_put(e);
+        return bw__rpc_fail(call, BW_UNIMPLEMENTED,
+                            "ReadStream: format %s is not a stream: use ReadSamples", d->ops->name);
+    }
+    if (r->source >= d->nsources) {
+        bw__ds_put(e);
+        return bw__rpc_fail(call, BW_OUT_OF_RANGE,
+                            "ReadStream: source %u requested but dataset %s %s has %zu sources",
+                            r->source, r->dataset->format, first_source(r->dataset), d->nsources);
+    }
+    const Batchwire__V1__Routing *rt = r->routing;
+    if (rt && rt->placement_version) {
+        uint32_t shard = bw__placement_stream_shard(r->source, d->sources[r->source]->path,
+                                                    rt->num_shards ? rt->num_shards : 1,
+                                                    (bw_shard_mode)rt->shard_mode);
+        char err[512];
+        rc = bw__pview_check(&w->placement, w->id, rt, &shard, 1, err, sizeof(err));
+        if (rc != BW_OK) {
+            bw__ds_put(e);
+            return bw__rpc_fail(call, rc, "ReadStream: %s", err);
+        }
+    }
+    bw__sstream *st = bw__sstream_records(e, r->source, r->offset, r->max_records,
+                                          message_limit(w, r->max_message_bytes));
+    bw__rpc_stream_start(call, bw__sstream_next, st, bw__sstream_free);
+    return BW_RPC_STREAM;
+}
