@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "placement_service.h"
 #include "rpc/common_handlers.h"
 
 static int on_info(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
@@ -51,6 +52,7 @@ static int on_heartbeat(void *user, bw_rpc_call *call, const ProtobufCMessage *r
     batchwire__v1__heartbeat_response__init(out);
     out->known = known;
     out->heartbeat_interval_ms = bw__membership_heartbeat_ms(c->members);
+    out->placement_version = bw__membership_version(c->members);
     *resp = &out->base;
     return BW_OK;
 }
@@ -78,6 +80,7 @@ const bw_rpc_handler bw__coordinator_handlers[] = {
     {BW_METHOD(BW_M_REGISTER_WORKER), on_register},
     {BW_METHOD(BW_M_HEARTBEAT), on_heartbeat},
     {BW_METHOD(BW_M_LIST_WORKERS), on_list_workers},
+    {BW_METHOD(BW_M_PLACEMENT_GET), bw__placement_get},
 };
 const size_t bw__coordinator_nhandlers =
     sizeof(bw__coordinator_handlers) / sizeof(bw__coordinator_handlers[0]);

@@ -30,6 +30,9 @@ struct bw_membership {
     worker *workers;
     size_t n, cap;
     uint32_t heartbeat_ms, dead_after;
+    /* Placement version: bumped whenever the set of live workers (or an address) changes.
+     * Starts at the wall clock in ms so versions keep growing across coordinator restarts. */
+    uint64_t version;
 };
 
 bw_membership *bw__membership_new(uint32_t heartbeat_ms, uint32_t dead_after)
@@ -40,6 +43,7 @@ bw_membership *bw__membership_new(uint32_t heartbeat_ms, uint32_t dead_after)
     pthread_mutex_init(&m->mu, NULL);
     m->heartbeat_ms = heartbeat_ms;
     m->dead_after = dead_after;
+    m->version = bw__unix_ms();
     return m;
 }
 
@@ -128,6 +132,8 @@ int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorke
     }
     bool was_alive = w->alive;
     bool restarted = !is_new && w->incarnation != req->incarnation;
+    if (is_new || restarted || !was_alive || strcmp(w->address, req->address) != 0)
+        m->version++;
     if (restarted)
         w->restarts++;
     w->incarnation = req->incarnation;
@@ -171,6 +177,8 @@ int bw__membership_heartbeat(bw_membership *m, const char *id, uint64_t incarnat
         w->alive = true;
         *known = true;
         if (!was_alive)
+            m->version++;
+        if (!was_alive)
             BW_INFO("worker=%s address=%s heartbeat after being marked dead; alive again", id,
                     w->address);
     }
@@ -194,6 +202,7 @@ int bw__membership_sweep(bw_membership *m)
         if (w->alive && since > dead_ms(m)) {
             w->alive = false;
             changed++;
+            m->version++;
             BW_WARN("worker=%s address=%s marked dead: no heartbeat for %llu ms (%u missed at "
                     "%u ms)",
                     w->id, w->address, (unsigned long long)since, m->dead_after, m->heartbeat_ms);
@@ -256,5 +265,59 @@ int bw__membership_list(bw_membership *m, bw_arena *arena, Batchwire__V1__ListWo
     resp->workers = list;
     resp->heartbeat_interval_ms = m->heartbeat_ms;
     resp->missed_heartbeats_dead = m->dead_after;
+    return BW_OK;
+}
+
+uint64_t bw__membership_version(bw_membership *m)
+{
+    pthread_mutex_lock(&m->mu);
+    uint64_t v = m->version;
+    pthread_mutex_unlock(&m->mu);
+    return v;
+}
+
+static int by_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int bw__membership_live(bw_membership *m, bw_arena *arena, uint64_t *version, char ***ids,
+                        char ***addresses, size_t *n)
+{
+    pthread_mutex_lock(&m->mu);
+    size_t live = 0;
+    for (size_t i = 0; i < m->n; i++)
+        live += m->workers[i].alive;
+    /* "id\0address" pairs, sorted by id */
+    char **pairs = bw__arena_alloc(arena, (live ? live : 1) * sizeof(char *));
+    *ids = bw__arena_alloc(arena, (live ? live : 1) * sizeof(char *));
+    *addresses = bw__arena_alloc(arena, (live ? live : 1) * sizeof(char *));
+    if (!pairs || !*ids || !*addresses) {
+        pthread_mutex_unlock(&m->mu);
+        return BW_NOMEM;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        const worker *w = &m->workers[i];
+        if (!w->alive)
+            continue;
+        size_t il = strlen(w->id), al = strlen(w->address);
+        char *p = bw__arena_alloc(arena, il + al + 2);
+        if (!p) {
+            pthread_mutex_unlock(&m->mu);
+            return BW_NOMEM;
+        }
+        memcpy(p, w->id, il + 1);
+        memcpy(p + il + 1, w->address, al + 1);
+        pairs[k++] = p;
+    }
+    *version = m->version;
+    pthread_mutex_unlock(&m->mu);
+    qsort(pairs, k, sizeof(char *), by_str);
+    for (size_t i = 0; i < k; i++) {
+        (*ids)[i] = pairs[i];
+        (*addresses)[i] = pairs[i] + strlen(pairs[i]) + 1;
+    }
+    *n = k;
     return BW_OK;
 }

@@ -37,4 +37,12 @@ int bw__membership_sweep(bw_membership *m);
 int bw__membership_list(bw_membership *m, bw_arena *arena,
                         Batchwire__V1__ListWorkersResponse *resp);
 
+/* The placement version: changes whenever a worker joins, dies, comes back, restarts or moves. */
+uint64_t bw__membership_version(bw_membership *m);
+
+/* A consistent snapshot of the live workers, sorted by id, with the version it belongs to;
+ * arrays and strings in `arena`. */
+int bw__membership_live(bw_membership *m, bw_arena *arena, uint64_t *version, char ***ids,
+                        char ***addresses, size_t *n);
+
 #endif
