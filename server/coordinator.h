@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "jobs.h"
 #include "membership.h"
 #include "rpc/daemon.h"
 #include "rpc/server.h"
@@ -14,11 +15,19 @@ typedef struct bw_coordinator_config {
     char *state_dir;
     int64_t heartbeat_ms;
     int64_t dead_after;
+    /* jobs and their journal */
+    char *truncate_journal_at;
+    int64_t lease_ms;
+    int64_t max_jobs;
+    int64_t max_world_size;
+    int64_t snapshot_bytes;
+    char *worker_tls_ca;
 } bw_coordinator_config;
 
 typedef struct bw_coordinator {
     const bw_coordinator_config *cfg;
     bw_membership *members;
+    bw_jobs *jobs;
     char bound[256];
     uint64_t start_ms;
 } bw_coordinator;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "jobs_service.h"
 #include "placement_service.h"
 #include "rpc/common_handlers.h"
 
@@ -81,6 +82,13 @@ const bw_rpc_handler bw__coordinator_handlers[] = {
     {BW_METHOD(BW_M_HEARTBEAT), on_heartbeat},
     {BW_METHOD(BW_M_LIST_WORKERS), on_list_workers},
     {BW_METHOD(BW_M_PLACEMENT_GET), bw__placement_get},
+    {BW_METHOD(BW_M_JOBS_GET_OR_CREATE), bw__jobs_on_get_or_create},
+    {BW_METHOD(BW_M_JOBS_JOIN), bw__jobs_on_join},
+    {BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), bw__jobs_on_lease_heartbeat},
+    {BW_METHOD(BW_M_JOBS_COMMIT_CURSOR), bw__jobs_on_commit},
+    {BW_METHOD(BW_M_JOBS_GET), bw__jobs_on_get},
+    {BW_METHOD(BW_M_JOBS_LIST), bw__jobs_on_list},
+    {BW_METHOD(BW_M_JOBS_RESUME_ELASTIC), bw__jobs_on_resume},
 };
 const size_t bw__coordinator_nhandlers =
     sizeof(bw__coordinator_handlers) / sizeof(bw__coordinator_handlers[0]);

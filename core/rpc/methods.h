@@ -8,6 +8,7 @@
 #include "batchwire.pb-c.h"
 #include "data.pb-c.h"
 #include "health.pb-c.h"
+#include "jobs.pb-c.h"
 
 typedef enum bw_method_id {
     BW_M_HEALTH_CHECK,
@@ -20,6 +21,13 @@ typedef enum bw_method_id {
     BW_M_DATA_READ_SAMPLES,
     BW_M_DATA_READ_STREAM,
     BW_M_PLACEMENT_GET,
+    BW_M_JOBS_GET_OR_CREATE,
+    BW_M_JOBS_JOIN,
+    BW_M_JOBS_LEASE_HEARTBEAT,
+    BW_M_JOBS_COMMIT_CURSOR,
+    BW_M_JOBS_GET,
+    BW_M_JOBS_LIST,
+    BW_M_JOBS_RESUME_ELASTIC,
     BW_M__COUNT
 } bw_method_id;
 

@@ -1,0 +1,150 @@
+#include "cursor/cursor.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batchwire/batchwire.h"
+
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+size_t bw__cursor_text_len(size_t binlen)
+{
+    return strlen(BW_CURSOR_TEXT_PREFIX) + (binlen + 2) / 3 * 4 + 1;
+}
+
+size_t bw__cursor_to_text(const uint8_t *bin, size_t len, char *out, size_t outlen)
+{
+    size_t need = bw__cursor_text_len(len);
+    if (outlen < need)
+        return 0;
+    size_t o = (size_t)snprintf(out, outlen, "%s", BW_CURSOR_TEXT_PREFIX);
+    for (size_t i = 0; i < len; i += 3) {
+        uint32_t v = (uint32_t)bin[i] << 16;
+        if (i + 1 < len)
+            v |= (uint32_t)bin[i + 1] << 8;
+        if (i + 2 < len)
+            v |= bin[i + 2];
+        out[o++] = b64[(v >> 18) & 63];
+        out[o++] = b64[(v >> 12) & 63];
+        out[o++] = i + 1 < len ? b64[(v >> 6) & 63] : '=';
+        out[o++] = i + 2 < len ? b64[v & 63] : '=';
+    }
+    out[o] = '\0';
+    return o;
+}
+
+static int b64_value(uint8_t ch)
+{
+    const char *p = ch ? strchr(b64, ch) : NULL;
+    return p ? (int)(p - b64) : -1;
+}
+
+/* Decodes base64 text (len chars) into out (at least len * 3 / 4 bytes). */
+static int from_b64(const uint8_t *text, size_t len, uint8_t *out, size_t *outlen, char *err,
+                    size_t errlen)
+{
+    if (len % 4 != 0) {
+        snprintf(err, errlen, "text cursor: base64 length %zu is not a multiple of 4", len);
+        return BW_INVALID_ARGUMENT;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < len; i += 4) {
+        int v[4];
+        int pad = 0;
+        for (int k = 0; k < 4; k++) {
+            uint8_t ch = text[i + k];
+            if (ch == '=' && i + 4 == len && k >= 2) {
+                v[k] = 0;
+                pad++;
+                continue;
+            }
+            v[k] = pad ? -1 : b64_value(ch);
+            if (v[k] < 0) {
+                snprintf(err, errlen,
+                         "text cursor: character %zu (0x%02x) is not base64 after \"%s\"",
+                         i + (size_t)k + 1, ch, BW_CURSOR_TEXT_PREFIX);
+                return BW_INVALID_ARGUMENT;
+            }
+        }
+        uint32_t w =
+            (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        out[o++] = (uint8_t)(w >> 16);
+        if (pad < 2)
+            out[o++] = (uint8_t)(w >> 8);
+        if (pad < 1)
+            out[o++] = (uint8_t)w;
+    }
+    *outlen = o;
+    return BW_OK;
+}
+
+int bw__cursor_decode(const uint8_t *data, size_t len, bw_arena *arena, Batchwire__V1__Cursor **out,
+                      char *err, size_t errlen)
+{
+    *out = NULL;
+    if (len == 0) {
+        snprintf(err, errlen, "cursor is empty");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (len > BW_CURSOR_MAX_BYTES) {
+        snprintf(err, errlen, "cursor of %zu bytes is larger than the limit of %u", len,
+                 BW_CURSOR_MAX_BYTES);
+        return BW_TOO_BIG;
+    }
+    size_t plen = strlen(BW_CURSOR_TEXT_PREFIX);
+    if (len >= plen && memcmp(data, BW_CURSOR_TEXT_PREFIX, plen) == 0) {
+        uint8_t *bin = bw__arena_alloc(arena, len);
+        size_t binlen = 0;
+        if (!bin)
+            return BW_NOMEM;
+        int rc = from_b64(data + plen, len - plen, bin, &binlen, err, errlen);
+        if (rc != BW_OK)
+            return rc;
+        data = bin;
+        len = binlen;
+        if (len == 0) {
+            snprintf(err, errlen, "text cursor holds no data after \"%s\"", BW_CURSOR_TEXT_PREFIX);
+            return BW_INVALID_ARGUMENT;
+        }
+    } else if (len >= 3 && memcmp(data, "bwc", 3) == 0) {
+        snprintf(err, errlen, "text cursor with an unknown prefix (this coordinator reads \"%s\")",
+                 BW_CURSOR_TEXT_PREFIX);
+        return BW_INVALID_ARGUMENT;
+    }
+    Batchwire__V1__Cursor *c = batchwire__v1__cursor__unpack(&arena->pb, len, data);
+    if (!c) {
+        snprintf(err, errlen, "cursor of %zu bytes is corrupt: not a batchwire cursor", len);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (c->version != BW_CURSOR_VERSION) {
+        snprintf(err, errlen,
+                 "cursor version %u is not one this coordinator reads (it reads version %d)%s",
+                 c->version, BW_CURSOR_VERSION,
+                 c->version == 0 ? "; the bytes are probably not a batchwire cursor" : "");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (c->job_fingerprint == 0) {
+        snprintf(err, errlen, "cursor carries no job fingerprint");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (c->world_size == 0 || c->rank >= c->world_size) {
+        snprintf(err, errlen, "cursor rank %u is not below its world size %u", c->rank,
+                 c->world_size);
+        return BW_INVALID_ARGUMENT;
+    }
+    *out = c;
+    return BW_OK;
+}
+
+uint8_t *bw__cursor_encode(const Batchwire__V1__Cursor *c, size_t *len)
+{
+    Batchwire__V1__Cursor copy = *c;
+    copy.version = BW_CURSOR_VERSION;
+    *len = batchwire__v1__cursor__get_packed_size(&copy);
+    uint8_t *buf = malloc(*len ? *len : 1);
+    if (!buf)
+        abort();
+    batchwire__v1__cursor__pack(&copy, buf);
+    return buf;
+}

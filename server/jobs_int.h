@@ -1,0 +1,87 @@
+/* Internals of the jobs state shared by jobs_state.c (records, replay, snapshots),
+ * jobs_ops.c (the RPC operations) and jobs_elastic.c (sampler checks, elastic resume). */
+#ifndef BW_SERVER_JOBS_INT_H
+#define BW_SERVER_JOBS_INT_H
+
+#include <pthread.h>
+
+#include "jobs.h"
+#include "sampler/sampler.h"
+
+enum { BW_JOB_NAME_MAX = 128, BW_HOST_MAX = 256 };
+
+typedef struct bw_rank_state {
+    bool leased;            /* joined, not revoked by an elastic resume */
+    char host[BW_HOST_MAX]; /* the holder */
+    uint32_t pid;
+    uint64_t lease_id;
+    uint64_t joined_unix_ms;
+    uint64_t last_beat_ms; /* monotonic; not journaled (a restart renews every lease) */
+    bool committed;
+    uint64_t epoch, step;
+    uint64_t committed_unix_ms;
+    uint8_t *cursor; /* malloc'ed packed cursor */
+    size_t cursor_len;
+} bw_rank_state;
+
+typedef struct bw_job {
+    char *name;
+    Batchwire__V1__JobConfig *config;    /* owned, immutable (protobuf-c default allocator) */
+    Batchwire__V1__DatasetInfo *dataset; /* owned, immutable */
+    uint64_t fingerprint;
+    uint64_t created_unix_ms;
+    uint32_t world_size;                  /* current */
+    Batchwire__V1__WorldSegment *history; /* world-size segments, in order */
+    size_t nhistory;
+    bw_rank_state *ranks; /* world_size of them */
+} bw_job;
+
+struct bw_jobs {
+    bw_jobs_opts opts;
+    pthread_mutex_t mu;
+    bw_journal *journal;
+    bw_job **jobs;
+    size_t njobs, cap;
+    uint64_t last_seq; /* the last record applied */
+    bw_jobs_placement_fn placement;
+    void *placement_user;
+};
+
+/* Under s->mu: the job called name, or NULL. */
+bw_job *bw__jobs_find(bw_jobs *s, const char *name);
+
+/* Under s->mu: gives `rec` the next seq, applies it, and queues it in the journal. On
+ * error (a record that does not apply is a bug in the caller's validation, or the journal
+ * failed) nothing changed. */
+int bw__jobs_commit_record(bw_jobs *s, Batchwire__V1__JournalRecord *rec, char *err, size_t errlen);
+
+/* The job's summary for answers, in `arena` (config and dataset are borrowed: immutable). */
+Batchwire__V1__JobSummary *bw__jobs_summary(bw_arena *arena, const bw_job *job);
+
+/* The cursor a rank starts from when it has committed none: (epoch, step) with the job's
+ * current world size. malloc'ed. */
+uint8_t *bw__jobs_make_cursor(const bw_job *job, uint32_t rank, uint64_t epoch, uint64_t step,
+                              size_t *len);
+
+/* The sampler of `epoch` with the world-size history applied (shuffle off: only counts
+ * matter for the checks). */
+int bw__jobs_sampler(const bw_job *job, uint64_t epoch, bw__sampler **out, char *err,
+                     size_t errlen);
+
+/* The sampler configuration of a job at world size `world` and epoch 0. */
+void bw__jobs_sampler_cfg(const Batchwire__V1__JobConfig *cfg, uint64_t num_samples, uint32_t world,
+                          bw__sampler_cfg *out);
+
+/* "a.b: job has X, request has Y; ..." for every field that differs; "" if none. */
+void bw__jobs_diff(const ProtobufCMessageDescriptor *desc, const ProtobufCMessage *a,
+                   const ProtobufCMessage *b, char *out, size_t outlen);
+
+/* The job's fingerprint: SHA-256 of its configuration and dataset description, first 8
+ * bytes; never 0. */
+uint64_t bw__jobs_fingerprint(const Batchwire__V1__JobConfig *cfg,
+                              const Batchwire__V1__DatasetInfo *info);
+
+/* Printable, 1..max-1 bytes of letters, digits and -_.:/@+ ; writes why not to err. */
+int bw__jobs_check_name(const char *what, const char *s, size_t max, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,644 @@
+/* The Jobs operations: validate every field of a request (with a sentence naming what was
+ * wrong), check it against the state, and turn an accepted change into one journal record. */
+#include "jobs_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batchwire/batchwire.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "cursor/cursor.h"
+
+enum { MAX_SOURCES = 4096, MAX_PATH_CHARS = 4096, MAX_BATCH = 1 << 24 };
+
+static uint64_t placement_version(bw_jobs *s, bw_arena *arena,
+                                  Batchwire__V1__PlacementTable **table)
+{
+    pthread_mutex_lock(&s->mu);
+    bw_jobs_placement_fn fn = s->placement;
+    void *user = s->placement_user;
+    pthread_mutex_unlock(&s->mu);
+    Batchwire__V1__PlacementTable *t = NULL;
+    if (fn && fn(user, arena, &t) != BW_OK)
+        t = NULL;
+    if (table)
+        *table = t;
+    return t ? t->version : 0;
+}
+
+static int check_config(const Batchwire__V1__JobConfig *c, char *err, size_t errlen)
+{
+    if (!c) {
+        snprintf(err, errlen, "config is required (dataset and sampler)");
+        return BW_INVALID_ARGUMENT;
+    }
+    const Batchwire__V1__Dataset *d = c->dataset;
+    bool has_dataset = d && ((d->format && *d->format) || d->n_sources > 0);
+    if (c->synthetic_samples > 0 && has_dataset) {
+        snprintf(err, errlen, "config.dataset and config.synthetic_samples exclude each other");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (c->synthetic_samples == 0) {
+        if (!d || !d->format || !*d->format) {
+            snprintf(err, errlen,
+                     "config.dataset.format is required (npy, tfrecord, files, jsonl, text, tar)");
+            return BW_INVALID_ARGUMENT;
+        }
+        if (strlen(d->format) > 32) {
+            snprintf(err, errlen, "config.dataset.format '%.40s...' is too long", d->format);
+            return BW_INVALID_ARGUMENT;
+        }
+        if (d->n_sources == 0 || d->n_sources > MAX_SOURCES) {
+            snprintf(err, errlen, "config.dataset.sources must list 1 to %d paths (got %zu)",
+                     MAX_SOURCES, d->n_sources);
+            return BW_INVALID_ARGUMENT;
+        }
+        for (size_t i = 0; i < d->n_sources; i++) {
+            size_t len = strlen(d->sources[i]);
+            if (len == 0 || len > MAX_PATH_CHARS) {
+                snprintf(err, errlen, "config.dataset.sources[%zu] must be 1 to %d characters", i,
+                         MAX_PATH_CHARS);
+                return BW_INVALID_ARGUMENT;
+            }
+        }
+    }
+    const Batchwire__V1__SamplerConfig *sc = c->sampler;
+    if (!sc || sc->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_UNSPECIFIED) {
+        snprintf(err, errlen, "config.sampler.mode is required: torch, accelerate or iterable");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (sc->mode > BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE) {
+        snprintf(err, errlen, "config.sampler.mode %d is not a known mode", (int)sc->mode);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (sc->shuffle_algo > BATCHWIRE__V1__SHUFFLE_ALGO__SHUFFLE_ALGO_FEISTEL) {
+        snprintf(err, errlen, "config.sampler.shuffle_algo %d is not a known algorithm",
+                 (int)sc->shuffle_algo);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (sc->batch_size == 0 || sc->batch_size > MAX_BATCH) {
+        snprintf(err, errlen, "config.sampler.batch_size %" PRIu64 " must be from 1 to %d",
+                 sc->batch_size, MAX_BATCH);
+        return BW_INVALID_ARGUMENT;
+    }
+    return BW_OK;
+}
+
+static int check_world(bw_jobs *s, uint32_t world, char *err, size_t errlen)
+{
+    if (world == 0 || world > s->opts.max_world_size) {
+        snprintf(err, errlen, "world_size %u must be from 1 to %u", world, s->opts.max_world_size);
+        return BW_INVALID_ARGUMENT;
+    }
+    return BW_OK;
+}
+
+Batchwire__V1__DatasetInfo *bw__jobs_synthetic_info(bw_arena *arena, uint64_t samples)
+{
+    Batchwire__V1__DatasetInfo *info = bw__arena_alloc(arena, sizeof(*info));
+    char fp[64];
+    if (!info)
+        return NULL;
+    batchwire__v1__dataset_info__init(info);
+    snprintf(fp, sizeof(fp), "synthetic-%" PRIu64, samples);
+    info->format = "synthetic";
+    info->length = samples;
+    info->fingerprint = bw__arena_strdup(arena, fp);
+    return info->fingerprint ? info : NULL;
+}
+
+/* Under s->mu: the answer for an existing job. */
+static int existing(bw_job *job, const Batchwire__V1__GetOrCreateJobRequest *req, bw_arena *arena,
+                    Batchwire__V1__GetOrCreateJobResponse **resp, char *err, size_t errlen)
+{
+    char diff[1536];
+    bw__jobs_diff(&batchwire__v1__job_config__descriptor, &job->config->base, &req->config->base,
+                  diff, sizeof(diff));
+    if (diff[0]) {
+        snprintf(err, errlen,
+                 "job '%s' exists with a different configuration: %s. Use the job's "
+                 "configuration, or another job name",
+                 job->name, diff);
+        return BW_MISMATCH;
+    }
+    Batchwire__V1__GetOrCreateJobResponse *out = bw__arena_alloc(arena, sizeof(*out));
+    if (!out)
+        return BW_NOMEM;
+    batchwire__v1__get_or_create_job_response__init(out);
+    out->job = bw__jobs_summary(arena, job);
+    out->created = false;
+    *resp = out;
+    return out->job ? BW_OK : BW_NOMEM;
+}
+
+int bw__jobs_lookup(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req, bw_arena *arena,
+                    Batchwire__V1__GetOrCreateJobResponse **resp, bool *need_describe,
+                    uint64_t *wait_seq, char *err, size_t errlen)
+{
+    *need_describe = false;
+    int rc = bw__jobs_check_name("job name", req->name, BW_JOB_NAME_MAX, err, errlen);
+    if (rc == BW_OK)
+        rc = check_config(req->config, err, errlen);
+    if (rc == BW_OK)
+        rc = check_world(s, req->world_size, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    pthread_mutex_lock(&s->mu);
+    *wait_seq = s->last_seq;
+    bw_job *job = bw__jobs_find(s, req->name);
+    if (job) {
+        rc = existing(job, req, arena, resp, err, errlen);
+    } else if (s->njobs >= s->opts.max_jobs) {
+        snprintf(err, errlen, "the coordinator already holds %zu jobs, its limit (--max-jobs)",
+                 s->njobs);
+        rc = BW_TOO_BIG;
+    } else {
+        *need_describe = true;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
+                    const Batchwire__V1__DatasetInfo *info, bw_arena *arena,
+                    Batchwire__V1__GetOrCreateJobResponse **resp, uint64_t *wait_seq, char *err,
+                    size_t errlen)
+{
+    /* The sampler must accept this configuration for this dataset, and give every rank the
+     * same number of batches (DESIGN.md §3.4), or the job is refused now. */
+    bw__sampler_cfg cfg;
+    bw__jobs_sampler_cfg(req->config, info->length, req->world_size, &cfg);
+    char why[512];
+    int rc = bw__sampler_cfg_check(&cfg, why, sizeof(why));
+    if (rc == BW_OK && info->length == 0) {
+        snprintf(why, sizeof(why), "the dataset is empty");
+        rc = BW_INVALID_ARGUMENT;
+    }
+    if (rc == BW_OK) {
+        bw__sampler *smp = NULL;
+        cfg.shuffle = false;
+        rc = bw__sampler_new(&smp, &cfg, why, sizeof(why));
+        if (rc == BW_OK && !bw__sampler_equal_batches(smp)) {
+            snprintf(why, sizeof(why),
+                     "ranks would receive different numbers of batches (uneven_batches without "
+                     "drop_last); a DDP job would hang: set drop_last, or leave uneven_batches "
+                     "off");
+            rc = BW_INVALID_ARGUMENT;
+        }
+        bw__sampler_free(smp);
+    }
+    if (rc != BW_OK) {
+        snprintf(err, errlen,
+                 "job '%s' refused: %s (dataset of %" PRIu64 " samples, world size %u)", req->name,
+                 why, info->length, req->world_size);
+        return rc == BW_NOMEM ? rc : BW_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&s->mu);
+    *wait_seq = s->last_seq;
+    bw_job *job = bw__jobs_find(s, req->name);
+    if (job) { /* created by another caller while the dataset was being described */
+        rc = existing(job, req, arena, resp, err, errlen);
+        pthread_mutex_unlock(&s->mu);
+        return rc;
+    }
+    if (s->njobs >= s->opts.max_jobs) {
+        snprintf(err, errlen, "the coordinator already holds %zu jobs, its limit (--max-jobs)",
+                 s->njobs);
+        pthread_mutex_unlock(&s->mu);
+        return BW_TOO_BIG;
+    }
+    Batchwire__V1__JobCreated c = BATCHWIRE__V1__JOB_CREATED__INIT;
+    c.name = req->name;
+    c.config = req->config;
+    c.dataset = (Batchwire__V1__DatasetInfo *)info;
+    c.fingerprint = bw__jobs_fingerprint(req->config, info);
+    c.world_size = req->world_size;
+    c.created_unix_ms = bw__unix_ms();
+    Batchwire__V1__JournalRecord rec = BATCHWIRE__V1__JOURNAL_RECORD__INIT;
+    rec.change_case = BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_CREATED;
+    rec.job_created = &c;
+    rc = bw__jobs_commit_record(s, &rec, err, errlen);
+    if (rc == BW_OK) {
+        *wait_seq = s->last_seq;
+        Batchwire__V1__GetOrCreateJobResponse *out = bw__arena_alloc(arena, sizeof(*out));
+        if (!out) {
+            rc = BW_NOMEM;
+        } else {
+            batchwire__v1__get_or_create_job_response__init(out);
+            out->job = bw__jobs_summary(arena, bw__jobs_find(s, req->name));
+            out->created = true;
+            *resp = out;
+            rc = out->job ? BW_OK : BW_NOMEM;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+static bool lease_live(const bw_jobs *s, const bw_rank_state *r, uint64_t now)
+{
+    return r->leased && now - r->last_beat_ms <= s->opts.lease_ms;
+}
+
+/* Under s->mu: the job and rank named by a request, with messages for people. */
+static int locate(bw_jobs *s, const char *name, uint32_t rank, bw_job **job, bw_rank_state **r,
+                  char *err, size_t errlen)
+{
+    *job = bw__jobs_find(s, name);
+    if (!*job) {
+        snprintf(err, errlen, "no job named '%s' (create it with GetOrCreateJob first)", name);
+        return BW_NOT_FOUND;
+    }
+    if (rank >= (*job)->world_size) {
+        snprintf(err, errlen, "rank %u is not below job '%s''s world size %u", rank, name,
+                 (*job)->world_size);
+        return BW_OUT_OF_RANGE;
+    }
+    *r = &(*job)->ranks[rank];
+    return BW_OK;
+}
+
+/* Why a lease id is not (or no longer) the rank's. */
+static void lease_gone(const bw_jobs *s, const bw_job *job, uint32_t rank, const bw_rank_state *r,
+                       uint64_t now, char *err, size_t errlen)
+{
+    const Batchwire__V1__WorldSegment *last = &job->history[job->nhistory - 1];
+    if (!r->leased && job->nhistory > 1)
+        snprintf(err, errlen,
+                 "rank %u of job '%s' has no lease: the job was resumed with world size %u at "
+                 "epoch %" PRIu64 " step %" PRIu64 "; join again with the new world size",
+                 rank, job->name, job->world_size, last->epoch, last->start_step);
+    else if (!r->leased)
+        snprintf(err, errlen, "rank %u of job '%s' has no lease: join first", rank, job->name);
+    else
+        snprintf(err, errlen,
+                 "this lease is no longer rank %u's of job '%s': host %s pid %u holds it now "
+                 "(%s); this trainer must stop",
+                 rank, job->name, r->host, r->pid, lease_live(s, r, now) ? "live" : "expired");
+}
+
+int bw__jobs_join(bw_jobs *s, const Batchwire__V1__JoinJobRequest *req, bw_arena *arena,
+                  Batchwire__V1__JoinJobResponse **resp, uint64_t *wait_seq, char *err,
+                  size_t errlen)
+{
+    int rc = bw__jobs_check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
+    if (rc == BW_OK)
+        rc = check_world(s, req->world_size, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    if (req->rank >= req->world_size) {
+        snprintf(err, errlen, "rank %u is not below world_size %u", req->rank, req->world_size);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (!req->holder) {
+        snprintf(err, errlen, "holder (host and pid of the trainer) is required");
+        return BW_INVALID_ARGUMENT;
+    }
+    if ((rc = bw__jobs_check_name("holder.host", req->holder->host, BW_HOST_MAX, err, errlen)))
+        return rc;
+    if (req->holder->pid == 0) {
+        snprintf(err, errlen, "holder.pid is required");
+        return BW_INVALID_ARGUMENT;
+    }
+    Batchwire__V1__JoinJobResponse *out = bw__arena_alloc(arena, sizeof(*out));
+    if (!out)
+        return BW_NOMEM;
+    batchwire__v1__join_job_response__init(out);
+
+    pthread_mutex_lock(&s->mu);
+    *wait_seq = s->last_seq;
+    bw_job *job;
+    bw_rank_state *r;
+    uint64_t now = bw__mono_ms();
+    rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
+    if (rc == BW_OK && req->world_size != job->world_size) {
+        snprintf(err, errlen,
+                 "world_size %u does not match job '%s''s world size %u; to continue with %u "
+                 "ranks, resume the job elastically (ResumeElastic) from every rank's cursor",
+                 req->world_size, req->job, job->world_size, req->world_size);
+        rc = BW_FAILED_PRECONDITION;
+    }
+    bool same = rc == BW_OK && r->leased && strcmp(r->host, req->holder->host) == 0 &&
+                r->pid == req->holder->pid;
+    if (rc == BW_OK && lease_live(s, r, now) && !same) {
+        snprintf(err, errlen,
+                 "rank %u of job '%s' is already held by host %s pid %u (heard from %.1f s ago; "
+                 "the lease expires %.1f s after that); refusing host %s pid %u. Two trainers "
+                 "must not claim one rank: pass RANK, not LOCAL_RANK",
+                 req->rank, req->job, r->host, r->pid, (double)(now - r->last_beat_ms) / 1000.0,
+                 (double)s->opts.lease_ms / 1000.0, req->holder->host, req->holder->pid);
+        rc = BW_ALREADY_EXISTS;
+    }
+    if (rc == BW_OK && same) {
+        r->last_beat_ms = now; /* the holder joining again (e.g. after our restart) */
+    } else if (rc == BW_OK) {
+        uint64_t id;
+        do
+            id = bw__random_u64();
+        while (id == 0);
+        Batchwire__V1__RankJoined j = BATCHWIRE__V1__RANK_JOINED__INIT;
+        j.job = req->job;
+        j.rank = req->rank;
+        j.holder = req->holder;
+        j.lease_id = id;
+        j.joined_unix_ms = bw__unix_ms();
+        Batchwire__V1__JournalRecord rec = BATCHWIRE__V1__JOURNAL_RECORD__INIT;
+        rec.change_case = BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_JOINED;
+        rec.rank_joined = &j;
+        rc = bw__jobs_commit_record(s, &rec, err, errlen);
+        *wait_seq = s->last_seq;
+        if (rc == BW_OK)
+            BW_INFO("job=%s rank=%u holder=%s:%u joined (world size %u)", req->job, req->rank,
+                    req->holder->host, req->holder->pid, req->world_size);
+    }
+    if (rc == BW_OK) {
+        out->lease_id = r->lease_id;
+        out->lease_ms = s->opts.lease_ms;
+        out->heartbeat_ms = s->opts.lease_ms / 3 ? s->opts.lease_ms / 3 : 1;
+        out->job = bw__jobs_summary(arena, job);
+        size_t len = 0;
+        uint8_t *c = r->committed ? r->cursor : bw__jobs_make_cursor(job, req->rank, 0, 0, &len);
+        len = r->committed ? r->cursor_len : len;
+        out->cursor.data = bw__arena_alloc(arena, len ? len : 1);
+        if (out->cursor.data)
+            memcpy(out->cursor.data, c, len);
+        out->cursor.len = len;
+        if (!r->committed)
+            free(c);
+        if (!out->job || !out->cursor.data)
+            rc = BW_NOMEM;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc == BW_OK) {
+        out->placement_version = placement_version(s, arena, NULL);
+        *resp = out;
+    }
+    return rc;
+}
+
+int bw__jobs_heartbeat(bw_jobs *s, const Batchwire__V1__LeaseHeartbeatRequest *req, bw_arena *arena,
+                       Batchwire__V1__LeaseHeartbeatResponse **resp, uint64_t *wait_seq, char *err,
+                       size_t errlen)
+{
+    int rc = bw__jobs_check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    Batchwire__V1__LeaseHeartbeatResponse *out = bw__arena_alloc(arena, sizeof(*out));
+    if (!out)
+        return BW_NOMEM;
+    batchwire__v1__lease_heartbeat_response__init(out);
+    pthread_mutex_lock(&s->mu);
+    *wait_seq = s->last_seq;
+    bw_job *job;
+    bw_rank_state *r;
+    uint64_t now = bw__mono_ms();
+    rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
+    if (rc == BW_OK && (!r->leased || r->lease_id != req->lease_id)) {
+        lease_gone(s, job, req->rank, r, now, err, errlen);
+        rc = BW_FAILED_PRECONDITION;
+    }
+    if (rc == BW_OK) {
+        r->last_beat_ms = now; /* an expired lease nobody took is renewed */
+        out->lease_ms = s->opts.lease_ms;
+        out->world_size = job->world_size;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc == BW_OK) {
+        out->placement_version = placement_version(s, arena, NULL);
+        *resp = out;
+    }
+    return rc;
+}
+
+int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, bw_arena *arena,
+                    Batchwire__V1__CommitCursorResponse **resp, uint64_t *wait_seq, char *err,
+                    size_t errlen)
+{
+    int rc = bw__jobs_check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    Batchwire__V1__Cursor *c = NULL;
+    char why[512];
+    rc = bw__cursor_decode(req->cursor.data, req->cursor.len, arena, &c, why, sizeof(why));
+    if (rc != BW_OK) {
+        snprintf(err, errlen, "cursor: %s", why);
+        return rc;
+    }
+    Batchwire__V1__CommitCursorResponse *out = bw__arena_alloc(arena, sizeof(*out));
+    if (!out)
+        return BW_NOMEM;
+    batchwire__v1__commit_cursor_response__init(out);
+
+    pthread_mutex_lock(&s->mu);
+    *wait_seq = s->last_seq;
+    bw_job *job;
+    bw_rank_state *r;
+    bw__sampler *smp = NULL;
+    uint64_t now = bw__mono_ms();
+    rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
+    if (rc != BW_OK)
+        goto out;
+    if (c->job_fingerprint != job->fingerprint) {
+        bw_job *other = NULL;
+        for (size_t k = 0; k < s->njobs && !other; k++)
+            if (s->jobs[k]->fingerprint == c->job_fingerprint)
+                other = s->jobs[k];
+        snprintf(err, errlen,
+                 "the cursor belongs to %s%s%s (fingerprint %016" PRIx64 "), not to job '%s' "
+                 "(fingerprint %016" PRIx64 "): a cursor only resumes the job and dataset it was "
+                 "made for",
+                 other ? "job '" : "another job or dataset", other ? other->name : "",
+                 other ? "'" : "", c->job_fingerprint, job->name, job->fingerprint);
+        rc = BW_MISMATCH;
+        goto out;
+    }
+    if (c->rank != req->rank || c->world_size != job->world_size) {
+        snprintf(err, errlen,
+                 "the cursor is rank %u of world size %u, but the commit is for rank %u of job "
+                 "'%s' at world size %u",
+                 c->rank, c->world_size, req->rank, job->name, job->world_size);
+        rc = BW_MISMATCH;
+        goto out;
+    }
+    if (!r->leased || r->lease_id != req->lease_id) {
+        lease_gone(s, job, req->rank, r, now, err, errlen);
+        rc = BW_FAILED_PRECONDITION;
+        goto out;
+    }
+    const Batchwire__V1__WorldSegment *last = &job->history[job->nhistory - 1];
+    if (c->epoch < last->epoch || (c->epoch == last->epoch && c->step < last->start_step)) {
+        snprintf(err, errlen,
+                 "the cursor (epoch %" PRIu64 " step %" PRIu64 ") precedes the start of world "
+                 "size %u (epoch %" PRIu64 " step %" PRIu64 ")",
+                 c->epoch, c->step, job->world_size, last->epoch, last->start_step);
+        rc = BW_FAILED_PRECONDITION;
+        goto out;
+    }
+    rc = bw__jobs_sampler(job, c->epoch, &smp, why, sizeof(why));
+    if (rc != BW_OK) {
+        snprintf(err, errlen, "cannot check the cursor: %s", why);
+        goto out;
+    }
+    uint64_t end = bw__sampler_end_step(smp, req->rank);
+    if (c->step > end) {
+        snprintf(err, errlen,
+                 "the cursor's step %" PRIu64 " is past the end of epoch %" PRIu64
+                 " for rank %u (%" PRIu64 " steps)",
+                 c->step, c->epoch, req->rank, end);
+        rc = BW_OUT_OF_RANGE;
+        goto out;
+    }
+    size_t len;
+    uint8_t *bin = bw__cursor_encode(c, &len); /* stored in binary, whatever form it came in */
+    Batchwire__V1__CursorCommitted cc = BATCHWIRE__V1__CURSOR_COMMITTED__INIT;
+    cc.job = job->name;
+    cc.rank = req->rank;
+    cc.epoch = c->epoch;
+    cc.step = c->step;
+    cc.committed_unix_ms = bw__unix_ms();
+    cc.cursor.data = bin;
+    cc.cursor.len = len;
+    Batchwire__V1__JournalRecord rec = BATCHWIRE__V1__JOURNAL_RECORD__INIT;
+    rec.change_case = BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_CURSOR_COMMITTED;
+    rec.cursor_committed = &cc;
+    rc = bw__jobs_commit_record(s, &rec, err, errlen);
+    free(bin);
+    if (rc == BW_OK) {
+        r->last_beat_ms = now; /* a commit is a sign of life too */
+        *wait_seq = s->last_seq;
+        *resp = out;
+    }
+out:
+    pthread_mutex_unlock(&s->mu);
+    bw__sampler_free(smp);
+    return rc;
+}
+
+int bw__jobs_get(bw_jobs *s, const Batchwire__V1__GetJobRequest *req, bw_arena *arena,
+                 Batchwire__V1__GetJobResponse **resp, uint64_t *wait_seq, char *err, size_t errlen)
+{
+    int rc = bw__jobs_check_name("job name", req->name, BW_JOB_NAME_MAX, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    Batchwire__V1__GetJobResponse *out = bw__arena_alloc(arena, sizeof(*out));
+    if (!out)
+        return BW_NOMEM;
+    batchwire__v1__get_job_response__init(out);
+    pthread_mutex_lock(&s->mu);
+    *wait_seq = s->last_seq;
+    uint64_t now = bw__mono_ms();
+    bw_job *job = bw__jobs_find(s, req->name);
+    if (!job) {
+        snprintf(err, errlen, "no job named '%s'", req->name);
+        rc = BW_NOT_FOUND;
+        goto out;
+    }
+    out->job = bw__jobs_summary(arena, job);
+    out->ranks = bw__arena_alloc(arena, (job->world_size + 1) * sizeof(*out->ranks));
+    Batchwire__V1__RankProgress *rp = bw__arena_alloc(arena, (job->world_size + 1) * sizeof(*rp));
+    if (!out->job || !out->ranks || !rp) {
+        rc = BW_NOMEM;
+        goto out;
+    }
+    for (uint32_t i = 0; i < job->world_size; i++) {
+        const bw_rank_state *r = &job->ranks[i];
+        Batchwire__V1__RankProgress *p = &rp[i];
+        batchwire__v1__rank_progress__init(p);
+        p->rank = i;
+        p->lease = !r->leased              ? BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_NONE
+                   : lease_live(s, r, now) ? BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_LIVE
+                                           : BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_EXPIRED;
+        if (r->leased) {
+            p->holder = bw__arena_alloc(arena, sizeof(*p->holder));
+            if (!p->holder) {
+                rc = BW_NOMEM;
+                goto out;
+            }
+            batchwire__v1__holder__init(p->holder);
+            p->holder->host = bw__arena_strdup(arena, r->host);
+            p->holder->pid = r->pid;
+            p->ms_since_heartbeat = now - r->last_beat_ms;
+        }
+        p->committed = r->committed;
+        p->epoch = r->epoch;
+        p->step = r->step;
+        p->committed_unix_ms = r->committed_unix_ms;
+        out->ranks[i] = p;
+    }
+    out->n_ranks = job->world_size;
+out:
+    pthread_mutex_unlock(&s->mu);
+    if (rc == BW_OK) {
+        placement_version(s, arena, &out->placement);
+        *resp = out;
+    }
+    return rc;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    const Batchwire__V1__JobListEntry *const *x = a, *const *y = b;
+    return strcmp((*x)->name, (*y)->name);
+}
+
+int bw__jobs_list(bw_jobs *s, bw_arena *arena, Batchwire__V1__ListJobsResponse **resp,
+                  uint64_t *wait_seq, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    Batchwire__V1__ListJobsResponse *out = bw__arena_alloc(arena, sizeof(*out));
+    if (!out)
+        return BW_NOMEM;
+    batchwire__v1__list_jobs_response__init(out);
+    int rc = BW_OK;
+    pthread_mutex_lock(&s->mu);
+    *wait_seq = s->last_seq;
+    uint64_t now = bw__mono_ms();
+    out->jobs = bw__arena_alloc(arena, (s->njobs + 1) * sizeof(*out->jobs));
+    Batchwire__V1__JobListEntry *es = bw__arena_alloc(arena, (s->njobs + 1) * sizeof(*es));
+    if (!out->jobs || !es)
+        rc = BW_NOMEM;
+    for (size_t i = 0; rc == BW_OK && i < s->njobs; i++) {
+        const bw_job *job = s->jobs[i];
+        Batchwire__V1__JobListEntry *e = &es[i];
+        batchwire__v1__job_list_entry__init(e);
+        e->name = bw__arena_strdup(arena, job->name);
+        e->world_size = job->world_size;
+        e->fingerprint = job->fingerprint;
+        e->num_samples = job->dataset->length;
+        bool any = false;
+        for (uint32_t r = 0; r < job->world_size; r++) {
+            const bw_rank_state *st = &job->ranks[r];
+            e->ranks_live += lease_live(s, st, now);
+            if (!st->committed)
+                continue;
+            e->ranks_committed++;
+            bool lower = !any || st->epoch < e->min_epoch ||
+                         (st->epoch == e->min_epoch && st->step < e->min_step);
+            bool higher = !any || st->epoch > e->max_epoch ||
+                          (st->epoch == e->max_epoch && st->step > e->max_step);
+            if (lower) {
+                e->min_epoch = st->epoch;
+                e->min_step = st->step;
+            }
+            if (higher) {
+                e->max_epoch = st->epoch;
+                e->max_step = st->step;
+            }
+            any = true;
+        }
+        out->jobs[i] = e;
+        if (!e->name)
+            rc = BW_NOMEM;
+    }
+    out->n_jobs = rc == BW_OK ? s->njobs : 0;
+    pthread_mutex_unlock(&s->mu);
+    if (rc == BW_OK) {
+        qsort(out->jobs, out->n_jobs, sizeof(*out->jobs), by_name);
+        *resp = out;
+    }
+    return rc;
+}

@@ -1,0 +1,264 @@
+/* The Jobs service's handlers. They run on completion-queue threads and never wait for a
+ * disk: each one applies its change (jobs_ops.c) and answers from the journal's writer thread
+ * once the change is durable (group commit). Creating a job first asks a live worker to
+ * describe the dataset, on a thread of its own. */
+#include "jobs_service.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "rpc/client.h"
+
+enum { DESCRIBE_TIMEOUT_MS = 10000 };
+
+typedef struct reply {
+    bw_rpc_call *call;
+    int rc;
+    const ProtobufCMessage *resp;
+} reply;
+
+static void reply_durable(void *arg, int jrc)
+{
+    reply *r = arg;
+    int rc = r->rc;
+    if (jrc != BW_OK)
+        rc = bw__rpc_fail(r->call, BW_UNAVAILABLE,
+                          "the coordinator's journal failed before this change was durable; it "
+                          "restarts from what is on disk: retry");
+    bw__rpc_finish(r->call, rc, rc == BW_OK ? r->resp : NULL);
+}
+
+/* Answers once `wait_seq` is durable: the answer may depend on changes not yet on disk. */
+static int answer(bw_coordinator *c, bw_rpc_call *call, const char *method, int rc,
+                  const ProtobufCMessage *resp, uint64_t wait_seq, const char *err)
+{
+    if (rc != BW_OK && err[0])
+        bw__rpc_fail(call, rc, "%s: %s", method, err);
+    reply *r = bw__arena_alloc(bw__rpc_call_arena(call), sizeof(*r));
+    if (!r)
+        return BW_NOMEM;
+    r->call = call;
+    r->rc = rc;
+    r->resp = resp;
+    bw__journal_when_durable(bw__jobs_journal(c->jobs), wait_seq, reply_durable, r);
+    return BW_RPC_DEFERRED;
+}
+
+/* ---- describing a dataset through a live worker ---- */
+
+int bw__describe_dataset(bw_coordinator *c, const Batchwire__V1__Dataset *dataset, bw_arena *arena,
+                         Batchwire__V1__DatasetInfo **info, char *err, size_t errlen)
+{
+    *info = NULL;
+    bw_arena tmp;
+    bw__arena_init(&tmp, 0);
+    char **ids = NULL, **addrs = NULL;
+    size_t n = 0;
+    uint64_t version;
+    int rc = bw__membership_live(c->members, &tmp, &version, &ids, &addrs, &n);
+    if (rc == BW_OK && n == 0) {
+        snprintf(err, errlen,
+                 "no live storage worker to describe the dataset (format %s, %zu sources): start "
+                 "a batchwire-worker with --coordinator %s, then retry",
+                 dataset->format, dataset->n_sources, c->bound);
+        rc = BW_UNAVAILABLE;
+    }
+    Batchwire__V1__DescribeRequest req = BATCHWIRE__V1__DESCRIBE_REQUEST__INIT;
+    req.dataset = (Batchwire__V1__Dataset *)dataset;
+    /* Any live worker sees the same shared volume; start at a different one per dataset so
+     * that creations spread, and move on only when a worker cannot answer at all. */
+    size_t start = n ? (size_t)(bw__random_u64() % n) : 0;
+    for (size_t k = 0; rc == BW_OK && k < n; k++) {
+        size_t i = (start + k) % n;
+        bw_rpc_channel_opts co;
+        memset(&co, 0, sizeof(co));
+        co.target = addrs[i];
+        co.tls.ca = c->cfg->worker_tls_ca;
+        co.tls.cert = c->cfg->worker_tls_ca ? c->cfg->common.tls_cert : NULL;
+        co.tls.key = c->cfg->worker_tls_ca ? c->cfg->common.tls_key : NULL;
+        co.max_receive_bytes = 64 << 20;
+        bw_rpc_channel *ch = NULL;
+        char why[1024];
+        ProtobufCMessage *resp = NULL;
+        rc = bw__rpc_channel_open(&co, &ch, why, sizeof(why));
+        if (rc == BW_OK)
+            rc = bw__rpc_call(ch, BW_METHOD(BW_M_DATA_DESCRIBE), &req.base, arena, &resp,
+                              DESCRIBE_TIMEOUT_MS, why, sizeof(why));
+        bw__rpc_channel_close(ch);
+        if (rc == BW_OK) {
+            *info = ((Batchwire__V1__DescribeResponse *)resp)->info;
+            if (!*info) {
+                snprintf(err, errlen, "worker %s described the dataset with nothing", ids[i]);
+                rc = BW_PROTOCOL;
+            }
+            break;
+        }
+        snprintf(err, errlen, "worker %s could not describe the dataset: %s", ids[i], why);
+        /* A worker that is down or busy: try the next. An answer about the dataset
+         * (not found, invalid, corrupt) would be the same from every worker. */
+        if (rc == BW_UNAVAILABLE || rc == BW_TIMEOUT || rc == BW_UNIMPLEMENTED ||
+            rc == BW_CANCELLED)
+            rc = k + 1 < n ? BW_OK : rc;
+        else
+            break;
+    }
+    bw__arena_reset(&tmp);
+    return rc;
+}
+
+typedef struct create_task {
+    bw_coordinator *c;
+    bw_rpc_call *call;
+    const Batchwire__V1__GetOrCreateJobRequest *req;
+} create_task;
+
+static pthread_mutex_t tasks_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t tasks_cv = PTHREAD_COND_INITIALIZER;
+static int tasks_running;
+
+static void *create_thread(void *arg)
+{
+    create_task *t = arg;
+    bw_arena *a = bw__rpc_call_arena(t->call);
+    char err[1536] = "";
+    Batchwire__V1__DatasetInfo *info = NULL;
+    Batchwire__V1__GetOrCreateJobResponse *resp = NULL;
+    uint64_t wait_seq = 0;
+    int rc = bw__describe_dataset(t->c, t->req->config->dataset, a, &info, err, sizeof(err));
+    if (rc == BW_OK)
+        rc = bw__jobs_create(t->c->jobs, t->req, info, a, &resp, &wait_seq, err, sizeof(err));
+    if (rc == BW_OK && resp->created)
+        BW_INFO("job=%s created: dataset of %llu samples described by a worker, world size %u, "
+                "fingerprint %016llx",
+                t->req->name, (unsigned long long)info->length, t->req->world_size,
+                (unsigned long long)resp->job->fingerprint);
+    if (answer(t->c, t->call, "GetOrCreateJob", rc, &resp->base, wait_seq, err) != BW_RPC_DEFERRED)
+        bw__rpc_finish(t->call, BW_NOMEM, NULL);
+    free(t);
+    pthread_mutex_lock(&tasks_mu);
+    tasks_running--;
+    pthread_cond_broadcast(&tasks_cv);
+    pthread_mutex_unlock(&tasks_mu);
+    return NULL;
+}
+
+void bw__jobs_service_drain(void)
+{
+    pthread_mutex_lock(&tasks_mu);
+    while (tasks_running > 0)
+        pthread_cond_wait(&tasks_cv, &tasks_mu);
+    pthread_mutex_unlock(&tasks_mu);
+}
+
+/* ---- handlers ---- */
+
+int bw__jobs_on_get_or_create(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                              ProtobufCMessage **resp)
+{
+    (void)resp;
+    bw_coordinator *c = user;
+    const Batchwire__V1__GetOrCreateJobRequest *r = (const void *)req;
+    bw_arena *a = bw__rpc_call_arena(call);
+    char err[1536] = "";
+    Batchwire__V1__GetOrCreateJobResponse *out = NULL;
+    uint64_t wait_seq = 0;
+    bool need_describe = false;
+    int rc = bw__jobs_lookup(c->jobs, r, a, &out, &need_describe, &wait_seq, err, sizeof(err));
+    if (rc == BW_OK && need_describe && r->config->synthetic_samples > 0) {
+        Batchwire__V1__DatasetInfo *info = bw__jobs_synthetic_info(a, r->config->synthetic_samples);
+        rc = info ? bw__jobs_create(c->jobs, r, info, a, &out, &wait_seq, err, sizeof(err))
+                  : BW_NOMEM;
+        if (rc == BW_OK && out->created)
+            BW_INFO("job=%s created: synthetic dataset of %llu samples, world size %u, "
+                    "fingerprint %016llx",
+                    r->name, (unsigned long long)info->length, r->world_size,
+                    (unsigned long long)out->job->fingerprint);
+    } else if (rc == BW_OK && need_describe) {
+        create_task *t = calloc(1, sizeof(*t));
+        if (!t)
+            abort();
+        *t = (create_task){c, call, r};
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_mutex_lock(&tasks_mu);
+        tasks_running++;
+        pthread_mutex_unlock(&tasks_mu);
+        if (pthread_create(&th, &attr, create_thread, t) != 0)
+            abort();
+        pthread_attr_destroy(&attr);
+        return BW_RPC_DEFERRED;
+    }
+    return answer(c, call, "GetOrCreateJob", rc, out ? &out->base : NULL, wait_seq, err);
+}
+
+#define SIMPLE_HANDLER(fname, method, Req, Resp, op)                                               \
+    int fname(void *user, bw_rpc_call *call, const ProtobufCMessage *req, ProtobufCMessage **resp) \
+    {                                                                                              \
+        (void)resp;                                                                                \
+        bw_coordinator *c = user;                                                                  \
+        char err[1536] = "";                                                                       \
+        Resp *out = NULL;                                                                          \
+        uint64_t wait_seq = 0;                                                                     \
+        int rc = op(c->jobs, (const Req *)(const void *)req, bw__rpc_call_arena(call), &out,       \
+                    &wait_seq, err, sizeof(err));                                                  \
+        return answer(c, call, method, rc, out ? &out->base : NULL, wait_seq, err);                \
+    }
+
+SIMPLE_HANDLER(bw__jobs_on_join, "JoinJob", Batchwire__V1__JoinJobRequest,
+               Batchwire__V1__JoinJobResponse, bw__jobs_join)
+SIMPLE_HANDLER(bw__jobs_on_lease_heartbeat, "LeaseHeartbeat", Batchwire__V1__LeaseHeartbeatRequest,
+               Batchwire__V1__LeaseHeartbeatResponse, bw__jobs_heartbeat)
+SIMPLE_HANDLER(bw__jobs_on_commit, "CommitCursor", Batchwire__V1__CommitCursorRequest,
+               Batchwire__V1__CommitCursorResponse, bw__jobs_commit)
+SIMPLE_HANDLER(bw__jobs_on_get, "GetJob", Batchwire__V1__GetJobRequest,
+               Batchwire__V1__GetJobResponse, bw__jobs_get)
+SIMPLE_HANDLER(bw__jobs_on_resume, "ResumeElastic", Batchwire__V1__ResumeElasticRequest,
+               Batchwire__V1__ResumeElasticResponse, bw__jobs_resume)
+
+int bw__jobs_on_list(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                     ProtobufCMessage **resp)
+{
+    (void)req;
+    (void)resp;
+    bw_coordinator *c = user;
+    char err[256] = "";
+    Batchwire__V1__ListJobsResponse *out = NULL;
+    uint64_t wait_seq = 0;
+    int rc = bw__jobs_list(c->jobs, bw__rpc_call_arena(call), &out, &wait_seq, err, sizeof(err));
+    return answer(c, call, "ListJobs", rc, out ? &out->base : NULL, wait_seq, err);
+}
+
+/* The placement table for GetJob and lease heartbeats: the live workers and their version. */
+int bw__jobs_placement_table(void *user, bw_arena *a, Batchwire__V1__PlacementTable **out)
+{
+    bw_coordinator *c = user;
+    *out = NULL;
+    Batchwire__V1__PlacementTable *t = bw__arena_alloc(a, sizeof(*t));
+    char **ids = NULL, **addrs = NULL;
+    size_t n = 0;
+    if (!t)
+        return BW_NOMEM;
+    batchwire__v1__placement_table__init(t);
+    int rc = bw__membership_live(c->members, a, &t->version, &ids, &addrs, &n);
+    if (rc != BW_OK)
+        return rc;
+    Batchwire__V1__PlacementWorker *pw = bw__arena_alloc(a, (n + 1) * sizeof(*pw));
+    t->workers = bw__arena_alloc(a, (n + 1) * sizeof(*t->workers));
+    if (!pw || !t->workers)
+        return BW_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        batchwire__v1__placement_worker__init(&pw[i]);
+        pw[i].id = ids[i];
+        pw[i].address = addrs[i];
+        t->workers[i] = &pw[i];
+    }
+    t->n_workers = n;
+    *out = t;
+    return BW_OK;
+}

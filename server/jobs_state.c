@@ -1,0 +1,695 @@
+/* The jobs state: records and how they apply, replay on start, snapshots, and the helpers
+ * that turn state into answers. One apply function serves the live path and replay, so what
+ * a restart rebuilds is what was acknowledged. */
+#include "jobs_int.h"
+
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "batchwire/batchwire.h"
+#include "common/util.h"
+#include "cursor/cursor.h"
+
+bw_job *bw__jobs_find(bw_jobs *s, const char *name)
+{
+    for (size_t i = 0; i < s->njobs; i++)
+        if (strcmp(s->jobs[i]->name, name) == 0)
+            return s->jobs[i];
+    return NULL;
+}
+
+bw_journal *bw__jobs_journal(bw_jobs *s)
+{
+    return s->journal;
+}
+
+void bw__jobs_set_placement(bw_jobs *s, bw_jobs_placement_fn fn, void *user)
+{
+    pthread_mutex_lock(&s->mu);
+    s->placement = fn;
+    s->placement_user = user;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* A deep copy owned by the default allocator (free with protobuf_c_message_free_unpacked). */
+static ProtobufCMessage *dup_msg(const ProtobufCMessage *m)
+{
+    size_t len = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf)
+        abort();
+    protobuf_c_message_pack(m, buf);
+    ProtobufCMessage *copy = protobuf_c_message_unpack(m->descriptor, NULL, len, buf);
+    free(buf);
+    if (!copy)
+        abort();
+    return copy;
+}
+
+static void rank_clear(bw_rank_state *r)
+{
+    free(r->cursor);
+    memset(r, 0, sizeof(*r));
+}
+
+static void job_free(bw_job *job)
+{
+    if (!job)
+        return;
+    for (uint32_t r = 0; job->ranks && r < job->world_size; r++)
+        free(job->ranks[r].cursor);
+    free(job->ranks);
+    free(job->history);
+    if (job->config)
+        protobuf_c_message_free_unpacked(&job->config->base, NULL);
+    if (job->dataset)
+        protobuf_c_message_free_unpacked(&job->dataset->base, NULL);
+    free(job->name);
+    free(job);
+}
+
+uint8_t *bw__jobs_make_cursor(const bw_job *job, uint32_t rank, uint64_t epoch, uint64_t step,
+                              size_t *len)
+{
+    Batchwire__V1__Cursor c = BATCHWIRE__V1__CURSOR__INIT;
+    c.job = job->name;
+    c.job_fingerprint = job->fingerprint;
+    c.rank = rank;
+    c.world_size = job->world_size;
+    c.epoch = epoch;
+    c.step = step;
+    return bw__cursor_encode(&c, len);
+}
+
+static int push_segment(bw_job *job, uint64_t epoch, uint64_t start, uint32_t world)
+{
+    Batchwire__V1__WorldSegment *h =
+        realloc(job->history, (job->nhistory + 1) * sizeof(*job->history));
+    if (!h)
+        abort();
+    job->history = h;
+    batchwire__v1__world_segment__init(&h[job->nhistory]);
+    h[job->nhistory].epoch = epoch;
+    h[job->nhistory].start_step = start;
+    h[job->nhistory].world_size = world;
+    job->nhistory++;
+    return BW_OK;
+}
+
+static int add_job(bw_jobs *s, const char *name, const Batchwire__V1__JobConfig *config,
+                   const Batchwire__V1__DatasetInfo *dataset, uint64_t fingerprint, uint32_t world,
+                   uint64_t created, bw_job **out, char *err, size_t errlen)
+{
+    if (!name || !*name || !config || !dataset || world == 0) {
+        snprintf(err, errlen, "job record lacks a name, configuration, dataset or world size");
+        return BW_CORRUPT;
+    }
+    if (bw__jobs_find(s, name)) {
+        snprintf(err, errlen, "job '%s' is created twice", name);
+        return BW_CORRUPT;
+    }
+    bw_job *job = calloc(1, sizeof(*job));
+    if (!job || !(job->name = strdup(name)))
+        abort();
+    job->config = (Batchwire__V1__JobConfig *)dup_msg(&config->base);
+    job->dataset = (Batchwire__V1__DatasetInfo *)dup_msg(&dataset->base);
+    job->fingerprint = fingerprint;
+    job->created_unix_ms = created;
+    job->world_size = world;
+    job->ranks = calloc(world, sizeof(*job->ranks));
+    if (!job->ranks)
+        abort();
+    if (s->njobs == s->cap) {
+        s->cap = s->cap ? s->cap * 2 : 16;
+        s->jobs = realloc(s->jobs, s->cap * sizeof(*s->jobs));
+        if (!s->jobs)
+            abort();
+    }
+    s->jobs[s->njobs++] = job;
+    *out = job;
+    return BW_OK;
+}
+
+static int find_rank(bw_jobs *s, const char *name, uint32_t rank, bw_job **job, bw_rank_state **r,
+                     char *err, size_t errlen)
+{
+    *job = name ? bw__jobs_find(s, name) : NULL;
+    if (!*job) {
+        snprintf(err, errlen, "record names job '%s', which does not exist", name ? name : "");
+        return BW_CORRUPT;
+    }
+    if (rank >= (*job)->world_size) {
+        snprintf(err, errlen, "record names rank %u of job '%s', whose world size is %u", rank,
+                 name, (*job)->world_size);
+        return BW_CORRUPT;
+    }
+    *r = &(*job)->ranks[rank];
+    return BW_OK;
+}
+
+/* Applies one record. Validation happened before (live) or the journal vouches for it
+ * (replay); an error here means the record contradicts the state. */
+static int apply(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, char *err, size_t errlen)
+{
+    bw_job *job;
+    bw_rank_state *r;
+    int rc;
+    uint64_t now = bw__mono_ms();
+    switch (rec->change_case) {
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_CREATED: {
+        const Batchwire__V1__JobCreated *c = rec->job_created;
+        rc = add_job(s, c->name, c->config, c->dataset, c->fingerprint, c->world_size,
+                     c->created_unix_ms, &job, err, errlen);
+        if (rc == BW_OK)
+            push_segment(job, 0, 0, c->world_size);
+        return rc;
+    }
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_JOINED: {
+        const Batchwire__V1__RankJoined *c = rec->rank_joined;
+        if ((rc = find_rank(s, c->job, c->rank, &job, &r, err, errlen)) != BW_OK)
+            return rc;
+        r->leased = true;
+        snprintf(r->host, sizeof(r->host), "%s",
+                 c->holder && c->holder->host ? c->holder->host : "");
+        r->pid = c->holder ? c->holder->pid : 0;
+        r->lease_id = c->lease_id;
+        r->joined_unix_ms = c->joined_unix_ms;
+        r->last_beat_ms = now;
+        return BW_OK;
+    }
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_CURSOR_COMMITTED: {
+        const Batchwire__V1__CursorCommitted *c = rec->cursor_committed;
+        if ((rc = find_rank(s, c->job, c->rank, &job, &r, err, errlen)) != BW_OK)
+            return rc;
+        uint8_t *copy = malloc(c->cursor.len ? c->cursor.len : 1);
+        if (!copy)
+            abort();
+        memcpy(copy, c->cursor.data, c->cursor.len);
+        free(r->cursor);
+        r->cursor = copy;
+        r->cursor_len = c->cursor.len;
+        r->committed = true;
+        r->epoch = c->epoch;
+        r->step = c->step;
+        r->committed_unix_ms = c->committed_unix_ms;
+        return BW_OK;
+    }
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_ELASTIC_RESUMED: {
+        const Batchwire__V1__ElasticResumed *c = rec->elastic_resumed;
+        job = c->job ? bw__jobs_find(s, c->job) : NULL;
+        if (!job || !c->segment || c->segment->world_size == 0) {
+            snprintf(err, errlen, "elastic resume record for job '%s' is incomplete",
+                     c->job ? c->job : "");
+            return BW_CORRUPT;
+        }
+        const Batchwire__V1__WorldSegment *seg = c->segment;
+        bw_rank_state *ranks = calloc(seg->world_size, sizeof(*ranks));
+        if (!ranks)
+            abort();
+        for (uint32_t i = 0; i < job->world_size; i++)
+            rank_clear(&job->ranks[i]);
+        free(job->ranks);
+        job->ranks = ranks;
+        job->world_size = seg->world_size;
+        push_segment(job, seg->epoch, seg->start_step, seg->world_size);
+        /* The old world's leases end here; every new rank starts at the resume point. */
+        for (uint32_t i = 0; i < seg->world_size; i++) {
+            ranks[i].committed = true;
+            ranks[i].epoch = seg->epoch;
+            ranks[i].step = seg->start_step;
+            ranks[i].cursor =
+                bw__jobs_make_cursor(job, i, seg->epoch, seg->start_step, &ranks[i].cursor_len);
+        }
+        return BW_OK;
+    }
+    default:
+        snprintf(err, errlen, "record %" PRIu64 " holds no change this coordinator knows",
+                 rec->seq);
+        return BW_CORRUPT;
+    }
+}
+
+int bw__jobs_commit_record(bw_jobs *s, Batchwire__V1__JournalRecord *rec, char *err, size_t errlen)
+{
+    rec->seq = s->last_seq + 1;
+    size_t len = batchwire__v1__journal_record__get_packed_size(rec);
+    if (len > BW_JOURNAL_MAX_RECORD) {
+        snprintf(err, errlen, "the change needs %zu bytes, more than the journal's limit of %u",
+                 len, BW_JOURNAL_MAX_RECORD);
+        return BW_TOO_BIG;
+    }
+    if (bw__journal_failed(s->journal)) {
+        snprintf(err, errlen, "the coordinator's journal has failed; it must restart: retry");
+        return BW_UNAVAILABLE;
+    }
+    uint8_t *buf = malloc(len);
+    if (!buf)
+        abort();
+    batchwire__v1__journal_record__pack(rec, buf);
+    char why[256];
+    int rc = apply(s, rec, why, sizeof(why));
+    if (rc != BW_OK) {
+        free(buf);
+        snprintf(err, errlen, "internal error: a validated change does not apply: %s", why);
+        return BW_INTERNAL;
+    }
+    uint64_t seq = 0;
+    rc = bw__journal_append(s->journal, buf, len, &seq);
+    free(buf);
+    if (rc != BW_OK || seq != rec->seq) {
+        /* The state now holds a change the journal lacks: nothing may be acknowledged any
+         * more; the journal has failed and the daemon exits (see main.c). */
+        snprintf(err, errlen, "the coordinator's journal has failed; it must restart: retry");
+        return BW_UNAVAILABLE;
+    }
+    s->last_seq = rec->seq;
+    return BW_OK;
+}
+
+/* ---- replay ---- */
+
+static int on_record(void *user, uint64_t seq, const uint8_t *data, size_t len, char *err,
+                     size_t errlen)
+{
+    bw_jobs *s = user;
+    Batchwire__V1__JournalRecord *rec = batchwire__v1__journal_record__unpack(NULL, len, data);
+    if (!rec) {
+        snprintf(err, errlen, "record %" PRIu64 " does not decode", seq);
+        return BW_CORRUPT;
+    }
+    int rc = BW_OK;
+    if (rec->seq != seq) {
+        snprintf(err, errlen, "record at position %" PRIu64 " says it is record %" PRIu64, seq,
+                 rec->seq);
+        rc = BW_CORRUPT;
+    } else {
+        char why[256];
+        rc = apply(s, rec, why, sizeof(why));
+        if (rc != BW_OK)
+            snprintf(err, errlen, "record %" PRIu64 ": %s", seq, why);
+        else
+            s->last_seq = seq;
+    }
+    batchwire__v1__journal_record__free_unpacked(rec, NULL);
+    return rc;
+}
+
+static int load_job(bw_jobs *s, const Batchwire__V1__JobSnapshot *js, char *err, size_t errlen)
+{
+    const Batchwire__V1__JobSummary *sum = js->job;
+    bw_job *job;
+    if (!sum) {
+        snprintf(err, errlen, "a job without a summary");
+        return BW_CORRUPT;
+    }
+    int rc = add_job(s, sum->name, sum->config, sum->dataset, sum->fingerprint, sum->world_size,
+                     sum->created_unix_ms, &job, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    for (size_t i = 0; i < sum->n_history; i++)
+        push_segment(job, sum->history[i]->epoch, sum->history[i]->start_step,
+                     sum->history[i]->world_size);
+    uint64_t now = bw__mono_ms();
+    for (size_t i = 0; i < js->n_ranks; i++) {
+        const Batchwire__V1__RankSnapshot *rs = js->ranks[i];
+        if (rs->rank >= job->world_size) {
+            snprintf(err, errlen, "job '%s': rank %u is not below world size %u", job->name,
+                     rs->rank, job->world_size);
+            return BW_CORRUPT;
+        }
+        bw_rank_state *r = &job->ranks[rs->rank];
+        r->leased = rs->lease_id != 0;
+        snprintf(r->host, sizeof(r->host), "%s",
+                 rs->holder && rs->holder->host ? rs->holder->host : "");
+        r->pid = rs->holder ? rs->holder->pid : 0;
+        r->lease_id = rs->lease_id;
+        r->joined_unix_ms = rs->joined_unix_ms;
+        r->last_beat_ms = now;
+        r->committed = rs->committed;
+        r->epoch = rs->epoch;
+        r->step = rs->step;
+        r->committed_unix_ms = rs->committed_unix_ms;
+        if (rs->cursor.len) {
+            r->cursor = malloc(rs->cursor.len);
+            if (!r->cursor)
+                abort();
+            memcpy(r->cursor, rs->cursor.data, rs->cursor.len);
+            r->cursor_len = rs->cursor.len;
+        }
+    }
+    return BW_OK;
+}
+
+static int on_snapshot(void *user, uint64_t seq, const uint8_t *data, size_t len, char *err,
+                       size_t errlen)
+{
+    bw_jobs *s = user;
+    Batchwire__V1__Snapshot *snap = batchwire__v1__snapshot__unpack(NULL, len, data);
+    if (!snap) {
+        snprintf(err, errlen, "snapshot does not decode");
+        return BW_CORRUPT;
+    }
+    int rc = BW_OK;
+    char why[256] = "";
+    if (snap->seq != seq) {
+        snprintf(why, sizeof(why), "it says it holds record %" PRIu64 ", its header %" PRIu64,
+                 snap->seq, seq);
+        rc = BW_CORRUPT;
+    }
+    for (size_t i = 0; rc == BW_OK && i < snap->n_jobs; i++)
+        rc = load_job(s, snap->jobs[i], why, sizeof(why));
+    if (rc != BW_OK)
+        snprintf(err, errlen, "snapshot is inconsistent: %s", why);
+    else
+        s->last_seq = seq;
+    batchwire__v1__snapshot__free_unpacked(snap, NULL);
+    return rc;
+}
+
+int bw__jobs_open(const bw_jobs_opts *opts, bw_jobs **out, bw_journal_report *report, char *err,
+                  size_t errlen)
+{
+    *out = NULL;
+    bw_jobs *s = calloc(1, sizeof(*s));
+    if (!s)
+        abort();
+    s->opts = *opts;
+    pthread_mutex_init(&s->mu, NULL);
+    int rc = bw__journal_open(opts->state_dir, opts->truncate_at, on_snapshot, on_record, s,
+                              &s->journal, report, err, errlen);
+    if (rc != BW_OK) {
+        s->journal = NULL;
+        bw__jobs_close(s);
+        return rc;
+    }
+    *out = s;
+    return BW_OK;
+}
+
+void bw__jobs_close(bw_jobs *s)
+{
+    if (!s)
+        return;
+    bw__journal_close(s->journal);
+    for (size_t i = 0; i < s->njobs; i++)
+        job_free(s->jobs[i]);
+    free(s->jobs);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* ---- snapshots ---- */
+
+static Batchwire__V1__Holder *holder(bw_arena *a, const char *host, uint32_t pid)
+{
+    Batchwire__V1__Holder *h = bw__arena_alloc(a, sizeof(*h));
+    if (!h)
+        return NULL;
+    batchwire__v1__holder__init(h);
+    h->host = bw__arena_strdup(a, host);
+    h->pid = pid;
+    return h->host ? h : NULL;
+}
+
+Batchwire__V1__JobSummary *bw__jobs_summary(bw_arena *a, const bw_job *job)
+{
+    Batchwire__V1__JobSummary *sum = bw__arena_alloc(a, sizeof(*sum));
+    Batchwire__V1__WorldSegment **h = bw__arena_alloc(a, (job->nhistory + 1) * sizeof(*h));
+    Batchwire__V1__WorldSegment *segs = bw__arena_alloc(a, (job->nhistory + 1) * sizeof(*segs));
+    if (!sum || !h || !segs)
+        return NULL;
+    batchwire__v1__job_summary__init(sum);
+    sum->name = bw__arena_strdup(a, job->name);
+    sum->config = job->config;
+    sum->dataset = job->dataset;
+    sum->fingerprint = job->fingerprint;
+    sum->world_size = job->world_size;
+    sum->created_unix_ms = job->created_unix_ms;
+    for (size_t i = 0; i < job->nhistory; i++) {
+        segs[i] = job->history[i];
+        h[i] = &segs[i];
+    }
+    sum->history = h;
+    sum->n_history = job->nhistory;
+    return sum->name ? sum : NULL;
+}
+
+/* Under s->mu: the whole state as one packed Snapshot; malloc'ed. */
+static uint8_t *snapshot_pack(bw_jobs *s, uint64_t seq, size_t *len)
+{
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    Batchwire__V1__Snapshot snap = BATCHWIRE__V1__SNAPSHOT__INIT;
+    snap.seq = seq;
+    snap.written_unix_ms = bw__unix_ms();
+    snap.n_jobs = s->njobs;
+    snap.jobs = bw__arena_alloc(&a, (s->njobs + 1) * sizeof(*snap.jobs));
+    if (!snap.jobs)
+        abort();
+    for (size_t i = 0; i < s->njobs; i++) {
+        const bw_job *job = s->jobs[i];
+        Batchwire__V1__JobSnapshot *js = bw__arena_alloc(&a, sizeof(*js));
+        Batchwire__V1__RankSnapshot *rs = bw__arena_alloc(&a, (job->world_size + 1) * sizeof(*rs));
+        Batchwire__V1__RankSnapshot **rp = bw__arena_alloc(&a, (job->world_size + 1) * sizeof(*rp));
+        if (!js || !rs || !rp)
+            abort();
+        batchwire__v1__job_snapshot__init(js);
+        js->job = bw__jobs_summary(&a, job);
+        if (!js->job)
+            abort();
+        js->ranks = rp;
+        for (uint32_t r = 0; r < job->world_size; r++) {
+            const bw_rank_state *st = &job->ranks[r];
+            if (!st->leased && !st->committed)
+                continue;
+            Batchwire__V1__RankSnapshot *x = &rs[js->n_ranks];
+            batchwire__v1__rank_snapshot__init(x);
+            x->rank = r;
+            if (st->leased) {
+                x->holder = holder(&a, st->host, st->pid);
+                x->lease_id = st->lease_id;
+                x->joined_unix_ms = st->joined_unix_ms;
+            }
+            x->committed = st->committed;
+            x->epoch = st->epoch;
+            x->step = st->step;
+            x->committed_unix_ms = st->committed_unix_ms;
+            x->cursor.data = st->cursor;
+            x->cursor.len = st->cursor_len;
+            rp[js->n_ranks++] = x;
+        }
+        snap.jobs[i] = js;
+    }
+    *len = batchwire__v1__snapshot__get_packed_size(&snap);
+    uint8_t *buf = malloc(*len ? *len : 1);
+    if (!buf)
+        abort();
+    batchwire__v1__snapshot__pack(&snap, buf);
+    bw__arena_reset(&a);
+    return buf;
+}
+
+int bw__jobs_compact(bw_jobs *s, uint64_t min_bytes, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&s->mu);
+    if (bw__journal_bytes_since_snapshot(s->journal) < (min_bytes ? min_bytes : 1)) {
+        pthread_mutex_unlock(&s->mu);
+        return BW_OK;
+    }
+    uint64_t seq;
+    int rc = bw__journal_rotate(s->journal, &seq);
+    if (rc != BW_OK) {
+        pthread_mutex_unlock(&s->mu);
+        if (rc == BW_UNAVAILABLE)
+            return BW_OK; /* a rotation is still pending; next time */
+        snprintf(err, errlen, "cannot rotate the journal: the journal has failed");
+        return rc;
+    }
+    size_t len;
+    uint8_t *buf = snapshot_pack(s, seq, &len);
+    pthread_mutex_unlock(&s->mu);
+    rc = bw__journal_write_snapshot(s->journal, seq, buf, len, err, errlen);
+    free(buf);
+    return rc;
+}
+
+/* ---- helpers for answers and checks ---- */
+
+int bw__jobs_check_name(const char *what, const char *v, size_t max, char *err, size_t errlen)
+{
+    size_t len = v ? strlen(v) : 0;
+    if (len == 0 || len >= max) {
+        snprintf(err, errlen, "%s must be 1 to %zu characters (got %zu)", what, max - 1, len);
+        return BW_INVALID_ARGUMENT;
+    }
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)v[i];
+        if (!(ch >= 'a' && ch <= 'z') && !(ch >= 'A' && ch <= 'Z') && !(ch >= '0' && ch <= '9') &&
+            !strchr("-_.:/@+", ch)) {
+            snprintf(err, errlen,
+                     "%s '%.64s': character %zu is not a letter, digit or one of -_.:/@+", what, v,
+                     i + 1);
+            return BW_INVALID_ARGUMENT;
+        }
+    }
+    return BW_OK;
+}
+
+/* One field's value as text; repeated fields as [a, b]. */
+static void field_text(const ProtobufCFieldDescriptor *f, const void *base, char *out,
+                       size_t outlen);
+
+static void one_value(const ProtobufCFieldDescriptor *f, const void *p, char *out, size_t outlen)
+{
+    switch (f->type) {
+    case PROTOBUF_C_TYPE_INT32:
+    case PROTOBUF_C_TYPE_SINT32:
+    case PROTOBUF_C_TYPE_SFIXED32:
+        snprintf(out, outlen, "%" PRId32, *(const int32_t *)p);
+        break;
+    case PROTOBUF_C_TYPE_UINT32:
+    case PROTOBUF_C_TYPE_FIXED32:
+        snprintf(out, outlen, "%" PRIu32, *(const uint32_t *)p);
+        break;
+    case PROTOBUF_C_TYPE_INT64:
+    case PROTOBUF_C_TYPE_SINT64:
+    case PROTOBUF_C_TYPE_SFIXED64:
+        snprintf(out, outlen, "%" PRId64, *(const int64_t *)p);
+        break;
+    case PROTOBUF_C_TYPE_UINT64:
+    case PROTOBUF_C_TYPE_FIXED64:
+        snprintf(out, outlen, "%" PRIu64, *(const uint64_t *)p);
+        break;
+    case PROTOBUF_C_TYPE_FLOAT:
+        snprintf(out, outlen, "%g", (double)*(const float *)p);
+        break;
+    case PROTOBUF_C_TYPE_DOUBLE:
+        snprintf(out, outlen, "%g", *(const double *)p);
+        break;
+    case PROTOBUF_C_TYPE_BOOL:
+        snprintf(out, outlen, "%s", *(const protobuf_c_boolean *)p ? "true" : "false");
+        break;
+    case PROTOBUF_C_TYPE_ENUM: {
+        const ProtobufCEnumValue *ev =
+            protobuf_c_enum_descriptor_get_value(f->descriptor, *(const int *)p);
+        snprintf(out, outlen, "%s", ev ? ev->name : "?");
+        break;
+    }
+    case PROTOBUF_C_TYPE_STRING: {
+        const char *sv = *(char *const *)p;
+        snprintf(out, outlen, "\"%.100s\"", sv ? sv : "");
+        break;
+    }
+    case PROTOBUF_C_TYPE_BYTES:
+        snprintf(out, outlen, "<%zu bytes>", ((const ProtobufCBinaryData *)p)->len);
+        break;
+    default:
+        snprintf(out, outlen, "<message>");
+        break;
+    }
+}
+
+static void field_text(const ProtobufCFieldDescriptor *f, const void *base, char *out,
+                       size_t outlen)
+{
+    const char *p = (const char *)base + f->offset;
+    if (f->label != PROTOBUF_C_LABEL_REPEATED) {
+        one_value(f, p, out, outlen);
+        return;
+    }
+    size_t n = *(const size_t *)((const char *)base + f->quantifier_offset);
+    const char *arr = *(char *const *)p;
+    size_t elem = f->type == PROTOBUF_C_TYPE_STRING || f->type == PROTOBUF_C_TYPE_MESSAGE
+                      ? sizeof(void *)
+                  : f->type == PROTOBUF_C_TYPE_BYTES ? sizeof(ProtobufCBinaryData)
+                  : f->type == PROTOBUF_C_TYPE_INT64 || f->type == PROTOBUF_C_TYPE_UINT64 ||
+                          f->type == PROTOBUF_C_TYPE_SINT64 || f->type == PROTOBUF_C_TYPE_FIXED64 ||
+                          f->type == PROTOBUF_C_TYPE_SFIXED64 || f->type == PROTOBUF_C_TYPE_DOUBLE
+                      ? 8
+                  : f->type == PROTOBUF_C_TYPE_BOOL ? sizeof(protobuf_c_boolean)
+                                                    : 4;
+    size_t o = (size_t)snprintf(out, outlen, "[");
+    for (size_t i = 0; i < n && o + 8 < outlen; i++) {
+        char v[128];
+        if (f->type == PROTOBUF_C_TYPE_MESSAGE)
+            snprintf(v, sizeof(v), "<message>");
+        else
+            one_value(f, arr + i * elem, v, sizeof(v));
+        o += (size_t)snprintf(out + o, outlen - o, "%s%s", i ? ", " : "", v);
+    }
+    if (o + 2 < outlen)
+        snprintf(out + o, outlen - o, "]");
+}
+
+static void diff_rec(const ProtobufCMessageDescriptor *desc, const ProtobufCMessage *a,
+                     const ProtobufCMessage *b, const char *prefix, char *out, size_t outlen)
+{
+    /* A missing sub-message compares like an empty one. */
+    union {
+        ProtobufCMessage m;
+        max_align_t align;
+        uint8_t bytes[1024];
+    } empty_a, empty_b;
+    if (!a && desc->sizeof_message <= sizeof(empty_a)) {
+        desc->message_init(&empty_a.m);
+        a = &empty_a.m;
+    }
+    if (!b && desc->sizeof_message <= sizeof(empty_b)) {
+        desc->message_init(&empty_b.m);
+        b = &empty_b.m;
+    }
+    if (!a || !b)
+        return;
+    for (unsigned i = 0; i < desc->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &desc->fields[i];
+        char name[160];
+        snprintf(name, sizeof(name), "%s%s", prefix, f->name);
+        if (f->type == PROTOBUF_C_TYPE_MESSAGE && f->label != PROTOBUF_C_LABEL_REPEATED) {
+            char sub[168];
+            snprintf(sub, sizeof(sub), "%s.", name);
+            diff_rec(f->descriptor, *(ProtobufCMessage *const *)((const char *)a + f->offset),
+                     *(ProtobufCMessage *const *)((const char *)b + f->offset), sub, out, outlen);
+            continue;
+        }
+        char va[512], vb[512];
+        field_text(f, a, va, sizeof(va));
+        field_text(f, b, vb, sizeof(vb));
+        if (strcmp(va, vb) == 0)
+            continue;
+        size_t used = strlen(out);
+        snprintf(out + used, outlen - used, "%s%s: job has %s, request has %s", used ? "; " : "",
+                 name, va, vb);
+    }
+}
+
+void bw__jobs_diff(const ProtobufCMessageDescriptor *desc, const ProtobufCMessage *a,
+                   const ProtobufCMessage *b, char *out, size_t outlen)
+{
+    out[0] = '\0';
+    diff_rec(desc, a, b, "", out, outlen);
+}
+
+uint64_t bw__jobs_fingerprint(const Batchwire__V1__JobConfig *cfg,
+                              const Batchwire__V1__DatasetInfo *info)
+{
+    size_t la = batchwire__v1__job_config__get_packed_size(cfg);
+    size_t lb = batchwire__v1__dataset_info__get_packed_size(info);
+    uint8_t *buf = malloc(la + lb + 1);
+    if (!buf)
+        abort();
+    batchwire__v1__job_config__pack(cfg, buf);
+    batchwire__v1__dataset_info__pack(info, buf + la);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    EVP_Digest(buf, la + lb, md, &mdlen, EVP_sha256(), NULL);
+    free(buf);
+    uint64_t fp = 0;
+    for (int i = 0; i < 8; i++)
+        fp = fp << 8 | md[i];
+    return fp ? fp : 1; /* 0 means "no fingerprint" in a cursor */
+}

@@ -1,0 +1,127 @@
+"""A small client of the coordinator's Jobs service for tests and benchmarks (not a test).
+
+Python stubs for proto/jobs.proto (and data.proto, which it imports) are generated with
+Debian's protoc into a temporary directory at import time; calls go through python3-grpcio
+by method path, so no grpc plugin is needed.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import grpc
+
+SOURCE_DIR = os.environ.get(
+    "BW_SOURCE_DIR",
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+PROTO_DIR = os.path.join(SOURCE_DIR, "proto")
+
+_gen = tempfile.mkdtemp(prefix="bw-pb2-")
+subprocess.run(["protoc", "--python_out=" + _gen, "-I", PROTO_DIR,
+                os.path.join(PROTO_DIR, "jobs.proto"), os.path.join(PROTO_DIR, "data.proto")],
+               check=True)
+sys.path.insert(0, _gen)
+import jobs_pb2 as pb  # noqa: E402
+import data_pb2  # noqa: E402,F401
+
+TORCH = pb.SAMPLER_MODE_TORCH
+ACCELERATE = pb.SAMPLER_MODE_ACCELERATE
+
+
+class CallError(Exception):
+    """A failed call: .code (grpc.StatusCode), .bw (batchwire code name), .details."""
+
+    def __init__(self, e):
+        self.code = e.code()
+        self.details = e.details() or ""
+        md = dict(e.trailing_metadata() or ())
+        self.bw = md.get("bw-error", "")
+        super().__init__("%s %s: %s" % (self.code.name, self.bw, self.details))
+
+
+_RESP = {
+    "GetOrCreateJob": pb.GetOrCreateJobResponse,
+    "JoinJob": pb.JoinJobResponse,
+    "LeaseHeartbeat": pb.LeaseHeartbeatResponse,
+    "CommitCursor": pb.CommitCursorResponse,
+    "GetJob": pb.GetJobResponse,
+    "ListJobs": pb.ListJobsResponse,
+    "ResumeElastic": pb.ResumeElasticResponse,
+}
+
+
+class Jobs:
+    def __init__(self, addr, timeout=10.0):
+        self.addr = addr
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(addr)
+        self._stubs = {
+            m: self.channel.unary_unary("/batchwire.v1.Jobs/" + m,
+                                        request_serializer=lambda x: x.SerializeToString(),
+                                        response_deserializer=r.FromString)
+            for m, r in _RESP.items()
+        }
+
+    def close(self):
+        self.channel.close()
+
+    def call(self, method, req, timeout=None):
+        try:
+            return self._stubs[method](req, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise CallError(e) from None
+
+    def expect_error(self, method, req, code=None, timeout=None):
+        """Calls and returns the CallError; fails if the call succeeded."""
+        try:
+            r = self.call(method, req, timeout=timeout)
+        except CallError as e:
+            if code is not None and e.code != code:
+                raise AssertionError("%s: expected %s, got %s" % (method, code, e))
+            return e
+        raise AssertionError("%s succeeded unexpectedly: %r" % (method, r))
+
+    # conveniences
+    def create(self, name, samples=1000, batch=4, world=2, shuffle=True, seed=7,
+               mode=TORCH, **sampler):
+        cfg = pb.JobConfig(synthetic_samples=samples,
+                           sampler=pb.SamplerConfig(mode=mode, batch_size=batch, shuffle=shuffle,
+                                                    seed=seed, **sampler))
+        return self.call("GetOrCreateJob",
+                         pb.GetOrCreateJobRequest(name=name, config=cfg, world_size=world))
+
+    def join(self, job, rank, world, host="host-a", pid=1000):
+        return self.call("JoinJob", pb.JoinJobRequest(job=job, rank=rank, world_size=world,
+                                                      holder=pb.Holder(host=host, pid=pid)))
+
+    def commit(self, job, rank, lease_id, cursor):
+        return self.call("CommitCursor", pb.CommitCursorRequest(job=job, rank=rank,
+                                                                lease_id=lease_id,
+                                                                cursor=cursor))
+
+    def heartbeat(self, job, rank, lease_id):
+        return self.call("LeaseHeartbeat", pb.LeaseHeartbeatRequest(job=job, rank=rank,
+                                                                    lease_id=lease_id))
+
+    def get(self, name):
+        return self.call("GetJob", pb.GetJobRequest(name=name))
+
+    def list(self):
+        return self.call("ListJobs", pb.ListJobsRequest())
+
+    def resume(self, job, world, cursors):
+        return self.call("ResumeElastic", pb.ResumeElasticRequest(job=job, world_size=world,
+                                                                  cursors=cursors))
+
+
+def cursor(fingerprint, job, rank, world, epoch, step):
+    """A packed cursor, as a trainer's client library makes it."""
+    return pb.Cursor(version=1, job=job, job_fingerprint=fingerprint, rank=rank,
+                     world_size=world, epoch=epoch, step=step).SerializeToString()
+
+
+def decode_cursor(data):
+    c = pb.Cursor()
+    c.ParseFromString(data)
+    return c
