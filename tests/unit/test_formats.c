@@ -1,0 +1,424 @@
+/* Dataset readers over memory: npy headers (versions, shapes, refusals), TFRecord (CRC-32C
+ * vectors, index, sidecar validation), lines, tar (checksums, pax, grouping), and datasets on
+ * disk (globs, escapes, the generator's content). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "formats/crc32c.h"
+#include "formats/dataset.h"
+#include "formats/synth.h"
+#include "formats/tfrecord.h"
+
+static char err[1024];
+
+static bw__source *mem(const bw__format_ops *ops, const void *p, size_t len, int want_rc)
+{
+    bw__source *s = NULL;
+    int rc = bw__source_from_memory(ops, "mem", p, len, &s, err, sizeof(err));
+    if (rc != want_rc)
+        fail_msg("open: rc %d (%s), wanted %d", rc, err, want_rc);
+    if (rc == BW_OK && ops->index(s, err, sizeof(err)) != BW_OK)
+        fail_msg("index: %s", err);
+    return s;
+}
+
+/* ---- npy ---- */
+
+static size_t npy(uint8_t *out, int major, const char *dict, size_t data_len)
+{
+    size_t dl = strlen(dict), hs = major == 1 ? 10 : 12;
+    memcpy(out, "\x93NUMPY", 6);
+    out[6] = (uint8_t)major;
+    out[7] = 0;
+    out[8] = (uint8_t)dl;
+    out[9] = (uint8_t)(dl >> 8);
+    if (major > 1)
+        out[10] = out[11] = 0;
+    memcpy(out + hs, dict, dl);
+    for (size_t i = 0; i < data_len; i++)
+        out[hs + dl + i] = (uint8_t)i;
+    return hs + dl + data_len;
+}
+
+static void test_npy(void **state)
+{
+    (void)state;
+    uint8_t buf[4096];
+    size_t n = npy(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2), }\n", 24);
+    bw__source *s = mem(&bw__fmt_npy, buf, n, BW_OK);
+    assert_int_equal(s->count, 3);
+    assert_string_equal(s->layout.dtype, "<f4");
+    assert_int_equal(s->layout.ndim, 1);
+    assert_int_equal(s->layout.shape[0], 2);
+    bw__record r;
+    assert_int_equal(s->ops->get(s, 2, &r, err, sizeof(err)), BW_OK);
+    assert_int_equal(r.size, 8);
+    assert_int_equal(r.parts[0].p[0], 16);
+    assert_int_equal(s->ops->get(s, 3, &r, err, sizeof(err)), BW_OUT_OF_RANGE);
+    bw__source_free(s);
+
+    /* version 2 and 3, "shape" first, Python 2 longs, 1-D */
+    n = npy(buf, 2, "{\"shape\": (4L,), \"fortran_order\": True, \"descr\": \"|u1\"}", 4);
+    s = mem(&bw__fmt_npy, buf, n, BW_OK);
+    assert_int_equal(s->count, 4);
+    assert_int_equal(s->layout.ndim, 0);
+    bw__source_free(s);
+    n = npy(buf, 3, "{'descr': '<U2', 'fortran_order': False, 'shape': (2,)}", 16);
+    s = mem(&bw__fmt_npy, buf, n, BW_OK);
+    assert_int_equal(s->layout.sample_bytes, 8);
+    bw__source_free(s);
+
+    struct {
+        const char *dict;
+        size_t data;
+        int rc;
+        const char *needle;
+    } bad[] = {
+        {"{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", 16, BW_UNIMPLEMENTED,
+         "Fortran"},
+        {"{'descr': [('a', '<i4')], 'fortran_order': False, 'shape': (2,), }", 8, BW_CORRUPT,
+         "structured"},
+        {"{'descr': '|O', 'fortran_order': False, 'shape': (2,), }", 16, BW_UNIMPLEMENTED,
+         "object"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (), }", 4, BW_UNIMPLEMENTED, "0-d"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", 8, BW_CORRUPT, "truncated"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", 8, BW_CORRUPT,
+         "unexpected bytes"},
+        {"{'descr': '<f3', 'fortran_order': False, 'shape': (1,), }", 3, BW_UNIMPLEMENTED,
+         "item size"},
+        {"{'descr': '<f4', 'shape': (1,), }", 4, BW_CORRUPT, "lacks"},
+        {"{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (1,)}", 4, BW_CORRUPT,
+         "repeated"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551615, 2), }", 4,
+         BW_CORRUPT, "truncated"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (1, 99999999999999999999), }", 4,
+         BW_CORRUPT, "shape"},
+        {"['descr']", 4, BW_CORRUPT, "dict"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        n = npy(buf, 1, bad[i].dict, bad[i].data);
+        mem(&bw__fmt_npy, buf, n, bad[i].rc);
+        if (!strstr(err, bad[i].needle) || !strstr(err, "mem: offset "))
+            fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].needle);
+    }
+    mem(&bw__fmt_npy, "\x93NUMPY\x01", 7, BW_CORRUPT);
+}
+
+/* ---- tfrecord ---- */
+
+static size_t tfr_put(uint8_t *out, const void *data, uint64_t len)
+{
+    for (int i = 0; i < 8; i++)
+        out[i] = (uint8_t)(len >> (8 * i));
+    uint32_t c = bw__fmt_crc32c_mask(bw__fmt_crc32c(0, out, 8));
+    memcpy(out + 8, &c, 4);
+    memcpy(out + 12, data, len);
+    c = bw__fmt_crc32c_mask(bw__fmt_crc32c(0, data, len));
+    memcpy(out + 12 + len, &c, 4);
+    return 16 + len;
+}
+
+static void test_crc32c(void **state)
+{
+    (void)state;
+    assert_int_equal(bw__fmt_crc32c(0, "123456789", 9), 0xe3069283u);
+    assert_int_equal(bw__fmt_crc32c(0, "", 0), 0);
+    uint8_t zeros[32] = {0};
+    assert_int_equal(bw__fmt_crc32c(0, zeros, 32), 0x8a9136aau); /* RFC 3720 B.4 */
+    uint8_t big[1000];
+    for (int i = 0; i < 1000; i++)
+        big[i] = (uint8_t)(i * 7);
+    assert_int_equal(bw__fmt_crc32c(bw__fmt_crc32c(0, big, 333), big + 333, 667),
+                     bw__fmt_crc32c(0, big, 1000));
+}
+
+static void test_tfrecord(void **state)
+{
+    (void)state;
+    uint8_t buf[4096];
+    size_t n = 0, offs[5];
+    const char *recs[] = {"alpha", "", "gamma-gamma", "d", "epsilon!"};
+    for (int i = 0; i < 5; i++) {
+        offs[i] = n;
+        n += tfr_put(buf + n, recs[i], strlen(recs[i]));
+    }
+    bw__source *s = mem(&bw__fmt_tfrecord, buf, n, BW_OK);
+    assert_int_equal(s->count, 5);
+    bw__record r;
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(s->ops->get(s, (uint64_t)i, &r, err, sizeof(err)), BW_OK);
+        assert_int_equal(r.size, strlen(recs[i]));
+        assert_memory_equal(r.parts[0].p, recs[i], r.size);
+    }
+    uint64_t next;
+    assert_int_equal(s->ops->next(s, offs[2], &r, &next, err, sizeof(err)), BW_OK);
+    assert_int_equal(next, offs[3]);
+    assert_int_equal(s->ops->next(s, n, &r, &next, err, sizeof(err)), BW_FMT_END);
+    assert_int_equal(s->ops->next(s, 3, &r, &next, err, sizeof(err)), BW_CORRUPT);
+    assert_non_null(strstr(err, "length CRC mismatch"));
+
+    /* a sidecar: valid, then each kind of damage */
+    uint8_t side[256];
+    memcpy(side, "BWTFIDX1", 8);
+    uint64_t hdr[3] = {n, 0, 5};
+    memcpy(side + 8, hdr, sizeof(hdr));
+    for (int i = 0; i < 5; i++) {
+        uint64_t o = offs[i];
+        memcpy(side + 32 + 8 * i, &o, 8);
+    }
+    size_t slen = 32 + 40 + 4;
+    uint32_t c = bw__fmt_crc32c(0, side, slen - 4);
+    memcpy(side + slen - 4, &c, 4);
+    char why[256];
+    if (bw__tfrecord_index_parse(s, side, slen, why, sizeof(why)) != BW_OK)
+        fail_msg("sidecar refused: %s", why);
+    side[40] ^= 1;
+    assert_int_equal(bw__tfrecord_index_parse(s, side, slen, why, sizeof(why)), BW_CORRUPT);
+    assert_non_null(strstr(why, "CRC"));
+    side[40] ^= 1;
+    uint64_t wrong = offs[1] - 1;
+    memcpy(side + 40, &wrong, 8);
+    c = bw__fmt_crc32c(0, side, slen - 4);
+    memcpy(side + slen - 4, &c, 4);
+    assert_int_equal(bw__tfrecord_index_parse(s, side, slen, why, sizeof(why)), BW_OK);
+    /* a plausible but wrong offset passes the sidecar check, but never serves wrong bytes */
+    assert_int_not_equal(s->ops->get(s, 1, &r, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__tfrecord_index_parse(s, side, slen - 8, why, sizeof(why)), BW_CORRUPT);
+    bw__source_free(s);
+
+    buf[offs[2] + 13] ^= 0x20;
+    s = mem(&bw__fmt_tfrecord, buf, n, BW_OK);
+    assert_int_equal(s->ops->get(s, 2, &r, err, sizeof(err)), BW_CORRUPT);
+    assert_non_null(strstr(err, "data CRC mismatch"));
+    char want[64];
+    snprintf(want, sizeof(want), "offset %zu:", offs[2]);
+    assert_non_null(strstr(err, want));
+    bw__source_free(s);
+    bw__source *t = NULL;
+    assert_int_equal(
+        bw__source_from_memory(&bw__fmt_tfrecord, "cut", buf, n - 3, &t, err, sizeof(err)), BW_OK);
+    assert_int_equal(t->ops->index(t, err, sizeof(err)), BW_CORRUPT);
+    assert_non_null(strstr(err, "truncated record"));
+    bw__source_free(t);
+}
+
+/* ---- lines ---- */
+
+static void test_lines(void **state)
+{
+    (void)state;
+    const char *text = "{\"a\":1}\n\n  \n{\"b\":2}\r\n{\"c\":3}";
+    bw__source *s = mem(&bw__fmt_jsonl, text, strlen(text), BW_OK);
+    assert_int_equal(s->count, 3);
+    bw__record r;
+    assert_int_equal(s->ops->get(s, 1, &r, err, sizeof(err)), BW_OK);
+    assert_int_equal(r.size, 8);
+    uint64_t next;
+    assert_int_equal(s->ops->next(s, 8, &r, &next, err, sizeof(err)), BW_OK); /* skips blanks */
+    assert_memory_equal(r.parts[0].p, "{\"b\":2}", 7);
+    assert_int_equal(s->ops->next(s, 2, &r, &next, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    bw__source_free(s);
+    s = mem(&bw__fmt_text, text, strlen(text), BW_OK);
+    assert_int_equal(s->count, 5);
+    bw__source_free(s);
+    s = mem(&bw__fmt_text, "", 0, BW_OK);
+    assert_int_equal(s->count, 0);
+    bw__source_free(s);
+}
+
+/* ---- tar ---- */
+
+static size_t tar_put(uint8_t *out, const char *name, char type, const void *data, size_t len)
+{
+    memset(out, 0, 512);
+    snprintf((char *)out, 100, "%s", name);
+    snprintf((char *)out + 124, 12, "%011o", (unsigned)len);
+    out[156] = (uint8_t)type;
+    memcpy(out + 257, "ustar", 6);
+    memset(out + 148, ' ', 8);
+    unsigned sum = 0;
+    for (int i = 0; i < 512; i++)
+        sum += out[i];
+    snprintf((char *)out + 148, 8, "%06o", sum);
+    memcpy(out + 512, data, len);
+    size_t padded = (len + 511) / 512 * 512;
+    memset(out + 512 + len, 0, padded - len);
+    return 512 + padded;
+}
+
+static void test_tar(void **state)
+{
+    (void)state;
+    static uint8_t buf[16384];
+    size_t n = 0;
+    n += tar_put(buf + n, "d", '5', "", 0);
+    n += tar_put(buf + n, "d/a.jpg", '0', "JPEG", 4);
+    n += tar_put(buf + n, "d/a.cls", '0', "7", 1);
+    n += tar_put(buf + n, "d/README", '0', "x", 1);
+    char pax[64];
+    int pl = snprintf(pax, sizeof(pax), "27 path=d/bbbbbbbbbbbb.txt\n");
+    assert_int_equal(pl, 27);
+    n += tar_put(buf + n, "PaxHeader", 'x', pax, (size_t)pl);
+    n += tar_put(buf + n, "ignored", '0', "hello", 5);
+    size_t end = n;
+    memset(buf + n, 0, 1024);
+    n += 1024;
+    bw__source *s = mem(&bw__fmt_tar, buf, n, BW_OK);
+    assert_int_equal(s->count, 2);
+    bw__record r;
+    assert_int_equal(s->ops->get(s, 0, &r, err, sizeof(err)), BW_OK);
+    assert_int_equal(r.nparts, 2);
+    assert_string_equal(r.text + r.key, "d/a");
+    assert_string_equal(r.text + r.names[0], "jpg");
+    assert_string_equal(r.text + r.names[1], "cls");
+    assert_int_equal(r.size, 5);
+    assert_int_equal(s->ops->get(s, 1, &r, err, sizeof(err)), BW_OK);
+    assert_string_equal(r.text + r.key, "d/bbbbbbbbbbbb");
+    assert_string_equal(r.text + r.names[0], "txt");
+    assert_memory_equal(r.parts[0].p, "hello", 5);
+    uint64_t next;
+    assert_int_equal(s->ops->next(s, 0, &r, &next, err, sizeof(err)), BW_OK);
+    assert_int_equal(s->ops->next(s, next, &r, &next, err, sizeof(err)), BW_OK);
+    assert_int_equal(next, end);
+    assert_int_equal(s->ops->next(s, next, &r, &next, err, sizeof(err)), BW_FMT_END);
+    bw__source_free(s);
+
+    buf[512 + 3] ^= 1; /* name byte of the second header */
+    bw__source *t = NULL;
+    assert_int_equal(bw__source_from_memory(&bw__fmt_tar, "t", buf, n, &t, err, sizeof(err)),
+                     BW_OK);
+    assert_int_equal(t->ops->index(t, err, sizeof(err)), BW_CORRUPT);
+    assert_non_null(strstr(err, "t: offset 512: tar header checksum mismatch"));
+    bw__source_free(t);
+    buf[512 + 3] ^= 1;
+    /* duplicate field */
+    n = 0;
+    n += tar_put(buf + n, "k.x", '0', "1", 1);
+    n += tar_put(buf + n, "k.x", '0', "2", 1);
+    assert_int_equal(bw__source_from_memory(&bw__fmt_tar, "t", buf, n, &t, err, sizeof(err)),
+                     BW_OK);
+    assert_int_equal(t->ops->index(t, err, sizeof(err)), BW_CORRUPT);
+    assert_non_null(strstr(err, "twice"));
+    bw__source_free(t);
+}
+
+/* ---- datasets on disk ---- */
+
+static char root[512];
+
+static void write_file(const char *rel, const void *p, size_t len)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, len, f), len);
+    fclose(f);
+}
+
+static void test_dataset(void **state)
+{
+    (void)state;
+    const char *tmp = getenv("BW_TEST_TMP") ? getenv("BW_TEST_TMP") : "/tmp";
+    mkdir(tmp, 0755);
+    snprintf(root, sizeof(root), "%s/formats-XXXXXX", tmp);
+    assert_non_null(mkdtemp(root));
+    char sub[600];
+    snprintf(sub, sizeof(sub), "%s/d", root);
+    mkdir(sub, 0755);
+    /* three tfrecord files of generator content: 2, 0 and 3 records */
+    uint64_t idx = 0;
+    for (int f = 0; f < 3; f++) {
+        uint8_t buf[8192];
+        size_t n = 0;
+        for (int k = 0; k < (f == 0 ? 2 : f == 1 ? 0 : 3); k++, idx++) {
+            uint8_t data[1000];
+            size_t len = (size_t)bw__synth_len(idx, 10, 900);
+            bw__synth_fill(idx, data, len);
+            n += tfr_put(buf + n, data, len);
+        }
+        char name[32];
+        snprintf(name, sizeof(name), "d/p%d.tfrecord", f);
+        write_file(name, buf, n);
+    }
+    const char *pat[] = {"d/*.tfrecord"};
+    bw__dataset *d = NULL;
+    assert_int_equal(bw__dataset_open(root, "tfrecord", pat, 1, &d, err, sizeof(err)), BW_OK);
+    assert_int_equal(d->nsources, 3);
+    assert_int_equal(strlen(d->fingerprint), 32);
+    assert_int_equal(bw__dataset_index(d, err, sizeof(err)), BW_OK);
+    assert_int_equal(d->length, 5);
+    for (uint64_t i = 0; i < 5; i++) {
+        bw__record r;
+        assert_int_equal(bw__dataset_get(d, i, &r, err, sizeof(err)), BW_OK);
+        uint8_t want[1000];
+        bw__synth_fill(i, want, (size_t)r.size);
+        assert_int_equal(r.size, bw__synth_len(i, 10, 900));
+        assert_memory_equal(r.parts[0].p, want, r.size);
+    }
+    bw__record r;
+    assert_int_equal(bw__dataset_get(d, 5, &r, err, sizeof(err)), BW_OUT_OF_RANGE);
+    assert_false(bw__dataset_changed(d));
+    char fp[33];
+    memcpy(fp, d->fingerprint, sizeof(fp));
+    bw__dataset_free(d);
+    /* an appended byte changes the fingerprint */
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/d/p1.tfrecord", root);
+    FILE *f = fopen(path, "ab");
+    fputc(0, f);
+    fclose(f);
+    assert_int_equal(bw__dataset_open(root, "tfrecord", pat, 1, &d, err, sizeof(err)), BW_OK);
+    assert_string_not_equal(fp, d->fingerprint);
+    assert_int_equal(bw__dataset_index(d, err, sizeof(err)), BW_CORRUPT);
+    assert_non_null(strstr(err, "d/p1.tfrecord: offset 0: truncated record header"));
+    /* the failure is kept */
+    assert_int_equal(bw__dataset_index(d, err, sizeof(err)), BW_CORRUPT);
+    bw__dataset_free(d);
+
+    const char *bad[][1] = {{"../x"}, {"/etc/passwd"}, {"d/../../x"}, {""}, {"none*"}};
+    int want_rc[] = {BW_PERMISSION_DENIED, BW_PERMISSION_DENIED, BW_PERMISSION_DENIED,
+                     BW_INVALID_ARGUMENT, BW_NOT_FOUND};
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(bw__dataset_open(root, "tfrecord", bad[i], 1, &d, err, sizeof(err)),
+                         want_rc[i]);
+    char link[1024];
+    snprintf(link, sizeof(link), "%s/escape", root);
+    assert_int_equal(symlink("/etc", link), 0);
+    const char *esc[] = {"escape/hostname"};
+    assert_int_equal(bw__dataset_open(root, "text", esc, 1, &d, err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "outside the data root"));
+    const char *dir[] = {"d"};
+    assert_int_equal(bw__dataset_open(root, "files", dir, 1, &d, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(d, err, sizeof(err)), BW_OK);
+    assert_int_equal(d->length, 3 + 3); /* three files and their index sidecars */
+    assert_int_equal(bw__dataset_get(d, 0, &r, err, sizeof(err)), BW_OK);
+    assert_true(r.owner_is_own);
+    bw__record_release(&r);
+    bw__dataset_free(d);
+    assert_int_equal(bw__dataset_open(root, "avro", dir, 1, &d, err, sizeof(err)),
+                     BW_INVALID_ARGUMENT);
+    char cmd[1200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+    assert_int_equal(system(cmd), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_npy),      cmocka_unit_test(test_crc32c),
+        cmocka_unit_test(test_tfrecord), cmocka_unit_test(test_lines),
+        cmocka_unit_test(test_tar),      cmocka_unit_test(test_dataset),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

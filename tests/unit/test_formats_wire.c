@@ -1,0 +1,272 @@
+/* The worker's hand-built SampleBatch messages, decoded by protobuf-c: every message stays
+ * under the limit, samples larger than it arrive in chunks that reassemble, tar fields and
+ * stream offsets are encoded, and payloads are the generator's bytes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+
+#include "../../worker/datasets.c"
+#include "../../worker/sample_stream.c"
+#include "formats/crc32c.h"
+#include "formats/synth.h"
+
+static char root[512];
+static char err[1024];
+
+typedef struct got {
+    size_t messages, max_message, samples, max_chunks;
+} got;
+
+/* Drains a stream, checking each message; sample k must be synth(expect_index(k), size). */
+static void drain(bw__sstream *st, size_t limit, const uint64_t *indices, size_t n, got *g,
+                  bool tar)
+{
+    memset(g, 0, sizeof(*g));
+    uint8_t *buf = NULL;
+    uint64_t have = 0, cur_size = 0, cur_index = UINT64_MAX;
+    size_t k = 0, chunks = 0;
+    for (;;) {
+        grpc_byte_buffer *bb = NULL;
+        int rc = bw__sstream_produce(st, &bb, err, sizeof(err));
+        if (rc == BW_RPC_END)
+            break;
+        if (rc != BW_OK)
+            fail_msg("produce: %s", err);
+        grpc_byte_buffer_reader rd;
+        assert_true(grpc_byte_buffer_reader_init(&rd, bb));
+        grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+        grpc_byte_buffer_reader_destroy(&rd);
+        grpc_byte_buffer_destroy(bb);
+        size_t len = GRPC_SLICE_LENGTH(all);
+        assert_true(len <= limit);
+        g->messages++;
+        if (len > g->max_message)
+            g->max_message = len;
+        Batchwire__V1__SampleBatch *b =
+            batchwire__v1__sample_batch__unpack(NULL, len, GRPC_SLICE_START_PTR(all));
+        grpc_slice_unref(all);
+        assert_non_null(b);
+        assert_true(b->n_samples > 0);
+        for (size_t i = 0; i < b->n_samples; i++) {
+            const Batchwire__V1__Sample *s = b->samples[i];
+            if (s->chunk_offset == 0) {
+                assert_true(k < n);
+                cur_index = s->index;
+                assert_int_equal(cur_index, indices[k]);
+                cur_size = s->size;
+                free(buf);
+                buf = malloc(cur_size + 1);
+                have = 0;
+                chunks = 0;
+                if (tar) {
+                    assert_int_equal(s->n_fields, 2);
+                    assert_string_equal(s->fields[0]->name, "bin");
+                    assert_string_equal(s->fields[1]->name, "json");
+                    assert_int_equal(s->fields[0]->size + s->fields[1]->size, s->size);
+                }
+            } else {
+                assert_int_equal(s->index, cur_index);
+                assert_int_equal(s->chunk_offset, have);
+                assert_int_equal(s->n_fields, 0);
+            }
+            assert_true(have + s->data.len <= cur_size);
+            memcpy(buf + have, s->data.data, s->data.len);
+            have += s->data.len;
+            chunks++;
+            if (chunks > g->max_chunks)
+                g->max_chunks = chunks;
+            if (have == cur_size) {
+                uint64_t want_len = bw__synth_len(cur_index, 1000, 300000);
+                uint8_t *want = malloc(want_len + 1);
+                bw__synth_fill(cur_index, want, want_len);
+                assert_true(cur_size >= want_len);
+                assert_memory_equal(buf, want, want_len);
+                free(want);
+                k++;
+                g->samples++;
+            }
+        }
+        batchwire__v1__sample_batch__free_unpacked(b, NULL);
+    }
+    free(buf);
+    assert_int_equal(k, n);
+}
+
+static void write_tfrecords(const char *rel, uint64_t first, uint64_t count)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (uint64_t i = first; i < first + count; i++) {
+        uint64_t len = bw__synth_len(i, 1000, 300000);
+        uint8_t *d = malloc(len);
+        bw__synth_fill(i, d, len);
+        uint8_t h[12];
+        for (int b = 0; b < 8; b++)
+            h[b] = (uint8_t)(len >> (8 * b));
+        uint32_t c = bw__fmt_crc32c_mask(bw__fmt_crc32c(0, h, 8));
+        memcpy(h + 8, &c, 4);
+        fwrite(h, 1, 12, f);
+        fwrite(d, 1, len, f);
+        c = bw__fmt_crc32c_mask(bw__fmt_crc32c(0, d, len));
+        fwrite(&c, 1, 4, f);
+        free(d);
+    }
+    fclose(f);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    grpc_init();
+    const char *tmp = getenv("BW_TEST_TMP") ? getenv("BW_TEST_TMP") : "/tmp";
+    mkdir(tmp, 0755);
+    snprintf(root, sizeof(root), "%s/wire-XXXXXX", tmp);
+    assert_non_null(mkdtemp(root));
+    write_tfrecords("a.tfrecord", 0, 20);
+    write_tfrecords("b.tfrecord", 20, 7);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[1200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+    if (system(cmd) != 0)
+        return -1;
+    grpc_shutdown();
+    return 0;
+}
+
+static Batchwire__V1__Dataset spec(const char *format, char **sources, size_t n)
+{
+    Batchwire__V1__Dataset d = BATCHWIRE__V1__DATASET__INIT;
+    d.format = (char *)format;
+    d.sources = sources;
+    d.n_sources = n;
+    return d;
+}
+
+static void test_samples_chunked(void **state)
+{
+    (void)state;
+    bw__ds_cache *c = bw__ds_cache_new(root);
+    char *srcs[] = {"*.tfrecord"};
+    Batchwire__V1__Dataset d = spec("tfrecord", srcs, 1);
+    bw__wds *e = NULL;
+    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__ds_dataset(e)->length, 27);
+    uint64_t idx[60];
+    for (int i = 0; i < 60; i++)
+        idx[i] = (uint64_t)((i * 7) % 27);
+    size_t limits[] = {65536, 1 << 20, 16 << 20};
+    for (size_t l = 0; l < 3; l++) {
+        bw__wds *e2 = NULL;
+        assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
+        assert_ptr_equal(e2, e); /* cached */
+        bw__sstream *st = bw__sstream_samples(e2, idx, 60, limits[l]);
+        got g;
+        drain(st, limits[l], idx, 60, &g, false);
+        bw__sstream_free(st);
+        if (l == 0)
+            assert_true(g.max_chunks >= 4);
+        if (l == 2)
+            assert_true(g.messages <= 2); /* ~9 MB in one or two messages */
+    }
+    bw__ds_put(e);
+    bw__ds_cache_free(c);
+}
+
+static void test_stream_records(void **state)
+{
+    (void)state;
+    bw__ds_cache *c = bw__ds_cache_new(root);
+    char *srcs[] = {"b.tfrecord"};
+    Batchwire__V1__Dataset d = spec("tfrecord", srcs, 1);
+    bw__wds *e = NULL;
+    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
+    bw__sstream *st = bw__sstream_records(e, 0, 0, 0, 100000);
+    /* every record once, with offsets that chain */
+    size_t total = 0;
+    for (;;) {
+        grpc_byte_buffer *bb = NULL;
+        int rc = bw__sstream_produce(st, &bb, err, sizeof(err));
+        if (rc == BW_RPC_END)
+            break;
+        assert_int_equal(rc, BW_OK);
+        grpc_byte_buffer_reader rd;
+        grpc_byte_buffer_reader_init(&rd, bb);
+        grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+        grpc_byte_buffer_reader_destroy(&rd);
+        grpc_byte_buffer_destroy(bb);
+        Batchwire__V1__SampleBatch *b = batchwire__v1__sample_batch__unpack(
+            NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
+        grpc_slice_unref(all);
+        assert_non_null(b);
+        for (size_t i = 0; i < b->n_samples; i++)
+            if (b->samples[i]->chunk_offset == 0) {
+                const Batchwire__V1__Sample *s = b->samples[i];
+                assert_true(s->next_offset == s->offset + 16 + s->size);
+                total++;
+            }
+        batchwire__v1__sample_batch__free_unpacked(b, NULL);
+    }
+    assert_int_equal(total, 7);
+    bw__sstream_free(st); /* puts e */
+    bw__ds_cache_free(c);
+}
+
+static void test_corrupt_midway(void **state)
+{
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/c.tfrecord", root);
+    write_tfrecords("c.tfrecord", 0, 3);
+    FILE *f = fopen(path, "r+b");
+    uint64_t len0 = bw__synth_len(0, 1000, 300000);
+    fseek(f, (long)(16 + len0 + 12 + 5), SEEK_SET); /* a payload byte of record 1 */
+    fputc(0xAA, f);
+    fclose(f);
+    bw__ds_cache *c = bw__ds_cache_new(root);
+    char *srcs[] = {"c.tfrecord"};
+    Batchwire__V1__Dataset d = spec("tfrecord", srcs, 1);
+    bw__wds *e = NULL;
+    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    uint64_t idx[] = {0, 1, 2};
+    bw__sstream *st = bw__sstream_samples(e, idx, 3, 16 << 20);
+    grpc_byte_buffer *bb = NULL;
+    /* sample 0 goes out first; then the error names the file and record 1's offset */
+    assert_int_equal(bw__sstream_produce(st, &bb, err, sizeof(err)), BW_OK);
+    grpc_byte_buffer_destroy(bb);
+    assert_int_equal(bw__sstream_produce(st, &bb, err, sizeof(err)), BW_CORRUPT);
+    char want[128];
+    snprintf(want, sizeof(want), "c.tfrecord: offset %llu: data CRC mismatch",
+             (unsigned long long)(16 + len0));
+    assert_non_null(strstr(err, want));
+    bw__sstream_free(st);
+    bw__ds_cache_free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_samples_chunked),
+        cmocka_unit_test(test_stream_records),
+        cmocka_unit_test(test_corrupt_midway),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

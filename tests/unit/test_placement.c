@@ -1,0 +1,112 @@
+/* Placement: sample -> shard and shard -> worker (rendezvous hashing). Pinned values keep the
+ * functions stable for clients written in other languages; properties check that losing a
+ * worker moves only its shards, adding one takes shards only for itself, and load is even. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "placement/placement.h"
+
+enum { SHARDS = 4096 };
+
+static void test_pinned(void **state)
+{
+    (void)state;
+    /* splitmix64's finalizer and FNV-1a as published */
+    assert_true(bw__placement_mix64(0) == 0);
+    assert_true(bw__placement_mix64(1) == 0x5692161d100b05e5ull);
+    assert_true(bw__placement_hash_bytes("", 0) == 0xcbf29ce484222325ull);
+    assert_true(bw__placement_hash_bytes("a", 1) == 0xaf63dc4c8601ec8cull);
+    assert_int_equal(bw__placement_shard(37, 16, BW_SHARD_MODULO), 5);
+    assert_int_equal(bw__placement_shard(37, 1, BW_SHARD_HASH), 0);
+    assert_int_equal(bw__placement_shard(1, 16, BW_SHARD_HASH), 0x5692161d100b05e5ull % 16);
+    assert_int_equal(bw__placement_stream_shard(5, "x", 4, BW_SHARD_MODULO), 1);
+    const char *ids[] = {"w1", "w2", "w3"};
+    char owners[17] = "";
+    for (uint32_t s = 0; s < 16; s++)
+        owners[s] = (char)('1' + bw__placement_owner(ids, 3, s));
+    /* Pinned: changing the score function reshuffles every deployed cluster's shards. */
+    assert_string_equal(owners, "2331332122331131");
+}
+
+static void owners_of(const char *const *ids, size_t n, size_t *out)
+{
+    for (uint32_t s = 0; s < SHARDS; s++)
+        out[s] = bw__placement_owner(ids, n, s);
+}
+
+static void test_remove_moves_only_its_shards(void **state)
+{
+    (void)state;
+    char names[8][16];
+    const char *ids[8];
+    for (int i = 0; i < 8; i++) {
+        snprintf(names[i], sizeof(names[i]), "worker-%d", i);
+        ids[i] = names[i];
+    }
+    static size_t before[SHARDS], after[SHARDS];
+    owners_of(ids, 8, before);
+    size_t count[8] = {0};
+    for (int s = 0; s < SHARDS; s++)
+        count[before[s]]++;
+    for (int i = 0; i < 8; i++) /* 512 expected each */
+        assert_true(count[i] > 400 && count[i] < 624);
+    /* remove worker-3 */
+    const char *rest[7];
+    for (int i = 0, k = 0; i < 8; i++)
+        if (i != 3)
+            rest[k++] = ids[i];
+    owners_of(rest, 7, after);
+    for (int s = 0; s < SHARDS; s++) {
+        const char *b = ids[before[s]], *a = rest[after[s]];
+        if (before[s] != 3)
+            assert_string_equal(a, b);
+    }
+    /* add worker-8: shards move only to it */
+    const char *more[9];
+    memcpy(more, ids, sizeof(ids));
+    more[8] = "worker-8";
+    static size_t grown[SHARDS];
+    owners_of(more, 9, grown);
+    int moved = 0;
+    for (int s = 0; s < SHARDS; s++)
+        if (grown[s] != before[s]) {
+            assert_int_equal(grown[s], 8);
+            moved++;
+        }
+    assert_true(moved > SHARDS / 9 / 2 && moved < SHARDS / 9 * 2);
+}
+
+static void test_order_independent(void **state)
+{
+    (void)state;
+    const char *a[] = {"a", "b", "c", "d"}, *b[] = {"d", "b", "a", "c"};
+    for (uint32_t s = 0; s < 256; s++)
+        assert_string_equal(a[bw__placement_owner(a, 4, s)], b[bw__placement_owner(b, 4, s)]);
+}
+
+static void test_hash_spreads_consecutive(void **state)
+{
+    (void)state;
+    int count[16] = {0};
+    for (uint64_t i = 0; i < 16000; i++)
+        count[bw__placement_shard(i, 16, BW_SHARD_HASH)]++;
+    for (int s = 0; s < 16; s++)
+        assert_true(count[s] > 850 && count[s] < 1150);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pinned),
+        cmocka_unit_test(test_remove_moves_only_its_shards),
+        cmocka_unit_test(test_order_independent),
+        cmocka_unit_test(test_hash_spreads_consecutive),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
