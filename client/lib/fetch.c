@@ -1,0 +1,367 @@
+/* Fetching one batch's samples from the storage workers that own them, in plan order, with
+ * failover: a worker that fails or refuses is routed around and the missing samples are
+ * fetched again, so the trainer sees neither loss, duplication nor reordering. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "loader_int.h"
+#include "placement/placement.h"
+
+/* One distinct sample of the batch (padding repeats an index; it is fetched once). */
+typedef struct want {
+    uint64_t index;
+    size_t first; /* first position in the batch */
+    uint64_t size, got;
+    uint8_t *buf; /* variable-size samples: its own buffer until the batch is packed */
+    bool done;
+} want;
+
+typedef struct route {
+    size_t worker; /* index into the placement's workers */
+    bool checked;  /* routed by the placement (send its version) or around a suspect (0) */
+    size_t *wants; /* indices into the want array, in request order */
+    size_t n;
+    bw_rpc_stream *st;
+} route;
+
+static int cmp_u64_pos(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : (x[1] < y[1] ? -1 : x[1] > y[1]);
+}
+
+/* Distinct indices of the batch with their first position; uid[pos] = want number. */
+static int dedupe(const bw_batch *b, want **out, size_t *nout, size_t *uid)
+{
+    size_t n = b->count;
+    uint64_t *pairs = malloc((n ? n : 1) * 2 * sizeof(uint64_t));
+    want *w = calloc(n ? n : 1, sizeof(*w));
+    if (!pairs || !w) {
+        free(pairs);
+        free(w);
+        return BW_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        pairs[2 * i] = b->indices[i];
+        pairs[2 * i + 1] = i;
+    }
+    qsort(pairs, n, 2 * sizeof(uint64_t), cmp_u64_pos);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 || pairs[2 * i] != pairs[2 * i - 2]) {
+            w[m].index = pairs[2 * i];
+            w[m].first = (size_t)pairs[2 * i + 1];
+            m++;
+        }
+        uid[pairs[2 * i + 1]] = m - 1;
+    }
+    free(pairs);
+    *out = w;
+    *nout = m;
+    return BW_OK;
+}
+
+/* Is the worker in the batch's suspect list? */
+static bool is_suspect(char **suspects, size_t ns, const char *id)
+{
+    for (size_t i = 0; i < ns; i++)
+        if (strcmp(suspects[i], id) == 0)
+            return true;
+    return false;
+}
+
+/* The worker for `shard`: its owner, or -- when the owner failed for this batch -- the owner
+ * among the others, which is where rendezvous hashing moves the shard once the coordinator
+ * drops the failed worker. Returns -1 when every worker is suspect. */
+static long pick_worker(const bw__placement *p, uint32_t shard, char **suspects, size_t ns,
+                        bool *checked)
+{
+    size_t owner = p->owners[shard];
+    if (!is_suspect(suspects, ns, p->workers[owner].id)) {
+        *checked = true;
+        return (long)owner;
+    }
+    *checked = false;
+    const char **ids = malloc(p->nworkers * sizeof(*ids));
+    size_t *map = malloc(p->nworkers * sizeof(*map)), m = 0;
+    if (!ids || !map)
+        abort();
+    for (size_t i = 0; i < p->nworkers; i++)
+        if (!is_suspect(suspects, ns, p->workers[i].id)) {
+            ids[m] = p->workers[i].id;
+            map[m++] = i;
+        }
+    long pick = m ? (long)map[bw__placement_owner(ids, m, shard)] : -1;
+    free(ids);
+    free(map);
+    return pick;
+}
+
+/* Reads a route's stream to the end, storing what arrives. Returns BW_OK or the stream's
+ * error with a sentence in err. */
+static int drain(route *r, want *w, const bw__fetch_ctx *ctx, bw_batch *b, char *err, size_t errlen)
+{
+    size_t k = 0;
+    int rc;
+    for (;;) {
+        bw_arena a;
+        bw__arena_init(&a, 0);
+        ProtobufCMessage *msg = NULL;
+        rc = bw__rpc_stream_next(r->st, &a, &msg, err, errlen);
+        if (rc != BW_OK) {
+            bw__arena_reset(&a);
+            break;
+        }
+        const Batchwire__V1__SampleBatch *sb = (const void *)msg;
+        for (size_t i = 0; i < sb->n_samples && rc == BW_OK; i++) {
+            const Batchwire__V1__Sample *s = sb->samples[i];
+            want *x = k < r->n ? &w[r->wants[k]] : NULL;
+            if (!x || s->index != x->index || s->chunk_offset != x->got ||
+                s->chunk_offset + s->data.len > s->size ||
+                (ctx->sample_bytes && s->size != ctx->sample_bytes)) {
+                snprintf(err, errlen,
+                         "worker sent sample %llu (chunk at %llu of %llu bytes) where sample "
+                         "%llu at %llu was due",
+                         (unsigned long long)s->index, (unsigned long long)s->chunk_offset,
+                         (unsigned long long)s->size, x ? (unsigned long long)x->index : 0ull,
+                         x ? (unsigned long long)x->got : 0ull);
+                rc = BW_PROTOCOL;
+                break;
+            }
+            if (x->got == 0) {
+                x->size = s->size;
+                if (!ctx->sample_bytes && !(x->buf = malloc(s->size ? s->size : 1))) {
+                    rc = BW_NOMEM;
+                    break;
+                }
+            }
+            uint8_t *dest = ctx->sample_bytes ? b->data + x->first * ctx->sample_bytes : x->buf;
+            memcpy(dest + s->chunk_offset, s->data.data, s->data.len);
+            x->got += s->data.len;
+            if (x->got == x->size) {
+                x->done = true;
+                k++;
+            }
+        }
+        bw__arena_reset(&a);
+        if (rc != BW_OK)
+            break;
+    }
+    if (rc == BW_RPC_STREAM_END) {
+        if (k == r->n)
+            return BW_OK;
+        snprintf(err, errlen, "worker ended the stream after %zu of %zu samples", k, r->n);
+        return BW_PROTOCOL;
+    }
+    /* Samples completed before the failure are kept; a partial one starts over. */
+    if (k < r->n && !w[r->wants[k]].done) {
+        free(w[r->wants[k]].buf);
+        w[r->wants[k]].buf = NULL;
+        w[r->wants[k]].got = 0;
+    }
+    return rc;
+}
+
+/* Errors after which another worker (or a fresher placement) may succeed. */
+static bool retryable(int rc)
+{
+    return rc == BW_UNAVAILABLE || rc == BW_TIMEOUT || rc == BW_WRONG_OWNER || rc == BW_CANCELLED ||
+           rc == BW_ABORTED || rc == BW_PROTOCOL || rc == BW_INTERNAL;
+}
+
+/* Lays variable-size samples out in batch order. */
+static int pack(bw_batch *b, want *w, const size_t *uid, const bw__fetch_ctx *ctx)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < b->count; i++)
+        total += (size_t)w[uid[i]].size;
+    int rc = bw__batch_reserve(b, total);
+    if (rc != BW_OK)
+        return rc;
+    size_t off = 0;
+    for (size_t i = 0; i < b->count; i++) {
+        want *x = &w[uid[i]];
+        b->offsets[i] = off;
+        b->sizes[i] = (size_t)x->size;
+        if (ctx->sample_bytes) {
+            if (x->first != i)
+                memcpy(b->data + off, b->data + x->first * ctx->sample_bytes, (size_t)x->size);
+        } else {
+            memcpy(b->data + off, x->buf, (size_t)x->size);
+        }
+        off += (size_t)x->size;
+    }
+    b->nbytes = total;
+    return BW_OK;
+}
+
+int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
+{
+    b->err[0] = '\0';
+    size_t *uid = malloc((b->count ? b->count : 1) * sizeof(*uid));
+    want *w = NULL;
+    size_t nw = 0;
+    int rc = uid ? dedupe(b, &w, &nw, uid) : BW_NOMEM;
+    if (rc == BW_OK && ctx->sample_bytes)
+        rc = bw__batch_reserve(b, b->count * (size_t)ctx->sample_bytes);
+    if (rc != BW_OK) {
+        free(uid);
+        snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu samples", b->count);
+        return b->rc = rc;
+    }
+    char *suspects[64];
+    size_t nsuspects = 0;
+    bool refresh = false;
+    uint64_t start = bw__mono_ms(), backoff = 20;
+    char err[BW_LOADER_ERRLEN] = "";
+    size_t remaining = nw;
+    while (remaining > 0) {
+        bw__placement *p = bw__session_placement(ctx->session, refresh, err, sizeof(err));
+        refresh = false;
+        route *routes = NULL;
+        size_t nroutes = 0;
+        int round_rc = BW_OK;
+        if (!p || p->nworkers == 0) {
+            round_rc = BW_UNAVAILABLE;
+            if (!err[0] || p)
+                snprintf(err, sizeof(err), "no storage worker is alive");
+        } else {
+            /* Group the missing samples by the worker that serves them: route 2w for
+             * worker w as placed, 2w+1 for samples routed around a failed owner. */
+            nroutes = p->nworkers * 2;
+            routes = calloc(nroutes, sizeof(*routes));
+            size_t *slots = malloc(remaining * sizeof(size_t));
+            size_t *rof = malloc(nw * sizeof(size_t));
+            if (!routes || !slots || !rof)
+                abort();
+            for (size_t u = 0; u < nw && round_rc == BW_OK; u++) {
+                if (w[u].done)
+                    continue;
+                uint32_t shard = bw__placement_shard(w[u].index, p->num_shards, BW_SHARD_MODULO);
+                bool checked;
+                long wk = pick_worker(p, shard, suspects, nsuspects, &checked);
+                if (wk < 0) {
+                    round_rc = BW_UNAVAILABLE;
+                    snprintf(err, sizeof(err), "every storage worker failed: %.900s",
+                             b->err[0] ? b->err : "no worker left");
+                    break;
+                }
+                rof[u] = (size_t)wk * 2 + (checked ? 0 : 1);
+                routes[rof[u]].worker = (size_t)wk;
+                routes[rof[u]].checked = checked;
+                routes[rof[u]].n++;
+            }
+            size_t off = 0;
+            for (size_t ri = 0; ri < nroutes; ri++) {
+                routes[ri].wants = slots + off;
+                off += routes[ri].n;
+                routes[ri].n = 0;
+            }
+            for (size_t u = 0; u < nw && round_rc == BW_OK; u++)
+                if (!w[u].done)
+                    routes[rof[u]].wants[routes[rof[u]].n++] = u;
+            free(rof);
+            if (round_rc != BW_OK)
+                nroutes = 0;
+            /* Ask every worker at once, then read the answers. */
+            for (size_t ri = 0; ri < nroutes; ri++) {
+                route *r = &routes[ri];
+                if (!r->n)
+                    continue;
+                const bw__worker_ref *wr = &p->workers[r->worker];
+                char e[BW_LOADER_ERRLEN];
+                bw_rpc_channel *ch =
+                    bw__session_worker_channel(ctx->session, wr->address, e, sizeof(e));
+                uint64_t *idx = malloc(r->n * sizeof(uint64_t));
+                if (!idx)
+                    abort();
+                for (size_t i = 0; i < r->n; i++)
+                    idx[i] = w[r->wants[i]].index;
+                Batchwire__V1__Routing rt = BATCHWIRE__V1__ROUTING__INIT;
+                rt.placement_version = r->checked ? p->version : 0;
+                rt.num_shards = p->num_shards;
+                rt.shard_mode = BATCHWIRE__V1__SHARD_MODE__SHARD_MODE_MODULO;
+                Batchwire__V1__ReadSamplesRequest req = BATCHWIRE__V1__READ_SAMPLES_REQUEST__INIT;
+                req.dataset = (Batchwire__V1__Dataset *)ctx->dataset;
+                req.n_indices = r->n;
+                req.indices = idx;
+                req.routing = &rt;
+                req.fingerprint = (char *)ctx->fingerprint;
+                req.max_message_bytes = ctx->max_message_bytes;
+                if (ch)
+                    bw__rpc_stream_open(ch, BW_METHOD(BW_M_DATA_READ_SAMPLES), &req.base,
+                                        ctx->timeout_ms, &r->st, e, sizeof(e));
+                free(idx);
+            }
+            for (size_t ri = 0; ri < nroutes; ri++) {
+                route *r = &routes[ri];
+                if (!r->n)
+                    continue;
+                const char *wid = p->workers[r->worker].id;
+                int src = r->st ? drain(r, w, ctx, b, err, sizeof(err)) : BW_UNAVAILABLE;
+                if (!r->st)
+                    snprintf(err, sizeof(err), "worker %s: cannot open a stream", wid);
+                bw__rpc_stream_close(r->st);
+                r->st = NULL;
+                if (src == BW_OK)
+                    continue;
+                if (!retryable(src)) {
+                    round_rc = src; /* the data itself is bad: no other worker will differ */
+                    snprintf(b->err, sizeof(b->err), "%s", err);
+                    break;
+                }
+                if (src == BW_WRONG_OWNER) {
+                    refresh = true;
+                } else if (nsuspects < 64 && !is_suspect(suspects, nsuspects, wid)) {
+                    suspects[nsuspects++] = strdup(wid);
+                    refresh = true;
+                    BW_INFO("worker=%s failed while serving a batch; fetching its samples "
+                            "elsewhere: %s",
+                            wid, err);
+                }
+                snprintf(b->err, sizeof(b->err), "%s", err);
+                if (round_rc == BW_OK)
+                    round_rc = src;
+            }
+            free(slots);
+        }
+        free(routes);
+        bw__placement_put(p);
+        size_t before = remaining;
+        remaining = 0;
+        for (size_t u = 0; u < nw; u++)
+            remaining += !w[u].done;
+        if (round_rc != BW_OK && !retryable(round_rc)) {
+            rc = round_rc;
+            break;
+        }
+        if (remaining == 0)
+            break;
+        if (bw__mono_ms() - start > (uint64_t)ctx->timeout_ms) {
+            rc = BW_UNAVAILABLE;
+            snprintf(b->err, sizeof(b->err),
+                     "%zu samples of step %llu could not be fetched in "
+                     "%d ms: %s",
+                     remaining, (unsigned long long)b->step, ctx->timeout_ms, err);
+            break;
+        }
+        if (remaining == before) {
+            usleep((useconds_t)(backoff * 1000));
+            backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+            refresh = true;
+        }
+    }
+    if (rc == BW_OK)
+        rc = pack(b, w, uid, ctx);
+    for (size_t u = 0; u < nw; u++)
+        free(w[u].buf);
+    for (size_t i = 0; i < nsuspects; i++)
+        free(suspects[i]);
+    free(w);
+    free(uid);
+    return b->rc = rc;
+}

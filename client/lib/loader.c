@@ -1,0 +1,434 @@
+/* The loader: a pipeline of fetch threads that fills a ring of batch slots ahead of the
+ * trainer, while bw_loader_next hands batches out strictly in plan order. The cursor always
+ * describes the last batch handed out, never one merely prefetched. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "cursor/cursor.h"
+#include "jobs/job_sampler.h"
+#include "loader_int.h"
+
+enum slot_state { SLOT_FREE, SLOT_FETCHING, SLOT_READY, SLOT_HELD };
+
+struct bw_loader {
+    bw__session session;
+    bw__job_request jr;
+    bw__fetch_ctx fctx;
+    uint32_t rank;
+    uint64_t job_fingerprint;
+    uint64_t num_samples;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bw__sampler *sampler; /* the current epoch's; replaced only while no fetch runs */
+    uint32_t world;       /* world size at next_deliver */
+    uint64_t epoch, end_step;
+    uint64_t next_fetch, next_deliver;
+    size_t nslots;
+    bw_batch *slots;
+    enum slot_state *state;
+    size_t held; /* slot handed out last, or nslots */
+    unsigned generation;
+    size_t nthreads;
+    pthread_t *threads;
+    bool stopping;
+    char err[BW_LOADER_ERRLEN];
+};
+
+static int fail(bw_loader *l, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int fail(bw_loader *l, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(l->err, sizeof(l->err), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* The indices of `step` into b; BW_OK or the sampler's verdict. */
+static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
+{
+    bw__batch out = {b->indices, b->padding, 0, 0};
+    int rc = bw__sampler_batch(l->sampler, l->rank, step, &out);
+    if (rc != BW_OK)
+        return rc;
+    b->epoch = l->epoch;
+    b->step = step;
+    b->count = out.count;
+    b->real = out.real;
+    const Batchwire__V1__SampleLayout *lay = l->session.summary->dataset->layout;
+    b->ndim = 0;
+    if (lay && lay->dtype && *lay->dtype && lay->n_shape + 1 <= BW_LOADER_MAX_NDIM) {
+        b->dtype = lay->dtype;
+        b->ndim = 1 + lay->n_shape;
+        b->shape[0] = out.count;
+        for (size_t i = 0; i < lay->n_shape; i++)
+            b->shape[i + 1] = lay->shape[i];
+    }
+    return BW_OK;
+}
+
+static void *fetch_thread(void *arg)
+{
+    bw_loader *l = arg;
+    pthread_mutex_lock(&l->mu);
+    while (!l->stopping) {
+        size_t slot = (size_t)(l->next_fetch % l->nslots);
+        if (l->next_fetch >= l->end_step || l->state[slot] != SLOT_FREE) {
+            pthread_cond_wait(&l->cv, &l->mu);
+            continue;
+        }
+        uint64_t step = l->next_fetch++;
+        unsigned gen = l->generation;
+        l->state[slot] = SLOT_FETCHING;
+        bw_batch *b = &l->slots[slot];
+        pthread_mutex_unlock(&l->mu);
+        int rc = plan_batch(l, step, b);
+        if (rc != BW_OK)
+            snprintf(b->err, sizeof(b->err), "step %" PRIu64 " of rank %u: no such batch (%s)",
+                     step, l->rank, bw_strerror(rc));
+        else
+            rc = bw__fetch_batch(&l->fctx, b);
+        b->rc = rc;
+        pthread_mutex_lock(&l->mu);
+        l->state[slot] = gen == l->generation ? SLOT_READY : SLOT_FREE;
+        pthread_cond_broadcast(&l->cv);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+/* Points the pipeline at (epoch, step); call with no fetch running (or before they start). */
+static int position(bw_loader *l, uint64_t epoch, uint64_t step)
+{
+    const Batchwire__V1__JobSummary *job = l->session.summary;
+    if (!l->sampler || epoch != l->epoch) {
+        bw__sampler *s = NULL;
+        int rc = bw__job_sampler_new(job->config->sampler, l->num_samples,
+                                     (const Batchwire__V1__WorldSegment *const *)job->history,
+                                     job->n_history, epoch, false, &s, l->err, sizeof(l->err));
+        if (rc != BW_OK)
+            return rc;
+        bw__sampler_free(l->sampler);
+        l->sampler = s;
+        l->epoch = epoch;
+    }
+    uint64_t first = bw__sampler_first_step(l->sampler);
+    l->world = (uint32_t)bw__sampler_world_size(l->sampler);
+    if (l->rank >= l->world)
+        return fail(l, BW_MISMATCH,
+                    "rank %u is not part of job %s at epoch %" PRIu64 " (world size %u there)",
+                    l->rank, job->name, epoch, l->world);
+    if (step < first)
+        return fail(l, BW_MISMATCH,
+                    "step %" PRIu64 " of epoch %" PRIu64 " ran at another world size; this "
+                    "rank's world of %u starts at step %" PRIu64 " (use the cursor of the "
+                    "elastic resume)",
+                    step, epoch, l->world, first);
+    l->end_step = bw__sampler_end_step(l->sampler, l->rank);
+    if (step > l->end_step)
+        return fail(l, BW_OUT_OF_RANGE,
+                    "step %" PRIu64 " is past the end of epoch %" PRIu64 " (%" PRIu64
+                    " steps for rank %u)",
+                    step, epoch, l->end_step, l->rank);
+    l->next_fetch = l->next_deliver = step;
+    for (size_t i = 0; i < l->nslots; i++)
+        l->state[i] = SLOT_FREE;
+    l->held = l->nslots;
+    l->generation++;
+    return BW_OK;
+}
+
+/* Decodes a cursor (binary, or text when it starts with the text prefix). */
+static int decode_cursor(bw_loader *l, const uint8_t *data, size_t len, bw_arena *a,
+                         Batchwire__V1__Cursor **c)
+{
+    char why[512];
+    if (bw__cursor_decode(data, len, a, c, why, sizeof(why)) != BW_OK)
+        return fail(l, BW_CORRUPT, "cursor refused: %s", why);
+    return BW_OK;
+}
+
+/* Checks a decoded cursor against this job and rank. */
+static int check_cursor(bw_loader *l, const Batchwire__V1__Cursor *c)
+{
+    const Batchwire__V1__JobSummary *job = l->session.summary;
+    if (strcmp(c->job, job->name) != 0 || c->job_fingerprint != l->job_fingerprint)
+        return fail(l, BW_MISMATCH,
+                    "cursor refused: it belongs to job '%s' (fingerprint %016" PRIx64
+                    "), not to job '%s' (fingerprint %016" PRIx64 ")",
+                    c->job, c->job_fingerprint, job->name, l->job_fingerprint);
+    if (c->rank != l->rank && c->world_size == l->world)
+        return fail(l, BW_MISMATCH, "cursor refused: it is rank %u's, and this loader is rank %u",
+                    c->rank, l->rank);
+    return BW_OK;
+}
+
+static int start(const bw_loader_options *o, const void *cursor, size_t cursor_len, bw_loader **out,
+                 char *err, size_t errlen)
+{
+    *out = NULL;
+    bw_loader *l = calloc(1, sizeof(*l));
+    if (!l)
+        return BW_NOMEM;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    int64_t rank, world;
+    bw_arena ca;
+    bw__arena_init(&ca, 0);
+    Batchwire__V1__Cursor *given = NULL;
+    int rc = bw__loader_parse_options(o, &l->jr, &rank, &world, err, errlen);
+    /* A malformed cursor is refused before anything is claimed. */
+    if (rc == BW_OK && cursor) {
+        size_t n = cursor_len == 0 ? strlen(cursor) : cursor_len;
+        if ((rc = decode_cursor(l, cursor, n, &ca, &given)) != BW_OK)
+            snprintf(err, errlen, "%s", l->err);
+    }
+    if (rc == BW_OK)
+        rc = bw__session_open(&l->session, o, &l->jr, (uint32_t)rank, (uint32_t)world, err, errlen);
+    if (rc != BW_OK) {
+        bw__arena_reset(&ca);
+        bw_loader_close(l);
+        return rc;
+    }
+    const Batchwire__V1__JobSummary *job = l->session.summary;
+    l->rank = (uint32_t)rank;
+    l->world = (uint32_t)world;
+    l->job_fingerprint = job->fingerprint;
+    l->num_samples = job->dataset->length;
+    l->fctx.session = &l->session;
+    l->fctx.dataset = job->config->dataset;
+    l->fctx.fingerprint = job->dataset->fingerprint;
+    l->fctx.sample_bytes = job->dataset->layout ? job->dataset->layout->sample_bytes : 0;
+    l->fctx.max_message_bytes = 4u << 20;
+    l->fctx.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
+
+    /* Start where the caller's cursor says, else where the coordinator says this rank
+     * resumes (its committed cursor, an elastic resume point, or the beginning). */
+    uint64_t epoch = 0, step = 0;
+    if (!given && l->session.resume_cursor.len)
+        rc = decode_cursor(l, l->session.resume_cursor.data, l->session.resume_cursor.len, &ca,
+                           &given);
+    if (rc == BW_OK && given && (rc = check_cursor(l, given)) == BW_OK) {
+        epoch = given->epoch;
+        step = given->step;
+    }
+    bw__arena_reset(&ca);
+    if (rc == BW_OK)
+        rc = position(l, epoch, step);
+    size_t max_batch = rc == BW_OK ? bw__sampler_max_batch(l->sampler) : 0;
+    if (rc == BW_OK) {
+        size_t per = max_batch * (size_t)(l->fctx.sample_bytes ? l->fctx.sample_bytes : 1);
+        size_t depth = o->prefetch_batches ? o->prefetch_batches : 1;
+        if (per && o->max_buffer_bytes && depth * per > o->max_buffer_bytes)
+            depth = o->max_buffer_bytes / per;
+        /* One slot is held by the trainer; the rest are in flight. */
+        l->nslots = (depth < 1 ? 1 : depth) + 1;
+        l->slots = calloc(l->nslots, sizeof(*l->slots));
+        l->state = calloc(l->nslots, sizeof(*l->state));
+        if (!l->slots || !l->state)
+            rc = fail(l, BW_NOMEM, "out of memory for %zu batch slots", l->nslots);
+        for (size_t i = 0; rc == BW_OK && i < l->nslots; i++)
+            rc = bw__batch_init(&l->slots[i], max_batch);
+        l->held = l->nslots;
+    }
+    if (rc != BW_OK) {
+        snprintf(err, errlen, "%s", l->err);
+        bw_loader_close(l);
+        return rc;
+    }
+    l->nthreads = l->nslots - 1;
+    l->threads = calloc(l->nthreads, sizeof(*l->threads));
+    for (size_t i = 0; l->threads && i < l->nthreads; i++)
+        if (pthread_create(&l->threads[i], NULL, fetch_thread, l) != 0) {
+            l->nthreads = i;
+            break;
+        }
+    if (!l->threads || l->nthreads == 0) {
+        snprintf(err, errlen, "cannot start fetch threads");
+        bw_loader_close(l);
+        return BW_INTERNAL;
+    }
+    BW_INFO("job=%s rank=%u/%u joined: %" PRIu64 " samples, epoch %" PRIu64 " step %" PRIu64
+            ", %zu batches in flight",
+            job->name, l->rank, l->world, l->num_samples, epoch, step, l->nthreads);
+    *out = l;
+    return BW_OK;
+}
+
+int bw_loader_open(const bw_loader_options *o, bw_loader **out, char *err, size_t errlen)
+{
+    return start(o, NULL, 0, out, err, errlen);
+}
+
+int bw_loader_open_at(const bw_loader_options *o, const void *cursor, size_t len, bw_loader **out,
+                      char *err, size_t errlen)
+{
+    if (!cursor) {
+        snprintf(err, errlen, "cursor: none given");
+        return BW_INVALID_ARGUMENT;
+    }
+    return start(o, cursor, len, out, err, errlen);
+}
+
+int bw_loader_next(bw_loader *l, const bw_batch **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&l->mu);
+    if (l->held < l->nslots) {
+        l->state[l->held] = SLOT_FREE;
+        l->held = l->nslots;
+        pthread_cond_broadcast(&l->cv);
+    }
+    if (l->next_deliver >= l->end_step) {
+        pthread_mutex_unlock(&l->mu);
+        fail(l, BW_END_OF_EPOCH, "epoch %" PRIu64 " is over after %" PRIu64 " steps", l->epoch,
+             l->end_step);
+        return BW_END_OF_EPOCH;
+    }
+    size_t slot = (size_t)(l->next_deliver % l->nslots);
+    while (l->state[slot] != SLOT_READY)
+        pthread_cond_wait(&l->cv, &l->mu);
+    bw_batch *b = &l->slots[slot];
+    if (b->rc != BW_OK) {
+        /* Try once more now (placement may have changed); keep the step on failure so the
+         * caller can call again. */
+        l->state[slot] = SLOT_FETCHING;
+        pthread_mutex_unlock(&l->mu);
+        int rc = bw__fetch_batch(&l->fctx, b);
+        pthread_mutex_lock(&l->mu);
+        l->state[slot] = SLOT_READY;
+        if (rc != BW_OK) {
+            snprintf(l->err, sizeof(l->err), "%s", b->err);
+            pthread_mutex_unlock(&l->mu);
+            return rc;
+        }
+    }
+    l->state[slot] = SLOT_HELD;
+    l->held = slot;
+    l->next_deliver++;
+    pthread_mutex_unlock(&l->mu);
+    *out = b;
+    return BW_OK;
+}
+
+int bw_loader_next_epoch(bw_loader *l)
+{
+    pthread_mutex_lock(&l->mu);
+    l->generation++; /* fetches in progress are for the old epoch: discard them */
+    for (;;) {
+        bool busy = false;
+        for (size_t i = 0; i < l->nslots; i++)
+            busy |= l->state[i] == SLOT_FETCHING;
+        if (!busy)
+            break;
+        pthread_cond_wait(&l->cv, &l->mu);
+    }
+    int rc = position(l, l->epoch + 1, 0);
+    if (rc == BW_MISMATCH && l->sampler) {
+        /* The next epoch starts with a world this rank is not part of. */
+        rc = fail(l, BW_MISMATCH, "%s", l->err);
+    }
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+/* The cursor after the last batch handed out. */
+static uint8_t *current_cursor(bw_loader *l, size_t *len)
+{
+    Batchwire__V1__Cursor c = BATCHWIRE__V1__CURSOR__INIT;
+    pthread_mutex_lock(&l->mu);
+    c.version = BW_CURSOR_VERSION;
+    c.job = l->session.summary->name;
+    c.job_fingerprint = l->job_fingerprint;
+    c.rank = l->rank;
+    c.world_size = l->world;
+    c.epoch = l->epoch;
+    c.step = l->next_deliver;
+    pthread_mutex_unlock(&l->mu);
+    return bw__cursor_encode(&c, len);
+}
+
+int bw_loader_cursor(bw_loader *l, void *buf, size_t *len)
+{
+    size_t n;
+    uint8_t *c = current_cursor(l, &n);
+    int rc = BW_OK;
+    if (n > *len)
+        rc = fail(l, BW_TOO_BIG, "the cursor needs %zu bytes; the buffer has %zu", n, *len);
+    else
+        memcpy(buf, c, n);
+    *len = n;
+    free(c);
+    return rc;
+}
+
+int bw_loader_cursor_text(bw_loader *l, char *buf, size_t buflen)
+{
+    size_t n;
+    uint8_t *c = current_cursor(l, &n);
+    size_t w = bw__cursor_to_text(c, n, buf, buflen);
+    free(c);
+    if (w == 0)
+        return fail(l, BW_TOO_BIG, "the cursor's text needs %zu bytes; the buffer has %zu",
+                    bw__cursor_text_len(n) + 1, buflen);
+    return BW_OK;
+}
+
+int bw_loader_commit(bw_loader *l)
+{
+    size_t n;
+    uint8_t *c = current_cursor(l, &n);
+    int rc = bw__session_commit(&l->session, c, n, l->err, sizeof(l->err));
+    free(c);
+    return rc;
+}
+
+const char *bw_loader_errmsg(const bw_loader *l)
+{
+    return l ? l->err : "";
+}
+
+int64_t bw_loader_rank(const bw_loader *l)
+{
+    return l->rank;
+}
+
+int64_t bw_loader_world_size(const bw_loader *l)
+{
+    return l->world;
+}
+
+uint64_t bw_loader_num_samples(const bw_loader *l)
+{
+    return l->num_samples;
+}
+
+void bw_loader_close(bw_loader *l)
+{
+    if (!l)
+        return;
+    pthread_mutex_lock(&l->mu);
+    l->stopping = true;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    for (size_t i = 0; i < l->nthreads; i++)
+        pthread_join(l->threads[i], NULL);
+    free(l->threads);
+    for (size_t i = 0; l->slots && i < l->nslots; i++)
+        bw__batch_free(&l->slots[i]);
+    free(l->slots);
+    free(l->state);
+    bw__sampler_free(l->sampler);
+    bw__session_close(&l->session);
+    bw__job_request_free(&l->jr);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    free(l);
+}

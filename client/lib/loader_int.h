@@ -1,0 +1,145 @@
+/* Internals of libbatchwire's loader: shared by options.c, session.c, fetch.c, loader.c and
+ * batch.c. Nothing here is part of the public API. */
+#ifndef BW_CLIENT_LOADER_INT_H
+#define BW_CLIENT_LOADER_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "batchwire/loader.h"
+#include "common/arena.h"
+#include "data.pb-c.h"
+#include "jobs.pb-c.h"
+#include "rpc/client.h"
+#include "sampler/sampler.h"
+
+enum {
+    BW_LOADER_NUM_SHARDS = 256, /* storage shards samples are routed by (modulo) */
+    BW_LOADER_MAX_NDIM = 16,
+    BW_LOADER_ERRLEN = 1024,
+};
+
+/* ---- options.c ---- */
+
+/* The job's name, dataset and sampler settings as protobuf messages, owned by the loader. */
+typedef struct bw__job_request {
+    char *name;
+    char *format;
+    char **sources;
+    size_t nsources;
+    Batchwire__V1__Dataset dataset;
+    Batchwire__V1__SamplerConfig sampler;
+    Batchwire__V1__JobConfig config;
+} bw__job_request;
+
+/* Validates options, resolves rank and world size (options, then RANK/WORLD_SIZE, then
+ * SLURM_PROCID/SLURM_NTASKS) and builds the job request. */
+int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, int64_t *rank,
+                             int64_t *world, char *err, size_t errlen);
+void bw__job_request_free(bw__job_request *jr);
+
+/* ---- session.c: the coordinator side ---- */
+
+typedef struct bw__worker_ref {
+    char *id;
+    char *address;
+    bw_rpc_channel *ch; /* opened on first use */
+    bool suspect;       /* failed recently: route around it until placement changes */
+} bw__worker_ref;
+
+/* One placement table, immutable once published; readers take a reference. */
+typedef struct bw__placement {
+    atomic_int refs;
+    uint64_t version;
+    size_t nworkers;
+    bw__worker_ref *workers; /* sorted by id */
+    uint32_t num_shards;
+    uint32_t *owners; /* owners[shard] = index into workers */
+} bw__placement;
+
+void bw__placement_put(bw__placement *p);
+
+typedef struct bw__session {
+    bw_rpc_channel *coord;
+    bw_rpc_channel_opts chopts; /* for worker channels (target replaced) */
+    int timeout_ms;
+    char *job;
+    uint32_t rank, world;
+    uint64_t lease_id;
+    uint32_t heartbeat_ms;
+    bw_arena job_arena; /* holds `summary` */
+    Batchwire__V1__JobSummary *summary;
+    ProtobufCBinaryData resume_cursor; /* where JoinJob says this rank resumes */
+
+    pthread_mutex_t mu; /* guards placement, channel cache */
+    pthread_cond_t cv;
+    bw__placement *placement;
+    atomic_uint_fast64_t seen_version; /* newest placement version announced */
+    /* worker channels by address, kept across placement versions */
+    size_t nchannels, capchannels;
+    char **channel_addrs;
+    bw_rpc_channel **channels;
+
+    pthread_t hb_thread;
+    bool hb_started, stopping;
+    char hb_err[BW_LOADER_ERRLEN];
+} bw__session;
+
+/* Connects, creates or joins the job, takes the rank's lease and fetches placement. */
+int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_request *jr,
+                     uint32_t rank, uint32_t world, char *err, size_t errlen);
+void bw__session_close(bw__session *s);
+
+/* The current placement (a reference: release with bw__placement_put). Refreshes it first
+ * when `refresh` is set or a newer version was announced; keeps the old table if the
+ * coordinator cannot be reached. NULL when no table has ever been fetched. */
+bw__placement *bw__session_placement(bw__session *s, bool refresh, char *err, size_t errlen);
+
+/* The channel to a worker address (cached). */
+bw_rpc_channel *bw__session_worker_channel(bw__session *s, const char *address, char *err,
+                                           size_t errlen);
+
+/* Records a cursor durably with the coordinator. */
+int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen);
+
+/* ---- batch.c ---- */
+
+struct bw_batch {
+    uint64_t epoch, step;
+    size_t count, real;
+    uint64_t *indices;
+    uint8_t *padding;
+    size_t *offsets, *sizes; /* per sample, into data */
+    uint8_t *data;
+    size_t nbytes, cap;
+    const char *dtype; /* npy: borrowed from the job summary */
+    size_t ndim;
+    uint64_t shape[BW_LOADER_MAX_NDIM];
+    int rc; /* fetch result */
+    char err[BW_LOADER_ERRLEN];
+};
+
+/* Sizes the per-sample arrays for up to max_count samples. */
+int bw__batch_init(bw_batch *b, size_t max_count);
+void bw__batch_free(bw_batch *b);
+/* Makes room for nbytes of data (keeps the buffer when it is large enough). */
+int bw__batch_reserve(bw_batch *b, size_t nbytes);
+
+/* ---- fetch.c ---- */
+
+typedef struct bw__fetch_ctx {
+    bw__session *session;
+    const Batchwire__V1__Dataset *dataset;
+    const char *fingerprint; /* the dataset's, checked by workers */
+    uint64_t sample_bytes;   /* fixed sample size, 0 if samples differ */
+    uint32_t max_message_bytes;
+    int timeout_ms;
+} bw__fetch_ctx;
+
+/* Fills b->data with the bytes of b->indices[0..count) in order, from the workers that own
+ * them, failing over to other workers as placement changes. On error b->err says why. */
+int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b);
+
+#endif

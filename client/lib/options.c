@@ -1,0 +1,232 @@
+/* Loader options: defaults, validation, rank and world size from the launcher's environment,
+ * and the job request sent to the coordinator. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader_int.h"
+
+void bw_loader_options_init(bw_loader_options *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->rank = -1;
+    o->world_size = -1;
+    o->mode = "torch";
+    o->batch_size = 1;
+    o->shuffle_algo = "torch";
+    o->even_batches = 1;
+    o->prefetch_batches = 4;
+    o->max_buffer_bytes = (size_t)1 << 30;
+    o->timeout_ms = 10000;
+    o->device = -1;
+}
+
+/* Reads a non-negative integer from the environment; 1 if absent, 0 ok, -1 malformed. */
+static int env_u32(const char *name, int64_t *out, char *err, size_t errlen)
+{
+    const char *v = getenv(name);
+    if (!v)
+        return 1;
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || errno || x < 0 || x > (1 << 24)) {
+        snprintf(err, errlen, "environment variable %s='%s' is not a rank or world size", name, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int resolve_rank(const bw_loader_options *o, int64_t *rank, int64_t *world, char *err,
+                        size_t errlen)
+{
+    *rank = o->rank;
+    *world = o->world_size;
+    const char *rank_src = "the options", *world_src = "the options";
+    if (*rank < 0) {
+        int r = env_u32("RANK", rank, err, errlen);
+        rank_src = "RANK";
+        if (r == 1) {
+            r = env_u32("SLURM_PROCID", rank, err, errlen);
+            rank_src = "SLURM_PROCID";
+        }
+        if (r < 0)
+            return BW_INVALID_ARGUMENT;
+        if (r == 1) {
+            snprintf(err, errlen,
+                     "rank not given: set it in the options, or RANK (torchrun) or "
+                     "SLURM_PROCID (srun)");
+            return BW_INVALID_ARGUMENT;
+        }
+    }
+    if (*world < 0) {
+        int r = env_u32("WORLD_SIZE", world, err, errlen);
+        world_src = "WORLD_SIZE";
+        if (r == 1) {
+            r = env_u32("SLURM_NTASKS", world, err, errlen);
+            world_src = "SLURM_NTASKS";
+        }
+        if (r < 0)
+            return BW_INVALID_ARGUMENT;
+        if (r == 1) {
+            snprintf(err, errlen,
+                     "world size not given: set it in the options, or WORLD_SIZE "
+                     "(torchrun) or SLURM_NTASKS (srun)");
+            return BW_INVALID_ARGUMENT;
+        }
+    }
+    if (*world < 1 || *rank >= *world) {
+        snprintf(err, errlen,
+                 "rank %" PRId64 " (from %s) is not below world size %" PRId64 " (from %s)", *rank,
+                 rank_src, *world, world_src);
+        return BW_INVALID_ARGUMENT;
+    }
+    return BW_OK;
+}
+
+static const char *const formats[] = {"npy", "tfrecord", "jsonl", "text", "tar", "files"};
+
+/* "npy:a/x*.npy,b.npy" gives format "npy" and sources "a/x*.npy" and "b.npy". */
+static int parse_dataset(const char *spec, bw__job_request *jr, char *err, size_t errlen)
+{
+    const char *colon = spec ? strchr(spec, ':') : NULL;
+    if (!colon || colon == spec || colon[1] == '\0') {
+        snprintf(err, errlen,
+                 "dataset '%s': expected FORMAT:PATH[,PATH...] with FORMAT one of "
+                 "npy, tfrecord, jsonl, text, tar, files",
+                 spec ? spec : "(none)");
+        return BW_INVALID_ARGUMENT;
+    }
+    jr->format = strndup(spec, (size_t)(colon - spec));
+    if (!jr->format)
+        return BW_NOMEM;
+    int known = 0;
+    for (size_t i = 0; i < sizeof(formats) / sizeof(formats[0]); i++)
+        known |= strcmp(jr->format, formats[i]) == 0;
+    if (!known) {
+        snprintf(err, errlen,
+                 "dataset '%s': unknown format '%s' (npy, tfrecord, jsonl, text, "
+                 "tar or files)",
+                 spec, jr->format);
+        return BW_INVALID_ARGUMENT;
+    }
+    const char *p = colon + 1;
+    size_t n = 1;
+    for (const char *q = p; *q; q++)
+        n += *q == ',';
+    jr->sources = calloc(n, sizeof(char *));
+    if (!jr->sources)
+        return BW_NOMEM;
+    while (*p) {
+        size_t len = strcspn(p, ",");
+        if (len == 0) {
+            snprintf(err, errlen, "dataset '%s': empty path in the list", spec);
+            return BW_INVALID_ARGUMENT;
+        }
+        if (!(jr->sources[jr->nsources++] = strndup(p, len)))
+            return BW_NOMEM;
+        p += len + (p[len] == ',');
+    }
+    return BW_OK;
+}
+
+int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, int64_t *rank,
+                             int64_t *world, char *err, size_t errlen)
+{
+    memset(jr, 0, sizeof(*jr));
+    if (!o->coordinator || !*o->coordinator) {
+        snprintf(err, errlen, "coordinator: no address given (HOST:PORT)");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (!o->job || !*o->job || strlen(o->job) > 200) {
+        snprintf(err, errlen, "job: a name of 1 to 200 characters is required");
+        return BW_INVALID_ARGUMENT;
+    }
+    int rc = resolve_rank(o, rank, world, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    int mode = bw__sampler_mode_parse(o->mode ? o->mode : "torch");
+    int algo = bw__shuffle_algo_parse(o->shuffle_algo ? o->shuffle_algo : "torch");
+    if (mode < 0) {
+        snprintf(err, errlen, "mode '%s': expected torch, accelerate or iterable", o->mode);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (algo < 0) {
+        snprintf(err, errlen, "shuffle_algo '%s': expected torch or feistel", o->shuffle_algo);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (mode == BW__MODE_ITERABLE) {
+        snprintf(err, errlen,
+                 "mode iterable: streaming datasets are not served by the loader yet "
+                 "(torch and accelerate modes read map-style datasets)");
+        return BW_UNIMPLEMENTED;
+    }
+    if (o->batch_size < 1) {
+        snprintf(err, errlen, "batch_size must be at least 1");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (o->device >= 0) {
+        snprintf(err, errlen,
+                 "device cuda:%d: this libbatchwire was built without CUDA; batches "
+                 "stay in host memory (device -1)",
+                 o->device);
+        return BW_NO_DEVICE;
+    }
+    if (!(jr->name = strdup(o->job)))
+        return BW_NOMEM;
+    if ((rc = parse_dataset(o->dataset, jr, err, errlen)) != BW_OK)
+        return rc;
+
+    /* The same configuration the sampler checks, so a bad one is refused before any call. */
+    bw__sampler_cfg sc;
+    bw__sampler_cfg_init(&sc);
+    sc.mode = (bw__sampler_mode)mode;
+    sc.num_samples = 1u << 20; /* the real length comes from the job */
+    sc.world_size = (uint64_t)*world;
+    sc.batch_size = o->batch_size;
+    sc.shuffle = o->shuffle != 0;
+    sc.seed = (uint64_t)o->seed;
+    sc.shuffle_algo = (bw__shuffle_algo)algo;
+    sc.drop_last = o->drop_last != 0;
+    sc.sampler_drop_last = o->sampler_drop_last != 0;
+    sc.split_batches = o->split_batches != 0;
+    sc.even_batches = o->even_batches != 0;
+    if ((rc = bw__sampler_cfg_check(&sc, err, errlen)) != BW_OK)
+        return rc;
+
+    batchwire__v1__dataset__init(&jr->dataset);
+    jr->dataset.format = jr->format;
+    jr->dataset.n_sources = jr->nsources;
+    jr->dataset.sources = jr->sources;
+    batchwire__v1__sampler_config__init(&jr->sampler);
+    jr->sampler.mode = mode == BW__MODE_ACCELERATE
+                           ? BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ACCELERATE
+                           : BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_TORCH;
+    jr->sampler.batch_size = o->batch_size;
+    jr->sampler.shuffle = sc.shuffle;
+    jr->sampler.seed = o->seed;
+    jr->sampler.shuffle_algo = algo == BW__SHUFFLE_FEISTEL
+                                   ? BATCHWIRE__V1__SHUFFLE_ALGO__SHUFFLE_ALGO_FEISTEL
+                                   : BATCHWIRE__V1__SHUFFLE_ALGO__SHUFFLE_ALGO_TORCH;
+    jr->sampler.drop_last = sc.drop_last;
+    jr->sampler.sampler_drop_last = sc.sampler_drop_last;
+    jr->sampler.split_batches = sc.split_batches;
+    jr->sampler.uneven_batches = !sc.even_batches;
+    batchwire__v1__job_config__init(&jr->config);
+    jr->config.dataset = &jr->dataset;
+    jr->config.sampler = &jr->sampler;
+    return BW_OK;
+}
+
+void bw__job_request_free(bw__job_request *jr)
+{
+    free(jr->name);
+    free(jr->format);
+    for (size_t i = 0; i < jr->nsources; i++)
+        free(jr->sources[i]);
+    free(jr->sources);
+    memset(jr, 0, sizeof(*jr));
+}

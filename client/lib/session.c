@@ -1,0 +1,288 @@
+/* The loader's side of the coordinator: create or join the job, hold the rank's lease with
+ * heartbeats, fetch placement, commit cursors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "loader_int.h"
+
+void bw__placement_put(bw__placement *p)
+{
+    if (!p || atomic_fetch_sub(&p->refs, 1) != 1)
+        return;
+    for (size_t i = 0; i < p->nworkers; i++) {
+        free(p->workers[i].id);
+        free(p->workers[i].address);
+    }
+    free(p->workers);
+    free(p->owners);
+    free(p);
+}
+
+bw_rpc_channel *bw__session_worker_channel(bw__session *s, const char *address, char *err,
+                                           size_t errlen)
+{
+    bw_rpc_channel *ch = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nchannels && !ch; i++)
+        if (strcmp(s->channel_addrs[i], address) == 0)
+            ch = s->channels[i];
+    if (!ch) {
+        bw_rpc_channel_opts o = s->chopts;
+        o.target = address;
+        if (bw__rpc_channel_open(&o, &ch, err, errlen) == BW_OK) {
+            if (s->nchannels == s->capchannels) {
+                size_t cap = s->capchannels ? s->capchannels * 2 : 8;
+                char **a = realloc(s->channel_addrs, cap * sizeof(*a));
+                bw_rpc_channel **c = a ? realloc(s->channels, cap * sizeof(*c)) : NULL;
+                if (a)
+                    s->channel_addrs = a;
+                if (!a || !c)
+                    abort();
+                s->channels = c;
+                s->capchannels = cap;
+            }
+            s->channel_addrs[s->nchannels] = strdup(address);
+            s->channels[s->nchannels++] = ch;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return ch;
+}
+
+static int fetch_placement(bw__session *s, bw__placement **out, char *err, size_t errlen)
+{
+    Batchwire__V1__PlacementRequest req = BATCHWIRE__V1__PLACEMENT_REQUEST__INIT;
+    req.num_shards = BW_LOADER_NUM_SHARDS;
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    ProtobufCMessage *resp = NULL;
+    int rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_PLACEMENT_GET), &req.base, &a, &resp,
+                          s->timeout_ms, err, errlen);
+    if (rc == BW_OK) {
+        const Batchwire__V1__PlacementTable *t = (const void *)resp;
+        if (t->n_owners != BW_LOADER_NUM_SHARDS && t->n_workers > 0) {
+            snprintf(err, errlen, "placement table lists %zu owners for %u shards", t->n_owners,
+                     BW_LOADER_NUM_SHARDS);
+            rc = BW_PROTOCOL;
+        } else {
+            bw__placement *p = calloc(1, sizeof(*p));
+            p->workers = calloc(t->n_workers ? t->n_workers : 1, sizeof(*p->workers));
+            p->owners = calloc(BW_LOADER_NUM_SHARDS, sizeof(*p->owners));
+            if (!p || !p->workers || !p->owners)
+                abort();
+            atomic_init(&p->refs, 1);
+            p->version = t->version;
+            p->nworkers = t->n_workers;
+            p->num_shards = BW_LOADER_NUM_SHARDS;
+            for (size_t i = 0; i < t->n_workers; i++) {
+                p->workers[i].id = strdup(t->workers[i]->id);
+                p->workers[i].address = strdup(t->workers[i]->address);
+            }
+            for (size_t i = 0; i < t->n_owners; i++) {
+                if (t->owners[i] >= t->n_workers) {
+                    snprintf(err, errlen, "placement table: owner %u of shard %zu is not a worker",
+                             t->owners[i], i);
+                    bw__placement_put(p);
+                    bw__arena_reset(&a);
+                    return BW_PROTOCOL;
+                }
+                p->owners[i] = t->owners[i];
+            }
+            *out = p;
+        }
+    }
+    bw__arena_reset(&a);
+    return rc;
+}
+
+bw__placement *bw__session_placement(bw__session *s, bool refresh, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&s->mu);
+    bw__placement *cur = s->placement;
+    bool stale = refresh || !cur || atomic_load(&s->seen_version) > cur->version;
+    pthread_mutex_unlock(&s->mu);
+    if (stale) {
+        bw__placement *fresh = NULL;
+        if (fetch_placement(s, &fresh, err, errlen) == BW_OK) {
+            pthread_mutex_lock(&s->mu);
+            if (!s->placement || fresh->version >= s->placement->version) {
+                bw__placement_put(s->placement);
+                s->placement = fresh;
+                BW_DEBUG("job=%s rank=%u placement version %llu: %zu workers", s->job, s->rank,
+                         (unsigned long long)fresh->version, fresh->nworkers);
+            } else {
+                bw__placement_put(fresh);
+            }
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    cur = s->placement;
+    if (cur)
+        atomic_fetch_add(&cur->refs, 1);
+    pthread_mutex_unlock(&s->mu);
+    return cur;
+}
+
+static void *lease_thread(void *arg)
+{
+    bw__session *s = arg;
+    char err[BW_LOADER_ERRLEN];
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping) {
+        struct timespec until = bw__mono_deadline(s->heartbeat_ms);
+        while (!s->stopping && pthread_cond_timedwait(&s->cv, &s->mu, &until) == 0)
+            ;
+        if (s->stopping)
+            break;
+        pthread_mutex_unlock(&s->mu);
+        Batchwire__V1__LeaseHeartbeatRequest req = BATCHWIRE__V1__LEASE_HEARTBEAT_REQUEST__INIT;
+        req.job = s->job;
+        req.rank = s->rank;
+        req.lease_id = s->lease_id;
+        bw_arena a;
+        bw__arena_init(&a, 0);
+        ProtobufCMessage *resp = NULL;
+        int rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), &req.base, &a, &resp,
+                              s->timeout_ms, err, sizeof(err));
+        if (rc == BW_OK) {
+            const Batchwire__V1__LeaseHeartbeatResponse *r = (const void *)resp;
+            uint64_t seen = atomic_load(&s->seen_version);
+            while (r->placement_version > seen &&
+                   !atomic_compare_exchange_weak(&s->seen_version, &seen, r->placement_version))
+                ;
+        }
+        bw__arena_reset(&a);
+        pthread_mutex_lock(&s->mu);
+        if (rc != BW_OK && strcmp(err, s->hb_err) != 0) {
+            /* Keep going: prefetched batches carry the trainer while the coordinator is away. */
+            BW_WARN("job=%s rank=%u lease heartbeat failed (will retry): %s", s->job, s->rank, err);
+            snprintf(s->hb_err, sizeof(s->hb_err), "%s", err);
+        } else if (rc == BW_OK) {
+            s->hb_err[0] = '\0';
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_request *jr,
+                     uint32_t rank, uint32_t world, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof(*s));
+    pthread_mutex_init(&s->mu, NULL);
+    bw__cond_init_mono(&s->cv);
+    bw__arena_init(&s->job_arena, 0);
+    s->rank = rank;
+    s->world = world;
+    s->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
+    s->job = strdup(jr->name);
+    /* Copies: the caller's strings are borrowed for bw_loader_open only, and worker channels
+     * open later. Workers are verified by their own names (no server-name override). */
+    s->chopts.tls.ca = o->tls_ca ? strdup(o->tls_ca) : NULL;
+    s->chopts.tls.cert = o->tls_cert ? strdup(o->tls_cert) : NULL;
+    s->chopts.tls.key = o->tls_key ? strdup(o->tls_key) : NULL;
+    s->chopts.max_receive_bytes = 64 << 20;
+    bw_rpc_channel_opts co = s->chopts;
+    co.target = o->coordinator;
+    co.tls.server_name = o->tls_server_name;
+    int rc = bw__rpc_channel_open(&co, &s->coord, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+
+    Batchwire__V1__GetOrCreateJobRequest creq = BATCHWIRE__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
+    creq.name = jr->name;
+    creq.config = (Batchwire__V1__JobConfig *)&jr->config;
+    creq.world_size = world;
+    ProtobufCMessage *resp = NULL;
+    rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_GET_OR_CREATE), &creq.base, &s->job_arena,
+                      &resp, s->timeout_ms, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+
+    char host[256];
+    bw__hostname(host, sizeof(host));
+    Batchwire__V1__Holder holder = BATCHWIRE__V1__HOLDER__INIT;
+    holder.host = host;
+    holder.pid = (uint32_t)getpid();
+    Batchwire__V1__JoinJobRequest jreq = BATCHWIRE__V1__JOIN_JOB_REQUEST__INIT;
+    jreq.job = jr->name;
+    jreq.rank = rank;
+    jreq.world_size = world;
+    jreq.holder = &holder;
+    rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_JOIN), &jreq.base, &s->job_arena, &resp,
+                      s->timeout_ms, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    const Batchwire__V1__JoinJobResponse *jresp = (const void *)resp;
+    if (!jresp->job || !jresp->job->dataset || !jresp->job->config ||
+        !jresp->job->config->sampler || jresp->job->n_history == 0) {
+        snprintf(err, errlen, "JoinJob to %s: the response lacks the job's description",
+                 o->coordinator);
+        return BW_PROTOCOL;
+    }
+    s->summary = jresp->job;
+    s->resume_cursor = jresp->cursor;
+    s->lease_id = jresp->lease_id;
+    s->heartbeat_ms = jresp->heartbeat_ms ? jresp->heartbeat_ms : 1000;
+    atomic_store(&s->seen_version, jresp->placement_version);
+
+    bw__placement *p = bw__session_placement(s, true, err, errlen);
+    if (!p)
+        return BW_UNAVAILABLE;
+    bw__placement_put(p);
+    if (pthread_create(&s->hb_thread, NULL, lease_thread, s) != 0) {
+        snprintf(err, errlen, "cannot start the lease heartbeat thread");
+        return BW_INTERNAL;
+    }
+    s->hb_started = true;
+    return BW_OK;
+}
+
+int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen)
+{
+    Batchwire__V1__CommitCursorRequest req = BATCHWIRE__V1__COMMIT_CURSOR_REQUEST__INIT;
+    req.job = s->job;
+    req.rank = s->rank;
+    req.lease_id = s->lease_id;
+    req.cursor.data = (uint8_t *)cursor;
+    req.cursor.len = len;
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    ProtobufCMessage *resp = NULL;
+    int rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_COMMIT_CURSOR), &req.base, &a, &resp,
+                          s->timeout_ms, err, errlen);
+    bw__arena_reset(&a);
+    return rc;
+}
+
+void bw__session_close(bw__session *s)
+{
+    if (s->hb_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stopping = true;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->hb_thread, NULL);
+    }
+    for (size_t i = 0; i < s->nchannels; i++) {
+        bw__rpc_channel_close(s->channels[i]);
+        free(s->channel_addrs[i]);
+    }
+    free(s->channels);
+    free(s->channel_addrs);
+    bw__placement_put(s->placement);
+    bw__rpc_channel_close(s->coord);
+    bw__arena_reset(&s->job_arena);
+    free((void *)s->chopts.tls.ca);
+    free((void *)s->chopts.tls.cert);
+    free((void *)s->chopts.tls.key);
+    free(s->job);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    memset(s, 0, sizeof(*s));
+}
