@@ -76,9 +76,9 @@ void bw__jobs_sampler_cfg(const Batchwire__V1__JobConfig *cfg, uint64_t num_samp
 void bw__jobs_diff(const ProtobufCMessageDescriptor *desc, const ProtobufCMessage *a,
                    const ProtobufCMessage *b, char *out, size_t outlen);
 
-/* The job's fingerprint: SHA-256 of its configuration and dataset description, first 8
- * bytes; never 0. */
-uint64_t bw__jobs_fingerprint(const Batchwire__V1__JobConfig *cfg,
+/* The job's fingerprint: SHA-256 of its name, configuration and dataset description, first
+ * 8 bytes; never 0. Two jobs with one configuration still differ. */
+uint64_t bw__jobs_fingerprint(const char *name, const Batchwire__V1__JobConfig *cfg,
                               const Batchwire__V1__DatasetInfo *info);
 
 /* Printable, 1..max-1 bytes of letters, digits and -_.:/@+ ; writes why not to err. */

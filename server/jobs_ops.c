@@ -214,7 +214,7 @@ int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
     c.name = req->name;
     c.config = req->config;
     c.dataset = (Batchwire__V1__DatasetInfo *)info;
-    c.fingerprint = bw__jobs_fingerprint(req->config, info);
+    c.fingerprint = bw__jobs_fingerprint(req->name, req->config, info);
     c.world_size = req->world_size;
     c.created_unix_ms = bw__unix_ms();
     Batchwire__V1__JournalRecord rec = BATCHWIRE__V1__JOURNAL_RECORD__INIT;
@@ -313,13 +313,15 @@ int bw__jobs_join(bw_jobs *s, const Batchwire__V1__JoinJobRequest *req, bw_arena
     bw_job *job;
     bw_rank_state *r;
     uint64_t now = bw__mono_ms();
-    rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
-    if (rc == BW_OK && req->world_size != job->world_size) {
+    job = bw__jobs_find(s, req->job);
+    if (job && req->world_size != job->world_size) {
         snprintf(err, errlen,
                  "world_size %u does not match job '%s''s world size %u; to continue with %u "
                  "ranks, resume the job elastically (ResumeElastic) from every rank's cursor",
                  req->world_size, req->job, job->world_size, req->world_size);
         rc = BW_FAILED_PRECONDITION;
+    } else {
+        rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
     }
     bool same = rc == BW_OK && r->leased && strcmp(r->host, req->holder->host) == 0 &&
                 r->pid == req->holder->pid;

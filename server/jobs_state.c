@@ -674,19 +674,21 @@ void bw__jobs_diff(const ProtobufCMessageDescriptor *desc, const ProtobufCMessag
     diff_rec(desc, a, b, "", out, outlen);
 }
 
-uint64_t bw__jobs_fingerprint(const Batchwire__V1__JobConfig *cfg,
+uint64_t bw__jobs_fingerprint(const char *name, const Batchwire__V1__JobConfig *cfg,
                               const Batchwire__V1__DatasetInfo *info)
 {
+    size_t ln = strlen(name) + 1; /* with its NUL: "ab"+cfg never equals "a"+"b"cfg */
     size_t la = batchwire__v1__job_config__get_packed_size(cfg);
     size_t lb = batchwire__v1__dataset_info__get_packed_size(info);
-    uint8_t *buf = malloc(la + lb + 1);
+    uint8_t *buf = malloc(ln + la + lb);
     if (!buf)
         abort();
-    batchwire__v1__job_config__pack(cfg, buf);
-    batchwire__v1__dataset_info__pack(info, buf + la);
+    memcpy(buf, name, ln);
+    batchwire__v1__job_config__pack(cfg, buf + ln);
+    batchwire__v1__dataset_info__pack(info, buf + ln + la);
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
-    EVP_Digest(buf, la + lb, md, &mdlen, EVP_sha256(), NULL);
+    EVP_Digest(buf, ln + la + lb, md, &mdlen, EVP_sha256(), NULL);
     free(buf);
     uint64_t fp = 0;
     for (int i = 0; i < 8; i++)

@@ -5,6 +5,7 @@
 
 #include "common/json.h"
 #include "commands.h"
+#include "status_jobs.h"
 
 typedef struct status_cfg {
     char *coordinator;
@@ -37,7 +38,8 @@ static const char *state_name(Batchwire__V1__WorkerState s)
 }
 
 static void print_json(const Batchwire__V1__InfoResponse *info,
-                       const Batchwire__V1__ListWorkersResponse *lw, const char *target)
+                       const Batchwire__V1__ListWorkersResponse *lw, const bw_status_jobs *jobs,
+                       const char *target)
 {
     printf("{\"coordinator\":{\"address\":");
     bw__json_string(stdout, target);
@@ -72,7 +74,9 @@ static void print_json(const Batchwire__V1__InfoResponse *info,
         }
         putchar('}');
     }
-    printf("]}\n");
+    printf("],");
+    bw__status_jobs_json(jobs);
+    printf("}\n");
 }
 
 static void print_table(const Batchwire__V1__InfoResponse *info,
@@ -112,8 +116,9 @@ int bw__cmd_status(int argc, char **argv)
     status_cfg cfg;
     memset(&cfg, 0, sizeof(cfg));
     int status = bw__config_main("batchwire status", "--coordinator HOST:PORT [--json] [options]",
-                                 "Shows the workers the coordinator knows: id, address, state and "
-                                 "seconds since the last heartbeat.",
+                                 "Shows the workers the coordinator knows (id, address, state, "
+                                 "seconds since the last heartbeat) and its jobs with every "
+                                 "rank's lease and committed progress.",
                                  options, &cfg, argc, argv);
     if (status >= 0) {
         bw__config_free(options, &cfg);
@@ -128,6 +133,8 @@ int bw__cmd_status(int argc, char **argv)
     ProtobufCMessage *info = NULL, *lw = NULL;
     Batchwire__V1__InfoRequest ireq = BATCHWIRE__V1__INFO_REQUEST__INIT;
     Batchwire__V1__ListWorkersRequest lreq = BATCHWIRE__V1__LIST_WORKERS_REQUEST__INIT;
+    bw_status_jobs jobs;
+    memset(&jobs, 0, sizeof(jobs));
     int rc = bw__rpc_channel_open(&co, &ch, err, sizeof(err));
     if (rc == BW_OK)
         rc = bw__rpc_call(ch, BW_METHOD(BW_M_COORDINATOR_INFO), &ireq.base, &arena, &info,
@@ -135,11 +142,15 @@ int bw__cmd_status(int argc, char **argv)
     if (rc == BW_OK)
         rc = bw__rpc_call(ch, BW_METHOD(BW_M_LIST_WORKERS), &lreq.base, &arena, &lw,
                           (int)cfg.timeout_ms, err, sizeof(err));
+    if (rc == BW_OK)
+        rc = bw__status_jobs_fetch(ch, &arena, (int)cfg.timeout_ms, &jobs, err, sizeof(err));
     if (rc == BW_OK) {
         if (cfg.json)
-            print_json((const void *)info, (const void *)lw, cfg.coordinator);
-        else
+            print_json((const void *)info, (const void *)lw, &jobs, cfg.coordinator);
+        else {
             print_table((const void *)info, (const void *)lw, cfg.coordinator);
+            bw__status_jobs_table(&jobs);
+        }
         status = 0;
     } else {
         fprintf(stderr, "batchwire status: %s\n", err);
