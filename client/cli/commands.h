@@ -12,6 +12,7 @@
 int bw__cmd_status(int argc, char **argv);
 int bw__cmd_health(int argc, char **argv);
 int bw__cmd_plan(int argc, char **argv);
+int bw__cmd_fetch(int argc, char **argv);
 int bw__cmd_gen(int argc, char **argv);
 
 /* Client-side TLS settings shared by every subcommand that talks to a daemon. */

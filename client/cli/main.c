@@ -13,6 +13,7 @@ static const struct {
 } commands[] = {
     {"status", bw__cmd_status, "show the coordinator's workers (table or --json)"},
     {"health", bw__cmd_health, "ask any batchwire daemon whether it is serving"},
+    {"fetch", bw__cmd_fetch, "pull one rank's batches from a running cluster (JSON lines)"},
     {"plan", bw__cmd_plan, "print the batches each rank gets, offline (JSON lines)"},
     {"gen", bw__cmd_gen, "write a synthetic dataset (npy, tfrecord, jsonl, tar, files)"},
 };

@@ -1,0 +1,239 @@
+/* batchwire fetch: joins a job as one rank and pulls its batches through libbatchwire,
+ * printing one JSON line per batch (indices, real count, sha256 of the batch bytes) and a
+ * summary line. The tool tests, benchmarks and the demo check batchwire with. */
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <openssl/sha.h>
+
+#include "batchwire/loader.h"
+#include "commands.h"
+#include "common/json.h"
+#include "common/util.h"
+
+typedef struct fetch_cfg {
+    char *coordinator, *job, *dataset, *resume, *cursor_out, *device;
+    int64_t rank, world_size;
+    int mode, shuffle_algo;
+    int64_t batch_size, epochs, max_steps, prefetch, timeout_ms;
+    uint64_t seed;
+    bool shuffle, drop_last, sampler_drop_last, split_batches, even_batches, quiet, commit;
+    bw_cli_tls tls;
+} fetch_cfg;
+
+static const bw_opt options[] = {
+    {"coordinator", BW_OPT_ADDR, offsetof(fetch_cfg, coordinator), NULL, 0, 0, NULL,
+     BW_OPT_REQUIRED, "HOST:PORT", "the coordinator"},
+    {"job", BW_OPT_STRING, offsetof(fetch_cfg, job), NULL, 0, 0, NULL, BW_OPT_REQUIRED, "NAME",
+     "job name (created on first use)"},
+    {"dataset", BW_OPT_STRING, offsetof(fetch_cfg, dataset), NULL, 0, 0, NULL, BW_OPT_REQUIRED,
+     "FORMAT:PATH[,PATH...]",
+     "npy, tfrecord, jsonl, text, tar or files; paths below the workers' --data-root (globs "
+     "allowed)"},
+    {"rank", BW_OPT_INT, offsetof(fetch_cfg, rank), "-1", -1, 1 << 24, NULL, 0, "r",
+     "this rank (default: RANK or SLURM_PROCID)"},
+    {"world-size", BW_OPT_INT, offsetof(fetch_cfg, world_size), "-1", -1, 1 << 24, NULL, 0, "R",
+     "number of ranks (default: WORLD_SIZE or SLURM_NTASKS)"},
+    {"mode", BW_OPT_ENUM, offsetof(fetch_cfg, mode), "torch", 0, 0, "torch|accelerate|iterable", 0,
+     NULL, "sampler semantics (docs/semantics.md)"},
+    {"batch-size", BW_OPT_INT, offsetof(fetch_cfg, batch_size), "1", 1, 1 << 24, NULL, 0, "B",
+     "batch size per rank (global with --split-batches)"},
+    {"shuffle", BW_OPT_BOOL, offsetof(fetch_cfg, shuffle), "false", 0, 0, NULL, 0, NULL,
+     "shuffle each epoch (torch.randperm with seed + epoch)"},
+    {"seed", BW_OPT_UINT64, offsetof(fetch_cfg, seed), "0", 0, 0, NULL, 0, "S", "shuffle seed"},
+    {"shuffle-algo", BW_OPT_ENUM, offsetof(fetch_cfg, shuffle_algo), "torch", 0, 0, "torch|feistel",
+     0, NULL, "torch (bit-exact) or feistel (O(1) memory)"},
+    {"drop-last", BW_OPT_BOOL, offsetof(fetch_cfg, drop_last), "false", 0, 0, NULL, 0, NULL,
+     "torch: the DataLoader's drop_last; accelerate: the BatchSampler's"},
+    {"sampler-drop-last", BW_OPT_BOOL, offsetof(fetch_cfg, sampler_drop_last), "false", 0, 0, NULL,
+     0, NULL, "torch only: DistributedSampler's drop_last"},
+    {"split-batches", BW_OPT_BOOL, offsetof(fetch_cfg, split_batches), "false", 0, 0, NULL, 0, NULL,
+     "accelerate: --batch-size is global"},
+    {"even-batches", BW_OPT_BOOL, offsetof(fetch_cfg, even_batches), "true", 0, 0, NULL, 0, NULL,
+     "accelerate: pad so every rank gets as many batches (--no-even-batches)"},
+    {"epochs", BW_OPT_INT, offsetof(fetch_cfg, epochs), "1", 1, 1000000, NULL, 0, "E",
+     "epochs to run, from the starting position"},
+    {"max-steps", BW_OPT_INT, offsetof(fetch_cfg, max_steps), "0", 0, INT64_MAX, NULL, 0, "K",
+     "stop after K batches (0: no limit)"},
+    {"resume", BW_OPT_STRING, offsetof(fetch_cfg, resume), NULL, 0, 0, NULL, 0, "CURSOR_TEXT",
+     "start after the batch this cursor describes (default: where the coordinator says this "
+     "rank resumes)"},
+    {"cursor-out", BW_OPT_PATH, offsetof(fetch_cfg, cursor_out), NULL, 0, 0, NULL, 0, "FILE",
+     "write the cursor of the last batch handed out to FILE at the end (also on SIGTERM)"},
+    {"commit", BW_OPT_BOOL, offsetof(fetch_cfg, commit), "false", 0, 0, NULL, 0, NULL,
+     "commit the final cursor to the coordinator"},
+    {"device", BW_OPT_STRING, offsetof(fetch_cfg, device), NULL, 0, 0, NULL, 0, "cuda:N",
+     "deliver batches on this GPU"},
+    {"prefetch", BW_OPT_INT, offsetof(fetch_cfg, prefetch), "4", 1, 1024, NULL, 0, "N",
+     "batches fetched ahead"},
+    {"timeout-ms", BW_OPT_INT, offsetof(fetch_cfg, timeout_ms), "10000", 1, 3600000, NULL, 0, "MS",
+     "deadline of each call"},
+    {"quiet", BW_OPT_BOOL, offsetof(fetch_cfg, quiet), "false", 0, 0, NULL, 0, NULL,
+     "print only the summary line"},
+    BW_CLI_TLS_OPTS(fetch_cfg, tls),
+    BW_OPT_END,
+};
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+static int parse_device(const char *text, int *device)
+{
+    *device = -1;
+    if (!text)
+        return BW_OK;
+    char *end;
+    if (strncmp(text, "cuda:", 5) != 0 || !text[5])
+        return BW_INVALID_ARGUMENT;
+    long d = strtol(text + 5, &end, 10);
+    if (*end || d < 0 || d > 1024)
+        return BW_INVALID_ARGUMENT;
+    *device = (int)d;
+    return BW_OK;
+}
+
+static void print_batch(const bw_batch *b, int64_t rank)
+{
+    unsigned char h[SHA256_DIGEST_LENGTH];
+    SHA256(bw_batch_data(b), bw_batch_nbytes(b), h);
+    printf("{\"epoch\":%" PRIu64 ",\"rank\":%" PRId64 ",\"step\":%" PRIu64 ",\"indices\":[",
+           bw_batch_epoch(b), rank, bw_batch_step(b));
+    const uint64_t *idx = bw_batch_indices(b);
+    const uint8_t *pad = bw_batch_padding(b);
+    for (size_t i = 0; i < bw_batch_count(b); i++)
+        printf("%s%" PRIu64, i ? "," : "", idx[i]);
+    printf("],\"padding\":[");
+    for (size_t i = 0; i < bw_batch_count(b); i++)
+        printf("%s%d", i ? "," : "", pad[i]);
+    printf("],\"real\":%zu,\"bytes\":%zu,\"sha256\":\"", bw_batch_real(b), bw_batch_nbytes(b));
+    for (int i = 0; i < SHA256_DIGEST_LENGTH; i++)
+        printf("%02x", h[i]);
+    printf("\"}\n");
+}
+
+static int write_cursor(bw_loader *l, const char *path)
+{
+    char text[4096], tmp[4200];
+    int rc = bw_loader_cursor_text(l, text, sizeof(text));
+    if (rc != BW_OK)
+        return rc;
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%s\n", text) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0) {
+        if (f)
+            fclose(f);
+        return BW_IO;
+    }
+    fclose(f);
+    return rename(tmp, path) == 0 ? BW_OK : BW_IO;
+}
+
+int bw__cmd_fetch(int argc, char **argv)
+{
+    fetch_cfg cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    int status = bw__config_main("batchwire fetch",
+                                 "--coordinator HOST:PORT --job NAME --dataset SPEC [options]",
+                                 "Joins a job as one rank and pulls its batches, printing one JSON "
+                                 "line per batch and a summary line.",
+                                 options, &cfg, argc, argv);
+    if (status >= 0) {
+        bw__config_free(options, &cfg);
+        return status;
+    }
+    static const char *const modes[] = {"torch", "accelerate", "iterable"};
+    bw_loader_options o;
+    bw_loader_options_init(&o);
+    o.coordinator = cfg.coordinator;
+    o.tls_ca = cfg.tls.tls_ca;
+    o.tls_cert = cfg.tls.tls_cert;
+    o.tls_key = cfg.tls.tls_key;
+    o.tls_server_name = cfg.tls.tls_server_name;
+    o.job = cfg.job;
+    o.dataset = cfg.dataset;
+    o.rank = cfg.rank;
+    o.world_size = cfg.world_size;
+    o.mode = modes[cfg.mode];
+    o.batch_size = (uint64_t)cfg.batch_size;
+    o.shuffle = cfg.shuffle;
+    o.seed = (int64_t)cfg.seed;
+    o.shuffle_algo = cfg.shuffle_algo ? "feistel" : "torch";
+    o.drop_last = cfg.drop_last;
+    o.sampler_drop_last = cfg.sampler_drop_last;
+    o.split_batches = cfg.split_batches;
+    o.even_batches = cfg.even_batches;
+    o.prefetch_batches = (unsigned)cfg.prefetch;
+    o.timeout_ms = (int)cfg.timeout_ms;
+    if (parse_device(cfg.device, &o.device) != BW_OK) {
+        fprintf(stderr, "batchwire fetch: --device: invalid value '%s': expected cuda:N\n",
+                cfg.device);
+        bw__config_free(options, &cfg);
+        return 2;
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+
+    char err[2048];
+    bw_loader *l = NULL;
+    uint64_t t0 = bw__mono_ms();
+    int rc = cfg.resume ? bw_loader_open_at(&o, cfg.resume, 0, &l, err, sizeof(err))
+                        : bw_loader_open(&o, &l, err, sizeof(err));
+    if (rc != BW_OK) {
+        fprintf(stderr, "batchwire fetch: %s: %s\n", bw_err_name(rc), err);
+        bw__config_free(options, &cfg);
+        return 1;
+    }
+    uint64_t batches = 0, samples = 0, bytes = 0;
+    int64_t rank = bw_loader_rank(l);
+    for (int64_t e = 0; e < cfg.epochs && !stop_requested; e++) {
+        if (e > 0 && (rc = bw_loader_next_epoch(l)) != BW_OK)
+            break;
+        const bw_batch *b;
+        while (!stop_requested && (cfg.max_steps == 0 || batches < (uint64_t)cfg.max_steps) &&
+               (rc = bw_loader_next(l, &b)) == BW_OK) {
+            if (!cfg.quiet)
+                print_batch(b, rank);
+            batches++;
+            samples += bw_batch_count(b);
+            bytes += bw_batch_nbytes(b);
+        }
+        if (rc != BW_OK && rc != BW_END_OF_EPOCH)
+            break;
+        if (cfg.max_steps && batches >= (uint64_t)cfg.max_steps)
+            break;
+        rc = BW_OK;
+    }
+    if (rc == BW_END_OF_EPOCH)
+        rc = BW_OK;
+    status = 0;
+    if (rc != BW_OK) {
+        fprintf(stderr, "batchwire fetch: %s: %s\n", bw_err_name(rc), bw_loader_errmsg(l));
+        status = 1;
+    }
+    if (cfg.cursor_out && write_cursor(l, cfg.cursor_out) != BW_OK) {
+        fprintf(stderr, "batchwire fetch: --cursor-out %s: cannot write the cursor\n",
+                cfg.cursor_out);
+        status = 1;
+    }
+    if (cfg.commit && bw_loader_commit(l) != BW_OK) {
+        fprintf(stderr, "batchwire fetch: commit: %s\n", bw_loader_errmsg(l));
+        status = 1;
+    }
+    double secs = (double)(bw__mono_ms() - t0) / 1000.0;
+    printf("{\"summary\":{\"rank\":%" PRId64 ",\"batches\":%" PRIu64 ",\"samples\":%" PRIu64
+           ",\"bytes\":%" PRIu64 ",\"seconds\":%.3f,\"mib_per_s\":%.1f,\"stopped\":%s}}\n",
+           rank, batches, samples, bytes, secs, secs > 0 ? (double)bytes / (1 << 20) / secs : 0.0,
+           stop_requested ? "true" : "false");
+    bw_loader_close(l);
+    bw__config_free(options, &cfg);
+    return status;
+}
