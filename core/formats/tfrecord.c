@@ -120,9 +120,9 @@ int bw__tfrecord_index_parse(bw__source *s, const uint8_t *b, size_t len, char *
          * that it ends where the next one starts, so a wrong index cannot give wrong data. */
         if ((i == 0 && offs[i] != 0) || (i > 0 && offs[i] - prev < 16) || offs[i] < prev ||
             s->size < 16 || offs[i] > s->size - 16) {
-            free(offs);
             snprintf(why, whylen, "offset %llu of record %llu is impossible",
                      (unsigned long long)offs[i], (unsigned long long)i);
+            free(offs);
             return BW_CORRUPT;
         }
         prev = offs[i];
