@@ -2,11 +2,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu.h"
 #include "loader_int.h"
 
-int bw__batch_init(bw_batch *b, size_t max_count)
+int bw__batch_init(bw_batch *b, size_t max_count, size_t data_bytes, bool pinned)
 {
     memset(b, 0, sizeof(*b));
+    b->device = -1;
+    if (data_bytes && pinned && (b->data = bw__gpu_host_alloc(data_bytes, true)) != NULL) {
+        b->pinned = true;
+        b->cap = data_bytes;
+    }
     size_t n = max_count ? max_count : 1;
     b->indices = calloc(n, sizeof(*b->indices));
     b->padding = calloc(n, sizeof(*b->padding));
@@ -25,7 +31,9 @@ void bw__batch_free(bw_batch *b)
     free(b->padding);
     free(b->offsets);
     free(b->sizes);
-    free(b->data);
+    bw__gpu_host_free(b->data, b->pinned);
+    bw__gpu_free(b->gpu, b->dev);
+    bw__gpu_stream_free(b->gpu);
     memset(b, 0, sizeof(*b));
 }
 
@@ -36,12 +44,31 @@ int bw__batch_reserve(bw_batch *b, size_t nbytes)
     size_t cap = b->cap ? b->cap : 4096;
     while (cap < nbytes)
         cap *= 2;
-    uint8_t *d = realloc(b->data, cap);
+    uint8_t *d = bw__gpu_host_alloc(cap, b->pinned);
     if (!d)
         return BW_NOMEM;
+    if (b->data)
+        memcpy(d, b->data, b->cap);
+    bw__gpu_host_free(b->data, b->pinned);
     b->data = d;
     b->cap = cap;
     return BW_OK;
+}
+
+int bw__batch_to_device(bw_batch *b)
+{
+    if (!b->gpu)
+        return BW_OK;
+    int rc;
+    if (b->nbytes > b->dev_cap) {
+        bw__gpu_free(b->gpu, b->dev);
+        b->dev = NULL;
+        b->dev_cap = 0;
+        if ((rc = bw__gpu_alloc(b->gpu, b->nbytes, &b->dev, b->err, sizeof(b->err))) != BW_OK)
+            return rc;
+        b->dev_cap = b->nbytes;
+    }
+    return bw__gpu_copy(b->gpu, b->dev, b->data, b->nbytes, b->err, sizeof(b->err));
 }
 
 uint64_t bw_batch_epoch(const bw_batch *b)
@@ -76,7 +103,17 @@ const uint8_t *bw_batch_padding(const bw_batch *b)
 
 const void *bw_batch_data(const bw_batch *b)
 {
+    return b->gpu ? b->dev : b->data;
+}
+
+const void *bw_batch_host_data(const bw_batch *b)
+{
     return b->data;
+}
+
+int bw_batch_device(const bw_batch *b)
+{
+    return b->gpu ? b->device : -1;
 }
 
 size_t bw_batch_nbytes(const bw_batch *b)

@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "cursor/cursor.h"
+#include "gpu.h"
 #include "jobs/job_sampler.h"
 #include "loader_int.h"
 
@@ -36,6 +37,8 @@ struct bw_loader {
     size_t nthreads;
     pthread_t *threads;
     bool stopping;
+    struct bw__gpu_stream *copy_stream; /* bw_loader_to_device's */
+    int copy_device;
     char err[BW_LOADER_ERRLEN];
 };
 
@@ -92,8 +95,8 @@ static void *fetch_thread(void *arg)
         if (rc != BW_OK)
             snprintf(b->err, sizeof(b->err), "step %" PRIu64 " of rank %u: no such batch (%s)",
                      step, l->rank, bw_strerror(rc));
-        else
-            rc = bw__fetch_batch(&l->fctx, b);
+        else if ((rc = bw__fetch_batch(&l->fctx, b)) == BW_OK)
+            rc = bw__batch_to_device(b);
         b->rc = rc;
         pthread_mutex_lock(&l->mu);
         l->state[slot] = gen == l->generation ? SLOT_READY : SLOT_FREE;
@@ -183,7 +186,10 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     bw__arena_init(&ca, 0);
     Batchwire__V1__Cursor *given = NULL;
     int rc = bw__loader_parse_options(o, &l->jr, &rank, &world, err, errlen);
-    /* A malformed cursor is refused before anything is claimed. */
+    /* A malformed cursor or an unusable device is refused before anything is claimed. */
+    if (rc == BW_OK && o->device >= 0 &&
+        (rc = bw__gpu_check(o->device, l->err, sizeof(l->err))) != BW_OK)
+        snprintf(err, errlen, "device cuda:%d: %s", o->device, l->err);
     if (rc == BW_OK && cursor) {
         size_t n = cursor_len == 0 ? strlen(cursor) : cursor_len;
         if ((rc = decode_cursor(l, cursor, n, &ca, &given)) != BW_OK)
@@ -233,8 +239,17 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         l->state = calloc(l->nslots, sizeof(*l->state));
         if (!l->slots || !l->state)
             rc = fail(l, BW_NOMEM, "out of memory for %zu batch slots", l->nslots);
-        for (size_t i = 0; rc == BW_OK && i < l->nslots; i++)
-            rc = bw__batch_init(&l->slots[i], max_batch);
+        /* Device delivery: pinned host buffers and a stream per slot, so a slot's copy to
+         * the GPU overlaps the other slots' network receives. */
+        bool gpu = o->device >= 0;
+        size_t fixed = (size_t)l->fctx.sample_bytes * max_batch;
+        for (size_t i = 0; rc == BW_OK && i < l->nslots; i++) {
+            rc = bw__batch_init(&l->slots[i], max_batch, fixed, gpu);
+            if (rc == BW_OK && gpu) {
+                rc = bw__gpu_stream_new(o->device, &l->slots[i].gpu, l->err, sizeof(l->err));
+                l->slots[i].device = o->device;
+            }
+        }
         l->held = l->nslots;
     }
     if (rc != BW_OK) {
@@ -301,6 +316,8 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
         l->state[slot] = SLOT_FETCHING;
         pthread_mutex_unlock(&l->mu);
         int rc = bw__fetch_batch(&l->fctx, b);
+        if (rc == BW_OK)
+            rc = b->rc = bw__batch_to_device(b);
         pthread_mutex_lock(&l->mu);
         l->state[slot] = SLOT_READY;
         if (rc != BW_OK) {
@@ -390,6 +407,22 @@ int bw_loader_commit(bw_loader *l)
     return rc;
 }
 
+int bw_loader_to_device(bw_loader *l, const bw_batch *b, int device, void *dst, size_t cap)
+{
+    if (cap < b->nbytes)
+        return fail(l, BW_TOO_BIG, "the device buffer holds %zu bytes; the batch has %zu", cap,
+                    b->nbytes);
+    if (!l->copy_stream || l->copy_device != device) {
+        bw__gpu_stream_free(l->copy_stream);
+        l->copy_stream = NULL;
+        int rc = bw__gpu_stream_new(device, &l->copy_stream, l->err, sizeof(l->err));
+        if (rc != BW_OK)
+            return rc;
+        l->copy_device = device;
+    }
+    return bw__gpu_copy(l->copy_stream, dst, b->data, b->nbytes, l->err, sizeof(l->err));
+}
+
 const char *bw_loader_errmsg(const bw_loader *l)
 {
     return l ? l->err : "";
@@ -426,6 +459,7 @@ void bw_loader_close(bw_loader *l)
     free(l->slots);
     free(l->state);
     bw__sampler_free(l->sampler);
+    bw__gpu_stream_free(l->copy_stream);
     bw__session_close(&l->session);
     bw__job_request_free(&l->jr);
     pthread_mutex_destroy(&l->mu);

@@ -112,8 +112,13 @@ struct bw_batch {
     uint64_t *indices;
     uint8_t *padding;
     size_t *offsets, *sizes; /* per sample, into data */
-    uint8_t *data;
+    uint8_t *data;           /* host copy (pinned when delivering to a GPU) */
     size_t nbytes, cap;
+    bool pinned;
+    struct bw__gpu_stream *gpu; /* device delivery: the slot's stream, or NULL */
+    int device;
+    void *dev;
+    size_t dev_cap;
     const char *dtype; /* npy: borrowed from the job summary */
     size_t ndim;
     uint64_t shape[BW_LOADER_MAX_NDIM];
@@ -121,11 +126,14 @@ struct bw_batch {
     char err[BW_LOADER_ERRLEN];
 };
 
-/* Sizes the per-sample arrays for up to max_count samples. */
-int bw__batch_init(bw_batch *b, size_t max_count);
+/* Sizes the per-sample arrays for up to max_count samples; with data_bytes > 0 and
+ * `pinned`, allocates that much page-locked data memory up front. */
+int bw__batch_init(bw_batch *b, size_t max_count, size_t data_bytes, bool pinned);
 void bw__batch_free(bw_batch *b);
 /* Makes room for nbytes of data (keeps the buffer when it is large enough). */
 int bw__batch_reserve(bw_batch *b, size_t nbytes);
+/* Copies the batch's data to its device (when it has one). */
+int bw__batch_to_device(bw_batch *b);
 
 /* ---- fetch.c ---- */
 

@@ -168,13 +168,6 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
         snprintf(err, errlen, "batch_size must be at least 1");
         return BW_INVALID_ARGUMENT;
     }
-    if (o->device >= 0) {
-        snprintf(err, errlen,
-                 "device cuda:%d: this libbatchwire was built without CUDA; batches "
-                 "stay in host memory (device -1)",
-                 o->device);
-        return BW_NO_DEVICE;
-    }
     if (!(jr->name = strdup(o->job)))
         return BW_NOMEM;
     if ((rc = parse_dataset(o->dataset, jr, err, errlen)) != BW_OK)

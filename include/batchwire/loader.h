@@ -158,6 +158,22 @@ BW_EXTERN const char *bw_batch_dtype(const bw_batch *b);
 BW_EXTERN size_t bw_batch_ndim(const bw_batch *b);
 BW_EXTERN const uint64_t *bw_batch_shape(const bw_batch *b);
 
+/* The batch's bytes in host memory, also when it was delivered to a GPU. */
+BW_EXTERN const void *bw_batch_host_data(const bw_batch *b);
+
+/* The CUDA device bw_batch_data points into, or -1 for host memory. */
+BW_EXTERN int bw_batch_device(const bw_batch *b);
+
+/*
+ * Copies a host batch to `dst`, device memory of `cap` bytes on cuda:`device`, with
+ * cudaMemcpyAsync on the loader's own stream, and waits for the copy. BW_NO_DEVICE (with the
+ * reason in bw_loader_errmsg) when CUDA or the device is unavailable; BW_TOO_BIG when cap is
+ * smaller than bw_batch_nbytes. For overlapped copies open the loader with device >= 0:
+ * then every prefetched batch is copied on its slot's stream while others are received.
+ */
+BW_EXTERN int bw_loader_to_device(bw_loader *l, const bw_batch *b, int device, void *dst,
+                                  size_t cap);
+
 /* Sample i's bytes (host memory) and size. */
 BW_EXTERN int bw_batch_sample(const bw_batch *b, size_t i, const void **data, size_t *size);
 
