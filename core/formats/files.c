@@ -153,6 +153,7 @@ static int files_index(bw__source *s, char *err, size_t errlen)
 
 static int files_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t errlen)
 {
+    bw__record_init(r);
     const dirx *d = s->state;
     if (i >= d->n)
         return bw__fmt_fail(s, BW_OUT_OF_RANGE, 0, err, errlen,

@@ -60,6 +60,18 @@ typedef struct bw__record {
     char text[8192];
 } bw__record;
 
+/* Every reader starts a record with this: nothing owned, no names. */
+static inline void bw__record_init(bw__record *r)
+{
+    r->nparts = 0;
+    r->size = 0;
+    r->owner = NULL;
+    r->owner_is_own = false;
+    r->has_names = false;
+    r->key = 0;
+    r->textlen = 0;
+}
+
 /* Releases what a record owns (only "files" records own anything). */
 void bw__record_release(bw__record *r);
 

@@ -87,6 +87,7 @@ static void fill(const bw__source *s, uint64_t off, uint64_t end, bw__record *r)
 
 static int lines_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t errlen)
 {
+    bw__record_init(r);
     const lines *st = s->state;
     if (i >= st->n)
         return bw__fmt_fail(s, BW_OUT_OF_RANGE, s->size, err, errlen,
@@ -101,6 +102,7 @@ static int lines_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t
 static int lines_next(bw__source *s, uint64_t off, bw__record *r, uint64_t *next, char *err,
                       size_t errlen)
 {
+    bw__record_init(r);
     if (off > s->size)
         return bw__fmt_fail(s, BW_OUT_OF_RANGE, off, err, errlen,
                             "offset past the end (%llu bytes)", (unsigned long long)s->size);

@@ -276,6 +276,7 @@ static int npy_index(bw__source *s, char *err, size_t errlen)
 
 static int npy_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t errlen)
 {
+    bw__record_init(r);
     const npy *st = s->state;
     if (i >= st->rows)
         return bw__fmt_fail(s, BW_OUT_OF_RANGE, st->data_off, err, errlen,

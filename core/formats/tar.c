@@ -223,6 +223,7 @@ static int add_text(bw__record *r, const char *p, size_t len, uint32_t *at)
 static int sample_at(const bw__source *s, uint64_t off, bw__record *r, uint64_t *next,
                      uint64_t *start, char *err, size_t errlen)
 {
+    bw__record_init(r);
     member m;
     size_t keylen = 0;
     const char *ext;

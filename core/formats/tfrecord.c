@@ -59,6 +59,7 @@ static int header(const bw__source *s, uint64_t off, uint64_t *len, char *err, s
 static int record_at(const bw__source *s, uint64_t off, bw__record *r, uint64_t *next, char *err,
                      size_t errlen)
 {
+    bw__record_init(r);
     uint64_t len;
     int rc = header(s, off, &len, err, errlen);
     if (rc != BW_OK)
