@@ -1,0 +1,288 @@
+/* The jobs state without gRPC: cursors (binary and text, corrupt and foreign), the
+ * configuration diff, and that replaying the journal, with or without a snapshot, rebuilds
+ * exactly the state the operations built. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../../server/jobs_elastic.c"
+#include "../../server/jobs_ops.c"
+#include "../../server/jobs_state.c"
+#include "cursor/cursor.h"
+
+static char dir[512];
+
+static void fresh_dir(void)
+{
+    const char *base = getenv("BW_TEST_TMP");
+    if (!base || !*base)
+        base = "/tmp";
+    mkdir(base, 0755);
+    snprintf(dir, sizeof(dir), "%s/jobs-XXXXXX", base);
+    assert_non_null(mkdtemp(dir));
+}
+
+static void rm_dir(void)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_cursor_codec(void **state)
+{
+    (void)state;
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    Batchwire__V1__Cursor c = BATCHWIRE__V1__CURSOR__INIT;
+    c.job = "j";
+    c.job_fingerprint = 0x1234;
+    c.rank = 3;
+    c.world_size = 4;
+    c.epoch = 2;
+    c.step = 99;
+    size_t len;
+    uint8_t *bin = bw__cursor_encode(&c, &len);
+    Batchwire__V1__Cursor *d;
+    char err[256];
+    assert_int_equal(bw__cursor_decode(bin, len, &a, &d, err, sizeof(err)), BW_OK);
+    assert_int_equal(d->version, 1);
+    assert_int_equal(d->step, 99);
+    char text[256];
+    assert_true(bw__cursor_to_text(bin, len, text, sizeof(text)) > 0);
+    assert_memory_equal(text, "bwc1:", 5);
+    assert_int_equal(bw__cursor_to_text(bin, len, text, 4), 0);
+    assert_int_equal(bw__cursor_decode((uint8_t *)text, strlen(text), &a, &d, err, sizeof(err)),
+                     BW_OK);
+    assert_int_equal(d->rank, 3);
+    assert_int_equal(d->job_fingerprint, 0x1234);
+    /* Every truncation of the text form is refused or decodes to something checked. */
+    for (size_t cut = 5; cut < strlen(text); cut++)
+        if (bw__cursor_decode((uint8_t *)text, cut, &a, &d, err, sizeof(err)) == BW_OK)
+            assert_true(d->rank < d->world_size);
+
+    struct {
+        const char *bytes;
+        size_t len;
+        const char *needle;
+    } bad[] = {
+        {"", 0, "empty"},
+        {"\xff\xff\xff", 3, "corrupt"},
+        {"bwc1:@@@@", 9, "not base64"},
+        {"bwc1:abc", 8, "multiple of 4"},
+        {"bwc9:AAAA", 9, "unknown prefix"},
+        {"\x08\x02", 2, "version 2"},
+        {"\x08\x01", 2, "no job fingerprint"},
+        {"\x08\x01\x19\x01\x00\x00\x00\x00\x00\x00\x00\x20\x05\x28\x02", 15, "not below"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc =
+            bw__cursor_decode((const uint8_t *)bad[i].bytes, bad[i].len, &a, &d, err, sizeof(err));
+        assert_int_equal(rc, BW_INVALID_ARGUMENT);
+        if (!strstr(err, bad[i].needle))
+            fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].needle);
+    }
+    free(bin);
+    bw__arena_reset(&a);
+}
+
+static void test_diff(void **state)
+{
+    (void)state;
+    Batchwire__V1__SamplerConfig sa = BATCHWIRE__V1__SAMPLER_CONFIG__INIT,
+                                 sb = BATCHWIRE__V1__SAMPLER_CONFIG__INIT;
+    sa.mode = sb.mode = BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_TORCH;
+    sa.batch_size = 4;
+    sb.batch_size = 8;
+    sb.seed = -3;
+    char *srcs_a[] = {"a.npy"}, *srcs_b[] = {"a.npy", "b.npy"};
+    Batchwire__V1__Dataset da = BATCHWIRE__V1__DATASET__INIT, db = BATCHWIRE__V1__DATASET__INIT;
+    da.format = db.format = "npy";
+    da.sources = srcs_a;
+    da.n_sources = 1;
+    db.sources = srcs_b;
+    db.n_sources = 2;
+    Batchwire__V1__JobConfig a = BATCHWIRE__V1__JOB_CONFIG__INIT,
+                             b = BATCHWIRE__V1__JOB_CONFIG__INIT;
+    a.sampler = &sa;
+    b.sampler = &sb;
+    a.dataset = &da;
+    b.dataset = &db;
+    char out[1024];
+    bw__jobs_diff(&batchwire__v1__job_config__descriptor, &a.base, &b.base, out, sizeof(out));
+    assert_non_null(strstr(out, "sampler.batch_size: job has 4, request has 8"));
+    assert_non_null(strstr(out, "sampler.seed: job has 0, request has -3"));
+    assert_non_null(
+        strstr(out, "dataset.sources: job has [\"a.npy\"], request has [\"a.npy\", \"b.npy\"]"));
+    assert_null(strstr(out, "mode"));
+    b.dataset = NULL; /* absent compares like empty */
+    bw__jobs_diff(&batchwire__v1__job_config__descriptor, &a.base, &b.base, out, sizeof(out));
+    assert_non_null(strstr(out, "dataset.format: job has \"npy\", request has \"\""));
+    bw__jobs_diff(&batchwire__v1__job_config__descriptor, &a.base, &a.base, out, sizeof(out));
+    assert_string_equal(out, "");
+}
+
+static bw_jobs *open_jobs(void)
+{
+    bw_jobs_opts o = {dir, NULL, 60000, 100, 1000};
+    bw_jobs *s = NULL;
+    bw_journal_report rep;
+    char err[1024];
+    if (bw__jobs_open(&o, &s, &rep, err, sizeof(err)) != BW_OK)
+        fail_msg("open: %s", err);
+    return s;
+}
+
+/* The observable state, packed, with the clock-dependent fields zeroed. */
+static size_t observe(bw_jobs *s, uint8_t *buf, size_t cap)
+{
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    Batchwire__V1__ListJobsResponse *l;
+    uint64_t ws;
+    char err[256];
+    assert_int_equal(bw__jobs_list(s, &a, &l, &ws, err, sizeof(err)), BW_OK);
+    size_t used = batchwire__v1__list_jobs_response__pack(l, buf);
+    for (size_t i = 0; i < l->n_jobs; i++) {
+        Batchwire__V1__GetJobRequest g = BATCHWIRE__V1__GET_JOB_REQUEST__INIT;
+        g.name = l->jobs[i]->name;
+        Batchwire__V1__GetJobResponse *r;
+        assert_int_equal(bw__jobs_get(s, &g, &a, &r, &ws, err, sizeof(err)), BW_OK);
+        for (size_t k = 0; k < r->n_ranks; k++)
+            r->ranks[k]->ms_since_heartbeat = 0;
+        assert_true(used + batchwire__v1__get_job_response__get_packed_size(r) < cap);
+        used += batchwire__v1__get_job_response__pack(r, buf + used);
+    }
+    bw__arena_reset(&a);
+    return used;
+}
+
+static void build_state(bw_jobs *s)
+{
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    char err[1024];
+    uint64_t ws;
+    Batchwire__V1__SamplerConfig sc = BATCHWIRE__V1__SAMPLER_CONFIG__INIT;
+    sc.mode = BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_TORCH;
+    sc.batch_size = 10;
+    sc.shuffle = true;
+    Batchwire__V1__JobConfig cfg = BATCHWIRE__V1__JOB_CONFIG__INIT;
+    cfg.sampler = &sc;
+    cfg.synthetic_samples = 1000;
+    Batchwire__V1__GetOrCreateJobRequest req = BATCHWIRE__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
+    req.config = &cfg;
+    req.world_size = 4;
+    Batchwire__V1__GetOrCreateJobResponse *cr;
+    char name[16];
+    for (int j = 0; j < 3; j++) {
+        snprintf(name, sizeof(name), "job%d", j);
+        req.name = name;
+        bool need = false;
+        assert_int_equal(bw__jobs_lookup(s, &req, &a, &cr, &need, &ws, err, sizeof(err)), BW_OK);
+        assert_true(need);
+        assert_int_equal(bw__jobs_create(s, &req, bw__jobs_synthetic_info(&a, 1000), &a, &cr, &ws,
+                                         err, sizeof(err)),
+                         BW_OK);
+    }
+    uint64_t fp = cr->job->fingerprint;
+    uint64_t leases[4];
+    Batchwire__V1__Holder h = BATCHWIRE__V1__HOLDER__INIT;
+    h.host = "node";
+    for (uint32_t r = 0; r < 4; r++) {
+        h.pid = 10 + r;
+        Batchwire__V1__JoinJobRequest jr = BATCHWIRE__V1__JOIN_JOB_REQUEST__INIT;
+        jr.job = "job2";
+        jr.rank = r;
+        jr.world_size = 4;
+        jr.holder = &h;
+        Batchwire__V1__JoinJobResponse *resp;
+        assert_int_equal(bw__jobs_join(s, &jr, &a, &resp, &ws, err, sizeof(err)), BW_OK);
+        leases[r] = resp->lease_id;
+    }
+    uint8_t *curs[4];
+    ProtobufCBinaryData cb[4];
+    for (uint32_t r = 0; r < 4; r++) {
+        for (uint64_t step = 1; step <= 5; step++) {
+            Batchwire__V1__Cursor c = BATCHWIRE__V1__CURSOR__INIT;
+            c.job_fingerprint = fp;
+            c.rank = r;
+            c.world_size = 4;
+            c.step = step;
+            size_t len;
+            uint8_t *bin = bw__cursor_encode(&c, &len);
+            Batchwire__V1__CommitCursorRequest cc = BATCHWIRE__V1__COMMIT_CURSOR_REQUEST__INIT;
+            cc.job = "job2";
+            cc.rank = r;
+            cc.lease_id = leases[r];
+            cc.cursor.data = bin;
+            cc.cursor.len = len;
+            Batchwire__V1__CommitCursorResponse *resp;
+            assert_int_equal(bw__jobs_commit(s, &cc, &a, &resp, &ws, err, sizeof(err)), BW_OK);
+            if (step == 5) {
+                curs[r] = bin;
+                cb[r].data = bin;
+                cb[r].len = len;
+            } else {
+                free(bin);
+            }
+        }
+    }
+    Batchwire__V1__ResumeElasticRequest rr = BATCHWIRE__V1__RESUME_ELASTIC_REQUEST__INIT;
+    rr.job = "job2";
+    rr.world_size = 3;
+    rr.cursors = cb;
+    rr.n_cursors = 4;
+    Batchwire__V1__ResumeElasticResponse *rresp;
+    if (bw__jobs_resume(s, &rr, &a, &rresp, &ws, err, sizeof(err)) != BW_OK)
+        fail_msg("resume: %s", err);
+    assert_true(rresp->resumed);
+    assert_int_equal(rresp->job->n_history, 2);
+    for (int r = 0; r < 4; r++)
+        free(curs[r]);
+    assert_int_equal(bw__journal_sync(bw__jobs_journal(s), ws), BW_OK);
+    bw__arena_reset(&a);
+}
+
+static void test_replay_rebuilds_state(void **state)
+{
+    (void)state;
+    fresh_dir();
+    static uint8_t before[1 << 16], after[1 << 16];
+    bw_jobs *s = open_jobs();
+    build_state(s);
+    size_t n1 = observe(s, before, sizeof(before));
+    bw__jobs_close(s);
+
+    s = open_jobs(); /* journal only */
+    size_t n2 = observe(s, after, sizeof(after));
+    assert_int_equal(n1, n2);
+    assert_memory_equal(before, after, n1);
+    char err[512];
+    assert_int_equal(bw__jobs_compact(s, 1, err, sizeof(err)), BW_OK);
+    bw__jobs_close(s);
+
+    s = open_jobs(); /* snapshot only */
+    n2 = observe(s, after, sizeof(after));
+    assert_int_equal(n1, n2);
+    assert_memory_equal(before, after, n1);
+    bw__jobs_close(s);
+    rm_dir();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cursor_codec),
+        cmocka_unit_test(test_diff),
+        cmocka_unit_test(test_replay_rebuilds_state),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
