@@ -136,7 +136,8 @@ static void *create_thread(void *arg)
                 "fingerprint %016llx",
                 t->req->name, (unsigned long long)info->length, t->req->world_size,
                 (unsigned long long)resp->job->fingerprint);
-    if (answer(t->c, t->call, "GetOrCreateJob", rc, &resp->base, wait_seq, err) != BW_RPC_DEFERRED)
+    if (answer(t->c, t->call, "GetOrCreateJob", rc, resp ? &resp->base : NULL, wait_seq, err) !=
+        BW_RPC_DEFERRED)
         bw__rpc_finish(t->call, BW_NOMEM, NULL);
     free(t);
     pthread_mutex_lock(&tasks_mu);

@@ -115,7 +115,8 @@ static int list_dir(loader *L)
         L->files[L->nfiles++] = strtoull(n + 8, NULL, 10);
     }
     closedir(d);
-    qsort(L->files, L->nfiles, sizeof(*L->files), cmp_u64);
+    if (L->nfiles > 1)
+        qsort(L->files, L->nfiles, sizeof(*L->files), cmp_u64);
     return BW_OK;
 }
 
