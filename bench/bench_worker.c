@@ -1,0 +1,309 @@
+/*
+ * Worker serving throughput: a worker's Data service in this process (the real handlers,
+ * over loopback gRPC, plaintext) serves npy datasets of 256 B, 4 KiB, 64 KiB and 1 MiB
+ * samples from the page cache to client threads that read SampleBatch streams as a trainer
+ * would (protobuf-c unpack); the baseline reads the same bytes of the same file in the same
+ * order with pread in this process. Indices are a fixed shuffle of the whole dataset.
+ *
+ *   bench_worker [--dir DIR] [--mib N] [--reps N] [--clients N] [--threads N] [--msg BYTES]
+ *
+ * --msg is the message limit clients ask for (default: the worker's 16 MiB).
+ *
+ * Prints a Markdown table (median of --reps runs each) and writes the dataset under DIR
+ * (default /tmp), removed at the end.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <grpc/grpc.h>
+
+#include "../worker/data_service.c"
+#include "../worker/datasets.c"
+#include "../worker/placement_view.c"
+#include "../worker/sample_stream.c"
+#include "common/log.h"
+#include "formats/synth.h"
+#include "rpc/client.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what, const char *err)
+{
+    fprintf(stderr, "bench_worker: %s: %s\n", what, err);
+    exit(1);
+}
+
+/* Writes DIR/bench-SIZE.npy: n rows of `size` uint8, row i = synth(i). */
+static void write_npy(const char *path, uint64_t n, uint64_t size)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        die(path, strerror(errno));
+    char dict[256];
+    int dl = snprintf(dict, sizeof(dict),
+                      "{'descr': '|u1', 'fortran_order': False, 'shape': (%llu, %llu), }",
+                      (unsigned long long)n, (unsigned long long)size);
+    size_t pad = (64 - (10 + (size_t)dl + 1) % 64) % 64;
+    uint16_t hl = (uint16_t)(dl + (int)pad + 1);
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    fputc(hl & 0xff, f);
+    fputc(hl >> 8, f);
+    fwrite(dict, 1, (size_t)dl, f);
+    for (size_t i = 0; i < pad; i++)
+        fputc(' ', f);
+    fputc('\n', f);
+    uint8_t *row = malloc(size);
+    for (uint64_t i = 0; i < n; i++) {
+        bw__synth_fill(i, row, size);
+        fwrite(row, 1, size, f);
+    }
+    free(row);
+    if (fclose(f) != 0)
+        die(path, "write failed");
+}
+
+typedef struct job {
+    const char *target, *source;
+    const uint64_t *idx;
+    size_t n, per_req;
+    uint32_t msg;
+    uint64_t size;
+    uint64_t bytes, samples;
+    int rc;
+    char err[1024];
+} job;
+
+static void *client_thread(void *arg)
+{
+    job *j = arg;
+    bw_rpc_channel_opts co;
+    memset(&co, 0, sizeof(co));
+    co.target = j->target;
+    co.max_receive_bytes = 64 << 20;
+    bw_rpc_channel *ch = NULL;
+    j->rc = bw__rpc_channel_open(&co, &ch, j->err, sizeof(j->err));
+    bw_arena arena;
+    bw__arena_init(&arena, 0);
+    char *srcs[] = {(char *)j->source};
+    for (size_t off = 0; off < j->n && j->rc == BW_OK; off += j->per_req) {
+        Batchwire__V1__Dataset ds = BATCHWIRE__V1__DATASET__INIT;
+        ds.format = "npy";
+        ds.sources = srcs;
+        ds.n_sources = 1;
+        Batchwire__V1__ReadSamplesRequest req = BATCHWIRE__V1__READ_SAMPLES_REQUEST__INIT;
+        req.dataset = &ds;
+        req.indices = (uint64_t *)j->idx + off;
+        req.n_indices = j->n - off < j->per_req ? j->n - off : j->per_req;
+        req.max_message_bytes = j->msg;
+        bw_rpc_stream *st = NULL;
+        j->rc = bw__rpc_stream_open(ch, BW_METHOD(BW_M_DATA_READ_SAMPLES), &req.base, 600000, &st,
+                                    j->err, sizeof(j->err));
+        while (j->rc == BW_OK) {
+            ProtobufCMessage *m = NULL;
+            int rc = bw__rpc_stream_next(st, &arena, &m, j->err, sizeof(j->err));
+            if (rc == BW_RPC_STREAM_END)
+                break;
+            if (rc != BW_OK) {
+                j->rc = rc;
+                break;
+            }
+            const Batchwire__V1__SampleBatch *b = (const void *)m;
+            for (size_t i = 0; i < b->n_samples; i++) {
+                const Batchwire__V1__Sample *s = b->samples[i];
+                j->bytes += s->data.len;
+                if (s->chunk_offset + s->data.len == s->size)
+                    j->samples++;
+                /* spot check: the first 8 bytes are word 0 of the sample's index */
+                if (s->chunk_offset == 0 && s->data.len >= 8 &&
+                    memcmp(s->data.data, &(uint64_t){bw__synth_word(s->index, 0)}, 8) != 0) {
+                    snprintf(j->err, sizeof(j->err), "sample %llu has wrong bytes",
+                             (unsigned long long)s->index);
+                    j->rc = BW_CORRUPT;
+                }
+            }
+            bw__arena_reset(&arena);
+        }
+        bw__rpc_stream_close(st);
+    }
+    bw__arena_reset(&arena);
+    bw__rpc_channel_close(ch);
+    return NULL;
+}
+
+static uint32_t msg_limit;
+
+static double run_rpc(const char *target, const char *source, const uint64_t *idx, size_t n,
+                      uint64_t size, int clients)
+{
+    job jobs[16];
+    pthread_t th[16];
+    size_t per_req = (size_t)((64ull << 20) / size); /* ~64 MiB per request */
+    if (per_req < 1)
+        per_req = 1;
+    if (per_req > 65536)
+        per_req = 65536;
+    double t0 = now();
+    for (int c = 0; c < clients; c++) {
+        memset(&jobs[c], 0, sizeof(jobs[c]));
+        jobs[c].target = target;
+        jobs[c].source = source;
+        jobs[c].idx = idx + n * (size_t)c / (size_t)clients;
+        jobs[c].n = n * (size_t)(c + 1) / (size_t)clients - n * (size_t)c / (size_t)clients;
+        jobs[c].per_req = per_req;
+        jobs[c].size = size;
+        jobs[c].msg = msg_limit;
+        pthread_create(&th[c], NULL, client_thread, &jobs[c]);
+    }
+    uint64_t samples = 0;
+    for (int c = 0; c < clients; c++) {
+        pthread_join(th[c], NULL);
+        if (jobs[c].rc != BW_OK)
+            die("ReadSamples", jobs[c].err);
+        samples += jobs[c].samples;
+    }
+    double t = now() - t0;
+    if (samples != n)
+        die("ReadSamples", "missing samples");
+    return t;
+}
+
+static double run_pread(const char *path, const uint64_t *idx, size_t n, uint64_t size,
+                        uint64_t data_off)
+{
+    int fd = open(path, O_RDONLY);
+    uint8_t *buf = malloc(size);
+    uint64_t x = 0;
+    double t0 = now();
+    for (size_t i = 0; i < n; i++) {
+        if (pread(fd, buf, size, (off_t)(data_off + idx[i] * size)) != (ssize_t)size)
+            die(path, "short pread");
+        x ^= buf[0] ^ buf[size - 1];
+    }
+    double t = now() - t0;
+    close(fd);
+    free(buf);
+    if (x == 0x1234567)
+        printf(" ");
+    return t;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = "/tmp";
+    int mib = 256, reps = 3, clients = 2, threads = 2;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--dir") == 0)
+            dir = argv[i + 1];
+        else if (strcmp(argv[i], "--mib") == 0)
+            mib = (int)strtol(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--reps") == 0)
+            reps = (int)strtol(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--clients") == 0)
+            clients = (int)strtol(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--msg") == 0)
+            msg_limit = (uint32_t)strtoul(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--threads") == 0)
+            threads = (int)strtol(argv[i + 1], NULL, 10);
+    }
+    if (reps < 1 || reps > 15 || clients < 1 || clients > 16 || mib < 1)
+        die("usage", "bench_worker [--dir DIR] [--mib N] [--reps 1..15] [--clients 1..16]");
+    char root[1024];
+    snprintf(root, sizeof(root), "%s/bench-worker-XXXXXX", dir);
+    if (!mkdtemp(root))
+        die(root, strerror(errno));
+    char real[4096];
+    if (!realpath(root, real))
+        die(root, strerror(errno));
+
+    static bw_worker_config cfg;
+    cfg.common.max_message_bytes = 16 << 20;
+    static bw_worker w;
+    w.cfg = &cfg;
+    snprintf(w.id, sizeof(w.id), "bench");
+    w.datasets = bw__ds_cache_new(real);
+    bw__pview_init(&w.placement);
+    const bw_rpc_handler handlers[] = {
+        {BW_METHOD(BW_M_DATA_READ_SAMPLES), bw__data_read_samples},
+    };
+    bw_rpc_server_opts so;
+    memset(&so, 0, sizeof(so));
+    so.listen = "127.0.0.1:0";
+    so.threads = threads;
+    so.requests_per_method = 4;
+    so.max_receive_bytes = 64 << 20;
+    so.call_memory_limit = 256 << 20;
+    so.role = "worker";
+    bw_rpc_server *srv = NULL;
+    char bound[256], err[512];
+    if (bw__rpc_server_start(&so, handlers, 1, &w, &srv, bound, sizeof(bound), err, sizeof(err)) !=
+        BW_OK)
+        die("server", err);
+
+    printf("| sample | samples/s gRPC | MiB/s gRPC | samples/s pread | MiB/s pread | gRPC / "
+           "pread |\n|---|---|---|---|---|---|\n");
+    const uint64_t sizes[] = {256, 4096, 65536, 1 << 20};
+    for (int k = 0; k < 4; k++) {
+        uint64_t size = sizes[k], n = ((uint64_t)mib << 20) / size;
+        char rel[64], path[4200];
+        snprintf(rel, sizeof(rel), "bench-%llu.npy", (unsigned long long)size);
+        snprintf(path, sizeof(path), "%s/%s", real, rel);
+        write_npy(path, n, size);
+        uint64_t *idx = malloc(n * sizeof(*idx));
+        for (uint64_t i = 0; i < n; i++)
+            idx[i] = i;
+        for (uint64_t i = n - 1; i > 0; i--) { /* fixed shuffle */
+            uint64_t j = bw__placement_mix64(i) % (i + 1), t = idx[i];
+            idx[i] = idx[j];
+            idx[j] = t;
+        }
+        struct stat st;
+        stat(path, &st);
+        uint64_t data_off = (uint64_t)st.st_size - n * size;
+        /* warm the page cache and the worker's dataset cache */
+        run_pread(path, idx, n, size, data_off);
+        run_rpc(bound, rel, idx, n < 1000 ? n : 1000, size, 1);
+        double tr[15], tp[15];
+        for (int r = 0; r < reps; r++) {
+            tr[r] = run_rpc(bound, rel, idx, n, size, clients);
+            tp[r] = run_pread(path, idx, n, size, data_off);
+        }
+        qsort(tr, (size_t)reps, sizeof(double), cmp_double);
+        qsort(tp, (size_t)reps, sizeof(double), cmp_double);
+        double r = tr[reps / 2], p = tp[reps / 2], mibs = (double)(n * size) / (1 << 20);
+        char label[32];
+        if (size >= (1 << 20))
+            snprintf(label, sizeof(label), "%llu MiB", (unsigned long long)(size >> 20));
+        else if (size >= 1024)
+            snprintf(label, sizeof(label), "%llu KiB", (unsigned long long)(size >> 10));
+        else
+            snprintf(label, sizeof(label), "%llu B", (unsigned long long)size);
+        printf("| %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", label, (double)n / r, mibs / r,
+               (double)n / p, mibs / p, p / r);
+        fflush(stdout);
+        free(idx);
+        unlink(path);
+    }
+    bw__rpc_server_stop(srv, 1000);
+    bw__ds_cache_free(w.datasets);
+    bw__pview_destroy(&w.placement);
+    rmdir(real);
+    return 0;
+}
