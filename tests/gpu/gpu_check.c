@@ -24,7 +24,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: gpu_check COORDINATOR JOB DATASET DEVICE BATCH_SIZE\n");
         return 2;
     }
-    int device = atoi(argv[4]);
+    int device = (int)strtol(argv[4], NULL, 10);
     bw_loader_options o;
     bw_loader_options_init(&o);
     o.coordinator = argv[1];
@@ -32,7 +32,7 @@ int main(int argc, char **argv)
     o.dataset = argv[3];
     o.rank = 0;
     o.world_size = 1;
-    o.batch_size = (uint64_t)atoll(argv[5]);
+    o.batch_size = strtoull(argv[5], NULL, 10);
     o.device = device;
     char err[1024];
     bw_loader *l;
