@@ -345,7 +345,7 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
             rc = BW_UNAVAILABLE;
             snprintf(b->err, sizeof(b->err),
                      "%zu samples of step %llu could not be fetched in "
-                     "%d ms: %s",
+                     "%d ms: %.900s",
                      remaining, (unsigned long long)b->step, ctx->timeout_ms, err);
             break;
         }
