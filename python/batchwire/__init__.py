@@ -1,0 +1,65 @@
+"""batchwire: exactly this rank's training batches from a batchwire cluster.
+
+    from batchwire import Loader
+    with Loader(coordinator="10.0.0.5:7700", job="run1", dataset="npy:train/*.npy",
+                batch_size=32, shuffle=True, seed=0) as loader:
+        for epoch in loader.epochs(10):
+            for batch in loader:
+                x = batch.torch()          # [32, ...] tensor, valid until the next batch
+                ...
+            ckpt["data_cursor"] = loader.cursor()
+
+A thin ctypes binding over libbatchwire (include/batchwire/loader.h); nothing to compile.
+The library is found through $BATCHWIRE_LIB, next to this package, in the source tree's
+build/lib, or on the system loader path (see python/README.md). numpy is needed for batches,
+torch only for Batch.torch().
+"""
+
+import ctypes
+import logging
+
+from . import _lib
+from .errors import *  # noqa: F401,F403  (the exception classes)
+from .errors import Error, __all__ as _error_names
+from .loader import Batch, Loader
+
+__all__ = ["Loader", "Batch", "Error", "library_path", "version", "log_to_python"] + \
+    [n for n in _error_names if n != "Error"]
+
+
+def library_path():
+    """Where libbatchwire was loaded from (loads it if needed)."""
+    return _lib.path()
+
+
+def version():
+    """libbatchwire's version, "MAJOR.MINOR.PATCH"."""
+    return _lib.lib().bw_version().decode()
+
+
+_log_cb = None
+_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+
+
+def log_to_python(level=logging.INFO, logger="batchwire"):
+    """Sends libbatchwire's log lines (worker failovers, placement refreshes...) to the
+    `logging` logger named `logger`, for events at `level` or more severe; None turns them
+    off again. The library prints nothing otherwise. Call it before opening loaders."""
+    global _log_cb
+    L = _lib.lib()
+    if level is None:
+        L.bw_set_log_callback(_lib._LOG_FN(), None, 0)
+        _log_cb = None
+        return
+    log = logging.getLogger(logger)
+    max_level = max((k for k, v in _LEVELS.items() if v >= level), default=0)
+
+    def cb(_user, lvl, line):
+        try:
+            log.log(_LEVELS.get(lvl, logging.INFO), "%s", line.decode("utf-8", "replace"))
+        except Exception:
+            pass
+
+    fn = _lib._LOG_FN(cb)
+    L.bw_set_log_callback(fn, None, max_level)
+    _log_cb = fn  # keep the trampoline alive as long as the library may call it

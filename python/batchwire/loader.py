@@ -1,0 +1,452 @@
+"""The Loader and its batches: libbatchwire's bw_loader through ctypes."""
+
+import ctypes
+import os
+import threading
+
+from . import _lib
+from . import errors
+
+_BW_OK = 0
+_BW_END_OF_EPOCH = -22
+_CURSOR_TEXT_MAX = 1 << 16
+
+
+def _parse_device(device):
+    """None/"cpu" -> -1; "cuda", "cuda:N", N, torch.device("cuda", N) -> N."""
+    if device is None:
+        return -1
+    if isinstance(device, bool):
+        raise errors.InvalidArgumentError("device: expected None, 'cpu', 'cuda:N' or N, got %r"
+                                          % (device,), code="BW_INVALID_ARGUMENT")
+    if isinstance(device, int):
+        if device < 0:
+            raise errors.InvalidArgumentError("device: %d is not a device number" % device)
+        return device
+    text = str(device)  # also torch.device
+    if text == "cpu":
+        return -1
+    if text == "cuda":
+        return 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    raise errors.InvalidArgumentError("device: expected None, 'cpu', 'cuda' or 'cuda:N', got %r"
+                                      % (device,))
+
+
+def _varints(data):
+    """(field number, value) of the varint and fixed64 fields of a protobuf message."""
+    i, n, out = 0, len(data), []
+    while i < n:
+        key, i = _varint(data, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = _varint(data, i)
+            out.append((field, v))
+        elif wire == 1:
+            i += 8
+        elif wire == 2:
+            ln, i = _varint(data, i)
+            i += ln
+        elif wire == 5:
+            i += 4
+        else:
+            break
+    return out
+
+
+def _varint(data, i):
+    shift = v = 0
+    while i < len(data):
+        b = data[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return v, i
+    return v, i
+
+
+class Batch:
+    """One batch of this rank, borrowed from its Loader.
+
+    Plain attributes (copies, valid forever): ``epoch``, ``step``, ``count`` (samples, padding
+    included), ``real`` (samples that are not padding), ``indices`` (numpy int64 array of the
+    sample indices), ``padding`` (numpy bool array, True for padding duplicates), ``nbytes``,
+    ``dtype`` (numpy dtype for .npy datasets, else None), ``shape`` (tuple for .npy datasets,
+    else None), ``device`` (-1: host memory; N: the loader delivered it to cuda:N).
+
+    The data (``numpy()``, ``torch()``, ``samples()``, ``memoryview()``) is a zero-copy view
+    into the loader's buffer: it is valid until the loader's next batch (or next_epoch, or
+    close). Keep it longer with ``.copy()`` / ``.clone()``. Asking a released batch for its
+    data raises FailedPreconditionError.
+    """
+
+    __slots__ = ("_loader", "_ptr", "_gen", "epoch", "step", "count", "real", "indices",
+                 "padding", "nbytes", "dtype", "shape", "device")
+
+    def __init__(self, loader, ptr, gen):
+        import numpy as np
+
+        L = _lib.lib()
+        self._loader = loader
+        self._ptr = ptr
+        self._gen = gen
+        self.epoch = int(L.bw_batch_epoch(ptr))
+        self.step = int(L.bw_batch_step(ptr))
+        self.count = int(L.bw_batch_count(ptr))
+        self.real = int(L.bw_batch_real(ptr))
+        self.nbytes = int(L.bw_batch_nbytes(ptr))
+        self.device = int(L.bw_batch_device(ptr))
+        if self.count:
+            idx = (ctypes.c_uint64 * self.count).from_address(L.bw_batch_indices(ptr))
+            pad = (ctypes.c_uint8 * self.count).from_address(L.bw_batch_padding(ptr))
+            self.indices = np.frombuffer(idx, dtype=np.uint64).astype(np.int64)
+            self.padding = np.frombuffer(pad, dtype=np.uint8).astype(bool)
+        else:
+            self.indices = np.zeros(0, dtype=np.int64)
+            self.padding = np.zeros(0, dtype=bool)
+        ndim = int(L.bw_batch_ndim(ptr))
+        if ndim:
+            shp = (ctypes.c_uint64 * ndim).from_address(L.bw_batch_shape(ptr))
+            self.shape = tuple(int(x) for x in shp)
+            self.dtype = np.dtype(L.bw_batch_dtype(ptr).decode())
+            want = self.dtype.itemsize
+            for d in self.shape:
+                want *= d
+            if want != self.nbytes:
+                raise errors.ProtocolError(
+                    "batch of step %d: shape %r of %s needs %d bytes, the batch has %d" %
+                    (self.step, self.shape, self.dtype.str, want, self.nbytes))
+        else:
+            self.shape = None
+            self.dtype = None
+
+    def __repr__(self):
+        return ("<batchwire.Batch epoch=%d step=%d count=%d real=%d%s>" %
+                (self.epoch, self.step, self.count, self.real,
+                 "" if self.shape is None else " shape=%r dtype=%s" % (self.shape, self.dtype)))
+
+    def __len__(self):
+        return self.count
+
+    @property
+    def valid(self):
+        """False once the loader has moved on (the data views are then invalid)."""
+        lo = self._loader
+        return lo._handle is not None and lo._gen == self._gen
+
+    def _check(self):
+        if not self.valid:
+            raise errors.FailedPreconditionError(
+                "batch of epoch %d step %d was released when the loader moved on (next "
+                "batch, next_epoch or close): copy what you need to keep (batch.numpy().copy(),"
+                " batch.torch().clone()) before taking the next batch" % (self.epoch, self.step))
+
+    def _host_buffer(self):
+        """A ctypes byte array over the batch's host bytes that keeps the loader alive."""
+        self._check()
+        L = _lib.lib()
+        addr = L.bw_batch_host_data(self._ptr)
+        buf = (ctypes.c_uint8 * self.nbytes).from_address(addr) if self.nbytes else \
+            (ctypes.c_uint8 * 0)()
+        # Views made from this buffer reference it (numpy's .base, memoryview.obj); the loader
+        # then outlives them, so forgetting the Loader object cannot free their memory.
+        buf._bw_owner = self._loader
+        return buf
+
+    def memoryview(self):
+        """The batch's bytes (host memory) as a read-only memoryview, in batch order."""
+        return memoryview(self._host_buffer()).cast("B").toreadonly()
+
+    def numpy(self):
+        """.npy datasets: a numpy array [count, ...] with the dataset's dtype, viewing the
+        loader's buffer (valid until the next batch; ``.copy()`` to keep it). Other formats:
+        the list of samples' bytes (copies)."""
+        import numpy as np
+
+        if self.shape is None:
+            return self.samples()
+        arr = np.frombuffer(self._host_buffer(), dtype=self.dtype)
+        return arr.reshape(self.shape)
+
+    def samples(self):
+        """Every sample's bytes (copies), in batch order."""
+        self._check()
+        L = _lib.lib()
+        out = []
+        p = ctypes.c_void_p()
+        n = ctypes.c_size_t()
+        for i in range(self.count):
+            rc = L.bw_batch_sample(self._ptr, i, ctypes.byref(p), ctypes.byref(n))
+            if rc != _BW_OK:
+                raise _lib.error(rc, "sample %d of the batch of step %d" % (i, self.step))
+            out.append(ctypes.string_at(p.value, n.value) if n.value else b"")
+        return out
+
+    @property
+    def __cuda_array_interface__(self):
+        """For batches the loader delivered to a GPU (device >= 0): the device buffer, for
+        torch.as_tensor, CuPy or Numba. Valid until the next batch."""
+        self._check()
+        if self.device < 0 or self.shape is None:
+            raise AttributeError("__cuda_array_interface__: the batch is not a tensor on a GPU")
+        ptr = _lib.lib().bw_batch_data(self._ptr)
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (ptr, False),
+                "version": 2, "strides": None}
+
+    def torch(self):
+        """.npy datasets: a torch.Tensor [count, ...]. On the CPU (loader without device) it
+        shares the loader's buffer through torch.from_numpy (valid until the next batch;
+        ``.clone()`` to keep it). With the loader's device set, a tensor on that GPU viewing
+        the loader's device buffer. Other formats: a list of uint8 tensors (copies)."""
+        import torch
+
+        if self.shape is None:
+            return [torch.frombuffer(bytearray(s), dtype=torch.uint8) if s else
+                    torch.zeros(0, dtype=torch.uint8) for s in self.samples()]
+        if self.device >= 0:
+            if not torch.cuda.is_available():
+                raise errors.NoDeviceError(
+                    "the batch is on cuda:%d but this PyTorch (%s) cannot use CUDA; use "
+                    "batch.numpy() for the host copy" % (self.device, torch.__version__))
+            return torch.as_tensor(self, device="cuda:%d" % self.device)
+        arr = self.numpy()
+        if not arr.dtype.isnative:
+            # torch needs native byte order: this is a converted copy, not a view.
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        return torch.from_numpy(arr)
+
+
+class Loader:
+    """This rank's batches of a batchwire job, in plan order, with exact resume.
+
+    Arguments mirror ``batchwire fetch`` and bw_loader_options (include/batchwire/loader.h):
+
+    coordinator   "HOST:PORT" (default: $BATCHWIRE_COORDINATOR)
+    job           job name; created by the first rank, joined by the others (required)
+    dataset       "FORMAT:PATH[,PATH...]" below the workers' --data-root (required)
+    batch_size    per rank (global with split_batches)
+    mode          "torch" (DistributedSampler + DataLoader), "accelerate" or "iterable"
+    shuffle, seed, shuffle_algo ("torch" or "feistel"), drop_last, sampler_drop_last,
+    split_batches, even_batches   the sampler (docs/semantics.md); every rank must agree
+    rank, world_size   None: from RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_NTASKS
+    resume        a cursor (text "bwc1:..." or bytes) to continue after; None: where the
+                  coordinator says this rank resumes (its committed cursor, or the start)
+    prefetch      batches fetched ahead; max_buffer_bytes caps their memory
+    timeout       seconds per call to a worker or the coordinator
+    device        None or "cpu": host memory; "cuda:N": batches copied to that GPU
+    tls_ca, tls_cert, tls_key, tls_server_name   TLS to the coordinator and workers
+
+    ``for batch in loader`` runs the rest of the current epoch; ``loader.next_epoch()`` starts
+    the next one, or ``for epoch in loader.epochs(n): for batch in loader: ...``.
+    One loader is used by one thread at a time (calls are serialised by a lock); different
+    loaders are independent and may run in parallel threads.
+    """
+
+    def __init__(self, coordinator=None, job=None, dataset=None, batch_size=1, mode="torch",
+                 shuffle=False, seed=0, rank=None, world_size=None, drop_last=False,
+                 sampler_drop_last=False, split_batches=False, even_batches=True,
+                 shuffle_algo="torch", resume=None, prefetch=4, max_buffer_bytes=None,
+                 timeout=10.0, device=None, tls_ca=None, tls_cert=None, tls_key=None,
+                 tls_server_name=None):
+        self._handle = None
+        self._gen = 0
+        self._lock = threading.RLock()
+        L = _lib.lib()
+        coordinator = coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
+        for name, value in (("coordinator", coordinator), ("job", job), ("dataset", dataset)):
+            if not value:
+                raise errors.InvalidArgumentError("%s: required" % name)
+        if isinstance(batch_size, bool) or int(batch_size) < 1:
+            raise errors.InvalidArgumentError("batch_size: %r is not a positive integer" %
+                                              (batch_size,))
+        if int(prefetch) < 1:
+            raise errors.InvalidArgumentError("prefetch: %r is below 1" % (prefetch,))
+        dev = _parse_device(device)
+        self._device = dev
+
+        raw = ctypes.create_string_buffer(_lib.OPTIONS_ALLOC)
+        L.bw_loader_options_init(raw)
+        o = _lib.Options.from_buffer(raw)
+        keep = []  # bytes objects the struct points into, alive until open returns
+
+        def s(x):
+            if x is None:
+                return None
+            b = os.fsencode(x) if not isinstance(x, bytes) else x
+            keep.append(b)
+            return b
+
+        o.coordinator = s(coordinator)
+        o.tls_ca, o.tls_cert, o.tls_key = s(tls_ca), s(tls_cert), s(tls_key)
+        o.tls_server_name = s(tls_server_name)
+        o.job = s(job)
+        o.dataset = s(dataset)
+        o.rank = -1 if rank is None else int(rank)
+        o.world_size = -1 if world_size is None else int(world_size)
+        o.mode = s(mode)
+        o.batch_size = int(batch_size)
+        o.shuffle = 1 if shuffle else 0
+        seed = int(seed)
+        o.seed = seed - (1 << 64) if seed >= 1 << 63 else seed
+        o.shuffle_algo = s(shuffle_algo)
+        o.drop_last = 1 if drop_last else 0
+        o.sampler_drop_last = 1 if sampler_drop_last else 0
+        o.split_batches = 1 if split_batches else 0
+        o.even_batches = 1 if even_batches else 0
+        o.prefetch_batches = int(prefetch)
+        if max_buffer_bytes is not None:
+            o.max_buffer_bytes = int(max_buffer_bytes)
+        o.timeout_ms = max(1, int(round(float(timeout) * 1000)))
+        o.device = dev
+
+        handle = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(2048)
+        if resume is None:
+            rc = L.bw_loader_open(raw, ctypes.byref(handle), err, len(err))
+        else:
+            if isinstance(resume, str):
+                cur = resume.strip().encode()
+                clen = 0  # NUL-terminated text
+            elif isinstance(resume, (bytes, bytearray, memoryview)):
+                cur = bytes(resume)
+                clen = len(cur)
+            else:
+                raise errors.InvalidArgumentError(
+                    "resume: expected the cursor's text (str, 'bwc1:...') or bytes, got %s" %
+                    type(resume).__name__)
+            if not cur:
+                raise errors.CorruptError("cursor refused: it is empty")
+            cbuf = ctypes.create_string_buffer(cur, len(cur) + 1)
+            rc = L.bw_loader_open_at(raw, cbuf, clen, ctypes.byref(handle), err, len(err))
+        del keep
+        if rc != _BW_OK:
+            raise _lib.error(rc, err.value.decode("utf-8", "replace"))
+        self._handle = handle
+        self.rank = int(L.bw_loader_rank(handle))
+        self.world_size = int(L.bw_loader_world_size(handle))
+        self.num_samples = int(L.bw_loader_num_samples(handle))
+        self.job = job
+        self.device = dev
+
+    # ---- lifetime
+
+    def close(self):
+        """Leaves the job (releases the rank) and frees every buffer; batches become invalid.
+        Idempotent."""
+        with self._lock:
+            h, self._handle = self._handle, None
+            self._gen += 1
+            if h is not None:
+                _lib.lib().bw_loader_close(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            if getattr(self, "_handle", None) is not None:
+                self.close()
+        except Exception:
+            pass
+
+    def _h(self):
+        if self._handle is None:
+            raise errors.FailedPreconditionError("the loader is closed")
+        return self._handle
+
+    def _raise(self, rc):
+        msg = _lib.lib().bw_loader_errmsg(self._handle) if self._handle is not None else b""
+        raise _lib.error(rc, (msg or b"").decode("utf-8", "replace"))
+
+    # ---- batches
+
+    def next_batch(self):
+        """The next batch of the current epoch, or None at the end of the epoch. The previous
+        batch's data views become invalid."""
+        with self._lock:
+            h = self._h()
+            self._gen += 1
+            out = ctypes.c_void_p()
+            rc = _lib.lib().bw_loader_next(h, ctypes.byref(out))
+            if rc == _BW_END_OF_EPOCH:
+                return None
+            if rc != _BW_OK:
+                self._raise(rc)
+            return Batch(self, out.value, self._gen)
+
+    def __iter__(self):
+        """The rest of the current epoch."""
+        while True:
+            b = self.next_batch()
+            if b is None:
+                return
+            yield b
+
+    def next_epoch(self):
+        """Starts the next epoch at step 0 (also when the current one was left unfinished)."""
+        with self._lock:
+            h = self._h()
+            self._gen += 1
+            rc = _lib.lib().bw_loader_next_epoch(h)
+            if rc != _BW_OK:
+                self._raise(rc)
+
+    def epochs(self, n):
+        """Yields n epoch numbers, the first being the current epoch (which may be resumed
+        mid-way), starting each further one with next_epoch(); iterate the loader inside:
+        ``for epoch in loader.epochs(3): for batch in loader: ...``."""
+        for i in range(int(n)):
+            if i > 0:
+                self.next_epoch()
+            yield self.position()[0]
+
+    # ---- cursors
+
+    def cursor_bytes(self):
+        """The cursor after the last batch handed out (binary form)."""
+        with self._lock:
+            h = self._h()
+            L = _lib.lib()
+            n = ctypes.c_size_t(256)
+            while True:
+                buf = ctypes.create_string_buffer(n.value)
+                rc = L.bw_loader_cursor(h, buf, ctypes.byref(n))
+                if rc == _BW_OK:
+                    return buf.raw[:n.value]
+                if rc != -9:  # BW_TOO_BIG: n is now the size needed
+                    self._raise(rc)
+
+    def cursor(self):
+        """The cursor after the last batch handed out, as text ("bwc1:..."): store it in the
+        checkpoint and pass it back as Loader(resume=...)."""
+        with self._lock:
+            h = self._h()
+            buf = ctypes.create_string_buffer(_CURSOR_TEXT_MAX)
+            rc = _lib.lib().bw_loader_cursor_text(h, buf, len(buf))
+            if rc != _BW_OK:
+                self._raise(rc)
+            return buf.value.decode()
+
+    def position(self):
+        """(epoch, step) of the next batch to be handed out."""
+        fields = dict(_varints(self.cursor_bytes()))
+        return fields.get(6, 0), fields.get(7, 0)
+
+    def commit(self):
+        """Records the cursor with the coordinator (durably) for this rank: a restarted
+        Loader without ``resume`` continues from it."""
+        with self._lock:
+            rc = _lib.lib().bw_loader_commit(self._h())
+            if rc != _BW_OK:
+                self._raise(rc)
+
+    def __repr__(self):
+        return "<batchwire.Loader job=%r rank=%s/%s%s>" % (
+            self.__dict__.get("job"), self.__dict__.get("rank"), self.__dict__.get("world_size"),
+            "" if self._handle is not None else " closed")
