@@ -265,7 +265,7 @@ def test(tmpdir):
     tfr["spec"] = "tfrecord:tfr/part-*.tfrecord"
     npy_samples = e2e.expected_samples(npy)
     tfr_samples = e2e.expected_samples(tfr)
-    npoints = 8 if e2e.sanitized_build() else 12
+    npoints = 12
     c_npy = dict(mode="torch", B=6, shuffle=True, seed=42)
     cursors = scenario(cl, "npy-resume", npy, npy_samples, c_npy, rng, npoints)
     c_tfr = dict(mode="accelerate", B=8, shuffle=True, seed=7, split_batches=True)

@@ -1,0 +1,285 @@
+"""Worker failover under four trainer ranks, and clear failures instead of hangs.
+
+* A fault-free run of four concurrent `batchwire fetch` ranks (two epochs, .npy, torch mode
+  with shuffle) is checked against `batchwire plan` and the generator's bytes.
+* The same job again under another name: while all four ranks are mid-epoch, one of the three
+  workers is SIGKILLed. The ranks are slowed down (SIGSTOP/SIGCONT pacing, --prefetch 2) so
+  that the kill lands while they are fetching; the kill is sent in a window where every rank
+  runs. Before the kill the test proves the victim was serving these ranks: the kernel's
+  per-socket counters (`ss`) show bytes it sent on its data connections, and batches already
+  delivered contain samples of shards the coordinator's placement assigns to it. Afterwards
+  every rank's whole sequence (epoch, step, indices, padding, real, sha256) must equal the
+  fault-free run's, and every fetch process must exit 0 within a timeout (no hang).
+* `--device cuda:0` on a machine without a GPU fails with exit 1 and BW_NO_DEVICE before the
+  rank is claimed (the rank can be taken at once by another process; no job is created).
+* With every worker dead -- killed under a running rank, and before a rank starts -- fetch
+  exits 1 with a message saying the samples could not be fetched, within a bounded time
+  (about 2 x --timeout-ms), instead of hanging.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bwtest as bt  # noqa: E402
+import bwdata as bd  # noqa: E402
+import test_client_e2e as e2e  # noqa: E402
+from test_client_resume import key, LEASE_MS, LEASE_WAIT  # noqa: E402
+
+NUM_SHARDS = 256  # the loader routes by index % 256 (client/lib/loader_int.h)
+CFG = dict(mode="torch", B=16, shuffle=True, seed=5)
+SPEC = "npy:big/part-*.npy"
+TIMEOUT_MS = 2000
+# A fetch gives up within about 2 x --timeout-ms (the fetch thread's deadline, then one more
+# attempt by bw_loader_next); allow for a loaded machine.
+LIMIT_S = 5 * TIMEOUT_MS / 1000.0
+
+
+class Pacer:
+    """Slows processes down: lets them run `run_ms`, then stops them for `stop_ms`, over and
+    over. `at_run(fn)` calls fn once, inside a window where they all run."""
+
+    def __init__(self, pids, run_ms=3, stop_ms=25):
+        self.pids = list(pids)
+        self.run_s, self.stop_s = run_ms / 1000.0, stop_ms / 1000.0
+        self._stop = threading.Event()
+        self._task = None
+        self._done = threading.Event()
+        self.cycles = 0
+        self.t = threading.Thread(target=self._loop, daemon=True)
+        self.t.start()
+
+    def _signal(self, sig):
+        for p in self.pids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+
+    def _loop(self):
+        while not self._stop.is_set():
+            self._signal(signal.SIGCONT)
+            if self._task:
+                time.sleep(self.run_s / 2)
+                task, self._task = self._task, None
+                task()
+                self._done.set()
+                time.sleep(self.run_s / 2)
+            else:
+                time.sleep(self.run_s)
+            if self._stop.is_set():
+                break
+            self._signal(signal.SIGSTOP)
+            time.sleep(self.stop_s)
+            self.cycles += 1
+        self._signal(signal.SIGCONT)
+
+    def at_run(self, fn, timeout=10):
+        self._done.clear()
+        self._task = fn
+        if not self._done.wait(timeout):
+            raise bt.TestFailure("the pacer did not run the task")
+
+    def stop(self):
+        self._stop.set()
+        self.t.join(10)
+        self._signal(signal.SIGCONT)
+
+
+def bytes_sent_by(pid, port):
+    """Bytes the kernel says process `pid` sent on established TCP connections whose local
+    port is `port` (its listener's accepted connections)."""
+    r = subprocess.run(["ss", "-tnpiH", "state", "established"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=20)
+    total, conns = 0, 0
+    lines = r.stdout.splitlines()
+    for i, line in enumerate(lines):
+        if ("pid=%d," % pid) not in line:
+            continue
+        fields = line.split()
+        local = fields[2] if len(fields) > 2 else ""
+        if not local.endswith(":%d" % port):
+            continue
+        info = lines[i + 1] if i + 1 < len(lines) else ""
+        m = re.search(r"bytes_sent:(\d+)", info)
+        if m:
+            total += int(m.group(1))
+            conns += 1
+    return total, conns
+
+
+def gpu_present():
+    return any(n.startswith("nvidia") and n[6:].isdigit() for n in os.listdir("/dev"))
+
+
+def job_names(cl):
+    return [j["name"] for j in bt.status_json(cl.addr)["jobs"]]
+
+
+def rank_holder(cl, job, rank):
+    for j in bt.status_json(cl.addr)["jobs"]:
+        if j["name"] == job:
+            for r in j["ranks"]:
+                if r["rank"] == rank:
+                    return r
+    return None
+
+
+def device_check(cl):
+    if gpu_present():
+        bt.log("a GPU is present: skipping the no-device check")
+        return
+    # A new job: refused before anything is created.
+    p = e2e.Fetch(cl.addr, "gpu-job", SPEC, CFG, 0, extra=["--device", "cuda:0"])
+    err = p.refused(30)
+    bt.check("BW_NO_DEVICE" in err and "cuda:0" in err,
+             "--device cuda:0 without a GPU: exit 1 with BW_NO_DEVICE: %s" % err.strip()[-200:], err)
+    bt.check("gpu-job" not in job_names(cl), "... and the job was not created")
+    # An existing job: the rank is not claimed, so another process takes it at once.
+    p = e2e.Fetch(cl.addr, "ref", SPEC, CFG, 3, extra=["--device", "cuda:0"])
+    err = p.refused(30)
+    h = rank_holder(cl, "ref", 3)
+    bt.check("BW_NO_DEVICE" in err and h.get("pid") != p.pid,
+             "--device cuda:0 on job ref rank 3: BW_NO_DEVICE, and rank 3 is not held by it "
+             "(holder pid %s, lease %s)" % (h.get("pid"), h.get("lease")), err)
+    q = e2e.Fetch(cl.addr, "ref", SPEC, CFG, 3, extra=["--max-steps", 2])
+    got, _ = q.ok(30, "rank 3 right after the refused --device open")
+    bt.check(len(got) == 2, "rank 3 is claimed by a host-memory fetch right after the refusal")
+
+
+def failover(cl, ref, want, samples):
+    victim = "w2"
+    fo = [e2e.Fetch(cl.addr, "failover", SPEC, CFG, r,
+                    extra=["--epochs", e2e.EPOCHS, "--prefetch", 2, "--timeout-ms", 5000])
+          for r in range(e2e.WORLD)]
+    total = len(ref[0])
+    pacer = Pacer([p.pid for p in fo])
+    try:
+        bt.poll(lambda: all(p.batches_seen() >= 12 for p in fo), 60, interval=0.02,
+                what="every rank to deliver 12 batches")
+        dc = bd.DataClient(cl.tmpdir, cl.addr)
+        table = dc.placement(NUM_SHARDS)
+        dc.close()
+        ids = [w.id for w in table.workers]
+        vshards = {s for s in range(NUM_SHARDS) if ids[table.owners[s]] == victim}
+        vport = int(cl.workers[victim].addr.rsplit(":", 1)[1])
+        evidence = {}
+
+        def kill():
+            evidence["seen"] = [p.batches_seen() for p in fo]
+            evidence["sent"] = bytes_sent_by(cl.workers[victim].pid, vport)
+            cl.workers[victim].send(signal.SIGKILL)
+        pacer.at_run(kill)
+        cl.workers[victim].proc.wait(10)
+        t_kill = time.monotonic()
+        # Keep them slow for a while after the kill, then let them run.
+        time.sleep(1.0)
+    finally:
+        pacer.stop()
+    seen = evidence["seen"]
+    sent, conns = evidence["sent"]
+    bt.check(all(0 < s < total for s in seen),
+             "%s SIGKILLed while every rank was mid-run: %r of %d batches printed per rank "
+             "(epoch 0 has %d)" % (victim, seen, total, total // 2))
+    served = sum(1 for p in fo for b in p.result()[0][:seen[p.rank]]
+                 for i in b["indices"] if i % NUM_SHARDS in vshards)
+    bt.check(sent > 0 and served > 0,
+             "%s was serving before the kill: it had sent %d bytes on %d data connections (ss), "
+             "and %d samples delivered before the kill are in its %d of %d shards (placement "
+             "version %d)" % (victim, sent, conns, served, len(vshards), NUM_SHARDS,
+                              table.version))
+    for p in fo:
+        got, _ = p.ok(60, "rank %d after the kill of %s" % (p.rank, victim))
+        if [key(b) for b in got] != [key(b) for b in ref[p.rank]]:
+            first = next((i for i, (a, b) in enumerate(zip(got, ref[p.rank])) if key(a) != key(b)),
+                         min(len(got), len(ref[p.rank])))
+            raise bt.TestFailure("rank %d: the sequence differs from the fault-free run's at "
+                                 "batch %d (%d vs %d batches)" % (p.rank, first, len(got),
+                                                                  len(ref[p.rank])))
+        e2e.compare("failover rank %d" % p.rank, got, want[p.rank], samples)
+    bt.ok("after %s died mid-epoch, all 4 ranks exited 0 (the last %.1f s after the kill) with "
+          "sequences identical to the fault-free run and the plan (%d batches each)" %
+          (victim, max(p.t0 + p.seconds for p in fo) - t_kill, total))
+
+
+def all_dead(cl):
+    # Under a running rank: it has started, then every remaining worker dies.
+    p = e2e.Fetch(cl.addr, "ref", SPEC, CFG, 0, extra=["--epochs", e2e.EPOCHS, "--prefetch", 2,
+                                                       "--timeout-ms", TIMEOUT_MS])
+    pacer = Pacer([p.pid])
+    try:
+        bt.poll(lambda: p.batches_seen() >= 5 or p.proc.poll() is not None, 60, interval=0.02,
+                what="rank 0 to deliver 5 batches")
+        t0 = []
+
+        def kill():
+            t0.append(time.monotonic())
+            for w in cl.workers.values():
+                w.send(signal.SIGKILL)
+        pacer.at_run(kill)
+    finally:
+        pacer.stop()
+    # A rank started right after the kill, before the coordinator can have marked the workers
+    # dead (heartbeat 200 ms x 3): its placement still lists them.
+    early = e2e.Fetch(cl.addr, "ref", SPEC, CFG, 1, extra=["--timeout-ms", TIMEOUT_MS])
+    early_at = time.monotonic() - t0[0]
+    for w in cl.workers.values():
+        w.proc.wait(10)
+    err = p.refused_after_batches(40)
+    took = time.monotonic() - t0[0]
+    bt.check(re.search(r"BW_UNAVAILABLE: .*(could not be fetched|no storage worker|every "
+                       r"storage worker failed)", err) is not None and took < LIMIT_S,
+             "every worker killed under a running rank: fetch exits 1 after %d batches, %.1f s "
+             "after the kill (--timeout-ms %d): %s" % (p.batches_seen(), took, TIMEOUT_MS,
+                                                       err.strip()[-220:]), err)
+    cases = [(early, "started %.2f s after the kill, while the coordinator still listed them" %
+              early_at, early_at)]
+    bt.poll(lambda: not any(w["state"] == "alive" for w in bt.status_json(cl.addr)["workers"]),
+            15, interval=0.1, what="the coordinator to mark every worker dead")
+    late = e2e.Fetch(cl.addr, "ref", SPEC, CFG, 2, extra=["--timeout-ms", TIMEOUT_MS])
+    cases.append((late, "started after the coordinator marked them dead", 0))
+    for q, label, _ in cases:
+        err = q.refused(40)
+        bt.check("BW_UNAVAILABLE" in err and q.seconds < LIMIT_S,
+                 "all workers dead, rank %d %s: exit 1 after %.1f s: %s" %
+                 (q.rank, label, q.seconds, err.strip()[-200:]), err)
+
+
+def refused_after_batches(self, timeout):
+    """Waits; the process must exit 1 (it may have printed batches). Returns stderr."""
+    rc = self.wait(timeout)
+    e2e.check_clean_log("fetch rank %d" % self.rank, self.stderr())
+    if rc != 1:
+        raise bt.TestFailure("expected exit 1, got %s\nstderr:\n%s" % (rc, self.stderr()))
+    return self.stderr()
+
+
+e2e.Fetch.refused_after_batches = refused_after_batches
+
+
+def test(tmpdir):
+    cl = e2e.Cluster(tmpdir, lease_ms=LEASE_MS)
+    ds = e2e.gen(cl, "big", "npy", ["--num-samples", "6000", "--shape", "256", "--dtype",
+                                    "float32", "--files", "3"])
+    samples = e2e.expected_samples(ds)
+    want, _ = e2e.plans(CFG, 6000, e2e.WORLD)
+    ref = e2e.fetch_all(cl.addr, "ref", SPEC, CFG, extra=["--prefetch", 2])
+    for r in range(e2e.WORLD):
+        e2e.compare("fault-free rank %d" % r, ref[r], want[r], samples)
+    bt.ok("fault-free run: 4 ranks x %d batches equal the plan and the generator's bytes" %
+          len(ref[0]))
+    time.sleep(LEASE_WAIT)
+    device_check(cl)
+    failover(cl, ref, want, samples)
+    time.sleep(LEASE_WAIT)
+    all_dead(cl)
+    cl.stop()
+
+
+if __name__ == "__main__":
+    bt.main(test, timeout=300)
