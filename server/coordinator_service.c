@@ -89,6 +89,7 @@ const bw_rpc_handler bw__coordinator_handlers[] = {
     {BW_METHOD(BW_M_JOBS_GET), bw__jobs_on_get},
     {BW_METHOD(BW_M_JOBS_LIST), bw__jobs_on_list},
     {BW_METHOD(BW_M_JOBS_RESUME_ELASTIC), bw__jobs_on_resume},
+    {BW_METHOD(BW_M_JOBS_LEAVE), bw__jobs_on_leave},
 };
 const size_t bw__coordinator_nhandlers =
     sizeof(bw__coordinator_handlers) / sizeof(bw__coordinator_handlers[0]);

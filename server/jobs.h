@@ -76,6 +76,13 @@ int bw__jobs_join(bw_jobs *s, const Batchwire__V1__JoinJobRequest *req, bw_arena
 int bw__jobs_heartbeat(bw_jobs *s, const Batchwire__V1__LeaseHeartbeatRequest *req, bw_arena *arena,
                        Batchwire__V1__LeaseHeartbeatResponse **resp, uint64_t *wait_seq, char *err,
                        size_t errlen);
+/* LeaveJob: the holder of req->lease_id gives the rank up (journaled: a restart does not
+ * renew a released lease). A lease_id that is not the rank's current lease changes nothing
+ * and answers released = false, so a retried leave succeeds and cannot release anyone
+ * else's lease. */
+int bw__jobs_leave(bw_jobs *s, const Batchwire__V1__LeaveJobRequest *req, bw_arena *arena,
+                   Batchwire__V1__LeaveJobResponse **resp, uint64_t *wait_seq, char *err,
+                   size_t errlen);
 int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, bw_arena *arena,
                     Batchwire__V1__CommitCursorResponse **resp, uint64_t *wait_seq, char *err,
                     size_t errlen);

@@ -415,6 +415,54 @@ int bw__jobs_heartbeat(bw_jobs *s, const Batchwire__V1__LeaseHeartbeatRequest *r
     return rc;
 }
 
+int bw__jobs_leave(bw_jobs *s, const Batchwire__V1__LeaveJobRequest *req, bw_arena *arena,
+                   Batchwire__V1__LeaveJobResponse **resp, uint64_t *wait_seq, char *err,
+                   size_t errlen)
+{
+    int rc = bw__jobs_check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    if (req->lease_id == 0) {
+        snprintf(err, errlen, "lease_id is required (the one JoinJob returned)");
+        return BW_INVALID_ARGUMENT;
+    }
+    Batchwire__V1__LeaveJobResponse *out = bw__arena_alloc(arena, sizeof(*out));
+    if (!out)
+        return BW_NOMEM;
+    batchwire__v1__leave_job_response__init(out);
+    pthread_mutex_lock(&s->mu);
+    *wait_seq = s->last_seq;
+    bw_job *job;
+    bw_rank_state *r;
+    rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
+    /* Not the rank's lease (any more): a retry of a leave that was applied, or a trainer
+     * whose lease expired and was taken over. Either way it must not touch the rank. */
+    if (rc == BW_OK && r->leased && r->lease_id == req->lease_id) {
+        char host[BW_HOST_MAX];
+        uint32_t pid = r->pid;
+        snprintf(host, sizeof(host), "%s", r->host);
+        Batchwire__V1__RankLeft left = BATCHWIRE__V1__RANK_LEFT__INIT;
+        left.job = job->name;
+        left.rank = req->rank;
+        left.lease_id = req->lease_id;
+        left.left_unix_ms = bw__unix_ms();
+        Batchwire__V1__JournalRecord rec = BATCHWIRE__V1__JOURNAL_RECORD__INIT;
+        rec.change_case = BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_LEFT;
+        rec.rank_left = &left;
+        rc = bw__jobs_commit_record(s, &rec, err, errlen);
+        *wait_seq = s->last_seq;
+        if (rc == BW_OK) {
+            out->released = true;
+            BW_INFO("job=%s rank=%u holder=%s:%u left: the rank is free", req->job, req->rank, host,
+                    pid);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc == BW_OK)
+        *resp = out;
+    return rc;
+}
+
 int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, bw_arena *arena,
                     Batchwire__V1__CommitCursorResponse **resp, uint64_t *wait_seq, char *err,
                     size_t errlen)

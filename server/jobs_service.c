@@ -221,6 +221,8 @@ SIMPLE_HANDLER(bw__jobs_on_get, "GetJob", Batchwire__V1__GetJobRequest,
                Batchwire__V1__GetJobResponse, bw__jobs_get)
 SIMPLE_HANDLER(bw__jobs_on_resume, "ResumeElastic", Batchwire__V1__ResumeElasticRequest,
                Batchwire__V1__ResumeElasticResponse, bw__jobs_resume)
+SIMPLE_HANDLER(bw__jobs_on_leave, "LeaveJob", Batchwire__V1__LeaveJobRequest,
+               Batchwire__V1__LeaveJobResponse, bw__jobs_leave)
 
 int bw__jobs_on_list(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                      ProtobufCMessage **resp)

@@ -182,6 +182,26 @@ static int apply(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, char *err,
         r->last_beat_ms = now;
         return BW_OK;
     }
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_LEFT: {
+        const Batchwire__V1__RankLeft *c = rec->rank_left;
+        if ((rc = find_rank(s, c->job, c->rank, &job, &r, err, errlen)) != BW_OK)
+            return rc;
+        if (!r->leased || r->lease_id != c->lease_id) {
+            snprintf(err, errlen,
+                     "record releases lease %016" PRIx64 " of rank %u of job '%s', which the "
+                     "rank does not hold",
+                     c->lease_id, c->rank, c->job);
+            return BW_CORRUPT;
+        }
+        /* The committed cursor stays: the next holder resumes from it. */
+        r->leased = false;
+        r->host[0] = '\0';
+        r->pid = 0;
+        r->lease_id = 0;
+        r->joined_unix_ms = 0;
+        r->last_beat_ms = 0;
+        return BW_OK;
+    }
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_CURSOR_COMMITTED: {
         const Batchwire__V1__CursorCommitted *c = rec->cursor_committed;
         if ((rc = find_rank(s, c->job, c->rank, &job, &r, err, errlen)) != BW_OK)

@@ -9,6 +9,8 @@
 #include "common/util.h"
 #include "loader_int.h"
 
+enum { LEAVE_TIMEOUT_MS = 2000 };
+
 void bw__placement_put(bw__placement *p)
 {
     if (!p || atomic_fetch_sub(&p->refs, 1) != 1)
@@ -260,6 +262,36 @@ int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *
     return rc;
 }
 
+/* Gives the rank up so that the next process may claim it at once instead of after
+ * --lease-ms. Best effort: if the coordinator cannot be reached (or predates LeaveJob) the
+ * lease simply expires. */
+static void leave_job(bw__session *s)
+{
+    Batchwire__V1__LeaveJobRequest req = BATCHWIRE__V1__LEAVE_JOB_REQUEST__INIT;
+    req.job = s->job;
+    req.rank = s->rank;
+    req.lease_id = s->lease_id;
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    ProtobufCMessage *resp = NULL;
+    char err[BW_LOADER_ERRLEN];
+    int timeout = s->timeout_ms < LEAVE_TIMEOUT_MS ? s->timeout_ms : LEAVE_TIMEOUT_MS;
+    int rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_LEAVE), &req.base, &a, &resp, timeout, err,
+                          sizeof(err));
+    if (rc == BW_OK)
+        BW_DEBUG("job=%s rank=%u left the job (lease %s)", s->job, s->rank,
+                 ((const Batchwire__V1__LeaveJobResponse *)resp)->released ? "released"
+                                                                           : "already gone");
+    else if (rc == BW_UNIMPLEMENTED)
+        BW_DEBUG("job=%s rank=%u: the coordinator has no LeaveJob; the lease expires on its own",
+                 s->job, s->rank);
+    else
+        BW_WARN("job=%s rank=%u could not leave the job (the rank stays claimed until its lease "
+                "expires): %s",
+                s->job, s->rank, err);
+    bw__arena_reset(&a);
+}
+
 void bw__session_close(bw__session *s)
 {
     if (s->hb_started) {
@@ -269,6 +301,9 @@ void bw__session_close(bw__session *s)
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->hb_thread, NULL);
     }
+    /* After the heartbeat thread: no heartbeat may renew the lease once it is released. */
+    if (s->coord && s->lease_id)
+        leave_job(s);
     for (size_t i = 0; i < s->nchannels; i++) {
         bw__rpc_channel_close(s->channels[i]);
         free(s->channel_addrs[i]);

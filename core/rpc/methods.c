@@ -52,4 +52,7 @@ const bw_rpc_method bw__methods[BW_M__COUNT] = {
     [BW_M_JOBS_RESUME_ELASTIC] = {"/batchwire.v1.Jobs/ResumeElastic", "Jobs.ResumeElastic",
                                   &batchwire__v1__resume_elastic_request__descriptor,
                                   &batchwire__v1__resume_elastic_response__descriptor},
+    [BW_M_JOBS_LEAVE] = {"/batchwire.v1.Jobs/LeaveJob", "Jobs.LeaveJob",
+                         &batchwire__v1__leave_job_request__descriptor,
+                         &batchwire__v1__leave_job_response__descriptor},
 };

@@ -48,6 +48,7 @@ _RESP = {
     "GetJob": pb.GetJobResponse,
     "ListJobs": pb.ListJobsResponse,
     "ResumeElastic": pb.ResumeElasticResponse,
+    "LeaveJob": pb.LeaveJobResponse,
 }
 
 
@@ -103,6 +104,9 @@ class Jobs:
     def heartbeat(self, job, rank, lease_id):
         return self.call("LeaseHeartbeat", pb.LeaseHeartbeatRequest(job=job, rank=rank,
                                                                     lease_id=lease_id))
+
+    def leave(self, job, rank, lease_id):
+        return self.call("LeaveJob", pb.LeaveJobRequest(job=job, rank=rank, lease_id=lease_id))
 
     def get(self, name):
         return self.call("GetJob", pb.GetJobRequest(name=name))

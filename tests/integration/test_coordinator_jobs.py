@@ -11,6 +11,10 @@
 * Elastic resume: an inconsistent set of cursors is refused naming the ranks that disagree
   (and missing ranks); a consistent set records a new world-size segment, revokes the old
   leases, and new ranks start at the resume point; a retry changes nothing.
+* Leaving (LeaveJob, default 10 s lease): only the current lease releases the rank, which
+  another holder then takes at once; a wrong or old lease id releases nothing; a released
+  lease stays released across a restart; two `batchwire fetch --max-steps 1` runs of one rank
+  in a row (the second with --resume) both succeed without waiting for the lease.
 * `batchwire status` shows jobs and ranks (table and --json).
 * Durability: a restart keeps everything; a second coordinator on the same state directory
   refuses to start; a flipped bit in the middle of the journal stops the start naming the
@@ -211,6 +215,81 @@ def elastic(c):
                 "a cursor before the resume point is refused")
 
 
+def leave(tmp):
+    bt.log("===== leaving a job (default 10 s lease) =====")
+    coord = bt.coordinator(tmp, name="leave-coordinator")
+    c = jr.Jobs(coord.addr)
+    c.create("leave", samples=100, batch=10, world=2)
+    a = c.join("leave", 0, 2, host="node-a", pid=11)
+    c.join("leave", 1, 2, host="node-a", pid=12)
+    other = pb.JoinJobRequest(job="leave", rank=0, world_size=2,
+                              holder=pb.Holder(host="node-b", pid=22))
+    r = c.leave("leave", 0, a.lease_id ^ 1)
+    bt.check(not r.released, "a wrong lease id releases nothing (released=false)")
+    c.expect_error("JoinJob", other, grpc.StatusCode.ALREADY_EXISTS)
+    bt.ok("and the rank stays held by its holder")
+    e = c.expect_error("LeaveJob", pb.LeaveJobRequest(job="leave", rank=0), INVALID)
+    bt.check_in("lease_id is required", e.details, "a leave without a lease id is refused")
+    c.expect_error("LeaveJob", pb.LeaveJobRequest(job="nosuch", rank=0, lease_id=1),
+                   grpc.StatusCode.NOT_FOUND)
+    bt.ok("a leave of an unknown job is NOT_FOUND")
+
+    t0 = time.monotonic()
+    r = c.leave("leave", 0, a.lease_id)
+    bt.check(r.released, "the holder's leave releases its lease")
+    bt.check(c.get("leave").ranks[0].lease == pb.LEASE_STATE_NONE, "GetJob shows no lease")
+    b = c.call("JoinJob", other)
+    bt.check(b.lease_id != a.lease_id and time.monotonic() - t0 < 5,
+             "another holder takes the rank at once (%.2f s, lease 10 s)" % (time.monotonic() - t0))
+    r = c.leave("leave", 0, a.lease_id)
+    bt.check(not r.released, "the old lease leaving again (a retry) succeeds and releases nothing")
+    e = c.expect_error("LeaseHeartbeat", pb.LeaseHeartbeatRequest(job="leave", rank=0,
+                                                                 lease_id=a.lease_id), FP)
+    bt.check_in("node-b pid 22", e.details, "the new holder keeps the rank")
+    c.heartbeat("leave", 0, b.lease_id)
+    bt.check(c.leave("leave", 0, b.lease_id).released, "the new holder leaves too")
+
+    c.close()
+    bt.check(coord.stop() == 0, "SIGTERM stops the coordinator")
+    coord = bt.coordinator(tmp, name="leave-restarted", state_dir=coord.state_dir)
+    c = jr.Jobs(coord.addr)
+    g = c.get("leave")
+    bt.check(g.ranks[0].lease == pb.LEASE_STATE_NONE and g.ranks[1].lease == pb.LEASE_STATE_LIVE,
+             "after a restart the released lease stays released (the held one is renewed)")
+    c.expect_error("LeaseHeartbeat", pb.LeaseHeartbeatRequest(job="leave", rank=0,
+                                                             lease_id=b.lease_id), FP)
+    c.join("leave", 0, 2, host="node-c", pid=33)
+    bt.ok("a released lease cannot heartbeat after the restart; a new holder joins at once")
+
+    bt.log("----- two `batchwire fetch` runs of one rank in a row -----")
+    w = bt.worker(tmp, coord.addr, "leave-w1")
+    out = os.path.join(tmp, "data", "leave")
+    r = bt.cli("gen", "--format", "npy", "--out", out, "--num-samples", "64", "--shape", "3",
+               "--dtype", "float32")
+    bt.check(r.returncode == 0, "batchwire gen wrote an npy dataset", r.stderr)
+    bt.poll(lambda: any(x["state"] == "alive" for x in bt.status_json(coord.addr)["workers"]),
+            10, what="worker leave-w1 alive")
+    cursor_file = os.path.join(tmp, "leave.cursor")
+    common = ["fetch", "--coordinator", coord.addr, "--job", "leave-fetch", "--dataset",
+              "npy:leave/*.npy", "--rank", "0", "--world-size", "1", "--batch-size", "4",
+              "--max-steps", "1", "--quiet"]
+    for run, extra in (("first", ["--cursor-out", cursor_file]), ("second", None)):
+        if extra is None:
+            with open(cursor_file) as f:
+                extra = ["--resume", f.read().strip()]
+        t0 = time.monotonic()
+        r = bt.cli(*(common + extra), timeout=30)
+        took = time.monotonic() - t0
+        bt.check(r.returncode == 0 and took < 5,
+                 "the %s fetch of rank 0 succeeds without waiting for the lease (%.2f s)" %
+                 (run, took), r.stdout + r.stderr)
+    g = c.get("leave-fetch")
+    bt.check(g.ranks[0].lease == pb.LEASE_STATE_NONE, "a fetch that closes cleanly leaves the job")
+    c.close()
+    w.stop()
+    bt.check(coord.stop() == 0, "the coordinator stops cleanly")
+
+
 def status(coord):
     bt.log("===== batchwire status =====")
     st = bt.status_json(coord.addr)
@@ -276,6 +355,7 @@ def test(tmp):
     b = ranks(c)
     cursors(c, b)
     elastic(c)
+    leave(tmp)
     st = status(coord)
     durability(tmp, coord, c, st)
 

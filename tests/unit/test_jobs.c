@@ -1,6 +1,6 @@
 /* The jobs state without gRPC: cursors (binary and text, corrupt and foreign), the
- * configuration diff, and that replaying the journal, with or without a snapshot, rebuilds
- * exactly the state the operations built. */
+ * configuration diff, that replaying the journal, with or without a snapshot, rebuilds
+ * exactly the state the operations built, and that a left lease stays released. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -207,6 +207,26 @@ static void build_state(bw_jobs *s)
         assert_int_equal(bw__jobs_join(s, &jr, &a, &resp, &ws, err, sizeof(err)), BW_OK);
         leases[r] = resp->lease_id;
     }
+    /* job0: rank 0 held, rank 1 joined and left (RankLeft must replay too) */
+    for (uint32_t r = 0; r < 2; r++) {
+        h.pid = 20 + r;
+        Batchwire__V1__JoinJobRequest jr = BATCHWIRE__V1__JOIN_JOB_REQUEST__INIT;
+        jr.job = "job0";
+        jr.rank = r;
+        jr.world_size = 4;
+        jr.holder = &h;
+        Batchwire__V1__JoinJobResponse *resp;
+        assert_int_equal(bw__jobs_join(s, &jr, &a, &resp, &ws, err, sizeof(err)), BW_OK);
+        if (r == 1) {
+            Batchwire__V1__LeaveJobRequest lr = BATCHWIRE__V1__LEAVE_JOB_REQUEST__INIT;
+            lr.job = "job0";
+            lr.rank = r;
+            lr.lease_id = resp->lease_id;
+            Batchwire__V1__LeaveJobResponse *lresp;
+            assert_int_equal(bw__jobs_leave(s, &lr, &a, &lresp, &ws, err, sizeof(err)), BW_OK);
+            assert_true(lresp->released);
+        }
+    }
     uint8_t *curs[4];
     ProtobufCBinaryData cb[4];
     for (uint32_t r = 0; r < 4; r++) {
@@ -277,12 +297,109 @@ static void test_replay_rebuilds_state(void **state)
     rm_dir();
 }
 
+static int leave(bw_jobs *s, const char *job, uint32_t rank, uint64_t lease_id, bool *released)
+{
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    Batchwire__V1__LeaveJobRequest req = BATCHWIRE__V1__LEAVE_JOB_REQUEST__INIT;
+    req.job = (char *)job;
+    req.rank = rank;
+    req.lease_id = lease_id;
+    Batchwire__V1__LeaveJobResponse *resp = NULL;
+    uint64_t ws;
+    char err[512];
+    int rc = bw__jobs_leave(s, &req, &a, &resp, &ws, err, sizeof(err));
+    *released = rc == BW_OK && resp->released;
+    if (rc == BW_OK)
+        assert_int_equal(bw__journal_sync(bw__jobs_journal(s), ws), BW_OK);
+    bw__arena_reset(&a);
+    return rc;
+}
+
+static int join(bw_jobs *s, const char *job, uint32_t rank, uint32_t pid, uint64_t *lease_id)
+{
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    Batchwire__V1__Holder h = BATCHWIRE__V1__HOLDER__INIT;
+    h.host = "node";
+    h.pid = pid;
+    Batchwire__V1__JoinJobRequest req = BATCHWIRE__V1__JOIN_JOB_REQUEST__INIT;
+    req.job = (char *)job;
+    req.rank = rank;
+    req.world_size = 4;
+    req.holder = &h;
+    Batchwire__V1__JoinJobResponse *resp = NULL;
+    uint64_t ws;
+    char err[1024];
+    int rc = bw__jobs_join(s, &req, &a, &resp, &ws, err, sizeof(err));
+    if (rc == BW_OK) {
+        *lease_id = resp->lease_id;
+        assert_int_equal(bw__journal_sync(bw__jobs_journal(s), ws), BW_OK);
+    }
+    bw__arena_reset(&a);
+    return rc;
+}
+
+/* Only the current lease releases a rank; the release survives a restart (journal and
+ * snapshot), where an unreleased lease is renewed. */
+static void test_leave(void **state)
+{
+    (void)state;
+    fresh_dir();
+    bw_jobs *s = open_jobs();
+    build_state(s);
+    uint64_t a = 0, b = 0, c = 0;
+    bool released = true;
+    assert_int_equal(join(s, "job1", 2, 100, &a), BW_OK);
+    assert_int_equal(join(s, "job1", 2, 200, &b), BW_ALREADY_EXISTS);
+    assert_int_equal(leave(s, "job1", 2, a ^ 1, &released), BW_OK);
+    assert_false(released); /* someone else's lease id */
+    assert_int_equal(join(s, "job1", 2, 200, &b), BW_ALREADY_EXISTS);
+    assert_int_equal(leave(s, "job1", 2, 0, &released), BW_INVALID_ARGUMENT);
+    assert_int_equal(leave(s, "nosuch", 2, a, &released), BW_NOT_FOUND);
+    assert_int_equal(leave(s, "job1", 9, a, &released), BW_OUT_OF_RANGE);
+    assert_int_equal(leave(s, "job1", 2, a, &released), BW_OK);
+    assert_true(released);
+    assert_int_equal(leave(s, "job1", 2, a, &released), BW_OK);
+    assert_false(released);                               /* a retry */
+    assert_int_equal(join(s, "job1", 2, 200, &b), BW_OK); /* at once, not after 60 s */
+    assert_true(b != a);
+    assert_int_equal(leave(s, "job1", 2, a, &released), BW_OK);
+    assert_false(released); /* the old lease cannot release the new holder's */
+    assert_int_equal(leave(s, "job1", 2, b, &released), BW_OK);
+    assert_true(released);
+    assert_int_equal(join(s, "job1", 3, 300, &c), BW_OK); /* held across the restarts */
+    bw__jobs_close(s);
+
+    for (int round = 0; round < 2; round++) { /* journal, then snapshot */
+        s = open_jobs();
+        bw_job *job = bw__jobs_find(s, "job1");
+        assert_non_null(job);
+        assert_false(job->ranks[2].leased);
+        assert_true(job->ranks[3].leased);
+        assert_int_equal(job->ranks[3].lease_id, c);
+        assert_false(bw__jobs_find(s, "job0")->ranks[1].leased);
+        assert_true(bw__jobs_find(s, "job0")->ranks[0].leased);
+        assert_int_equal(leave(s, "job1", 2, b, &released), BW_OK);
+        assert_false(released);
+        uint64_t d = 0;
+        assert_int_equal(join(s, "job1", 3, 400, &d), BW_ALREADY_EXISTS);
+        if (round == 0) {
+            char err[512];
+            assert_int_equal(bw__jobs_compact(s, 1, err, sizeof(err)), BW_OK);
+        }
+        bw__jobs_close(s);
+    }
+    rm_dir();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cursor_codec),
         cmocka_unit_test(test_diff),
         cmocka_unit_test(test_replay_rebuilds_state),
+        cmocka_unit_test(test_leave),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
