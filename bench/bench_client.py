@@ -1,0 +1,346 @@
+#!/usr/bin/python3
+"""The client benchmark: one run, on loopback, with a coordinator and two workers it starts.
+
+(a) per-client throughput of `batchwire fetch --quiet` (one rank, world size 1, plan order
+    without shuffle) for 256 B, 4 KiB, 64 KiB and 1 MiB samples of a uint8 .npy dataset,
+    against a raw TCP loopback transfer of the same bytes in batch-sized writes
+    (build/bench/bench_client_tcp); target >= 0.75 of raw TCP for 64 KiB and larger;
+(b) the Python binding (batchwire.Loader, shuffled, batch.torch()) against PyTorch's
+    DataLoader(num_workers=2, shuffle=True) over the same .npy (np.load with mmap, one row per
+    __getitem__, default collate), same batch size; target: faster;
+(c) time to the first batch of a Loader resumed from a cursor at step 0, 10^4 and 10^6
+    (2^21 samples of 16 B, batch size 1, shuffled); target: flat.
+
+Medians of --repeat runs (interleaved, so that load on the machine hits both sides alike).
+Usage (after the README's build):
+    /usr/bin/python3 bench/bench_client.py [--build build] [--quick] [--repeat N]
+"""
+
+import argparse
+import base64
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(SRC, "tests", "integration"))
+sys.path.insert(0, os.path.join(SRC, "python"))
+
+KiB, MiB = 1 << 10, 1 << 20
+# sample bytes, batch size, dataset bytes (full run)
+SIZES = [(256, 256, 64 * MiB), (4 * KiB, 256, 256 * MiB), (64 * KiB, 64, 512 * MiB),
+         (MiB, 16, 512 * MiB)]
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def npy_header_len(path):
+    with open(path, "rb") as f:
+        head = f.read(12)
+    major = head[6]
+    if major == 1:
+        return 10 + int.from_bytes(head[8:10], "little")
+    return 12 + int.from_bytes(head[8:12], "little")
+
+
+def human(n):
+    return "%d MiB" % (n // MiB) if n >= MiB else "%d KiB" % (n // KiB) if n >= KiB else \
+        "%d B" % n
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+# ---------------------------------------------------------------------------
+# (a) batchwire fetch vs raw TCP
+
+def fetch_rate(bt, coord, job, dataset, batch, epochs):
+    r = bt.cli("fetch", "--quiet", "--coordinator", coord, "--job", job, "--dataset", dataset,
+               "--rank", 0, "--world-size", 1, "--batch-size", batch, "--epochs", epochs,
+               timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError("batchwire fetch failed:\n%s%s" % (r.stdout, r.stderr))
+    s = json.loads(r.stdout.strip().splitlines()[-1])["summary"]
+    return s["bytes"] / MiB / s["seconds"], s["samples"] / s["seconds"], s
+
+
+def tcp_rate(tcp_bin, path, offset, nbytes, chunk, repeat):
+    r = subprocess.run([tcp_bin, path, str(offset), str(nbytes), str(chunk), str(repeat)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError("bench_client_tcp failed: %s" % r.stderr)
+    return json.loads(r.stdout)["mib_per_s"]
+
+
+# ---------------------------------------------------------------------------
+# (b) batchwire.Loader vs torch DataLoader
+
+def torch_dataloader_rate(path, batch, max_batches, workers=2):
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Npy(Dataset):
+        def __init__(self, p):
+            self.p = p
+            self.n = np.load(p, mmap_mode="r").shape[0]
+            self.a = None
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            if self.a is None:  # opened in each worker process
+                self.a = np.load(self.p, mmap_mode="r")
+            return torch.from_numpy(np.array(self.a[i]))
+
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    dl = DataLoader(Npy(path), batch_size=batch, shuffle=True, num_workers=workers)
+    nb = nbytes = 0
+    for x in dl:
+        nbytes += x.numel() * x.element_size()
+        x.view(-1)[-1].item()
+        nb += 1
+        if nb >= max_batches:
+            break
+    secs = time.perf_counter() - t0
+    del dl
+    return nbytes / MiB / secs, nb * batch / secs
+
+
+def binding_rate(batchwire, coord, job, dataset, batch, max_batches):
+    t0 = time.perf_counter()
+    nb = nbytes = 0
+    with batchwire.Loader(coordinator=coord, job=job, dataset=dataset, batch_size=batch,
+                          shuffle=True, seed=0, rank=0, world_size=1) as lo:
+        for b in lo:
+            x = b.torch()
+            nbytes += x.numel() * x.element_size()
+            x.view(-1)[-1].item()
+            nb += 1
+            if nb >= max_batches:
+                break
+    secs = time.perf_counter() - t0
+    return nbytes / MiB / secs, nb * batch / secs
+
+
+# ---------------------------------------------------------------------------
+# (c) time to first batch after resume
+
+def _varint(v):
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def cursor_at(template, step):
+    """The cursor bytes with field 7 (step) replaced: proto/jobs.proto's Cursor."""
+    out, i = bytearray(), 0
+    while i < len(template):
+        start = i
+        key, i = _read_varint(template, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _, i = _read_varint(template, i)
+        elif wire == 1:
+            i += 8
+        elif wire == 2:
+            ln, i = _read_varint(template, i)
+            i += ln
+        elif wire == 5:
+            i += 4
+        if field != 7:
+            out += template[start:i]
+    out += _varint(7 << 3) + _varint(step)
+    return "bwc1:" + base64.b64encode(bytes(out)).decode()
+
+
+def _read_varint(data, i):
+    v = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return v, i
+
+
+def ttfb(batchwire, coord, job, dataset, cursor, want_step):
+    t0 = time.perf_counter()
+    lo = batchwire.Loader(coordinator=coord, job=job, dataset=dataset, batch_size=1,
+                          shuffle=True, seed=0, rank=0, world_size=1, resume=cursor)
+    t1 = time.perf_counter()
+    b = lo.next_batch()
+    t2 = time.perf_counter()
+    step = b.step
+    lo.close()
+    if step != want_step:
+        raise RuntimeError("resumed at step %d, wanted %d" % (step, want_step))
+    return t1 - t0, t2 - t1
+
+
+# ---------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(SRC, "build"), help="build folder")
+    ap.add_argument("--quick", action="store_true", help="smaller datasets, fewer repeats")
+    ap.add_argument("--repeat", type=int, default=0, help="runs per figure (default 5, quick 3)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = ap.parse_args()
+    repeat = args.repeat or (3 if args.quick else 5)
+    build = os.path.abspath(args.build)
+    os.environ.setdefault("BW_BUILD_DIR", build)
+    os.environ.setdefault("BW_BIN_DIR", os.path.join(build, "bin"))
+    os.environ["BATCHWIRE_LIB"] = os.path.join(build, "lib", "libbatchwire.so")
+    import bwtest as bt
+    import batchwire
+    import torch  # noqa: F401  (imported once here, not inside the first timed run)
+
+    tcp_bin = os.path.join(build, "bench", "bench_client_tcp")
+    tmp = tempfile.mkdtemp(prefix="bench-client-")
+    root = os.path.join(tmp, "data")
+    os.makedirs(root)
+    report = {"a": [], "b": [], "c": []}
+    try:
+        coord = bt.coordinator(tmp)
+        workers = [bt.worker(tmp, coord.addr, "w%d" % i, data_root=root) for i in range(2)]
+        bt.poll(lambda: sum(w["state"] == "alive"
+                            for w in bt.status_json(coord.addr)["workers"]) == 2, 20,
+                what="two live workers")
+        log("cluster: coordinator %s, workers %s" % (coord.addr, [w.addr for w in workers]))
+
+        sizes = [(s, b, (t // 4 if args.quick else t)) for s, b, t in SIZES]
+        for sample, batch, total in sizes:
+            n = total // sample
+            name = "s%d" % sample
+            r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, name),
+                       "--num-samples", n, "--shape", sample, "--dtype", "uint8", timeout=600)
+            if r.returncode != 0:
+                raise RuntimeError(r.stderr)
+            path = os.path.join(root, name, "part-00000.npy")
+            off = npy_header_len(path)
+            ds = "npy:%s/part-00000.npy" % name
+            # Enough epochs that a run moves >= 512 MiB (>= 128 MiB quick): joining the job
+            # and the first batch are then a few per cent of the time.
+            epochs = max(1, (128 * MiB if args.quick else 512 * MiB) // total)
+            fetch_runs, fetch_sps, tcp_runs = [], [], []
+            fetch_rate(bt, coord.addr, "warm-" + name, ds, batch, 1)  # job, page cache
+            for i in range(repeat):
+                mib, sps, _ = fetch_rate(bt, coord.addr, "a-%s-%d" % (name, i), ds, batch, epochs)
+                fetch_runs.append(mib)
+                fetch_sps.append(sps)
+                tcp_runs.append(tcp_rate(tcp_bin, path, off, n * sample, batch * sample, epochs))
+            row = {"sample": sample, "batch": batch, "samples": n, "epochs": epochs,
+                   "fetch_mib_s": median(fetch_runs), "fetch_samples_s": median(fetch_sps),
+                   "tcp_mib_s": median(tcp_runs), "fetch_runs": fetch_runs,
+                   "tcp_runs": tcp_runs}
+            row["ratio"] = row["fetch_mib_s"] / row["tcp_mib_s"]
+            report["a"].append(row)
+            log("(a) %s x %d: fetch %.0f MiB/s (%.0f samples/s), raw TCP %.0f MiB/s, ratio %.2f"
+                % (human(sample), batch, row["fetch_mib_s"], row["fetch_samples_s"],
+                   row["tcp_mib_s"], row["ratio"]))
+
+            # (b) the same dataset through Python: batchwire.Loader vs torch DataLoader
+            max_batches = max(8, (64 * MiB if args.quick else 256 * MiB) // (batch * sample))
+            max_batches = min(max_batches, n // batch)
+            bw_runs, bw_sps, tl_runs, tl_sps = [], [], [], []
+            for i in range(repeat):
+                mib, sps = binding_rate(batchwire, coord.addr, "b-%s-%d" % (name, i), ds, batch,
+                                        max_batches)
+                bw_runs.append(mib)
+                bw_sps.append(sps)
+                mib, sps = torch_dataloader_rate(path, batch, max_batches)
+                tl_runs.append(mib)
+                tl_sps.append(sps)
+            row = {"sample": sample, "batch": batch, "batches": max_batches,
+                   "bw_mib_s": median(bw_runs), "bw_samples_s": median(bw_sps),
+                   "torch_mib_s": median(tl_runs), "torch_samples_s": median(tl_sps),
+                   "bw_runs": bw_runs, "torch_runs": tl_runs}
+            row["speedup"] = row["bw_mib_s"] / row["torch_mib_s"]
+            report["b"].append(row)
+            log("(b) %s x %d, %d batches: batchwire.Loader %.0f MiB/s (%.0f samples/s), torch "
+                "DataLoader(num_workers=2) %.0f MiB/s (%.0f samples/s), x%.2f"
+                % (human(sample), batch, max_batches, row["bw_mib_s"], row["bw_samples_s"],
+                   row["torch_mib_s"], row["torch_samples_s"], row["speedup"]))
+            os.remove(path)  # keep the disk footprint to one dataset at a time
+
+        # (c) time to first batch after resume
+        n = 1 << 21
+        r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, "small"),
+                   "--num-samples", n, "--shape", 16, "--dtype", "uint8", timeout=600)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr)
+        ds = "npy:small/part-00000.npy"
+        with batchwire.Loader(coordinator=coord.addr, job="c", dataset=ds, batch_size=1,
+                              shuffle=True, seed=0, rank=0, world_size=1) as lo:
+            template = lo.cursor_bytes()
+        ttfb(batchwire, coord.addr, "c", ds, cursor_at(template, 0), 0)  # warm
+        steps = [0, 10 ** 4, 10 ** 6]
+        runs = {s: [] for s in steps}
+        for _ in range(repeat):
+            for s in steps:
+                runs[s].append(ttfb(batchwire, coord.addr, "c", ds, cursor_at(template, s), s))
+        for s in steps:
+            row = {"step": s, "open_ms": median([o for o, _ in runs[s]]) * 1e3,
+                   "first_batch_ms": median([f for _, f in runs[s]]) * 1e3,
+                   "total_ms": median([o + f for o, f in runs[s]]) * 1e3}
+            report["c"].append(row)
+            log("(c) resume at step %d: open %.1f ms, first batch %.2f ms, total %.1f ms"
+                % (s, row["open_ms"], row["first_batch_ms"], row["total_ms"]))
+        for w in workers:
+            if not w.running():
+                raise RuntimeError("worker %s died; log:\n%s" % (w.name, w.log_text()))
+    finally:
+        bt.kill_all()
+        if args.keep:
+            log("kept %s" % tmp)
+        else:
+            subprocess.run(["rm", "-rf", tmp])
+    print(json.dumps(report))
+    print_markdown(report, repeat)
+
+
+def print_markdown(rep, repeat):
+    out = []
+    out.append("(a) `batchwire fetch --quiet` vs raw TCP (median of %d)\n" % repeat)
+    out.append("| sample | batch | fetch MiB/s | fetch samples/s | raw TCP MiB/s | ratio |")
+    out.append("|---|---|---|---|---|---|")
+    for r in rep["a"]:
+        out.append("| %s | %d | %.0f | %.0f | %.0f | %.2f |" % (
+            human(r["sample"]), r["batch"], r["fetch_mib_s"], r["fetch_samples_s"],
+            r["tcp_mib_s"], r["ratio"]))
+    out.append("\n(b) Python: batchwire.Loader + batch.torch() vs torch DataLoader(num_workers=2)"
+               " (median of %d)\n" % repeat)
+    out.append("| sample | batch | batches | batchwire MiB/s | samples/s | DataLoader MiB/s | "
+               "samples/s | speed-up |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    for r in rep["b"]:
+        out.append("| %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %.2f |" % (
+            human(r["sample"]), r["batch"], r["batches"], r["bw_mib_s"], r["bw_samples_s"],
+            r["torch_mib_s"], r["torch_samples_s"], r["speedup"]))
+    out.append("\n(c) time to first batch after resume (median of %d)\n" % repeat)
+    out.append("| step | Loader(resume=...) | first batch | total |")
+    out.append("|---|---|---|---|")
+    for r in rep["c"]:
+        out.append("| %s | %.1f ms | %.2f ms | %.1f ms |" % (
+            "{:,}".format(r["step"]), r["open_ms"], r["first_batch_ms"], r["total_ms"]))
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
