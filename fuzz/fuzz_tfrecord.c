@@ -3,7 +3,7 @@
  * file of three records (then every record is read through the installed index). */
 #include <string.h>
 
-#include "formats/crc32c.h"
+#include "common/crc32c.h"
 #include "formats/tfrecord.h"
 #include "fuzz_reader.h"
 
@@ -13,10 +13,10 @@ static size_t put(uint8_t *out, const char *d, uint64_t len)
 {
     for (int i = 0; i < 8; i++)
         out[i] = (uint8_t)(len >> (8 * i));
-    uint32_t c = bw__fmt_crc32c_mask(bw__fmt_crc32c(0, out, 8));
+    uint32_t c = bw__crc32c_mask(bw__crc32c(0, out, 8));
     memcpy(out + 8, &c, 4);
     memcpy(out + 12, d, len);
-    c = bw__fmt_crc32c_mask(bw__fmt_crc32c(0, d, len));
+    c = bw__crc32c_mask(bw__crc32c(0, d, len));
     memcpy(out + 12 + len, &c, 4);
     return 16 + len;
 }

@@ -18,8 +18,8 @@
 #include <sys/stat.h>
 
 #include "commands.h"
+#include "common/crc32c.h"
 #include "common/json.h"
-#include "formats/crc32c.h"
 #include "formats/synth.h"
 
 enum { F_NPY, F_TFRECORD, F_JSONL, F_TAR, F_FILES };
@@ -265,8 +265,8 @@ int bw__cmd_gen(int argc, char **argv)
             } else if (cfg.format == F_TFRECORD) {
                 uint8_t h[12], t[4];
                 put_le(h, len, 8);
-                put_le(h + 8, bw__fmt_crc32c_mask(bw__fmt_crc32c(0, h, 8)), 4);
-                put_le(t, bw__fmt_crc32c_mask(bw__fmt_crc32c(0, d, len)), 4);
+                put_le(h + 8, bw__crc32c_mask(bw__crc32c(0, h, 8)), 4);
+                put_le(t, bw__crc32c_mask(bw__crc32c(0, d, len)), 4);
                 fwrite(h, 1, 12, f);
                 fwrite(d, 1, len, f);
                 fwrite(t, 1, 4, f);

@@ -1,4 +1,6 @@
-#include "formats/crc32c.h"
+/* The table path is ~1-2 GB/s and byte-order independent; SSE4.2's crc32 instruction is
+ * several times faster and serves TFRecord reads where the CPU has it. */
+#include "common/crc32c.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -23,16 +25,16 @@ static void table_init(void)
             table[t][i] = (table[t - 1][i] >> 8) ^ table[0][table[t - 1][i] & 0xff];
 }
 
+/* On the inverted register (as both paths are). */
 static uint32_t crc_soft(uint32_t crc, const uint8_t *p, size_t len)
 {
     pthread_once(&table_once, table_init);
     while (len >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        uint32_t lo = (uint32_t)w ^ crc, hi = (uint32_t)(w >> 32);
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                             (uint32_t)p[3] << 24);
         crc = table[7][lo & 0xff] ^ table[6][(lo >> 8) & 0xff] ^ table[5][(lo >> 16) & 0xff] ^
-              table[4][lo >> 24] ^ table[3][hi & 0xff] ^ table[2][(hi >> 8) & 0xff] ^
-              table[1][(hi >> 16) & 0xff] ^ table[0][hi >> 24];
+              table[4][lo >> 24] ^ table[3][p[4]] ^ table[2][p[5]] ^ table[1][p[6]] ^
+              table[0][p[7]];
         p += 8;
         len -= 8;
     }
@@ -59,7 +61,7 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uin
 }
 #endif
 
-uint32_t bw__fmt_crc32c(uint32_t crc, const void *data, size_t len)
+uint32_t bw__crc32c(uint32_t crc, const void *data, size_t len)
 {
     crc = ~crc;
 #if defined(__x86_64__)

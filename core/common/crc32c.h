@@ -1,16 +1,19 @@
-/* CRC-32C (Castagnoli), as TFRecord uses it: with SSE4.2 when the CPU has it, else a
- * slicing-by-8 table. Pure functions; thread-safe. */
-#ifndef BW_FORMATS_CRC32C_H
-#define BW_FORMATS_CRC32C_H
+/* CRC-32C (Castagnoli), as used by iSCSI, ext4, LevelDB, the coordinator's journal and
+ * TFRecord: polynomial 0x1EDC6F41, reflected, initial value and final xor 0xFFFFFFFF;
+ * crc32c("123456789") == 0xE3069283. With SSE4.2 when the CPU has it, else a slicing-by-8
+ * table. Pure functions; thread-safe. */
+#ifndef BW_COMMON_CRC32C_H
+#define BW_COMMON_CRC32C_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* Extends `crc` (0 to start) over len bytes. */
-uint32_t bw__fmt_crc32c(uint32_t crc, const void *data, size_t len);
+/* Extends `crc` (0 for a fresh checksum) over `len` bytes:
+ * bw__crc32c(bw__crc32c(0, a, n), b, m) is the checksum of a followed by b. */
+uint32_t bw__crc32c(uint32_t crc, const void *data, size_t len);
 
 /* TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8. */
-static inline uint32_t bw__fmt_crc32c_mask(uint32_t crc)
+static inline uint32_t bw__crc32c_mask(uint32_t crc)
 {
     return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }

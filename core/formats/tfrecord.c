@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/crc32c.h"
 #include "common/log.h"
-#include "formats/crc32c.h"
 #include "formats/formats.h"
 #include "formats/tfrecord.h"
 
@@ -41,7 +41,7 @@ static int header(const bw__source *s, uint64_t off, uint64_t *len, char *err, s
         return bw__fmt_fail(s, BW_CORRUPT, off, err, errlen,
                             "truncated record header: %llu bytes left, 12 needed",
                             (unsigned long long)(s->size - off));
-    uint32_t want = le32(b + off + 8), got = bw__fmt_crc32c_mask(bw__fmt_crc32c(0, b + off, 8));
+    uint32_t want = le32(b + off + 8), got = bw__crc32c_mask(bw__crc32c(0, b + off, 8));
     if (want != got)
         return bw__fmt_fail(s, BW_CORRUPT, off, err, errlen,
                             "length CRC mismatch (stored 0x%08x, computed 0x%08x): not a record "
@@ -65,7 +65,7 @@ static int record_at(const bw__source *s, uint64_t off, bw__record *r, uint64_t 
     if (rc != BW_OK)
         return rc;
     const uint8_t *data = s->map->base + off + 12;
-    uint32_t want = le32(data + len), got = bw__fmt_crc32c_mask(bw__fmt_crc32c(0, data, len));
+    uint32_t want = le32(data + len), got = bw__crc32c_mask(bw__crc32c(0, data, len));
     if (want != got)
         return bw__fmt_fail(s, BW_CORRUPT, off, err, errlen,
                             "data CRC mismatch in a record of %llu bytes (stored 0x%08x, "
@@ -107,7 +107,7 @@ int bw__tfrecord_index_parse(bw__source *s, const uint8_t *b, size_t len, char *
         snprintf(why, whylen, "length does not match its record count");
         return BW_CORRUPT;
     }
-    if (le32(b + len - 4) != bw__fmt_crc32c(0, b, len - 4)) {
+    if (le32(b + len - 4) != bw__crc32c(0, b, len - 4)) {
         snprintf(why, whylen, "CRC mismatch");
         return BW_CORRUPT;
     }
@@ -192,7 +192,7 @@ static void save_sidecar(const bw__source *s)
     put64(b + 24, st->n);
     for (uint64_t i = 0; i < st->n; i++)
         put64(b + SIDECAR_HEAD + 8 * i, st->offsets[i]);
-    uint32_t crc = bw__fmt_crc32c(0, b, len - 4);
+    uint32_t crc = bw__crc32c(0, b, len - 4);
     for (int i = 0; i < 4; i++)
         b[len - 4 + i] = (uint8_t)(crc >> (8 * i));
     char path[4200], tmp[4300];

@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include "batchwire/batchwire.h"
+#include "common/crc32c.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "journal/crc32c.h"
 
 void bw__journal_put32(uint8_t *p, uint32_t v)
 {

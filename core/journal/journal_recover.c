@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "batchwire/batchwire.h"
+#include "common/crc32c.h"
 #include "common/util.h"
-#include "journal/crc32c.h"
 
 typedef struct loader {
     bw_journal *j;

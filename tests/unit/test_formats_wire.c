@@ -17,7 +17,7 @@
 
 #include "../../worker/datasets.c"
 #include "../../worker/sample_stream.c"
-#include "formats/crc32c.h"
+#include "common/crc32c.h"
 #include "formats/synth.h"
 
 static char root[512];
@@ -115,11 +115,11 @@ static void write_tfrecords(const char *rel, uint64_t first, uint64_t count)
         uint8_t h[12];
         for (int b = 0; b < 8; b++)
             h[b] = (uint8_t)(len >> (8 * b));
-        uint32_t c = bw__fmt_crc32c_mask(bw__fmt_crc32c(0, h, 8));
+        uint32_t c = bw__crc32c_mask(bw__crc32c(0, h, 8));
         memcpy(h + 8, &c, 4);
         fwrite(h, 1, 12, f);
         fwrite(d, 1, len, f);
-        c = bw__fmt_crc32c_mask(bw__fmt_crc32c(0, d, len));
+        c = bw__crc32c_mask(bw__crc32c(0, d, len));
         fwrite(&c, 1, 4, f);
         free(d);
     }

@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include "batchwire/batchwire.h"
-#include "journal/crc32c.h"
 #include "journal/journal.h"
 #include "../../server/state_dir.c"
 
@@ -124,16 +123,6 @@ static void write_records(int n, long *offs)
         append_str(j, text);
     }
     bw__journal_close(j);
-}
-
-static void test_crc32c(void **state)
-{
-    (void)state;
-    assert_int_equal(bw__crc32c(0, "123456789", 9), 0xE3069283u);
-    uint32_t a = bw__crc32c(0, "1234", 4);
-    assert_int_equal(bw__crc32c(a, "56789", 5), 0xE3069283u);
-    uint8_t zeros[32] = {0};
-    assert_int_equal(bw__crc32c(0, zeros, 32), 0x8A9136AAu); /* RFC 3720 B.4 */
 }
 
 static void test_round_trip(void **state)
@@ -532,7 +521,6 @@ static void test_state_dir_lock(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_crc32c),
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_group_commit),
         cmocka_unit_test(test_torn_tail_every_offset),
