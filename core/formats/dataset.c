@@ -371,3 +371,31 @@ void bw__dataset_free(bw__dataset *d)
     pthread_mutex_destroy(&d->mu);
     free(d);
 }
+
+int bw__dataset_locate(bw__dataset *d, uint32_t src, uint64_t rec, uint64_t *off, char *err,
+                       size_t errlen)
+{
+    if (!d->ops->offset) {
+        snprintf(err, errlen, "format %s is not a stream: read it by index", d->ops->name);
+        return BW_UNIMPLEMENTED;
+    }
+    if (src >= d->nsources) {
+        snprintf(err, errlen, "source %u requested but the dataset has %zu", src, d->nsources);
+        return BW_OUT_OF_RANGE;
+    }
+    bw__source *s = d->sources[src];
+    int rc = BW_OK;
+    pthread_mutex_lock(&d->mu);
+    if (!s->indexed)
+        rc = s->ops->index(s, err, errlen);
+    pthread_mutex_unlock(&d->mu);
+    if (rc != BW_OK)
+        return rc;
+    if (rec > s->count) {
+        snprintf(err, errlen, "%s: record %llu requested but the source has %llu", s->path,
+                 (unsigned long long)rec, (unsigned long long)s->count);
+        return BW_OUT_OF_RANGE;
+    }
+    *off = s->ops->offset(s, rec);
+    return BW_OK;
+}

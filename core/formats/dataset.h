@@ -52,6 +52,13 @@ int bw__dataset_get(bw__dataset *d, uint64_t index, bw__record *r, char *err, si
 int bw__dataset_next(bw__dataset *d, uint32_t src, uint64_t off, bw__record *r, uint64_t *next,
                      char *err, size_t errlen);
 
+/* Stream access: the byte offset of record rec (<= the source's count; its size at the count)
+ * of source src, from the source's offset index, built first if needed (for that source
+ * alone: tfrecord loads its .bwidx sidecar, other formats scan the file once). No record is
+ * read. BW_OUT_OF_RANGE past the count; BW_UNIMPLEMENTED when the format is not a stream. */
+int bw__dataset_locate(bw__dataset *d, uint32_t src, uint64_t rec, uint64_t *off, char *err,
+                       size_t errlen);
+
 /* True when a source's size or modification time differs from what was opened. */
 bool bw__dataset_changed(const bw__dataset *d);
 

@@ -98,6 +98,9 @@ typedef struct bw__format_ops {
      * the source has no record at off (its end). NULL when the format is not a stream. */
     int (*next)(bw__source *s, uint64_t off, bw__record *r, uint64_t *next, char *err,
                 size_t errlen);
+    /* Streams (after index): the byte offset of record i <= s->count (the file's size for
+     * i == count), read from the index without touching the records. NULL when not a stream. */
+    uint64_t (*offset)(const bw__source *s, uint64_t i);
     void (*close)(bw__source *s);
 } bw__format_ops;
 

@@ -131,12 +131,19 @@ static void lines_close(bw__source *s)
     s->state = NULL;
 }
 
+static uint64_t lines_offset(const bw__source *s, uint64_t i)
+{
+    const lines *st = s->state;
+    return i < st->n ? st->starts[i] : s->size;
+}
+
 const bw__format_ops bw__fmt_jsonl = {
     .name = "jsonl",
     .open = lines_open,
     .index = lines_index,
     .get = lines_get,
     .next = lines_next,
+    .offset = lines_offset,
     .close = lines_close,
 };
 
@@ -146,5 +153,6 @@ const bw__format_ops bw__fmt_text = {
     .index = lines_index,
     .get = lines_get,
     .next = lines_next,
+    .offset = lines_offset,
     .close = lines_close,
 };

@@ -369,11 +369,18 @@ static void tar_close(bw__source *s)
     s->state = NULL;
 }
 
+static uint64_t tar_offset(const bw__source *s, uint64_t i)
+{
+    const tarx *st = s->state;
+    return i < st->n ? st->starts[i] : s->size;
+}
+
 const bw__format_ops bw__fmt_tar = {
     .name = "tar",
     .open = tar_open,
     .index = tar_index,
     .get = tar_get,
     .next = tar_next,
+    .offset = tar_offset,
     .close = tar_close,
 };

@@ -288,11 +288,18 @@ static void tfr_close(bw__source *s)
     s->state = NULL;
 }
 
+static uint64_t tfr_offset(const bw__source *s, uint64_t i)
+{
+    const tfr *st = s->state;
+    return i < st->n ? st->offsets[i] : s->size;
+}
+
 const bw__format_ops bw__fmt_tfrecord = {
     .name = "tfrecord",
     .open = tfr_open,
     .index = tfr_index,
     .get = tfr_get,
     .next = tfr_next,
+    .offset = tfr_offset,
     .close = tfr_close,
 };
