@@ -3,6 +3,7 @@
 #define BW_WORKER_DATA_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -66,16 +67,26 @@ int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage 
 int bw__data_read_stream(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                          ProtobufCMessage **resp);
 
+/* Counters of what the Data service read (Data.Stats). */
+typedef struct bw__data_stats {
+    atomic_uint_fast64_t records_read, record_bytes_read, records_located;
+} bw__data_stats;
+
+int bw__data_get_stats(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                       ProtobufCMessage **resp);
+
 /* ---- sample_stream.c: SampleBatch messages built around mapped file memory ---- */
 
 typedef struct bw__sstream bw__sstream;
 
 /* A producer of SampleBatch messages for ReadSamples (indices borrowed from the request,
- * which lives as long as the call) or ReadStream (src, offset, max_records). Each message
- * stays below limit bytes; a sample larger than that is sent in chunks. Takes over e. */
-bw__sstream *bw__sstream_samples(bw__wds *e, const uint64_t *indices, size_t n, size_t limit);
-bw__sstream *bw__sstream_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t max_records,
-                                 size_t limit);
+ * which lives as long as the call) or ReadStream (src, offset of record first_record,
+ * max_records). Each message stays below limit bytes; a sample larger than that is sent in
+ * chunks. Takes over e. Counts what it reads into stats (borrowed; may be NULL). */
+bw__sstream *bw__sstream_samples(bw__wds *e, const uint64_t *indices, size_t n, size_t limit,
+                                 bw__data_stats *stats);
+bw__sstream *bw__sstream_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t first_record,
+                                 uint64_t max_records, size_t limit, bw__data_stats *stats);
 int bw__sstream_next(void *state, bw_rpc_call *call, bw_rpc_out *out);
 void bw__sstream_free(void *state);
 

@@ -109,6 +109,22 @@ int bw__data_describe(void *user, bw_rpc_call *call, const ProtobufCMessage *req
     return BW_OK;
 }
 
+/* Routing by source: the shard of the source holding dataset index `index` (indexed). */
+static uint32_t source_shard(const bw__dataset *d, uint64_t index, const Batchwire__V1__Routing *rt)
+{
+    size_t lo = 0, hi = d->nsources;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d->first[mid] <= index)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return bw__placement_stream_shard((uint32_t)lo, d->sources[lo]->path,
+                                      rt->num_shards ? rt->num_shards : 1,
+                                      (bw_shard_mode)rt->shard_mode);
+}
+
 int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                           ProtobufCMessage **resp)
 {
@@ -141,7 +157,9 @@ int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage 
             abort();
         uint32_t ns = rt->num_shards ? rt->num_shards : 1;
         for (size_t i = 0; i < r->n_indices; i++)
-            shards[i] = bw__placement_shard(r->indices[i], ns, (bw_shard_mode)rt->shard_mode);
+            shards[i] = rt->by_source
+                            ? source_shard(d, r->indices[i], rt)
+                            : bw__placement_shard(r->indices[i], ns, (bw_shard_mode)rt->shard_mode);
         char err[512];
         rc = bw__pview_check(&w->placement, w->id, rt, shards, r->n_indices, err, sizeof(err));
         free(shards);
@@ -150,9 +168,49 @@ int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage 
             return bw__rpc_fail(call, rc, "ReadSamples: %s", err);
         }
     }
-    bw__sstream *st =
-        bw__sstream_samples(e, r->indices, r->n_indices, message_limit(w, r->max_message_bytes));
+    bw__sstream *st = bw__sstream_samples(e, r->indices, r->n_indices,
+                                          message_limit(w, r->max_message_bytes), &w->stats);
     bw__rpc_stream_start(call, bw__sstream_next, st, bw__sstream_free);
+    return BW_RPC_STREAM;
+}
+
+/* ReadStream with locate_only: one message with one Sample that carries the offset. */
+typedef struct locate_state {
+    uint64_t record, offset;
+    bool sent;
+} locate_state;
+
+static int locate_next(void *state, bw_rpc_call *call, bw_rpc_out *out)
+{
+    locate_state *ls = state;
+    if (ls->sent)
+        return BW_RPC_END;
+    bw_arena *a = bw__rpc_call_msg_arena(call);
+    Batchwire__V1__SampleBatch *sb = bw__arena_alloc(a, sizeof(*sb));
+    Batchwire__V1__Sample *s = bw__arena_alloc(a, sizeof(*s));
+    Batchwire__V1__Sample **sp = bw__arena_alloc(a, sizeof(*sp));
+    if (!sb || !s || !sp)
+        return bw__rpc_fail(call, BW_NOMEM, "ReadStream: out of memory");
+    batchwire__v1__sample_batch__init(sb);
+    batchwire__v1__sample__init(s);
+    s->index = ls->record;
+    s->offset = s->next_offset = ls->offset;
+    sp[0] = s;
+    sb->n_samples = 1;
+    sb->samples = sp;
+    out->msg = &sb->base;
+    ls->sent = true;
+    return BW_OK;
+}
+
+static int start_locate(bw_rpc_call *call, uint64_t record, uint64_t offset)
+{
+    locate_state *ls = calloc(1, sizeof(*ls));
+    if (!ls)
+        abort();
+    ls->record = record;
+    ls->offset = offset;
+    bw__rpc_stream_start(call, locate_next, ls, free);
     return BW_RPC_STREAM;
 }
 
@@ -190,8 +248,41 @@ int bw__data_read_stream(void *user, bw_rpc_call *call, const ProtobufCMessage *
             return bw__rpc_fail(call, rc, "ReadStream: %s", err);
         }
     }
-    bw__sstream *st = bw__sstream_records(e, r->source, r->offset, r->max_records,
-                                          message_limit(w, r->max_message_bytes));
+    uint64_t offset = r->offset;
+    if (r->seek_record || r->locate_only) {
+        /* The offset comes from the source's index: no record before it is read. */
+        char err[1024];
+        rc = bw__dataset_locate(bw__ds_dataset(e), r->source, r->first_record, &offset, err,
+                                sizeof(err));
+        if (rc != BW_OK) {
+            bw__ds_put(e);
+            return bw__rpc_fail(call, rc, "ReadStream: dataset %s %s: %s", r->dataset->format,
+                                first_source(r->dataset), err);
+        }
+        atomic_fetch_add(&w->stats.records_located, 1);
+    }
+    if (r->locate_only) {
+        bw__ds_put(e);
+        return start_locate(call, r->first_record, offset);
+    }
+    bw__sstream *st = bw__sstream_records(e, r->source, offset, r->first_record, r->max_records,
+                                          message_limit(w, r->max_message_bytes), &w->stats);
     bw__rpc_stream_start(call, bw__sstream_next, st, bw__sstream_free);
     return BW_RPC_STREAM;
+}
+
+int bw__data_get_stats(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                       ProtobufCMessage **resp)
+{
+    (void)req;
+    bw_worker *w = user;
+    Batchwire__V1__StatsResponse *out = bw__arena_alloc(bw__rpc_call_arena(call), sizeof(*out));
+    if (!out)
+        return bw__rpc_fail(call, BW_NOMEM, "Stats: out of memory");
+    batchwire__v1__stats_response__init(out);
+    out->records_read = atomic_load(&w->stats.records_read);
+    out->record_bytes_read = atomic_load(&w->stats.record_bytes_read);
+    out->records_located = atomic_load(&w->stats.records_located);
+    *resp = &out->base;
+    return BW_OK;
 }

@@ -35,7 +35,8 @@ struct bw__sstream {
     size_t n, pos;
     /* ReadStream */
     uint32_t src;
-    uint64_t off, max_records, produced;
+    uint64_t off, first_record, max_records, produced;
+    bw__data_stats *stats;
     bool at_end;
     /* the record being sent (possibly in chunks) */
     bool have;
@@ -254,18 +255,22 @@ static bw__sstream *new_stream(bw__wds *e, size_t limit)
     return st;
 }
 
-bw__sstream *bw__sstream_samples(bw__wds *e, const uint64_t *indices, size_t n, size_t limit)
+bw__sstream *bw__sstream_samples(bw__wds *e, const uint64_t *indices, size_t n, size_t limit,
+                                 bw__data_stats *stats)
 {
     bw__sstream *st = new_stream(e, limit);
+    st->stats = stats;
     st->indices = indices;
     st->n = n;
     return st;
 }
 
-bw__sstream *bw__sstream_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t max_records,
-                                 size_t limit)
+bw__sstream *bw__sstream_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t first_record,
+                                 uint64_t max_records, size_t limit, bw__data_stats *stats)
 {
     bw__sstream *st = new_stream(e, limit);
+    st->stats = stats;
+    st->first_record = first_record;
     st->records = true;
     st->src = src;
     st->off = offset;
@@ -296,7 +301,7 @@ static int load(bw__sstream *st, char *err, size_t errlen)
     } else {
         if (st->at_end || (st->max_records && st->produced >= st->max_records))
             return BW_RPC_END;
-        st->rec_index = st->produced;
+        st->rec_index = st->first_record + st->produced;
         st->rec_off = st->off;
         rc = bw__dataset_next(st->d, st->src, st->off, &st->rec, &st->rec_next, err, errlen);
         if (rc == BW_FMT_END) {
@@ -307,6 +312,10 @@ static int load(bw__sstream *st, char *err, size_t errlen)
     if (rc == BW_OK) {
         st->have = true;
         st->sent = 0;
+        if (st->stats) {
+            atomic_fetch_add(&st->stats->records_read, 1);
+            atomic_fetch_add(&st->stats->record_bytes_read, st->rec.size);
+        }
     }
     return rc;
 }

@@ -44,6 +44,7 @@ struct bw_worker {
     /* data plane */
     bw__ds_cache *datasets;
     bw__pview placement;
+    bw__data_stats stats; /* Data.Stats */
 };
 
 extern const bw_rpc_handler bw__worker_handlers[];

@@ -16,5 +16,6 @@ const bw_rpc_handler bw__worker_handlers[] = {
     {BW_METHOD(BW_M_DATA_DESCRIBE), bw__data_describe},
     {BW_METHOD(BW_M_DATA_READ_SAMPLES), bw__data_read_samples},
     {BW_METHOD(BW_M_DATA_READ_STREAM), bw__data_read_stream},
+    {BW_METHOD(BW_M_DATA_STATS), bw__data_get_stats},
 };
 const size_t bw__worker_nhandlers = sizeof(bw__worker_handlers) / sizeof(bw__worker_handlers[0]);

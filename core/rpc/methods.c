@@ -55,4 +55,7 @@ const bw_rpc_method bw__methods[BW_M__COUNT] = {
     [BW_M_JOBS_LEAVE] = {"/batchwire.v1.Jobs/LeaveJob", "Jobs.LeaveJob",
                          &batchwire__v1__leave_job_request__descriptor,
                          &batchwire__v1__leave_job_response__descriptor},
+    [BW_M_DATA_STATS] = {"/batchwire.v1.Data/Stats", "Data.Stats",
+                         &batchwire__v1__stats_request__descriptor,
+                         &batchwire__v1__stats_response__descriptor},
 };

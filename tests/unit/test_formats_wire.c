@@ -177,7 +177,7 @@ static void test_samples_chunked(void **state)
         bw__wds *e2 = NULL;
         assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
         assert_ptr_equal(e2, e); /* cached */
-        bw__sstream *st = bw__sstream_samples(e2, idx, 60, limits[l]);
+        bw__sstream *st = bw__sstream_samples(e2, idx, 60, limits[l], NULL);
         got g;
         drain(st, limits[l], idx, 60, &g, false);
         bw__sstream_free(st);
@@ -198,7 +198,7 @@ static void test_stream_records(void **state)
     Batchwire__V1__Dataset d = spec("tfrecord", srcs, 1);
     bw__wds *e = NULL;
     assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
-    bw__sstream *st = bw__sstream_records(e, 0, 0, 0, 100000);
+    bw__sstream *st = bw__sstream_records(e, 0, 0, 0, 0, 100000, NULL);
     /* every record once, with offsets that chain */
     size_t total = 0;
     for (;;) {
@@ -247,7 +247,7 @@ static void test_corrupt_midway(void **state)
     assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
     assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
     uint64_t idx[] = {0, 1, 2};
-    bw__sstream *st = bw__sstream_samples(e, idx, 3, 16 << 20);
+    bw__sstream *st = bw__sstream_samples(e, idx, 3, 16 << 20, NULL);
     grpc_byte_buffer *bb = NULL;
     /* sample 0 goes out first; then the error names the file and record 1's offset */
     assert_int_equal(bw__sstream_produce(st, &bb, err, sizeof(err)), BW_OK);
