@@ -12,6 +12,7 @@
 #include "gpu.h"
 #include "jobs/job_sampler.h"
 #include "loader_int.h"
+#include "stream_fetch.h"
 
 enum slot_state { SLOT_FREE, SLOT_FETCHING, SLOT_READY, SLOT_HELD };
 
@@ -22,6 +23,7 @@ struct bw_loader {
     uint32_t rank;
     uint64_t job_fingerprint;
     uint64_t num_samples;
+    bw__stream_ctx *stream; /* iterable jobs: the stream's sources and order; else NULL */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -57,7 +59,16 @@ static int fail(bw_loader *l, int rc, const char *fmt, ...)
 static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
 {
     bw__batch out = {b->indices, b->padding, 0, 0};
-    int rc = bw__sampler_batch(l->sampler, l->rank, step, &out);
+    int rc = BW_OK;
+    if (l->stream && l->stream->pre_sharded) {
+        out.count =
+            bw__stream_preshard_batch(l->stream, l->rank, step, b->indices, b->padding, &out.real);
+        if (out.count == 0)
+            rc = BW_END_OF_EPOCH;
+    } else {
+        /* iterable mode: the sampler's indices are positions in the epoch's stream */
+        rc = bw__sampler_batch(l->sampler, l->rank, step, &out);
+    }
     if (rc != BW_OK)
         return rc;
     b->epoch = l->epoch;
@@ -74,6 +85,19 @@ static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
             b->shape[i + 1] = lay->shape[i];
     }
     return BW_OK;
+}
+
+/* Reads a planned batch: by index (map-style) or as runs of stream records (iterable). */
+static int fetch(bw_loader *l, bw_batch *b)
+{
+    return l->stream ? bw__stream_fetch_batch(&l->fctx, l->stream, b)
+                     : bw__fetch_batch(&l->fctx, b);
+}
+
+/* Positions of the epoch's stream consumed by one step of every rank. */
+static uint64_t stream_step_positions(const bw_loader *l)
+{
+    return (uint64_t)bw__sampler_max_batch(l->sampler) * bw__sampler_world_size(l->sampler);
 }
 
 static void *fetch_thread(void *arg)
@@ -95,7 +119,7 @@ static void *fetch_thread(void *arg)
         if (rc != BW_OK)
             snprintf(b->err, sizeof(b->err), "step %" PRIu64 " of rank %u: no such batch (%s)",
                      step, l->rank, bw_strerror(rc));
-        else if ((rc = bw__fetch_batch(&l->fctx, b)) == BW_OK)
+        else if ((rc = fetch(l, b)) == BW_OK)
             rc = bw__batch_to_device(b);
         b->rc = rc;
         pthread_mutex_lock(&l->mu);
@@ -117,6 +141,12 @@ static int position(bw_loader *l, uint64_t epoch, uint64_t step)
                                      job->n_history, epoch, false, &s, l->err, sizeof(l->err));
         if (rc != BW_OK)
             return rc;
+        if (l->stream && (rc = bw__stream_set_epoch(
+                              l->stream, epoch, (uint32_t)bw__sampler_world_size(s),
+                              bw__sampler_max_batch(s), l->err, sizeof(l->err))) != BW_OK) {
+            bw__sampler_free(s);
+            return rc;
+        }
         bw__sampler_free(l->sampler);
         l->sampler = s;
         l->epoch = epoch;
@@ -134,6 +164,8 @@ static int position(bw_loader *l, uint64_t epoch, uint64_t step)
                     "elastic resume)",
                     step, epoch, l->world, first);
     l->end_step = bw__sampler_end_step(l->sampler, l->rank);
+    if (l->stream && l->stream->pre_sharded)
+        l->end_step = l->stream->ps.steps; /* every rank: its own source, as many steps */
     if (step > l->end_step)
         return fail(l, BW_OUT_OF_RANGE,
                     "step %" PRIu64 " is past the end of epoch %" PRIu64 " (%" PRIu64
@@ -207,6 +239,12 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->world = (uint32_t)world;
     l->job_fingerprint = job->fingerprint;
     l->num_samples = job->dataset->length;
+    if (job->config->sampler->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE &&
+        (rc = bw__stream_open(&l->stream, job, (uint32_t)world, err, errlen)) != BW_OK) {
+        bw__arena_reset(&ca);
+        bw_loader_close(l);
+        return rc;
+    }
     l->fctx.session = &l->session;
     l->fctx.dataset = job->config->dataset;
     l->fctx.fingerprint = job->dataset->fingerprint;
@@ -224,9 +262,13 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         epoch = given->epoch;
         step = given->step;
     }
-    bw__arena_reset(&ca);
     if (rc == BW_OK)
         rc = position(l, epoch, step);
+    /* A stream resumes where the cursor's offsets say: a seek, not a replay. */
+    if (rc == BW_OK && given && l->stream)
+        rc = bw__stream_cursor_check(l->stream, given, l->rank, stream_step_positions(l), l->err,
+                                     sizeof(l->err));
+    bw__arena_reset(&ca);
     size_t max_batch = rc == BW_OK ? bw__sampler_max_batch(l->sampler) : 0;
     if (rc == BW_OK) {
         size_t per = max_batch * (size_t)(l->fctx.sample_bytes ? l->fctx.sample_bytes : 1);
@@ -315,7 +357,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
          * caller can call again. */
         l->state[slot] = SLOT_FETCHING;
         pthread_mutex_unlock(&l->mu);
-        int rc = bw__fetch_batch(&l->fctx, b);
+        int rc = fetch(l, b);
         if (rc == BW_OK)
             rc = b->rc = bw__batch_to_device(b);
         pthread_mutex_lock(&l->mu);
@@ -356,7 +398,8 @@ int bw_loader_next_epoch(bw_loader *l)
     return rc;
 }
 
-/* The cursor after the last batch handed out. */
+/* The cursor after the last batch handed out; NULL with l->err set when a stream offset
+ * cannot be found. */
 static uint8_t *current_cursor(bw_loader *l, size_t *len)
 {
     Batchwire__V1__Cursor c = BATCHWIRE__V1__CURSOR__INIT;
@@ -368,8 +411,20 @@ static uint8_t *current_cursor(bw_loader *l, size_t *len)
     c.world_size = l->world;
     c.epoch = l->epoch;
     c.step = l->next_deliver;
+    uint64_t g = l->stream ? stream_step_positions(l) : 0;
     pthread_mutex_unlock(&l->mu);
-    return bw__cursor_encode(&c, len);
+    uint8_t *out = NULL;
+    char why[BW_LOADER_ERRLEN];
+    int rc = l->stream ? bw__stream_cursor_fill(&l->fctx, l->stream, l->rank, c.step, g, &c, why,
+                                                sizeof(why))
+                       : BW_OK;
+    if (rc == BW_OK)
+        out = bw__cursor_encode(&c, len);
+    else
+        fail(l, rc, "the cursor's stream offsets: %s", why);
+    free(c.source_offsets);
+    free(c.source_records);
+    return out;
 }
 
 int bw_loader_cursor(bw_loader *l, void *buf, size_t *len)
@@ -377,6 +432,8 @@ int bw_loader_cursor(bw_loader *l, void *buf, size_t *len)
     size_t n;
     uint8_t *c = current_cursor(l, &n);
     int rc = BW_OK;
+    if (!c)
+        return BW_UNAVAILABLE;
     if (n > *len)
         rc = fail(l, BW_TOO_BIG, "the cursor needs %zu bytes; the buffer has %zu", n, *len);
     else
@@ -390,6 +447,8 @@ int bw_loader_cursor_text(bw_loader *l, char *buf, size_t buflen)
 {
     size_t n;
     uint8_t *c = current_cursor(l, &n);
+    if (!c)
+        return BW_UNAVAILABLE;
     size_t w = bw__cursor_to_text(c, n, buf, buflen);
     free(c);
     if (w == 0)
@@ -402,6 +461,8 @@ int bw_loader_commit(bw_loader *l)
 {
     size_t n;
     uint8_t *c = current_cursor(l, &n);
+    if (!c)
+        return BW_UNAVAILABLE;
     int rc = bw__session_commit(&l->session, c, n, l->err, sizeof(l->err));
     free(c);
     return rc;
@@ -440,7 +501,7 @@ int64_t bw_loader_world_size(const bw_loader *l)
 
 uint64_t bw_loader_num_samples(const bw_loader *l)
 {
-    return l->num_samples;
+    return l->stream ? 0 : l->num_samples; /* a stream has no length (loader.h) */
 }
 
 void bw_loader_close(bw_loader *l)
@@ -459,6 +520,7 @@ void bw_loader_close(bw_loader *l)
     free(l->slots);
     free(l->state);
     bw__sampler_free(l->sampler);
+    bw__stream_free(l->stream);
     bw__gpu_stream_free(l->copy_stream);
     bw__session_close(&l->session);
     bw__job_request_free(&l->jr);

@@ -87,6 +87,8 @@ static int resolve_rank(const bw_loader_options *o, int64_t *rank, int64_t *worl
     return BW_OK;
 }
 
+#define PRE_SHARDED "pre_sharded:"
+
 static const char *const formats[] = {"npy", "tfrecord", "jsonl", "text", "tar", "files"};
 
 /* "npy:a/x*.npy,b.npy" gives format "npy" and sources "a/x*.npy" and "b.npy". */
@@ -158,20 +160,30 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
         snprintf(err, errlen, "shuffle_algo '%s': expected torch or feistel", o->shuffle_algo);
         return BW_INVALID_ARGUMENT;
     }
-    if (mode == BW__MODE_ITERABLE) {
-        snprintf(err, errlen,
-                 "mode iterable: streaming datasets are not served by the loader yet "
-                 "(torch and accelerate modes read map-style datasets)");
-        return BW_UNIMPLEMENTED;
-    }
     if (o->batch_size < 1) {
         snprintf(err, errlen, "batch_size must be at least 1");
         return BW_INVALID_ARGUMENT;
     }
     if (!(jr->name = strdup(o->job)))
         return BW_NOMEM;
-    if ((rc = parse_dataset(o->dataset, jr, err, errlen)) != BW_OK)
+    /* "pre_sharded:FORMAT:PATHS": one source per rank, already split (docs/streams.md). */
+    const char *spec = o->dataset;
+    bool pre_sharded = spec && strncmp(spec, PRE_SHARDED, strlen(PRE_SHARDED)) == 0;
+    if (pre_sharded)
+        spec += strlen(PRE_SHARDED);
+    if ((rc = parse_dataset(spec, jr, err, errlen)) != BW_OK)
         return rc;
+    if (pre_sharded && mode != BW__MODE_ITERABLE) {
+        snprintf(err, errlen,
+                 "dataset '%s' is pre-sharded (one source per rank, already split by its "
+                 "writer) and %s mode would shard it again: each rank would get 1/%" PRId64
+                 " of its 1/%" PRId64 " shard, 1/%" PRId64 " of the data (double sharding). "
+                 "Use mode iterable, which serves source r to rank r as it is, or drop the "
+                 "pre_sharded: prefix to shard the whole dataset once",
+                 o->dataset, bw__sampler_mode_name((bw__sampler_mode)mode), *world, *world,
+                 *world * *world);
+        return BW_INVALID_ARGUMENT;
+    }
 
     /* The same configuration the sampler checks, so a bad one is refused before any call. */
     bw__sampler_cfg sc;
@@ -180,7 +192,8 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
     sc.num_samples = 1u << 20; /* the real length comes from the job */
     sc.world_size = (uint64_t)*world;
     sc.batch_size = o->batch_size;
-    sc.shuffle = o->shuffle != 0;
+    /* iterable: shuffle reorders the stream's sources each epoch; records keep file order */
+    sc.shuffle = o->shuffle != 0 && mode != BW__MODE_ITERABLE;
     sc.seed = (uint64_t)o->seed;
     sc.shuffle_algo = (bw__shuffle_algo)algo;
     sc.drop_last = o->drop_last != 0;
@@ -194,10 +207,13 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
     jr->dataset.format = jr->format;
     jr->dataset.n_sources = jr->nsources;
     jr->dataset.sources = jr->sources;
+    jr->dataset.pre_sharded = pre_sharded;
     batchwire__v1__sampler_config__init(&jr->sampler);
-    jr->sampler.mode = mode == BW__MODE_ACCELERATE
-                           ? BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ACCELERATE
-                           : BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_TORCH;
+    jr->sampler.mode =
+        mode == BW__MODE_ACCELERATE ? BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ACCELERATE
+        : mode == BW__MODE_ITERABLE ? BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE
+                                    : BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_TORCH;
+    jr->sampler.shuffle_sources = mode == BW__MODE_ITERABLE && o->shuffle;
     jr->sampler.batch_size = o->batch_size;
     jr->sampler.shuffle = sc.shuffle;
     jr->sampler.seed = o->seed;
