@@ -12,53 +12,16 @@
 #include "common/log.h"
 #include "cursor/cursor.h"
 
-void bw__jobs_sampler_cfg(const Batchwire__V1__JobConfig *cfg, uint64_t num_samples, uint32_t world,
-                          bw__sampler_cfg *out)
-{
-    bw__sampler_cfg_init(out);
-    const Batchwire__V1__SamplerConfig *sc = cfg->sampler;
-    out->num_samples = num_samples;
-    out->world_size = world;
-    if (!sc)
-        return;
-    out->mode = sc->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ACCELERATE
-                    ? BW__MODE_ACCELERATE
-                : sc->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE ? BW__MODE_ITERABLE
-                                                                                 : BW__MODE_TORCH;
-    out->batch_size = sc->batch_size;
-    out->shuffle = sc->shuffle;
-    out->seed = (uint64_t)sc->seed;
-    out->shuffle_algo = sc->shuffle_algo == BATCHWIRE__V1__SHUFFLE_ALGO__SHUFFLE_ALGO_FEISTEL
-                            ? BW__SHUFFLE_FEISTEL
-                            : BW__SHUFFLE_TORCH;
-    out->drop_last = sc->drop_last;
-    out->sampler_drop_last = sc->sampler_drop_last;
-    out->split_batches = sc->split_batches;
-    out->even_batches = !sc->uneven_batches;
-}
-
 int bw__jobs_sampler(const bw_job *job, uint64_t epoch, bw__sampler **out, char *err, size_t errlen)
 {
-    uint32_t world0 = job->history[0].world_size;
-    for (size_t i = 0; i < job->nhistory; i++) {
-        const Batchwire__V1__WorldSegment *g = &job->history[i];
-        if (g->epoch < epoch || (g->epoch == epoch && g->start_step == 0))
-            world0 = g->world_size;
-    }
-    bw__sampler_cfg cfg;
-    bw__jobs_sampler_cfg(job->config, job->dataset->length, world0, &cfg);
-    cfg.shuffle = false; /* the checks need counts only: no O(n) permutation */
-    cfg.epoch = epoch;
-    int rc = bw__sampler_new(out, &cfg, err, errlen);
-    for (size_t i = 0; rc == BW_OK && i < job->nhistory; i++) {
-        const Batchwire__V1__WorldSegment *g = &job->history[i];
-        if (g->epoch == epoch && g->start_step > 0)
-            rc = bw__sampler_resize(*out, g->start_step, g->world_size, err, errlen);
-    }
-    if (rc != BW_OK) {
-        bw__sampler_free(*out);
-        *out = NULL;
-    }
+    const Batchwire__V1__WorldSegment **history = malloc(job->nhistory * sizeof(*history));
+    if (!history)
+        abort();
+    for (size_t i = 0; i < job->nhistory; i++)
+        history[i] = &job->history[i];
+    int rc = bw__job_sampler_new(job->config->sampler, job->dataset->length, history, job->nhistory,
+                                 epoch, true, out, err, errlen);
+    free(history);
     return rc;
 }
 

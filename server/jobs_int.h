@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include "jobs.h"
+#include "jobs/job_sampler.h"
 #include "sampler/sampler.h"
 
 enum { BW_JOB_NAME_MAX = 128, BW_HOST_MAX = 256 };
@@ -63,14 +64,10 @@ Batchwire__V1__JobSummary *bw__jobs_summary(bw_arena *arena, const bw_job *job);
 uint8_t *bw__jobs_make_cursor(const bw_job *job, uint32_t rank, uint64_t epoch, uint64_t step,
                               size_t *len);
 
-/* The sampler of `epoch` with the world-size history applied (shuffle off: only counts
- * matter for the checks). */
+/* The sampler of `epoch` with the world-size history applied (bw__job_sampler_new, counts
+ * only: enough for the checks). */
 int bw__jobs_sampler(const bw_job *job, uint64_t epoch, bw__sampler **out, char *err,
                      size_t errlen);
-
-/* The sampler configuration of a job at world size `world` and epoch 0. */
-void bw__jobs_sampler_cfg(const Batchwire__V1__JobConfig *cfg, uint64_t num_samples, uint32_t world,
-                          bw__sampler_cfg *out);
 
 /* "a.b: job has X, request has Y; ..." for every field that differs; "" if none. */
 void bw__jobs_diff(const ProtobufCMessageDescriptor *desc, const ProtobufCMessage *a,

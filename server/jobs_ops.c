@@ -170,7 +170,7 @@ int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
     /* The sampler must accept this configuration for this dataset, and give every rank the
      * same number of batches (DESIGN.md §3.4), or the job is refused now. */
     bw__sampler_cfg cfg;
-    bw__jobs_sampler_cfg(req->config, info->length, req->world_size, &cfg);
+    bw__job_sampler_cfg(req->config->sampler, info->length, req->world_size, &cfg);
     char why[512];
     int rc = bw__sampler_cfg_check(&cfg, why, sizeof(why));
     if (rc == BW_OK && info->length == 0) {

@@ -8,12 +8,14 @@ void bw__job_sampler_cfg(const Batchwire__V1__SamplerConfig *sc, uint64_t length
                          bw__sampler_cfg *out)
 {
     bw__sampler_cfg_init(out);
+    out->num_samples = length;
+    out->world_size = world;
+    if (!sc)
+        return;
     out->mode = sc->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ACCELERATE
                     ? BW__MODE_ACCELERATE
                 : sc->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE ? BW__MODE_ITERABLE
                                                                                  : BW__MODE_TORCH;
-    out->num_samples = length;
-    out->world_size = world;
     out->batch_size = sc->batch_size;
     out->shuffle = sc->shuffle;
     out->seed = (uint64_t)sc->seed;

@@ -11,7 +11,8 @@
 #include "jobs.pb-c.h"
 #include "sampler/sampler.h"
 
-/* The sampler configuration of `sc` for a dataset of `length` samples at world size `world`. */
+/* The sampler configuration of `sc` for a dataset of `length` samples at world size `world`
+ * (sc NULL: the sampler core's defaults). */
 void bw__job_sampler_cfg(const Batchwire__V1__SamplerConfig *sc, uint64_t length, uint32_t world,
                          bw__sampler_cfg *out);
 
