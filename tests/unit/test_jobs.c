@@ -164,6 +164,49 @@ static size_t observe(bw_jobs *s, uint8_t *buf, size_t cap)
     return used;
 }
 
+static int leave(bw_jobs *s, const char *job, uint32_t rank, uint64_t lease_id, bool *released)
+{
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    Batchwire__V1__LeaveJobRequest req = BATCHWIRE__V1__LEAVE_JOB_REQUEST__INIT;
+    req.job = (char *)job;
+    req.rank = rank;
+    req.lease_id = lease_id;
+    Batchwire__V1__LeaveJobResponse *resp = NULL;
+    uint64_t ws;
+    char err[512];
+    int rc = bw__jobs_leave(s, &req, &a, &resp, &ws, err, sizeof(err));
+    *released = rc == BW_OK && resp->released;
+    if (rc == BW_OK)
+        assert_int_equal(bw__journal_sync(bw__jobs_journal(s), ws), BW_OK);
+    bw__arena_reset(&a);
+    return rc;
+}
+
+static int join(bw_jobs *s, const char *job, uint32_t rank, uint32_t pid, uint64_t *lease_id)
+{
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    Batchwire__V1__Holder h = BATCHWIRE__V1__HOLDER__INIT;
+    h.host = "node";
+    h.pid = pid;
+    Batchwire__V1__JoinJobRequest req = BATCHWIRE__V1__JOIN_JOB_REQUEST__INIT;
+    req.job = (char *)job;
+    req.rank = rank;
+    req.world_size = 4;
+    req.holder = &h;
+    Batchwire__V1__JoinJobResponse *resp = NULL;
+    uint64_t ws;
+    char err[1024];
+    int rc = bw__jobs_join(s, &req, &a, &resp, &ws, err, sizeof(err));
+    if (rc == BW_OK) {
+        *lease_id = resp->lease_id;
+        assert_int_equal(bw__journal_sync(bw__jobs_journal(s), ws), BW_OK);
+    }
+    bw__arena_reset(&a);
+    return rc;
+}
+
 static void build_state(bw_jobs *s)
 {
     bw_arena a;
@@ -194,39 +237,15 @@ static void build_state(bw_jobs *s)
     }
     uint64_t fp = cr->job->fingerprint;
     uint64_t leases[4];
-    Batchwire__V1__Holder h = BATCHWIRE__V1__HOLDER__INIT;
-    h.host = "node";
-    for (uint32_t r = 0; r < 4; r++) {
-        h.pid = 10 + r;
-        Batchwire__V1__JoinJobRequest jr = BATCHWIRE__V1__JOIN_JOB_REQUEST__INIT;
-        jr.job = "job2";
-        jr.rank = r;
-        jr.world_size = 4;
-        jr.holder = &h;
-        Batchwire__V1__JoinJobResponse *resp;
-        assert_int_equal(bw__jobs_join(s, &jr, &a, &resp, &ws, err, sizeof(err)), BW_OK);
-        leases[r] = resp->lease_id;
-    }
+    for (uint32_t r = 0; r < 4; r++)
+        assert_int_equal(join(s, "job2", r, 10 + r, &leases[r]), BW_OK);
     /* job0: rank 0 held, rank 1 joined and left (RankLeft must replay too) */
-    for (uint32_t r = 0; r < 2; r++) {
-        h.pid = 20 + r;
-        Batchwire__V1__JoinJobRequest jr = BATCHWIRE__V1__JOIN_JOB_REQUEST__INIT;
-        jr.job = "job0";
-        jr.rank = r;
-        jr.world_size = 4;
-        jr.holder = &h;
-        Batchwire__V1__JoinJobResponse *resp;
-        assert_int_equal(bw__jobs_join(s, &jr, &a, &resp, &ws, err, sizeof(err)), BW_OK);
-        if (r == 1) {
-            Batchwire__V1__LeaveJobRequest lr = BATCHWIRE__V1__LEAVE_JOB_REQUEST__INIT;
-            lr.job = "job0";
-            lr.rank = r;
-            lr.lease_id = resp->lease_id;
-            Batchwire__V1__LeaveJobResponse *lresp;
-            assert_int_equal(bw__jobs_leave(s, &lr, &a, &lresp, &ws, err, sizeof(err)), BW_OK);
-            assert_true(lresp->released);
-        }
-    }
+    uint64_t held, left;
+    bool released = false;
+    assert_int_equal(join(s, "job0", 0, 20, &held), BW_OK);
+    assert_int_equal(join(s, "job0", 1, 21, &left), BW_OK);
+    assert_int_equal(leave(s, "job0", 1, left, &released), BW_OK);
+    assert_true(released);
     uint8_t *curs[4];
     ProtobufCBinaryData cb[4];
     for (uint32_t r = 0; r < 4; r++) {
@@ -295,49 +314,6 @@ static void test_replay_rebuilds_state(void **state)
     assert_memory_equal(before, after, n1);
     bw__jobs_close(s);
     rm_dir();
-}
-
-static int leave(bw_jobs *s, const char *job, uint32_t rank, uint64_t lease_id, bool *released)
-{
-    bw_arena a;
-    bw__arena_init(&a, 0);
-    Batchwire__V1__LeaveJobRequest req = BATCHWIRE__V1__LEAVE_JOB_REQUEST__INIT;
-    req.job = (char *)job;
-    req.rank = rank;
-    req.lease_id = lease_id;
-    Batchwire__V1__LeaveJobResponse *resp = NULL;
-    uint64_t ws;
-    char err[512];
-    int rc = bw__jobs_leave(s, &req, &a, &resp, &ws, err, sizeof(err));
-    *released = rc == BW_OK && resp->released;
-    if (rc == BW_OK)
-        assert_int_equal(bw__journal_sync(bw__jobs_journal(s), ws), BW_OK);
-    bw__arena_reset(&a);
-    return rc;
-}
-
-static int join(bw_jobs *s, const char *job, uint32_t rank, uint32_t pid, uint64_t *lease_id)
-{
-    bw_arena a;
-    bw__arena_init(&a, 0);
-    Batchwire__V1__Holder h = BATCHWIRE__V1__HOLDER__INIT;
-    h.host = "node";
-    h.pid = pid;
-    Batchwire__V1__JoinJobRequest req = BATCHWIRE__V1__JOIN_JOB_REQUEST__INIT;
-    req.job = (char *)job;
-    req.rank = rank;
-    req.world_size = 4;
-    req.holder = &h;
-    Batchwire__V1__JoinJobResponse *resp = NULL;
-    uint64_t ws;
-    char err[1024];
-    int rc = bw__jobs_join(s, &req, &a, &resp, &ws, err, sizeof(err));
-    if (rc == BW_OK) {
-        *lease_id = resp->lease_id;
-        assert_int_equal(bw__journal_sync(bw__jobs_journal(s), ws), BW_OK);
-    }
-    bw__arena_reset(&a);
-    return rc;
 }
 
 /* Only the current lease releases a rank; the release survives a restart (journal and
