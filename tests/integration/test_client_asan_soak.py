@@ -106,13 +106,15 @@ def test(tmpdir):
     cur = os.path.join(tmpdir, "soak.cursor")
     first, _ = e2e.Fetch(cl.addr, "soak-npy", spec, c, 0, world=2,
                          extra=["--max-steps", 30, "--cursor-out", cur]).ok(60)
-    holder = e2e.Fetch(cl.addr, "soak-npy", spec, c, 1, world=2, extra=["--epochs", 2])
+    # The holder must still run when the duplicate joins: a clean exit releases the rank at
+    # once (LeaveJob), so it runs until SIGTERM, which ends it cleanly (exit 0).
+    holder = e2e.Fetch(cl.addr, "soak-npy", spec, c, 1, world=2, extra=["--epochs", 100000])
     bt.poll(lambda: holder.batches_seen() > 0 or holder.proc.poll() is not None, 30,
             what="rank 1 to start")
     dup = e2e.Fetch(cl.addr, "soak-npy", spec, c, 1, world=2)
     err = dup.refused(60)
-    bt.check("BW_ALREADY_EXISTS" in err or holder.proc.poll() is not None,
-             "a duplicate rank is refused, leak-free")
+    bt.check("BW_ALREADY_EXISTS" in err, "a duplicate rank is refused, leak-free", err)
+    holder.proc.send_signal(signal.SIGTERM)
     holder.ok(120)
     text = read_cursor(cur)
     bad = e2e.Fetch(cl.addr, "soak-npy", spec, c, 0, world=2, extra=["--resume", text[:-2]])
