@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <grpc/grpc.h>
+
 #include "common/log.h"
 #include "common/util.h"
 #include "loader_int.h"
@@ -101,67 +103,73 @@ static long pick_worker(const bw__placement *p, uint32_t shard, char **suspects,
     return pick;
 }
 
+/* Where the samples of one route's stream go, in request order. */
+typedef struct placer {
+    route *r;
+    want *w;
+    const bw__fetch_ctx *ctx;
+    bw_batch *b;
+    size_t k; /* the route's next expected sample */
+} placer;
+
+static int place(void *arg, uint64_t index, uint64_t size, uint64_t chunk_offset, uint64_t len,
+                 uint8_t **dest, char *err, size_t errlen)
+{
+    placer *pl = arg;
+    want *x = pl->k < pl->r->n ? &pl->w[pl->r->wants[pl->k]] : NULL;
+    if (!x || index != x->index || chunk_offset != x->got || chunk_offset + len > size ||
+        (pl->ctx->sample_bytes && size != pl->ctx->sample_bytes) ||
+        (x->got > 0 && size != x->size)) {
+        snprintf(err, errlen,
+                 "worker sent sample %llu (chunk at %llu of %llu bytes) where sample %llu at "
+                 "%llu was due",
+                 (unsigned long long)index, (unsigned long long)chunk_offset,
+                 (unsigned long long)size, x ? (unsigned long long)x->index : 0ull,
+                 x ? (unsigned long long)x->got : 0ull);
+        return BW_PROTOCOL;
+    }
+    if (x->got == 0) {
+        x->size = size;
+        if (!pl->ctx->sample_bytes && !(x->buf = malloc(size ? size : 1)))
+            return BW_NOMEM;
+    }
+    uint8_t *base = pl->ctx->sample_bytes ? pl->b->data + x->first * pl->ctx->sample_bytes : x->buf;
+    *dest = base + chunk_offset;
+    x->got += len;
+    if (x->got == x->size) {
+        x->done = true;
+        pl->k++;
+    }
+    return BW_OK;
+}
+
 /* Reads a route's stream to the end, storing what arrives. Returns BW_OK or the stream's
  * error with a sentence in err. */
 static int drain(route *r, want *w, const bw__fetch_ctx *ctx, bw_batch *b, char *err, size_t errlen)
 {
-    size_t k = 0;
+    placer pl = {r, w, ctx, b, 0};
     int rc;
     for (;;) {
-        bw_arena a;
-        bw__arena_init(&a, 0);
-        ProtobufCMessage *msg = NULL;
-        rc = bw__rpc_stream_next(r->st, &a, &msg, err, errlen);
-        if (rc != BW_OK) {
-            bw__arena_reset(&a);
+        grpc_byte_buffer *msg = NULL;
+        rc = bw__rpc_stream_next_raw(r->st, &msg, err, errlen);
+        if (rc != BW_OK)
             break;
-        }
-        const Batchwire__V1__SampleBatch *sb = (const void *)msg;
-        for (size_t i = 0; i < sb->n_samples && rc == BW_OK; i++) {
-            const Batchwire__V1__Sample *s = sb->samples[i];
-            want *x = k < r->n ? &w[r->wants[k]] : NULL;
-            if (!x || s->index != x->index || s->chunk_offset != x->got ||
-                s->chunk_offset + s->data.len > s->size ||
-                (ctx->sample_bytes && s->size != ctx->sample_bytes)) {
-                snprintf(err, errlen,
-                         "worker sent sample %llu (chunk at %llu of %llu bytes) where sample "
-                         "%llu at %llu was due",
-                         (unsigned long long)s->index, (unsigned long long)s->chunk_offset,
-                         (unsigned long long)s->size, x ? (unsigned long long)x->index : 0ull,
-                         x ? (unsigned long long)x->got : 0ull);
-                rc = BW_PROTOCOL;
-                break;
-            }
-            if (x->got == 0) {
-                x->size = s->size;
-                if (!ctx->sample_bytes && !(x->buf = malloc(s->size ? s->size : 1))) {
-                    rc = BW_NOMEM;
-                    break;
-                }
-            }
-            uint8_t *dest = ctx->sample_bytes ? b->data + x->first * ctx->sample_bytes : x->buf;
-            memcpy(dest + s->chunk_offset, s->data.data, s->data.len);
-            x->got += s->data.len;
-            if (x->got == x->size) {
-                x->done = true;
-                k++;
-            }
-        }
-        bw__arena_reset(&a);
+        rc = bw__decode_sample_batch(msg, place, &pl, err, errlen);
+        grpc_byte_buffer_destroy(msg);
         if (rc != BW_OK)
             break;
     }
     if (rc == BW_RPC_STREAM_END) {
-        if (k == r->n)
+        if (pl.k == r->n)
             return BW_OK;
-        snprintf(err, errlen, "worker ended the stream after %zu of %zu samples", k, r->n);
+        snprintf(err, errlen, "worker ended the stream after %zu of %zu samples", pl.k, r->n);
         return BW_PROTOCOL;
     }
     /* Samples completed before the failure are kept; a partial one starts over. */
-    if (k < r->n && !w[r->wants[k]].done) {
-        free(w[r->wants[k]].buf);
-        w[r->wants[k]].buf = NULL;
-        w[r->wants[k]].got = 0;
+    if (pl.k < r->n && !w[r->wants[pl.k]].done) {
+        free(w[r->wants[pl.k]].buf);
+        w[r->wants[pl.k]].buf = NULL;
+        w[r->wants[pl.k]].got = 0;
     }
     return rc;
 }

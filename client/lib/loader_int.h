@@ -135,6 +135,19 @@ int bw__batch_reserve(bw_batch *b, size_t nbytes);
 /* Copies the batch's data to its device (when it has one). */
 int bw__batch_to_device(bw_batch *b);
 
+/* ---- sample_decode.c ---- */
+
+/* Called for each sample (or chunk of one) in a SampleBatch before its data is copied: checks
+ * the header and sets *dest to where the len data bytes go (NULL: nowhere, len is 0). */
+typedef int (*bw__sample_place_fn)(void *ctx, uint64_t index, uint64_t size, uint64_t chunk_offset,
+                                   uint64_t len, uint8_t **dest, char *err, size_t errlen);
+
+/* Decodes a SampleBatch straight from the received slices, copying each sample's bytes once
+ * into the place `place` gives. BW_OK, BW_PROTOCOL for a malformed message, or place's error. */
+struct grpc_byte_buffer;
+int bw__decode_sample_batch(struct grpc_byte_buffer *bb, bw__sample_place_fn place, void *ctx,
+                            char *err, size_t errlen);
+
 /* ---- fetch.c ---- */
 
 typedef struct bw__fetch_ctx {

@@ -352,8 +352,7 @@ int bw__rpc_stream_open(bw_rpc_channel *ch, const bw_rpc_method *m, const Protob
     return BW_OK;
 }
 
-int bw__rpc_stream_next(bw_rpc_stream *st, bw_arena *arena, ProtobufCMessage **msg, char *err,
-                        size_t errlen)
+int bw__rpc_stream_next_raw(bw_rpc_stream *st, grpc_byte_buffer **msg, char *err, size_t errlen)
 {
     *msg = NULL;
     if (!st->ended) {
@@ -369,10 +368,9 @@ int bw__rpc_stream_next(bw_rpc_stream *st, bw_arena *arena, ProtobufCMessage **m
         st->pending++;
         stream_wait(st, ST_MESSAGE);
         if (st->recv) {
-            int rc = unpack_response(st->ch, st->m, st->recv, arena, msg, err, errlen);
-            grpc_byte_buffer_destroy(st->recv);
+            *msg = st->recv;
             st->recv = NULL;
-            return rc;
+            return BW_OK;
         }
         st->ended = 1;
     }
@@ -381,6 +379,19 @@ int bw__rpc_stream_next(bw_rpc_stream *st, bw_arena *arena, ProtobufCMessage **m
     if (st->status != GRPC_STATUS_OK)
         return call_error(st->ch, st->m, st->status, st->details, &st->trailing_md, err, errlen);
     return BW_RPC_STREAM_END;
+}
+
+int bw__rpc_stream_next(bw_rpc_stream *st, bw_arena *arena, ProtobufCMessage **msg, char *err,
+                        size_t errlen)
+{
+    *msg = NULL;
+    grpc_byte_buffer *bb = NULL;
+    int rc = bw__rpc_stream_next_raw(st, &bb, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    rc = unpack_response(st->ch, st->m, bb, arena, msg, err, errlen);
+    grpc_byte_buffer_destroy(bb);
+    return rc;
 }
 
 void bw__rpc_stream_close(bw_rpc_stream *st)
