@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bwtest as bt  # noqa: E402
 import test_client_e2e as e2e  # noqa: E402
-from test_client_resume import LEASE_MS, LEASE_WAIT, read_cursor, key  # noqa: E402
+from test_client_resume import LEASE_MS, LEASE_WAIT, read_cursor  # noqa: E402
 
 EPOCHS = 6      # the failover and resume parts
 SOAK_EPOCHS = 40  # the memory part

@@ -19,6 +19,7 @@ The helpers here (cluster, expected bytes, fetch processes, plan, verification) 
 the other test_client_*.py files.
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -219,7 +220,8 @@ def plans(c, n, world, epochs=EPOCHS):
 class Fetch:
     """One `batchwire fetch` process; stdout lines and stderr are collected by threads."""
 
-    def __init__(self, coord, job, dataset, c, rank, world=WORLD, extra=(), env=None):
+    def __init__(self, coord, job, dataset, c, rank, world=WORLD, extra=(), env=None,
+                 gate_after=None):
         self.argv = [bt.CLI, "fetch", "--coordinator", coord, "--job", job, "--dataset", dataset,
                      "--rank", str(rank), "--world-size", str(world)] + cfg_flags(c) + \
             [str(x) for x in extra]
@@ -231,14 +233,35 @@ class Fetch:
         bt._register(self.proc)
         self.lines = []
         self.err = []
-        self._threads = [threading.Thread(target=self._read, args=(self.proc.stdout, self.lines),
-                                          daemon=True),
+        self.gate = None
+        if gate_after is not None:
+            # Backpressure: after `gate_after` lines stdout is not read until open_gate(); with
+            # a one-page pipe the process then blocks a few dozen batches further on.
+            fcntl.fcntl(self.proc.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ
+            self.gate = threading.Event()
+        self.gate_after = gate_after
+        self._threads = [threading.Thread(target=self._read_stdout, daemon=True),
                          threading.Thread(target=self._read, args=(self.proc.stderr, self.err),
                                           daemon=True)]
         for t in self._threads:
             t.start()
         self.rc = None
         self.seconds = None
+
+    def _read_stdout(self):
+        pipe = self.proc.stdout
+        while True:
+            if self.gate is not None and len(self.lines) >= self.gate_after:
+                self.gate.wait()
+            line = pipe.readline()
+            if not line:
+                break
+            self.lines.append(line.decode("utf-8", "replace"))
+        pipe.close()
+
+    def open_gate(self):
+        if self.gate is not None:
+            self.gate.set()
 
     @staticmethod
     def _read(pipe, sink):
@@ -254,6 +277,7 @@ class Fetch:
         return sum(1 for x in list(self.lines) if x.startswith('{"epoch"'))
 
     def wait(self, timeout):
+        self.open_gate()
         try:
             self.rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

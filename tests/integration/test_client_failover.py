@@ -3,9 +3,9 @@
 * A fault-free run of four concurrent `batchwire fetch` ranks (two epochs, .npy, torch mode
   with shuffle) is checked against `batchwire plan` and the generator's bytes.
 * The same job again under another name: while all four ranks are mid-epoch, one of the three
-  workers is SIGKILLed. The ranks are slowed down (SIGSTOP/SIGCONT pacing, --prefetch 2) so
-  that the kill lands while they are fetching; the kill is sent in a window where every rank
-  runs. Before the kill the test proves the victim was serving these ranks: the kernel's
+  workers is SIGKILLed. The ranks are held mid-epoch by backpressure on their stdout (a
+  one-page pipe the test stops reading) and released just before the kill, so that it lands
+  while they are fetching again. Before the kill the test proves the victim was serving these ranks: the kernel's
   per-socket counters (`ss`) show bytes it sent on its data connections, and batches already
   delivered contain samples of shards the coordinator's placement assigns to it. Afterwards
   every rank's whole sequence (epoch, step, indices, padding, real, sha256) must equal the
@@ -22,7 +22,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -34,61 +33,11 @@ from test_client_resume import key, LEASE_MS, LEASE_WAIT  # noqa: E402
 NUM_SHARDS = 256  # the loader routes by index % 256 (client/lib/loader_int.h)
 CFG = dict(mode="torch", B=16, shuffle=True, seed=5)
 SPEC = "npy:big/part-*.npy"
+GATE = 20
 TIMEOUT_MS = 2000
 # A fetch gives up within about 2 x --timeout-ms (the fetch thread's deadline, then one more
 # attempt by bw_loader_next); allow for a loaded machine.
 LIMIT_S = 5 * TIMEOUT_MS / 1000.0
-
-
-class Pacer:
-    """Slows processes down: lets them run `run_ms`, then stops them for `stop_ms`, over and
-    over. `at_run(fn)` calls fn once, inside a window where they all run."""
-
-    def __init__(self, pids, run_ms=3, stop_ms=25):
-        self.pids = list(pids)
-        self.run_s, self.stop_s = run_ms / 1000.0, stop_ms / 1000.0
-        self._stop = threading.Event()
-        self._task = None
-        self._done = threading.Event()
-        self.cycles = 0
-        self.t = threading.Thread(target=self._loop, daemon=True)
-        self.t.start()
-
-    def _signal(self, sig):
-        for p in self.pids:
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
-
-    def _loop(self):
-        while not self._stop.is_set():
-            self._signal(signal.SIGCONT)
-            if self._task:
-                time.sleep(self.run_s / 2)
-                task, self._task = self._task, None
-                task()
-                self._done.set()
-                time.sleep(self.run_s / 2)
-            else:
-                time.sleep(self.run_s)
-            if self._stop.is_set():
-                break
-            self._signal(signal.SIGSTOP)
-            time.sleep(self.stop_s)
-            self.cycles += 1
-        self._signal(signal.SIGCONT)
-
-    def at_run(self, fn, timeout=10):
-        self._done.clear()
-        self._task = fn
-        if not self._done.wait(timeout):
-            raise bt.TestFailure("the pacer did not run the task")
-
-    def stop(self):
-        self._stop.set()
-        self.t.join(10)
-        self._signal(signal.SIGCONT)
 
 
 def bytes_sent_by(pid, port):
@@ -154,38 +103,37 @@ def device_check(cl):
 
 def failover(cl, ref, want, samples):
     victim = "w2"
-    fo = [e2e.Fetch(cl.addr, "failover", SPEC, CFG, r,
+    fo = [e2e.Fetch(cl.addr, "failover", SPEC, CFG, r, gate_after=GATE,
                     extra=["--epochs", e2e.EPOCHS, "--prefetch", 2, "--timeout-ms", 5000])
           for r in range(e2e.WORLD)]
     total = len(ref[0])
-    pacer = Pacer([p.pid for p in fo])
-    try:
-        bt.poll(lambda: all(p.batches_seen() >= 12 for p in fo), 60, interval=0.02,
-                what="every rank to deliver 12 batches")
-        dc = bd.DataClient(cl.tmpdir, cl.addr)
-        table = dc.placement(NUM_SHARDS)
-        dc.close()
-        ids = [w.id for w in table.workers]
-        vshards = {s for s in range(NUM_SHARDS) if ids[table.owners[s]] == victim}
-        vport = int(cl.workers[victim].addr.rsplit(":", 1)[1])
-        evidence = {}
-
-        def kill():
-            evidence["seen"] = [p.batches_seen() for p in fo]
-            evidence["sent"] = bytes_sent_by(cl.workers[victim].pid, vport)
-            cl.workers[victim].send(signal.SIGKILL)
-        pacer.at_run(kill)
-        cl.workers[victim].proc.wait(10)
-        t_kill = time.monotonic()
-        # Keep them slow for a while after the kill, then let them run.
-        time.sleep(1.0)
-    finally:
-        pacer.stop()
+    per_epoch = total // e2e.EPOCHS
+    # Each rank is held by backpressure once the test has read GATE of its lines (stdout is
+    # not read further: the rank blocks a few dozen batches later, whatever the machine's
+    # load), so the kill finds every rank in the middle of epoch 0. The gates open just before
+    # the kill, so the ranks are fetching again when it lands.
+    bt.poll(lambda: all(p.batches_seen() >= GATE for p in fo), 60, interval=0.02,
+            what="every rank to deliver %d batches" % GATE)
+    dc = bd.DataClient(cl.tmpdir, cl.addr)
+    table = dc.placement(NUM_SHARDS)
+    dc.close()
+    ids = [w.id for w in table.workers]
+    vshards = {s for s in range(NUM_SHARDS) if ids[table.owners[s]] == victim}
+    vport = int(cl.workers[victim].addr.rsplit(":", 1)[1])
+    evidence = {"seen": [p.batches_seen() for p in fo],
+                "sent": bytes_sent_by(cl.workers[victim].pid, vport)}
+    for p in fo:
+        p.open_gate()
+    time.sleep(0.005)
+    cl.workers[victim].send(signal.SIGKILL)
+    t_kill = time.monotonic()
+    cl.workers[victim].proc.wait(10)
     seen = evidence["seen"]
     sent, conns = evidence["sent"]
-    bt.check(all(0 < s < total for s in seen),
-             "%s SIGKILLed while every rank was mid-run: %r of %d batches printed per rank "
-             "(epoch 0 has %d)" % (victim, seen, total, total // 2))
+    bt.check(all(0 < s < per_epoch for s in seen),
+             "%s SIGKILLed while every rank was in epoch 0: %r of its %d batches read per rank, "
+             "each rank held by backpressure well before the end of the epoch" %
+             (victim, seen, per_epoch))
     served = sum(1 for p in fo for b in p.result()[0][:seen[p.rank]]
                  for i in b["indices"] if i % NUM_SHARDS in vshards)
     bt.check(sent > 0 and served > 0,
@@ -209,21 +157,14 @@ def failover(cl, ref, want, samples):
 
 def all_dead(cl):
     # Under a running rank: it has started, then every remaining worker dies.
-    p = e2e.Fetch(cl.addr, "ref", SPEC, CFG, 0, extra=["--epochs", e2e.EPOCHS, "--prefetch", 2,
-                                                       "--timeout-ms", TIMEOUT_MS])
-    pacer = Pacer([p.pid])
-    try:
-        bt.poll(lambda: p.batches_seen() >= 5 or p.proc.poll() is not None, 60, interval=0.02,
-                what="rank 0 to deliver 5 batches")
-        t0 = []
-
-        def kill():
-            t0.append(time.monotonic())
-            for w in cl.workers.values():
-                w.send(signal.SIGKILL)
-        pacer.at_run(kill)
-    finally:
-        pacer.stop()
+    p = e2e.Fetch(cl.addr, "ref", SPEC, CFG, 0, gate_after=5,
+                  extra=["--epochs", e2e.EPOCHS, "--prefetch", 2, "--timeout-ms", TIMEOUT_MS])
+    bt.poll(lambda: p.batches_seen() >= 5 or p.proc.poll() is not None, 60, interval=0.02,
+            what="rank 0 to deliver 5 batches")
+    p.open_gate()
+    t0 = [time.monotonic()]
+    for w in cl.workers.values():
+        w.send(signal.SIGKILL)
     # A rank started right after the kill, before the coordinator can have marked the workers
     # dead (heartbeat 200 ms x 3): its placement still lists them.
     early = e2e.Fetch(cl.addr, "ref", SPEC, CFG, 1, extra=["--timeout-ms", TIMEOUT_MS])
