@@ -201,8 +201,17 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     creq.config = (Batchwire__V1__JobConfig *)&jr->config;
     creq.world_size = world;
     ProtobufCMessage *resp = NULL;
-    rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_GET_OR_CREATE), &creq.base, &s->job_arena,
-                      &resp, s->timeout_ms, err, errlen);
+    /* A coordinator that is restarting (or a connection still being set up on a loaded
+     * machine) is retried with backoff for up to the call timeout. */
+    uint64_t t0 = bw__mono_ms(), backoff = 50;
+    for (;;) {
+        rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_GET_OR_CREATE), &creq.base, &s->job_arena,
+                          &resp, s->timeout_ms, err, errlen);
+        if (rc != BW_UNAVAILABLE || bw__mono_ms() - t0 + backoff > (uint64_t)s->timeout_ms)
+            break;
+        usleep((useconds_t)(backoff * 1000));
+        backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+    }
     if (rc != BW_OK)
         return rc;
 

@@ -5,6 +5,10 @@
 #include <string.h>
 
 #include "batchwire/batchwire.h"
+#include "common/crc32c.h"
+
+/* The checksum field ends the packed cursor: tag (15 << 3 | 5 = 0x7d), then 4 bytes LE. */
+enum { CHECKSUM_TAG = 0x7d, CHECKSUM_BYTES = 5 };
 
 static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -112,6 +116,22 @@ int bw__cursor_decode(const uint8_t *data, size_t len, bw_arena *arena, Batchwir
                  BW_CURSOR_TEXT_PREFIX);
         return BW_INVALID_ARGUMENT;
     }
+    if (len <= CHECKSUM_BYTES || data[len - CHECKSUM_BYTES] != CHECKSUM_TAG) {
+        snprintf(err, errlen, "cursor of %zu bytes is corrupt: it does not end with its checksum",
+                 len);
+        return BW_INVALID_ARGUMENT;
+    }
+    const uint8_t *t = data + len - 4;
+    uint32_t stored =
+        (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16 | (uint32_t)t[3] << 24;
+    uint32_t computed = bw__crc32c(0, data, len - CHECKSUM_BYTES);
+    if (stored != computed) {
+        snprintf(err, errlen,
+                 "cursor of %zu bytes is corrupt: checksum mismatch (stored 0x%08x, computed "
+                 "0x%08x)",
+                 len, stored, computed);
+        return BW_INVALID_ARGUMENT;
+    }
     Batchwire__V1__Cursor *c = batchwire__v1__cursor__unpack(&arena->pb, len, data);
     if (!c) {
         snprintf(err, errlen, "cursor of %zu bytes is corrupt: not a batchwire cursor", len);
@@ -141,10 +161,16 @@ uint8_t *bw__cursor_encode(const Batchwire__V1__Cursor *c, size_t *len)
 {
     Batchwire__V1__Cursor copy = *c;
     copy.version = BW_CURSOR_VERSION;
-    *len = batchwire__v1__cursor__get_packed_size(&copy);
-    uint8_t *buf = malloc(*len ? *len : 1);
+    copy.checksum = 0;
+    size_t body = batchwire__v1__cursor__get_packed_size(&copy); /* checksum 0 is not packed */
+    *len = body + CHECKSUM_BYTES;
+    uint8_t *buf = malloc(*len);
     if (!buf)
         abort();
     batchwire__v1__cursor__pack(&copy, buf);
+    uint32_t crc = bw__crc32c(0, buf, body);
+    buf[body] = CHECKSUM_TAG;
+    for (int i = 0; i < 4; i++)
+        buf[body + 1 + (size_t)i] = (uint8_t)(crc >> (8 * i));
     return buf;
 }

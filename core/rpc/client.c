@@ -61,9 +61,8 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
     args[nargs].type = GRPC_ARG_INTEGER;
     args[nargs].key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS;
     args[nargs++].value.integer = backoff < 100 ? backoff : 100;
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS;
-    args[nargs++].value.integer = backoff < 100 ? backoff : 100;
+    /* Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the minimum connect
+     * timeout, and 100 ms cut slow TLS handshakes short on a loaded machine. */
     if (opts->tls.server_name) {
         args[nargs].type = GRPC_ARG_STRING;
         args[nargs].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;

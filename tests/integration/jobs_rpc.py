@@ -119,10 +119,16 @@ class Jobs:
                                                                   cursors=cursors))
 
 
+def seal_cursor(body):
+    """Appends the cursor's checksum field (15, fixed32): CRC-32C of the bytes before it."""
+    from bwdata import crc32c
+    return body + b"\x7d" + crc32c(body).to_bytes(4, "little")
+
+
 def cursor(fingerprint, job, rank, world, epoch, step):
     """A packed cursor, as a trainer's client library makes it."""
-    return pb.Cursor(version=1, job=job, job_fingerprint=fingerprint, rank=rank,
-                     world_size=world, epoch=epoch, step=step).SerializeToString()
+    return seal_cursor(pb.Cursor(version=1, job=job, job_fingerprint=fingerprint, rank=rank,
+                                 world_size=world, epoch=epoch, step=step).SerializeToString())
 
 
 def decode_cursor(data):

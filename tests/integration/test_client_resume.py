@@ -9,7 +9,7 @@
   TFRecord in accelerate mode (split_batches).
 * Refusals (exit 1, a message naming the reason, no batch printed): a cursor of another job,
   of another rank of the same job, and corrupt cursors (truncated, not base64, bytes that are
-  not a cursor, a flipped bit in the job fingerprint).
+  not a cursor, a flipped bit in the job fingerprint or the step: the checksum).
 * A second live process claiming a rank that a live process holds is refused with
   ALREADY_EXISTS naming the holder's host and pid; once the holder is gone (SIGKILL) and its
   lease has expired (--lease-ms 500), the rank can be claimed again; after a clean exit
@@ -168,12 +168,17 @@ def refusals(cl, spec, c, cursors):
     ]
     for what, text in corrupt:
         refuse(cl, "npy-resume", npy, c, r0, text, what, "cursor")
-    # A flipped bit in the fingerprint (protobuf field 3, fixed64: tag byte 0x19).
+    # A flipped bit in the fingerprint (protobuf field 3, fixed64: tag byte 0x19) or in the
+    # step: the cursor's checksum catches both, rather than resuming elsewhere.
     tag = raw.index(b"\x19")
     flipped = bytearray(raw)
     flipped[tag + 3] ^= 0x10
     refuse(cl, "npy-resume", npy, c, r0, "bwc1:" + base64.b64encode(bytes(flipped)).decode(),
-           "a cursor with a flipped bit in its job fingerprint", "BW_MISMATCH", "fingerprint")
+           "a cursor with a flipped bit in its job fingerprint", "BW_CORRUPT", "checksum")
+    flipped = bytearray(raw)
+    flipped[len(raw) - 6] ^= 0x01  # the last byte before the checksum field (the step)
+    refuse(cl, "npy-resume", npy, c, r0, "bwc1:" + base64.b64encode(bytes(flipped)).decode(),
+           "a cursor with a flipped bit in its step", "BW_CORRUPT", "checksum")
 
 
 def fetch_blocked(cl, job, spec, c, rank):

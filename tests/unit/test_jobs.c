@@ -15,6 +15,7 @@
 #include "../../server/jobs_elastic.c"
 #include "../../server/jobs_ops.c"
 #include "../../server/jobs_state.c"
+#include "common/crc32c.h"
 #include "cursor/cursor.h"
 
 static char dir[512];
@@ -68,23 +69,43 @@ static void test_cursor_codec(void **state)
         if (bw__cursor_decode((uint8_t *)text, cut, &a, &d, err, sizeof(err)) == BW_OK)
             assert_true(d->rank < d->world_size);
 
+    /* A flipped bit anywhere is caught by the checksum, never decoded as another position. */
+    for (size_t i = 0; i < len * 8; i++) {
+        bin[i / 8] ^= (uint8_t)(1u << (i % 8));
+        assert_int_equal(bw__cursor_decode(bin, len, &a, &d, err, sizeof(err)),
+                         BW_INVALID_ARGUMENT);
+        bin[i / 8] ^= (uint8_t)(1u << (i % 8));
+    }
+    assert_int_equal(bw__cursor_decode(bin, len, &a, &d, err, sizeof(err)), BW_OK);
+
     struct {
         const char *bytes;
         size_t len;
         const char *needle;
+        int seal; /* append a valid checksum: the structure itself is wrong */
     } bad[] = {
-        {"", 0, "empty"},
-        {"\xff\xff\xff", 3, "corrupt"},
-        {"bwc1:@@@@", 9, "not base64"},
-        {"bwc1:abc", 8, "multiple of 4"},
-        {"bwc9:AAAA", 9, "unknown prefix"},
-        {"\x08\x02", 2, "version 2"},
-        {"\x08\x01", 2, "no job fingerprint"},
-        {"\x08\x01\x19\x01\x00\x00\x00\x00\x00\x00\x00\x20\x05\x28\x02", 15, "not below"},
+        {"", 0, "empty", 0},
+        {"\xff\xff\xff", 3, "does not end with its checksum", 0},
+        {"\x08\x01\x7d\x00\x00\x00\x00", 7, "checksum mismatch", 0},
+        {"bwc1:@@@@", 9, "not base64", 0},
+        {"bwc1:abc", 8, "multiple of 4", 0},
+        {"bwc9:AAAA", 9, "unknown prefix", 0},
+        {"\xff\xff\xff", 3, "corrupt", 1},
+        {"\x08\x02", 2, "version 2", 1},
+        {"\x08\x01", 2, "no job fingerprint", 1},
+        {"\x08\x01\x19\x01\x00\x00\x00\x00\x00\x00\x00\x20\x05\x28\x02", 15, "not below", 1},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        int rc =
-            bw__cursor_decode((const uint8_t *)bad[i].bytes, bad[i].len, &a, &d, err, sizeof(err));
+        uint8_t sealed[64];
+        size_t n = bad[i].len;
+        memcpy(sealed, bad[i].bytes, n);
+        if (bad[i].seal) {
+            uint32_t crc = bw__crc32c(0, sealed, n);
+            sealed[n++] = 0x7d;
+            for (int k = 0; k < 4; k++)
+                sealed[n++] = (uint8_t)(crc >> (8 * k));
+        }
+        int rc = bw__cursor_decode(sealed, n, &a, &d, err, sizeof(err));
         assert_int_equal(rc, BW_INVALID_ARGUMENT);
         if (!strstr(err, bad[i].needle))
             fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].needle);
