@@ -75,8 +75,9 @@ def maybe_reexec_under_asan():
         sys.exit(0)
     env = dict(os.environ)
     env["LD_PRELOAD"] = (rt + " " + env.get("LD_PRELOAD", "")).strip()
-    env["ASAN_OPTIONS"] = "detect_leaks=0" + (":" + env["ASAN_OPTIONS"]
-                                              if env.get("ASAN_OPTIONS") else "")
+    # Last, so it wins over a detect_leaks=1 the caller set (scripts/test does).
+    env["ASAN_OPTIONS"] = ((env["ASAN_OPTIONS"] + ":") if env.get("ASAN_OPTIONS") else "") + \
+        "detect_leaks=0"
     env["BW_PY_ASAN_REEXEC"] = "1"
     print("sanitizer build (BW_SANITIZE=%s): re-running with LD_PRELOAD=%s "
           "ASAN_OPTIONS=%s" % (flags, rt, env["ASAN_OPTIONS"]), flush=True)
