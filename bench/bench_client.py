@@ -162,10 +162,21 @@ def cursor_at(template, step):
             i += ln
         elif wire == 5:
             i += 4
-        if field != 7:
+        if field not in (7, 15):  # the step, and the checksum that must follow the rest
             out += template[start:i]
     out += _varint(7 << 3) + _varint(step)
+    out += b"\x7d" + _crc32c(bytes(out)).to_bytes(4, "little")
     return "bwc1:" + base64.b64encode(bytes(out)).decode()
+
+
+def _crc32c(data):
+    """CRC-32C (Castagnoli), as the cursor's checksum field carries it."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
 
 
 def _read_varint(data, i):

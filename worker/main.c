@@ -67,6 +67,7 @@ static void advertise_address(bw_worker *w)
 int main(int argc, char **argv)
 {
     bw__daemon_block_signals();
+    bw__tune_malloc();
     bw_worker_config cfg;
     memset(&cfg, 0, sizeof(cfg));
     int status =

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/util.h"
 #include "cursor/cursor.h"
 #include "gpu.h"
 #include "jobs/job_sampler.h"
@@ -208,6 +209,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
                  char *err, size_t errlen)
 {
     *out = NULL;
+    bw__tune_malloc();
     bw_loader *l = calloc(1, sizeof(*l));
     if (!l)
         return BW_NOMEM;

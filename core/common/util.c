@@ -1,6 +1,10 @@
 #include "common/util.h"
 
+#include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,4 +65,20 @@ struct timespec bw__mono_deadline(uint64_t ms)
         t.tv_nsec -= 1000000000L;
     }
     return t;
+}
+
+static void tune_malloc_once(void)
+{
+    const char *off = getenv("BATCHWIRE_MALLOC_TUNING");
+    if ((off && strcmp(off, "0") == 0) || getenv("MALLOC_MMAP_THRESHOLD_") ||
+        getenv("MALLOC_TRIM_THRESHOLD_"))
+        return;
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+void bw__tune_malloc(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, tune_malloc_once);
 }

@@ -22,6 +22,17 @@ void bw__hostname(char *out, size_t outlen);
 #include <pthread.h>
 #include <time.h>
 
+/*
+ * Tells glibc's malloc to keep freed memory for reuse instead of handing it back to the
+ * kernel after every message: gRPC allocates and frees its receive buffers per message, and
+ * with glibc's defaults every reuse page-faults freshly zeroed memory (a third of the client's
+ * time at 1 MiB samples; docs/performance.md). Sets M_MMAP_THRESHOLD to 64 MiB and
+ * M_TRIM_THRESHOLD to 1 GiB, once per process, unless the process set MALLOC_MMAP_THRESHOLD_
+ * or MALLOC_TRIM_THRESHOLD_ itself or BATCHWIRE_MALLOC_TUNING=0. Memory stays bounded by the
+ * peak in use (the loader's prefetch depth), it is just not returned early.
+ */
+void bw__tune_malloc(void);
+
 /* A condition variable whose timed waits use CLOCK_MONOTONIC. */
 void bw__cond_init_mono(pthread_cond_t *cv);
 
