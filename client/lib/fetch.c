@@ -68,7 +68,7 @@ static int dedupe(const bw_batch *b, want **out, size_t *nout, size_t *uid)
 }
 
 /* Is the worker in the batch's suspect list? */
-static bool is_suspect(char **suspects, size_t ns, const char *id)
+bool bw__fetch_is_suspect(char **suspects, size_t ns, const char *id)
 {
     for (size_t i = 0; i < ns; i++)
         if (strcmp(suspects[i], id) == 0)
@@ -79,11 +79,11 @@ static bool is_suspect(char **suspects, size_t ns, const char *id)
 /* The worker for `shard`: its owner, or -- when the owner failed for this batch -- the owner
  * among the others, which is where rendezvous hashing moves the shard once the coordinator
  * drops the failed worker. Returns -1 when every worker is suspect. */
-static long pick_worker(const bw__placement *p, uint32_t shard, char **suspects, size_t ns,
-                        bool *checked)
+long bw__fetch_pick_worker(const bw__placement *p, uint32_t shard, char **suspects, size_t ns,
+                           bool *checked)
 {
     size_t owner = p->owners[shard];
-    if (!is_suspect(suspects, ns, p->workers[owner].id)) {
+    if (!bw__fetch_is_suspect(suspects, ns, p->workers[owner].id)) {
         *checked = true;
         return (long)owner;
     }
@@ -93,7 +93,7 @@ static long pick_worker(const bw__placement *p, uint32_t shard, char **suspects,
     if (!ids || !map)
         abort();
     for (size_t i = 0; i < p->nworkers; i++)
-        if (!is_suspect(suspects, ns, p->workers[i].id)) {
+        if (!bw__fetch_is_suspect(suspects, ns, p->workers[i].id)) {
             ids[m] = p->workers[i].id;
             map[m++] = i;
         }
@@ -175,7 +175,7 @@ static int drain(route *r, want *w, const bw__fetch_ctx *ctx, bw_batch *b, char 
 }
 
 /* Errors after which another worker (or a fresher placement) may succeed. */
-static bool retryable(int rc)
+bool bw__fetch_retryable(int rc)
 {
     return rc == BW_UNAVAILABLE || rc == BW_TIMEOUT || rc == BW_WRONG_OWNER || rc == BW_CANCELLED ||
            rc == BW_ABORTED || rc == BW_PROTOCOL || rc == BW_INTERNAL;
@@ -251,7 +251,7 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                     continue;
                 uint32_t shard = bw__placement_shard(w[u].index, p->num_shards, BW_SHARD_MODULO);
                 bool checked;
-                long wk = pick_worker(p, shard, suspects, nsuspects, &checked);
+                long wk = bw__fetch_pick_worker(p, shard, suspects, nsuspects, &checked);
                 if (wk < 0) {
                     round_rc = BW_UNAVAILABLE;
                     snprintf(err, sizeof(err), "every storage worker failed: %.900s",
@@ -317,14 +317,14 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                 r->st = NULL;
                 if (src == BW_OK)
                     continue;
-                if (!retryable(src)) {
+                if (!bw__fetch_retryable(src)) {
                     round_rc = src; /* the data itself is bad: no other worker will differ */
                     snprintf(b->err, sizeof(b->err), "%s", err);
                     break;
                 }
                 if (src == BW_WRONG_OWNER) {
                     refresh = true;
-                } else if (nsuspects < 64 && !is_suspect(suspects, nsuspects, wid)) {
+                } else if (nsuspects < 64 && !bw__fetch_is_suspect(suspects, nsuspects, wid)) {
                     suspects[nsuspects++] = strdup(wid);
                     refresh = true;
                     BW_INFO("worker=%s failed while serving a batch; fetching its samples "
@@ -343,7 +343,7 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
         remaining = 0;
         for (size_t u = 0; u < nw; u++)
             remaining += !w[u].done;
-        if (round_rc != BW_OK && !retryable(round_rc)) {
+        if (round_rc != BW_OK && !bw__fetch_retryable(round_rc)) {
             rc = round_rc;
             break;
         }

@@ -159,6 +159,18 @@ typedef struct bw__fetch_ctx {
     int timeout_ms;
 } bw__fetch_ctx;
 
+/* Routing shared by map-style and stream fetches. A worker that failed during one fetch is
+ * a suspect for the rest of it. */
+bool bw__fetch_is_suspect(char **suspects, size_t ns, const char *id);
+/* The worker serving `shard`: its owner (*checked: route with the placement's version), or
+ * -- when the owner is a suspect -- the owner among the others, which is where rendezvous
+ * hashing moves the shard once the coordinator drops the failed worker (*checked false: no
+ * ownership check). -1 when every worker is a suspect. */
+long bw__fetch_pick_worker(const bw__placement *p, uint32_t shard, char **suspects, size_t ns,
+                           bool *checked);
+/* Errors after which another worker or a fresher placement may succeed. */
+bool bw__fetch_retryable(int rc);
+
 /* Fills b->data with the bytes of b->indices[0..count) in order, from the workers that own
  * them, failing over to other workers as placement changes. On error b->err says why. */
 int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b);

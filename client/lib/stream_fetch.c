@@ -165,44 +165,6 @@ static bool known_offset(bw__stream_ctx *sc, uint32_t src, uint64_t rec, uint64_
 
 /* ---- routing ---- */
 
-static bool is_suspect(char **suspects, size_t ns, const char *id)
-{
-    for (size_t i = 0; i < ns; i++)
-        if (strcmp(suspects[i], id) == 0)
-            return true;
-    return false;
-}
-
-/* The worker serving `shard`: its owner, or the owner among the non-suspect workers (where
- * rendezvous hashing moves the shard once the failed one is dropped); -1 if none is left. */
-static long pick_worker(const bw__placement *p, uint32_t shard, char **suspects, size_t ns,
-                        bool *checked)
-{
-    size_t owner = p->owners[shard];
-    *checked = !is_suspect(suspects, ns, p->workers[owner].id);
-    if (*checked)
-        return (long)owner;
-    const char **ids = malloc(p->nworkers * sizeof(*ids));
-    size_t *map = malloc(p->nworkers * sizeof(*map)), m = 0;
-    if (!ids || !map)
-        abort();
-    for (size_t i = 0; i < p->nworkers; i++)
-        if (!is_suspect(suspects, ns, p->workers[i].id)) {
-            ids[m] = p->workers[i].id;
-            map[m++] = i;
-        }
-    long pick = m ? (long)map[bw__placement_owner(ids, m, shard)] : -1;
-    free(ids);
-    free(map);
-    return pick;
-}
-
-static bool retryable(int rc)
-{
-    return rc == BW_UNAVAILABLE || rc == BW_TIMEOUT || rc == BW_WRONG_OWNER || rc == BW_CANCELLED ||
-           rc == BW_ABORTED || rc == BW_PROTOCOL || rc == BW_INTERNAL;
-}
-
 /* Opens ReadStream of `nrec` records of source src from record rec on worker wk. */
 static int open_read(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const bw__placement *p,
                      size_t wk, bool checked, uint32_t src, uint64_t rec, uint64_t nrec,
@@ -387,7 +349,7 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw_batc
             uint32_t shard = bw__placement_stream_shard(x->src, sc->paths[x->src], p->num_shards,
                                                         BW_SHARD_MODULO);
             bool checked;
-            r->worker = pick_worker(p, shard, suspects, nsuspects, &checked);
+            r->worker = bw__fetch_pick_worker(p, shard, suspects, nsuspects, &checked);
             if (r->worker < 0) {
                 round_rc = BW_UNAVAILABLE;
                 snprintf(err, sizeof(err), "every storage worker failed: %.900s",
@@ -413,13 +375,14 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw_batc
             if (src == BW_OK)
                 continue;
             snprintf(b->err, sizeof(b->err), "%s", err);
-            if (!retryable(src)) {
+            if (!bw__fetch_retryable(src)) {
                 round_rc = src; /* the data itself is bad: no other worker will differ */
                 continue;
             }
             if (src == BW_WRONG_OWNER) {
                 refresh = true;
-            } else if (nsuspects < MAX_SUSPECTS && !is_suspect(suspects, nsuspects, wid)) {
+            } else if (nsuspects < MAX_SUSPECTS &&
+                       !bw__fetch_is_suspect(suspects, nsuspects, wid)) {
                 suspects[nsuspects++] = strdup(wid);
                 refresh = true;
                 BW_INFO("worker=%s failed while serving a stream; reading its records "
@@ -434,7 +397,7 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw_batc
         remaining = 0;
         for (size_t ri = 0; ri < nruns; ri++)
             remaining += runs[ri].k < runs[ri].n;
-        if (round_rc != BW_OK && !retryable(round_rc)) {
+        if (round_rc != BW_OK && !bw__fetch_retryable(round_rc)) {
             rc = round_rc;
             break;
         }
@@ -489,7 +452,7 @@ static int locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, ui
         uint32_t shard =
             bw__placement_stream_shard(src, sc->paths[src], p->num_shards, BW_SHARD_MODULO);
         bool checked;
-        long wk = pick_worker(p, shard, suspects, nsuspects, &checked);
+        long wk = bw__fetch_pick_worker(p, shard, suspects, nsuspects, &checked);
         bw_rpc_stream *st = NULL;
         if (wk >= 0 && (rc = open_read(ctx, sc, p, (size_t)wk, checked, src, rec, 0, true, &st, err,
                                        errlen)) == BW_OK) {
@@ -512,7 +475,7 @@ static int locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, ui
         if (rc != BW_OK && wk >= 0 && nsuspects < MAX_SUSPECTS && rc != BW_WRONG_OWNER)
             suspects[nsuspects++] = strdup(p->workers[wk].id);
         bw__placement_put(p);
-        if (rc != BW_OK && !retryable(rc))
+        if (rc != BW_OK && !bw__fetch_retryable(rc))
             break;
     }
     for (size_t i = 0; i < nsuspects; i++)
