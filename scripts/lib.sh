@@ -10,8 +10,10 @@ BW_BUILD_PACKAGES=(gcc libc6-dev make cmake ninja-build pkg-config libgrpc-dev l
 # What the demo needs on top (its verifier, scripts/demo_verify.py).
 BW_DEMO_PACKAGES=(python3 python3-numpy)
 # What running the test suite needs on top.
-BW_TEST_PACKAGES=(python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
-    clang-format)
+# protoc builds the Python stubs the interop tests use; python3-torch is the reference the
+# sampler and binding tests compare with; iproute2's ss shows which worker served a batch.
+BW_TEST_PACKAGES=(python3 python3-grpcio python3-protobuf protobuf-compiler python3-numpy
+    python3-yaml python3-torch clang-format iproute2 procps)
 
 bw_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
