@@ -1,5 +1,6 @@
 /* The Data service: Describe, ReadSamples and ReadStream. Every failure is a status with a
  * sentence naming the dataset, file, offset and reason; the worker keeps serving. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,11 +53,11 @@ static size_t message_limit(bw_worker *w, uint32_t asked)
     return limit;
 }
 
-int bw__data_describe(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
-                      ProtobufCMessage **resp)
+/* Opens, indexes and describes the dataset: may read whole files (building a record index),
+ * so it runs on a thread of its own, never on a completion-queue thread. */
+static int describe(bw_worker *w, bw_rpc_call *call, const Batchwire__V1__DescribeRequest *r,
+                    ProtobufCMessage **resp)
 {
-    bw_worker *w = user;
-    const Batchwire__V1__DescribeRequest *r = (const void *)req;
     bw__wds *e = NULL;
     int rc = open_dataset(w, call, "Describe", r->dataset, NULL, true, &e);
     if (rc != BW_OK)
@@ -107,6 +108,45 @@ int bw__data_describe(void *user, bw_rpc_call *call, const ProtobufCMessage *req
     bw__ds_put(e); /* the strings live in the arena; format names are static */
     *resp = &out->base;
     return BW_OK;
+}
+
+typedef struct describe_task {
+    bw_worker *w;
+    bw_rpc_call *call;
+    const Batchwire__V1__DescribeRequest *req; /* in the call's arena, alive until finish */
+} describe_task;
+
+static void *describe_thread(void *arg)
+{
+    describe_task *t = arg;
+    ProtobufCMessage *resp = NULL;
+    int rc = describe(t->w, t->call, t->req, &resp);
+    bw__rpc_finish(t->call, rc, resp);
+    free(t);
+    return NULL;
+}
+
+int bw__data_describe(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                      ProtobufCMessage **resp)
+{
+    bw_worker *w = user;
+    describe_task *t = malloc(sizeof(*t));
+    pthread_t th;
+    pthread_attr_t attr;
+    if (t) {
+        t->w = w;
+        t->call = call;
+        t->req = (const void *)req;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int started = pthread_create(&th, &attr, describe_thread, t) == 0;
+        pthread_attr_destroy(&attr);
+        /* The server's shutdown waits for this call, so the thread may outlive the handler. */
+        if (started)
+            return BW_RPC_DEFERRED;
+        free(t);
+    }
+    return describe(w, call, (const void *)req, resp); /* no thread: answer inline */
 }
 
 /* Routing by source: the shard of the source holding dataset index `index` (indexed). */
