@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "cursor/cursor.h"
+#include "jobs/stream_order.h"
 
 enum { MAX_SOURCES = 4096, MAX_PATH_CHARS = 4096, MAX_BATCH = 1 << 24 };
 
@@ -533,6 +534,30 @@ int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, b
         goto out;
     }
     uint64_t end = bw__sampler_end_step(smp, req->rank);
+    const Batchwire__V1__Dataset *ds = job->config ? job->config->dataset : NULL;
+    if (ds && ds->pre_sharded && job->dataset) {
+        /* Pre-sharded: every rank reads its own source, as many steps as the longest one
+         * (padded) or the shortest (drop_last) -- the loader's rule (core/jobs/stream_order). */
+        size_t n = job->dataset->n_sources;
+        uint64_t *counts = calloc(n ? n : 1, sizeof(*counts));
+        bw__preshard ps;
+        if (!counts) {
+            rc = BW_NOMEM;
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++)
+            counts[i] = job->dataset->sources[i]->records;
+        rc = bw__preshard_init(&ps, counts, n, bw__sampler_max_batch(smp),
+                               job->config->sampler && job->config->sampler->drop_last, why,
+                               sizeof(why));
+        if (rc == BW_OK)
+            end = ps.steps;
+        free(counts);
+        if (rc != BW_OK) {
+            snprintf(err, errlen, "cannot check the cursor: %s", why);
+            goto out;
+        }
+    }
     if (c->step > end) {
         snprintf(err, errlen,
                  "the cursor's step %" PRIu64 " is past the end of epoch %" PRIu64

@@ -300,7 +300,9 @@ def test_pre_sharded(cl):
     first = [sum(sizes[:r]) for r in range(4)]
     for drop in (False, True):
         c = cfg(3, drop=drop)
-        _, got = run_ranks(cl, spec, c, 4)
+        # --commit: the coordinator must accept each rank's end-of-epoch cursor, whose step
+        # (the longest source's batches) exceeds what the whole stream would give.
+        _, got = run_ranks(cl, spec, c, 4, extra=["--commit"])
         counts = set(len(got[r]) for r in range(4))
         bt.check(len(counts) == 1, "pre-sharded drop_last=%s: every rank %s batches" %
                  (drop, counts))
