@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "cursor/cursor.h"
+#include "jobs/job_check.h"
 #include "jobs/stream_order.h"
 
 enum { MAX_SOURCES = 4096, MAX_PATH_CHARS = 4096, MAX_BATCH = 1 << 24 };
@@ -178,6 +179,8 @@ int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
         snprintf(why, sizeof(why), "the dataset is empty");
         rc = BW_INVALID_ARGUMENT;
     }
+    if (rc == BW_OK)
+        rc = bw__job_check_data(req->config, info, req->world_size, why, sizeof(why));
     if (rc == BW_OK) {
         bw__sampler *smp = NULL;
         cfg.shuffle = false;

@@ -15,6 +15,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "jobs/job_check.h"
 #include "stream_fetch.h"
 #include "placement/placement.h"
 
@@ -27,34 +28,9 @@ int bw__stream_open(bw__stream_ctx **out, const Batchwire__V1__JobSummary *job, 
     const Batchwire__V1__DatasetInfo *info = job->dataset;
     const Batchwire__V1__Dataset *spec = job->config->dataset;
     const Batchwire__V1__SamplerConfig *smp = job->config->sampler;
-    static const char *const streams[] = {"tfrecord", "jsonl", "text", "tar"};
-    bool is_stream = false;
-    for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++)
-        is_stream |= info && info->format && strcmp(info->format, streams[i]) == 0;
-    if (!spec || !is_stream) {
-        snprintf(err, errlen,
-                 "iterable mode reads streams (tfrecord, jsonl, text or tar); dataset format "
-                 "'%s' is map-style: use torch or accelerate mode",
-                 info && info->format ? info->format : "synthetic");
-        return BW_INVALID_ARGUMENT;
-    }
-    if (info->n_sources == 0) {
-        snprintf(err, errlen, "the stream has no sources");
-        return BW_INVALID_ARGUMENT;
-    }
-    if (spec->pre_sharded && info->n_sources != world) {
-        snprintf(err, errlen,
-                 "a pre-sharded stream has one source per rank: its %zu sources do not match "
-                 "world size %u",
-                 info->n_sources, world);
-        return BW_INVALID_ARGUMENT;
-    }
-    if (spec->pre_sharded && smp->shuffle_sources) {
-        snprintf(err, errlen,
-                 "shuffle: a pre-sharded stream's source r belongs to rank r; its sources "
-                 "cannot be reordered");
-        return BW_INVALID_ARGUMENT;
-    }
+    int rc = bw__job_check_data(job->config, info, world, err, errlen);
+    if (rc != BW_OK)
+        return rc;
     bw__stream_ctx *sc = calloc(1, sizeof(*sc));
     if (!sc)
         return BW_NOMEM;

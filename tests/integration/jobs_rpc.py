@@ -27,6 +27,7 @@ import data_pb2  # noqa: E402,F401
 
 TORCH = pb.SAMPLER_MODE_TORCH
 ACCELERATE = pb.SAMPLER_MODE_ACCELERATE
+ITERABLE = pb.SAMPLER_MODE_ITERABLE
 
 
 class CallError(Exception):

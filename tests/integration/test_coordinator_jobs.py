@@ -100,6 +100,16 @@ def creation(tmp, coord, c):
                 mode=jr.ACCELERATE, batch_size=3, split_batches=True)), world_size=2),
          "refused"),
     ]
+    # Checked against the described dataset by the coordinator itself, whatever the client:
+    # iterable mode needs a stream format; a pre-sharded dataset is never sharded again.
+    ds = jr.data_pb2.Dataset(format="npy", sources=["ds/x.npy"])
+    bad.append((pb.GetOrCreateJobRequest(name="it", config=pb.JobConfig(
+        dataset=ds, sampler=pb.SamplerConfig(mode=jr.ITERABLE, batch_size=4)), world_size=1),
+        "iterable mode reads streams"))
+    ds_pre = jr.data_pb2.Dataset(format="npy", sources=["ds/x.npy"], pre_sharded=True)
+    bad.append((pb.GetOrCreateJobRequest(name="pre", config=pb.JobConfig(
+        dataset=ds_pre, sampler=pb.SamplerConfig(mode=jr.TORCH, batch_size=4)), world_size=1),
+        "double sharding"))
     for req_, needle in bad:
         e = c.expect_error("GetOrCreateJob", req_, INVALID)
         bt.check_in(needle, e.details, "malformed creation refused")

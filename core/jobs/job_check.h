@@ -1,0 +1,20 @@
+/* Checks of a job's configuration against its dataset that neither the sampler nor the
+ * dataset alone can make: which modes a format allows, and what a pre-sharded stream needs.
+ * The coordinator refuses such a job at creation; the client checks again before reading. */
+#ifndef BW_JOBS_JOB_CHECK_H
+#define BW_JOBS_JOB_CHECK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "jobs.pb-c.h"
+
+/* Whether `format` is read as a stream in iterable mode (tfrecord, jsonl, text, tar). */
+int bw__job_format_is_stream(const char *format);
+
+/* BW_OK, or BW_INVALID_ARGUMENT with a sentence in err naming what is wrong. */
+int bw__job_check_data(const Batchwire__V1__JobConfig *config,
+                       const Batchwire__V1__DatasetInfo *info, uint32_t world, char *err,
+                       size_t errlen);
+
+#endif
