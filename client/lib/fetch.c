@@ -67,23 +67,35 @@ static int dedupe(const bw_batch *b, want **out, size_t *nout, size_t *uid)
     return BW_OK;
 }
 
-/* Is the worker in the batch's suspect list? */
-bool bw__fetch_is_suspect(char **suspects, size_t ns, const char *id)
+bool bw__suspects_has(const bw__suspects *s, const char *id)
 {
-    for (size_t i = 0; i < ns; i++)
-        if (strcmp(suspects[i], id) == 0)
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->ids[i], id) == 0)
             return true;
     return false;
 }
 
-/* The worker for `shard`: its owner, or -- when the owner failed for this batch -- the owner
- * among the others, which is where rendezvous hashing moves the shard once the coordinator
- * drops the failed worker. Returns -1 when every worker is suspect. */
-long bw__fetch_pick_worker(const bw__placement *p, uint32_t shard, char **suspects, size_t ns,
+bool bw__suspects_note(bw__suspects *s, const char *id, int rc, bool *refresh)
+{
+    *refresh = true;
+    if (rc == BW_WRONG_OWNER || s->n == BW_MAX_SUSPECTS || bw__suspects_has(s, id))
+        return false;
+    s->ids[s->n++] = strdup(id);
+    return true;
+}
+
+void bw__suspects_clear(bw__suspects *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->ids[i]);
+    s->n = 0;
+}
+
+long bw__fetch_pick_worker(const bw__placement *p, uint32_t shard, const bw__suspects *s,
                            bool *checked)
 {
     size_t owner = p->owners[shard];
-    if (!bw__fetch_is_suspect(suspects, ns, p->workers[owner].id)) {
+    if (!bw__suspects_has(s, p->workers[owner].id)) {
         *checked = true;
         return (long)owner;
     }
@@ -93,7 +105,7 @@ long bw__fetch_pick_worker(const bw__placement *p, uint32_t shard, char **suspec
     if (!ids || !map)
         abort();
     for (size_t i = 0; i < p->nworkers; i++)
-        if (!bw__fetch_is_suspect(suspects, ns, p->workers[i].id)) {
+        if (!bw__suspects_has(s, p->workers[i].id)) {
             ids[m] = p->workers[i].id;
             map[m++] = i;
         }
@@ -221,8 +233,7 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
         snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu samples", b->count);
         return b->rc = rc;
     }
-    char *suspects[64];
-    size_t nsuspects = 0;
+    bw__suspects suspects = {{NULL}, 0};
     bool refresh = false;
     uint64_t start = bw__mono_ms(), backoff = 20;
     char err[BW_LOADER_ERRLEN] = "";
@@ -251,7 +262,7 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                     continue;
                 uint32_t shard = bw__placement_shard(w[u].index, p->num_shards, BW_SHARD_MODULO);
                 bool checked;
-                long wk = bw__fetch_pick_worker(p, shard, suspects, nsuspects, &checked);
+                long wk = bw__fetch_pick_worker(p, shard, &suspects, &checked);
                 if (wk < 0) {
                     round_rc = BW_UNAVAILABLE;
                     snprintf(err, sizeof(err), "every storage worker failed: %.900s",
@@ -322,15 +333,10 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                     snprintf(b->err, sizeof(b->err), "%s", err);
                     break;
                 }
-                if (src == BW_WRONG_OWNER) {
-                    refresh = true;
-                } else if (nsuspects < 64 && !bw__fetch_is_suspect(suspects, nsuspects, wid)) {
-                    suspects[nsuspects++] = strdup(wid);
-                    refresh = true;
+                if (bw__suspects_note(&suspects, wid, src, &refresh))
                     BW_INFO("worker=%s failed while serving a batch; fetching its samples "
                             "elsewhere: %s",
                             wid, err);
-                }
                 snprintf(b->err, sizeof(b->err), "%s", err);
                 if (round_rc == BW_OK)
                     round_rc = src;
@@ -367,8 +373,7 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
         rc = pack(b, w, uid, ctx);
     for (size_t u = 0; u < nw; u++)
         free(w[u].buf);
-    for (size_t i = 0; i < nsuspects; i++)
-        free(suspects[i]);
+    bw__suspects_clear(&suspects);
     free(w);
     free(uid);
     return b->rc = rc;

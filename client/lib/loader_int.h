@@ -161,12 +161,22 @@ typedef struct bw__fetch_ctx {
 
 /* Routing shared by map-style and stream fetches. A worker that failed during one fetch is
  * a suspect for the rest of it. */
-bool bw__fetch_is_suspect(char **suspects, size_t ns, const char *id);
+enum { BW_MAX_SUSPECTS = 64 };
+typedef struct bw__suspects {
+    char *ids[BW_MAX_SUSPECTS];
+    size_t n;
+} bw__suspects;
+bool bw__suspects_has(const bw__suspects *s, const char *id);
+/* What a failure of worker `id` with a retryable `rc` means for the rest of the fetch: a
+ * placement refusal (BW_WRONG_OWNER) asks for a fresh table; any other failure also makes the
+ * worker a suspect. *refresh is set either way. Returns true when `id` became a suspect. */
+bool bw__suspects_note(bw__suspects *s, const char *id, int rc, bool *refresh);
+void bw__suspects_clear(bw__suspects *s);
 /* The worker serving `shard`: its owner (*checked: route with the placement's version), or
  * -- when the owner is a suspect -- the owner among the others, which is where rendezvous
  * hashing moves the shard once the coordinator drops the failed worker (*checked false: no
  * ownership check). -1 when every worker is a suspect. */
-long bw__fetch_pick_worker(const bw__placement *p, uint32_t shard, char **suspects, size_t ns,
+long bw__fetch_pick_worker(const bw__placement *p, uint32_t shard, const bw__suspects *s,
                            bool *checked);
 /* Errors after which another worker or a fresher placement may succeed. */
 bool bw__fetch_retryable(int rc);

@@ -19,8 +19,6 @@
 #include "stream_fetch.h"
 #include "placement/placement.h"
 
-enum { MAX_SUSPECTS = 64 };
-
 int bw__stream_open(bw__stream_ctx **out, const Batchwire__V1__JobSummary *job, uint32_t world,
                     char *err, size_t errlen)
 {
@@ -299,8 +297,7 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw_batc
         else
             runs[nruns++] = (run){.first = i, .n = 1};
     }
-    char *suspects[MAX_SUSPECTS];
-    size_t nsuspects = 0;
+    bw__suspects suspects = {{NULL}, 0};
     bool refresh = false;
     uint64_t start = bw__mono_ms(), backoff = 20;
     char err[BW_LOADER_ERRLEN] = "";
@@ -325,7 +322,7 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw_batc
             uint32_t shard = bw__placement_stream_shard(x->src, sc->paths[x->src], p->num_shards,
                                                         BW_SHARD_MODULO);
             bool checked;
-            r->worker = bw__fetch_pick_worker(p, shard, suspects, nsuspects, &checked);
+            r->worker = bw__fetch_pick_worker(p, shard, &suspects, &checked);
             if (r->worker < 0) {
                 round_rc = BW_UNAVAILABLE;
                 snprintf(err, sizeof(err), "every storage worker failed: %.900s",
@@ -355,16 +352,10 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw_batc
                 round_rc = src; /* the data itself is bad: no other worker will differ */
                 continue;
             }
-            if (src == BW_WRONG_OWNER) {
-                refresh = true;
-            } else if (nsuspects < MAX_SUSPECTS &&
-                       !bw__fetch_is_suspect(suspects, nsuspects, wid)) {
-                suspects[nsuspects++] = strdup(wid);
-                refresh = true;
+            if (bw__suspects_note(&suspects, wid, src, &refresh))
                 BW_INFO("worker=%s failed while serving a stream; reading its records "
                         "elsewhere: %s",
                         wid, err);
-            }
             if (round_rc == BW_OK)
                 round_rc = src;
         }
@@ -398,8 +389,7 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw_batc
         snprintf(b->err, sizeof(b->err), "%s", err[0] ? err : bw_strerror(rc));
     for (size_t i = 0; items && i < n; i++)
         free(items[i].buf);
-    for (size_t i = 0; i < nsuspects; i++)
-        free(suspects[i]);
+    bw__suspects_clear(&suspects);
     free(items);
     free(runs);
     return b->rc = rc;
@@ -414,8 +404,7 @@ static int locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, ui
 {
     if (known_offset(sc, src, rec, off))
         return BW_OK;
-    char *suspects[MAX_SUSPECTS];
-    size_t nsuspects = 0;
+    bw__suspects suspects = {{NULL}, 0};
     int rc = BW_UNAVAILABLE;
     snprintf(err, errlen, "no storage worker is alive");
     for (int attempt = 0; attempt < 4 && rc != BW_OK; attempt++) {
@@ -428,7 +417,7 @@ static int locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, ui
         uint32_t shard =
             bw__placement_stream_shard(src, sc->paths[src], p->num_shards, BW_SHARD_MODULO);
         bool checked;
-        long wk = bw__fetch_pick_worker(p, shard, suspects, nsuspects, &checked);
+        long wk = bw__fetch_pick_worker(p, shard, &suspects, &checked);
         bw_rpc_stream *st = NULL;
         if (wk >= 0 && (rc = open_read(ctx, sc, p, (size_t)wk, checked, src, rec, 0, true, &st, err,
                                        errlen)) == BW_OK) {
@@ -448,14 +437,14 @@ static int locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, ui
             bw__arena_reset(&a);
         }
         bw__rpc_stream_close(st);
-        if (rc != BW_OK && wk >= 0 && nsuspects < MAX_SUSPECTS && rc != BW_WRONG_OWNER)
-            suspects[nsuspects++] = strdup(p->workers[wk].id);
+        bool unused;
+        if (rc != BW_OK && wk >= 0)
+            bw__suspects_note(&suspects, p->workers[wk].id, rc, &unused);
         bw__placement_put(p);
         if (rc != BW_OK && !bw__fetch_retryable(rc))
             break;
     }
-    for (size_t i = 0; i < nsuspects; i++)
-        free(suspects[i]);
+    bw__suspects_clear(&suspects);
     if (rc == BW_OK)
         bw__stream_learn(sc, src, rec, *off);
     return rc;
