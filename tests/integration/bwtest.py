@@ -116,6 +116,13 @@ def _child_setup():
         _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+# Running Python in a forked child before exec is unsafe when the parent has threads that
+# hold locks of a preloaded sanitizer runtime (test_python_binding under ASan re-executes
+# itself with libasan preloaded and runs libbatchwire's threads in-process): the child can
+# spin forever on the sanitizer allocator's lock. There, children rely on kill_all only.
+_PREEXEC = None if os.environ.get("BW_PY_ASAN_REEXEC") else _child_setup
+
+
 def _register(p):
     with _procs_lock:
         _procs.append(p)
@@ -145,7 +152,7 @@ def run(argv, env=None, timeout=30, input_data=None):
     """Runs a short-lived program in its own process group; returns CompletedProcess (text)."""
     p = subprocess.Popen(argv, stdin=subprocess.PIPE if input_data is not None else subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(env),
-                         start_new_session=True, preexec_fn=_child_setup, text=True)
+                         start_new_session=True, preexec_fn=_PREEXEC, text=True)
     _register(p)
     try:
         out, err = p.communicate(input=input_data, timeout=timeout)
@@ -171,7 +178,7 @@ class Daemon:
         self._logf = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._logf,
                                      stderr=subprocess.STDOUT, env=child_env(env),
-                                     start_new_session=True, preexec_fn=_child_setup)
+                                     start_new_session=True, preexec_fn=_PREEXEC)
         _register(self.proc)
         self._logf.close()
         self.addr = None
