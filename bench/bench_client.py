@@ -62,10 +62,10 @@ def median(xs):
 # ---------------------------------------------------------------------------
 # (a) batchwire fetch vs raw TCP
 
-def fetch_rate(bt, coord, job, dataset, batch, epochs):
+def fetch_rate(bt, coord, job, dataset, batch, epochs, transport="auto"):
     r = bt.cli("fetch", "--quiet", "--coordinator", coord, "--job", job, "--dataset", dataset,
                "--rank", 0, "--world-size", 1, "--batch-size", batch, "--epochs", epochs,
-               timeout=600)
+               "--transport", transport, timeout=600)
     if r.returncode != 0:
         raise RuntimeError("batchwire fetch failed:\n%s%s" % (r.stdout, r.stderr))
     s = json.loads(r.stdout.strip().splitlines()[-1])["summary"]
@@ -212,6 +212,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="smaller datasets, fewer repeats")
     ap.add_argument("--repeat", type=int, default=0, help="runs per figure (default 5, quick 3)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    ap.add_argument("--parts", default="abc", help="which measurements to run (default abc)")
     args = ap.parse_args()
     repeat = args.repeat or (3 if args.quick else 5)
     build = os.path.abspath(args.build)
@@ -249,28 +250,34 @@ def main():
             # Enough epochs that a run moves >= 512 MiB (>= 128 MiB quick): joining the job
             # and the first batch are then a few per cent of the time.
             epochs = max(1, (128 * MiB if args.quick else 512 * MiB) // total)
-            fetch_runs, fetch_sps, tcp_runs = [], [], []
+            fetch_runs, fetch_sps, grpc_runs, tcp_runs = [], [], [], []
             fetch_rate(bt, coord.addr, "warm-" + name, ds, batch, 1)  # job, page cache
-            for i in range(repeat):
+            for i in range("a" in args.parts and repeat):
                 mib, sps, _ = fetch_rate(bt, coord.addr, "a-%s-%d" % (name, i), ds, batch, epochs)
                 fetch_runs.append(mib)
                 fetch_sps.append(sps)
                 tcp_runs.append(tcp_rate(tcp_bin, path, off, n * sample, batch * sample, epochs))
-            row = {"sample": sample, "batch": batch, "samples": n, "epochs": epochs,
-                   "fetch_mib_s": median(fetch_runs), "fetch_samples_s": median(fetch_sps),
-                   "tcp_mib_s": median(tcp_runs), "fetch_runs": fetch_runs,
-                   "tcp_runs": tcp_runs}
-            row["ratio"] = row["fetch_mib_s"] / row["tcp_mib_s"]
-            report["a"].append(row)
-            log("(a) %s x %d: fetch %.0f MiB/s (%.0f samples/s), raw TCP %.0f MiB/s, ratio %.2f"
-                % (human(sample), batch, row["fetch_mib_s"], row["fetch_samples_s"],
-                   row["tcp_mib_s"], row["ratio"]))
+                mib, _, _ = fetch_rate(bt, coord.addr, "g-%s-%d" % (name, i), ds, batch, epochs,
+                                       "grpc")
+                grpc_runs.append(mib)
+            if "a" in args.parts:
+                row = {"sample": sample, "batch": batch, "samples": n, "epochs": epochs,
+                       "fetch_mib_s": median(fetch_runs), "fetch_samples_s": median(fetch_sps),
+                       "grpc_mib_s": median(grpc_runs), "tcp_mib_s": median(tcp_runs),
+                       "fetch_runs": fetch_runs, "grpc_runs": grpc_runs, "tcp_runs": tcp_runs}
+                row["ratio"] = row["fetch_mib_s"] / row["tcp_mib_s"]
+                row["grpc_ratio"] = row["grpc_mib_s"] / row["tcp_mib_s"]
+                report["a"].append(row)
+                log("(a) %s x %d: fetch %.0f MiB/s (%.0f samples/s), fetch over gRPC %.0f MiB/s, "
+                    "raw TCP %.0f MiB/s, ratio %.2f (gRPC %.2f)"
+                    % (human(sample), batch, row["fetch_mib_s"], row["fetch_samples_s"],
+                       row["grpc_mib_s"], row["tcp_mib_s"], row["ratio"], row["grpc_ratio"]))
 
             # (b) the same dataset through Python: batchwire.Loader vs torch DataLoader
             max_batches = max(8, (64 * MiB if args.quick else 256 * MiB) // (batch * sample))
             max_batches = min(max_batches, n // batch)
             bw_runs, bw_sps, tl_runs, tl_sps = [], [], [], []
-            for i in range(repeat):
+            for i in range("b" in args.parts and repeat):
                 mib, sps = binding_rate(batchwire, coord.addr, "b-%s-%d" % (name, i), ds, batch,
                                         max_batches)
                 bw_runs.append(mib)
@@ -278,6 +285,9 @@ def main():
                 mib, sps = torch_dataloader_rate(path, batch, max_batches)
                 tl_runs.append(mib)
                 tl_sps.append(sps)
+            if "b" not in args.parts:
+                os.remove(path)
+                continue
             row = {"sample": sample, "batch": batch, "batches": max_batches,
                    "bw_mib_s": median(bw_runs), "bw_samples_s": median(bw_sps),
                    "torch_mib_s": median(tl_runs), "torch_samples_s": median(tl_sps),
@@ -291,7 +301,12 @@ def main():
             os.remove(path)  # keep the disk footprint to one dataset at a time
 
         # (c) time to first batch after resume
-        n = 1 << 21
+        n = 1 << 21 if "c" in args.parts else 0
+        for w in workers:
+            if not w.running():
+                raise RuntimeError("worker %s died; log:\n%s" % (w.name, w.log_text()))
+        if not n:
+            return finish(report, repeat, tmp, args)
         r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, "small"),
                    "--num-samples", n, "--shape", 16, "--dtype", "uint8", timeout=600)
         if r.returncode != 0:
@@ -316,12 +331,23 @@ def main():
         for w in workers:
             if not w.running():
                 raise RuntimeError("worker %s died; log:\n%s" % (w.name, w.log_text()))
-    finally:
-        bt.kill_all()
-        if args.keep:
-            log("kept %s" % tmp)
-        else:
-            subprocess.run(["rm", "-rf", tmp])
+    except BaseException:
+        cleanup(tmp, args)
+        raise
+    finish(report, repeat, tmp, args)
+
+
+def cleanup(tmp, args):
+    import bwtest as bt
+    bt.kill_all()
+    if args.keep:
+        log("kept %s" % tmp)
+    else:
+        subprocess.run(["rm", "-rf", tmp])
+
+
+def finish(report, repeat, tmp, args):
+    cleanup(tmp, args)
     print(json.dumps(report))
     print_markdown(report, repeat)
 
@@ -329,12 +355,13 @@ def main():
 def print_markdown(rep, repeat):
     out = []
     out.append("(a) `batchwire fetch --quiet` vs raw TCP (median of %d)\n" % repeat)
-    out.append("| sample | batch | fetch MiB/s | fetch samples/s | raw TCP MiB/s | ratio |")
-    out.append("|---|---|---|---|---|---|")
+    out.append("| sample | batch | fetch MiB/s | fetch samples/s | raw TCP MiB/s | fetch / TCP | "
+               "fetch --transport grpc MiB/s | gRPC / TCP |")
+    out.append("|---|---|---|---|---|---|---|---|")
     for r in rep["a"]:
-        out.append("| %s | %d | %.0f | %.0f | %.0f | %.2f |" % (
+        out.append("| %s | %d | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f |" % (
             human(r["sample"]), r["batch"], r["fetch_mib_s"], r["fetch_samples_s"],
-            r["tcp_mib_s"], r["ratio"]))
+            r["tcp_mib_s"], r["ratio"], r["grpc_mib_s"], r["grpc_ratio"]))
     out.append("\n(b) Python: batchwire.Loader + batch.torch() vs torch DataLoader(num_workers=2)"
                " (median of %d)\n" % repeat)
     out.append("| sample | batch | batches | batchwire MiB/s | samples/s | DataLoader MiB/s | "

@@ -56,10 +56,10 @@ int bw__describe_dataset(bw_coordinator *c, const Batchwire__V1__Dataset *datase
     *info = NULL;
     bw_arena tmp;
     bw__arena_init(&tmp, 0);
-    char **ids = NULL, **addrs = NULL;
+    char **ids = NULL, **addrs = NULL, **daddrs = NULL;
     size_t n = 0;
     uint64_t version;
-    int rc = bw__membership_live(c->members, &tmp, &version, &ids, &addrs, &n);
+    int rc = bw__membership_live(c->members, &tmp, &version, &ids, &addrs, &daddrs, &n);
     if (rc == BW_OK && n == 0) {
         snprintf(err, errlen,
                  "no live storage worker to describe the dataset (format %s, %zu sources): start "
@@ -243,12 +243,12 @@ int bw__jobs_placement_table(void *user, bw_arena *a, Batchwire__V1__PlacementTa
     bw_coordinator *c = user;
     *out = NULL;
     Batchwire__V1__PlacementTable *t = bw__arena_alloc(a, sizeof(*t));
-    char **ids = NULL, **addrs = NULL;
+    char **ids = NULL, **addrs = NULL, **daddrs = NULL;
     size_t n = 0;
     if (!t)
         return BW_NOMEM;
     batchwire__v1__placement_table__init(t);
-    int rc = bw__membership_live(c->members, a, &t->version, &ids, &addrs, &n);
+    int rc = bw__membership_live(c->members, a, &t->version, &ids, &addrs, &daddrs, &n);
     if (rc != BW_OK)
         return rc;
     Batchwire__V1__PlacementWorker *pw = bw__arena_alloc(a, (n + 1) * sizeof(*pw));
@@ -259,6 +259,7 @@ int bw__jobs_placement_table(void *user, bw_arena *a, Batchwire__V1__PlacementTa
         batchwire__v1__placement_worker__init(&pw[i]);
         pw[i].id = ids[i];
         pw[i].address = addrs[i];
+        pw[i].data_address = daddrs[i];
         t->workers[i] = &pw[i];
     }
     t->n_workers = n;

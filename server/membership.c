@@ -14,6 +14,7 @@ enum { ID_MAX = 128, ADDR_MAX = 256, FORMATS_MAX = 32 };
 typedef struct worker {
     char id[ID_MAX];
     char address[ADDR_MAX];
+    char data_address[ADDR_MAX]; /* empty: no bulk data channel */
     uint64_t incarnation;
     uint64_t last_heartbeat_ms; /* monotonic */
     uint64_t registered_unix_ms;
@@ -107,6 +108,14 @@ int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorke
                  ADDR_MAX - 1, alen);
         return BW_INVALID_ARGUMENT;
     }
+    const char *daddr = req->data_address ? req->data_address : "";
+    if (strlen(daddr) >= ADDR_MAX || (daddr[0] && !strrchr(daddr, ':'))) {
+        snprintf(err, errlen,
+                 "worker %s: data_address must be empty or HOST:PORT of at most %d "
+                 "characters (got %zu characters)",
+                 req->id, ADDR_MAX - 1, strlen(daddr));
+        return BW_INVALID_ARGUMENT;
+    }
     const Batchwire__V1__WorkerCapabilities *caps = req->capabilities;
     if (caps && caps->n_formats > FORMATS_MAX) {
         snprintf(err, errlen, "worker %s: %zu formats is more than the limit of %d", req->id,
@@ -132,12 +141,14 @@ int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorke
     }
     bool was_alive = w->alive;
     bool restarted = !is_new && w->incarnation != req->incarnation;
-    if (is_new || restarted || !was_alive || strcmp(w->address, req->address) != 0)
+    if (is_new || restarted || !was_alive || strcmp(w->address, req->address) != 0 ||
+        strcmp(w->data_address, daddr) != 0)
         m->version++;
     if (restarted)
         w->restarts++;
     w->incarnation = req->incarnation;
     snprintf(w->address, sizeof(w->address), "%s", req->address);
+    snprintf(w->data_address, sizeof(w->data_address), "%s", daddr);
     w->last_heartbeat_ms = bw__mono_ms();
     w->alive = true;
     w->nformats = 0;
@@ -237,6 +248,7 @@ int bw__membership_list(bw_membership *m, bw_arena *arena, Batchwire__V1__ListWo
         batchwire__v1__worker_capabilities__init(&caps[i]);
         wi->id = bw__arena_strdup(arena, w->id);
         wi->address = bw__arena_strdup(arena, w->address);
+        wi->data_address = bw__arena_strdup(arena, w->data_address);
         uint64_t since = now - w->last_heartbeat_ms;
         /* Report what a sweep would decide now, so the table never lags the clock. */
         bool alive = w->alive && since <= dead_ms(m);
@@ -250,7 +262,7 @@ int bw__membership_list(bw_membership *m, bw_arena *arena, Batchwire__V1__ListWo
         caps[i].max_message_bytes = w->max_message_bytes;
         caps[i].n_formats = w->nformats;
         caps[i].formats = bw__arena_alloc(arena, (w->nformats ? w->nformats : 1) * sizeof(char *));
-        if (!wi->id || !wi->address || !caps[i].version || !caps[i].formats) {
+        if (!wi->id || !wi->address || !wi->data_address || !caps[i].version || !caps[i].formats) {
             pthread_mutex_unlock(&m->mu);
             return BW_NOMEM;
         }
@@ -282,17 +294,18 @@ static int by_str(const void *a, const void *b)
 }
 
 int bw__membership_live(bw_membership *m, bw_arena *arena, uint64_t *version, char ***ids,
-                        char ***addresses, size_t *n)
+                        char ***addresses, char ***data_addresses, size_t *n)
 {
     pthread_mutex_lock(&m->mu);
     size_t live = 0;
     for (size_t i = 0; i < m->n; i++)
         live += m->workers[i].alive;
-    /* "id\0address" pairs, sorted by id */
+    /* "id\0address\0data_address" triples, sorted by id */
     char **pairs = bw__arena_alloc(arena, (live ? live : 1) * sizeof(char *));
     *ids = bw__arena_alloc(arena, (live ? live : 1) * sizeof(char *));
     *addresses = bw__arena_alloc(arena, (live ? live : 1) * sizeof(char *));
-    if (!pairs || !*ids || !*addresses) {
+    *data_addresses = bw__arena_alloc(arena, (live ? live : 1) * sizeof(char *));
+    if (!pairs || !*ids || !*addresses || !*data_addresses) {
         pthread_mutex_unlock(&m->mu);
         return BW_NOMEM;
     }
@@ -301,14 +314,15 @@ int bw__membership_live(bw_membership *m, bw_arena *arena, uint64_t *version, ch
         const worker *w = &m->workers[i];
         if (!w->alive)
             continue;
-        size_t il = strlen(w->id), al = strlen(w->address);
-        char *p = bw__arena_alloc(arena, il + al + 2);
+        size_t il = strlen(w->id), al = strlen(w->address), dl = strlen(w->data_address);
+        char *p = bw__arena_alloc(arena, il + al + dl + 3);
         if (!p) {
             pthread_mutex_unlock(&m->mu);
             return BW_NOMEM;
         }
         memcpy(p, w->id, il + 1);
         memcpy(p + il + 1, w->address, al + 1);
+        memcpy(p + il + al + 2, w->data_address, dl + 1);
         pairs[k++] = p;
     }
     *version = m->version;
@@ -317,6 +331,7 @@ int bw__membership_live(bw_membership *m, bw_arena *arena, uint64_t *version, ch
     for (size_t i = 0; i < k; i++) {
         (*ids)[i] = pairs[i];
         (*addresses)[i] = pairs[i] + strlen(pairs[i]) + 1;
+        (*data_addresses)[i] = (*addresses)[i] + strlen((*addresses)[i]) + 1;
     }
     *n = k;
     return BW_OK;

@@ -43,6 +43,6 @@ uint64_t bw__membership_version(bw_membership *m);
 /* A consistent snapshot of the live workers, sorted by id, with the version it belongs to;
  * arrays and strings in `arena`. */
 int bw__membership_live(bw_membership *m, bw_arena *arena, uint64_t *version, char ***ids,
-                        char ***addresses, size_t *n);
+                        char ***addresses, char ***data_addresses, size_t *n);
 
 #endif

@@ -23,9 +23,9 @@ int bw__placement_get(void *user, bw_rpc_call *call, const ProtobufCMessage *req
     if (!t)
         return BW_NOMEM;
     batchwire__v1__placement_table__init(t);
-    char **ids = NULL, **addrs = NULL;
+    char **ids = NULL, **addrs = NULL, **daddrs = NULL;
     size_t n = 0;
-    int rc = bw__membership_live(c->members, a, &t->version, &ids, &addrs, &n);
+    int rc = bw__membership_live(c->members, a, &t->version, &ids, &addrs, &daddrs, &n);
     if (rc != BW_OK)
         return bw__rpc_fail(call, rc, "Placement.Get: cannot snapshot the workers");
     Batchwire__V1__PlacementWorker *pw = bw__arena_alloc(a, (n + 1) * sizeof(*pw));
@@ -36,6 +36,7 @@ int bw__placement_get(void *user, bw_rpc_call *call, const ProtobufCMessage *req
         batchwire__v1__placement_worker__init(&pw[i]);
         pw[i].id = ids[i];
         pw[i].address = addrs[i];
+        pw[i].data_address = daddrs[i];
         pp[i] = &pw[i];
     }
     t->n_workers = n;

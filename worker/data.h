@@ -67,6 +67,24 @@ int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage 
 int bw__data_read_stream(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                          ProtobufCMessage **resp);
 
+/* The checks of ReadSamples shared by gRPC and the data channel: index count, dataset (opened,
+ * indexed, fingerprint), index range and shard ownership. BW_OK with the open dataset in
+ * *out (release with bw__ds_put), or an error with a sentence in err. */
+int bw__data_prepare_samples(bw_worker *w, const char *peer,
+                             const Batchwire__V1__ReadSamplesRequest *r, bw__wds **out, char *err,
+                             size_t errlen);
+
+/* ---- data_channel.c: ReadSamples over plain TCP (core/rpc/dchan.h, docs/data-channel.md) ---- */
+
+typedef struct bw__dchan_server bw__dchan_server;
+
+/* Listens on `listen` (HOST:PORT, port 0: any) and serves each connection on a thread of its
+ * own; *port is the port bound. */
+int bw__dchan_server_start(bw_worker *w, const char *listen, bw__dchan_server **out, int *port,
+                           char *err, size_t errlen);
+/* Stops accepting, ends every connection and joins the threads. NULL is a no-op. */
+void bw__dchan_server_stop(bw__dchan_server *s);
+
 /* Counters of what the Data service read (Data.Stats). */
 typedef struct bw__data_stats {
     atomic_uint_fast64_t records_read, record_bytes_read, records_located;

@@ -15,19 +15,20 @@ static const char *first_source(const Batchwire__V1__Dataset *spec)
     return spec && spec->n_sources ? spec->sources[0] : "";
 }
 
-/* Opens and (when `index`) indexes the dataset; checks the expected fingerprint. */
-static int open_dataset(bw_worker *w, bw_rpc_call *call, const char *method,
-                        const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
-                        bw__wds **out)
+/* Opens and (when `index`) indexes the dataset; checks the expected fingerprint. On failure
+ * the sentence in err names the method and the dataset. */
+static int open_dataset_err(bw_worker *w, const char *peer, const char *method,
+                            const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
+                            bw__wds **out, char *err, size_t errlen)
 {
-    char err[1024];
+    char why[1024];
     bw__wds *e = NULL;
-    int rc = bw__ds_get(w->datasets, spec, &e, err, sizeof(err));
+    int rc = bw__ds_get(w->datasets, spec, &e, why, sizeof(why));
     if (rc == BW_OK && index)
-        rc = bw__dataset_index(bw__ds_dataset(e), err, sizeof(err));
+        rc = bw__dataset_index(bw__ds_dataset(e), why, sizeof(why));
     if (rc == BW_OK && fingerprint && fingerprint[0] &&
         strcmp(fingerprint, bw__ds_dataset(e)->fingerprint) != 0) {
-        snprintf(err, sizeof(err),
+        snprintf(why, sizeof(why),
                  "dataset fingerprint is %s, the request expects %s: the files changed since the "
                  "job described them",
                  bw__ds_dataset(e)->fingerprint, fingerprint);
@@ -35,14 +36,24 @@ static int open_dataset(bw_worker *w, bw_rpc_call *call, const char *method,
     }
     if (rc != BW_OK) {
         bw__ds_put(e);
-        BW_DEBUG("worker=%s %s from %s: %s: %s", w->id, method, bw__rpc_call_peer(call),
-                 bw_err_name(rc), err);
-        return bw__rpc_fail(call, rc, "%s: dataset %s %s%s: %s", method,
-                            spec && spec->format ? spec->format : "?", first_source(spec),
-                            spec && spec->n_sources > 1 ? ",..." : "", err);
+        BW_DEBUG("worker=%s %s from %s: %s: %s", w->id, method, peer, bw_err_name(rc), why);
+        snprintf(err, errlen, "%s: dataset %s %s%s: %s", method,
+                 spec && spec->format ? spec->format : "?", first_source(spec),
+                 spec && spec->n_sources > 1 ? ",..." : "", why);
+        return rc;
     }
     *out = e;
     return BW_OK;
+}
+
+static int open_dataset(bw_worker *w, bw_rpc_call *call, const char *method,
+                        const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
+                        bw__wds **out)
+{
+    char err[1200];
+    int rc = open_dataset_err(w, bw__rpc_call_peer(call), method, spec, fingerprint, index, out,
+                              err, sizeof(err));
+    return rc == BW_OK ? BW_OK : bw__rpc_fail(call, rc, "%s", err);
 }
 
 static size_t message_limit(bw_worker *w, uint32_t asked)
@@ -165,30 +176,31 @@ static uint32_t source_shard(const bw__dataset *d, uint64_t index, const Batchwi
                                       (bw_shard_mode)rt->shard_mode);
 }
 
-int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
-                          ProtobufCMessage **resp)
+int bw__data_prepare_samples(bw_worker *w, const char *peer,
+                             const Batchwire__V1__ReadSamplesRequest *r, bw__wds **out, char *err,
+                             size_t errlen)
 {
-    (void)resp;
-    bw_worker *w = user;
-    const Batchwire__V1__ReadSamplesRequest *r = (const void *)req;
-    if (r->n_indices > BW_DATA_MAX_INDICES)
-        return bw__rpc_fail(call, BW_TOO_BIG,
-                            "ReadSamples: %zu indices is more than the limit of %d", r->n_indices,
-                            BW_DATA_MAX_INDICES);
+    *out = NULL;
+    if (r->n_indices > BW_DATA_MAX_INDICES) {
+        snprintf(err, errlen, "ReadSamples: %zu indices is more than the limit of %d", r->n_indices,
+                 BW_DATA_MAX_INDICES);
+        return BW_TOO_BIG;
+    }
     bw__wds *e = NULL;
-    int rc = open_dataset(w, call, "ReadSamples", r->dataset, r->fingerprint, true, &e);
+    int rc =
+        open_dataset_err(w, peer, "ReadSamples", r->dataset, r->fingerprint, true, &e, err, errlen);
     if (rc != BW_OK)
         return rc;
     const bw__dataset *d = bw__ds_dataset(e);
     for (size_t i = 0; i < r->n_indices; i++)
         if (r->indices[i] >= d->length) {
             bw__ds_put(e);
-            return bw__rpc_fail(call, BW_OUT_OF_RANGE,
-                                "ReadSamples: dataset %s %s: index %llu requested (position %zu) "
-                                "but the dataset has %llu samples",
-                                r->dataset->format, first_source(r->dataset),
-                                (unsigned long long)r->indices[i], i,
-                                (unsigned long long)d->length);
+            snprintf(err, errlen,
+                     "ReadSamples: dataset %s %s: index %llu requested (position %zu) but the "
+                     "dataset has %llu samples",
+                     r->dataset->format, first_source(r->dataset),
+                     (unsigned long long)r->indices[i], i, (unsigned long long)d->length);
+            return BW_OUT_OF_RANGE;
         }
     const Batchwire__V1__Routing *rt = r->routing;
     if (rt && rt->placement_version) {
@@ -200,14 +212,30 @@ int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage 
             shards[i] = rt->by_source
                             ? source_shard(d, r->indices[i], rt)
                             : bw__placement_shard(r->indices[i], ns, (bw_shard_mode)rt->shard_mode);
-        char err[512];
-        rc = bw__pview_check(&w->placement, w->id, rt, shards, r->n_indices, err, sizeof(err));
+        char why[512];
+        rc = bw__pview_check(&w->placement, w->id, rt, shards, r->n_indices, why, sizeof(why));
         free(shards);
         if (rc != BW_OK) {
             bw__ds_put(e);
-            return bw__rpc_fail(call, rc, "ReadSamples: %s", err);
+            snprintf(err, errlen, "ReadSamples: %s", why);
+            return rc;
         }
     }
+    *out = e;
+    return BW_OK;
+}
+
+int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                          ProtobufCMessage **resp)
+{
+    (void)resp;
+    bw_worker *w = user;
+    const Batchwire__V1__ReadSamplesRequest *r = (const void *)req;
+    bw__wds *e = NULL;
+    char err[1400];
+    int rc = bw__data_prepare_samples(w, bw__rpc_call_peer(call), r, &e, err, sizeof(err));
+    if (rc != BW_OK)
+        return bw__rpc_fail(call, rc, "%s", err);
     bw__sstream *st = bw__sstream_samples(e, r->indices, r->n_indices,
                                           message_limit(w, r->max_message_bytes), &w->stats);
     bw__rpc_stream_start(call, bw__sstream_next, st, bw__sstream_free);

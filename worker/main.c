@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "common/util.h"
+#include "rpc/dchan.h"
 #include "worker.h"
 
 static const bw_opt options[] = {
@@ -20,6 +21,14 @@ static const bw_opt options[] = {
      "stable worker id (default: the host name, e.g. the StatefulSet pod name)"},
     {"advertise", BW_OPT_ADDR, offsetof(bw_worker_config, advertise), NULL, 0, 0, NULL, 0,
      "HOST:PORT", "address clients use to reach this worker (default: the bound address)"},
+    {"data-listen", BW_OPT_STRING, offsetof(bw_worker_config, data_listen), NULL, 0, 0, NULL, 0,
+     "HOST:PORT|off",
+     "bulk data channel (plain TCP) for ReadSamples (default: the --listen host, any free port; "
+     "off without TLS only)"},
+    {"data-advertise", BW_OPT_ADDR, offsetof(bw_worker_config, data_advertise), NULL, 0, 0, NULL, 0,
+     "HOST:PORT",
+     "address clients use for the data channel (default: the advertised host, "
+     "the bound data port)"},
     {"tls-ca", BW_OPT_PATH, offsetof(bw_worker_config, tls_ca), NULL, 0, 0, NULL, 0, "FILE",
      "PEM CA that signed the coordinator's certificate: talk TLS to the coordinator"},
     {"tls-server-name", BW_OPT_STRING, offsetof(bw_worker_config, tls_server_name), NULL, 0, 0,
@@ -64,6 +73,47 @@ static void advertise_address(bw_worker *w)
     }
 }
 
+/* The data channel is plain TCP: it runs only when the gRPC listener does too (with TLS,
+ * clients fetch over gRPC); `--data-listen off` turns it off. */
+static int start_data_channel(bw_worker *w, char *err, size_t errlen)
+{
+    const char *dl = w->cfg->data_listen;
+    if (dl && strcmp(dl, "off") == 0)
+        return BW_OK;
+    if (w->cfg->common.tls_cert) {
+        if (!dl)
+            return BW_OK;
+        snprintf(err, errlen,
+                 "--data-listen %s: the data channel is plain TCP and cannot be combined with "
+                 "--tls-cert (clients fetch over gRPC with TLS); drop --data-listen",
+                 dl);
+        return BW_INVALID_ARGUMENT;
+    }
+    char host[256], port[16], listen[300];
+    if (dl) {
+        if (bw__sock_split(dl, host, sizeof(host), port, sizeof(port)) != BW_OK) {
+            snprintf(err, errlen, "--data-listen %s: expected HOST:PORT or off", dl);
+            return BW_INVALID_ARGUMENT;
+        }
+        snprintf(listen, sizeof(listen), "%s", dl);
+    } else {
+        const char *colon = strrchr(w->bound, ':');
+        snprintf(listen, sizeof(listen), "%.*s:0", colon ? (int)(colon - w->bound) : 0, w->bound);
+    }
+    int bound_port = 0;
+    int rc = bw__dchan_server_start(w, listen, &w->dchan, &bound_port, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    if (w->cfg->data_advertise) {
+        snprintf(w->data_advertise, sizeof(w->data_advertise), "%s", w->cfg->data_advertise);
+    } else {
+        const char *colon = strrchr(w->advertise, ':');
+        snprintf(w->data_advertise, sizeof(w->data_advertise), "%.*s:%d",
+                 colon ? (int)(colon - w->advertise) : 0, w->advertise, bound_port);
+    }
+    return BW_OK;
+}
+
 int main(int argc, char **argv)
 {
     bw__daemon_block_signals();
@@ -106,13 +156,19 @@ int main(int argc, char **argv)
     }
     if (rc == BW_OK) {
         advertise_address(&w);
-        BW_INFO("listening on %s (%s%s) worker=%s advertise=%s data-root=%s coordinator=%s",
+        rc = start_data_channel(&w, err, sizeof(err));
+    }
+    if (rc == BW_OK) {
+        BW_INFO("listening on %s (%s%s) worker=%s advertise=%s data-channel=%s data-root=%s "
+                "coordinator=%s",
                 w.bound, cfg.common.tls_cert ? "TLS" : "plaintext",
                 cfg.common.tls_client_ca ? ", client certificates required" : "", w.id, w.advertise,
-                w.data_root, cfg.coordinator);
+                w.data_advertise[0] ? w.data_advertise : "off", w.data_root, cfg.coordinator);
         rc = bw__worker_membership_start(&w, err, sizeof(err));
-        if (rc != BW_OK)
-            bw__rpc_server_stop(srv, 0);
+    }
+    if (rc != BW_OK && srv) {
+        bw__dchan_server_stop(w.dchan);
+        bw__rpc_server_stop(srv, 0);
     }
     if (rc != BW_OK) {
         BW_ERROR("cannot start: %s", err);
@@ -128,6 +184,7 @@ int main(int argc, char **argv)
     if (sig)
         BW_INFO("received %s; shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     bw__worker_membership_stop(&w);
+    bw__dchan_server_stop(w.dchan);
     bw__rpc_server_stop(srv, (int)cfg.common.grace_ms);
     bw__ds_cache_free(w.datasets);
     bw__pview_destroy(&w.placement);

@@ -32,6 +32,7 @@ static int do_register(bw_worker *w, uint32_t *interval_ms, char *err, size_t er
     Batchwire__V1__RegisterWorkerRequest req = BATCHWIRE__V1__REGISTER_WORKER_REQUEST__INIT;
     req.id = w->id;
     req.address = w->advertise;
+    req.data_address = w->data_advertise;
     req.capabilities = &caps;
     req.incarnation = w->incarnation;
     bw_arena arena;

@@ -18,6 +18,8 @@ typedef struct bw_worker_config {
     char *data_root;
     char *id;
     char *advertise;
+    char *data_listen;
+    char *data_advertise;
     char *tls_ca;
     char *tls_server_name;
     int64_t rpc_timeout_ms;
@@ -29,6 +31,7 @@ struct bw_worker {
     char data_root[4096]; /* resolved */
     char bound[256];
     char advertise[256];
+    char data_advertise[256]; /* empty: no data channel */
     uint64_t incarnation;
     uint64_t start_ms;
 
@@ -45,6 +48,7 @@ struct bw_worker {
     bw__ds_cache *datasets;
     bw__pview placement;
     bw__data_stats stats; /* Data.Stats */
+    bw__dchan_server *dchan;
 };
 
 extern const bw_rpc_handler bw__worker_handlers[];

@@ -20,6 +20,7 @@ typedef struct fetch_cfg {
     int64_t rank, world_size;
     int mode, shuffle_algo;
     int64_t batch_size, epochs, max_steps, prefetch, timeout_ms;
+    int transport;
     uint64_t seed;
     bool shuffle, drop_last, sampler_drop_last, split_batches, even_batches, quiet, commit;
     bw_cli_tls tls;
@@ -72,6 +73,9 @@ static const bw_opt options[] = {
      "batches fetched ahead"},
     {"timeout-ms", BW_OPT_INT, offsetof(fetch_cfg, timeout_ms), "10000", 1, 3600000, NULL, 0, "MS",
      "deadline of each call"},
+    {"transport", BW_OPT_ENUM, offsetof(fetch_cfg, transport), "auto", 0, 0, "auto|grpc", 0, NULL,
+     "auto: the workers' TCP data channel where offered (never with TLS), else gRPC; grpc: "
+     "always gRPC"},
     {"quiet", BW_OPT_BOOL, offsetof(fetch_cfg, quiet), "false", 0, 0, NULL, 0, NULL,
      "print only the summary line"},
     BW_CLI_TLS_OPTS(fetch_cfg, tls),
@@ -173,6 +177,7 @@ int bw__cmd_fetch(int argc, char **argv)
     o.even_batches = cfg.even_batches;
     o.prefetch_batches = (unsigned)cfg.prefetch;
     o.timeout_ms = (int)cfg.timeout_ms;
+    o.transport = cfg.transport ? "grpc" : "auto";
     if (parse_device(cfg.device, &o.device) != BW_OK) {
         fprintf(stderr, "batchwire fetch: --device: invalid value '%s': expected cuda:N\n",
                 cfg.device);

@@ -57,6 +57,8 @@ static void print_json(const Batchwire__V1__InfoResponse *info,
         bw__json_string(stdout, w->id);
         printf(",\"address\":");
         bw__json_string(stdout, w->address);
+        printf(",\"data_address\":");
+        bw__json_string(stdout, w->data_address ? w->data_address : "");
         printf(",\"state\":\"%s\",\"seconds_since_heartbeat\":%.3f,\"restarts\":%" PRIu32
                ",\"incarnation\":\"%016" PRIx64 "\"",
                state_name(w->state), (double)w->ms_since_heartbeat / 1000.0, w->restarts,

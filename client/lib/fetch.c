@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "rpc/dchan.h"
 #include "loader_int.h"
 #include "placement/placement.h"
 
@@ -27,7 +28,11 @@ typedef struct route {
     bool checked;  /* routed by the placement (send its version) or around a suspect (0) */
     size_t *wants; /* indices into the want array, in request order */
     size_t n;
-    bw_rpc_stream *st;
+    bw_rpc_stream *st; /* gRPC ReadSamples, or: */
+    bw__dconn *dc;     /* the worker's data channel, with the request sent on it */
+    uint8_t *req;
+    size_t reqlen;
+    char open_err[512]; /* why neither could be opened */
 } route;
 
 static int cmp_u64_pos(const void *a, const void *b)
@@ -186,6 +191,114 @@ static int drain(route *r, want *w, const bw__fetch_ctx *ctx, bw_batch *b, char 
     return rc;
 }
 
+/* ---- the data channel ---- */
+
+/* Packs the request once (kept for a resend on a fresh connection). */
+static void dchan_pack(route *r, const Batchwire__V1__ReadSamplesRequest *req)
+{
+    size_t len = batchwire__v1__read_samples_request__get_packed_size(req);
+    r->req = malloc(BW_DCHAN_REQ_HEADER + len);
+    if (!r->req)
+        abort();
+    bw__dchan_put_req_header(r->req, BW_DCHAN_KIND_READ_SAMPLES, len);
+    batchwire__v1__read_samples_request__pack(req, r->req + BW_DCHAN_REQ_HEADER);
+    r->reqlen = BW_DCHAN_REQ_HEADER + len;
+}
+
+static int dchan_send(bw__session *sess, route *r, const char *address, int timeout_ms, bool fresh,
+                      char *err, size_t errlen)
+{
+    if (fresh) {
+        bw__dconn_put(sess, r->dc, false);
+        r->dc = NULL;
+    }
+    int rc = r->dc ? BW_OK : bw__dconn_get(sess, address, timeout_ms, &r->dc, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    struct iovec iov = {r->req, r->reqlen};
+    rc = bw__sock_writev_all(r->dc->fd, &iov, 1, bw__mono_ms() + (uint64_t)timeout_ms, err, errlen);
+    if (rc != BW_OK && r->dc->reused && !fresh) /* the worker closed an idle connection */
+        return dchan_send(sess, r, address, timeout_ms, true, err, errlen);
+    return rc;
+}
+
+/* Reads one request's frames: each sample's bytes go straight to where `place` says. */
+static int dchan_drain(route *r, want *w, const bw__fetch_ctx *ctx, bw_batch *b, const char *wid,
+                       const char *address, char *err, size_t errlen)
+{
+    placer pl = {r, w, ctx, b, 0};
+    uint64_t deadline = bw__mono_ms() + (uint64_t)ctx->timeout_ms;
+    bool any = false, retried = false, reusable = false;
+    char e[BW_LOADER_ERRLEN] = "";
+    int rc;
+    for (;;) {
+        uint8_t h[BW_DCHAN_FRAME_HEADER];
+        size_t got = 0;
+        rc = bw__sock_read_all(r->dc->fd, h, sizeof(h), deadline, &got, e, sizeof(e));
+        if (rc == BW_UNAVAILABLE && !any && !got && r->dc->reused && !retried) {
+            /* An idle connection the worker had closed: ask again on a new one. */
+            retried = true;
+            rc = dchan_send(ctx->session, r, address, ctx->timeout_ms, true, e, sizeof(e));
+            if (rc == BW_OK)
+                continue;
+        }
+        if (rc != BW_OK)
+            break;
+        any = true;
+        bw_dchan_frame f;
+        bw__dchan_get_frame(h, &f);
+        if (f.type == BW_DCHAN_SAMPLE) {
+            size_t k = pl.k;
+            uint8_t *dest = NULL;
+            rc = place(&pl, f.a, f.b, 0, f.b, &dest, e, sizeof(e));
+            if (rc == BW_OK)
+                rc = bw__sock_read_all(r->dc->fd, dest, (size_t)f.b, deadline, NULL, e, sizeof(e));
+            if (rc != BW_OK && k < r->n && pl.k >= k) { /* the sample starts over */
+                want *x = &w[r->wants[k]];
+                free(x->buf);
+                x->buf = NULL;
+                x->got = 0;
+                x->done = false;
+                pl.k = k;
+            }
+            if (rc != BW_OK)
+                break;
+        } else if (f.type == BW_DCHAN_END) {
+            reusable = true;
+            if (pl.k != r->n || f.a != r->n) {
+                snprintf(e, sizeof(e), "ended the request after %zu of %zu samples", pl.k, r->n);
+                rc = BW_PROTOCOL;
+            }
+            break;
+        } else if (f.type == BW_DCHAN_ERROR && f.a <= BW_DCHAN_MAX_MESSAGE) {
+            char msg[BW_DCHAN_MAX_MESSAGE + 1];
+            rc = bw__sock_read_all(r->dc->fd, msg, (size_t)f.a, deadline, NULL, e, sizeof(e));
+            if (rc != BW_OK)
+                break;
+            msg[f.a] = '\0';
+            int code = (int)(int32_t)f.code;
+            reusable = true;
+            if (code >= 0 || strcmp(bw_err_name(code), "BW_UNKNOWN_ERROR") == 0) {
+                snprintf(e, sizeof(e), "error frame with unknown code %d: %.900s", code, msg);
+                rc = BW_PROTOCOL;
+            } else {
+                snprintf(e, sizeof(e), "%.1000s", msg);
+                rc = code;
+            }
+            break;
+        } else {
+            snprintf(e, sizeof(e), "unexpected frame type %u", f.type);
+            rc = BW_PROTOCOL;
+            break;
+        }
+    }
+    bw__dconn_put(ctx->session, r->dc, reusable);
+    r->dc = NULL;
+    if (rc != BW_OK)
+        snprintf(err, errlen, "worker %s data channel %s: %s", wid, address, e);
+    return rc;
+}
+
 /* Errors after which another worker (or a fresher placement) may succeed. */
 bool bw__fetch_retryable(int rc)
 {
@@ -293,8 +406,10 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                     continue;
                 const bw__worker_ref *wr = &p->workers[r->worker];
                 char e[BW_LOADER_ERRLEN];
+                bool dchan = ctx->data_channel && wr->data_address[0];
                 bw_rpc_channel *ch =
-                    bw__session_worker_channel(ctx->session, wr->address, e, sizeof(e));
+                    dchan ? NULL
+                          : bw__session_worker_channel(ctx->session, wr->address, e, sizeof(e));
                 uint64_t *idx = malloc(r->n * sizeof(uint64_t));
                 if (!idx)
                     abort();
@@ -311,9 +426,20 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                 req.routing = &rt;
                 req.fingerprint = (char *)ctx->fingerprint;
                 req.max_message_bytes = ctx->max_message_bytes;
-                if (ch)
+                if (dchan) {
+                    dchan_pack(r, &req);
+                    if (dchan_send(ctx->session, r, wr->data_address, ctx->timeout_ms, false, e,
+                                   sizeof(e)) != BW_OK) {
+                        bw__dconn_put(ctx->session, r->dc, false);
+                        r->dc = NULL;
+                        snprintf(r->open_err, sizeof(r->open_err), "%.500s", e);
+                    }
+                } else if (ch) {
                     bw__rpc_stream_open(ch, BW_METHOD(BW_M_DATA_READ_SAMPLES), &req.base,
                                         ctx->timeout_ms, &r->st, e, sizeof(e));
+                }
+                if (!r->st && !r->dc && !r->open_err[0])
+                    snprintf(r->open_err, sizeof(r->open_err), "%.500s", e);
                 free(idx);
             }
             for (size_t ri = 0; ri < nroutes; ri++) {
@@ -321,11 +447,18 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                 if (!r->n)
                     continue;
                 const char *wid = p->workers[r->worker].id;
-                int src = r->st ? drain(r, w, ctx, b, err, sizeof(err)) : BW_UNAVAILABLE;
-                if (!r->st)
+                int src = r->dc ? dchan_drain(r, w, ctx, b, wid, p->workers[r->worker].data_address,
+                                              err, sizeof(err))
+                          : r->st ? drain(r, w, ctx, b, err, sizeof(err))
+                                  : BW_UNAVAILABLE;
+                if (!r->st && src == BW_UNAVAILABLE && r->open_err[0])
+                    snprintf(err, sizeof(err), "worker %s: %s", wid, r->open_err);
+                else if (!r->st && src == BW_UNAVAILABLE)
                     snprintf(err, sizeof(err), "worker %s: cannot open a stream", wid);
                 bw__rpc_stream_close(r->st);
                 r->st = NULL;
+                free(r->req);
+                r->req = NULL;
                 if (src == BW_OK)
                     continue;
                 if (!bw__fetch_retryable(src)) {

@@ -220,6 +220,8 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     bw__arena_init(&ca, 0);
     Batchwire__V1__Cursor *given = NULL;
     int rc = bw__loader_parse_options(o, &l->jr, &rank, &world, err, errlen);
+    if (rc == BW_OK)
+        rc = bw__loader_transport(o, &l->fctx.data_channel, err, errlen);
     /* A malformed cursor or an unusable device is refused before anything is claimed. */
     if (rc == BW_OK && o->device >= 0 &&
         (rc = bw__gpu_check(o->device, l->err, sizeof(l->err))) != BW_OK)

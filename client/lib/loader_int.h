@@ -19,6 +19,7 @@ enum {
     BW_LOADER_NUM_SHARDS = 256, /* storage shards samples are routed by (modulo) */
     BW_LOADER_MAX_NDIM = 16,
     BW_LOADER_ERRLEN = 1024,
+    BW_DCONN_IDLE_MAX = 64, /* idle data-channel connections kept per loader */
 };
 
 /* ---- options.c ---- */
@@ -40,11 +41,16 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
                              int64_t *world, char *err, size_t errlen);
 void bw__job_request_free(bw__job_request *jr);
 
+/* Whether sample bytes may use the workers' data channel: o->transport, else
+ * BATCHWIRE_TRANSPORT, else "auto" (never with TLS). BW_INVALID_ARGUMENT for another value. */
+int bw__loader_transport(const bw_loader_options *o, bool *data_channel, char *err, size_t errlen);
+
 /* ---- session.c: the coordinator side ---- */
 
 typedef struct bw__worker_ref {
     char *id;
     char *address;
+    char *data_address; /* the worker's data channel; "" when it offers none */
     bw_rpc_channel *ch; /* opened on first use */
     bool suspect;       /* failed recently: route around it until placement changes */
 } bw__worker_ref;
@@ -81,6 +87,9 @@ typedef struct bw__session {
     size_t nchannels, capchannels;
     char **channel_addrs;
     bw_rpc_channel **channels;
+    /* idle data-channel connections, most recently used last */
+    size_t nidle;
+    struct bw__dconn *idle[BW_DCONN_IDLE_MAX];
 
     pthread_t hb_thread;
     bool hb_started, stopping;
@@ -100,6 +109,22 @@ bw__placement *bw__session_placement(bw__session *s, bool refresh, char *err, si
 /* The channel to a worker address (cached). */
 bw_rpc_channel *bw__session_worker_channel(bw__session *s, const char *address, char *err,
                                            size_t errlen);
+
+/* ---- data_channel.c: connections to the workers' data channels ---- */
+
+typedef struct bw__dconn {
+    int fd;
+    char *address;
+    bool reused; /* taken from the idle list (the worker may have closed it meanwhile) */
+} bw__dconn;
+
+/* An idle connection to `address`, or a new one. */
+int bw__dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn **out, char *err,
+                  size_t errlen);
+/* Back to the idle list when `reusable` (the last request ended with END or ERROR), else
+ * closed. NULL is a no-op. */
+void bw__dconn_put(bw__session *s, bw__dconn *c, bool reusable);
+void bw__dconn_close_idle(bw__session *s);
 
 /* Records a cursor durably with the coordinator. */
 int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen);
@@ -157,6 +182,7 @@ typedef struct bw__fetch_ctx {
     uint64_t sample_bytes;   /* fixed sample size, 0 if samples differ */
     uint32_t max_message_bytes;
     int timeout_ms;
+    bool data_channel; /* fetch over the workers' data channels where they offer one */
 } bw__fetch_ctx;
 
 /* Routing shared by map-style and stream fetches. A worker that failed during one fetch is

@@ -239,3 +239,19 @@ void bw__job_request_free(bw__job_request *jr)
     free(jr->sources);
     memset(jr, 0, sizeof(*jr));
 }
+
+int bw__loader_transport(const bw_loader_options *o, bool *data_channel, char *err, size_t errlen)
+{
+    const char *t = o->transport, *from = "the transport option";
+    if (!t && (t = getenv("BATCHWIRE_TRANSPORT")) != NULL)
+        from = "BATCHWIRE_TRANSPORT";
+    if (!t || !t[0])
+        t = "auto";
+    if (strcmp(t, "auto") != 0 && strcmp(t, "grpc") != 0) {
+        snprintf(err, errlen, "%s is '%s': expected auto or grpc", from, t);
+        return BW_INVALID_ARGUMENT;
+    }
+    /* The data channel is plain TCP: a loader that talks TLS never uses it. */
+    *data_channel = strcmp(t, "auto") == 0 && !o->tls_ca;
+    return BW_OK;
+}

@@ -18,6 +18,7 @@ void bw__placement_put(bw__placement *p)
     for (size_t i = 0; i < p->nworkers; i++) {
         free(p->workers[i].id);
         free(p->workers[i].address);
+        free(p->workers[i].data_address);
     }
     free(p->workers);
     free(p->owners);
@@ -83,6 +84,8 @@ static int fetch_placement(bw__session *s, bw__placement **out, char *err, size_
             for (size_t i = 0; i < t->n_workers; i++) {
                 p->workers[i].id = strdup(t->workers[i]->id);
                 p->workers[i].address = strdup(t->workers[i]->address);
+                p->workers[i].data_address =
+                    strdup(t->workers[i]->data_address ? t->workers[i]->data_address : "");
             }
             for (size_t i = 0; i < t->n_owners; i++) {
                 if (t->owners[i] >= t->n_workers) {
@@ -319,6 +322,7 @@ void bw__session_close(bw__session *s)
     }
     free(s->channels);
     free(s->channel_addrs);
+    bw__dconn_close_idle(s);
     bw__placement_put(s->placement);
     bw__rpc_channel_close(s->coord);
     bw__arena_reset(&s->job_arena);

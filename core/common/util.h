@@ -17,6 +17,29 @@ uint64_t bw__random_u64(void);
 /* The host name, or "unknown". */
 void bw__hostname(char *out, size_t outlen);
 
+/* Little-endian integers in byte buffers (file formats, journal, data channel). */
+static inline void bw__put_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline void bw__put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint32_t bw__get_le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline uint64_t bw__get_le64(const uint8_t *p)
+{
+    return (uint64_t)bw__get_le32(p) | (uint64_t)bw__get_le32(p + 4) << 32;
+}
+
 #endif
 
 #include <pthread.h>

@@ -12,6 +12,7 @@
 
 #include "common/crc32c.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "formats/formats.h"
 #include "formats/tfrecord.h"
 
@@ -19,19 +20,6 @@ typedef struct tfr {
     uint64_t *offsets;
     uint64_t n;
 } tfr;
-
-static uint64_t le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static uint32_t le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 /* Checks the header at off; on success *len is the data length. */
 static int header(const bw__source *s, uint64_t off, uint64_t *len, char *err, size_t errlen)
@@ -41,13 +29,13 @@ static int header(const bw__source *s, uint64_t off, uint64_t *len, char *err, s
         return bw__fmt_fail(s, BW_CORRUPT, off, err, errlen,
                             "truncated record header: %llu bytes left, 12 needed",
                             (unsigned long long)(s->size - off));
-    uint32_t want = le32(b + off + 8), got = bw__crc32c_mask(bw__crc32c(0, b + off, 8));
+    uint32_t want = bw__get_le32(b + off + 8), got = bw__crc32c_mask(bw__crc32c(0, b + off, 8));
     if (want != got)
         return bw__fmt_fail(s, BW_CORRUPT, off, err, errlen,
                             "length CRC mismatch (stored 0x%08x, computed 0x%08x): not a record "
                             "boundary or corrupt",
                             want, got);
-    uint64_t l = le64(b + off);
+    uint64_t l = bw__get_le64(b + off);
     if (l > s->size - off - 12 || s->size - off - 12 - l < 4)
         return bw__fmt_fail(s, BW_CORRUPT, off, err, errlen,
                             "truncated record: length %llu announced, %llu bytes left",
@@ -65,7 +53,7 @@ static int record_at(const bw__source *s, uint64_t off, bw__record *r, uint64_t 
     if (rc != BW_OK)
         return rc;
     const uint8_t *data = s->map->base + off + 12;
-    uint32_t want = le32(data + len), got = bw__crc32c_mask(bw__crc32c(0, data, len));
+    uint32_t want = bw__get_le32(data + len), got = bw__crc32c_mask(bw__crc32c(0, data, len));
     if (want != got)
         return bw__fmt_fail(s, BW_CORRUPT, off, err, errlen,
                             "data CRC mismatch in a record of %llu bytes (stored 0x%08x, "
@@ -98,7 +86,7 @@ int bw__tfrecord_index_parse(bw__source *s, const uint8_t *b, size_t len, char *
         snprintf(why, whylen, "bad magic or too short");
         return BW_CORRUPT;
     }
-    uint64_t size = le64(b + 8), mtime = le64(b + 16), n = le64(b + 24);
+    uint64_t size = bw__get_le64(b + 8), mtime = bw__get_le64(b + 16), n = bw__get_le64(b + 24);
     if (size != s->size || (int64_t)mtime != s->mtime_ns) {
         snprintf(why, whylen, "made for another version of the file (size or mtime differ)");
         return BW_CORRUPT;
@@ -107,7 +95,7 @@ int bw__tfrecord_index_parse(bw__source *s, const uint8_t *b, size_t len, char *
         snprintf(why, whylen, "length does not match its record count");
         return BW_CORRUPT;
     }
-    if (le32(b + len - 4) != bw__crc32c(0, b, len - 4)) {
+    if (bw__get_le32(b + len - 4) != bw__crc32c(0, b, len - 4)) {
         snprintf(why, whylen, "CRC mismatch");
         return BW_CORRUPT;
     }
@@ -116,7 +104,7 @@ int bw__tfrecord_index_parse(bw__source *s, const uint8_t *b, size_t len, char *
         return BW_NOMEM;
     uint64_t prev = 0;
     for (uint64_t i = 0; i < n; i++) {
-        offs[i] = le64(b + SIDECAR_HEAD + 8 * i);
+        offs[i] = bw__get_le64(b + SIDECAR_HEAD + 8 * i);
         /* Records are at least 16 bytes apart and start at 0; ->get rechecks each header and
          * that it ends where the next one starts, so a wrong index cannot give wrong data. */
         if ((i == 0 && offs[i] != 0) || (i > 0 && offs[i] - prev < 16) || offs[i] < prev ||
@@ -173,12 +161,6 @@ static bool load_sidecar(bw__source *s)
     return ok;
 }
 
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
 static void save_sidecar(const bw__source *s)
 {
     const tfr *st = s->state;
@@ -187,11 +169,11 @@ static void save_sidecar(const bw__source *s)
     if (!b)
         return;
     memcpy(b, sidecar_magic, 8);
-    put64(b + 8, s->size);
-    put64(b + 16, (uint64_t)s->mtime_ns);
-    put64(b + 24, st->n);
+    bw__put_le64(b + 8, s->size);
+    bw__put_le64(b + 16, (uint64_t)s->mtime_ns);
+    bw__put_le64(b + 24, st->n);
     for (uint64_t i = 0; i < st->n; i++)
-        put64(b + SIDECAR_HEAD + 8 * i, st->offsets[i]);
+        bw__put_le64(b + SIDECAR_HEAD + 8 * i, st->offsets[i]);
     uint32_t crc = bw__crc32c(0, b, len - 4);
     for (int i = 0; i < 4; i++)
         b[len - 4 + i] = (uint8_t)(crc >> (8 * i));

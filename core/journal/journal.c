@@ -21,24 +21,22 @@
 
 void bw__journal_put32(uint8_t *p, uint32_t v)
 {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
+    bw__put_le32(p, v);
 }
 
 void bw__journal_put64(uint8_t *p, uint64_t v)
 {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
+    bw__put_le64(p, v);
 }
 
 uint32_t bw__journal_get32(const uint8_t *p)
 {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    return bw__get_le32(p);
 }
 
 uint64_t bw__journal_get64(const uint8_t *p)
 {
-    return (uint64_t)bw__journal_get32(p) | (uint64_t)bw__journal_get32(p + 4) << 32;
+    return bw__get_le64(p);
 }
 
 void bw__journal_file_name(uint64_t first_seq, char *out, size_t outlen)

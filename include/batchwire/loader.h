@@ -73,6 +73,11 @@ typedef struct bw_loader_options {
 
     /* GPU: -1 (default) keeps batches in host memory; N asks for batches on cuda:N */
     int device;
+
+    /* How sample bytes travel: "auto" (default; the BATCHWIRE_TRANSPORT environment variable
+     * when NULL) uses a worker's plain-TCP data channel when it offers one and the loader
+     * does not use TLS, else gRPC; "grpc" always uses gRPC (docs/data-channel.md). */
+    const char *transport;
 } bw_loader_options;
 
 /* Fills `o` with the defaults above. */

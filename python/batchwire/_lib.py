@@ -49,6 +49,7 @@ class Options(ctypes.Structure):
         ("max_buffer_bytes", c_size_t),
         ("timeout_ms", c_int),
         ("device", c_int),
+        ("transport", c_char_p),
     ]
 
 

@@ -237,6 +237,8 @@ class Loader:
     timeout       seconds per call to a worker or the coordinator
     device        None or "cpu": host memory; "cuda:N": batches copied to that GPU
     tls_ca, tls_cert, tls_key, tls_server_name   TLS to the coordinator and workers
+    transport     "auto" (default, or $BATCHWIRE_TRANSPORT): the workers' TCP data channel
+                  where offered and TLS is off, else gRPC; "grpc": always gRPC
 
     ``for batch in loader`` runs the rest of the current epoch; ``loader.next_epoch()`` starts
     the next one, or ``for epoch in loader.epochs(n): for batch in loader: ...``.
@@ -249,7 +251,7 @@ class Loader:
                  sampler_drop_last=False, split_batches=False, even_batches=True,
                  shuffle_algo="torch", resume=None, prefetch=4, max_buffer_bytes=None,
                  timeout=10.0, device=None, tls_ca=None, tls_cert=None, tls_key=None,
-                 tls_server_name=None):
+                 tls_server_name=None, transport=None):
         self._handle = None
         self._gen = 0
         self._lock = threading.RLock()
@@ -300,6 +302,7 @@ class Loader:
             o.max_buffer_bytes = int(max_buffer_bytes)
         o.timeout_ms = max(1, int(round(float(timeout) * 1000)))
         o.device = dev
+        o.transport = s(transport)
 
         handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(2048)

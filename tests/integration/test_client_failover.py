@@ -40,9 +40,9 @@ TIMEOUT_MS = 2000
 LIMIT_S = 5 * TIMEOUT_MS / 1000.0
 
 
-def bytes_sent_by(pid, port):
+def bytes_sent_by(pid, ports):
     """Bytes the kernel says process `pid` sent on established TCP connections whose local
-    port is `port` (its listener's accepted connections)."""
+    port is one of `ports` (its listeners' accepted connections: gRPC and data channel)."""
     r = subprocess.run(["ss", "-tnpiH", "state", "established"], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=20)
     total, conns = 0, 0
@@ -52,7 +52,7 @@ def bytes_sent_by(pid, port):
             continue
         fields = line.split()
         local = fields[2] if len(fields) > 2 else ""
-        if not local.endswith(":%d" % port):
+        if not any(local.endswith(":%d" % port) for port in ports):
             continue
         info = lines[i + 1] if i + 1 < len(lines) else ""
         m = re.search(r"bytes_sent:(\d+)", info)
@@ -119,9 +119,12 @@ def failover(cl, ref, want, samples):
     dc.close()
     ids = [w.id for w in table.workers]
     vshards = {s for s in range(NUM_SHARDS) if ids[table.owners[s]] == victim}
-    vport = int(cl.workers[victim].addr.rsplit(":", 1)[1])
+    vports = {int(cl.workers[victim].addr.rsplit(":", 1)[1])}
+    for w in bt.status_json(cl.addr)["workers"]:
+        if w["id"] == victim and w.get("data_address"):
+            vports.add(int(w["data_address"].rsplit(":", 1)[1]))
     evidence = {"seen": [p.batches_seen() for p in fo],
-                "sent": bytes_sent_by(cl.workers[victim].pid, vport)}
+                "sent": bytes_sent_by(cl.workers[victim].pid, vports)}
     for p in fo:
         p.open_gate()
     time.sleep(0.005)

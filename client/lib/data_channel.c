@@ -1,0 +1,73 @@
+/* Connections to the workers' data channels (core/rpc/dchan.h), kept open across batches:
+ * a request that ended cleanly leaves its connection on the loader's idle list. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loader_int.h"
+#include "rpc/dchan.h"
+
+static void dconn_free(bw__dconn *c)
+{
+    if (!c)
+        return;
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->address);
+    free(c);
+}
+
+int bw__dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn **out, char *err,
+                  size_t errlen)
+{
+    *out = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = s->nidle; i-- > 0;)
+        if (strcmp(s->idle[i]->address, address) == 0) {
+            *out = s->idle[i];
+            s->idle[i] = s->idle[--s->nidle];
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
+    if (*out) {
+        (*out)->reused = true;
+        return BW_OK;
+    }
+    int fd = -1;
+    int rc = bw__sock_connect(address, timeout_ms, &fd, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    bw__dconn *c = calloc(1, sizeof(*c));
+    if (!c || !(c->address = strdup(address)))
+        abort();
+    c->fd = fd;
+    *out = c;
+    return BW_OK;
+}
+
+void bw__dconn_put(bw__session *s, bw__dconn *c, bool reusable)
+{
+    if (!c)
+        return;
+    bw__dconn *drop = NULL;
+    if (reusable) {
+        pthread_mutex_lock(&s->mu);
+        if (s->nidle == BW_DCONN_IDLE_MAX) { /* drop the oldest */
+            drop = s->idle[0];
+            memmove(s->idle, s->idle + 1, (s->nidle - 1) * sizeof(s->idle[0]));
+            s->nidle--;
+        }
+        s->idle[s->nidle++] = c;
+        pthread_mutex_unlock(&s->mu);
+    } else {
+        drop = c;
+    }
+    dconn_free(drop);
+}
+
+void bw__dconn_close_idle(bw__session *s)
+{
+    for (size_t i = 0; i < s->nidle; i++)
+        dconn_free(s->idle[i]);
+    s->nidle = 0;
+}

@@ -1,0 +1,74 @@
+/*
+ * The bulk data channel: ReadSamples over a plain TCP connection, so that sample bytes go
+ * from the worker's mapped file into the client's batch buffer with no user-space copy on
+ * either side (gRPC delivers messages in buffers of its own, which costs the client one more
+ * copy of every byte). The protocol is in docs/data-channel.md; it carries exactly the
+ * ReadSamplesRequest of the gRPC method and answers with the same checks and error codes.
+ *
+ * Request (client to worker): a 16-byte header, then `length` bytes of a protobuf
+ * ReadSamplesRequest.
+ *     u32 magic "BWD1" | u32 kind (1 = ReadSamples) | u64 length
+ * Response (worker to client): frames with a 24-byte header.
+ *     u32 type | u32 code | u64 a | u64 b
+ *     SAMPLE: a = dataset index, b = size; then b bytes of the sample
+ *     END:    a = samples sent (the request is complete; the connection can be reused)
+ *     ERROR:  code = batchwire error code, a = message length; then the message. After an
+ *             error on a well-formed request the connection can be reused; after a malformed
+ *             request the worker closes it.
+ * Every integer is little-endian.
+ */
+#ifndef BW_RPC_DCHAN_H
+#define BW_RPC_DCHAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+enum {
+    BW_DCHAN_MAGIC = 0x31445742, /* "BWD1" read as a little-endian u32 */
+    BW_DCHAN_KIND_READ_SAMPLES = 1,
+    BW_DCHAN_REQ_HEADER = 16,
+    BW_DCHAN_FRAME_HEADER = 24,
+    BW_DCHAN_SAMPLE = 1,
+    BW_DCHAN_END = 2,
+    BW_DCHAN_ERROR = 3,
+    BW_DCHAN_MAX_REQUEST = 32 << 20, /* 1M indices of up to 10 varint bytes, plus the dataset */
+    BW_DCHAN_MAX_MESSAGE = 4096,     /* error messages */
+};
+
+typedef struct bw_dchan_frame {
+    uint32_t type, code;
+    uint64_t a, b;
+} bw_dchan_frame;
+
+void bw__dchan_put_req_header(uint8_t out[BW_DCHAN_REQ_HEADER], uint32_t kind, uint64_t length);
+/* Checks a request header: BW_OK with kind and length, or BW_PROTOCOL / BW_TOO_BIG with a
+ * sentence in err. */
+int bw__dchan_get_req_header(const uint8_t in[BW_DCHAN_REQ_HEADER], uint32_t *kind,
+                             uint64_t *length, char *err, size_t errlen);
+void bw__dchan_put_frame(uint8_t out[BW_DCHAN_FRAME_HEADER], const bw_dchan_frame *f);
+void bw__dchan_get_frame(const uint8_t in[BW_DCHAN_FRAME_HEADER], bw_dchan_frame *f);
+
+/* ---- blocking sockets with deadlines (monotonic ms, 0: none) ---- */
+
+/* Splits "HOST:PORT" / "[V6]:PORT" into host and port. BW_INVALID_ARGUMENT when malformed. */
+int bw__sock_split(const char *addr, char *host, size_t hostlen, char *port, size_t portlen);
+
+/* Listens on addr (port 0: any free one); *bound_port is the port bound. */
+int bw__sock_listen(const char *addr, int *fd, int *bound_port, char *err, size_t errlen);
+
+/* Connects to addr within timeout_ms; TCP_NODELAY, close-on-exec. */
+int bw__sock_connect(const char *addr, int timeout_ms, int *fd, char *err, size_t errlen);
+
+/* Reads exactly len bytes: BW_OK; BW_UNAVAILABLE when the peer closed or reset the
+ * connection first (*got: the bytes that came before; may be NULL); BW_TIMEOUT at the
+ * deadline. */
+int bw__sock_read_all(int fd, void *buf, size_t len, uint64_t deadline_ms, size_t *got, char *err,
+                      size_t errlen);
+
+/* Writes all of iov[0..n) (modified as it goes). BW_OK, BW_UNAVAILABLE, BW_TIMEOUT. */
+int bw__sock_writev_all(int fd, struct iovec *iov, size_t n, uint64_t deadline_ms, char *err,
+                        size_t errlen);
+
+#endif

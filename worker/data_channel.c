@@ -1,0 +1,335 @@
+/*
+ * ReadSamples over plain TCP (core/rpc/dchan.h, docs/data-channel.md). One thread per
+ * connection: it reads a request, runs the same checks as the gRPC method
+ * (bw__data_prepare_samples) and writes each sample's frame header and bytes with one
+ * sendmsg per batch of frames -- large samples straight from the mapped file, small ones
+ * gathered into a staging buffer first. A client that sends garbage gets an ERROR frame and
+ * the connection is closed; the worker keeps serving everyone else.
+ */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "rpc/dchan.h"
+#include "worker.h"
+
+enum {
+    MAX_CONNS = 1024,         /* connections served at once; more are refused */
+    STAGE_BYTES = 256 << 10,  /* small samples are gathered up to this much per send */
+    COPY_MAX = 32 << 10,      /* samples below this are copied into the staging buffer */
+    BODY_TIMEOUT_MS = 30000,  /* a request's body must arrive within this after its header */
+    SEND_TIMEOUT_MS = 120000, /* a client that stops reading for this long is dropped */
+    ACCEPT_POLL_MS = 200,
+};
+
+typedef struct conn {
+    int fd;
+    pthread_t th;
+    atomic_bool done;
+    struct bw__dchan_server *srv;
+    char peer[64];
+    struct conn *next;
+} conn;
+
+struct bw__dchan_server {
+    bw_worker *w;
+    int lfd;
+    pthread_t th;
+    atomic_bool stopping;
+    pthread_mutex_t mu;
+    conn *conns;
+    size_t nconns;
+};
+
+/* ---- sending ---- */
+
+typedef struct wbuf {
+    int fd;
+    uint8_t *stage;
+    size_t len;
+    struct iovec iov[2 + BW_FMT_MAX_FIELDS];
+    char err[256];
+} wbuf;
+
+static uint64_t send_deadline(void)
+{
+    return bw__mono_ms() + SEND_TIMEOUT_MS;
+}
+
+static int flush_with(wbuf *o, const bw__record *r)
+{
+    size_t n = 0;
+    if (o->len)
+        o->iov[n++] = (struct iovec){o->stage, o->len};
+    for (size_t i = 0; r && i < r->nparts; i++)
+        if (r->parts[i].len)
+            o->iov[n++] = (struct iovec){(void *)r->parts[i].p, r->parts[i].len};
+    int rc =
+        n ? bw__sock_writev_all(o->fd, o->iov, n, send_deadline(), o->err, sizeof(o->err)) : BW_OK;
+    o->len = 0;
+    return rc;
+}
+
+static int put_frame(wbuf *o, uint32_t type, int code, uint64_t a, uint64_t b)
+{
+    if (o->len + BW_DCHAN_FRAME_HEADER > STAGE_BYTES) {
+        int rc = flush_with(o, NULL);
+        if (rc != BW_OK)
+            return rc;
+    }
+    bw_dchan_frame f = {type, (uint32_t)(int32_t)code, a, b};
+    bw__dchan_put_frame(o->stage + o->len, &f);
+    o->len += BW_DCHAN_FRAME_HEADER;
+    return BW_OK;
+}
+
+/* An ERROR frame with its message, flushed. */
+static int send_error(wbuf *o, int code, const char *msg)
+{
+    size_t ml = strlen(msg);
+    if (ml > BW_DCHAN_MAX_MESSAGE)
+        ml = BW_DCHAN_MAX_MESSAGE;
+    int rc = put_frame(o, BW_DCHAN_ERROR, code, ml, 0);
+    if (rc == BW_OK && o->len + ml > STAGE_BYTES)
+        rc = flush_with(o, NULL);
+    if (rc != BW_OK)
+        return rc;
+    memcpy(o->stage + o->len, msg, ml);
+    o->len += ml;
+    return flush_with(o, NULL);
+}
+
+/* The samples of one checked request, in request order, then END (or ERROR at the first
+ * sample that cannot be read). BW_OK unless the connection failed. */
+static int serve_samples(bw_worker *w, wbuf *o, bw__wds *e,
+                         const Batchwire__V1__ReadSamplesRequest *r)
+{
+    bw__dataset *d = bw__ds_dataset(e);
+    bw__record rec;
+    char err[1024];
+    for (size_t i = 0; i < r->n_indices; i++) {
+        int rc = bw__dataset_get(d, r->indices[i], &rec, err, sizeof(err));
+        if (rc != BW_OK) {
+            char msg[1400];
+            snprintf(msg, sizeof(msg), "ReadSamples: dataset %s %s: %s", r->dataset->format,
+                     r->dataset->n_sources ? r->dataset->sources[0] : "", err);
+            return send_error(o, rc, msg);
+        }
+        atomic_fetch_add(&w->stats.records_read, 1);
+        atomic_fetch_add(&w->stats.record_bytes_read, rec.size);
+        rc = put_frame(o, BW_DCHAN_SAMPLE, 0, r->indices[i], rec.size);
+        if (rc == BW_OK && rec.size < COPY_MAX && o->len + rec.size <= STAGE_BYTES) {
+            for (size_t p = 0; p < rec.nparts; p++) {
+                memcpy(o->stage + o->len, rec.parts[p].p, rec.parts[p].len);
+                o->len += rec.parts[p].len;
+            }
+        } else if (rc == BW_OK) {
+            rc = flush_with(o, &rec); /* staged frames, this header and the mapped bytes */
+        }
+        bw__record_release(&rec);
+        if (rc != BW_OK)
+            return rc;
+    }
+    int rc = put_frame(o, BW_DCHAN_END, 0, r->n_indices, 0);
+    return rc == BW_OK ? flush_with(o, NULL) : rc;
+}
+
+/* ---- a connection ---- */
+
+static void *serve(void *arg)
+{
+    conn *c = arg;
+    bw_worker *w = c->srv->w;
+    wbuf o;
+    memset(&o, 0, sizeof(o));
+    o.fd = c->fd;
+    o.stage = malloc(STAGE_BYTES);
+    char err[1400];
+    while (o.stage && !atomic_load(&c->srv->stopping)) {
+        uint8_t h[BW_DCHAN_REQ_HEADER];
+        size_t got = 0;
+        /* No deadline between requests: idle connections are the client's pool; stop()
+         * shuts the socket down to end the wait. */
+        int rc = bw__sock_read_all(c->fd, h, sizeof(h), 0, &got, err, sizeof(err));
+        if (rc != BW_OK) {
+            if (got)
+                BW_DEBUG("data channel peer=%s: connection ended inside a request header", c->peer);
+            break;
+        }
+        uint32_t kind;
+        uint64_t len;
+        rc = bw__dchan_get_req_header(h, &kind, &len, err, sizeof(err));
+        if (rc != BW_OK) {
+            BW_INFO("data channel peer=%s: %s; closing the connection", c->peer, err);
+            send_error(&o, rc, err);
+            break;
+        }
+        uint8_t *body = malloc(len ? len : 1);
+        if (!body) {
+            send_error(&o, BW_NOMEM, "data channel: out of memory for the request");
+            break;
+        }
+        rc = bw__sock_read_all(c->fd, body, (size_t)len, bw__mono_ms() + BODY_TIMEOUT_MS, &got, err,
+                               sizeof(err));
+        if (rc != BW_OK) {
+            BW_INFO("data channel peer=%s: request body: %zu of %llu bytes came: %s", c->peer, got,
+                    (unsigned long long)len, err);
+            free(body);
+            break;
+        }
+        Batchwire__V1__ReadSamplesRequest *req =
+            batchwire__v1__read_samples_request__unpack(NULL, (size_t)len, body);
+        free(body);
+        if (!req || !req->dataset) {
+            snprintf(err, sizeof(err),
+                     "data channel: the %llu-byte request is not a ReadSamplesRequest with a "
+                     "dataset",
+                     (unsigned long long)len);
+            BW_INFO("data channel peer=%s: %s; closing the connection", c->peer, err);
+            if (req)
+                batchwire__v1__read_samples_request__free_unpacked(req, NULL);
+            send_error(&o, BW_INVALID_ARGUMENT, err);
+            break;
+        }
+        bw__wds *e = NULL;
+        rc = bw__data_prepare_samples(w, c->peer, req, &e, err, sizeof(err));
+        rc = rc == BW_OK ? serve_samples(w, &o, e, req) : send_error(&o, rc, err);
+        bw__ds_put(e);
+        batchwire__v1__read_samples_request__free_unpacked(req, NULL);
+        if (rc != BW_OK) {
+            BW_DEBUG("data channel peer=%s: %s", c->peer, o.err);
+            break;
+        }
+    }
+    free(o.stage);
+    shutdown(c->fd, SHUT_RDWR);
+    atomic_store(&c->done, true);
+    return NULL;
+}
+
+static void reap(bw__dchan_server *s, bool all)
+{
+    pthread_mutex_lock(&s->mu);
+    conn **pp = &s->conns;
+    while (*pp) {
+        conn *c = *pp;
+        if (all)
+            shutdown(c->fd, SHUT_RDWR);
+        if (all || atomic_load(&c->done)) {
+            pthread_join(c->th, NULL);
+            close(c->fd);
+            *pp = c->next;
+            s->nconns--;
+            free(c);
+        } else {
+            pp = &c->next;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void peer_name(int fd, char *buf, size_t len)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char host[64] = "?", port[16] = "?";
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0)
+        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(buf, len, "%s:%s", host, port);
+}
+
+static void *accept_loop(void *arg)
+{
+    bw__dchan_server *s = arg;
+    while (!atomic_load(&s->stopping)) {
+        struct pollfd p = {s->lfd, POLLIN, 0};
+        int n = poll(&p, 1, ACCEPT_POLL_MS);
+        reap(s, false);
+        if (n <= 0)
+            continue;
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE)
+                usleep(ACCEPT_POLL_MS * 1000); /* out of descriptors: let connections end */
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        conn *c = calloc(1, sizeof(*c));
+        if (!c)
+            abort();
+        c->fd = fd;
+        c->srv = s;
+        peer_name(fd, c->peer, sizeof(c->peer));
+        pthread_mutex_lock(&s->mu);
+        bool full = s->nconns >= MAX_CONNS;
+        bool started = !full && pthread_create(&c->th, NULL, serve, c) == 0;
+        if (started) {
+            c->next = s->conns;
+            s->conns = c;
+            s->nconns++;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!started) {
+            wbuf o;
+            memset(&o, 0, sizeof(o));
+            uint8_t stage[BW_DCHAN_FRAME_HEADER + 128];
+            o.fd = fd;
+            o.stage = stage;
+            BW_WARN("data channel peer=%s refused: %s", c->peer,
+                    full ? "too many connections" : "cannot start a thread");
+            /* (a message short enough for the stack buffer) */
+            send_error(&o, BW_UNAVAILABLE, "data channel: the worker is at its connection limit");
+            close(fd);
+            free(c);
+        }
+    }
+    return NULL;
+}
+
+int bw__dchan_server_start(bw_worker *w, const char *listen, bw__dchan_server **out, int *port,
+                           char *err, size_t errlen)
+{
+    *out = NULL;
+    bw__dchan_server *s = calloc(1, sizeof(*s));
+    if (!s)
+        abort();
+    s->w = w;
+    int rc = bw__sock_listen(listen, &s->lfd, port, err, errlen);
+    if (rc != BW_OK) {
+        free(s);
+        return rc;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    if (pthread_create(&s->th, NULL, accept_loop, s) != 0) {
+        snprintf(err, errlen, "data channel: cannot start its thread");
+        close(s->lfd);
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return BW_INTERNAL;
+    }
+    *out = s;
+    return BW_OK;
+}
+
+void bw__dchan_server_stop(bw__dchan_server *s)
+{
+    if (!s)
+        return;
+    atomic_store(&s->stopping, true);
+    pthread_join(s->th, NULL);
+    close(s->lfd);
+    reap(s, true);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
