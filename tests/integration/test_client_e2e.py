@@ -397,11 +397,11 @@ CONFIGS = [
 ]
 
 
-def run_matrix(cl, ds, dataset_spec, samples, configs):
+def run_matrix(cl, ds, dataset_spec, samples, configs, transport="auto"):
     n = ds["num_samples"]
     total = 0
     for k, c in enumerate(configs):
-        job = "%s-%d" % (ds["name"], k)
+        job = "%s-%s-%d" % (ds["name"], transport, k)
         want, equal = plans(c, n, WORLD)
         if not equal:
             p = Fetch(cl.addr, job, dataset_spec, c, 0)
@@ -410,7 +410,7 @@ def run_matrix(cl, ds, dataset_spec, samples, configs):
                      "%s [%s]: ranks would differ, so the job is refused: %s" %
                      (ds["name"], describe(c), err.strip()[-160:]))
             continue
-        got = fetch_all(cl.addr, job, dataset_spec, c)
+        got = fetch_all(cl.addr, job, dataset_spec, c, extra=("--transport", transport))
         checked = 0
         pad = 0
         for r in range(WORLD):
@@ -418,9 +418,9 @@ def run_matrix(cl, ds, dataset_spec, samples, configs):
                                samples)
             pad += sum(sum(b["padding"]) for b in got[r])
         counts = check_equal_counts(ds["name"], got)
-        bt.ok("%s [%s]: 4 ranks x 2 epochs, %d batches (%r per rank per epoch, %d padding "
-              "samples) equal the plan and the generator's bytes" %
-              (ds["name"], describe(c), checked, counts, pad))
+        bt.ok("%s [%s] --transport %s: 4 ranks x 2 epochs, %d batches (%r per rank per epoch, "
+              "%d padding samples) equal the plan and the generator's bytes" %
+              (ds["name"], describe(c), transport, checked, counts, pad))
         total += checked
     return total
 
@@ -437,6 +437,10 @@ def test(tmpdir):
     # TFRecord: sources listed one by one (no glob), variable sizes including empty records.
     total += run_matrix(cl, tfr, "tfrecord:" + ",".join("tfr/" + s for s in tfr["sources"]),
                         tfr_samples, CONFIGS)
+    # The same checks with sample bytes over gRPC instead of the workers' data channels.
+    total += run_matrix(cl, npy, "npy:npy/part-*.npy", npy_samples, CONFIGS[:2], "grpc")
+    total += run_matrix(cl, tfr, "tfrecord:" + ",".join("tfr/" + s for s in tfr["sources"]),
+                        tfr_samples, CONFIGS[:2], "grpc")
     bt.ok("%d batches verified in all" % total)
     cl.stop()
 

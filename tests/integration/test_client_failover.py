@@ -9,7 +9,9 @@
   per-socket counters (`ss`) show bytes it sent on its data connections, and batches already
   delivered contain samples of shards the coordinator's placement assigns to it. Afterwards
   every rank's whole sequence (epoch, step, indices, padding, real, sha256) must equal the
-  fault-free run's, and every fetch process must exit 0 within a timeout (no hang).
+  fault-free run's, and every fetch process must exit 0 within a timeout (no hang). This runs
+  twice: with sample bytes over the workers' data channels (w2 killed), then with
+  `--transport grpc` (w3 killed).
 * `--device cuda:0` on a machine without a GPU fails with exit 1 and BW_NO_DEVICE before the
   rank is claimed (the rank can be taken at once by another process; no job is created).
 * With every worker dead -- killed under a running rank, and before a rank starts -- fetch
@@ -101,10 +103,11 @@ def device_check(cl):
     bt.check(len(got) == 2, "rank 3 is claimed by a host-memory fetch right after the refusal")
 
 
-def failover(cl, ref, want, samples):
-    victim = "w2"
-    fo = [e2e.Fetch(cl.addr, "failover", SPEC, CFG, r, gate_after=GATE,
-                    extra=["--epochs", e2e.EPOCHS, "--prefetch", 2, "--timeout-ms", 5000])
+def failover(cl, ref, want, samples, victim="w2", transport="auto"):
+    job = "failover-" + transport
+    fo = [e2e.Fetch(cl.addr, job, SPEC, CFG, r, gate_after=GATE,
+                    extra=["--epochs", e2e.EPOCHS, "--prefetch", 2, "--timeout-ms", 5000,
+                           "--transport", transport])
           for r in range(e2e.WORLD)]
     total = len(ref[0])
     per_epoch = total // e2e.EPOCHS
@@ -219,7 +222,8 @@ def test(tmpdir):
           len(ref[0]))
     time.sleep(LEASE_WAIT)
     device_check(cl)
-    failover(cl, ref, want, samples)
+    failover(cl, ref, want, samples)  # sample bytes over the workers' data channels
+    failover(cl, ref, want, samples, "w3", "grpc")  # ... and over gRPC (w1 is left)
     time.sleep(LEASE_WAIT)
     all_dead(cl)
     cl.stop()
