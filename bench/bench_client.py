@@ -2,9 +2,11 @@
 """The client benchmark: one run, on loopback, with a coordinator and two workers it starts.
 
 (a) per-client throughput of `batchwire fetch --quiet` (one rank, world size 1, plan order
-    without shuffle) for 256 B, 4 KiB, 64 KiB and 1 MiB samples of a uint8 .npy dataset,
-    against a raw TCP loopback transfer of the same bytes in batch-sized writes
-    (build/bench/bench_client_tcp); target >= 0.75 of raw TCP for 64 KiB and larger;
+    without shuffle) for 256 B, 4 KiB, 64 KiB and 1 MiB samples of a uint8 .npy dataset --
+    over the workers' data channels (the default) and with --transport grpc -- against a raw
+    TCP loopback transfer of the same bytes in batch-sized writes over one connection
+    (build/bench/bench_client_tcp); target >= 0.75 of raw TCP for 64 KiB and larger. Also
+    reported: raw TCP over one connection per worker (two), each carrying half of each batch;
 (b) the Python binding (batchwire.Loader, shuffled, batch.torch()) against PyTorch's
     DataLoader(num_workers=2, shuffle=True) over the same .npy (np.load with mmap, one row per
     __getitem__, default collate), same batch size; target: faster;
@@ -13,7 +15,7 @@
 
 Medians of --repeat runs (interleaved, so that load on the machine hits both sides alike).
 Usage (after the README's build):
-    /usr/bin/python3 bench/bench_client.py [--build build] [--quick] [--repeat N]
+    /usr/bin/python3 bench/bench_client.py [--build build] [--quick] [--repeat N] [--parts abc]
 """
 
 import argparse
@@ -72,8 +74,9 @@ def fetch_rate(bt, coord, job, dataset, batch, epochs, transport="auto"):
     return s["bytes"] / MiB / s["seconds"], s["samples"] / s["seconds"], s
 
 
-def tcp_rate(tcp_bin, path, offset, nbytes, chunk, repeat):
-    r = subprocess.run([tcp_bin, path, str(offset), str(nbytes), str(chunk), str(repeat)],
+def tcp_rate(tcp_bin, path, offset, nbytes, chunk, repeat, conns=1):
+    r = subprocess.run([tcp_bin, path, str(offset), str(nbytes), str(chunk), str(repeat),
+                        str(conns)],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError("bench_client_tcp failed: %s" % r.stderr)
@@ -250,13 +253,15 @@ def main():
             # Enough epochs that a run moves >= 512 MiB (>= 128 MiB quick): joining the job
             # and the first batch are then a few per cent of the time.
             epochs = max(1, (128 * MiB if args.quick else 512 * MiB) // total)
-            fetch_runs, fetch_sps, grpc_runs, tcp_runs = [], [], [], []
+            fetch_runs, fetch_sps, grpc_runs, tcp_runs, tcp2_runs = [], [], [], [], []
             fetch_rate(bt, coord.addr, "warm-" + name, ds, batch, 1)  # job, page cache
             for i in range("a" in args.parts and repeat):
                 mib, sps, _ = fetch_rate(bt, coord.addr, "a-%s-%d" % (name, i), ds, batch, epochs)
                 fetch_runs.append(mib)
                 fetch_sps.append(sps)
                 tcp_runs.append(tcp_rate(tcp_bin, path, off, n * sample, batch * sample, epochs))
+                tcp2_runs.append(tcp_rate(tcp_bin, path, off, n * sample, batch * sample, epochs,
+                                          len(workers)))
                 mib, _, _ = fetch_rate(bt, coord.addr, "g-%s-%d" % (name, i), ds, batch, epochs,
                                        "grpc")
                 grpc_runs.append(mib)
@@ -264,14 +269,18 @@ def main():
                 row = {"sample": sample, "batch": batch, "samples": n, "epochs": epochs,
                        "fetch_mib_s": median(fetch_runs), "fetch_samples_s": median(fetch_sps),
                        "grpc_mib_s": median(grpc_runs), "tcp_mib_s": median(tcp_runs),
-                       "fetch_runs": fetch_runs, "grpc_runs": grpc_runs, "tcp_runs": tcp_runs}
+                       "tcp2_mib_s": median(tcp2_runs), "fetch_runs": fetch_runs,
+                       "grpc_runs": grpc_runs, "tcp_runs": tcp_runs, "tcp2_runs": tcp2_runs}
                 row["ratio"] = row["fetch_mib_s"] / row["tcp_mib_s"]
                 row["grpc_ratio"] = row["grpc_mib_s"] / row["tcp_mib_s"]
+                row["ratio2"] = row["fetch_mib_s"] / row["tcp2_mib_s"]
                 report["a"].append(row)
                 log("(a) %s x %d: fetch %.0f MiB/s (%.0f samples/s), fetch over gRPC %.0f MiB/s, "
-                    "raw TCP %.0f MiB/s, ratio %.2f (gRPC %.2f)"
+                    "raw TCP %.0f MiB/s (%d connections: %.0f), ratio %.2f (gRPC %.2f; vs %d "
+                    "connections %.2f)"
                     % (human(sample), batch, row["fetch_mib_s"], row["fetch_samples_s"],
-                       row["grpc_mib_s"], row["tcp_mib_s"], row["ratio"], row["grpc_ratio"]))
+                       row["grpc_mib_s"], row["tcp_mib_s"], len(workers), row["tcp2_mib_s"],
+                       row["ratio"], row["grpc_ratio"], len(workers), row["ratio2"]))
 
             # (b) the same dataset through Python: batchwire.Loader vs torch DataLoader
             max_batches = max(8, (64 * MiB if args.quick else 256 * MiB) // (batch * sample))
@@ -356,12 +365,14 @@ def print_markdown(rep, repeat):
     out = []
     out.append("(a) `batchwire fetch --quiet` vs raw TCP (median of %d)\n" % repeat)
     out.append("| sample | batch | fetch MiB/s | fetch samples/s | raw TCP MiB/s | fetch / TCP | "
-               "fetch --transport grpc MiB/s | gRPC / TCP |")
-    out.append("|---|---|---|---|---|---|---|---|")
+               "fetch --transport grpc MiB/s | gRPC / TCP | raw TCP, 2 connections MiB/s | "
+               "fetch / that |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
     for r in rep["a"]:
-        out.append("| %s | %d | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f |" % (
+        out.append("| %s | %d | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %.0f | %.2f |" % (
             human(r["sample"]), r["batch"], r["fetch_mib_s"], r["fetch_samples_s"],
-            r["tcp_mib_s"], r["ratio"], r["grpc_mib_s"], r["grpc_ratio"]))
+            r["tcp_mib_s"], r["ratio"], r["grpc_mib_s"], r["grpc_ratio"], r["tcp2_mib_s"],
+            r["ratio2"]))
     out.append("\n(b) Python: batchwire.Loader + batch.torch() vs torch DataLoader(num_workers=2)"
                " (median of %d)\n" % repeat)
     out.append("| sample | batch | batches | batchwire MiB/s | samples/s | DataLoader MiB/s | "

@@ -1,14 +1,16 @@
 /*
  * The raw TCP baseline of bench/bench_client.py: moves the same bytes a batchwire client
- * fetches over one loopback TCP connection, with no framing and no protocol, and reports the
- * rate.
+ * fetches over CONNS loopback TCP connections (default 1), with no framing and no protocol,
+ * and reports the rate.
  *
- *     bench_client_tcp FILE OFFSET BYTES CHUNK REPEAT
+ *     bench_client_tcp FILE OFFSET BYTES CHUNK REPEAT [CONNS]
  *
- * A sender thread maps FILE and writes bytes [OFFSET, OFFSET + BYTES) REPEAT times, CHUNK
- * bytes per write(); the main thread reads into one reusable CHUNK-byte buffer (as a client
- * fills a reusable batch buffer) until every byte has arrived. Prints one JSON line:
- * {"bytes":N,"seconds":S,"mib_per_s":M}. Timing starts before the connection is accepted.
+ * FILE is mapped and bytes [OFFSET, OFFSET + BYTES) are sent REPEAT times as batches of CHUNK
+ * bytes. With CONNS connections, sender thread i writes part i of every batch (CONNS equal
+ * parts, one write() each) and receiver thread i reads it into its part of one reusable
+ * CHUNK-byte buffer (as a client fills a reusable batch buffer from several workers). Prints
+ * one JSON line: {"bytes":N,"seconds":S,"mib_per_s":M}. Timing starts before the connections
+ * are accepted and ends when every byte has arrived.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -26,12 +28,22 @@
 #include <time.h>
 #include <unistd.h>
 
+enum { MAX_CONNS = 16 };
+
 typedef struct sender {
     const uint8_t *data;
     uint64_t bytes, chunk, repeat;
     uint16_t port;
+    unsigned part, conns;
     int rc;
 } sender;
+
+/* Part `part` of CONNS of an n-byte batch: [*from, *to). */
+static void part_of(uint64_t n, unsigned part, unsigned conns, uint64_t *from, uint64_t *to)
+{
+    *from = n * part / conns;
+    *to = n * (part + 1) / conns;
+}
 
 static double now_s(void)
 {
@@ -72,9 +84,11 @@ static void *send_main(void *arg)
     for (uint64_t r = 0; r < s->repeat && !s->rc; r++) {
         for (uint64_t off = 0; off < s->bytes && !s->rc;) {
             uint64_t n = s->bytes - off < s->chunk ? s->bytes - off : s->chunk;
-            uint64_t done = 0;
-            while (done < n) {
-                ssize_t w = write(fd, s->data + off + done, (size_t)(n - done));
+            uint64_t from, to;
+            part_of(n, s->part, s->conns, &from, &to);
+            uint64_t done = from;
+            while (done < to) {
+                ssize_t w = write(fd, s->data + off + done, (size_t)(to - done));
                 if (w < 0 && errno == EINTR)
                     continue;
                 if (w <= 0) {
@@ -91,12 +105,50 @@ static void *send_main(void *arg)
     return NULL;
 }
 
+typedef struct receiver {
+    int fd;
+    uint8_t *buf; /* the whole batch buffer; this receiver fills its part */
+    uint64_t bytes, chunk, repeat;
+    unsigned part, conns;
+    int rc;
+} receiver;
+
+static void *recv_main(void *arg)
+{
+    receiver *r = arg;
+    volatile uint8_t sink = 0;
+    for (uint64_t rep = 0; rep < r->repeat && !r->rc; rep++)
+        for (uint64_t off = 0; off < r->bytes && !r->rc;) {
+            uint64_t n = r->bytes - off < r->chunk ? r->bytes - off : r->chunk;
+            uint64_t from, to;
+            part_of(n, r->part, r->conns, &from, &to);
+            while (from < to) {
+                ssize_t got = read(r->fd, r->buf + from, (size_t)(to - from));
+                if (got < 0 && errno == EINTR)
+                    continue;
+                if (got <= 0) {
+                    fprintf(stderr, "bench_client_tcp: read: connection ended early\n");
+                    r->rc = 1;
+                    break;
+                }
+                from += (uint64_t)got;
+            }
+            sink ^= r->buf[0]; /* a batch part is complete: the consumer looks at it */
+            off += n;
+        }
+    (void)sink;
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     uint64_t offset, bytes, chunk, repeat;
-    if (argc != 6 || parse_u64(argv[2], &offset) || parse_u64(argv[3], &bytes) ||
-        parse_u64(argv[4], &chunk) || parse_u64(argv[5], &repeat) || chunk == 0) {
-        fprintf(stderr, "usage: bench_client_tcp FILE OFFSET BYTES CHUNK REPEAT\n");
+    uint64_t conns = 1;
+    if ((argc != 6 && argc != 7) || parse_u64(argv[2], &offset) || parse_u64(argv[3], &bytes) ||
+        parse_u64(argv[4], &chunk) || parse_u64(argv[5], &repeat) || chunk == 0 ||
+        (argc == 7 && (parse_u64(argv[6], &conns) || conns < 1 || conns > MAX_CONNS))) {
+        fprintf(stderr, "usage: bench_client_tcp FILE OFFSET BYTES CHUNK REPEAT [CONNS 1-%d]\n",
+                MAX_CONNS);
         return 2;
     }
     int fd = open(argv[1], O_RDONLY);
@@ -118,7 +170,7 @@ int main(int argc, char **argv)
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t alen = sizeof(a);
-    if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(ls, 1) != 0 ||
+    if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(ls, MAX_CONNS) != 0 ||
         getsockname(ls, (struct sockaddr *)&a, &alen) != 0) {
         perror("bench_client_tcp: listen");
         return 1;
@@ -127,42 +179,42 @@ int main(int argc, char **argv)
     if (!buf)
         return 1;
     memset(buf, 0, (size_t)chunk);
-    sender s = {map + offset, bytes, chunk, repeat, ntohs(a.sin_port), 0};
+    sender s[MAX_CONNS];
+    receiver rv[MAX_CONNS];
+    pthread_t sth[MAX_CONNS], rth[MAX_CONNS];
     double t0 = now_s();
-    pthread_t th;
-    if (pthread_create(&th, NULL, send_main, &s) != 0)
-        return 1;
-    int cs = accept(ls, NULL, NULL);
-    if (cs < 0) {
-        perror("bench_client_tcp: accept");
-        return 1;
+    for (unsigned i = 0; i < conns; i++) {
+        s[i] =
+            (sender){map + offset, bytes, chunk, repeat, ntohs(a.sin_port), i, (unsigned)conns, 0};
+        if (pthread_create(&sth[i], NULL, send_main, &s[i]) != 0)
+            return 1;
     }
-    uint64_t total = bytes * repeat, got = 0, fill = 0;
-    volatile uint8_t sink = 0;
-    while (got < total) {
-        ssize_t r = read(cs, buf + fill, (size_t)(chunk - fill));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            fprintf(stderr, "bench_client_tcp: read: connection ended after %" PRIu64 " bytes\n",
-                    got);
+    for (unsigned i = 0; i < conns; i++) {
+        int cs = accept(ls, NULL, NULL);
+        if (cs < 0) {
+            perror("bench_client_tcp: accept");
             return 1;
         }
-        got += (uint64_t)r;
-        fill += (uint64_t)r;
-        if (fill == chunk || got == total) {
-            sink ^= buf[0]; /* a batch is complete: the consumer looks at it */
-            fill = 0;
-        }
+        rv[i] = (receiver){cs, buf, bytes, chunk, repeat, i, (unsigned)conns, 0};
+        if (pthread_create(&rth[i], NULL, recv_main, &rv[i]) != 0)
+            return 1;
+    }
+    int rc = 0;
+    for (unsigned i = 0; i < conns; i++) {
+        pthread_join(rth[i], NULL);
+        rc |= rv[i].rc;
     }
     double secs = now_s() - t0;
-    pthread_join(th, NULL);
-    close(cs);
+    uint64_t total = bytes * repeat;
+    for (unsigned i = 0; i < conns; i++) {
+        pthread_join(sth[i], NULL);
+        rc |= s[i].rc;
+        close(rv[i].fd);
+    }
     close(ls);
     free(buf);
     munmap(map, (size_t)st.st_size);
-    (void)sink;
     printf("{\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"mib_per_s\":%.1f}\n", total, secs,
            secs > 0 ? (double)total / (1 << 20) / secs : 0.0);
-    return s.rc;
+    return rc;
 }

@@ -23,9 +23,12 @@
 #include "worker.h"
 
 enum {
-    MAX_CONNS = 1024,         /* connections served at once; more are refused */
-    STAGE_BYTES = 256 << 10,  /* small samples are gathered up to this much per send */
-    COPY_MAX = 32 << 10,      /* samples below this are copied into the staging buffer */
+    MAX_CONNS = 1024,        /* connections served at once; more are refused */
+    STAGE_BYTES = 256 << 10, /* small samples are gathered up to this much per send */
+    COPY_MAX = 32 << 10,     /* samples below this are copied into the staging buffer */
+    PENDING_MAX = 32,        /* large samples gathered into one sendmsg, at most */
+    SEND_BYTES = 4 << 20,    /* bytes gathered into one sendmsg, about */
+    IOV_CAP = 1024,
     BODY_TIMEOUT_MS = 30000,  /* a request's body must arrive within this after its header */
     SEND_TIMEOUT_MS = 120000, /* a client that stops reading for this long is dropped */
     ACCEPT_POLL_MS = 200,
@@ -50,62 +53,102 @@ struct bw__dchan_server {
     size_t nconns;
 };
 
-/* ---- sending ---- */
+/* ---- sending ----
+ * Frames are gathered into one iovec list: headers and small samples copied into the staging
+ * buffer, large samples as pointers into the mapped file (their records held until sent), and
+ * written with one sendmsg per PENDING_MAX samples or SEND_BYTES bytes. */
 
 typedef struct wbuf {
     int fd;
-    uint8_t *stage;
+    uint8_t *stage; /* STAGE_BYTES */
     size_t len;
-    struct iovec iov[2 + BW_FMT_MAX_FIELDS];
+    struct iovec *iov; /* IOV_CAP */
+    size_t niov, pending;
+    bw__record *recs; /* PENDING_MAX, referenced by iov */
+    size_t nrec;
     char err[256];
 } wbuf;
 
-static uint64_t send_deadline(void)
+static int wbuf_init(wbuf *o, int fd)
 {
-    return bw__mono_ms() + SEND_TIMEOUT_MS;
+    memset(o, 0, sizeof(*o));
+    o->fd = fd;
+    o->stage = malloc(STAGE_BYTES);
+    o->iov = malloc(IOV_CAP * sizeof(*o->iov));
+    o->recs = malloc(PENDING_MAX * sizeof(*o->recs));
+    return o->stage && o->iov && o->recs ? BW_OK : BW_NOMEM;
 }
 
-static int flush_with(wbuf *o, const bw__record *r)
+static void wbuf_free(wbuf *o)
 {
-    size_t n = 0;
-    if (o->len)
-        o->iov[n++] = (struct iovec){o->stage, o->len};
-    for (size_t i = 0; r && i < r->nparts; i++)
-        if (r->parts[i].len)
-            o->iov[n++] = (struct iovec){(void *)r->parts[i].p, r->parts[i].len};
-    int rc =
-        n ? bw__sock_writev_all(o->fd, o->iov, n, send_deadline(), o->err, sizeof(o->err)) : BW_OK;
-    o->len = 0;
+    for (size_t i = 0; i < o->nrec; i++)
+        bw__record_release(&o->recs[i]);
+    free(o->stage);
+    free(o->iov);
+    free(o->recs);
+}
+
+static void add_iov(wbuf *o, const void *p, size_t len)
+{
+    if (!len)
+        return;
+    struct iovec *last = o->niov ? &o->iov[o->niov - 1] : NULL;
+    if (last && (const uint8_t *)last->iov_base + last->iov_len == p)
+        last->iov_len += len;
+    else
+        o->iov[o->niov++] = (struct iovec){(void *)p, len};
+    o->pending += len;
+}
+
+static int flush(wbuf *o)
+{
+    int rc = o->niov ? bw__sock_writev_all(o->fd, o->iov, o->niov, bw__mono_ms() + SEND_TIMEOUT_MS,
+                                           o->err, sizeof(o->err))
+                     : BW_OK;
+    for (size_t i = 0; i < o->nrec; i++)
+        bw__record_release(&o->recs[i]);
+    o->nrec = o->niov = o->pending = o->len = 0;
     return rc;
 }
 
-static int put_frame(wbuf *o, uint32_t type, int code, uint64_t a, uint64_t b)
+/* Flushes unless a frame header, COPY_MAX staged bytes and a record's parts still fit. */
+static int make_room(wbuf *o)
 {
-    if (o->len + BW_DCHAN_FRAME_HEADER > STAGE_BYTES) {
-        int rc = flush_with(o, NULL);
-        if (rc != BW_OK)
-            return rc;
-    }
-    bw_dchan_frame f = {type, (uint32_t)(int32_t)code, a, b};
-    bw__dchan_put_frame(o->stage + o->len, &f);
-    o->len += BW_DCHAN_FRAME_HEADER;
-    return BW_OK;
+    if (o->nrec < PENDING_MAX && o->pending < SEND_BYTES &&
+        o->len + BW_DCHAN_FRAME_HEADER + COPY_MAX <= STAGE_BYTES &&
+        o->niov + 2 + BW_FMT_MAX_FIELDS <= IOV_CAP)
+        return BW_OK;
+    return flush(o);
 }
 
-/* An ERROR frame with its message, flushed. */
+/* Stages bytes (the caller made room). */
+static void stage(wbuf *o, const void *p, size_t len)
+{
+    memcpy(o->stage + o->len, p, len);
+    add_iov(o, o->stage + o->len, len);
+    o->len += len;
+}
+
+static void stage_frame(wbuf *o, uint32_t type, int code, uint64_t a, uint64_t b)
+{
+    uint8_t h[BW_DCHAN_FRAME_HEADER];
+    bw_dchan_frame f = {type, (uint32_t)(int32_t)code, a, b};
+    bw__dchan_put_frame(h, &f);
+    stage(o, h, sizeof(h));
+}
+
+/* What is pending, then an ERROR frame with its message, flushed. */
 static int send_error(wbuf *o, int code, const char *msg)
 {
     size_t ml = strlen(msg);
     if (ml > BW_DCHAN_MAX_MESSAGE)
         ml = BW_DCHAN_MAX_MESSAGE;
-    int rc = put_frame(o, BW_DCHAN_ERROR, code, ml, 0);
-    if (rc == BW_OK && o->len + ml > STAGE_BYTES)
-        rc = flush_with(o, NULL);
+    int rc = make_room(o);
     if (rc != BW_OK)
         return rc;
-    memcpy(o->stage + o->len, msg, ml);
-    o->len += ml;
-    return flush_with(o, NULL);
+    stage_frame(o, BW_DCHAN_ERROR, code, ml, 0);
+    stage(o, msg, ml); /* ml <= COPY_MAX */
+    return flush(o);
 }
 
 /* The samples of one checked request, in request order, then END (or ERROR at the first
@@ -114,10 +157,13 @@ static int serve_samples(bw_worker *w, wbuf *o, bw__wds *e,
                          const Batchwire__V1__ReadSamplesRequest *r)
 {
     bw__dataset *d = bw__ds_dataset(e);
-    bw__record rec;
     char err[1024];
     for (size_t i = 0; i < r->n_indices; i++) {
-        int rc = bw__dataset_get(d, r->indices[i], &rec, err, sizeof(err));
+        int rc = make_room(o);
+        if (rc != BW_OK)
+            return rc;
+        bw__record *rec = &o->recs[o->nrec];
+        rc = bw__dataset_get(d, r->indices[i], rec, err, sizeof(err));
         if (rc != BW_OK) {
             char msg[1400];
             snprintf(msg, sizeof(msg), "ReadSamples: dataset %s %s: %s", r->dataset->format,
@@ -125,22 +171,22 @@ static int serve_samples(bw_worker *w, wbuf *o, bw__wds *e,
             return send_error(o, rc, msg);
         }
         atomic_fetch_add(&w->stats.records_read, 1);
-        atomic_fetch_add(&w->stats.record_bytes_read, rec.size);
-        rc = put_frame(o, BW_DCHAN_SAMPLE, 0, r->indices[i], rec.size);
-        if (rc == BW_OK && rec.size < COPY_MAX && o->len + rec.size <= STAGE_BYTES) {
-            for (size_t p = 0; p < rec.nparts; p++) {
-                memcpy(o->stage + o->len, rec.parts[p].p, rec.parts[p].len);
-                o->len += rec.parts[p].len;
-            }
-        } else if (rc == BW_OK) {
-            rc = flush_with(o, &rec); /* staged frames, this header and the mapped bytes */
+        atomic_fetch_add(&w->stats.record_bytes_read, rec->size);
+        stage_frame(o, BW_DCHAN_SAMPLE, 0, r->indices[i], rec->size);
+        if (rec->size < COPY_MAX) {
+            for (size_t p = 0; p < rec->nparts; p++)
+                stage(o, rec->parts[p].p, rec->parts[p].len);
+            bw__record_release(rec);
+        } else {
+            for (size_t p = 0; p < rec->nparts; p++)
+                add_iov(o, rec->parts[p].p, rec->parts[p].len);
+            o->nrec++; /* released once sent */
         }
-        bw__record_release(&rec);
-        if (rc != BW_OK)
-            return rc;
     }
-    int rc = put_frame(o, BW_DCHAN_END, 0, r->n_indices, 0);
-    return rc == BW_OK ? flush_with(o, NULL) : rc;
+    int rc = make_room(o);
+    if (rc == BW_OK)
+        stage_frame(o, BW_DCHAN_END, 0, r->n_indices, 0);
+    return rc == BW_OK ? flush(o) : rc;
 }
 
 /* ---- a connection ---- */
@@ -150,11 +196,9 @@ static void *serve(void *arg)
     conn *c = arg;
     bw_worker *w = c->srv->w;
     wbuf o;
-    memset(&o, 0, sizeof(o));
-    o.fd = c->fd;
-    o.stage = malloc(STAGE_BYTES);
     char err[1400];
-    while (o.stage && !atomic_load(&c->srv->stopping)) {
+    bool ok = wbuf_init(&o, c->fd) == BW_OK;
+    while (ok && !atomic_load(&c->srv->stopping)) {
         uint8_t h[BW_DCHAN_REQ_HEADER];
         size_t got = 0;
         /* No deadline between requests: idle connections are the client's pool; stop()
@@ -210,7 +254,7 @@ static void *serve(void *arg)
             break;
         }
     }
-    free(o.stage);
+    wbuf_free(&o);
     shutdown(c->fd, SHUT_RDWR);
     atomic_store(&c->done, true);
     return NULL;
@@ -281,15 +325,13 @@ static void *accept_loop(void *arg)
         }
         pthread_mutex_unlock(&s->mu);
         if (!started) {
-            wbuf o;
-            memset(&o, 0, sizeof(o));
-            uint8_t stage[BW_DCHAN_FRAME_HEADER + 128];
-            o.fd = fd;
-            o.stage = stage;
             BW_WARN("data channel peer=%s refused: %s", c->peer,
                     full ? "too many connections" : "cannot start a thread");
-            /* (a message short enough for the stack buffer) */
-            send_error(&o, BW_UNAVAILABLE, "data channel: the worker is at its connection limit");
+            wbuf o;
+            if (wbuf_init(&o, fd) == BW_OK)
+                send_error(&o, BW_UNAVAILABLE,
+                           "data channel: the worker is at its connection limit");
+            wbuf_free(&o);
             close(fd);
             free(c);
         }

@@ -13,6 +13,7 @@ static void dconn_free(bw__dconn *c)
         return;
     if (c->fd >= 0)
         close(c->fd);
+    free(c->buf);
     free(c->address);
     free(c);
 }
@@ -38,10 +39,36 @@ int bw__dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn
     if (rc != BW_OK)
         return rc;
     bw__dconn *c = calloc(1, sizeof(*c));
-    if (!c || !(c->address = strdup(address)))
+    if (!c || !(c->address = strdup(address)) || !(c->buf = malloc(BW_DCONN_BUF)))
         abort();
     c->fd = fd;
+    c->read_ahead = true;
     *out = c;
+    return BW_OK;
+}
+
+int bw__dconn_read(bw__dconn *c, void *dst, size_t n, uint64_t deadline_ms, char *err,
+                   size_t errlen)
+{
+    uint8_t *d = dst;
+    size_t take = c->len - c->pos < n ? c->len - c->pos : n;
+    memcpy(d, c->buf + c->pos, take);
+    c->pos += take;
+    d += take;
+    n -= take;
+    if (n == 0)
+        return BW_OK;
+    c->pos = c->len = 0;
+    if (n >= BW_DCONN_BUF / 4) /* most of a large sample: no copy; the next header with it */
+        return bw__sock_read_and_peek(c->fd, d, n, c->buf,
+                                      c->read_ahead ? BW_DCONN_BUF : BW_DCHAN_FRAME_HEADER, &c->len,
+                                      deadline_ms, err, errlen);
+    int rc = bw__sock_read_some(c->fd, c->buf, n, c->read_ahead ? BW_DCONN_BUF : n, deadline_ms,
+                                &c->len, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    memcpy(d, c->buf, n);
+    c->pos = n;
     return BW_OK;
 }
 
@@ -49,6 +76,8 @@ void bw__dconn_put(bw__session *s, bw__dconn *c, bool reusable)
 {
     if (!c)
         return;
+    reusable = reusable && c->pos == c->len; /* nothing may follow a response */
+    c->pos = c->len = 0;
     bw__dconn *drop = NULL;
     if (reusable) {
         pthread_mutex_lock(&s->mu);

@@ -233,9 +233,9 @@ static int dchan_drain(route *r, want *w, const bw__fetch_ctx *ctx, bw_batch *b,
     int rc;
     for (;;) {
         uint8_t h[BW_DCHAN_FRAME_HEADER];
-        size_t got = 0;
-        rc = bw__sock_read_all(r->dc->fd, h, sizeof(h), deadline, &got, e, sizeof(e));
-        if (rc == BW_UNAVAILABLE && !any && !got && r->dc->reused && !retried) {
+        rc = bw__dconn_read(r->dc, h, sizeof(h), deadline, e, sizeof(e));
+        /* (on failure r->dc->len counts the bytes that came before it) */
+        if (rc == BW_UNAVAILABLE && !any && r->dc->len == 0 && r->dc->reused && !retried) {
             /* An idle connection the worker had closed: ask again on a new one. */
             retried = true;
             rc = dchan_send(ctx->session, r, address, ctx->timeout_ms, true, e, sizeof(e));
@@ -248,11 +248,12 @@ static int dchan_drain(route *r, want *w, const bw__fetch_ctx *ctx, bw_batch *b,
         bw_dchan_frame f;
         bw__dchan_get_frame(h, &f);
         if (f.type == BW_DCHAN_SAMPLE) {
+            r->dc->read_ahead = f.b < BW_DCONN_BUF / 4;
             size_t k = pl.k;
             uint8_t *dest = NULL;
             rc = place(&pl, f.a, f.b, 0, f.b, &dest, e, sizeof(e));
             if (rc == BW_OK)
-                rc = bw__sock_read_all(r->dc->fd, dest, (size_t)f.b, deadline, NULL, e, sizeof(e));
+                rc = bw__dconn_read(r->dc, dest, (size_t)f.b, deadline, e, sizeof(e));
             if (rc != BW_OK && k < r->n && pl.k >= k) { /* the sample starts over */
                 want *x = &w[r->wants[k]];
                 free(x->buf);
@@ -272,7 +273,7 @@ static int dchan_drain(route *r, want *w, const bw__fetch_ctx *ctx, bw_batch *b,
             break;
         } else if (f.type == BW_DCHAN_ERROR && f.a <= BW_DCHAN_MAX_MESSAGE) {
             char msg[BW_DCHAN_MAX_MESSAGE + 1];
-            rc = bw__sock_read_all(r->dc->fd, msg, (size_t)f.a, deadline, NULL, e, sizeof(e));
+            rc = bw__dconn_read(r->dc, msg, (size_t)f.a, deadline, e, sizeof(e));
             if (rc != BW_OK)
                 break;
             msg[f.a] = '\0';

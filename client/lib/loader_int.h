@@ -115,8 +115,20 @@ bw_rpc_channel *bw__session_worker_channel(bw__session *s, const char *address, 
 typedef struct bw__dconn {
     int fd;
     char *address;
-    bool reused; /* taken from the idle list (the worker may have closed it meanwhile) */
+    bool reused;  /* taken from the idle list (the worker may have closed it meanwhile) */
+    uint8_t *buf; /* received, not yet consumed: frame headers and small samples */
+    size_t pos, len;
+    /* Read ahead into buf only while samples are small: a large sample's bytes must go
+     * straight to the batch, not through buf. */
+    bool read_ahead;
 } bw__dconn;
+
+enum { BW_DCONN_BUF = 64 << 10 };
+
+/* Reads exactly n bytes of the current response: from what is buffered, then -- for the rest
+ * of a large sample -- straight from the socket into dst, else through the buffer. */
+int bw__dconn_read(bw__dconn *c, void *dst, size_t n, uint64_t deadline_ms, char *err,
+                   size_t errlen);
 
 /* An idle connection to `address`, or a new one. */
 int bw__dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn **out, char *err,

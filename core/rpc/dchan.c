@@ -206,19 +206,33 @@ int bw__sock_connect(const char *addr, int timeout_ms, int *fd, char *err, size_
     return BW_OK;
 }
 
-int bw__sock_read_all(int fd, void *buf, size_t len, uint64_t deadline_ms, size_t *got, char *err,
-                      size_t errlen)
+/* recvmsg into iov[0..n) (advanced as bytes arrive) until at least min bytes came. */
+static int readv_min(int fd, struct iovec *iov, size_t n, size_t min, uint64_t deadline_ms,
+                     size_t *got, char *err, size_t errlen)
 {
-    uint8_t *p = buf;
-    size_t done = 0;
+    size_t done = 0, i = 0;
     int rc = BW_OK;
-    while (done < len) {
-        ssize_t n = recv(fd, p + done, len - done, MSG_DONTWAIT);
-        if (n > 0) {
-            done += (size_t)n;
+    while (done < min) {
+        while (i < n && iov[i].iov_len == 0)
+            i++;
+        struct msghdr mh;
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = iov + i;
+        mh.msg_iovlen = n - i;
+        ssize_t r = recvmsg(fd, &mh, MSG_DONTWAIT);
+        if (r > 0) {
+            done += (size_t)r;
+            for (size_t left = (size_t)r; left > 0; i++) {
+                size_t take = left < iov[i].iov_len ? left : iov[i].iov_len;
+                iov[i].iov_base = (uint8_t *)iov[i].iov_base + take;
+                iov[i].iov_len -= take;
+                left -= take;
+                if (iov[i].iov_len)
+                    break;
+            }
             continue;
         }
-        if (n == 0) {
+        if (r == 0) {
             snprintf(err, errlen, "the peer closed the connection");
             rc = BW_UNAVAILABLE;
             break;
@@ -239,6 +253,29 @@ int bw__sock_read_all(int fd, void *buf, size_t len, uint64_t deadline_ms, size_
     }
     if (got)
         *got = done;
+    return rc;
+}
+
+int bw__sock_read_all(int fd, void *buf, size_t len, uint64_t deadline_ms, size_t *got, char *err,
+                      size_t errlen)
+{
+    return bw__sock_read_some(fd, buf, len, len, deadline_ms, got, err, errlen);
+}
+
+int bw__sock_read_some(int fd, void *buf, size_t min, size_t max, uint64_t deadline_ms, size_t *got,
+                       char *err, size_t errlen)
+{
+    struct iovec iov = {buf, max};
+    return readv_min(fd, &iov, 1, min, deadline_ms, got, err, errlen);
+}
+
+int bw__sock_read_and_peek(int fd, void *buf, size_t len, void *extra, size_t extra_max,
+                           size_t *extra_got, uint64_t deadline_ms, char *err, size_t errlen)
+{
+    struct iovec iov[2] = {{buf, len}, {extra, extra_max}};
+    size_t got = 0;
+    int rc = readv_min(fd, iov, 2, len, deadline_ms, &got, err, errlen);
+    *extra_got = got > len ? got - len : 0;
     return rc;
 }
 
