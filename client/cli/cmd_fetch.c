@@ -154,6 +154,13 @@ int bw__cmd_fetch(int argc, char **argv)
         bw__config_free(options, &cfg);
         return status;
     }
+    if (cfg.tls.tls && !cfg.tls.tls_ca) {
+        /* The loader takes TLS settings as files: without a CA it would talk plaintext. */
+        fprintf(stderr, "batchwire fetch: --tls: give the CA to verify with as --tls-ca FILE "
+                        "(for the system's roots: --tls-ca /etc/ssl/certs/ca-certificates.crt)\n");
+        bw__config_free(options, &cfg);
+        return 2;
+    }
     static const char *const modes[] = {"torch", "accelerate", "iterable"};
     bw_loader_options o;
     bw_loader_options_init(&o);

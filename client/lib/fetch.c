@@ -32,7 +32,7 @@ typedef struct route {
     bw__dconn *dc;     /* the worker's data channel, with the request sent on it */
     uint8_t *req;
     size_t reqlen;
-    char open_err[512]; /* why neither could be opened */
+    char open_err[640]; /* why neither could be opened */
 } route;
 
 static int cmp_u64_pos(const void *a, const void *b)
@@ -433,7 +433,10 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                                    sizeof(e)) != BW_OK) {
                         bw__dconn_put(ctx->session, r->dc, false);
                         r->dc = NULL;
-                        snprintf(r->open_err, sizeof(r->open_err), "%.500s", e);
+                        snprintf(r->open_err, sizeof(r->open_err),
+                                 "data channel %.200s: %.250s (is its port reachable from here? "
+                                 "--transport grpc fetches over the worker's gRPC address)",
+                                 wr->data_address, e);
                     }
                 } else if (ch) {
                     bw__rpc_stream_open(ch, BW_METHOD(BW_M_DATA_READ_SAMPLES), &req.base,

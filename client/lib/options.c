@@ -252,6 +252,6 @@ int bw__loader_transport(const bw_loader_options *o, bool *data_channel, char *e
         return BW_INVALID_ARGUMENT;
     }
     /* The data channel is plain TCP: a loader that talks TLS never uses it. */
-    *data_channel = strcmp(t, "auto") == 0 && !o->tls_ca;
+    *data_channel = strcmp(t, "auto") == 0 && !o->tls_ca && !o->tls_cert && !o->tls_key;
     return BW_OK;
 }
