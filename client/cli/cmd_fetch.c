@@ -13,7 +13,9 @@
 #include "batchwire/loader.h"
 #include "commands.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/util.h"
+#include "rpc/daemon.h"
 
 typedef struct fetch_cfg {
     char *coordinator, *job, *dataset, *resume, *cursor_out, *device;
@@ -21,6 +23,7 @@ typedef struct fetch_cfg {
     int mode, shuffle_algo;
     int64_t batch_size, epochs, max_steps, prefetch, timeout_ms;
     int transport;
+    int log_level;
     uint64_t seed;
     bool shuffle, drop_last, sampler_drop_last, split_batches, even_batches, quiet, commit;
     bw_cli_tls tls;
@@ -76,6 +79,8 @@ static const bw_opt options[] = {
     {"transport", BW_OPT_ENUM, offsetof(fetch_cfg, transport), "auto", 0, 0, "auto|grpc", 0, NULL,
      "auto: the workers' TCP data channel where offered (never with TLS), else gRPC; grpc: "
      "always gRPC"},
+    {"log-level", BW_OPT_ENUM, offsetof(fetch_cfg, log_level), "warn", 0, 0, BW_LOG_LEVEL_CHOICES,
+     0, NULL, "the library's log lines on stderr at this level or more severe (failover: info)"},
     {"quiet", BW_OPT_BOOL, offsetof(fetch_cfg, quiet), "false", 0, 0, NULL, 0, NULL,
      "print only the summary line"},
     BW_CLI_TLS_OPTS(fetch_cfg, tls),
@@ -161,6 +166,7 @@ int bw__cmd_fetch(int argc, char **argv)
         bw__config_free(options, &cfg);
         return 2;
     }
+    bw__log_to_stderr("fetch", (bw_log_level)cfg.log_level);
     static const char *const modes[] = {"torch", "accelerate", "iterable"};
     bw_loader_options o;
     bw_loader_options_init(&o);

@@ -4,6 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/log.h"
+#include "common/util.h"
 #include "loader_int.h"
 #include "rpc/dchan.h"
 
@@ -99,4 +101,50 @@ void bw__dconn_close_idle(bw__session *s)
     for (size_t i = 0; i < s->nidle; i++)
         dconn_free(s->idle[i]);
     s->nidle = 0;
+    for (size_t i = 0; i < s->nsuspended; i++)
+        free(s->suspended[i].address);
+    s->nsuspended = 0;
+}
+
+/* The entry for address (NULL if none); s->mu held. */
+static size_t find_suspended(bw__session *s, const char *address)
+{
+    for (size_t i = 0; i < s->nsuspended; i++)
+        if (strcmp(s->suspended[i].address, address) == 0)
+            return i;
+    return s->nsuspended;
+}
+
+void bw__dconn_suspend(bw__session *s, const char *address, const char *worker, const char *why)
+{
+    uint64_t until = bw__mono_ms() + BW_DCONN_SUSPEND_MS;
+    pthread_mutex_lock(&s->mu);
+    size_t i = find_suspended(s, address);
+    bool fresh = i == s->nsuspended;
+    if (fresh && s->nsuspended == BW_DCONN_SUSPENDED_MAX) { /* forget the oldest */
+        free(s->suspended[0].address);
+        memmove(s->suspended, s->suspended + 1, (s->nsuspended - 1) * sizeof(s->suspended[0]));
+        i = --s->nsuspended;
+    }
+    if (fresh) {
+        if (!(s->suspended[i].address = strdup(address)))
+            abort();
+        s->nsuspended++;
+    }
+    bool was_active = !fresh && s->suspended[i].until > bw__mono_ms();
+    s->suspended[i].until = until;
+    pthread_mutex_unlock(&s->mu);
+    if (!was_active)
+        BW_WARN("worker=%s data channel %s: %s; fetching from this worker over gRPC for the next "
+                "%d s (docs/data-channel.md)",
+                worker, address, why, BW_DCONN_SUSPEND_MS / 1000);
+}
+
+bool bw__dconn_suspended(bw__session *s, const char *address)
+{
+    pthread_mutex_lock(&s->mu);
+    size_t i = find_suspended(s, address);
+    bool on = i < s->nsuspended && s->suspended[i].until > bw__mono_ms();
+    pthread_mutex_unlock(&s->mu);
+    return on;
 }

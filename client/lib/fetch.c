@@ -407,10 +407,8 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                     continue;
                 const bw__worker_ref *wr = &p->workers[r->worker];
                 char e[BW_LOADER_ERRLEN];
-                bool dchan = ctx->data_channel && wr->data_address[0];
-                bw_rpc_channel *ch =
-                    dchan ? NULL
-                          : bw__session_worker_channel(ctx->session, wr->address, e, sizeof(e));
+                bool dchan = ctx->data_channel && wr->data_address[0] &&
+                             !bw__dconn_suspended(ctx->session, wr->data_address);
                 uint64_t *idx = malloc(r->n * sizeof(uint64_t));
                 if (!idx)
                     abort();
@@ -427,20 +425,27 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                 req.routing = &rt;
                 req.fingerprint = (char *)ctx->fingerprint;
                 req.max_message_bytes = ctx->max_message_bytes;
+                if (dchan && bw__dconn_get(ctx->session, wr->data_address, ctx->timeout_ms, &r->dc,
+                                           e, sizeof(e)) != BW_OK) {
+                    /* Unreachable data port: the worker may still answer over gRPC. */
+                    bw__dconn_suspend(ctx->session, wr->data_address, wr->id, e);
+                    dchan = false;
+                }
                 if (dchan) {
                     dchan_pack(r, &req);
                     if (dchan_send(ctx->session, r, wr->data_address, ctx->timeout_ms, false, e,
                                    sizeof(e)) != BW_OK) {
                         bw__dconn_put(ctx->session, r->dc, false);
                         r->dc = NULL;
-                        snprintf(r->open_err, sizeof(r->open_err),
-                                 "data channel %.200s: %.250s (is its port reachable from here? "
-                                 "--transport grpc fetches over the worker's gRPC address)",
+                        snprintf(r->open_err, sizeof(r->open_err), "data channel %.200s: %.400s",
                                  wr->data_address, e);
                     }
-                } else if (ch) {
-                    bw__rpc_stream_open(ch, BW_METHOD(BW_M_DATA_READ_SAMPLES), &req.base,
-                                        ctx->timeout_ms, &r->st, e, sizeof(e));
+                } else {
+                    bw_rpc_channel *ch =
+                        bw__session_worker_channel(ctx->session, wr->address, e, sizeof(e));
+                    if (ch)
+                        bw__rpc_stream_open(ch, BW_METHOD(BW_M_DATA_READ_SAMPLES), &req.base,
+                                            ctx->timeout_ms, &r->st, e, sizeof(e));
                 }
                 if (!r->st && !r->dc && !r->open_err[0])
                     snprintf(r->open_err, sizeof(r->open_err), "%.500s", e);

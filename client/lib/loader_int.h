@@ -19,7 +19,9 @@ enum {
     BW_LOADER_NUM_SHARDS = 256, /* storage shards samples are routed by (modulo) */
     BW_LOADER_MAX_NDIM = 16,
     BW_LOADER_ERRLEN = 1024,
-    BW_DCONN_IDLE_MAX = 64, /* idle data-channel connections kept per loader */
+    BW_DCONN_IDLE_MAX = 64,      /* idle data-channel connections kept per loader */
+    BW_DCONN_SUSPENDED_MAX = 64, /* unreachable data channels remembered */
+    BW_DCONN_SUSPEND_MS = 30000, /* ... for this long */
 };
 
 /* ---- options.c ---- */
@@ -90,6 +92,13 @@ typedef struct bw__session {
     /* idle data-channel connections, most recently used last */
     size_t nidle;
     struct bw__dconn *idle[BW_DCONN_IDLE_MAX];
+    /* data channels that could not be connected to: their workers are asked over gRPC until
+     * `until` (monotonic ms) */
+    size_t nsuspended;
+    struct {
+        char *address;
+        uint64_t until;
+    } suspended[BW_DCONN_SUSPENDED_MAX];
 
     pthread_t hb_thread;
     bool hb_started, stopping;
@@ -137,6 +146,11 @@ int bw__dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn
  * closed. NULL is a no-op. */
 void bw__dconn_put(bw__session *s, bw__dconn *c, bool reusable);
 void bw__dconn_close_idle(bw__session *s);
+/* A data channel that could not be connected to (a firewall, a port not published) while
+ * its worker may still answer over gRPC: fetches from that worker use gRPC for
+ * BW_DCONN_SUSPEND_MS. Logs the first time. */
+void bw__dconn_suspend(bw__session *s, const char *address, const char *worker, const char *why);
+bool bw__dconn_suspended(bw__session *s, const char *address);
 
 /* Records a cursor durably with the coordinator. */
 int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen);

@@ -3,7 +3,8 @@ spoken here with a raw socket, byte for byte as the header comment of dchan.h de
 
 * every worker of a plaintext cluster registers a data_address (`batchwire status --json`,
   the placement table), the address its first log line names; `--data-listen off` registers
-  "", and so does a TLS worker; `--data-advertise` is what gets registered; `--tls-cert` with
+  "", and so does a TLS worker; a worker whose data port cannot be reached is fetched from
+  over gRPC with one warning and the same batches; `--data-advertise` is what gets registered; `--tls-cert` with
   an explicit `--data-listen`, or a malformed `--data-listen`, refuses to start (exit 1,
   naming the flag);
 * a valid request (indices shuffled, with repeats) gets SAMPLE frames in request order whose
@@ -557,6 +558,26 @@ def test(tmpdir):
              "BATCHWIRE_TRANSPORT=grpc batchwire fetch gives the same batches", r.stderr)
     python_binding_checks(coord.addr, small)
     cc.close()
+
+    # --- a data port nobody can reach (a firewall, a port not published): that worker is
+    # fetched from over gRPC, with one warning, and the batches are the same.
+    w3 = bt.worker(tmpdir, coord.addr, "w3", data_root=root,
+                   args=["--data-listen", "127.0.0.1:0", "--data-advertise", "127.0.0.1:1"])
+    bt.poll(lambda: bt.workers_by_id(bt.status_json(coord.addr)).get("w3", {}).get("state") ==
+            "alive", 15, interval=0.1, what="w3 alive")
+    r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "dc-fallback", "--dataset",
+               "npy:" + SMALL, "--rank", 0, "--world-size", 1, "--batch-size", 7, "--shuffle",
+               "--seed", 11, "--epochs", 3, timeout=60)
+    warns = [x for x in r.stderr.splitlines() if "data channel 127.0.0.1:1" in x]
+    bt.check(r.returncode == 0 and
+             [json.loads(x)["sha256"] for x in r.stdout.splitlines()[:-1]] == [b[4] for b in auto],
+             "with w3's data port unreachable, batchwire fetch gives the same batches", r.stderr)
+    bt.check(len(warns) == 1 and "worker=w3" in warns[0] and "over gRPC" in warns[0],
+             "... with one warning naming the worker and the fallback: %s" %
+             (warns[0] if warns else ""), r.stderr)
+    w3.stop()
+    bt.poll(lambda: bt.workers_by_id(bt.status_json(coord.addr))["w3"]["state"] == "dead", 15,
+            interval=0.1, what="w3 dead after SIGTERM")
 
     # --- workers without a data channel, and the refusals at start
     # A second coordinator, serving TLS: a worker with --tls-cert also talks TLS to it.
