@@ -1,7 +1,10 @@
 /* Connections to the workers' data channels (core/rpc/dchan.h), kept open across batches:
  * a request that ended cleanly leaves its connection on the loader's idle list. */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -49,28 +52,47 @@ int bw__dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn
     return BW_OK;
 }
 
-int bw__dconn_read(bw__dconn *c, void *dst, size_t n, uint64_t deadline_ms, char *err,
+int bw__dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t *got, char *err,
                    size_t errlen)
 {
-    uint8_t *d = dst;
-    size_t take = c->len - c->pos < n ? c->len - c->pos : n;
-    memcpy(d, c->buf + c->pos, take);
-    c->pos += take;
-    d += take;
-    n -= take;
-    if (n == 0)
+    *got = 0;
+    if (c->pos < c->len) {
+        size_t take = c->len - c->pos < n ? c->len - c->pos : n;
+        memcpy(dst, c->buf + c->pos, take);
+        c->pos += take;
+        *got = take;
         return BW_OK;
+    }
     c->pos = c->len = 0;
-    if (n >= BW_DCONN_BUF / 4) /* most of a large sample: no copy; the next header with it */
-        return bw__sock_read_and_peek(c->fd, d, n, c->buf,
-                                      c->read_ahead ? BW_DCONN_BUF : BW_DCHAN_FRAME_HEADER, &c->len,
-                                      deadline_ms, err, errlen);
-    int rc = bw__sock_read_some(c->fd, c->buf, n, c->read_ahead ? BW_DCONN_BUF : n, deadline_ms,
-                                &c->len, err, errlen);
-    if (rc != BW_OK)
-        return rc;
-    memcpy(d, c->buf, n);
-    c->pos = n;
+    /* Read ahead (frame headers, small samples) only while samples are small: a large
+     * sample's bytes must land in the batch, not in the buffer. */
+    size_t ahead = c->read_ahead ? BW_DCONN_BUF : BW_DCHAN_FRAME_HEADER;
+    struct iovec iov[2] = {{dst, n}, {c->buf, ahead}};
+    if (!direct)
+        iov[0] = (struct iovec){c->buf, c->read_ahead || n > ahead ? BW_DCONN_BUF : n};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof(mh));
+    mh.msg_iov = iov;
+    mh.msg_iovlen = direct ? 2 : 1;
+    ssize_t r;
+    do
+        r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return BW_OK;
+    if (r <= 0) {
+        snprintf(err, errlen, "%s", r == 0 ? "the worker closed the connection" : strerror(errno));
+        return BW_UNAVAILABLE;
+    }
+    if (direct) {
+        *got = (size_t)r < n ? (size_t)r : n;
+        c->len = (size_t)r - *got;
+        return BW_OK;
+    }
+    c->len = (size_t)r;
+    *got = c->len < n ? c->len : n;
+    memcpy(dst, c->buf, *got);
+    c->pos = *got;
     return BW_OK;
 }
 

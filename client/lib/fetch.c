@@ -1,6 +1,8 @@
 /* Fetching one batch's samples from the storage workers that own them, in plan order, with
  * failover: a worker that fails or refuses is routed around and the missing samples are
  * fetched again, so the trainer sees neither loss, duplication nor reordering. */
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,7 @@ typedef struct route {
     uint8_t *req;
     size_t reqlen;
     char open_err[640]; /* why neither could be opened */
+    struct dread *dr;   /* the data channel's response, once read */
 } route;
 
 static int cmp_u64_pos(const void *a, const void *b)
@@ -222,82 +225,174 @@ static int dchan_send(bw__session *sess, route *r, const char *address, int time
     return rc;
 }
 
-/* Reads one request's frames: each sample's bytes go straight to where `place` says. */
-static int dchan_drain(route *r, want *w, const bw__fetch_ctx *ctx, bw_batch *b, const char *wid,
-                       const char *address, char *err, size_t errlen)
-{
-    placer pl = {r, w, ctx, b, 0};
-    uint64_t deadline = bw__mono_ms() + (uint64_t)ctx->timeout_ms;
-    bool any = false, retried = false, reusable = false;
-    char e[BW_LOADER_ERRLEN] = "";
+/* One data-channel response, read without blocking alongside the round's other responses:
+ * the connection that has data is served, so no worker waits behind another. */
+typedef struct dread {
+    route *r;
+    placer pl;
+    const char *wid, *address;
+    enum { D_HDR, D_DATA, D_MSG, D_DONE } phase;
+    uint8_t hdr[BW_DCHAN_FRAME_HEADER];
+    size_t hgot;
+    bw_dchan_frame f;
+    uint8_t *dest; /* D_DATA: the sample's place; D_MSG: msg */
+    size_t need, got, k;
+    bool any, retried;
     int rc;
-    for (;;) {
-        uint8_t h[BW_DCHAN_FRAME_HEADER];
-        rc = bw__dconn_read(r->dc, h, sizeof(h), deadline, e, sizeof(e));
-        /* (on failure r->dc->len counts the bytes that came before it) */
-        if (rc == BW_UNAVAILABLE && !any && r->dc->len == 0 && r->dc->reused && !retried) {
-            /* An idle connection the worker had closed: ask again on a new one. */
-            retried = true;
-            rc = dchan_send(ctx->session, r, address, ctx->timeout_ms, true, e, sizeof(e));
-            if (rc == BW_OK)
-                continue;
-        }
+    char msg[BW_DCHAN_MAX_MESSAGE + 1];
+    char err[BW_LOADER_ERRLEN];
+} dread;
+
+static void dread_finish(dread *d, const bw__fetch_ctx *ctx, int rc, bool reusable, const char *e)
+{
+    d->phase = D_DONE;
+    d->rc = rc;
+    bw__dconn_put(ctx->session, d->r->dc, reusable);
+    d->r->dc = NULL;
+    if (rc != BW_OK)
+        snprintf(d->err, sizeof(d->err), "worker %s data channel %s: %.900s", d->wid, d->address,
+                 e);
+}
+
+/* The frame in d->hdr: starts its payload, or finishes the response. */
+static void dread_frame(dread *d, const bw__fetch_ctx *ctx)
+{
+    char e[BW_LOADER_ERRLEN];
+    bw_dchan_frame *f = &d->f;
+    bw__dchan_get_frame(d->hdr, f);
+    d->any = true;
+    d->got = 0;
+    if (f->type == BW_DCHAN_SAMPLE) {
+        d->r->dc->read_ahead = f->b < BW_DCONN_BUF / 4;
+        d->k = d->pl.k;
+        d->dest = NULL;
+        int rc = place(&d->pl, f->a, f->b, 0, f->b, &d->dest, e, sizeof(e));
         if (rc != BW_OK)
-            break;
-        any = true;
-        bw_dchan_frame f;
-        bw__dchan_get_frame(h, &f);
-        if (f.type == BW_DCHAN_SAMPLE) {
-            r->dc->read_ahead = f.b < BW_DCONN_BUF / 4;
-            size_t k = pl.k;
-            uint8_t *dest = NULL;
-            rc = place(&pl, f.a, f.b, 0, f.b, &dest, e, sizeof(e));
-            if (rc == BW_OK)
-                rc = bw__dconn_read(r->dc, dest, (size_t)f.b, deadline, e, sizeof(e));
-            if (rc != BW_OK && k < r->n && pl.k >= k) { /* the sample starts over */
-                want *x = &w[r->wants[k]];
+            return dread_finish(d, ctx, rc, false, e);
+        d->need = (size_t)f->b;
+        d->phase = D_DATA;
+    } else if (f->type == BW_DCHAN_END) {
+        if (d->pl.k != d->r->n || f->a != d->r->n) {
+            snprintf(e, sizeof(e), "ended the request after %zu of %zu samples", d->pl.k, d->r->n);
+            return dread_finish(d, ctx, BW_PROTOCOL, true, e);
+        }
+        dread_finish(d, ctx, BW_OK, true, "");
+    } else if (f->type == BW_DCHAN_ERROR && f->a <= BW_DCHAN_MAX_MESSAGE) {
+        d->dest = (uint8_t *)d->msg;
+        d->need = (size_t)f->a;
+        d->phase = D_MSG;
+    } else {
+        snprintf(e, sizeof(e), "unexpected frame type %u", f->type);
+        dread_finish(d, ctx, BW_PROTOCOL, false, e);
+    }
+}
+
+/* The ERROR frame's message has arrived. */
+static void dread_error(dread *d, const bw__fetch_ctx *ctx)
+{
+    char e[BW_LOADER_ERRLEN];
+    d->msg[d->need] = '\0';
+    int code = (int)(int32_t)d->f.code;
+    if (code >= 0 || strcmp(bw_err_name(code), "BW_UNKNOWN_ERROR") == 0) {
+        snprintf(e, sizeof(e), "error frame with unknown code %d: %.900s", code, d->msg);
+        return dread_finish(d, ctx, BW_PROTOCOL, true, e);
+    }
+    dread_finish(d, ctx, code, true, d->msg);
+}
+
+/* Reads what has arrived for d (never waits). */
+static void dread_step(dread *d, const bw__fetch_ctx *ctx, want *w)
+{
+    char e[BW_LOADER_ERRLEN];
+    while (d->phase != D_DONE) {
+        bw__dconn *c = d->r->dc;
+        size_t got = 0;
+        int rc;
+        if (d->phase == D_HDR) {
+            rc = bw__dconn_take(c, d->hdr + d->hgot, sizeof(d->hdr) - d->hgot, false, &got, e,
+                                sizeof(e));
+            if (rc == BW_UNAVAILABLE && !d->any && d->hgot == 0 && c->reused && !d->retried) {
+                /* An idle connection the worker had closed: ask again on a new one. */
+                d->retried = true;
+                rc =
+                    dchan_send(ctx->session, d->r, d->address, ctx->timeout_ms, true, e, sizeof(e));
+                if (rc == BW_OK)
+                    continue;
+            }
+            if (rc != BW_OK)
+                return dread_finish(d, ctx, rc, false, e);
+            if (!got)
+                return;
+            if ((d->hgot += got) == sizeof(d->hdr)) {
+                d->hgot = 0;
+                dread_frame(d, ctx);
+            }
+            continue;
+        }
+        if (d->got < d->need) {
+            size_t left = d->need - d->got;
+            rc = bw__dconn_take(c, d->dest + d->got, left,
+                                d->phase == D_DATA && (left >= BW_DCONN_BUF / 4 || !c->read_ahead),
+                                &got, e, sizeof(e));
+            if (rc != BW_OK && d->phase == D_DATA) { /* the sample starts over */
+                want *x = &w[d->r->wants[d->k]];
                 free(x->buf);
                 x->buf = NULL;
                 x->got = 0;
                 x->done = false;
-                pl.k = k;
+                d->pl.k = d->k;
             }
             if (rc != BW_OK)
-                break;
-        } else if (f.type == BW_DCHAN_END) {
-            reusable = true;
-            if (pl.k != r->n || f.a != r->n) {
-                snprintf(e, sizeof(e), "ended the request after %zu of %zu samples", pl.k, r->n);
-                rc = BW_PROTOCOL;
-            }
-            break;
-        } else if (f.type == BW_DCHAN_ERROR && f.a <= BW_DCHAN_MAX_MESSAGE) {
-            char msg[BW_DCHAN_MAX_MESSAGE + 1];
-            rc = bw__dconn_read(r->dc, msg, (size_t)f.a, deadline, e, sizeof(e));
-            if (rc != BW_OK)
-                break;
-            msg[f.a] = '\0';
-            int code = (int)(int32_t)f.code;
-            reusable = true;
-            if (code >= 0 || strcmp(bw_err_name(code), "BW_UNKNOWN_ERROR") == 0) {
-                snprintf(e, sizeof(e), "error frame with unknown code %d: %.900s", code, msg);
-                rc = BW_PROTOCOL;
-            } else {
-                snprintf(e, sizeof(e), "%.1000s", msg);
-                rc = code;
-            }
-            break;
-        } else {
-            snprintf(e, sizeof(e), "unexpected frame type %u", f.type);
-            rc = BW_PROTOCOL;
-            break;
+                return dread_finish(d, ctx, rc, false, e);
+            if (!got)
+                return;
+            d->got += got;
+        }
+        if (d->got == d->need) {
+            if (d->phase == D_MSG)
+                dread_error(d, ctx);
+            else
+                d->phase = D_HDR;
         }
     }
-    bw__dconn_put(ctx->session, r->dc, reusable);
-    r->dc = NULL;
-    if (rc != BW_OK)
-        snprintf(err, errlen, "worker %s data channel %s: %s", wid, address, e);
-    return rc;
+}
+
+/* Reads every data-channel response of a round to its end, serving whichever connection
+ * has data; each sample's bytes go straight to where `place` says. */
+static void dread_all(dread *ds, size_t n, const bw__fetch_ctx *ctx, want *w)
+{
+    uint64_t deadline = bw__mono_ms() + (uint64_t)ctx->timeout_ms;
+    struct pollfd *pf = malloc((n ? n : 1) * sizeof(*pf));
+    size_t *who = malloc((n ? n : 1) * sizeof(*who));
+    if (!pf || !who)
+        abort();
+    for (size_t i = 0; i < n; i++)
+        dread_step(&ds[i], ctx, w);
+    for (;;) {
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (ds[i].phase != D_DONE) {
+                pf[m] = (struct pollfd){ds[i].r->dc->fd, POLLIN, 0};
+                who[m++] = i;
+            }
+        if (m == 0)
+            break;
+        uint64_t now = bw__mono_ms();
+        int ready = now < deadline ? poll(pf, m, (int)(deadline - now)) : 0;
+        if (ready < 0 && errno == EINTR)
+            continue;
+        if (ready <= 0) {
+            for (size_t j = 0; j < m; j++)
+                dread_finish(&ds[who[j]], ctx, BW_TIMEOUT, false,
+                             ready == 0 ? "no data before the deadline" : strerror(errno));
+            break;
+        }
+        for (size_t j = 0; j < m; j++)
+            if (pf[j].revents)
+                dread_step(&ds[who[j]], ctx, w);
+    }
+    free(pf);
+    free(who);
 }
 
 /* Errors after which another worker (or a fresher placement) may succeed. */
@@ -451,16 +546,35 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                     snprintf(r->open_err, sizeof(r->open_err), "%.500s", e);
                 free(idx);
             }
+            /* Data channels first, all at once (gRPC streams buffer on their own meanwhile). */
+            size_t nd = 0;
+            for (size_t ri = 0; ri < nroutes; ri++)
+                nd += routes[ri].dc != NULL;
+            dread *ds = calloc(nd ? nd : 1, sizeof(*ds));
+            if (!ds)
+                abort();
+            for (size_t ri = 0, j = 0; ri < nroutes; ri++)
+                if (routes[ri].dc) {
+                    routes[ri].dr = &ds[j];
+                    ds[j++] = (dread){.r = &routes[ri],
+                                      .pl = {&routes[ri], w, ctx, b, 0},
+                                      .wid = p->workers[routes[ri].worker].id,
+                                      .address = p->workers[routes[ri].worker].data_address};
+                }
+            dread_all(ds, nd, ctx, w);
             for (size_t ri = 0; ri < nroutes; ri++) {
                 route *r = &routes[ri];
                 if (!r->n)
                     continue;
                 const char *wid = p->workers[r->worker].id;
-                int src = r->dc ? dchan_drain(r, w, ctx, b, wid, p->workers[r->worker].data_address,
-                                              err, sizeof(err))
+                int src = r->dr   ? r->dr->rc
                           : r->st ? drain(r, w, ctx, b, err, sizeof(err))
                                   : BW_UNAVAILABLE;
-                if (!r->st && src == BW_UNAVAILABLE && r->open_err[0])
+                if (r->dr && src != BW_OK)
+                    snprintf(err, sizeof(err), "%s", r->dr->err);
+                if (r->dr)
+                    ; /* its message is set */
+                else if (!r->st && src == BW_UNAVAILABLE && r->open_err[0])
                     snprintf(err, sizeof(err), "worker %s: %s", wid, r->open_err);
                 else if (!r->st && src == BW_UNAVAILABLE)
                     snprintf(err, sizeof(err), "worker %s: cannot open a stream", wid);
@@ -483,6 +597,13 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                 if (round_rc == BW_OK)
                     round_rc = src;
             }
+            /* Routes not read because a bad sample ended the round early. */
+            for (size_t ri = 0; ri < nroutes; ri++) {
+                bw__rpc_stream_close(routes[ri].st);
+                bw__dconn_put(ctx->session, routes[ri].dc, false);
+                free(routes[ri].req);
+            }
+            free(ds);
             free(slots);
         }
         free(routes);

@@ -134,9 +134,11 @@ typedef struct bw__dconn {
 
 enum { BW_DCONN_BUF = 64 << 10 };
 
-/* Reads exactly n bytes of the current response: from what is buffered, then -- for the rest
- * of a large sample -- straight from the socket into dst, else through the buffer. */
-int bw__dconn_read(bw__dconn *c, void *dst, size_t n, uint64_t deadline_ms, char *err,
+/* Up to n bytes of the current response for dst, without waiting (*got 0: none yet): what is
+ * buffered, else from the socket -- with `direct` (the rest of a large sample) straight into
+ * dst, the bytes after it into the buffer. BW_OK, or BW_UNAVAILABLE when the connection
+ * closed or failed (a sentence in err). */
+int bw__dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t *got, char *err,
                    size_t errlen);
 
 /* An idle connection to `address`, or a new one. */

@@ -269,16 +269,6 @@ int bw__sock_read_some(int fd, void *buf, size_t min, size_t max, uint64_t deadl
     return readv_min(fd, &iov, 1, min, deadline_ms, got, err, errlen);
 }
 
-int bw__sock_read_and_peek(int fd, void *buf, size_t len, void *extra, size_t extra_max,
-                           size_t *extra_got, uint64_t deadline_ms, char *err, size_t errlen)
-{
-    struct iovec iov[2] = {{buf, len}, {extra, extra_max}};
-    size_t got = 0;
-    int rc = readv_min(fd, iov, 2, len, deadline_ms, &got, err, errlen);
-    *extra_got = got > len ? got - len : 0;
-    return rc;
-}
-
 int bw__sock_writev_all(int fd, struct iovec *iov, size_t n, uint64_t deadline_ms, char *err,
                         size_t errlen)
 {

@@ -66,11 +66,6 @@ int bw__sock_connect(const char *addr, int timeout_ms, int *fd, char *err, size_
 int bw__sock_read_some(int fd, void *buf, size_t min, size_t max, uint64_t deadline_ms, size_t *got,
                        char *err, size_t errlen);
 
-/* Reads exactly len bytes into buf and, in the same calls, whatever of the next extra_max
- * bytes has already arrived into extra (*extra_got). Errors as bw__sock_read_all. */
-int bw__sock_read_and_peek(int fd, void *buf, size_t len, void *extra, size_t extra_max,
-                           size_t *extra_got, uint64_t deadline_ms, char *err, size_t errlen);
-
 /* Reads exactly len bytes: BW_OK; BW_UNAVAILABLE when the peer closed or reset the
  * connection first (*got: the bytes that came before; may be NULL); BW_TIMEOUT at the
  * deadline. */
