@@ -96,20 +96,24 @@ static void print_table(const Batchwire__V1__InfoResponse *info,
         printf("(no workers registered)\n");
         return;
     }
-    int idw = 2, addrw = 7;
+    int idw = 2, addrw = 7, dataw = 12;
     for (size_t i = 0; i < lw->n_workers; i++) {
-        int a = (int)strlen(lw->workers[i]->id), b = (int)strlen(lw->workers[i]->address);
+        const Batchwire__V1__WorkerInfo *w = lw->workers[i];
+        int a = (int)strlen(w->id), b = (int)strlen(w->address);
+        int c = w->data_address ? (int)strlen(w->data_address) : 0;
         idw = a > idw ? a : idw;
         addrw = b > addrw ? b : addrw;
+        dataw = c > dataw ? c : dataw;
     }
-    printf("%-*s  %-*s  %-5s  %14s  %8s\n", idw, "ID", addrw, "ADDRESS", "STATE", "LAST HEARTBEAT",
-           "RESTARTS");
+    printf("%-*s  %-*s  %-*s  %-5s  %14s  %8s\n", idw, "ID", addrw, "ADDRESS", dataw,
+           "DATA CHANNEL", "STATE", "LAST HEARTBEAT", "RESTARTS");
     for (size_t i = 0; i < lw->n_workers; i++) {
         const Batchwire__V1__WorkerInfo *w = lw->workers[i];
         char ago[32];
         snprintf(ago, sizeof(ago), "%.1fs ago", (double)w->ms_since_heartbeat / 1000.0);
-        printf("%-*s  %-*s  %-5s  %14s  %8" PRIu32 "\n", idw, w->id, addrw, w->address,
-               state_name(w->state), ago, w->restarts);
+        const char *data = w->data_address && w->data_address[0] ? w->data_address : "-";
+        printf("%-*s  %-*s  %-*s  %-5s  %14s  %8" PRIu32 "\n", idw, w->id, addrw, w->address, dataw,
+               data, state_name(w->state), ago, w->restarts);
     }
 }
 

@@ -119,9 +119,15 @@ def scenario(tmp, mode, pki):
     bt.check_in("workers: 2 alive, 0 dead", r.stdout, "table summary")
     rows = {ln.split()[0]: ln.split() for ln in r.stdout.splitlines()
             if ln.split() and ln.split()[0] in ("alpha", "beta")}
+    daddr = {w["id"]: w["data_address"] for w in bt.status_json(caddr, cli_tls)["workers"]}
+    bt.check(bool(daddr["alpha"]) == (mode == "plaintext"),
+             "%s workers %s a data channel (data_address %r)" %
+             (mode, "offer" if mode == "plaintext" else "do not offer", daddr["alpha"]))
     bt.check(set(rows) == {"alpha", "beta"} and rows["alpha"][1] == alpha.addr and
-             rows["alpha"][2] == "alive" and rows["beta"][2] == "alive",
-             "table has rows 'alpha <addr> alive' and 'beta <addr> alive'", r.stdout)
+             rows["alpha"][2] == (daddr["alpha"] or "-") and
+             rows["alpha"][3] == "alive" and rows["beta"][3] == "alive",
+             "table has rows 'alpha <addr> <data channel> alive' and 'beta <addr> <data channel> "
+             "alive'", r.stdout)
 
     # ---- health of every daemon over the same transport ----
     for d in (coord, alpha, beta):
@@ -200,8 +206,8 @@ def scenario(tmp, mode, pki):
              "coordinator logged 'worker=beta ... marked dead: no heartbeat for %d ms'" % ms)
     r = bt.cli("status", "--coordinator", caddr, *cli_tls)
     bt.check(r.returncode == 0 and "workers: 1 alive, 1 dead" in r.stdout and
-             re.search(r"^beta\s+\S+\s+dead\s", r.stdout, re.M) and
-             re.search(r"^alpha\s+\S+\s+alive\s", r.stdout, re.M),
+             re.search(r"^beta\s+\S+\s+\S+\s+dead\s", r.stdout, re.M) and
+             re.search(r"^alpha\s+\S+\s+\S+\s+alive\s", r.stdout, re.M),
              "table shows '1 alive, 1 dead', beta dead and alpha alive", r.stdout + r.stderr)
 
     # ---- restart beta with the same id ----
