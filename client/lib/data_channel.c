@@ -118,6 +118,23 @@ void bw__dconn_put(bw__session *s, bw__dconn *c, bool reusable)
     dconn_free(drop);
 }
 
+void bw__dconn_drop_idle(bw__session *s, const char *address)
+{
+    bw__dconn *drop[BW_DCONN_IDLE_MAX];
+    size_t n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nidle;)
+        if (strcmp(s->idle[i]->address, address) == 0) {
+            drop[n++] = s->idle[i];
+            s->idle[i] = s->idle[--s->nidle];
+        } else {
+            i++;
+        }
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < n; i++)
+        dconn_free(drop[i]);
+}
+
 void bw__dconn_close_idle(bw__session *s)
 {
     for (size_t i = 0; i < s->nidle; i++)

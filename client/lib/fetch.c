@@ -211,9 +211,10 @@ static void dchan_pack(route *r, const Batchwire__V1__ReadSamplesRequest *req)
 static int dchan_send(bw__session *sess, route *r, const char *address, int timeout_ms, bool fresh,
                       char *err, size_t errlen)
 {
-    if (fresh) {
+    if (fresh) { /* r->dc was found closed: so are the other idle ones to this worker */
         bw__dconn_put(sess, r->dc, false);
         r->dc = NULL;
+        bw__dconn_drop_idle(sess, address);
     }
     int rc = r->dc ? BW_OK : bw__dconn_get(sess, address, timeout_ms, &r->dc, err, errlen);
     if (rc != BW_OK)
@@ -313,6 +314,9 @@ static void dread_step(dread *d, const bw__fetch_ctx *ctx, want *w)
                                 sizeof(e));
             if (rc == BW_UNAVAILABLE && !d->any && d->hgot == 0 && c->reused && !d->retried) {
                 /* An idle connection the worker had closed: ask again on a new one. */
+                BW_DEBUG("worker=%s data channel %s: an idle connection was closed (%s); asking "
+                         "again on a new one",
+                         d->wid, d->address, e);
                 d->retried = true;
                 rc =
                     dchan_send(ctx->session, d->r, d->address, ctx->timeout_ms, true, e, sizeof(e));

@@ -147,6 +147,9 @@ int bw__dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn
 /* Back to the idle list when `reusable` (the last request ended with END or ERROR), else
  * closed. NULL is a no-op. */
 void bw__dconn_put(bw__session *s, bw__dconn *c, bool reusable);
+/* Closes the idle connections to `address` (one was found closed by the worker: a restarted
+ * worker closed them all). */
+void bw__dconn_drop_idle(bw__session *s, const char *address);
 void bw__dconn_close_idle(bw__session *s);
 /* A data channel that could not be connected to (a firewall, a port not published) while
  * its worker may still answer over gRPC: fetches from that worker use gRPC for

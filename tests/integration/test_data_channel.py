@@ -4,7 +4,8 @@ spoken here with a raw socket, byte for byte as the header comment of dchan.h de
 * every worker of a plaintext cluster registers a data_address (`batchwire status --json`,
   the placement table), the address its first log line names; `--data-listen off` registers
   "", and so does a TLS worker; a worker whose data port cannot be reached is fetched from
-  over gRPC with one warning and the same batches; `--data-advertise` is what gets registered; `--tls-cert` with
+  over gRPC with one warning and the same batches; a worker restarted on the same ports under
+  a client's idle connections costs no failover (the client asks again on new connections); `--data-advertise` is what gets registered; `--tls-cert` with
   an explicit `--data-listen`, or a malformed `--data-listen`, refuses to start (exit 1,
   naming the flag);
 * a valid request (indices shuffled, with repeats) gets SAMPLE frames in request order whose
@@ -45,7 +46,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bwtest as bt  # noqa: E402
+import bwtest as bt
+import test_client_e2e as e2e  # noqa: E402
 import bwdata as bd  # noqa: E402
 
 MAGIC = 0x31445742  # "BWD1"
@@ -578,6 +580,36 @@ def test(tmpdir):
     w3.stop()
     bt.poll(lambda: bt.workers_by_id(bt.status_json(coord.addr))["w3"]["state"] == "dead", 15,
             interval=0.1, what="w3 dead after SIGTERM")
+
+    # --- a worker restarted on the same ports while a client holds idle connections to it:
+    # the first request on each stale connection fails before any byte and is asked again on
+    # a new connection -- no failover, and the batches are exact.
+    cfg = dict(mode="torch", B=7, shuffle=True, seed=11)
+    n_small = len(small)
+    held = e2e.Fetch(coord.addr, "dc-restart", "npy:" + SMALL, cfg, 0, world=1,
+                     extra=["--epochs", 30, "--prefetch", 2, "--log-level", "debug"],
+                     gate_after=30)
+    bt.poll(lambda: held.batches_seen() >= 30, 30, interval=0.02, what="30 batches")
+    time.sleep(0.5)  # the prefetch fills up; the client's connections sit idle
+    w1_grpc = workers["w1"].addr
+    workers["w1"].stop()
+    workers["w1"] = bt.worker(tmpdir, coord.addr, "w1", data_root=root,
+                              args=["--listen", w1_grpc, "--data-listen", daddr["w1"]])
+    bt.poll(lambda: (lambda w: w["state"] == "alive" and w["data_address"] == daddr["w1"])(
+        bt.workers_by_id(bt.status_json(coord.addr))["w1"]), 15, interval=0.05,
+        what="w1 alive again on the same data address")
+    held.open_gate()
+    got, _ = held.ok(60, "the fetch across w1's restart")
+    want, _ = e2e.plans(cfg, n_small, 1, 30)
+    bt.check([b["indices"] for b in got] == [b["indices"] for b in want[0]] and
+             all(b["sha256"] == hashlib.sha256(b"".join(small[i] for i in b["indices"])).hexdigest()
+                 for b in got),
+             "across w1's restart on the same ports: %d batches equal the plan and numpy's rows"
+             % len(got))
+    err = held.stderr()
+    bt.check("an idle connection was closed" in err and "failed while serving" not in err,
+             "the client asked again on new connections (%d times) and failed over to no other "
+             "worker" % err.count("an idle connection was closed"), err[-3000:])
 
     # --- workers without a data channel, and the refusals at start
     # A second coordinator, serving TLS: a worker with --tls-cert also talks TLS to it.
