@@ -19,6 +19,7 @@
   (about 2 x --timeout-ms), instead of hanging.
 """
 
+import json
 import os
 import re
 import signal
@@ -26,9 +27,9 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 import bwtest as bt  # noqa: E402
-import bwdata as bd  # noqa: E402
 import test_client_e2e as e2e  # noqa: E402
 from test_client_resume import key, LEASE_MS, LEASE_WAIT  # noqa: E402
 
@@ -103,6 +104,20 @@ def device_check(cl):
     bt.check(len(got) == 2, "rank 3 is claimed by a host-memory fetch right after the refusal")
 
 
+def placement_table(cl, num_shards):
+    """Placement.Get through python3-grpcio in a child process: grpcio used in this process
+    between the forks that start fetch processes tripped its thread-pool assertion
+    (state_ == State::kRunning) and aborted the test."""
+    code = ("import json, sys; sys.path.insert(0, %r); import bwdata as bd; "
+            "dc = bd.DataClient(%r, %r); t = dc.placement(%d); "
+            "print(json.dumps({'version': t.version, 'ids': [w.id for w in t.workers], "
+            "'owners': list(t.owners)}))" % (HERE, cl.tmpdir, cl.addr, num_shards))
+    r = bt.run([sys.executable, "-c", code], timeout=30)
+    if r.returncode != 0:
+        raise bt.TestFailure("Placement.Get failed (%d): %s" % (r.returncode, r.stderr))
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def failover(cl, ref, want, samples, victim="w2", transport="auto"):
     job = "failover-" + transport
     fo = [e2e.Fetch(cl.addr, job, SPEC, CFG, r, gate_after=GATE,
@@ -117,11 +132,9 @@ def failover(cl, ref, want, samples, victim="w2", transport="auto"):
     # the kill, so the ranks are fetching again when it lands.
     bt.poll(lambda: all(p.batches_seen() >= GATE for p in fo), 60, interval=0.02,
             what="every rank to deliver %d batches" % GATE)
-    dc = bd.DataClient(cl.tmpdir, cl.addr)
-    table = dc.placement(NUM_SHARDS)
-    dc.close()
-    ids = [w.id for w in table.workers]
-    vshards = {s for s in range(NUM_SHARDS) if ids[table.owners[s]] == victim}
+    table = placement_table(cl, NUM_SHARDS)
+    ids = table["ids"]
+    vshards = {s for s in range(NUM_SHARDS) if ids[table["owners"][s]] == victim}
     vports = {int(cl.workers[victim].addr.rsplit(":", 1)[1])}
     for w in bt.status_json(cl.addr)["workers"]:
         if w["id"] == victim and w.get("data_address"):
@@ -146,7 +159,7 @@ def failover(cl, ref, want, samples, victim="w2", transport="auto"):
              "%s was serving before the kill: it had sent %d bytes on %d data connections (ss), "
              "and %d samples delivered before the kill are in its %d of %d shards (placement "
              "version %d)" % (victim, sent, conns, served, len(vshards), NUM_SHARDS,
-                              table.version))
+                              table["version"]))
     for p in fo:
         got, _ = p.ok(60, "rank %d after the kill of %s" % (p.rank, victim))
         if [key(b) for b in got] != [key(b) for b in ref[p.rank]]:
