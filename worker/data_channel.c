@@ -23,11 +23,11 @@
 #include "worker.h"
 
 enum {
-    MAX_CONNS = 1024,        /* connections served at once; more are refused */
-    STAGE_BYTES = 256 << 10, /* small samples are gathered up to this much per send */
-    COPY_MAX = 32 << 10,     /* samples below this are copied into the staging buffer */
-    PENDING_MAX = 32,        /* large samples gathered into one sendmsg, at most */
-    SEND_BYTES = 4 << 20,    /* bytes gathered into one sendmsg, about */
+    THREAD_STACK = 256 << 10, /* per connection; serve() needs a few KiB */
+    STAGE_BYTES = 256 << 10,  /* small samples are gathered up to this much per send */
+    COPY_MAX = 32 << 10,      /* samples below this are copied into the staging buffer */
+    PENDING_MAX = 32,         /* large samples gathered into one sendmsg, at most */
+    SEND_BYTES = 4 << 20,     /* bytes gathered into one sendmsg, about */
     IOV_CAP = 1024,
     BODY_TIMEOUT_MS = 30000,  /* a request's body must arrive within this after its header */
     SEND_TIMEOUT_MS = 120000, /* a client that stops reading for this long is dropped */
@@ -51,6 +51,7 @@ struct bw__dchan_server {
     pthread_mutex_t mu;
     conn *conns;
     size_t nconns;
+    uint64_t refused_logged_ms, refused_quiet; /* one warning per 10 s about refusals */
 };
 
 /* ---- sending ----
@@ -201,9 +202,16 @@ static void *serve(void *arg)
     while (ok && !atomic_load(&c->srv->stopping)) {
         uint8_t h[BW_DCHAN_REQ_HEADER];
         size_t got = 0;
-        /* No deadline between requests: idle connections are the client's pool; stop()
-         * shuts the socket down to end the wait. */
-        int rc = bw__sock_read_all(c->fd, h, sizeof(h), 0, &got, err, sizeof(err));
+        /* Between requests the connection sits in the client's pool: it is closed after
+         * --data-idle-timeout-ms (the client then connects again); stop() shuts the socket
+         * down to end the wait. */
+        int64_t idle = w->cfg->data_idle_timeout_ms;
+        int rc =
+            bw__sock_read_all(c->fd, h, sizeof(h), idle > 0 ? bw__mono_ms() + (uint64_t)idle : 0,
+                              &got, err, sizeof(err));
+        if (rc == BW_TIMEOUT && !got)
+            BW_DEBUG("data channel peer=%s: closing a connection idle for %lld ms", c->peer,
+                     (long long)idle);
         if (rc != BW_OK) {
             if (got)
                 BW_DEBUG("data channel peer=%s: connection ended inside a request header", c->peer);
@@ -316,8 +324,12 @@ static void *accept_loop(void *arg)
         c->srv = s;
         peer_name(fd, c->peer, sizeof(c->peer));
         pthread_mutex_lock(&s->mu);
-        bool full = s->nconns >= MAX_CONNS;
-        bool started = !full && pthread_create(&c->th, NULL, serve, c) == 0;
+        bool full = s->nconns >= (size_t)s->w->cfg->data_max_connections;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, THREAD_STACK);
+        bool started = !full && pthread_create(&c->th, &attr, serve, c) == 0;
+        pthread_attr_destroy(&attr);
         if (started) {
             c->next = s->conns;
             s->conns = c;
@@ -325,12 +337,24 @@ static void *accept_loop(void *arg)
         }
         pthread_mutex_unlock(&s->mu);
         if (!started) {
-            BW_WARN("data channel peer=%s refused: %s", c->peer,
-                    full ? "too many connections" : "cannot start a thread");
+            char msg[160];
+            snprintf(msg, sizeof(msg),
+                     "data channel: the worker is at its limit of %lld connections%s",
+                     (long long)s->w->cfg->data_max_connections,
+                     full ? "" : " (it cannot start another thread)");
+            uint64_t now = bw__mono_ms();
+            if (!s->refused_logged_ms || now - s->refused_logged_ms >= 10000) {
+                BW_WARN("data channel peer=%s refused: %s (%llu more refused since the last "
+                        "warning; such clients fetch over gRPC)",
+                        c->peer, msg, (unsigned long long)s->refused_quiet);
+                s->refused_logged_ms = now;
+                s->refused_quiet = 0;
+            } else {
+                s->refused_quiet++;
+            }
             wbuf o;
             if (wbuf_init(&o, fd) == BW_OK)
-                send_error(&o, BW_UNAVAILABLE,
-                           "data channel: the worker is at its connection limit");
+                send_error(&o, BW_UNAVAILABLE, msg);
             wbuf_free(&o);
             close(fd);
             free(c);

@@ -29,6 +29,12 @@ static const bw_opt options[] = {
      "HOST:PORT",
      "address clients use for the data channel (default: the advertised host, "
      "the bound data port)"},
+    {"data-max-connections", BW_OPT_INT, offsetof(bw_worker_config, data_max_connections), "4096",
+     1, 65536, NULL, 0, "N",
+     "data-channel connections served at once (a thread each); more are refused and those "
+     "clients fetch over gRPC"},
+    {"data-idle-timeout-ms", BW_OPT_INT, offsetof(bw_worker_config, data_idle_timeout_ms), "300000",
+     0, 86400000, NULL, 0, "MS", "close a data-channel connection idle this long (0: never)"},
     {"tls-ca", BW_OPT_PATH, offsetof(bw_worker_config, tls_ca), NULL, 0, 0, NULL, 0, "FILE",
      "PEM CA that signed the coordinator's certificate: talk TLS to the coordinator"},
     {"tls-server-name", BW_OPT_STRING, offsetof(bw_worker_config, tls_server_name), NULL, 0, 0,

@@ -23,6 +23,8 @@ typedef struct bw_worker_config {
     char *tls_ca;
     char *tls_server_name;
     int64_t rpc_timeout_ms;
+    int64_t data_max_connections;
+    int64_t data_idle_timeout_ms;
 } bw_worker_config;
 
 struct bw_worker {

@@ -239,6 +239,7 @@ typedef struct dread {
     uint8_t *dest; /* D_DATA: the sample's place; D_MSG: msg */
     size_t need, got, k;
     bool any, retried;
+    bool busy; /* refused before any sample: the worker is at its data-connection limit */
     int rc;
     char msg[BW_DCHAN_MAX_MESSAGE + 1];
     char err[BW_LOADER_ERRLEN];
@@ -298,7 +299,8 @@ static void dread_error(dread *d, const bw__fetch_ctx *ctx)
         snprintf(e, sizeof(e), "error frame with unknown code %d: %.900s", code, d->msg);
         return dread_finish(d, ctx, BW_PROTOCOL, true, e);
     }
-    dread_finish(d, ctx, code, true, d->msg);
+    d->busy = code == BW_UNAVAILABLE && d->pl.k == 0;
+    dread_finish(d, ctx, code, !d->busy, d->msg);
 }
 
 /* Reads what has arrived for d (never waits). */
@@ -454,6 +456,7 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
     while (remaining > 0) {
         bw__placement *p = bw__session_placement(ctx->session, refresh, err, sizeof(err));
         refresh = false;
+        bool busy = false; /* a worker's data channel was full: it is asked over gRPC now */
         route *routes = NULL;
         size_t nroutes = 0;
         int round_rc = BW_OK;
@@ -576,6 +579,14 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                                   : BW_UNAVAILABLE;
                 if (r->dr && src != BW_OK)
                     snprintf(err, sizeof(err), "%s", r->dr->err);
+                if (r->dr && r->dr->busy) {
+                    /* Not a failed worker: ask it over gRPC, at once. */
+                    bw__dconn_suspend(ctx->session, r->dr->address, wid, r->dr->msg);
+                    busy = true;
+                    free(r->req);
+                    r->req = NULL;
+                    continue;
+                }
                 if (r->dr)
                     ; /* its message is set */
                 else if (!r->st && src == BW_UNAVAILABLE && r->open_err[0])
@@ -630,7 +641,7 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                      remaining, (unsigned long long)b->step, ctx->timeout_ms, err);
             break;
         }
-        if (remaining == before) {
+        if (remaining == before && !busy) {
             usleep((useconds_t)(backoff * 1000));
             backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
             refresh = true;

@@ -5,7 +5,9 @@ spoken here with a raw socket, byte for byte as the header comment of dchan.h de
   the placement table), the address its first log line names; `--data-listen off` registers
   "", and so does a TLS worker; a worker whose data port cannot be reached is fetched from
   over gRPC with one warning and the same batches; a worker restarted on the same ports under
-  a client's idle connections costs no failover (the client asks again on new connections); `--data-advertise` is what gets registered; `--tls-cert` with
+  a client's idle connections costs no failover (the client asks again on new connections); a
+  worker at --data-max-connections refuses more with BW_UNAVAILABLE and its clients ask it over
+  gRPC instead of failing over; --data-idle-timeout-ms closes idle connections; `--data-advertise` is what gets registered; `--tls-cert` with
   an explicit `--data-listen`, or a malformed `--data-listen`, refuses to start (exit 1,
   naming the flag);
 * a valid request (indices shuffled, with repeats) gets SAMPLE frames in request order whose
@@ -62,7 +64,8 @@ BW_PROTOCOL = -11
 BW_OUT_OF_RANGE = -15
 BW_WRONG_OWNER = -19
 BW_MISMATCH = -20
-CODE_NAMES = {BW_INVALID_ARGUMENT: "BW_INVALID_ARGUMENT", BW_PERMISSION_DENIED:
+BW_UNAVAILABLE = -7
+CODE_NAMES = {BW_UNAVAILABLE: "BW_UNAVAILABLE", BW_INVALID_ARGUMENT: "BW_INVALID_ARGUMENT", BW_PERMISSION_DENIED:
               "BW_PERMISSION_DENIED", BW_TOO_BIG: "BW_TOO_BIG", BW_PROTOCOL: "BW_PROTOCOL",
               BW_OUT_OF_RANGE: "BW_OUT_OF_RANGE", BW_WRONG_OWNER: "BW_WRONG_OWNER",
               BW_MISMATCH: "BW_MISMATCH"}
@@ -610,6 +613,47 @@ def test(tmpdir):
     bt.check("an idle connection was closed" in err and "failed while serving" not in err,
              "the client asked again on new connections (%d times) and failed over to no other "
              "worker" % err.count("an idle connection was closed"), err[-3000:])
+
+    # --- a worker at its data-connection limit refuses more connections with BW_UNAVAILABLE
+    # (its clients fetch from it over gRPC, not elsewhere), and closes idle connections.
+    w4 = bt.worker(tmpdir, coord.addr, "w4", data_root=root,
+                   args=["--data-max-connections", 2, "--data-idle-timeout-ms", 1500])
+    d4 = bt.poll(lambda: (lambda w: w["data_address"] if w.get("state") == "alive" else None)(
+        bt.workers_by_id(bt.status_json(coord.addr)).get("w4", {})), 15, interval=0.05,
+        what="w4 alive")
+    hold = [connect(d4), connect(d4)]
+    for h in hold:  # both are served (so both hold a connection slot)
+        h.sendall(frame(request(pbm, [SMALL], [2])))
+        expect_samples(h, small, [2], "w4 serves connection %d of its 2" % (hold.index(h) + 1))
+    t_idle = time.monotonic()  # both connections idle from here
+    extra = connect(d4)
+    expect_error(extra, BW_UNAVAILABLE, ["limit of 2 connections"],
+                 "a third connection to w4 (--data-max-connections 2)")
+    expect_closed(extra, "the refused connection")
+    extra.close()
+    r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "dc-busy", "--dataset",
+               "npy:" + SMALL, "--rank", 0, "--world-size", 1, "--batch-size", 7, "--shuffle",
+               "--seed", 11, "--epochs", 3, "--log-level", "info", timeout=60)
+    bt.check(r.returncode == 0 and
+             [json.loads(x)["sha256"] for x in r.stdout.splitlines()[:-1]] == [b[4] for b in auto],
+             "with w4's data channel full, batchwire fetch gives the same batches", r.stderr)
+    bt.check("worker=w4 data channel" in r.stderr and "over gRPC" in r.stderr and
+             "failed while serving" not in r.stderr,
+             "... asking w4 over gRPC (a warning), failing over to no other worker", r.stderr)
+    for h in hold:
+        h.settimeout(10)
+        bt.check(h.recv(1) == b"", "w4 closes a connection left idle")
+        h.close()
+    idle_s = time.monotonic() - t_idle
+    bt.check(1.4 < idle_s < 8, "... after --data-idle-timeout-ms 1500 (closed %.1f s after its "
+             "last answer)" % idle_s)
+    c = connect(d4)
+    c.sendall(frame(request(pbm, [SMALL], [3, 4])))
+    expect_samples(c, small, [3, 4], "w4 serves a new connection once slots are free")
+    c.close()
+    w4.stop()
+    bt.poll(lambda: bt.workers_by_id(bt.status_json(coord.addr))["w4"]["state"] == "dead", 15,
+            interval=0.1, what="w4 dead after SIGTERM")
 
     # --- workers without a data channel, and the refusals at start
     # A second coordinator, serving TLS: a worker with --tls-cert also talks TLS to it.
