@@ -12,10 +12,12 @@
     __getitem__, default collate), same batch size; target: faster;
 (c) time to the first batch of a Loader resumed from a cursor at step 0, 10^4 and 10^6
     (2^21 samples of 16 B, batch size 1, shuffled); target: flat.
+(t) (a)'s fetch for 64 KiB and 1 MiB samples against two workers serving TLS (a second,
+    TLS coordinator): the data channel over TLS against gRPC over TLS.
 
 Medians of --repeat runs (interleaved, so that load on the machine hits both sides alike).
 Usage (after the README's build):
-    /usr/bin/python3 bench/bench_client.py [--build build] [--quick] [--repeat N] [--parts abc]
+    /usr/bin/python3 bench/bench_client.py [--build build] [--quick] [--repeat N] [--parts abct]
 """
 
 import argparse
@@ -64,10 +66,10 @@ def median(xs):
 # ---------------------------------------------------------------------------
 # (a) batchwire fetch vs raw TCP
 
-def fetch_rate(bt, coord, job, dataset, batch, epochs, transport="auto"):
+def fetch_rate(bt, coord, job, dataset, batch, epochs, transport="auto", extra=()):
     r = bt.cli("fetch", "--quiet", "--coordinator", coord, "--job", job, "--dataset", dataset,
                "--rank", 0, "--world-size", 1, "--batch-size", batch, "--epochs", epochs,
-               "--transport", transport, timeout=600)
+               "--transport", transport, *extra, timeout=600)
     if r.returncode != 0:
         raise RuntimeError("batchwire fetch failed:\n%s%s" % (r.stdout, r.stderr))
     s = json.loads(r.stdout.strip().splitlines()[-1])["summary"]
@@ -209,13 +211,55 @@ def ttfb(batchwire, coord, job, dataset, cursor, want_step):
 
 # ---------------------------------------------------------------------------
 
+def tls_rates(bt, tmp, root, repeat, quick, report):
+    """(t) the same fetch as (a) against workers serving TLS: data channel vs gRPC."""
+    pki = bt.make_pki(tmp)
+    ca = ["--tls-ca", pki["ca"]]
+    coord = bt.coordinator(tmp, name="coordinator-tls",
+                           args=["--tls-cert", pki["server_crt"], "--tls-key", pki["server_key"],
+                                 "--worker-tls-ca", pki["ca"]])
+    wargs = ca + ["--tls-cert", pki["worker_crt"], "--tls-key", pki["worker_key"]]
+    workers = [bt.worker(tmp, coord.addr, "t%d" % i, data_root=root, args=wargs)
+               for i in range(2)]
+    bt.poll(lambda: sum(w["state"] == "alive"
+                        for w in bt.status_json(coord.addr, ca)["workers"]) == 2, 20,
+            what="two live TLS workers")
+    for sample, batch in ((64 * KiB, 64), (MiB, 16)):
+        total = (64 if quick else 256) * MiB
+        n = total // sample
+        name = "t%d" % sample
+        r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, name), "--num-samples",
+                   n, "--shape", sample, "--dtype", "uint8", timeout=600)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr)
+        ds = "npy:%s/part-00000.npy" % name
+        epochs = max(1, (128 * MiB if quick else 512 * MiB) // total)
+        fetch_rate(bt, coord.addr, "warm-" + name, ds, batch, 1, "auto", ca)
+        dc, gr = [], []
+        for i in range(repeat):
+            dc.append(fetch_rate(bt, coord.addr, "ta-%s-%d" % (name, i), ds, batch, epochs,
+                                 "auto", ca)[0])
+            gr.append(fetch_rate(bt, coord.addr, "tg-%s-%d" % (name, i), ds, batch, epochs,
+                                 "grpc", ca)[0])
+        row = {"sample": sample, "batch": batch, "dchan_mib_s": median(dc),
+               "grpc_mib_s": median(gr), "dchan_runs": dc, "grpc_runs": gr}
+        row["speedup"] = row["dchan_mib_s"] / row["grpc_mib_s"]
+        report["t"].append(row)
+        log("(t) TLS, %s x %d: data channel %.0f MiB/s, gRPC %.0f MiB/s, x%.2f" %
+            (human(sample), batch, row["dchan_mib_s"], row["grpc_mib_s"], row["speedup"]))
+        os.remove(os.path.join(root, name, "part-00000.npy"))
+    for d in workers + [coord]:
+        d.stop()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(SRC, "build"), help="build folder")
     ap.add_argument("--quick", action="store_true", help="smaller datasets, fewer repeats")
     ap.add_argument("--repeat", type=int, default=0, help="runs per figure (default 5, quick 3)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    ap.add_argument("--parts", default="abc", help="which measurements to run (default abc)")
+    ap.add_argument("--parts", default="abct",
+                    help="which measurements to run (default abct; t: with TLS)")
     args = ap.parse_args()
     repeat = args.repeat or (3 if args.quick else 5)
     build = os.path.abspath(args.build)
@@ -230,7 +274,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="bench-client-")
     root = os.path.join(tmp, "data")
     os.makedirs(root)
-    report = {"a": [], "b": [], "c": []}
+    report = {"a": [], "b": [], "c": [], "t": []}
     try:
         coord = bt.coordinator(tmp)
         workers = [bt.worker(tmp, coord.addr, "w%d" % i, data_root=root) for i in range(2)]
@@ -238,6 +282,8 @@ def main():
                             for w in bt.status_json(coord.addr)["workers"]) == 2, 20,
                 what="two live workers")
         log("cluster: coordinator %s, workers %s" % (coord.addr, [w.addr for w in workers]))
+        if "t" in args.parts:
+            tls_rates(bt, tmp, root, repeat, args.quick, report)
 
         sizes = [(s, b, (t // 4 if args.quick else t)) for s, b, t in SIZES]
         for sample, batch, total in sizes:
@@ -382,6 +428,12 @@ def print_markdown(rep, repeat):
         out.append("| %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %.2f |" % (
             human(r["sample"]), r["batch"], r["batches"], r["bw_mib_s"], r["bw_samples_s"],
             r["torch_mib_s"], r["torch_samples_s"], r["speedup"]))
+    out.append("\n(t) the same fetch against workers serving TLS (median of %d)\n" % repeat)
+    out.append("| sample | batch | data channel (TLS) MiB/s | gRPC (TLS) MiB/s | speed-up |")
+    out.append("|---|---|---|---|---|")
+    for r in rep["t"]:
+        out.append("| %s | %d | %.0f | %.0f | %.2f |" % (
+            human(r["sample"]), r["batch"], r["dchan_mib_s"], r["grpc_mib_s"], r["speedup"]))
     out.append("\n(c) time to first batch after resume (median of %d)\n" % repeat)
     out.append("| step | Loader(resume=...) | first batch | total |")
     out.append("|---|---|---|---|")

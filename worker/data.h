@@ -74,14 +74,16 @@ int bw__data_prepare_samples(bw_worker *w, const char *peer,
                              const Batchwire__V1__ReadSamplesRequest *r, bw__wds **out, char *err,
                              size_t errlen);
 
-/* ---- data_channel.c: ReadSamples over plain TCP (core/rpc/dchan.h, docs/data-channel.md) ---- */
+/* ---- data_channel.c: ReadSamples over TCP or TLS (core/rpc/dchan.h, docs/data-channel.md) ---- */
 
 typedef struct bw__dchan_server bw__dchan_server;
 
 /* Listens on `listen` (HOST:PORT, port 0: any) and serves each connection on a thread of its
- * own; *port is the port bound. */
-int bw__dchan_server_start(bw_worker *w, const char *listen, bw__dchan_server **out, int *port,
-                           char *err, size_t errlen);
+ * own, over TLS when `tls` is set (taken over: freed with the server, also on failure); *port
+ * is the port bound. */
+struct ssl_ctx_st;
+int bw__dchan_server_start(bw_worker *w, const char *listen, struct ssl_ctx_st *tls,
+                           bw__dchan_server **out, int *port, char *err, size_t errlen);
 /* Stops accepting, ends every connection and joins the threads. NULL is a no-op. */
 void bw__dchan_server_stop(bw__dchan_server *s);
 

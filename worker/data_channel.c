@@ -1,5 +1,5 @@
 /*
- * ReadSamples over plain TCP (core/rpc/dchan.h, docs/data-channel.md). One thread per
+ * ReadSamples over TCP or TLS (core/rpc/dchan.h, docs/data-channel.md). One thread per
  * connection: it reads a request, runs the same checks as the gRPC method
  * (bw__data_prepare_samples) and writes each sample's frame header and bytes with one
  * sendmsg per batch of frames -- large samples straight from the mapped file, small ones
@@ -19,6 +19,8 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include <openssl/ssl.h>
+
 #include "rpc/dchan.h"
 #include "worker.h"
 
@@ -35,7 +37,7 @@ enum {
 };
 
 typedef struct conn {
-    int fd;
+    bw_dsock sock;
     pthread_t th;
     atomic_bool done;
     struct bw__dchan_server *srv;
@@ -46,6 +48,7 @@ typedef struct conn {
 struct bw__dchan_server {
     bw_worker *w;
     int lfd;
+    SSL_CTX *tls; /* NULL: plain TCP */
     pthread_t th;
     atomic_bool stopping;
     pthread_mutex_t mu;
@@ -60,7 +63,7 @@ struct bw__dchan_server {
  * written with one sendmsg per PENDING_MAX samples or SEND_BYTES bytes. */
 
 typedef struct wbuf {
-    int fd;
+    bw_dsock *sock;
     uint8_t *stage; /* STAGE_BYTES */
     size_t len;
     struct iovec *iov; /* IOV_CAP */
@@ -70,10 +73,10 @@ typedef struct wbuf {
     char err[256];
 } wbuf;
 
-static int wbuf_init(wbuf *o, int fd)
+static int wbuf_init(wbuf *o, bw_dsock *sock)
 {
     memset(o, 0, sizeof(*o));
-    o->fd = fd;
+    o->sock = sock;
     o->stage = malloc(STAGE_BYTES);
     o->iov = malloc(IOV_CAP * sizeof(*o->iov));
     o->recs = malloc(PENDING_MAX * sizeof(*o->recs));
@@ -103,8 +106,8 @@ static void add_iov(wbuf *o, const void *p, size_t len)
 
 static int flush(wbuf *o)
 {
-    int rc = o->niov ? bw__sock_writev_all(o->fd, o->iov, o->niov, bw__mono_ms() + SEND_TIMEOUT_MS,
-                                           o->err, sizeof(o->err))
+    int rc = o->niov ? bw__dsock_writev_all(o->sock, o->iov, o->niov,
+                                            bw__mono_ms() + SEND_TIMEOUT_MS, o->err, sizeof(o->err))
                      : BW_OK;
     for (size_t i = 0; i < o->nrec; i++)
         bw__record_release(&o->recs[i]);
@@ -198,7 +201,13 @@ static void *serve(void *arg)
     bw_worker *w = c->srv->w;
     wbuf o;
     char err[1400];
-    bool ok = wbuf_init(&o, c->fd) == BW_OK;
+    bool ok = wbuf_init(&o, &c->sock) == BW_OK;
+    if (ok && c->srv->tls &&
+        bw__dsock_tls(&c->sock, c->srv->tls, NULL, bw__mono_ms() + BODY_TIMEOUT_MS, err,
+                      sizeof(err)) != BW_OK) {
+        BW_INFO("data channel peer=%s: %s; closing the connection", c->peer, err);
+        ok = false;
+    }
     while (ok && !atomic_load(&c->srv->stopping)) {
         uint8_t h[BW_DCHAN_REQ_HEADER];
         size_t got = 0;
@@ -206,9 +215,9 @@ static void *serve(void *arg)
          * --data-idle-timeout-ms (the client then connects again); stop() shuts the socket
          * down to end the wait. */
         int64_t idle = w->cfg->data_idle_timeout_ms;
-        int rc =
-            bw__sock_read_all(c->fd, h, sizeof(h), idle > 0 ? bw__mono_ms() + (uint64_t)idle : 0,
-                              &got, err, sizeof(err));
+        int rc = bw__dsock_read_all(&c->sock, h, sizeof(h),
+                                    idle > 0 ? bw__mono_ms() + (uint64_t)idle : 0, &got, err,
+                                    sizeof(err));
         if (rc == BW_TIMEOUT && !got)
             BW_DEBUG("data channel peer=%s: closing a connection idle for %lld ms", c->peer,
                      (long long)idle);
@@ -230,8 +239,8 @@ static void *serve(void *arg)
             send_error(&o, BW_NOMEM, "data channel: out of memory for the request");
             break;
         }
-        rc = bw__sock_read_all(c->fd, body, (size_t)len, bw__mono_ms() + BODY_TIMEOUT_MS, &got, err,
-                               sizeof(err));
+        rc = bw__dsock_read_all(&c->sock, body, (size_t)len, bw__mono_ms() + BODY_TIMEOUT_MS, &got,
+                                err, sizeof(err));
         if (rc != BW_OK) {
             BW_INFO("data channel peer=%s: request body: %zu of %llu bytes came: %s", c->peer, got,
                     (unsigned long long)len, err);
@@ -263,7 +272,7 @@ static void *serve(void *arg)
         }
     }
     wbuf_free(&o);
-    shutdown(c->fd, SHUT_RDWR);
+    shutdown(c->sock.fd, SHUT_RDWR);
     atomic_store(&c->done, true);
     return NULL;
 }
@@ -275,10 +284,10 @@ static void reap(bw__dchan_server *s, bool all)
     while (*pp) {
         conn *c = *pp;
         if (all)
-            shutdown(c->fd, SHUT_RDWR);
+            shutdown(c->sock.fd, SHUT_RDWR);
         if (all || atomic_load(&c->done)) {
             pthread_join(c->th, NULL);
-            close(c->fd);
+            bw__dsock_close(&c->sock);
             *pp = c->next;
             s->nconns--;
             free(c);
@@ -320,7 +329,7 @@ static void *accept_loop(void *arg)
         conn *c = calloc(1, sizeof(*c));
         if (!c)
             abort();
-        c->fd = fd;
+        c->sock = (bw_dsock){fd, NULL};
         c->srv = s;
         peer_name(fd, c->peer, sizeof(c->peer));
         pthread_mutex_lock(&s->mu);
@@ -352,10 +361,11 @@ static void *accept_loop(void *arg)
             } else {
                 s->refused_quiet++;
             }
-            wbuf o;
-            if (wbuf_init(&o, fd) == BW_OK)
+            wbuf o; /* over TLS the refusal is the closed connection (no handshake) */
+            if (!s->tls && wbuf_init(&o, &c->sock) == BW_OK)
                 send_error(&o, BW_UNAVAILABLE, msg);
-            wbuf_free(&o);
+            if (!s->tls)
+                wbuf_free(&o);
             close(fd);
             free(c);
         }
@@ -363,16 +373,18 @@ static void *accept_loop(void *arg)
     return NULL;
 }
 
-int bw__dchan_server_start(bw_worker *w, const char *listen, bw__dchan_server **out, int *port,
-                           char *err, size_t errlen)
+int bw__dchan_server_start(bw_worker *w, const char *listen, SSL_CTX *tls, bw__dchan_server **out,
+                           int *port, char *err, size_t errlen)
 {
     *out = NULL;
     bw__dchan_server *s = calloc(1, sizeof(*s));
     if (!s)
         abort();
     s->w = w;
+    s->tls = tls;
     int rc = bw__sock_listen(listen, &s->lfd, port, err, errlen);
     if (rc != BW_OK) {
+        bw__dchan_tls_ctx_free(tls);
         free(s);
         return rc;
     }
@@ -381,6 +393,7 @@ int bw__dchan_server_start(bw_worker *w, const char *listen, bw__dchan_server **
         snprintf(err, errlen, "data channel: cannot start its thread");
         close(s->lfd);
         pthread_mutex_destroy(&s->mu);
+        bw__dchan_tls_ctx_free(tls);
         free(s);
         return BW_INTERNAL;
     }
@@ -397,5 +410,6 @@ void bw__dchan_server_stop(bw__dchan_server *s)
     close(s->lfd);
     reap(s, true);
     pthread_mutex_destroy(&s->mu);
+    bw__dchan_tls_ctx_free(s->tls);
     free(s);
 }

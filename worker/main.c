@@ -8,7 +8,10 @@
 #include <sys/stat.h>
 
 #include "common/util.h"
+#include <openssl/ssl.h>
+
 #include "rpc/dchan.h"
+#include "rpc/tls.h"
 #include "worker.h"
 
 static const bw_opt options[] = {
@@ -23,8 +26,8 @@ static const bw_opt options[] = {
      "HOST:PORT", "address clients use to reach this worker (default: the bound address)"},
     {"data-listen", BW_OPT_STRING, offsetof(bw_worker_config, data_listen), NULL, 0, 0, NULL, 0,
      "HOST:PORT|off",
-     "bulk data channel (plain TCP) for ReadSamples (default: the --listen host, any free port; "
-     "off without TLS only)"},
+     "bulk data channel for ReadSamples, TLS like --listen (default: the --listen host, any "
+     "free port)"},
     {"data-advertise", BW_OPT_ADDR, offsetof(bw_worker_config, data_advertise), NULL, 0, 0, NULL, 0,
      "HOST:PORT",
      "address clients use for the data channel (default: the advertised host, "
@@ -79,22 +82,13 @@ static void advertise_address(bw_worker *w)
     }
 }
 
-/* The data channel is plain TCP: it runs only when the gRPC listener does too (with TLS,
- * clients fetch over gRPC); `--data-listen off` turns it off. */
+/* The data channel speaks what the gRPC listener speaks: plain TCP, or TLS with the same
+ * certificate and client-certificate rule; `--data-listen off` turns it off. */
 static int start_data_channel(bw_worker *w, char *err, size_t errlen)
 {
     const char *dl = w->cfg->data_listen;
     if (dl && strcmp(dl, "off") == 0)
         return BW_OK;
-    if (w->cfg->common.tls_cert) {
-        if (!dl)
-            return BW_OK;
-        snprintf(err, errlen,
-                 "--data-listen %s: the data channel is plain TCP and cannot be combined with "
-                 "--tls-cert (clients fetch over gRPC with TLS); drop --data-listen",
-                 dl);
-        return BW_INVALID_ARGUMENT;
-    }
     char host[256], port[16], listen[300];
     if (dl) {
         if (bw__sock_split(dl, host, sizeof(host), port, sizeof(port)) != BW_OK) {
@@ -106,8 +100,16 @@ static int start_data_channel(bw_worker *w, char *err, size_t errlen)
         const char *colon = strrchr(w->bound, ':');
         snprintf(listen, sizeof(listen), "%.*s:0", colon ? (int)(colon - w->bound) : 0, w->bound);
     }
+    SSL_CTX *tls = NULL;
+    if (w->cfg->common.tls_cert) {
+        bw_tls_server_files f = {w->cfg->common.tls_cert, w->cfg->common.tls_key,
+                                 w->cfg->common.tls_client_ca};
+        int rc = bw__dchan_tls_server_ctx(&f, &tls, err, errlen);
+        if (rc != BW_OK)
+            return rc;
+    }
     int bound_port = 0;
-    int rc = bw__dchan_server_start(w, listen, &w->dchan, &bound_port, err, errlen);
+    int rc = bw__dchan_server_start(w, listen, tls, &w->dchan, &bound_port, err, errlen);
     if (rc != BW_OK)
         return rc;
     if (w->cfg->data_advertise) {

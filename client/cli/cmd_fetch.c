@@ -77,7 +77,7 @@ static const bw_opt options[] = {
     {"timeout-ms", BW_OPT_INT, offsetof(fetch_cfg, timeout_ms), "10000", 1, 3600000, NULL, 0, "MS",
      "deadline of each call"},
     {"transport", BW_OPT_ENUM, offsetof(fetch_cfg, transport), "auto", 0, 0, "auto|grpc", 0, NULL,
-     "auto: the workers' TCP data channel where offered (never with TLS), else gRPC; grpc: "
+     "auto: the workers' data channel where offered (TLS when this uses TLS), else gRPC; grpc: "
      "always gRPC"},
     {"log-level", BW_OPT_ENUM, offsetof(fetch_cfg, log_level), "warn", 0, 0, BW_LOG_LEVEL_CHOICES,
      0, NULL, "the library's log lines on stderr at this level or more severe (failover: info)"},

@@ -16,8 +16,7 @@ static void dconn_free(bw__dconn *c)
 {
     if (!c)
         return;
-    if (c->fd >= 0)
-        close(c->fd);
+    bw__dsock_close(&c->s);
     free(c->buf);
     free(c->address);
     free(c);
@@ -39,14 +38,25 @@ int bw__dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn
         (*out)->reused = true;
         return BW_OK;
     }
-    int fd = -1;
-    int rc = bw__sock_connect(address, timeout_ms, &fd, err, errlen);
-    if (rc != BW_OK)
+    uint64_t deadline = bw__mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
+    bw_dsock sock = {-1, NULL};
+    int rc = bw__sock_connect(address, timeout_ms, &sock.fd, err, errlen);
+    if (rc == BW_OK && s->dchan_tls) {
+        char host[256], port[16];
+        rc = bw__sock_split(address, host, sizeof(host), port, sizeof(port));
+        if (rc != BW_OK)
+            snprintf(err, errlen, "address %s is not HOST:PORT", address);
+        else
+            rc = bw__dsock_tls(&sock, s->dchan_tls, host, deadline, err, errlen);
+    }
+    if (rc != BW_OK) {
+        bw__dsock_close(&sock);
         return rc;
+    }
     bw__dconn *c = calloc(1, sizeof(*c));
     if (!c || !(c->address = strdup(address)) || !(c->buf = malloc(BW_DCONN_BUF)))
         abort();
-    c->fd = fd;
+    c->s = sock;
     c->read_ahead = true;
     *out = c;
     return BW_OK;
@@ -64,6 +74,20 @@ int bw__dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t *go
         return BW_OK;
     }
     c->pos = c->len = 0;
+    if (c->s.ssl) { /* decrypted straight into dst, or through the buffer */
+        size_t want = direct             ? n
+                      : c->read_ahead    ? BW_DCONN_BUF
+                      : n < BW_DCONN_BUF ? n
+                                         : BW_DCONN_BUF;
+        int rc = bw__dsock_recv(&c->s, direct ? dst : c->buf, want, got, err, errlen);
+        if (rc != BW_OK || direct)
+            return rc;
+        c->len = *got;
+        *got = c->len < n ? c->len : n;
+        memcpy(dst, c->buf, *got);
+        c->pos = *got;
+        return BW_OK;
+    }
     /* Read ahead (frame headers, small samples) only while samples are small: a large
      * sample's bytes must land in the batch, not in the buffer. */
     size_t ahead = c->read_ahead ? BW_DCONN_BUF : BW_DCHAN_FRAME_HEADER;
@@ -76,7 +100,7 @@ int bw__dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t *go
     mh.msg_iovlen = direct ? 2 : 1;
     ssize_t r;
     do
-        r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+        r = recvmsg(c->s.fd, &mh, MSG_DONTWAIT);
     while (r < 0 && errno == EINTR);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return BW_OK;

@@ -220,7 +220,8 @@ static int dchan_send(bw__session *sess, route *r, const char *address, int time
     if (rc != BW_OK)
         return rc;
     struct iovec iov = {r->req, r->reqlen};
-    rc = bw__sock_writev_all(r->dc->fd, &iov, 1, bw__mono_ms() + (uint64_t)timeout_ms, err, errlen);
+    rc =
+        bw__dsock_writev_all(&r->dc->s, &iov, 1, bw__mono_ms() + (uint64_t)timeout_ms, err, errlen);
     if (rc != BW_OK && r->dc->reused && !fresh) /* the worker closed an idle connection */
         return dchan_send(sess, r, address, timeout_ms, true, err, errlen);
     return rc;
@@ -378,7 +379,7 @@ static void dread_all(dread *ds, size_t n, const bw__fetch_ctx *ctx, want *w)
         size_t m = 0;
         for (size_t i = 0; i < n; i++)
             if (ds[i].phase != D_DONE) {
-                pf[m] = (struct pollfd){ds[i].r->dc->fd, POLLIN, 0};
+                pf[m] = (struct pollfd){ds[i].r->dc->s.fd, POLLIN, 0};
                 who[m++] = i;
             }
         if (m == 0)

@@ -13,6 +13,7 @@
 #include "data.pb-c.h"
 #include "jobs.pb-c.h"
 #include "rpc/client.h"
+#include "rpc/dchan.h"
 #include "sampler/sampler.h"
 
 enum {
@@ -44,7 +45,7 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
 void bw__job_request_free(bw__job_request *jr);
 
 /* Whether sample bytes may use the workers' data channel: o->transport, else
- * BATCHWIRE_TRANSPORT, else "auto" (never with TLS). BW_INVALID_ARGUMENT for another value. */
+ * BATCHWIRE_TRANSPORT, else "auto". BW_INVALID_ARGUMENT for another value. */
 int bw__loader_transport(const bw_loader_options *o, bool *data_channel, char *err, size_t errlen);
 
 /* ---- session.c: the coordinator side ---- */
@@ -89,6 +90,7 @@ typedef struct bw__session {
     size_t nchannels, capchannels;
     char **channel_addrs;
     bw_rpc_channel **channels;
+    struct ssl_ctx_st *dchan_tls; /* data channels speak TLS (the loader does) */
     /* idle data-channel connections, most recently used last */
     size_t nidle;
     struct bw__dconn *idle[BW_DCONN_IDLE_MAX];
@@ -122,7 +124,7 @@ bw_rpc_channel *bw__session_worker_channel(bw__session *s, const char *address, 
 /* ---- data_channel.c: connections to the workers' data channels ---- */
 
 typedef struct bw__dconn {
-    int fd;
+    bw_dsock s;
     char *address;
     bool reused;  /* taken from the idle list (the worker may have closed it meanwhile) */
     uint8_t *buf; /* received, not yet consumed: frame headers and small samples */

@@ -251,7 +251,7 @@ int bw__loader_transport(const bw_loader_options *o, bool *data_channel, char *e
         snprintf(err, errlen, "%s is '%s': expected auto or grpc", from, t);
         return BW_INVALID_ARGUMENT;
     }
-    /* The data channel is plain TCP: a loader that talks TLS never uses it. */
-    *data_channel = strcmp(t, "auto") == 0 && !o->tls_ca && !o->tls_cert && !o->tls_key;
+    /* (The data channel speaks TLS when the loader does.) */
+    *data_channel = strcmp(t, "auto") == 0;
     return BW_OK;
 }

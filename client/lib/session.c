@@ -198,6 +198,10 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     int rc = bw__rpc_channel_open(&co, &s->coord, err, errlen);
     if (rc != BW_OK)
         return rc;
+    /* The files were checked by the channel's credentials above. */
+    if (bw__tls_client_enabled(&s->chopts.tls) &&
+        (rc = bw__dchan_tls_client_ctx(&s->chopts.tls, &s->dchan_tls, err, errlen)) != BW_OK)
+        return rc;
 
     Batchwire__V1__GetOrCreateJobRequest creq = BATCHWIRE__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
     creq.name = jr->name;
@@ -326,6 +330,7 @@ void bw__session_close(bw__session *s)
     bw__placement_put(s->placement);
     bw__rpc_channel_close(s->coord);
     bw__arena_reset(&s->job_arena);
+    bw__dchan_tls_ctx_free(s->dchan_tls);
     free((void *)s->chopts.tls.ca);
     free((void *)s->chopts.tls.cert);
     free((void *)s->chopts.tls.key);

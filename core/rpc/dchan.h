@@ -76,4 +76,44 @@ int bw__sock_read_all(int fd, void *buf, size_t len, uint64_t deadline_ms, size_
 int bw__sock_writev_all(int fd, struct iovec *iov, size_t n, uint64_t deadline_ms, char *err,
                         size_t errlen);
 
+/* ---- connections: plain TCP, or TLS over it (the same PEM files as gRPC's) ---- */
+
+struct ssl_st;
+struct ssl_ctx_st;
+struct bw_tls_server_files;
+struct bw_tls_client_files;
+
+typedef struct bw_dsock {
+    int fd;
+    struct ssl_st *ssl; /* NULL: plain TCP */
+} bw_dsock;
+
+/* OpenSSL contexts for the data channel: the server's presents --tls-cert and, with
+ * --tls-client-ca, requires client certificates signed by it; the client's verifies the
+ * worker against --tls-ca (its host name or IP address) and presents --tls-cert if given.
+ * TLS 1.2 or newer. BW_TLS with a sentence naming the file on failure. */
+int bw__dchan_tls_server_ctx(const struct bw_tls_server_files *files, struct ssl_ctx_st **out,
+                             char *err, size_t errlen);
+int bw__dchan_tls_client_ctx(const struct bw_tls_client_files *files, struct ssl_ctx_st **out,
+                             char *err, size_t errlen);
+void bw__dchan_tls_ctx_free(struct ssl_ctx_st *ctx);
+
+/* Runs the TLS handshake on s->fd (made non-blocking) before the deadline; `host` is the name
+ * a client verifies (NULL on the server). BW_TLS with a sentence on failure. */
+int bw__dsock_tls(bw_dsock *s, struct ssl_ctx_st *ctx, const char *host, uint64_t deadline_ms,
+                  char *err, size_t errlen);
+
+/* Up to n bytes without waiting (*got 0: none yet). BW_OK, or BW_UNAVAILABLE when the
+ * connection closed or failed. */
+int bw__dsock_recv(bw_dsock *s, void *buf, size_t n, size_t *got, char *err, size_t errlen);
+
+/* bw__sock_read_all / bw__sock_writev_all over plain TCP or TLS. */
+int bw__dsock_read_all(bw_dsock *s, void *buf, size_t len, uint64_t deadline_ms, size_t *got,
+                       char *err, size_t errlen);
+int bw__dsock_writev_all(bw_dsock *s, struct iovec *iov, size_t n, uint64_t deadline_ms, char *err,
+                         size_t errlen);
+
+/* Closes the connection (a TLS close_notify first, best effort). */
+void bw__dsock_close(bw_dsock *s);
+
 #endif

@@ -75,8 +75,9 @@ typedef struct bw_loader_options {
     int device;
 
     /* How sample bytes travel: "auto" (default; the BATCHWIRE_TRANSPORT environment variable
-     * when NULL) uses a worker's plain-TCP data channel when it offers one and the loader
-     * does not use TLS, else gRPC; "grpc" always uses gRPC (docs/data-channel.md). */
+     * when NULL) uses a worker's data channel when it offers one (TLS with the loader's TLS
+     * settings when they are given), else gRPC; "grpc" always uses gRPC
+     * (docs/data-channel.md). */
     const char *transport;
 } bw_loader_options;
 

@@ -237,8 +237,8 @@ class Loader:
     timeout       seconds per call to a worker or the coordinator
     device        None or "cpu": host memory; "cuda:N": batches copied to that GPU
     tls_ca, tls_cert, tls_key, tls_server_name   TLS to the coordinator and workers
-    transport     "auto" (default, or $BATCHWIRE_TRANSPORT): the workers' TCP data channel
-                  where offered and TLS is off, else gRPC; "grpc": always gRPC
+    transport     "auto" (default, or $BATCHWIRE_TRANSPORT): the workers' data channel where
+                  offered (TLS with the tls_* settings), else gRPC; "grpc": always gRPC
 
     ``for batch in loader`` runs the rest of the current epoch; ``loader.next_epoch()`` starts
     the next one, or ``for epoch in loader.epochs(n): for batch in loader: ...``.

@@ -1,15 +1,19 @@
-"""The storage worker's bulk data channel (core/rpc/dchan.h): ReadSamples over plain TCP,
+"""The storage worker's bulk data channel (core/rpc/dchan.h): ReadSamples over TCP (or TLS),
 spoken here with a raw socket, byte for byte as the header comment of dchan.h describes it.
 
 * every worker of a plaintext cluster registers a data_address (`batchwire status --json`,
   the placement table), the address its first log line names; `--data-listen off` registers
-  "", and so does a TLS worker; a worker whose data port cannot be reached is fetched from
-  over gRPC with one warning and the same batches; a worker restarted on the same ports under
-  a client's idle connections costs no failover (the client asks again on new connections); a
-  worker at --data-max-connections refuses more with BW_UNAVAILABLE and its clients ask it over
-  gRPC instead of failing over; --data-idle-timeout-ms closes idle connections; `--data-advertise` is what gets registered; `--tls-cert` with
-  an explicit `--data-listen`, or a malformed `--data-listen`, refuses to start (exit 1,
-  naming the flag);
+  ""; `--data-advertise` is what gets registered; a malformed `--data-listen` refuses to
+  start (exit 1, naming the flag);
+* a worker whose data port cannot be reached is fetched from over gRPC with one warning and
+  the same batches; a worker restarted on the same ports under a client's idle connections
+  costs no failover (the client asks again on new connections); a worker at
+  --data-max-connections refuses more with BW_UNAVAILABLE and its clients ask it over gRPC
+  instead of failing over; --data-idle-timeout-ms closes idle connections;
+* workers serving mutual TLS offer a TLS data channel: `batchwire fetch` with a client
+  certificate gives the same batches through it (connections to the data ports) as over gRPC;
+  a plaintext request on the TLS port gets no frame; without a client certificate the fetch
+  fails clearly (exit 1, "certificate required"), and the worker keeps serving;
 * a valid request (indices shuffled, with repeats) gets SAMPLE frames in request order whose
   bytes are numpy's rows of the .npy file, then END with the count -- small rows (copied into
   the worker's staging buffer), large ones (sent from the mapped file), TFRecord records of 0
@@ -581,8 +585,8 @@ def test(tmpdir):
              "... with one warning naming the worker and the fallback: %s" %
              (warns[0] if warns else ""), r.stderr)
     w3.stop()
-    bt.poll(lambda: bt.workers_by_id(bt.status_json(coord.addr))["w3"]["state"] == "dead", 15,
-            interval=0.1, what="w3 dead after SIGTERM")
+    # (dead in placement once the coordinator's sweep marks it, which it logs)
+    coord.wait_log(r"worker=w3 address=\S+ marked dead", timeout=15)
 
     # --- a worker restarted on the same ports while a client holds idle connections to it:
     # the first request on each stale connection fails before any byte and is asked again on
@@ -652,48 +656,99 @@ def test(tmpdir):
     expect_samples(c, small, [3, 4], "w4 serves a new connection once slots are free")
     c.close()
     w4.stop()
-    bt.poll(lambda: bt.workers_by_id(bt.status_json(coord.addr))["w4"]["state"] == "dead", 15,
-            interval=0.1, what="w4 dead after SIGTERM")
+    coord.wait_log(r"worker=w4 address=\S+ marked dead", timeout=15)
 
     # --- workers without a data channel, and the refusals at start
-    # A second coordinator, serving TLS: a worker with --tls-cert also talks TLS to it.
+    # A second coordinator, serving TLS: a worker with --tls-ca talks TLS to it.
     pki = bt.make_pki(tmpdir)
     aux = bt.coordinator(tmpdir, name="coordinator-tls",
                          args=["--heartbeat-ms", 200, "--tls-cert", pki["server_crt"],
-                               "--tls-key", pki["server_key"]])
+                               "--tls-key", pki["server_key"], "--worker-tls-ca", pki["ca"]])
     ca = ["--tls-ca", pki["ca"]]
     tls = ca + ["--tls-cert", pki["worker_crt"], "--tls-key", pki["worker_key"]]
     off = bt.worker(tmpdir, aux.addr, "off", data_root=root, args=ca + ["--data-listen", "off"])
-    tw = bt.worker(tmpdir, aux.addr, "tls", data_root=root, args=tls)
     adv = bt.worker(tmpdir, aux.addr, "adv", data_root=root,
                     args=ca + ["--data-listen", "127.0.0.1:0", "--data-advertise",
                                "data.example:7007"])
-    st = bt.poll(lambda: (lambda s: s if sum(w["state"] == "alive" for w in s["workers"]) == 3
+    st = bt.poll(lambda: (lambda s: s if sum(w["state"] == "alive" for w in s["workers"]) == 2
                           else None)(bt.status_json(aux.addr, ca)), 15, interval=0.1,
-                 what="three live workers at the TLS coordinator")
+                 what="two live workers at the TLS coordinator")
     ws = bt.workers_by_id(st)
     bt.check(ws["off"]["data_address"] == "" and "data-channel=off" in off.first_line,
              "a worker started with --data-listen off registers data_address \"\"", ws["off"])
-    bt.check(ws["tls"]["data_address"] == "" and "(TLS)" in tw.first_line and
-             "data-channel=off" in tw.first_line,
-             "a worker serving TLS (--tls-cert) registers data_address \"\"", ws["tls"])
     bt.check(ws["adv"]["data_address"] == "data.example:7007",
              "--data-advertise data.example:7007 is the data_address registered", ws["adv"])
     real = adv.first_line.split("listening on ", 1)[1].split()[0]  # the gRPC address
     bt.check(real.startswith("127.0.0.1:"), "adv listens on loopback")
     r = bt.run([bt.WORKER, "--coordinator", aux.addr, "--listen", "127.0.0.1:0", "--data-root",
-                root, "--id", "bad"] + tls + ["--data-listen", "127.0.0.1:0"], timeout=20)
-    bt.check(r.returncode != 0 and "--data-listen" in r.stderr and "--tls-cert" in r.stderr,
-             "--tls-cert with --data-listen 127.0.0.1:0 refuses to start (exit %d): %s" %
-             (r.returncode, r.stderr.strip().splitlines()[-1][:200] if r.stderr.strip() else ""),
-             r.stderr)
-    r = bt.run([bt.WORKER, "--coordinator", aux.addr, "--listen", "127.0.0.1:0", "--data-root",
                 root, "--id", "bad", "--data-listen", "nonsense"] + ca, timeout=20)
     bt.check(r.returncode != 0 and "--data-listen nonsense" in r.stderr,
              "--data-listen nonsense refuses to start (exit %d)" % r.returncode, r.stderr)
+    for d in (off, adv):
+        d.stop()
+    for wid in ("off", "adv"):  # out of the placement before the next clients start
+        aux.wait_log(r"worker=%s address=\S+ marked dead" % wid, timeout=15)
 
-    for d in [coord, aux, off, tw, adv] + list(workers.values()):
-        bt.check(d.running(), "%s still running" % d.name)
+    # --- the data channel over mutual TLS: the workers' certificate and client-CA rule
+    mt = {wid: bt.worker(tmpdir, aux.addr, wid, data_root=root,
+                         args=tls + ["--tls-client-ca", pki["ca"]]) for wid in ("t1", "t2")}
+    tdaddr = bt.poll(lambda: (lambda s: {w: s[w]["data_address"] for w in mt} if all(
+        s.get(w, {}).get("state") == "alive" and s[w]["data_address"] for w in mt) else None)(
+        bt.workers_by_id(bt.status_json(aux.addr, ca))), 15, interval=0.1,
+        what="t1 and t2 alive with a data channel")
+    bt.check(all("(TLS, client certificates required)" in d.first_line and "data-channel=" +
+                 tdaddr[w] in d.first_line for w, d in mt.items()),
+             "workers serving mutual TLS offer a data channel: %s" % sorted(tdaddr.values()))
+    client = ca + ["--tls-cert", pki["client_crt"], "--tls-key", pki["client_key"]]
+
+    def tls_fetch(job, transport, creds, timeout_ms=10000):
+        return bt.cli("fetch", "--coordinator", aux.addr, "--job", job, "--dataset",
+                      "npy:" + SMALL, "--rank", 0, "--world-size", 1, "--batch-size", 7,
+                      "--shuffle", "--seed", 11, "--epochs", 3, "--transport", transport,
+                      "--timeout-ms", timeout_ms, *creds, timeout=60)
+
+    tports = {int(a.rsplit(":", 1)[1]) for a in tdaddr.values()}
+    before = tcp_tuples(tports)
+    r_auto = tls_fetch("tls-auto", "auto", client)
+    used = tcp_tuples(tports) - before
+    r_grpc = tls_fetch("tls-grpc", "grpc", client)
+    shas = lambda r: [json.loads(x)["sha256"] for x in r.stdout.splitlines()[:-1]]
+    bt.check(r_auto.returncode == 0 and r_grpc.returncode == 0 and
+             shas(r_auto) == shas(r_grpc) == [b[4] for b in auto] and used,
+             "over mutual TLS, batchwire fetch --transport auto (through the data channels: %d "
+             "connections) and --transport grpc give the plaintext run's batches" % len(used),
+             r_auto.stderr + r_grpc.stderr)
+    # A plaintext client on a TLS data port gets no frame: the handshake fails, the worker
+    # logs it and keeps serving.
+    c = connect(tdaddr["t1"])
+    c.sendall(frame(request(pbm, [SMALL], [1])))
+    c.settimeout(10)
+    got = b""
+    try:
+        while True:
+            chunk = c.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+    except ConnectionResetError:
+        pass
+    c.close()
+    bt.check(len(got) < 24 or got[0] == 0x15,
+             "a plaintext request on t1's TLS data port gets no frame (%d bytes: a TLS alert at "
+             "most) and the connection closed" % len(got), got[:64])
+    mt["t1"].wait_log(r"data channel peer=\S+: TLS handshake", timeout=10)
+    # Without a client certificate the workers refuse the data channel (and gRPC): a clear
+    # error, not a hang.
+    r = tls_fetch("tls-nocert", "auto", ca, timeout_ms=2000)
+    bt.check(r.returncode == 1 and "could not be fetched" in r.stderr,
+             "without a client certificate, fetch fails with exit 1: %s" %
+             (r.stderr.strip().splitlines() or [""])[-1][:300], (r.returncode, r.stdout[-2000:],
+                                                                r.stderr))
+    bt.check("data channel" in r.stderr and "certificate required" in r.stderr,
+             "... and says the worker's data channel required a client certificate", r.stderr)
+    r = bt.cli("health", "--addr", mt["t1"].addr, *client)
+    bt.check(r.returncode == 0 and "SERVING" in r.stdout, "t1 still SERVING", r.stderr)
+
     # SIGTERM while clients are connected: one idle between requests (w1), one that does not
     # read a large answer, so the worker is blocked sending (w2), one in the middle of a body.
     idle = connect(daddr["w1"])
@@ -705,9 +760,9 @@ def test(tmpdir):
     half.sendall(frame(request(pbm, [SMALL], [1, 2]))[:20])
     time.sleep(0.3)
     t0 = time.monotonic()
-    for d in list(workers.values()) + [off, tw, adv, aux, coord]:
+    for d in list(workers.values()) + list(mt.values()) + [aux, coord]:
         d.proc.send_signal(15)
-    for d in list(workers.values()) + [off, tw, adv, aux, coord]:
+    for d in list(workers.values()) + list(mt.values()) + [aux, coord]:
         rc = d.wait(20)
         bt.check(rc == 0, "%s exits 0 on SIGTERM" % d.name, d.log_text()[-3000:])
     bt.check(time.monotonic() - t0 < 10, "every daemon stopped within %.1fs of SIGTERM, w1 and "
