@@ -202,11 +202,13 @@ static uint64_t dead_ms(const bw_membership *m)
     return (uint64_t)m->heartbeat_ms * m->dead_after;
 }
 
-int bw__membership_sweep(bw_membership *m)
+/* Marks workers past the heartbeat deadline dead (a new placement version); m->mu held. Run
+ * before every snapshot too, so that the worker table, the placement and its version never
+ * disagree with the clock (a worker is never reported dead yet still placed). */
+static int sweep_locked(bw_membership *m)
 {
     int changed = 0;
     uint64_t now = bw__mono_ms();
-    pthread_mutex_lock(&m->mu);
     for (size_t i = 0; i < m->n; i++) {
         worker *w = &m->workers[i];
         uint64_t since = now - w->last_heartbeat_ms;
@@ -219,6 +221,13 @@ int bw__membership_sweep(bw_membership *m)
                     w->id, w->address, (unsigned long long)since, m->dead_after, m->heartbeat_ms);
         }
     }
+    return changed;
+}
+
+int bw__membership_sweep(bw_membership *m)
+{
+    pthread_mutex_lock(&m->mu);
+    int changed = sweep_locked(m);
     pthread_mutex_unlock(&m->mu);
     return changed;
 }
@@ -233,6 +242,7 @@ int bw__membership_list(bw_membership *m, bw_arena *arena, Batchwire__V1__ListWo
 {
     uint64_t now = bw__mono_ms();
     pthread_mutex_lock(&m->mu);
+    sweep_locked(m);
     size_t n = m->n;
     Batchwire__V1__WorkerInfo **list = bw__arena_alloc(arena, (n ? n : 1) * sizeof(*list));
     Batchwire__V1__WorkerInfo *infos = bw__arena_alloc(arena, (n ? n : 1) * sizeof(*infos));
@@ -283,6 +293,7 @@ int bw__membership_list(bw_membership *m, bw_arena *arena, Batchwire__V1__ListWo
 uint64_t bw__membership_version(bw_membership *m)
 {
     pthread_mutex_lock(&m->mu);
+    sweep_locked(m);
     uint64_t v = m->version;
     pthread_mutex_unlock(&m->mu);
     return v;
@@ -297,6 +308,7 @@ int bw__membership_live(bw_membership *m, bw_arena *arena, uint64_t *version, ch
                         char ***addresses, char ***data_addresses, size_t *n)
 {
     pthread_mutex_lock(&m->mu);
+    sweep_locked(m);
     size_t live = 0;
     for (size_t i = 0; i < m->n; i++)
         live += m->workers[i].alive;

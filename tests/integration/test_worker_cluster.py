@@ -173,8 +173,13 @@ def test(tmpdir):
 
     # Kill w2: only its shards move.
     workers["w2"].kill9()
-    new = wait_placement(cc, lambda t: [w.id for w in t.workers] == ["w1", "w3"],
-                         "w2 to leave the placement")
+    bt.poll(lambda: bt.workers_by_id(bt.status_json(coord.addr))["w2"]["state"] == "dead", 15,
+            interval=0.02, what="status to show w2 dead")
+    # The moment the worker table says dead, the placement no longer lists it.
+    new = cc.placement(NUM_SHARDS)
+    bt.check([w.id for w in new.workers] == ["w1", "w3"],
+             "as soon as status shows w2 dead, the placement (version %d) lists only w1 and w3"
+             % new.version, [w.id for w in new.workers])
     old_owner = [ids[o] for o in table.owners]
     new_owner = [[w.id for w in new.workers][o] for o in new.owners]
     moved = [s for s in range(NUM_SHARDS) if old_owner[s] != new_owner[s]]
