@@ -13,7 +13,8 @@ spoken here with a raw socket, byte for byte as the header comment of dchan.h de
 * workers serving mutual TLS offer a TLS data channel: `batchwire fetch` with a client
   certificate gives the same batches through it (connections to the data ports) as over gRPC;
   a plaintext request on the TLS port gets no frame; without a client certificate the fetch
-  fails clearly (exit 1, "certificate required"), and the worker keeps serving;
+  fails clearly (exit 1, "certificate required"), and the worker keeps serving; a worker
+  SIGKILLed under a TLS client is failed over with exact batches;
 * a valid request (indices shuffled, with repeats) gets SAMPLE frames in request order whose
   bytes are numpy's rows of the .npy file, then END with the count -- small rows (copied into
   the worker's staging buffer), large ones (sent from the mapped file), TFRecord records of 0
@@ -748,6 +749,22 @@ def test(tmpdir):
              "... and says the worker's data channel required a client certificate", r.stderr)
     r = bt.cli("health", "--addr", mt["t1"].addr, *client)
     bt.check(r.returncode == 0 and "SERVING" in r.stdout, "t1 still SERVING", r.stderr)
+    # A worker SIGKILLed under a client reading it over TLS: failover, exact batches, no hang.
+    held = e2e.Fetch(aux.addr, "tls-failover", "npy:" + SMALL, cfg, 0, world=1,
+                     extra=["--epochs", 30, "--prefetch", 2, "--timeout-ms", 5000,
+                            "--log-level", "info"] + client, gate_after=30)
+    bt.poll(lambda: held.batches_seen() >= 30, 30, interval=0.02, what="30 batches over TLS")
+    held.open_gate()
+    mt["t2"].kill9()
+    got, _ = held.ok(60, "the TLS fetch across t2's death")
+    want, _ = e2e.plans(cfg, n_small, 1, 30)
+    bt.check([b["indices"] for b in got] == [b["indices"] for b in want[0]] and
+             all(b["sha256"] == hashlib.sha256(b"".join(small[i] for i in b["indices"])).hexdigest()
+                 for b in got),
+             "t2 SIGKILLed under a TLS data-channel client: %d batches equal the plan and numpy's "
+             "rows (%s)" % (len(got), "failed over" if "failed while serving" in held.stderr()
+                            else "t2 was not needed after the kill"))
+    del mt["t2"]
 
     # SIGTERM while clients are connected: one idle between requests (w1), one that does not
     # read a large answer, so the worker is blocked sending (w2), one in the middle of a body.
