@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,8 +55,43 @@ struct bw__dchan_server {
     pthread_mutex_t mu;
     conn *conns;
     size_t nconns;
-    uint64_t refused_logged_ms, refused_quiet; /* one warning per 10 s about refusals */
+    uint64_t refused_logged_ms, refused_quiet;     /* one warning per 10 s about refusals */
+    atomic_uint_fast64_t bad_logged_ms, bad_quiet; /* malformed connections: one line a second */
 };
+
+/* Whether a malformed connection may be logged now: at most one line a second, so that a
+ * port scanner cannot flood the log; *quiet is how many were not logged before it. */
+static bool bad_log_allowed(bw__dchan_server *s, uint64_t *quiet)
+{
+    uint64_t now = bw__mono_ms(), last = atomic_load(&s->bad_logged_ms);
+    if ((last && now - last < 1000) ||
+        !atomic_compare_exchange_strong(&s->bad_logged_ms, &last, now)) {
+        atomic_fetch_add(&s->bad_quiet, 1);
+        return false;
+    }
+    *quiet = atomic_exchange(&s->bad_quiet, 0);
+    return true;
+}
+
+static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
+{
+    uint64_t quiet;
+    if (!bad_log_allowed(s, &quiet))
+        return;
+    char line[1800];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (quiet)
+        BW_INFO("%s (and %llu more such connections before it, not logged)", line,
+                (unsigned long long)quiet);
+    else
+        BW_INFO("%s", line);
+}
 
 /* ---- sending ----
  * Frames are gathered into one iovec list: headers and small samples copied into the staging
@@ -205,7 +241,7 @@ static void *serve(void *arg)
     if (ok && c->srv->tls &&
         bw__dsock_tls(&c->sock, c->srv->tls, NULL, bw__mono_ms() + BODY_TIMEOUT_MS, err,
                       sizeof(err)) != BW_OK) {
-        BW_INFO("data channel peer=%s: %s; closing the connection", c->peer, err);
+        bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
         ok = false;
     }
     while (ok && !atomic_load(&c->srv->stopping)) {
@@ -230,7 +266,7 @@ static void *serve(void *arg)
         uint64_t len;
         rc = bw__dchan_get_req_header(h, &kind, &len, err, sizeof(err));
         if (rc != BW_OK) {
-            BW_INFO("data channel peer=%s: %s; closing the connection", c->peer, err);
+            bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
             send_error(&o, rc, err);
             break;
         }
@@ -242,8 +278,8 @@ static void *serve(void *arg)
         rc = bw__dsock_read_all(&c->sock, body, (size_t)len, bw__mono_ms() + BODY_TIMEOUT_MS, &got,
                                 err, sizeof(err));
         if (rc != BW_OK) {
-            BW_INFO("data channel peer=%s: request body: %zu of %llu bytes came: %s", c->peer, got,
-                    (unsigned long long)len, err);
+            bad_conn_log(c->srv, "data channel peer=%s: request body: %zu of %llu bytes came: %s",
+                         c->peer, got, (unsigned long long)len, err);
             free(body);
             break;
         }
@@ -255,7 +291,7 @@ static void *serve(void *arg)
                      "data channel: the %llu-byte request is not a ReadSamplesRequest with a "
                      "dataset",
                      (unsigned long long)len);
-            BW_INFO("data channel peer=%s: %s; closing the connection", c->peer, err);
+            bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
             if (req)
                 batchwire__v1__read_samples_request__free_unpacked(req, NULL);
             send_error(&o, BW_INVALID_ARGUMENT, err);
