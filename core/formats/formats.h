@@ -142,6 +142,21 @@ int bw__source_from_memory(const bw__format_ops *ops, const char *name, const vo
 void bw__source_free(bw__source *s);
 
 /* Formats the common error prefix "PATH: offset N: " + message. Returns rc. */
+/* The record start offsets of a source indexed by one scan (lines, tar): the state of such a
+ * source, and the open/offset/close ops of its format. */
+typedef struct bw__starts {
+    uint64_t *at;
+    uint64_t n, cap;
+} bw__starts;
+
+int bw__starts_open(bw__source *s, char *err, size_t errlen);
+/* Appends a record start to a scan's list: BW_OK or BW_NOMEM. */
+int bw__starts_push(bw__starts *b, uint64_t off);
+/* Makes a finished scan's list the source's index (takes over b's array). */
+void bw__starts_install(bw__source *s, bw__starts *b);
+uint64_t bw__starts_offset(const bw__source *s, uint64_t i);
+void bw__starts_close(bw__source *s);
+
 int bw__fmt_fail(const bw__source *s, int rc, uint64_t off, char *err, size_t errlen,
                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 

@@ -7,11 +7,6 @@
 
 #include "formats/formats.h"
 
-typedef struct lines {
-    uint64_t *starts;
-    uint64_t n;
-} lines;
-
 static bool skip_blank(const bw__source *s)
 {
     return s->ops == &bw__fmt_jsonl;
@@ -34,45 +29,22 @@ static void line_at(const bw__source *s, uint64_t off, uint64_t *end, uint64_t *
     *next = nl ? *end + 1 : s->size;
 }
 
-static int lines_open(bw__source *s, char *err, size_t errlen)
-{
-    (void)err;
-    (void)errlen;
-    s->state = calloc(1, sizeof(lines));
-    return s->state ? BW_OK : BW_NOMEM;
-}
-
 static int lines_index(bw__source *s, char *err, size_t errlen)
 {
     (void)err;
     (void)errlen;
-    lines *st = s->state;
-    uint64_t cap = 1024, n = 0, off = 0;
-    uint64_t *starts = malloc(cap * sizeof(*starts));
-    if (!starts)
-        return BW_NOMEM;
-    while (off < s->size) {
+    bw__starts b = {NULL, 0, 0};
+    for (uint64_t off = 0; off < s->size;) {
         uint64_t end, next;
         line_at(s, off, &end, &next);
-        if (!skip_blank(s) || !is_blank(s->map->base + off, end - off)) {
-            if (n == cap) {
-                uint64_t *ns = realloc(starts, 2 * cap * sizeof(*ns));
-                if (!ns) {
-                    free(starts);
-                    return BW_NOMEM;
-                }
-                starts = ns;
-                cap *= 2;
-            }
-            starts[n++] = off;
+        if ((!skip_blank(s) || !is_blank(s->map->base + off, end - off)) &&
+            bw__starts_push(&b, off) != BW_OK) {
+            free(b.at);
+            return BW_NOMEM;
         }
         off = next;
     }
-    free(st->starts);
-    st->starts = starts;
-    st->n = n;
-    s->count = n;
-    s->indexed = true;
+    bw__starts_install(s, &b);
     return BW_OK;
 }
 
@@ -88,14 +60,14 @@ static void fill(const bw__source *s, uint64_t off, uint64_t end, bw__record *r)
 static int lines_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t errlen)
 {
     bw__record_init(r);
-    const lines *st = s->state;
+    const bw__starts *st = s->state;
     if (i >= st->n)
         return bw__fmt_fail(s, BW_OUT_OF_RANGE, s->size, err, errlen,
                             "line %llu requested but the file has %llu", (unsigned long long)i,
                             (unsigned long long)st->n);
     uint64_t end, next;
-    line_at(s, st->starts[i], &end, &next);
-    fill(s, st->starts[i], end, r);
+    line_at(s, st->at[i], &end, &next);
+    fill(s, st->at[i], end, r);
     return BW_OK;
 }
 
@@ -122,37 +94,22 @@ static int lines_next(bw__source *s, uint64_t off, bw__record *r, uint64_t *next
     }
 }
 
-static void lines_close(bw__source *s)
-{
-    lines *st = s->state;
-    if (st)
-        free(st->starts);
-    free(st);
-    s->state = NULL;
-}
-
-static uint64_t lines_offset(const bw__source *s, uint64_t i)
-{
-    const lines *st = s->state;
-    return i < st->n ? st->starts[i] : s->size;
-}
-
 const bw__format_ops bw__fmt_jsonl = {
     .name = "jsonl",
-    .open = lines_open,
+    .open = bw__starts_open,
     .index = lines_index,
     .get = lines_get,
     .next = lines_next,
-    .offset = lines_offset,
-    .close = lines_close,
+    .offset = bw__starts_offset,
+    .close = bw__starts_close,
 };
 
 const bw__format_ops bw__fmt_text = {
     .name = "text",
-    .open = lines_open,
+    .open = bw__starts_open,
     .index = lines_index,
     .get = lines_get,
     .next = lines_next,
-    .offset = lines_offset,
-    .close = lines_close,
+    .offset = bw__starts_offset,
+    .close = bw__starts_close,
 };

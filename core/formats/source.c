@@ -61,6 +61,52 @@ void bw__mapping_unref(bw__mapping *m)
     free(m);
 }
 
+int bw__starts_open(bw__source *s, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    s->state = calloc(1, sizeof(bw__starts));
+    return s->state ? BW_OK : BW_NOMEM;
+}
+
+int bw__starts_push(bw__starts *b, uint64_t off)
+{
+    if (b->n == b->cap) {
+        uint64_t cap = b->cap ? b->cap * 2 : 256;
+        uint64_t *at = realloc(b->at, cap * sizeof(*at));
+        if (!at)
+            return BW_NOMEM;
+        b->at = at;
+        b->cap = cap;
+    }
+    b->at[b->n++] = off;
+    return BW_OK;
+}
+
+void bw__starts_install(bw__source *s, bw__starts *b)
+{
+    bw__starts *st = s->state;
+    free(st->at);
+    *st = *b;
+    s->count = b->n;
+    s->indexed = true;
+}
+
+uint64_t bw__starts_offset(const bw__source *s, uint64_t i)
+{
+    const bw__starts *st = s->state;
+    return i < st->n ? st->at[i] : s->size;
+}
+
+void bw__starts_close(bw__source *s)
+{
+    bw__starts *st = s->state;
+    if (st)
+        free(st->at);
+    free(st);
+    s->state = NULL;
+}
+
 void bw__record_release(bw__record *r)
 {
     if (r->owner_is_own)

@@ -10,11 +10,6 @@
 
 #include "formats/formats.h"
 
-typedef struct tarx {
-    uint64_t *starts;
-    uint64_t n;
-} tarx;
-
 typedef struct member {
     uint64_t hdr_off; /* first header, extended headers included */
     uint64_t data_off, size;
@@ -283,67 +278,38 @@ static int sample_at(const bw__source *s, uint64_t off, bw__record *r, uint64_t 
     }
 }
 
-static int tar_open(bw__source *s, char *err, size_t errlen)
-{
-    (void)err;
-    (void)errlen;
-    s->state = calloc(1, sizeof(tarx));
-    return s->state ? BW_OK : BW_NOMEM;
-}
-
 static int tar_index(bw__source *s, char *err, size_t errlen)
 {
-    tarx *st = s->state;
-    uint64_t cap = 256, n = 0, off = 0;
-    uint64_t *starts = malloc(cap * sizeof(*starts));
+    bw__starts b = {NULL, 0, 0};
     bw__record *r = malloc(sizeof(*r));
-    if (!starts || !r) {
-        free(starts);
-        free(r);
-        return BW_NOMEM;
-    }
-    int rc;
-    for (;;) {
+    int rc = r ? BW_OK : BW_NOMEM;
+    for (uint64_t off = 0; rc == BW_OK;) {
         uint64_t next, start;
         rc = sample_at(s, off, r, &next, &start, err, errlen);
-        if (rc != BW_OK)
-            break;
-        if (n == cap) {
-            uint64_t *ns = realloc(starts, 2 * cap * sizeof(*ns));
-            if (!ns) {
-                rc = BW_NOMEM;
-                break;
-            }
-            starts = ns;
-            cap *= 2;
-        }
-        starts[n++] = start;
+        if (rc == BW_OK)
+            rc = bw__starts_push(&b, start);
         off = next;
     }
     free(r);
     if (rc != BW_FMT_END) {
-        free(starts);
+        free(b.at);
         return rc;
     }
-    free(st->starts);
-    st->starts = starts;
-    st->n = n;
-    s->count = n;
-    s->indexed = true;
+    bw__starts_install(s, &b);
     return BW_OK;
 }
 
 static int tar_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t errlen)
 {
-    const tarx *st = s->state;
+    const bw__starts *st = s->state;
     if (i >= st->n)
         return bw__fmt_fail(s, BW_OUT_OF_RANGE, s->size, err, errlen,
                             "sample %llu requested but the archive has %llu", (unsigned long long)i,
                             (unsigned long long)st->n);
     uint64_t next, start;
-    int rc = sample_at(s, st->starts[i], r, &next, &start, err, errlen);
+    int rc = sample_at(s, st->at[i], r, &next, &start, err, errlen);
     if (rc == BW_FMT_END)
-        rc = bw__fmt_fail(s, BW_CORRUPT, st->starts[i], err, errlen, "sample vanished");
+        rc = bw__fmt_fail(s, BW_CORRUPT, st->at[i], err, errlen, "sample vanished");
     return rc;
 }
 
@@ -360,27 +326,12 @@ static int tar_next(bw__source *s, uint64_t off, bw__record *r, uint64_t *next, 
     return sample_at(s, off, r, next, &start, err, errlen);
 }
 
-static void tar_close(bw__source *s)
-{
-    tarx *st = s->state;
-    if (st)
-        free(st->starts);
-    free(st);
-    s->state = NULL;
-}
-
-static uint64_t tar_offset(const bw__source *s, uint64_t i)
-{
-    const tarx *st = s->state;
-    return i < st->n ? st->starts[i] : s->size;
-}
-
 const bw__format_ops bw__fmt_tar = {
     .name = "tar",
-    .open = tar_open,
+    .open = bw__starts_open,
     .index = tar_index,
     .get = tar_get,
     .next = tar_next,
-    .offset = tar_offset,
-    .close = tar_close,
+    .offset = bw__starts_offset,
+    .close = bw__starts_close,
 };
