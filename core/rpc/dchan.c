@@ -370,13 +370,15 @@ static void tls_reason(char *buf, size_t len, const char *fallback)
     ERR_clear_error();
 }
 
-static SSL_CTX *new_ctx(const SSL_METHOD *m)
+static SSL_CTX *new_ctx(const SSL_METHOD *m, char *err, size_t errlen)
 {
     SSL_CTX *ctx = SSL_CTX_new(m);
-    if (ctx) {
-        SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-        SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    if (!ctx) {
+        snprintf(err, errlen, "data channel: OpenSSL cannot create a TLS context");
+        return NULL;
     }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     return ctx;
 }
 
@@ -402,11 +404,9 @@ int bw__dchan_tls_server_ctx(const struct bw_tls_server_files *files, SSL_CTX **
                              size_t errlen)
 {
     *out = NULL;
-    SSL_CTX *ctx = new_ctx(TLS_server_method());
-    if (!ctx) {
-        snprintf(err, errlen, "data channel: OpenSSL cannot create a TLS context");
+    SSL_CTX *ctx = new_ctx(TLS_server_method(), err, errlen);
+    if (!ctx)
         return BW_TLS;
-    }
     int rc = load_pair(ctx, files->cert, files->key, err, errlen);
     if (rc == BW_OK && files->client_ca) {
         STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(files->client_ca);
@@ -434,11 +434,9 @@ int bw__dchan_tls_client_ctx(const struct bw_tls_client_files *files, SSL_CTX **
                              size_t errlen)
 {
     *out = NULL;
-    SSL_CTX *ctx = new_ctx(TLS_client_method());
-    if (!ctx) {
-        snprintf(err, errlen, "data channel: OpenSSL cannot create a TLS context");
+    SSL_CTX *ctx = new_ctx(TLS_client_method(), err, errlen);
+    if (!ctx)
         return BW_TLS;
-    }
     int rc = BW_OK;
     char why[256];
     if (files->ca ? SSL_CTX_load_verify_locations(ctx, files->ca, NULL) != 1

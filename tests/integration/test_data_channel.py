@@ -294,6 +294,15 @@ def fetch(coord, job, transport, epochs=3, env=None):
     return out
 
 
+def equals_plan(got, cfg, rows, epochs):
+    """Whether `batchwire fetch` lines (rank 0 of 1) have the plan's indices for `epochs` epochs
+    and each batch's sha256 is that of the numpy rows in batch order."""
+    want, _ = e2e.plans(cfg, len(rows), 1, epochs)
+    return [b["indices"] for b in got] == [b["indices"] for b in want[0]] and all(
+        b["sha256"] == hashlib.sha256(b"".join(rows[i] for i in b["indices"])).hexdigest()
+        for b in got)
+
+
 def python_binding_checks(coord, rows):
     """Loader(transport=...) in a child interpreter (libbatchwire never loaded here)."""
     cache = os.path.join(bt.BUILD_DIR, "CMakeCache.txt")
@@ -593,7 +602,6 @@ def test(tmpdir):
     # the first request on each stale connection fails before any byte and is asked again on
     # a new connection -- no failover, and the batches are exact.
     cfg = dict(mode="torch", B=7, shuffle=True, seed=11)
-    n_small = len(small)
     held = e2e.Fetch(coord.addr, "dc-restart", "npy:" + SMALL, cfg, 0, world=1,
                      extra=["--epochs", 30, "--prefetch", 2, "--log-level", "debug"],
                      gate_after=30)
@@ -608,10 +616,7 @@ def test(tmpdir):
         what="w1 alive again on the same data address")
     held.open_gate()
     got, _ = held.ok(60, "the fetch across w1's restart")
-    want, _ = e2e.plans(cfg, n_small, 1, 30)
-    bt.check([b["indices"] for b in got] == [b["indices"] for b in want[0]] and
-             all(b["sha256"] == hashlib.sha256(b"".join(small[i] for i in b["indices"])).hexdigest()
-                 for b in got),
+    bt.check(equals_plan(got, cfg, small, 30),
              "across w1's restart on the same ports: %d batches equal the plan and numpy's rows"
              % len(got))
     err = held.stderr()
@@ -757,10 +762,7 @@ def test(tmpdir):
     held.open_gate()
     mt["t2"].kill9()
     got, _ = held.ok(60, "the TLS fetch across t2's death")
-    want, _ = e2e.plans(cfg, n_small, 1, 30)
-    bt.check([b["indices"] for b in got] == [b["indices"] for b in want[0]] and
-             all(b["sha256"] == hashlib.sha256(b"".join(small[i] for i in b["indices"])).hexdigest()
-                 for b in got),
+    bt.check(equals_plan(got, cfg, small, 30),
              "t2 SIGKILLed under a TLS data-channel client: %d batches equal the plan and numpy's "
              "rows (%s)" % (len(got), "failed over" if "failed while serving" in held.stderr()
                             else "t2 was not needed after the kill"))
