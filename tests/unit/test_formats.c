@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "test_dir.h"
 #include "common/crc32c.h"
 #include "formats/dataset.h"
 #include "formats/synth.h"
@@ -314,10 +315,7 @@ static void write_file(const char *rel, const void *p, size_t len)
 static void test_dataset(void **state)
 {
     (void)state;
-    const char *tmp = getenv("BW_TEST_TMP") ? getenv("BW_TEST_TMP") : "/tmp";
-    mkdir(tmp, 0755);
-    snprintf(root, sizeof(root), "%s/formats-XXXXXX", tmp);
-    assert_non_null(mkdtemp(root));
+    assert_int_equal(bw_test_dir_make(root, sizeof(root), "formats"), 0);
     char sub[600];
     snprintf(sub, sizeof(sub), "%s/d", root);
     mkdir(sub, 0755);
@@ -394,9 +392,7 @@ static void test_dataset(void **state)
     bw__dataset_free(d);
     assert_int_equal(bw__dataset_open(root, "avro", dir, 1, &d, err, sizeof(err)),
                      BW_INVALID_ARGUMENT);
-    char cmd[1200];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(bw_test_dir_remove(root), 0);
 }
 
 int main(void)

@@ -15,6 +15,7 @@
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 
+#include "test_dir.h"
 #include "../../worker/datasets.c"
 #include "../../worker/sample_stream.c"
 #include "common/crc32c.h"
@@ -130,10 +131,7 @@ static int setup(void **state)
 {
     (void)state;
     grpc_init();
-    const char *tmp = getenv("BW_TEST_TMP") ? getenv("BW_TEST_TMP") : "/tmp";
-    mkdir(tmp, 0755);
-    snprintf(root, sizeof(root), "%s/wire-XXXXXX", tmp);
-    assert_non_null(mkdtemp(root));
+    assert_int_equal(bw_test_dir_make(root, sizeof(root), "wire"), 0);
     write_tfrecords("a.tfrecord", 0, 20);
     write_tfrecords("b.tfrecord", 20, 7);
     return 0;
@@ -142,9 +140,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[1200];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
-    if (system(cmd) != 0)
+    if (bw_test_dir_remove(root) != 0)
         return -1;
     grpc_shutdown();
     return 0;

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "test_dir.h"
 #include "../../server/jobs_elastic.c"
 #include "../../server/jobs_ops.c"
 #include "../../server/jobs_state.c"
@@ -22,19 +23,12 @@ static char dir[512];
 
 static void fresh_dir(void)
 {
-    const char *base = getenv("BW_TEST_TMP");
-    if (!base || !*base)
-        base = "/tmp";
-    mkdir(base, 0755);
-    snprintf(dir, sizeof(dir), "%s/jobs-XXXXXX", base);
-    assert_non_null(mkdtemp(dir));
+    assert_int_equal(bw_test_dir_make(dir, sizeof(dir), "jobs"), 0);
 }
 
 static void rm_dir(void)
 {
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(bw_test_dir_remove(dir), 0);
 }
 
 static void test_cursor_codec(void **state)

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "test_dir.h"
 #include "batchwire/batchwire.h"
 #include "journal/journal.h"
 #include "../../server/state_dir.c"
@@ -61,19 +62,12 @@ static char dir[512];
 
 static void fresh_dir(void)
 {
-    const char *base = getenv("BW_TEST_TMP");
-    if (!base || !*base)
-        base = "/tmp";
-    mkdir(base, 0755);
-    snprintf(dir, sizeof(dir), "%s/journal-XXXXXX", base);
-    assert_non_null(mkdtemp(dir));
+    assert_int_equal(bw_test_dir_make(dir, sizeof(dir), "journal"), 0);
 }
 
 static void rm_dir(void)
 {
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(bw_test_dir_remove(dir), 0);
 }
 
 static bw_journal *open_ok(seen *s, const char *truncate_at, bw_journal_report *rep)

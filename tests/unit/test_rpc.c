@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "test_dir.h"
 #include "common/util.h"
 #include "rpc/client.h"
 #include "rpc/server.h"
@@ -352,8 +353,8 @@ static void test_unreachable(void **state)
 static void test_tls(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/bw_test_rpc_XXXXXX";
-    assert_non_null(mkdtemp(dir));
+    char dir[200];
+    assert_int_equal(bw_test_dir_make(dir, sizeof(dir), "bw_test_rpc"), 0);
     char cmd[2048];
     snprintf(cmd, sizeof(cmd),
              "cd %s && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
@@ -391,8 +392,7 @@ static void test_tls(void **state)
 
     srv = plain;
     ch = plain_ch;
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(bw_test_dir_remove(dir), 0);
 }
 
 int main(void)

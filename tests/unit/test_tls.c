@@ -17,6 +17,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include "test_dir.h"
 #include "batchwire/batchwire.h"
 #include "rpc/tls.h"
 
@@ -77,9 +78,7 @@ static void write_expired(void)
 static int group_setup(void **state)
 {
     (void)state;
-    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(dir, sizeof(dir), "%s/bw_test_tls_XXXXXX", base);
-    if (!mkdtemp(dir))
+    if (bw_test_dir_make(dir, sizeof(dir), "bw_test_tls") != 0)
         return -1;
     const char *ec = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
     char cmd[1024];
@@ -118,9 +117,7 @@ static int group_teardown(void **state)
 {
     (void)state;
     grpc_shutdown();
-    char cmd[512];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return bw_test_dir_remove(dir);
 }
 
 static int server(const char *cert, const char *key, const char *ca)
