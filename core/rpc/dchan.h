@@ -6,15 +6,19 @@
  * ReadSamplesRequest of the gRPC method and answers with the same checks and error codes.
  *
  * Request (client to worker): a 16-byte header, then `length` bytes of a protobuf
- * ReadSamplesRequest.
- *     u32 magic "BWD1" | u32 kind (1 = ReadSamples) | u64 length
+ * ReadSamplesRequest (kind 1) or ReadStreamRequest (kind 2).
+ *     u32 magic "BWD1" | u32 kind | u64 length
  * Response (worker to client): frames with a 24-byte header.
  *     u32 type | u32 code | u64 a | u64 b
- *     SAMPLE: a = dataset index, b = size; then b bytes of the sample
- *     END:    a = samples sent (the request is complete; the connection can be reused)
- *     ERROR:  code = batchwire error code, a = message length; then the message. After an
- *             error on a well-formed request the connection can be reused; after a malformed
- *             request the worker closes it.
+ *     SAMPLE: a = dataset index (ReadSamples) or record number in its source (ReadStream),
+ *             b = size; then b bytes of the sample
+ *     END:    a = samples sent (the request is complete; the connection can be reused);
+ *             ReadStream: b = byte offset in the source where the record after the last one
+ *             sent starts (with locate_only: where first_record starts)
+ *     ERROR:  code = batchwire error code, a = message length, b = retry-after hint in ms
+ *             (BW_BUSY; 0 otherwise); then the message. After an error on a well-formed
+ *             request the connection can be reused; after a malformed request, or one over
+ *             the worker's request-size limit, the worker closes it.
  * Every integer is little-endian.
  */
 #ifndef BW_RPC_DCHAN_H
@@ -28,6 +32,7 @@
 enum {
     BW_DCHAN_MAGIC = 0x31445742, /* "BWD1" read as a little-endian u32 */
     BW_DCHAN_KIND_READ_SAMPLES = 1,
+    BW_DCHAN_KIND_READ_STREAM = 2,
     BW_DCHAN_REQ_HEADER = 16,
     BW_DCHAN_FRAME_HEADER = 24,
     BW_DCHAN_SAMPLE = 1,

@@ -55,7 +55,8 @@ BW_EXTERN const char *bw_version(void);
     X(MISMATCH, -20, FAILED_PRECONDITION, "configuration or fingerprint mismatch")                 \
     X(NO_DEVICE, -21, FAILED_PRECONDITION, "no GPU device available")                              \
     X(END_OF_EPOCH, -22, OUT_OF_RANGE, "end of epoch")                                             \
-    X(INTERNAL, -23, INTERNAL, "internal error")
+    X(INTERNAL, -23, INTERNAL, "internal error")                                                   \
+    X(BUSY, -24, RESOURCE_EXHAUSTED, "server busy: over its in-flight budget, retry after a pause")
 
 typedef enum bw_err {
 #define BW__ERR_ENUM(name, num, grpc, msg) BW_##name = (num),

@@ -63,6 +63,7 @@ _TABLE = [
     ("NoDeviceError", "NO_DEVICE", -21, ()),
     ("EndOfEpochError", "END_OF_EPOCH", -22, ()),
     ("InternalError", "INTERNAL", -23, ()),
+    ("BusyError", "BUSY", -24, ()),
 ]
 
 _CODE_BY_CLASS = {cls: code for cls, code, _, _ in _TABLE}
