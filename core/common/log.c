@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -92,4 +93,14 @@ void bw__log_write(bw_log_level level, const char *fmt, ...)
         if (*p == '\n' || *p == '\r')
             *p = ' ';
     fn(log_user, level, line);
+}
+
+void bw__invariant_broken(const char *what, const char *file, int line)
+{
+    /* Also through the embedder's callback when there is one, then always on stderr: the
+     * process is about to stop and the line is the only account of why. */
+    BW_ERROR("invariant broken: %s (%s:%d)", what, file, line);
+    fprintf(stderr, "batchwire: invariant broken: %s (%s:%d)\n", what, file, line);
+    fflush(stderr);
+    abort();
 }

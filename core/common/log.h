@@ -21,6 +21,21 @@ void bw__log_write(bw_log_level level, const char *fmt, ...) __attribute__((form
 #define BW_INFO(...) BW_LOG(BW_LOG_INFO, __VA_ARGS__)
 #define BW_DEBUG(...) BW_LOG(BW_LOG_DEBUG, __VA_ARGS__)
 
+/*
+ * The failure rule (docs/architecture.md, "Failure"): library code never aborts or exits on
+ * bad input or on allocation failure -- it returns BW_NOMEM or another error with a
+ * sentence. Only a broken invariant stops a process: BW_INVARIANT(cond, what) writes
+ * "invariant broken: WHAT (FILE:LINE)" to stderr, whatever the log level, and aborts. `what`
+ * names the invariant ("a slot handed out is HELD"), never the input that reached it: input
+ * is validated, so a breach is a bug, and continuing would corrupt data.
+ */
+void bw__invariant_broken(const char *what, const char *file, int line) __attribute__((noreturn));
+#define BW_INVARIANT(cond, what)                                                                   \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            bw__invariant_broken((what), __FILE__, __LINE__);                                      \
+    } while (0)
+
 /* Daemons and tools: log lines "TIME LEVEL component[pid]: message" to stderr. */
 void bw__log_to_stderr(const char *component, bw_log_level max_level);
 
