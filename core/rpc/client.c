@@ -285,6 +285,23 @@ struct bw_rpc_stream {
     grpc_op recv_op;
 };
 
+uint32_t bw__rpc_stream_retry_after_ms(const bw_rpc_stream *st)
+{
+    if (!st || !st->status_done)
+        return 0;
+    for (size_t i = 0; i < st->trailing_md.count; i++) {
+        if (grpc_slice_str_cmp(st->trailing_md.metadata[i].key, "bw-retry-after-ms") != 0)
+            continue;
+        char *v = grpc_slice_to_c_string(st->trailing_md.metadata[i].value);
+        char *end = NULL;
+        unsigned long ms = strtoul(v, &end, 10);
+        bool ok = end != v && *end == '\0';
+        gpr_free(v);
+        return ok ? (uint32_t)(ms > 60000 ? 60000 : ms) : 0;
+    }
+    return 0;
+}
+
 /* Takes one completion off the stream's queue; returns its tag (0 when the queue is done). */
 static intptr_t stream_wait_one(bw_rpc_stream *st)
 {

@@ -63,6 +63,10 @@ struct grpc_byte_buffer;
 int bw__rpc_stream_next_raw(bw_rpc_stream *st, struct grpc_byte_buffer **msg, char *err,
                             size_t errlen);
 
+/* After a stream failed with BW_BUSY: the server's hint, from its "bw-retry-after-ms"
+ * trailer, of how long to wait before asking again (at most 60000; 0 when none). */
+uint32_t bw__rpc_stream_retry_after_ms(const bw_rpc_stream *st);
+
 /* Cancels the call if it has not ended and frees everything. NULL is a no-op. */
 void bw__rpc_stream_close(bw_rpc_stream *st);
 
