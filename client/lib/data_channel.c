@@ -1,5 +1,10 @@
-/* Connections to the workers' data channels (core/rpc/dchan.h), kept open across batches:
- * a request that ended cleanly leaves its connection on the loader's idle list. */
+/*
+ * The data-channel transport (transport.h; protocol in core/rpc/dchan.h and
+ * docs/data-channel.md): a request goes out on a connection kept open across batches, and
+ * its response is read without blocking, frame by frame, each sample's bytes straight into
+ * the place the sink gives. A request that ended cleanly leaves its connection on the
+ * loader's idle list.
+ */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +16,21 @@
 #include "common/util.h"
 #include "loader_int.h"
 #include "rpc/dchan.h"
+#include "transport.h"
+
+/* A connection to one worker's data channel. */
+typedef struct bw__dconn {
+    bw_dsock s;
+    char *address;
+    bool reused;  /* taken from the idle list (the worker may have closed it meanwhile) */
+    uint8_t *buf; /* received, not yet consumed: frame headers and small samples */
+    size_t pos, len;
+    /* Read ahead into buf only while samples are small: a large sample's bytes must go
+     * straight to the batch, not through buf. */
+    bool read_ahead;
+} bw__dconn;
+
+enum { BW_DCONN_BUF = 64 << 10 };
 
 static void dconn_free(bw__dconn *c)
 {
@@ -22,8 +42,8 @@ static void dconn_free(bw__dconn *c)
     free(c);
 }
 
-int bw__dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn **out, char *err,
-                  size_t errlen)
+static int dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn **out,
+                     char *err, size_t errlen)
 {
     *out = NULL;
     pthread_mutex_lock(&s->mu);
@@ -54,16 +74,22 @@ int bw__dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn
         return rc;
     }
     bw__dconn *c = calloc(1, sizeof(*c));
-    if (!c || !(c->address = strdup(address)) || !(c->buf = malloc(BW_DCONN_BUF)))
-        abort();
+    if (!c || !(c->address = strdup(address)) || !(c->buf = malloc(BW_DCONN_BUF))) {
+        if (c)
+            free(c->address);
+        free(c);
+        bw__dsock_close(&sock);
+        snprintf(err, errlen, "out of memory for a connection");
+        return BW_NOMEM;
+    }
     c->s = sock;
     c->read_ahead = true;
     *out = c;
     return BW_OK;
 }
 
-int bw__dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t *got, char *err,
-                   size_t errlen)
+static int dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t *got, char *err,
+                      size_t errlen)
 {
     *got = 0;
     if (c->pos < c->len) {
@@ -120,7 +146,7 @@ int bw__dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t *go
     return BW_OK;
 }
 
-void bw__dconn_put(bw__session *s, bw__dconn *c, bool reusable)
+static void dconn_put(bw__session *s, bw__dconn *c, bool reusable)
 {
     if (!c)
         return;
@@ -142,7 +168,7 @@ void bw__dconn_put(bw__session *s, bw__dconn *c, bool reusable)
     dconn_free(drop);
 }
 
-void bw__dconn_drop_idle(bw__session *s, const char *address)
+static void dconn_drop_idle(bw__session *s, const char *address)
 {
     bw__dconn *drop[BW_DCONN_IDLE_MAX];
     size_t n = 0;
@@ -178,7 +204,7 @@ static size_t find_suspended(bw__session *s, const char *address)
     return s->nsuspended;
 }
 
-void bw__dconn_suspend(bw__session *s, const char *address, const char *worker, const char *why)
+static void dconn_suspend(bw__session *s, const char *address, const char *worker, const char *why)
 {
     uint64_t until = bw__mono_ms() + BW_DCONN_SUSPEND_MS;
     pthread_mutex_lock(&s->mu);
@@ -189,11 +215,12 @@ void bw__dconn_suspend(bw__session *s, const char *address, const char *worker, 
         memmove(s->suspended, s->suspended + 1, (s->nsuspended - 1) * sizeof(s->suspended[0]));
         i = --s->nsuspended;
     }
-    if (fresh) {
-        if (!(s->suspended[i].address = strdup(address)))
-            abort();
-        s->nsuspended++;
+    if (fresh && !(s->suspended[i].address = strdup(address))) {
+        pthread_mutex_unlock(&s->mu);
+        return; /* out of memory: not remembered, so the next fetch tries the channel again */
     }
+    if (fresh)
+        s->nsuspended++;
     bool was_active = !fresh && s->suspended[i].until > bw__mono_ms();
     s->suspended[i].until = until;
     pthread_mutex_unlock(&s->mu);
@@ -203,11 +230,249 @@ void bw__dconn_suspend(bw__session *s, const char *address, const char *worker, 
                 worker, address, why, BW_DCONN_SUSPEND_MS / 1000);
 }
 
-bool bw__dconn_suspended(bw__session *s, const char *address)
+static bool dconn_suspended(bw__session *s, const char *address)
 {
     pthread_mutex_lock(&s->mu);
     size_t i = find_suspended(s, address);
     bool on = i < s->nsuspended && s->suspended[i].until > bw__mono_ms();
     pthread_mutex_unlock(&s->mu);
     return on;
+}
+
+/* ---- the transport ---- */
+
+struct bw__xfer {
+    bw__session *s;
+    bw__dconn *c;
+    const char *wid, *address; /* borrowed from the placement, alive for the request */
+    uint32_t kind;
+    uint8_t *req; /* kept for a resend on a fresh connection */
+    size_t reqlen;
+    int timeout_ms;
+    enum { X_HDR, X_DATA, X_MSG } phase;
+    uint8_t hdr[BW_DCHAN_FRAME_HEADER];
+    size_t hgot;
+    bw_dchan_frame f;
+    uint8_t *dest; /* X_DATA: the sample's place; X_MSG: msg */
+    size_t need, got;
+    uint64_t nsamples; /* SAMPLE frames completed */
+    bool any, retried;
+    char msg[BW_DCHAN_MAX_MESSAGE + 1];
+};
+
+static bool usable(void *state, const bw__worker_ref *wr)
+{
+    return wr->data_address[0] != '\0' && !dconn_suspended(state, wr->data_address);
+}
+
+/* Writes the request on x->c, on a fresh connection when `fresh` (the pooled one was found
+ * closed: so are the other idle ones to this worker). */
+static int send_req(bw__xfer *x, bool fresh, char *err, size_t errlen)
+{
+    if (fresh) {
+        dconn_put(x->s, x->c, false);
+        x->c = NULL;
+        dconn_drop_idle(x->s, x->address);
+    }
+    int rc = x->c ? BW_OK : dconn_get(x->s, x->address, x->timeout_ms, &x->c, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    struct iovec iov = {x->req, x->reqlen};
+    rc = bw__dsock_writev_all(&x->c->s, &iov, 1, bw__mono_ms() + (uint64_t)x->timeout_ms, err,
+                              errlen);
+    if (rc != BW_OK && x->c->reused && !fresh) /* the worker closed an idle connection */
+        return send_req(x, true, err, errlen);
+    return rc;
+}
+
+static void xfer_free(bw__xfer *x)
+{
+    if (!x)
+        return;
+    dconn_put(x->s, x->c, false);
+    free(x->req);
+    free(x);
+}
+
+static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req, int timeout_ms,
+                 bw__xfer **out, bw__xres *res)
+{
+    bw__session *s = state;
+    *out = NULL;
+    bw__xfer *x = calloc(1, sizeof(*x));
+    size_t len = protobuf_c_message_get_packed_size(req->msg);
+    if (x)
+        x->req = malloc(BW_DCHAN_REQ_HEADER + len);
+    if (!x || !x->req) {
+        free(x);
+        snprintf(res->err, sizeof(res->err), "out of memory for a %zu-byte request", len);
+        return res->rc = BW_NOMEM;
+    }
+    bw__dchan_put_req_header(x->req, req->kind, len);
+    protobuf_c_message_pack(req->msg, x->req + BW_DCHAN_REQ_HEADER);
+    x->reqlen = BW_DCHAN_REQ_HEADER + len;
+    x->s = s;
+    x->wid = wr->id;
+    x->address = wr->data_address;
+    x->kind = req->kind;
+    x->timeout_ms = timeout_ms;
+    char e[BW_XFER_ERRLEN];
+    int rc = dconn_get(s, x->address, timeout_ms, &x->c, e, sizeof(e));
+    if (rc != BW_OK) {
+        /* An unreachable data port (a firewall, a port not published): the worker may still
+         * answer over gRPC. */
+        dconn_suspend(s, x->address, wr->id, e);
+        res->fallback = true;
+    } else {
+        rc = send_req(x, false, e, sizeof(e));
+    }
+    if (rc != BW_OK) {
+        snprintf(res->err, sizeof(res->err), "worker %s data channel %s: %.700s", wr->id,
+                 x->address, e);
+        xfer_free(x);
+        return res->rc = rc;
+    }
+    *out = x;
+    return BW_OK;
+}
+
+static int xfd(bw__xfer *x)
+{
+    return x->c->s.fd;
+}
+
+/* Ends the response: the connection goes back to the pool when `reusable`. */
+static bool end(bw__xfer *x, bw__xres *res, int rc, bool reusable, const char *why)
+{
+    res->rc = rc;
+    dconn_put(x->s, x->c, reusable);
+    x->c = NULL;
+    if (rc != BW_OK)
+        snprintf(res->err, sizeof(res->err), "worker %s data channel %s: %.900s", x->wid,
+                 x->address, why);
+    return true;
+}
+
+/* The frame in x->hdr: starts its payload, or ends the response. */
+static bool frame(bw__xfer *x, const bw__sink *sink, bw__xres *res)
+{
+    char e[BW_XFER_ERRLEN];
+    bw_dchan_frame *f = &x->f;
+    bw__dchan_get_frame(x->hdr, f);
+    x->any = true;
+    x->got = 0;
+    if (f->type == BW_DCHAN_SAMPLE) {
+        x->c->read_ahead = f->b < BW_DCONN_BUF / 4;
+        x->dest = NULL;
+        /* place() checks the size against what was asked before anything is reserved. */
+        int rc = sink->place(sink->ctx, f->a, f->b, 0, f->b, &x->dest, e, sizeof(e));
+        if (rc != BW_OK)
+            return end(x, res, rc, false, e);
+        x->need = (size_t)f->b;
+        x->phase = X_DATA;
+        return false;
+    }
+    if (f->type == BW_DCHAN_END) {
+        if (f->a != x->nsamples) {
+            snprintf(e, sizeof(e), "ended the request saying %llu samples after sending %llu",
+                     (unsigned long long)f->a, (unsigned long long)x->nsamples);
+            return end(x, res, BW_PROTOCOL, false, e);
+        }
+        if (x->kind == BW_DCHAN_KIND_READ_STREAM) {
+            res->has_end_offset = true;
+            res->end_offset = f->b;
+        }
+        return end(x, res, BW_OK, true, "");
+    }
+    if (f->type == BW_DCHAN_ERROR && f->a <= BW_DCHAN_MAX_MESSAGE) {
+        x->dest = (uint8_t *)x->msg;
+        x->need = (size_t)f->a;
+        x->phase = X_MSG;
+        return false;
+    }
+    snprintf(e, sizeof(e), "unexpected frame type %u (length %llu)", f->type,
+             (unsigned long long)f->a);
+    return end(x, res, BW_PROTOCOL, false, e);
+}
+
+/* The ERROR frame's message has arrived. */
+static bool error_frame(bw__xfer *x, bw__xres *res)
+{
+    char e[BW_XFER_ERRLEN];
+    x->msg[x->need] = '\0';
+    int code = (int)(int32_t)x->f.code;
+    if (code >= 0 || strcmp(bw_err_name(code), "BW_UNKNOWN_ERROR") == 0) {
+        snprintf(e, sizeof(e), "error frame with unknown code %d: %.900s", code, x->msg);
+        return end(x, res, BW_PROTOCOL, false, e);
+    }
+    if (code == BW_BUSY)
+        res->retry_after_ms = x->f.b > 60000 ? 60000 : (uint32_t)x->f.b;
+    /* Refused before any sample because the worker is at its data-connection limit, or does
+     * not know this kind of request (an older worker): not a failed worker -- ask it over
+     * gRPC, at once. */
+    if ((code == BW_UNAVAILABLE || code == BW_PROTOCOL || code == BW_UNIMPLEMENTED) &&
+        x->nsamples == 0) {
+        dconn_suspend(x->s, x->address, x->wid, x->msg);
+        res->fallback = true;
+        return end(x, res, code, false, x->msg);
+    }
+    return end(x, res, code, true, x->msg);
+}
+
+static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
+{
+    char e[BW_XFER_ERRLEN];
+    for (;;) {
+        bw__dconn *c = x->c;
+        size_t got = 0;
+        int rc;
+        if (x->phase == X_HDR) {
+            rc = dconn_take(c, x->hdr + x->hgot, sizeof(x->hdr) - x->hgot, false, &got, e,
+                            sizeof(e));
+            if (rc == BW_UNAVAILABLE && !x->any && x->hgot == 0 && c->reused && !x->retried) {
+                /* An idle connection the worker had closed: ask again on a new one. */
+                BW_DEBUG("worker=%s data channel %s: an idle connection was closed (%s); asking "
+                         "again on a new one",
+                         x->wid, x->address, e);
+                x->retried = true;
+                if ((rc = send_req(x, true, e, sizeof(e))) == BW_OK)
+                    continue;
+            }
+            if (rc != BW_OK)
+                return end(x, res, rc, false, e);
+            if (!got)
+                return false;
+            if ((x->hgot += got) == sizeof(x->hdr)) {
+                x->hgot = 0;
+                if (frame(x, sink, res))
+                    return true;
+            }
+            continue;
+        }
+        if (x->got < x->need) {
+            size_t left = x->need - x->got;
+            rc = dconn_take(c, x->dest + x->got, left,
+                            x->phase == X_DATA && (left >= BW_DCONN_BUF / 4 || !c->read_ahead),
+                            &got, e, sizeof(e));
+            if (rc != BW_OK)
+                return end(x, res, rc, false, e);
+            if (!got)
+                return false;
+            x->got += got;
+        }
+        if (x->got == x->need) {
+            if (x->phase == X_MSG)
+                return error_frame(x, res);
+            x->nsamples++;
+            x->phase = X_HDR;
+        }
+    }
+}
+
+static const bw__transport_ops dchan_ops = {"data channel", usable,   start, xfd,
+                                            recv_some,      xfer_free};
+
+bw__transport bw__transport_dchan(bw__session *s)
+{
+    return (bw__transport){&dchan_ops, s};
 }

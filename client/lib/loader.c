@@ -12,6 +12,7 @@
 #include "cursor/cursor.h"
 #include "gpu.h"
 #include "jobs/job_sampler.h"
+#include "fetch.h"
 #include "loader_int.h"
 #include "stream_fetch.h"
 
@@ -21,6 +22,7 @@ struct bw_loader {
     bw__session session;
     bw__job_request jr;
     bw__fetch_ctx fctx;
+    bool data_channel; /* fetch over the workers' data channels where they offer one */
     uint32_t rank;
     uint64_t job_fingerprint;
     uint64_t num_samples;
@@ -205,6 +207,11 @@ static int check_cursor(bw_loader *l, const Batchwire__V1__Cursor *c)
     return BW_OK;
 }
 
+static bw__placement *session_placement(void *arg, bool refresh, char *err, size_t errlen)
+{
+    return bw__session_placement(arg, refresh, err, errlen);
+}
+
 static int start(const bw_loader_options *o, const void *cursor, size_t cursor_len, bw_loader **out,
                  char *err, size_t errlen)
 {
@@ -221,7 +228,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     Batchwire__V1__Cursor *given = NULL;
     int rc = bw__loader_parse_options(o, &l->jr, &rank, &world, err, errlen);
     if (rc == BW_OK)
-        rc = bw__loader_transport(o, &l->fctx.data_channel, err, errlen);
+        rc = bw__loader_transport(o, &l->data_channel, err, errlen);
     /* A malformed cursor or an unusable device is refused before anything is claimed. */
     if (rc == BW_OK && o->device >= 0 &&
         (rc = bw__gpu_check(o->device, l->err, sizeof(l->err))) != BW_OK)
@@ -249,10 +256,16 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         bw_loader_close(l);
         return rc;
     }
-    l->fctx.session = &l->session;
+    l->fctx.placement = session_placement;
+    l->fctx.placement_arg = &l->session;
+    if (l->data_channel)
+        l->fctx.preferred = bw__transport_dchan(&l->session);
+    l->fctx.fallback = bw__transport_grpc(&l->session);
     l->fctx.dataset = job->config->dataset;
     l->fctx.fingerprint = job->dataset->fingerprint;
     l->fctx.sample_bytes = job->dataset->layout ? job->dataset->layout->sample_bytes : 0;
+    /* No sample is larger than the whole dataset: the bound on what a worker may announce. */
+    l->fctx.max_sample_bytes = job->dataset->total_bytes;
     l->fctx.max_message_bytes = 4u << 20;
     l->fctx.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
 

@@ -1,5 +1,6 @@
-/* Internals of libbatchwire's loader: shared by options.c, session.c, fetch.c, loader.c and
- * batch.c. Nothing here is part of the public API. */
+/* Internals of libbatchwire's loader: options, the session with the coordinator, batches and
+ * the gRPC reply decoder. Routing, transports and the fetch loop have headers of their own
+ * (route.h, transport.h, fetch.h). Nothing here is part of the public API. */
 #ifndef BW_CLIENT_LOADER_INT_H
 #define BW_CLIENT_LOADER_INT_H
 
@@ -14,6 +15,7 @@
 #include "jobs.pb-c.h"
 #include "rpc/client.h"
 #include "rpc/dchan.h"
+#include "route.h"
 #include "sampler/sampler.h"
 
 enum {
@@ -49,26 +51,6 @@ void bw__job_request_free(bw__job_request *jr);
 int bw__loader_transport(const bw_loader_options *o, bool *data_channel, char *err, size_t errlen);
 
 /* ---- session.c: the coordinator side ---- */
-
-typedef struct bw__worker_ref {
-    char *id;
-    char *address;
-    char *data_address; /* the worker's data channel; "" when it offers none */
-    bw_rpc_channel *ch; /* opened on first use */
-    bool suspect;       /* failed recently: route around it until placement changes */
-} bw__worker_ref;
-
-/* One placement table, immutable once published; readers take a reference. */
-typedef struct bw__placement {
-    atomic_int refs;
-    uint64_t version;
-    size_t nworkers;
-    bw__worker_ref *workers; /* sorted by id */
-    uint32_t num_shards;
-    uint32_t *owners; /* owners[shard] = index into workers */
-} bw__placement;
-
-void bw__placement_put(bw__placement *p);
 
 typedef struct bw__session {
     bw_rpc_channel *coord;
@@ -121,43 +103,10 @@ bw__placement *bw__session_placement(bw__session *s, bool refresh, char *err, si
 bw_rpc_channel *bw__session_worker_channel(bw__session *s, const char *address, char *err,
                                            size_t errlen);
 
-/* ---- data_channel.c: connections to the workers' data channels ---- */
+/* ---- data_channel.c: the data-channel transport's connections (transport.h) ---- */
 
-typedef struct bw__dconn {
-    bw_dsock s;
-    char *address;
-    bool reused;  /* taken from the idle list (the worker may have closed it meanwhile) */
-    uint8_t *buf; /* received, not yet consumed: frame headers and small samples */
-    size_t pos, len;
-    /* Read ahead into buf only while samples are small: a large sample's bytes must go
-     * straight to the batch, not through buf. */
-    bool read_ahead;
-} bw__dconn;
-
-enum { BW_DCONN_BUF = 64 << 10 };
-
-/* Up to n bytes of the current response for dst, without waiting (*got 0: none yet): what is
- * buffered, else from the socket -- with `direct` (the rest of a large sample) straight into
- * dst, the bytes after it into the buffer. BW_OK, or BW_UNAVAILABLE when the connection
- * closed or failed (a sentence in err). */
-int bw__dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t *got, char *err,
-                   size_t errlen);
-
-/* An idle connection to `address`, or a new one. */
-int bw__dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn **out, char *err,
-                  size_t errlen);
-/* Back to the idle list when `reusable` (the last request ended with END or ERROR), else
- * closed. NULL is a no-op. */
-void bw__dconn_put(bw__session *s, bw__dconn *c, bool reusable);
-/* Closes the idle connections to `address` (one was found closed by the worker: a restarted
- * worker closed them all). */
-void bw__dconn_drop_idle(bw__session *s, const char *address);
+/* Closes the idle connections and forgets suspended channels (the session is closing). */
 void bw__dconn_close_idle(bw__session *s);
-/* A data channel that could not be connected to (a firewall, a port not published) while
- * its worker may still answer over gRPC: fetches from that worker use gRPC for
- * BW_DCONN_SUSPEND_MS. Logs the first time. */
-void bw__dconn_suspend(bw__session *s, const char *address, const char *worker, const char *why);
-bool bw__dconn_suspended(bw__session *s, const char *address);
 
 /* Records a cursor durably with the coordinator. */
 int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen);
@@ -200,48 +149,16 @@ int bw__batch_to_device(bw_batch *b);
 typedef int (*bw__sample_place_fn)(void *ctx, uint64_t index, uint64_t size, uint64_t chunk_offset,
                                    uint64_t len, uint8_t **dest, char *err, size_t errlen);
 
+/* What decoding learned across messages: the next_offset of the last complete stream record. */
+typedef struct bw__decoded {
+    bool has_next_offset;
+    uint64_t next_offset;
+} bw__decoded;
+
 /* Decodes a SampleBatch straight from the received slices, copying each sample's bytes once
  * into the place `place` gives. BW_OK, BW_PROTOCOL for a malformed message, or place's error. */
 struct grpc_byte_buffer;
 int bw__decode_sample_batch(struct grpc_byte_buffer *bb, bw__sample_place_fn place, void *ctx,
-                            char *err, size_t errlen);
-
-/* ---- fetch.c ---- */
-
-typedef struct bw__fetch_ctx {
-    bw__session *session;
-    const Batchwire__V1__Dataset *dataset;
-    const char *fingerprint; /* the dataset's, checked by workers */
-    uint64_t sample_bytes;   /* fixed sample size, 0 if samples differ */
-    uint32_t max_message_bytes;
-    int timeout_ms;
-    bool data_channel; /* fetch over the workers' data channels where they offer one */
-} bw__fetch_ctx;
-
-/* Routing shared by map-style and stream fetches. A worker that failed during one fetch is
- * a suspect for the rest of it. */
-enum { BW_MAX_SUSPECTS = 64 };
-typedef struct bw__suspects {
-    char *ids[BW_MAX_SUSPECTS];
-    size_t n;
-} bw__suspects;
-bool bw__suspects_has(const bw__suspects *s, const char *id);
-/* What a failure of worker `id` with a retryable `rc` means for the rest of the fetch: a
- * placement refusal (BW_WRONG_OWNER) asks for a fresh table; any other failure also makes the
- * worker a suspect. *refresh is set either way. Returns true when `id` became a suspect. */
-bool bw__suspects_note(bw__suspects *s, const char *id, int rc, bool *refresh);
-void bw__suspects_clear(bw__suspects *s);
-/* The worker serving `shard`: its owner (*checked: route with the placement's version), or
- * -- when the owner is a suspect -- the owner among the others, which is where rendezvous
- * hashing moves the shard once the coordinator drops the failed worker (*checked false: no
- * ownership check). -1 when every worker is a suspect. */
-long bw__fetch_pick_worker(const bw__placement *p, uint32_t shard, const bw__suspects *s,
-                           bool *checked);
-/* Errors after which another worker or a fresher placement may succeed. */
-bool bw__fetch_retryable(int rc);
-
-/* Fills b->data with the bytes of b->indices[0..count) in order, from the workers that own
- * them, failing over to other workers as placement changes. On error b->err says why. */
-int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b);
+                            bw__decoded *last, char *err, size_t errlen);
 
 #endif

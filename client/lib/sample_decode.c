@@ -89,11 +89,11 @@ static bool skip_field(reader *rd, unsigned wire)
  * the worker's hand encoder do), so when the data field arrives its header -- index, size,
  * chunk offset, zero when absent -- is complete and the bytes go straight to their place; a
  * header field after the data is refused as malformed. */
-static int sample(reader *rd, uint64_t len, bw__sample_place_fn place, void *ctx, char *err,
-                  size_t errlen)
+static int sample(reader *rd, uint64_t len, bw__sample_place_fn place, void *ctx, bw__decoded *last,
+                  char *err, size_t errlen)
 {
-    uint64_t stop = rd->pos + len, index = 0, size = 0, chunk = 0;
-    bool placed = false;
+    uint64_t stop = rd->pos + len, index = 0, size = 0, chunk = 0, dlen = 0, next = 0;
+    bool placed = false, has_next = false;
     while (rd->pos < stop) {
         uint64_t tag;
         if (!varint(rd, &tag))
@@ -109,8 +109,11 @@ static int sample(reader *rd, uint64_t len, bw__sample_place_fn place, void *ctx
                 size = v;
             else
                 chunk = v;
+        } else if (field == 8 && wire == 0) {
+            if (!varint(rd, &next))
+                goto malformed;
+            has_next = true;
         } else if (field == 4 && wire == 2) {
-            uint64_t dlen;
             if (placed || !varint(rd, &dlen) || dlen > stop - rd->pos)
                 goto malformed;
             uint8_t *dest = NULL;
@@ -129,7 +132,14 @@ static int sample(reader *rd, uint64_t len, bw__sample_place_fn place, void *ctx
     if (!placed) {
         /* An empty sample (no data field at all). */
         uint8_t *dest = NULL;
-        return place(ctx, index, size, chunk, 0, &dest, err, errlen);
+        int rc = place(ctx, index, size, chunk, 0, &dest, err, errlen);
+        if (rc != BW_OK)
+            return rc;
+    }
+    /* A stream record's next offset counts once the record is complete. */
+    if (has_next && chunk + dlen == size) {
+        last->has_next_offset = true;
+        last->next_offset = next;
     }
     return BW_OK;
 malformed:
@@ -139,7 +149,7 @@ malformed:
 }
 
 int bw__decode_sample_batch(struct grpc_byte_buffer *bb, bw__sample_place_fn place, void *ctx,
-                            char *err, size_t errlen)
+                            bw__decoded *last, char *err, size_t errlen)
 {
     reader rd;
     memset(&rd, 0, sizeof(rd));
@@ -161,7 +171,7 @@ int bw__decode_sample_batch(struct grpc_byte_buffer *bb, bw__sample_place_fn pla
                 rc = BW_PROTOCOL;
                 break;
             }
-            if ((rc = sample(&rd, len, place, ctx, err, errlen)) != BW_OK)
+            if ((rc = sample(&rd, len, place, ctx, last, err, errlen)) != BW_OK)
                 break;
         } else if (!skip_field(&rd, (unsigned)(tag & 7))) {
             rc = BW_PROTOCOL;

@@ -2,10 +2,10 @@
  * Streams (iterable mode): the batch's positions in the epoch's global stream order are
  * turned into runs of consecutive records of one source, and each run is read once, with
  * one ReadStream, from the worker that owns the source (placement by source). A record's
- * byte offset is sent when this loader knows it (a source's start, a next_offset received,
- * a cursor), so that worker reads from there with the format's `next`; otherwise the worker
- * seeks with its offset index. No record before a run is read. Failover as in fetch.c: a
- * worker that fails is routed around and the rest of the run is read again elsewhere.
+ * byte offset is sent when this loader knows it (a source's start, the end of an earlier
+ * read, a cursor), so that worker reads from there with the format's `next`; otherwise the
+ * worker seeks with its offset index. No record before a run is read. The reads go through
+ * the one fetch loop (fetch.c): the same transports, failover and retries as map-style.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -16,6 +16,8 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "jobs/job_check.h"
+#include "fetch.h"
+#include "rpc/dchan.h"
 #include "stream_fetch.h"
 #include "placement/placement.h"
 
@@ -137,153 +139,90 @@ static bool known_offset(bw__stream_ctx *sc, uint32_t src, uint64_t rec, uint64_
     return found;
 }
 
-/* ---- routing ---- */
+/* ---- the stream kind of read (fetch.h) ---- */
 
-/* Opens ReadStream of `nrec` records of source src from record rec on worker wk. */
-static int open_read(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const bw__placement *p,
-                     size_t wk, bool checked, uint32_t src, uint64_t rec, uint64_t nrec,
-                     bool locate_only, bw_rpc_stream **st, char *err, size_t errlen)
+typedef struct stream_kind {
+    const bw__fetch_ctx *ctx;
+    bw__stream_ctx *sc;
+    bool located; /* a probe's request succeeded: `offset` is its record's */
+    uint64_t offset;
+} stream_kind;
+
+static uint32_t stream_shard(void *kctx, const bw__fetch_item *it, uint32_t num_shards)
 {
-    *st = NULL;
-    bw_rpc_channel *ch =
-        bw__session_worker_channel(ctx->session, p->workers[wk].address, err, errlen);
-    if (!ch)
-        return BW_UNAVAILABLE;
-    Batchwire__V1__Routing rt = BATCHWIRE__V1__ROUTING__INIT;
-    rt.placement_version = checked ? p->version : 0;
-    rt.num_shards = p->num_shards;
-    rt.shard_mode = BATCHWIRE__V1__SHARD_MODE__SHARD_MODE_MODULO;
-    rt.by_source = true;
-    Batchwire__V1__ReadStreamRequest req = BATCHWIRE__V1__READ_STREAM_REQUEST__INIT;
-    req.dataset = (Batchwire__V1__Dataset *)ctx->dataset;
-    req.source = src;
-    req.first_record = rec;
-    req.max_records = (uint32_t)nrec;
-    req.locate_only = locate_only;
+    const stream_kind *k = kctx;
+    return bw__placement_stream_shard(it->src, k->sc->paths[it->src], num_shards, BW_SHARD_MODULO);
+}
+
+/* One ReadStream reads consecutive records of one source. */
+static bool stream_join(const bw__fetch_item *a, const bw__fetch_item *b)
+{
+    return a->src == b->src && b->key == a->key + 1;
+}
+
+static int stream_message(void *kctx, bw__fetch_item *const *items, size_t n,
+                          const bw__placement *p, bool checked, bw_arena *a, ProtobufCMessage **out)
+{
+    stream_kind *k = kctx;
+    Batchwire__V1__ReadStreamRequest *req = bw__arena_alloc(a, sizeof(*req));
+    Batchwire__V1__Routing *rt = bw__arena_alloc(a, sizeof(*rt));
+    if (!req || !rt)
+        return BW_NOMEM;
+    batchwire__v1__routing__init(rt);
+    rt->placement_version = checked ? p->version : 0;
+    rt->num_shards = p->num_shards;
+    rt->shard_mode = BATCHWIRE__V1__SHARD_MODE__SHARD_MODE_MODULO;
+    rt->by_source = true;
+    batchwire__v1__read_stream_request__init(req);
+    req->dataset = (Batchwire__V1__Dataset *)k->ctx->dataset;
+    req->source = items[0]->src;
+    req->first_record = items[0]->key;
+    req->locate_only = items[0]->probe;
+    req->max_records = items[0]->probe ? 0 : (uint32_t)n;
+    /* A record's offset when this loader knows it (a source's start, an END received, a
+     * cursor): the worker reads from there; otherwise it seeks with its offset index. */
     uint64_t off;
-    if (!locate_only && known_offset(sc, src, rec, &off))
-        req.offset = off;
+    if (!req->locate_only && known_offset(k->sc, req->source, req->first_record, &off))
+        req->offset = off;
     else
-        req.seek_record = true;
-    req.routing = &rt;
-    req.fingerprint = (char *)ctx->fingerprint;
-    req.max_message_bytes = ctx->max_message_bytes;
-    return bw__rpc_stream_open(ch, BW_METHOD(BW_M_DATA_READ_STREAM), &req.base, ctx->timeout_ms, st,
-                               err, errlen);
-}
-
-/* ---- one batch ---- */
-
-typedef struct item {
-    uint32_t src;
-    uint64_t rec;
-    uint64_t size, got;
-    uint8_t *buf;
-    bool done;
-} item;
-
-typedef struct run {
-    size_t first, n; /* items [first, first + n): consecutive records of one source */
-    size_t k;        /* items received so far */
-    long worker;
-    bool tried; /* a stream was asked for in this round */
-    bw_rpc_stream *st;
-} run;
-
-/* Reads a run's stream to its end. BW_OK or the error with a sentence in err. */
-static int drain(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, run *r, item *items, char *err,
-                 size_t errlen)
-{
-    (void)ctx;
-    int rc;
-    for (;;) {
-        bw_arena a;
-        bw__arena_init(&a, 0);
-        ProtobufCMessage *msg = NULL;
-        rc = bw__rpc_stream_next(r->st, &a, &msg, err, errlen);
-        if (rc != BW_OK) {
-            bw__arena_reset(&a);
-            break;
-        }
-        const Batchwire__V1__SampleBatch *sb = (const void *)msg;
-        for (size_t i = 0; i < sb->n_samples && rc == BW_OK; i++) {
-            const Batchwire__V1__Sample *s = sb->samples[i];
-            item *x = r->k < r->n ? &items[r->first + r->k] : NULL;
-            if (!x || s->index != x->rec || s->chunk_offset != x->got ||
-                s->chunk_offset + s->data.len > s->size) {
-                snprintf(err, errlen,
-                         "worker sent record %" PRIu64 " (chunk at %" PRIu64 ") where record "
-                         "%" PRIu64 " of source %u was due",
-                         s->index, s->chunk_offset, x ? x->rec : 0, x ? x->src : 0);
-                rc = BW_PROTOCOL;
-                break;
-            }
-            if (x->got == 0) {
-                x->size = s->size;
-                if (!(x->buf = malloc(s->size ? s->size : 1))) {
-                    rc = BW_NOMEM;
-                    break;
-                }
-                if (r->k == 0)
-                    bw__stream_learn(sc, x->src, x->rec, s->offset);
-            }
-            memcpy(x->buf + s->chunk_offset, s->data.data, s->data.len);
-            x->got += s->data.len;
-            if (x->got == x->size) {
-                x->done = true;
-                r->k++;
-                if (r->k == r->n) /* where the next reader of this source starts */
-                    bw__stream_learn(sc, x->src, x->rec + 1, s->next_offset);
-            }
-        }
-        bw__arena_reset(&a);
-        if (rc != BW_OK)
-            break;
-    }
-    if (rc == BW_RPC_STREAM_END) {
-        if (r->k == r->n)
-            return BW_OK;
-        snprintf(err, errlen, "worker ended the stream after %zu of %zu records", r->k, r->n);
-        return BW_PROTOCOL;
-    }
-    if (r->k < r->n) { /* a partial record starts over */
-        item *x = &items[r->first + r->k];
-        free(x->buf);
-        x->buf = NULL;
-        x->got = 0;
-    }
-    return rc;
-}
-
-static int pack(bw_batch *b, item *items)
-{
-    size_t total = 0;
-    for (size_t i = 0; i < b->count; i++)
-        total += (size_t)items[i].size;
-    int rc = bw__batch_reserve(b, total);
-    if (rc != BW_OK)
-        return rc;
-    size_t off = 0;
-    for (size_t i = 0; i < b->count; i++) {
-        b->offsets[i] = off;
-        b->sizes[i] = (size_t)items[i].size;
-        memcpy(b->data + off, items[i].buf, (size_t)items[i].size);
-        off += (size_t)items[i].size;
-    }
-    b->nbytes = total;
+        req->seek_record = true;
+    req->routing = rt;
+    req->fingerprint = (char *)k->ctx->fingerprint;
+    req->max_message_bytes = k->ctx->max_message_bytes;
+    *out = &req->base;
     return BW_OK;
+}
+
+/* Where the record after the last complete one starts: the next reader of the source
+ * begins there without a seek. */
+static void stream_finished(void *kctx, bw__fetch_item *const *items, size_t k, const bw__xres *res)
+{
+    stream_kind *sk = kctx;
+    if (!res->has_end_offset || res->end_offset > sk->sc->sizes[items[0]->src])
+        return;
+    bw__stream_learn(sk->sc, items[0]->src, items[0]->key + k, res->end_offset);
+    if (items[0]->probe && res->rc == BW_OK) {
+        sk->located = true;
+        sk->offset = res->end_offset;
+    }
+}
+
+static bw__fetch_kind stream_kind_of(stream_kind *k)
+{
+    return (bw__fetch_kind){
+        BW_DCHAN_KIND_READ_STREAM, stream_shard, stream_join, stream_message, stream_finished, k};
 }
 
 int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw_batch *b)
 {
     b->err[0] = '\0';
     size_t n = b->count;
-    item *items = calloc(n ? n : 1, sizeof(*items));
-    run *runs = calloc(n ? n : 1, sizeof(*runs));
-    size_t nruns = 0;
-    int rc = items && runs ? BW_OK : BW_NOMEM;
+    bw__fetch_item *items = calloc(n ? n : 1, sizeof(*items));
+    int rc = items ? BW_OK : BW_NOMEM;
+    if (!items)
+        snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu records", n);
     for (size_t i = 0; i < n && rc == BW_OK; i++) {
-        if (bw__stream_order_locate(&sc->order, b->indices[i], &items[i].src, &items[i].rec) !=
+        if (bw__stream_order_locate(&sc->order, b->indices[i], &items[i].src, &items[i].key) !=
             BW_OK) {
             snprintf(b->err, sizeof(b->err),
                      "position %" PRIu64 " is past the end of the stream (%" PRIu64 " records)",
@@ -291,107 +230,17 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw_batc
             rc = BW_INTERNAL;
             break;
         }
-        if (nruns && items[i].src == items[i - 1].src && items[i].rec == items[i - 1].rec + 1 &&
-            runs[nruns - 1].n < UINT32_MAX)
-            runs[nruns - 1].n++;
-        else
-            runs[nruns++] = (run){.first = i, .n = 1};
+        items[i].first = i;
+        items[i].max_size = sc->sizes[items[i].src];
     }
-    bw__suspects suspects = {{NULL}, 0};
-    bool refresh = false;
-    uint64_t start = bw__mono_ms(), backoff = 20;
-    char err[BW_LOADER_ERRLEN] = "";
-    size_t remaining = nruns;
-    while (rc == BW_OK && remaining > 0) {
-        bw__placement *p = bw__session_placement(ctx->session, refresh, err, sizeof(err));
-        refresh = false;
-        int round_rc = BW_OK;
-        if (!p || p->nworkers == 0) {
-            round_rc = BW_UNAVAILABLE;
-            if (!err[0] || p)
-                snprintf(err, sizeof(err), "no storage worker is alive");
-        }
-        /* Ask every owner at once, then read the answers in order. */
-        for (size_t ri = 0; ri < nruns; ri++)
-            runs[ri].tried = false;
-        for (size_t ri = 0; ri < nruns && round_rc == BW_OK; ri++) {
-            run *r = &runs[ri];
-            if (r->k == r->n)
-                continue;
-            const item *x = &items[r->first + r->k];
-            uint32_t shard = bw__placement_stream_shard(x->src, sc->paths[x->src], p->num_shards,
-                                                        BW_SHARD_MODULO);
-            bool checked;
-            r->worker = bw__fetch_pick_worker(p, shard, &suspects, &checked);
-            if (r->worker < 0) {
-                round_rc = BW_UNAVAILABLE;
-                snprintf(err, sizeof(err), "every storage worker failed: %.900s",
-                         b->err[0] ? b->err : "no worker left");
-                break;
-            }
-            char e[BW_LOADER_ERRLEN];
-            r->tried = true;
-            if (open_read(ctx, sc, p, (size_t)r->worker, checked, x->src, x->rec, r->n - r->k,
-                          false, &r->st, e, sizeof(e)) != BW_OK)
-                r->st = NULL;
-        }
-        for (size_t ri = 0; ri < nruns; ri++) {
-            run *r = &runs[ri];
-            if (!r->tried)
-                continue;
-            const char *wid = p->workers[r->worker].id;
-            int src = r->st ? drain(ctx, sc, r, items, err, sizeof(err)) : BW_UNAVAILABLE;
-            if (!r->st)
-                snprintf(err, sizeof(err), "worker %s: cannot open a stream", wid);
-            bw__rpc_stream_close(r->st);
-            r->st = NULL;
-            if (src == BW_OK)
-                continue;
-            snprintf(b->err, sizeof(b->err), "%s", err);
-            if (!bw__fetch_retryable(src)) {
-                round_rc = src; /* the data itself is bad: no other worker will differ */
-                continue;
-            }
-            if (bw__suspects_note(&suspects, wid, src, &refresh))
-                BW_INFO("worker=%s failed while serving a stream; reading its records "
-                        "elsewhere: %s",
-                        wid, err);
-            if (round_rc == BW_OK)
-                round_rc = src;
-        }
-        bw__placement_put(p);
-        size_t before = remaining;
-        remaining = 0;
-        for (size_t ri = 0; ri < nruns; ri++)
-            remaining += runs[ri].k < runs[ri].n;
-        if (round_rc != BW_OK && !bw__fetch_retryable(round_rc)) {
-            rc = round_rc;
-            break;
-        }
-        if (remaining == 0)
-            break;
-        if (bw__mono_ms() - start > (uint64_t)ctx->timeout_ms) {
-            rc = BW_UNAVAILABLE;
-            snprintf(b->err, sizeof(b->err),
-                     "%zu record runs of step %" PRIu64 " could not be read in %d ms: %.900s",
-                     remaining, b->step, ctx->timeout_ms, err);
-            break;
-        }
-        if (remaining == before) {
-            usleep((useconds_t)(backoff * 1000));
-            backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
-            refresh = true;
-        }
-    }
+    stream_kind k = {ctx, sc, false, 0};
+    bw__fetch_kind kind = stream_kind_of(&k);
     if (rc == BW_OK)
-        rc = pack(b, items);
-    else if (!b->err[0])
-        snprintf(b->err, sizeof(b->err), "%s", err[0] ? err : bw_strerror(rc));
-    for (size_t i = 0; items && i < n; i++)
-        free(items[i].buf);
-    bw__suspects_clear(&suspects);
+        rc = bw__fetch_items(ctx, &kind, items, n, NULL, b->err, sizeof(b->err));
+    if (rc == BW_OK)
+        rc = bw__fetch_pack(b, items, NULL, 0);
+    bw__fetch_items_free(items, n);
     free(items);
-    free(runs);
     return b->rc = rc;
 }
 
@@ -404,49 +253,17 @@ static int locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, ui
 {
     if (known_offset(sc, src, rec, off))
         return BW_OK;
-    bw__suspects suspects = {{NULL}, 0};
-    int rc = BW_UNAVAILABLE;
-    snprintf(err, errlen, "no storage worker is alive");
-    for (int attempt = 0; attempt < 4 && rc != BW_OK; attempt++) {
-        bw__placement *p = bw__session_placement(ctx->session, attempt > 0, err, errlen);
-        if (!p || p->nworkers == 0) {
-            bw__placement_put(p);
-            usleep(100 * 1000);
-            continue;
-        }
-        uint32_t shard =
-            bw__placement_stream_shard(src, sc->paths[src], p->num_shards, BW_SHARD_MODULO);
-        bool checked;
-        long wk = bw__fetch_pick_worker(p, shard, &suspects, &checked);
-        bw_rpc_stream *st = NULL;
-        if (wk >= 0 && (rc = open_read(ctx, sc, p, (size_t)wk, checked, src, rec, 0, true, &st, err,
-                                       errlen)) == BW_OK) {
-            bw_arena a;
-            bw__arena_init(&a, 0);
-            ProtobufCMessage *msg = NULL;
-            rc = bw__rpc_stream_next(st, &a, &msg, err, errlen);
-            const Batchwire__V1__SampleBatch *sb = (const void *)msg;
-            if (rc == BW_OK && (sb->n_samples != 1 || sb->samples[0]->index != rec)) {
-                snprintf(err, errlen, "worker answered a locate with %zu samples", sb->n_samples);
-                rc = BW_PROTOCOL;
-            }
-            if (rc == BW_OK)
-                *off = sb->samples[0]->offset;
-            else if (rc == BW_RPC_STREAM_END)
-                rc = BW_PROTOCOL;
-            bw__arena_reset(&a);
-        }
-        bw__rpc_stream_close(st);
-        bool unused;
-        if (rc != BW_OK && wk >= 0)
-            bw__suspects_note(&suspects, p->workers[wk].id, rc, &unused);
-        bw__placement_put(p);
-        if (rc != BW_OK && !bw__fetch_retryable(rc))
-            break;
+    bw__fetch_item probe = {.key = rec, .src = src, .probe = true};
+    stream_kind k = {ctx, sc, false, 0};
+    bw__fetch_kind kind = stream_kind_of(&k);
+    int rc = bw__fetch_items(ctx, &kind, &probe, 1, NULL, err, errlen);
+    if (rc == BW_OK && !k.located) {
+        snprintf(err, errlen, "the worker answered no offset for record %" PRIu64 " of %s", rec,
+                 sc->paths[src]);
+        rc = BW_PROTOCOL;
     }
-    bw__suspects_clear(&suspects);
     if (rc == BW_OK)
-        bw__stream_learn(sc, src, rec, *off);
+        *off = k.offset;
     return rc;
 }
 

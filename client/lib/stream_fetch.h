@@ -4,6 +4,7 @@
 #define BW_CLIENT_STREAM_FETCH_H
 
 #include "jobs/stream_order.h"
+#include "fetch.h"
 #include "loader_int.h"
 
 typedef struct bw__stream_ctx bw__stream_ctx;

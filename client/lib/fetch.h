@@ -1,0 +1,88 @@
+/*
+ * The one fetch loop (docs/architecture.md, "The client"): map-style batches and stream
+ * batches are lists of items -- samples by dataset index, or stream records -- that the loop
+ * routes to workers (route.h), asks for over a transport (transport.h) and receives straight
+ * into place, retrying and failing over until every item has arrived or the deadline passes.
+ * What differs between the two kinds of read is a small table (bw__fetch_kind): which items
+ * may share a request, and the request message.
+ */
+#ifndef BW_CLIENT_FETCH_H
+#define BW_CLIENT_FETCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/arena.h"
+#include "data.pb-c.h"
+#include "transport.h"
+
+/* Items per request at most: a worker's request-size limit is never approached. */
+enum { BW_FETCH_MAX_PER_REQUEST = 1 << 16 };
+
+typedef struct bw__fetch_item {
+    uint64_t key;      /* what the worker sends back: dataset index, or record number */
+    uint32_t src;      /* streams: the record's source */
+    size_t first;      /* its first position in the batch */
+    uint64_t max_size; /* the largest size a worker may announce for it */
+    uint64_t size, got;
+    uint8_t *buf; /* its own buffer (samples of differing sizes) until packed */
+    bool started, done;
+    bool probe; /* asks for no bytes (a stream offset): done when its request succeeds */
+} bw__fetch_item;
+
+typedef struct bw__fetch_kind {
+    uint32_t req_kind; /* BW_DCHAN_KIND_READ_SAMPLES or _READ_STREAM */
+    /* The storage shard (of num_shards) an item is routed by. */
+    uint32_t (*shard)(void *kctx, const bw__fetch_item *it, uint32_t num_shards);
+    /* Whether b may follow a in one request (both pending, a before b). */
+    bool (*joins)(const bw__fetch_item *a, const bw__fetch_item *b);
+    /* The request for items[0..n) (pending, in order) from a worker of placement p: *out from
+     * arena a. `checked`: the request carries p's version for the worker to check. */
+    int (*message)(void *kctx, bw__fetch_item *const *items, size_t n, const bw__placement *p,
+                   bool checked, bw_arena *a, ProtobufCMessage **out);
+    /* A request ended with res, its first k items complete (NULL: nothing to learn). */
+    void (*finished)(void *kctx, bw__fetch_item *const *items, size_t k, const bw__xres *res);
+    void *kctx;
+} bw__fetch_kind;
+
+typedef struct bw__fetch_ctx {
+    /* The current placement table, a reference (refreshed first when `refresh`); NULL when
+     * none was ever fetched (err says why). */
+    bw__placement *(*placement)(void *arg, bool refresh, char *err, size_t errlen);
+    void *placement_arg;
+    bw__transport preferred; /* the data channel (ops NULL: never) */
+    bw__transport fallback;  /* gRPC: every worker has it */
+    const Batchwire__V1__Dataset *dataset;
+    const char *fingerprint;    /* the dataset's, checked by workers */
+    uint64_t sample_bytes;      /* fixed sample size, 0 if samples differ */
+    uint64_t max_sample_bytes;  /* the largest sample a worker may announce */
+    uint32_t max_message_bytes; /* asked of gRPC streams */
+    int timeout_ms;             /* for one batch, all retries included */
+} bw__fetch_ctx;
+
+/* Errors after which another worker or a fresher placement may succeed. */
+bool bw__fetch_retryable(int rc);
+
+/*
+ * Receives items[0..n) (pending ones: not done), routing each by its shard, until every one
+ * is done. With `fixed` (samples of ctx->sample_bytes each), item u's bytes go to
+ * fixed + items[u].first * sample_bytes; otherwise to its own buffer (items[u].buf, freed by
+ * bw__fetch_items_free). BW_OK, or an error with a sentence in err: a non-retryable one from
+ * a worker (the data itself is bad), BW_UNAVAILABLE at the deadline, BW_NOMEM.
+ */
+int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fetch_item *items,
+                    size_t n, uint8_t *fixed, char *err, size_t errlen);
+void bw__fetch_items_free(bw__fetch_item *items, size_t n);
+
+struct bw_batch;
+/* Lays the batch's data out in batch order: position i holds item uid[i] (uid NULL: item
+ * i), copied from its buffer, or within b->data when samples have a fixed size. */
+int bw__fetch_pack(struct bw_batch *b, const bw__fetch_item *items, const size_t *uid,
+                   uint64_t sample_bytes);
+
+/* Map-style: fills b->data with the samples of b->indices[0..count) in order, from the
+ * workers that own them. On error b->err says why. */
+int bw__fetch_batch(const bw__fetch_ctx *ctx, struct bw_batch *b);
+
+#endif

@@ -1,0 +1,69 @@
+/* Routing as a pure function of placement and suspects (route.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "placement/placement.h"
+#include "route.h"
+
+bool bw__suspects_has(const bw__suspects *s, const char *id)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->ids[i], id) == 0)
+            return true;
+    return false;
+}
+
+bool bw__suspects_add(bw__suspects *s, const char *id)
+{
+    if (s->n == BW_MAX_SUSPECTS || bw__suspects_has(s, id))
+        return false;
+    char *copy = strdup(id);
+    if (!copy)
+        return false;
+    s->ids[s->n++] = copy;
+    return true;
+}
+
+void bw__suspects_clear(bw__suspects *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->ids[i]);
+    s->n = 0;
+}
+
+long bw__route_pick(const bw__placement *p, uint32_t shard, const bw__suspects *s, bool *checked,
+                    const char **ids, size_t *map)
+{
+    size_t owner = p->owners[shard];
+    if (!bw__suspects_has(s, p->workers[owner].id)) {
+        *checked = true;
+        return (long)owner;
+    }
+    *checked = false;
+    size_t m = 0;
+    for (size_t i = 0; i < p->nworkers; i++)
+        if (!bw__suspects_has(s, p->workers[i].id)) {
+            ids[m] = p->workers[i].id;
+            map[m++] = i;
+        }
+    return m ? (long)map[bw__placement_owner(ids, m, shard)] : -1;
+}
+
+int bw__route_items(const bw__placement *p, const uint32_t *shards, size_t n, const bw__suspects *s,
+                    size_t *route)
+{
+    const char **ids = malloc((p->nworkers ? p->nworkers : 1) * sizeof(*ids));
+    size_t *map = malloc((p->nworkers ? p->nworkers : 1) * sizeof(*map));
+    int rc = ids && map ? BW_OK : BW_NOMEM;
+    for (size_t u = 0; u < n && rc == BW_OK; u++) {
+        bool checked;
+        long wk = bw__route_pick(p, shards[u], s, &checked, ids, map);
+        if (wk < 0)
+            rc = BW_UNAVAILABLE;
+        else
+            route[u] = (size_t)wk * 2 + (checked ? 0 : 1);
+    }
+    free(ids);
+    free(map);
+    return rc;
+}

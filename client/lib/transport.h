@@ -1,0 +1,83 @@
+/*
+ * Transports: how one read request reaches a worker and how its samples come back
+ * (docs/architecture.md, "The client"). A transport is a table of operations -- start a
+ * request, say which descriptor to wait on, receive what has arrived into the places a sink
+ * gives, finish -- with two implementations: the workers' data channel (TCP or TLS,
+ * data_channel.c, docs/data-channel.md) and gRPC (transport_grpc.c). Neither knows about
+ * batches, placement or retries: the fetch loop (fetch.c) owns those, and unit tests drive it
+ * through a transport of their own.
+ */
+#ifndef BW_CLIENT_TRANSPORT_H
+#define BW_CLIENT_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "route.h"
+
+enum { BW_XFER_ERRLEN = 1024 };
+
+/* What a request asks for: BW_DCHAN_KIND_READ_SAMPLES (a ReadSamplesRequest) or
+ * BW_DCHAN_KIND_READ_STREAM (a ReadStreamRequest); both transports carry the same message. */
+typedef struct bw__read_req {
+    uint32_t kind;
+    const ProtobufCMessage *msg;
+} bw__read_req;
+
+/*
+ * Where received bytes go. For each sample the transport calls place() with its key (the
+ * dataset index, or the record number in its source), its whole size, and the chunk it
+ * carries (chunk_off, len): place() checks them against what the request asked, and sets
+ * *dest to where the len bytes go (NULL only when len is 0). Returns BW_OK or an error with a
+ * sentence in err; the transport then ends the request with that error.
+ */
+typedef struct bw__sink {
+    int (*place)(void *ctx, uint64_t key, uint64_t size, uint64_t chunk_off, uint64_t len,
+                 uint8_t **dest, char *err, size_t errlen);
+    void *ctx;
+} bw__sink;
+
+/* How a request ended. */
+typedef struct bw__xres {
+    int rc;                  /* BW_OK: the worker sent every sample and ended the request */
+    bool fallback;           /* this worker may still answer over the other transport */
+    uint32_t retry_after_ms; /* BW_BUSY: the worker's hint */
+    bool has_end_offset;     /* streams: end_offset is where the record after the last */
+    uint64_t end_offset;     /* complete one starts in its source */
+    char err[BW_XFER_ERRLEN];
+} bw__xres;
+
+typedef struct bw__xfer bw__xfer; /* one request in flight */
+
+typedef struct bw__transport_ops {
+    const char *name;
+    /* Whether this transport can reach worker wr now. */
+    bool (*usable)(void *state, const bw__worker_ref *wr);
+    /* Sends req to wr. BW_OK with *out in flight, or an error in res (res->fallback: try the
+     * other transport for this worker). */
+    int (*start)(void *state, const bw__worker_ref *wr, const bw__read_req *req, int timeout_ms,
+                 bw__xfer **out, bw__xres *res);
+    /* A descriptor to poll for input, or -1: recv then blocks until the request ends. */
+    int (*fd)(bw__xfer *x);
+    /* Receives what has arrived into sink (never blocks when fd() >= 0). Returns true once
+     * the request has ended, with res filled in. */
+    bool (*recv)(bw__xfer *x, const bw__sink *sink, bw__xres *res);
+    /* Ends the request (cancels it when it has not ended) and frees x. NULL is a no-op. */
+    void (*finish)(bw__xfer *x);
+} bw__transport_ops;
+
+typedef struct bw__transport {
+    const bw__transport_ops *ops;
+    void *state;
+} bw__transport;
+
+struct bw__session;
+/* The two real transports over a loader's session (connections and channels are cached in
+ * it). */
+bw__transport bw__transport_dchan(struct bw__session *s);
+bw__transport bw__transport_grpc(struct bw__session *s);
+
+#endif
