@@ -37,19 +37,27 @@ bw_rpc_channel *bw__session_worker_channel(bw__session *s, const char *address, 
         bw_rpc_channel_opts o = s->chopts;
         o.target = address;
         if (bw__rpc_channel_open(&o, &ch, err, errlen) == BW_OK) {
-            if (s->nchannels == s->capchannels) {
+            char *addr = strdup(address);
+            if (addr && s->nchannels == s->capchannels) {
                 size_t cap = s->capchannels ? s->capchannels * 2 : 8;
                 char **a = realloc(s->channel_addrs, cap * sizeof(*a));
                 bw_rpc_channel **c = a ? realloc(s->channels, cap * sizeof(*c)) : NULL;
                 if (a)
                     s->channel_addrs = a;
-                if (!a || !c)
-                    abort();
-                s->channels = c;
-                s->capchannels = cap;
+                if (c) {
+                    s->channels = c;
+                    s->capchannels = cap;
+                }
             }
-            s->channel_addrs[s->nchannels] = strdup(address);
-            s->channels[s->nchannels++] = ch;
+            if (addr && s->nchannels < s->capchannels) {
+                s->channel_addrs[s->nchannels] = addr;
+                s->channels[s->nchannels++] = ch;
+            } else { /* out of memory: no channel, the caller fails over */
+                free(addr);
+                bw__rpc_channel_close(ch);
+                ch = NULL;
+                snprintf(err, errlen, "out of memory for a channel to %s", address);
+            }
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -73,19 +81,30 @@ static int fetch_placement(bw__session *s, bw__placement **out, char *err, size_
             rc = BW_PROTOCOL;
         } else {
             bw__placement *p = calloc(1, sizeof(*p));
-            p->workers = calloc(t->n_workers ? t->n_workers : 1, sizeof(*p->workers));
-            p->owners = calloc(BW_LOADER_NUM_SHARDS, sizeof(*p->owners));
-            if (!p || !p->workers || !p->owners)
-                abort();
-            atomic_init(&p->refs, 1);
-            p->version = t->version;
-            p->nworkers = t->n_workers;
-            p->num_shards = BW_LOADER_NUM_SHARDS;
-            for (size_t i = 0; i < t->n_workers; i++) {
+            bool ok = p &&
+                      (p->workers = calloc(t->n_workers ? t->n_workers : 1, sizeof(*p->workers))) &&
+                      (p->owners = calloc(BW_LOADER_NUM_SHARDS, sizeof(*p->owners)));
+            if (p) {
+                atomic_init(&p->refs, 1);
+                p->version = t->version;
+                p->num_shards = BW_LOADER_NUM_SHARDS;
+            }
+            for (size_t i = 0; ok && i < t->n_workers; i++, p->nworkers++) {
                 p->workers[i].id = strdup(t->workers[i]->id);
                 p->workers[i].address = strdup(t->workers[i]->address);
                 p->workers[i].data_address =
                     strdup(t->workers[i]->data_address ? t->workers[i]->data_address : "");
+                ok = p->workers[i].id && p->workers[i].address && p->workers[i].data_address;
+            }
+            if (!ok) {
+                snprintf(err, errlen, "out of memory for a placement table of %zu workers",
+                         t->n_workers);
+                if (p && !p->workers)
+                    free(p);
+                else
+                    bw__placement_put(p);
+                bw__arena_reset(&a);
+                return BW_NOMEM;
             }
             for (size_t i = 0; i < t->n_owners; i++) {
                 if (t->owners[i] >= t->n_workers) {
