@@ -305,9 +305,12 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
                     shards[m++] = kind->shard(kind->kctx, &items[u], p->num_shards);
             /* route[] by pending item, then spread over all items for make_requests */
             int rrc = bw__route_items(p, shards, m, &suspects, route);
-            if (rrc == BW_UNAVAILABLE)
-                snprintf(last, sizeof(last), "every storage worker failed: %.900s",
-                         last[0] ? last : "no worker left");
+            static const char every[] = "every storage worker failed: ";
+            if (rrc == BW_UNAVAILABLE && strncmp(last, every, sizeof(every) - 1) != 0) {
+                char why[BW_XFER_ERRLEN];
+                snprintf(why, sizeof(why), "%s", last[0] ? last : "no worker left");
+                snprintf(last, sizeof(last), "%s%.900s", every, why);
+            }
             if (rrc == BW_NOMEM)
                 snprintf(last, sizeof(last), "out of memory routing %zu samples", m);
             size_t *c = rrc == BW_OK ? realloc(count, (p->nworkers * 2 + 1) * sizeof(*c)) : NULL;
@@ -358,7 +361,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
         uint64_t now = bw__mono_ms();
         if (now >= deadline) {
             rc = BW_UNAVAILABLE;
-            snprintf(err, errlen, "%zu of %zu samples could not be read in %d ms: %.900s",
+            snprintf(err, errlen, "%zu of %zu samples could not be fetched in %d ms: %.900s",
                      remaining, n, ctx->timeout_ms, last);
             break;
         }
