@@ -1,0 +1,164 @@
+/* Request limits, charges and bounded decoding (request.h). */
+#include "request.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "batchwire/batchwire.h"
+#include "data.h"
+
+enum {
+    DECODE_BASE = 1 << 20, /* protobuf-c's scan state and the small fields of any request */
+    HEADER = 16,           /* before every block: its size and how it was obtained */
+    MAP_MIN = 256 << 10,   /* blocks this large are mapped, and unmapped when freed */
+};
+
+int bw__req_header(const uint8_t h[BW_DCHAN_REQ_HEADER], uint64_t max_request, const char *flag,
+                   uint32_t *kind, uint64_t *length, char *err, size_t errlen)
+{
+    int rc = bw__dchan_get_req_header(h, kind, length, err, errlen);
+    if (rc == BW_PROTOCOL)
+        return rc;
+    if (rc == BW_TOO_BIG || *length > max_request) {
+        snprintf(err, errlen,
+                 "data channel: the request header announces a %llu-byte body, more than this "
+                 "worker's limit of %llu bytes (%s); the body was not read",
+                 (unsigned long long)*length, (unsigned long long)max_request, flag);
+        return BW_TOO_BIG;
+    }
+    return rc;
+}
+
+uint64_t bw__req_decode_cap(uint32_t kind, uint64_t length)
+{
+    /* Strings cost a pointer, a copy and this allocator's header: about 4 bytes per byte of
+     * realistic paths. Indices cost 8 bytes each, and one byte of body can be one index. */
+    uint64_t cap = DECODE_BASE + 4 * length;
+    if (kind == BW_REQ_SAMPLES)
+        cap += 8 * (length < BW_DATA_MAX_INDICES + 1 ? length : BW_DATA_MAX_INDICES + 1);
+    return cap;
+}
+
+uint64_t bw__req_charge(uint32_t kind, uint64_t length, unsigned copies, uint64_t response)
+{
+    return copies * length + bw__req_decode_cap(kind, length) + response;
+}
+
+const ProtobufCMessageDescriptor *bw__req_descriptor(uint32_t kind)
+{
+    return kind == BW_REQ_STREAM ? &batchwire__v1__read_stream_request__descriptor
+                                 : &batchwire__v1__read_samples_request__descriptor;
+}
+
+const char *bw__req_method(uint32_t kind)
+{
+    return kind == BW_REQ_STREAM ? "ReadStream" : "ReadSamples";
+}
+
+/* ---- blocks: malloc'd when small, mapped when large ---- */
+
+static void *block_alloc(size_t size, size_t *total)
+{
+    if (size > SIZE_MAX - HEADER - 4096)
+        return NULL;
+    size_t t = size + HEADER;
+    uint8_t *p;
+    if (t >= MAP_MIN) {
+        t = (t + 4095) & ~(size_t)4095;
+        p = mmap(NULL, t, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+    } else {
+        p = malloc(t);
+        if (!p)
+            return NULL;
+    }
+    memcpy(p, &t, sizeof(t));
+    *total = t;
+    return p + HEADER;
+}
+
+static size_t block_free(void *q)
+{
+    if (!q)
+        return 0;
+    uint8_t *p = (uint8_t *)q - HEADER;
+    size_t t;
+    memcpy(&t, p, sizeof(t));
+    if (t >= MAP_MIN)
+        munmap(p, t);
+    else
+        free(p);
+    return t;
+}
+
+void *bw__req_buffer(size_t len)
+{
+    size_t t;
+    return block_alloc(len, &t);
+}
+
+void bw__req_buffer_free(void *p)
+{
+    block_free(p);
+}
+
+/* ---- the counting allocator protobuf-c decodes with ---- */
+
+static void *count_alloc(void *ud, size_t size)
+{
+    bw__req *r = ud;
+    size_t t;
+    if (size > r->cap || r->used + size + HEADER > r->cap) {
+        r->refused = true;
+        return NULL;
+    }
+    void *p = block_alloc(size, &t);
+    if (!p) {
+        r->refused = true;
+        return NULL;
+    }
+    r->used += t;
+    return p;
+}
+
+static void count_free(void *ud, void *p)
+{
+    bw__req *r = ud;
+    r->used -= block_free(p);
+}
+
+int bw__req_decode(bw__req *r, uint32_t kind, const uint8_t *body, size_t len, char *err,
+                   size_t errlen)
+{
+    memset(r, 0, sizeof(*r));
+    r->kind = kind;
+    r->cap = bw__req_decode_cap(kind, len);
+    r->pb.alloc = count_alloc;
+    r->pb.free = count_free;
+    r->pb.allocator_data = r;
+    const ProtobufCMessageDescriptor *d = bw__req_descriptor(kind);
+    r->msg = protobuf_c_message_unpack(d, &r->pb, len, body);
+    if (r->msg)
+        return BW_OK;
+    if (r->refused) {
+        snprintf(err, errlen,
+                 "%s: decoding the %zu-byte request needs more than the %llu bytes of memory it "
+                 "may use%s",
+                 bw__req_method(kind), len, (unsigned long long)r->cap,
+                 kind == BW_REQ_SAMPLES ? " (a request carries at most 1048576 indices)" : "");
+        return BW_TOO_BIG;
+    }
+    snprintf(err, errlen, "%s: the %zu-byte request is not a valid %s", bw__req_method(kind), len,
+             d->name);
+    return BW_INVALID_ARGUMENT;
+}
+
+void bw__req_free(bw__req *r)
+{
+    if (r->msg)
+        protobuf_c_message_free_unpacked(r->msg, &r->pb);
+    r->msg = NULL;
+}
