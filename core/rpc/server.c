@@ -34,6 +34,7 @@ struct bw_rpc_server {
     queue *queues;
     int nqueues;
     const bw_rpc_handler *handlers; /* copy, indexed like `registered` */
+    bool *raw;                      /* per handler: a raw method (the handler decodes) */
     size_t nhandlers;
     void **registered; /* grpc_server_register_method handles */
     void *user;
@@ -49,8 +50,12 @@ struct bw_rpc_server {
     bool shutdown_done;
 };
 
-/* A pre-posted request for one registered method on one queue. */
-typedef struct request {
+typedef struct request request;
+typedef struct unknown_request unknown_request;
+
+/* A pre-posted request for one registered method on one queue; posted again as soon as a call
+ * arrives on it, so the runtime allocates nothing to keep requests posted. */
+struct request {
     tag t;
     bw_rpc_server *srv;
     size_t handler;
@@ -59,17 +64,17 @@ typedef struct request {
     gpr_timespec deadline;
     grpc_metadata_array md;
     grpc_byte_buffer *payload;
-} request;
+};
 
-/* A pre-posted catch-all request (methods nobody registered). */
-typedef struct unknown_request {
+/* A pre-posted catch-all request (methods nobody registered), reused the same way. */
+struct unknown_request {
     tag t;
     bw_rpc_server *srv;
     int qi;
     grpc_call *call;
     grpc_call_details details;
     grpc_metadata_array md;
-} unknown_request;
+};
 
 struct bw_rpc_call {
     tag t;
@@ -79,6 +84,11 @@ struct bw_rpc_call {
     bw_rpc_handler_fn fn;
     bw_arena arena;
     bw_arena msg_arena;
+    /* raw methods: the request as received, then flattened */
+    grpc_byte_buffer *payload;
+    grpc_slice request;
+    bool have_request;
+    uint32_t retry_after_ms;
     /* server streaming */
     bw_rpc_next_fn next;
     void *stream_state;
@@ -89,13 +99,14 @@ struct bw_rpc_call {
     char message[512];
     grpc_byte_buffer *send;
     grpc_slice details;
-    grpc_metadata trailer;
+    grpc_slice retry_value;
+    grpc_metadata trailers[2];
     int cancelled;
     grpc_op ops[4];
 };
 
-static void post_request(bw_rpc_server *srv, size_t handler, int qi);
-static void post_unknown(bw_rpc_server *srv, int qi);
+static void post_request(request *r);
+static void post_unknown(unknown_request *u);
 
 static void *queue_thread(void *arg)
 {
@@ -133,14 +144,57 @@ int bw__rpc_fail(bw_rpc_call *call, int rc, const char *fmt, ...)
     return rc;
 }
 
+void bw__rpc_retry_after(bw_rpc_call *call, uint32_t ms)
+{
+    call->retry_after_ms = ms;
+}
+
+size_t bw__rpc_call_request_size(bw_rpc_call *c)
+{
+    if (c->have_request)
+        return GRPC_SLICE_LENGTH(c->request);
+    return c->payload ? grpc_byte_buffer_length(c->payload) : 0;
+}
+
+const uint8_t *bw__rpc_call_request(bw_rpc_call *c, size_t *len)
+{
+    *len = 0;
+    if (!c->have_request && c->payload) {
+        grpc_byte_buffer_reader reader;
+        if (!grpc_byte_buffer_reader_init(&reader, c->payload))
+            return NULL;
+        c->request = grpc_byte_buffer_reader_readall(&reader);
+        grpc_byte_buffer_reader_destroy(&reader);
+        c->have_request = true;
+        grpc_byte_buffer_destroy(c->payload);
+        c->payload = NULL;
+    }
+    if (!c->have_request)
+        return NULL;
+    *len = GRPC_SLICE_LENGTH(c->request);
+    return GRPC_SLICE_START_PTR(c->request);
+}
+
+void bw__rpc_call_drop_request(bw_rpc_call *c)
+{
+    if (c->payload)
+        grpc_byte_buffer_destroy(c->payload);
+    c->payload = NULL;
+    if (c->have_request)
+        grpc_slice_unref(c->request);
+    c->have_request = false;
+}
+
 static void call_free(bw_rpc_call *c)
 {
     if (c->free_state)
         c->free_state(c->stream_state);
+    bw__rpc_call_drop_request(c);
     bw__arena_reset(&c->msg_arena);
     if (c->send)
         grpc_byte_buffer_destroy(c->send);
     grpc_slice_unref(c->details);
+    grpc_slice_unref(c->retry_value);
     if (c->call)
         grpc_call_unref(c->call);
     if (c->peer)
@@ -190,10 +244,20 @@ void bw__rpc_finish(bw_rpc_call *c, int rc, const ProtobufCMessage *resp)
         c->details = grpc_slice_from_copied_string(c->message);
         st->data.send_status_from_server.status_details = &c->details;
         /* The exact code, for batchwire peers (gRPC status codes are coarser). */
-        c->trailer.key = grpc_slice_from_static_string("bw-error");
-        c->trailer.value = grpc_slice_from_static_string(bw_err_name(rc));
-        st->data.send_status_from_server.trailing_metadata_count = 1;
-        st->data.send_status_from_server.trailing_metadata = &c->trailer;
+        c->trailers[0].key = grpc_slice_from_static_string("bw-error");
+        c->trailers[0].value = grpc_slice_from_static_string(bw_err_name(rc));
+        size_t ntrailers = 1;
+        if (c->retry_after_ms) {
+            char ms[16];
+            snprintf(ms, sizeof(ms), "%u", c->retry_after_ms);
+            grpc_slice_unref(c->retry_value);
+            c->retry_value = grpc_slice_from_copied_string(ms);
+            c->trailers[1].key = grpc_slice_from_static_string("bw-retry-after-ms");
+            c->trailers[1].value = c->retry_value;
+            ntrailers++;
+        }
+        st->data.send_status_from_server.trailing_metadata_count = ntrailers;
+        st->data.send_status_from_server.trailing_metadata = c->trailers;
         BW_DEBUG("%s: %s from %s failed: %s: %s", c->srv->role, c->method->name,
                  bw__rpc_call_peer(c), bw_err_name(rc), c->message);
     }
@@ -228,6 +292,14 @@ void bw__rpc_stream_start(bw_rpc_call *call, bw_rpc_next_fn next, void *state,
 }
 
 static void stream_sent(tag *t, bool ok);
+static void stream_pump(bw_rpc_call *c);
+
+void bw__rpc_stream_begin(bw_rpc_call *call, bw_rpc_next_fn next, void *state,
+                          void (*free_state)(void *state))
+{
+    bw__rpc_stream_start(call, next, state, free_state);
+    stream_pump(call);
+}
 
 /* Produces and sends the next message of a stream, or ends the call. */
 static void stream_pump(bw_rpc_call *c)
@@ -308,56 +380,85 @@ static int unpack(bw_rpc_call *c, grpc_byte_buffer *payload, ProtobufCMessage **
     return BW_OK;
 }
 
+/* A new call's state, or NULL when out of memory (the call is then refused and released). */
+static bw_rpc_call *call_new(bw_rpc_server *srv, grpc_call *call, size_t limit)
+{
+    bw_rpc_call *c = calloc(1, sizeof(*c));
+    if (!c) {
+        BW_WARN("%s: out of memory for a new call; refusing it", srv->role);
+        grpc_call_cancel_with_status(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "server out of memory",
+                                     NULL);
+        grpc_call_unref(call);
+        return NULL;
+    }
+    atomic_fetch_add(&srv->live_calls, 1);
+    c->srv = srv;
+    c->call = call;
+    c->details = grpc_empty_slice();
+    c->retry_value = grpc_empty_slice();
+    bw__arena_init(&c->arena, limit);
+    bw__arena_init(&c->msg_arena, limit);
+    return c;
+}
+
+static void request_free(request *r)
+{
+    if (r->call) {
+        grpc_call_cancel_with_status(r->call, GRPC_STATUS_UNAVAILABLE, "server shutting down",
+                                     NULL);
+        grpc_call_unref(r->call);
+    }
+    if (r->payload)
+        grpc_byte_buffer_destroy(r->payload);
+    grpc_metadata_array_destroy(&r->md);
+    free(r);
+}
+
 static void request_arrived(tag *t, bool ok)
 {
     request *r = (request *)t;
     bw_rpc_server *srv = r->srv;
     if (!ok || atomic_load(&srv->stopping)) {
         /* Shutdown: the request was cancelled (or the call must not start). */
-        if (r->call) {
-            grpc_call_cancel_with_status(r->call, GRPC_STATUS_UNAVAILABLE, "server shutting down",
-                                         NULL);
-            grpc_call_unref(r->call);
-        }
-        if (r->payload)
-            grpc_byte_buffer_destroy(r->payload);
-        grpc_metadata_array_destroy(&r->md);
-        free(r);
+        request_free(r);
         return;
     }
-    /* Keep the method's request count up before doing any work. */
-    post_request(srv, r->handler, r->qi);
-
-    bw_rpc_call *c = calloc(1, sizeof(*c));
-    if (!c)
-        abort(); /* daemons abort on OOM; the orchestrator restarts them */
-    atomic_fetch_add(&srv->live_calls, 1);
-    c->srv = srv;
-    c->call = r->call;
-    c->method = srv->handlers[r->handler].method;
-    c->fn = srv->handlers[r->handler].fn;
-    c->deadline = r->deadline;
-    c->details = grpc_empty_slice();
-    bw__arena_init(&c->arena, srv->call_memory_limit);
-    bw__arena_init(&c->msg_arena, srv->call_memory_limit);
+    grpc_call *call = r->call;
+    gpr_timespec deadline = r->deadline;
     grpc_byte_buffer *payload = r->payload;
+    size_t h = r->handler;
+    /* Keep the method's request count up before doing any work: r goes back out. */
+    r->call = NULL;
+    r->payload = NULL;
     grpc_metadata_array_destroy(&r->md);
-    free(r);
+    post_request(r);
+
+    bw_rpc_call *c = call_new(srv, call, srv->call_memory_limit);
+    if (!c) {
+        if (payload)
+            grpc_byte_buffer_destroy(payload);
+        return;
+    }
+    c->method = srv->handlers[h].method;
+    c->fn = srv->handlers[h].fn;
+    c->deadline = deadline;
 
     ProtobufCMessage *req = NULL;
     ProtobufCMessage *resp = NULL;
-    int rc;
+    int rc = BW_OK;
     if (!payload)
         rc = bw__rpc_fail(c, BW_INVALID_ARGUMENT, "%s: the request carried no message",
                           c->method->name);
+    else if (srv->raw[h])
+        c->payload = payload; /* the handler decodes it */
     else
         rc = unpack(c, payload, &req);
-    if (payload)
+    if (payload && !srv->raw[h])
         grpc_byte_buffer_destroy(payload);
     if (rc == BW_OK) {
         rc = c->fn(srv->user, c, req, &resp);
         if (rc == BW_RPC_DEFERRED)
-            return;
+            return; /* c may be gone already */
         if (rc == BW_RPC_STREAM) {
             if (!c->next)
                 rc = bw__rpc_fail(c, BW_INTERNAL, "%s: stream handler set no producer",
@@ -371,25 +472,20 @@ static void request_arrived(tag *t, bool ok)
     bw__rpc_finish(c, rc, resp);
 }
 
-static void post_request(bw_rpc_server *srv, size_t handler, int qi)
+/* Posts (or posts again) a request for its method on its queue. */
+static void post_request(request *r)
 {
-    request *r = calloc(1, sizeof(*r));
-    if (!r)
-        abort();
+    bw_rpc_server *srv = r->srv;
     r->t.done = request_arrived;
-    r->srv = srv;
-    r->handler = handler;
-    r->qi = qi;
+    r->call = NULL;
+    r->payload = NULL;
     grpc_metadata_array_init(&r->md);
-    grpc_completion_queue *cq = srv->queues[qi].cq;
+    grpc_completion_queue *cq = srv->queues[r->qi].cq;
     grpc_call_error e =
-        grpc_server_request_registered_call(srv->server, srv->registered[handler], &r->call,
+        grpc_server_request_registered_call(srv->server, srv->registered[r->handler], &r->call,
                                             &r->deadline, &r->md, &r->payload, cq, cq, &r->t);
-    if (e != GRPC_CALL_OK) {
-        /* Only happens while shutting down. */
-        grpc_metadata_array_destroy(&r->md);
-        free(r);
-    }
+    if (e != GRPC_CALL_OK)
+        request_free(r); /* only happens while shutting down */
 }
 
 static void unknown_replied(tag *t, bool ok)
@@ -399,25 +495,33 @@ static void unknown_replied(tag *t, bool ok)
     call_free(c);
 }
 
+static void unknown_free(unknown_request *u)
+{
+    if (u->call)
+        grpc_call_unref(u->call);
+    grpc_call_details_destroy(&u->details);
+    grpc_metadata_array_destroy(&u->md);
+    free(u);
+}
+
 static void unknown_arrived(tag *t, bool ok)
 {
     unknown_request *u = (unknown_request *)t;
     bw_rpc_server *srv = u->srv;
-    if (ok && !atomic_load(&srv->stopping)) {
-        post_unknown(srv, u->qi);
-        bw_rpc_call *c = calloc(1, sizeof(*c));
-        if (!c)
-            abort();
-        atomic_fetch_add(&srv->live_calls, 1);
-        c->srv = srv;
-        c->call = u->call;
-        u->call = NULL;
-        bw__arena_init(&c->arena, 0);
-        bw__arena_init(&c->msg_arena, 0);
-        char *method = grpc_slice_to_c_string(u->details.method);
+    if (!ok || atomic_load(&srv->stopping)) {
+        unknown_free(u);
+        return;
+    }
+    grpc_call *call = u->call;
+    char *method = grpc_slice_to_c_string(u->details.method);
+    u->call = NULL;
+    grpc_call_details_destroy(&u->details);
+    grpc_metadata_array_destroy(&u->md);
+    post_unknown(u);
+    bw_rpc_call *c = call_new(srv, call, 0);
+    if (c) {
         snprintf(c->message, sizeof(c->message), "unknown method %s", method);
         BW_INFO("%s: %s from %s", srv->role, c->message, bw__rpc_call_peer(c));
-        gpr_free(method);
         c->details = grpc_slice_from_copied_string(c->message);
         grpc_op *ops = c->ops;
         memset(ops, 0, sizeof(c->ops));
@@ -430,31 +534,22 @@ static void unknown_arrived(tag *t, bool ok)
         c->t.done = unknown_replied;
         if (grpc_call_start_batch(c->call, ops, 3, &c->t, NULL) != GRPC_CALL_OK)
             call_free(c);
-    } else if (u->call) {
-        grpc_call_unref(u->call);
     }
-    grpc_call_details_destroy(&u->details);
-    grpc_metadata_array_destroy(&u->md);
-    free(u);
+    gpr_free(method);
 }
 
-static void post_unknown(bw_rpc_server *srv, int qi)
+/* Posts (or posts again) the catch-all request on its queue. */
+static void post_unknown(unknown_request *u)
 {
-    unknown_request *u = calloc(1, sizeof(*u));
-    if (!u)
-        abort();
+    bw_rpc_server *srv = u->srv;
     u->t.done = unknown_arrived;
-    u->srv = srv;
-    u->qi = qi;
+    u->call = NULL;
     grpc_call_details_init(&u->details);
     grpc_metadata_array_init(&u->md);
-    grpc_completion_queue *cq = srv->queues[qi].cq;
+    grpc_completion_queue *cq = srv->queues[u->qi].cq;
     if (grpc_server_request_call(srv->server, &u->call, &u->details, &u->md, cq, cq, &u->t) !=
-        GRPC_CALL_OK) {
-        grpc_call_details_destroy(&u->details);
-        grpc_metadata_array_destroy(&u->md);
-        free(u);
-    }
+        GRPC_CALL_OK)
+        unknown_free(u);
 }
 
 static void shutdown_done(tag *t, bool ok)
@@ -487,7 +582,7 @@ static void destroy(bw_rpc_server *srv)
 {
     if (srv->server)
         grpc_server_destroy(srv->server);
-    for (int i = 0; i < srv->nqueues; i++) {
+    for (int i = 0; srv->queues && i < srv->nqueues; i++) {
         if (!srv->queues[i].cq)
             continue;
         grpc_completion_queue_shutdown(srv->queues[i].cq);
@@ -503,6 +598,7 @@ static void destroy(bw_rpc_server *srv)
     }
     free(srv->queues);
     free(srv->registered);
+    free(srv->raw);
     free((void *)srv->handlers);
     pthread_mutex_destroy(&srv->mu);
     pthread_cond_destroy(&srv->cv);
@@ -520,6 +616,55 @@ static void bound_address(const char *listen, int port, char *out, size_t outlen
         snprintf(out, outlen, "%.*s:%d", (int)(colon - listen), listen, port);
 }
 
+/* Every request the server keeps posted, allocated before it starts (nothing is allocated
+ * for them afterwards). false when out of memory (nothing is left allocated). */
+static bool make_requests(bw_rpc_server *srv, request ***reqs, size_t *nreqs,
+                          unknown_request ***unks)
+{
+    size_t nr = (size_t)srv->nqueues * srv->nhandlers * (size_t)srv->requests_per_method;
+    *nreqs = 0;
+    *reqs = calloc(nr ? nr : 1, sizeof(**reqs));
+    *unks = calloc((size_t)srv->nqueues, sizeof(**unks));
+    bool ok = *reqs && *unks;
+    for (int i = 0; ok && i < srv->nqueues; i++) {
+        for (size_t h = 0; ok && h < srv->nhandlers; h++)
+            for (int k = 0; ok && k < srv->requests_per_method; k++) {
+                request *r = calloc(1, sizeof(*r));
+                if ((ok = r != NULL)) {
+                    r->srv = srv;
+                    r->handler = h;
+                    r->qi = i;
+                    (*reqs)[(*nreqs)++] = r;
+                }
+            }
+        unknown_request *u = ok ? calloc(1, sizeof(*u)) : NULL;
+        if ((ok = ok && u != NULL)) {
+            u->srv = srv;
+            u->qi = i;
+            (*unks)[i] = u;
+        }
+    }
+    if (!ok) {
+        for (size_t i = 0; *reqs && i < *nreqs; i++)
+            free((*reqs)[i]);
+        for (int i = 0; *unks && i < srv->nqueues; i++)
+            free((*unks)[i]);
+        free(*reqs);
+        free(*unks);
+        *reqs = NULL;
+        *unks = NULL;
+    }
+    return ok;
+}
+
+static bool is_raw(const bw_rpc_server_opts *opts, const bw_rpc_method *m)
+{
+    for (size_t i = 0; i < opts->nraw_methods; i++)
+        if (opts->raw_methods[i] == m)
+            return true;
+    return false;
+}
+
 int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *handlers, size_t n,
                          void *user, bw_rpc_server **out, char *bound, size_t boundlen, char *err,
                          size_t errlen)
@@ -532,20 +677,39 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
 
     grpc_init();
     bw_rpc_server *srv = calloc(1, sizeof(*srv));
-    bw_rpc_handler *hcopy = calloc(n ? n : 1, sizeof(*hcopy));
-    if (!srv || !hcopy)
-        abort();
-    memcpy(hcopy, handlers, n * sizeof(*hcopy));
-    srv->handlers = hcopy;
+    if (!srv) {
+        grpc_server_credentials_release(creds);
+        grpc_shutdown();
+        snprintf(err, errlen, "out of memory");
+        return BW_NOMEM;
+    }
+    pthread_mutex_init(&srv->mu, NULL);
+    bw__cond_init_mono(&srv->cv);
+    srv->shutdown_tag.done = shutdown_done;
     srv->nhandlers = n;
     srv->user = user;
     srv->role = opts->role ? opts->role : "server";
     srv->requests_per_method = opts->requests_per_method > 0 ? opts->requests_per_method : 4;
     srv->call_memory_limit = opts->call_memory_limit;
     srv->nqueues = opts->threads > 0 ? opts->threads : 1;
-    pthread_mutex_init(&srv->mu, NULL);
-    bw__cond_init_mono(&srv->cv);
-    srv->shutdown_tag.done = shutdown_done;
+    bw_rpc_handler *hcopy = calloc(n ? n : 1, sizeof(*hcopy));
+    srv->handlers = hcopy;
+    srv->raw = calloc(n ? n : 1, sizeof(*srv->raw));
+    srv->queues = calloc((size_t)srv->nqueues, sizeof(queue));
+    srv->registered = calloc(n ? n : 1, sizeof(void *));
+    request **reqs = NULL;
+    unknown_request **unks = NULL;
+    size_t nreqs = 0;
+    if (!hcopy || !srv->raw || !srv->queues || !srv->registered ||
+        !make_requests(srv, &reqs, &nreqs, &unks)) {
+        grpc_server_credentials_release(creds);
+        destroy(srv);
+        snprintf(err, errlen, "out of memory");
+        return BW_NOMEM;
+    }
+    memcpy(hcopy, handlers, n * sizeof(*hcopy));
+    for (size_t h = 0; h < n; h++)
+        srv->raw[h] = is_raw(opts, handlers[h].method);
 
     grpc_arg args[1];
     args[0].type = GRPC_ARG_INTEGER;
@@ -553,11 +717,6 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
     args[0].value.integer = opts->max_receive_bytes > 0 ? opts->max_receive_bytes : 4 << 20;
     grpc_channel_args cargs = {1, args};
     srv->server = grpc_server_create(&cargs, NULL);
-
-    srv->queues = calloc((size_t)srv->nqueues, sizeof(queue));
-    srv->registered = calloc(n ? n : 1, sizeof(void *));
-    if (!srv->queues || !srv->registered)
-        abort();
     for (int i = 0; i < srv->nqueues; i++) {
         srv->queues[i].cq = grpc_completion_queue_create_for_next(NULL);
         grpc_server_register_completion_queue(srv->server, srv->queues[i].cq, NULL);
@@ -566,28 +725,41 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
         srv->registered[h] =
             grpc_server_register_method(srv->server, handlers[h].method->path, NULL,
                                         GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
-
-    int port = grpc_server_add_http2_port(srv->server, opts->listen, creds);
+    /* The threads start before the port is bound: a server that has bound a port cannot be
+     * destroyed without a shutdown, and nothing fails after the port. */
+    for (int i = 0; i < srv->nqueues && rc == BW_OK; i++) {
+        if (pthread_create(&srv->queues[i].thread, NULL, queue_thread, srv->queues[i].cq) != 0) {
+            snprintf(err, errlen, "cannot start completion-queue thread %d of %d", i + 1,
+                     srv->nqueues);
+            rc = BW_INTERNAL;
+        }
+        srv->queues[i].started = rc == BW_OK;
+    }
+    int port = rc == BW_OK ? grpc_server_add_http2_port(srv->server, opts->listen, creds) : 0;
     grpc_server_credentials_release(creds);
-    if (port == 0) {
+    if (rc == BW_OK && port == 0) {
         snprintf(err, errlen, "cannot listen on %s (address in use, or not a local address?)",
                  opts->listen);
+        rc = BW_UNAVAILABLE;
+    }
+    if (rc != BW_OK) {
+        for (size_t i = 0; i < nreqs; i++)
+            free(reqs[i]);
+        for (int i = 0; i < srv->nqueues; i++)
+            free(unks[i]);
+        free(reqs);
+        free(unks);
         destroy(srv);
-        return BW_UNAVAILABLE;
+        return rc;
     }
     bound_address(opts->listen, port, bound, boundlen);
     grpc_server_start(srv->server);
-    for (int i = 0; i < srv->nqueues; i++) {
-        for (size_t h = 0; h < n; h++)
-            for (int k = 0; k < srv->requests_per_method; k++)
-                post_request(srv, h, i);
-        post_unknown(srv, i);
-    }
-    for (int i = 0; i < srv->nqueues; i++) {
-        if (pthread_create(&srv->queues[i].thread, NULL, queue_thread, srv->queues[i].cq) != 0)
-            abort();
-        srv->queues[i].started = true;
-    }
+    for (size_t i = 0; i < nreqs; i++)
+        post_request(reqs[i]);
+    for (int i = 0; i < srv->nqueues; i++)
+        post_unknown(unks[i]);
+    free(reqs);
+    free(unks);
     *out = srv;
     return BW_OK;
 }

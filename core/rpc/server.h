@@ -8,10 +8,15 @@
  * code (after bw__rpc_fail for a message), or BW_RPC_DEFERRED and later calls
  * bw__rpc_finish from any thread.
  *
- * Server-streaming methods: the handler calls bw__rpc_stream_start and returns BW_RPC_STREAM.
- * The runtime then asks the producer for one message at a time, sending the next only when the
- * previous one has gone out (gRPC allows one send in flight), so a slow client holds at most
- * one message of the server's memory.
+ * Server-streaming methods: the handler calls bw__rpc_stream_start and returns BW_RPC_STREAM,
+ * or returns BW_RPC_DEFERRED and later calls bw__rpc_stream_begin from any thread. The runtime
+ * then asks the producer for one message at a time, sending the next only when the previous
+ * one has gone out (gRPC allows one send in flight), so a slow client holds at most one
+ * message of the server's memory.
+ *
+ * Raw methods (bw_rpc_server_opts.raw_methods): the runtime does not unpack the request; the
+ * handler gets req == NULL and reads the bytes with bw__rpc_call_request when it chooses (from
+ * any thread, e.g. once memory for decoding them has been granted).
  */
 #ifndef BW_RPC_SERVER_H
 #define BW_RPC_SERVER_H
@@ -45,6 +50,9 @@ typedef struct bw_rpc_server_opts {
     int max_receive_bytes;    /* largest request accepted */
     size_t call_memory_limit; /* cap on one call's arena (unpacked request + response) */
     const char *role;         /* "coordinator", for log lines */
+    /* Methods whose requests the handler decodes itself (see above); may be NULL. */
+    const bw_rpc_method *const *raw_methods;
+    size_t nraw_methods;
 } bw_rpc_server_opts;
 
 /*
@@ -58,8 +66,9 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
                          size_t errlen);
 
 /* Stops accepting calls, lets running calls finish for up to grace_ms, cancels the rest,
- * joins the threads and frees everything. Deferred calls must be finished by their owners
- * (their threads keep running until the call is cancelled). NULL is a no-op. */
+ * joins the threads and frees everything. It waits for every deferred call to be finished (or
+ * begun and ended) by its owner: whatever finishes them must keep running until it returns.
+ * NULL is a no-op. */
 void bw__rpc_server_stop(bw_rpc_server *srv, int grace_ms);
 
 /* The call's arena, for the response and anything it points to. */
@@ -72,9 +81,24 @@ const char *bw__rpc_call_peer(bw_rpc_call *call);
 int bw__rpc_fail(bw_rpc_call *call, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The error status the call ends with also carries the trailer "bw-retry-after-ms: MS" (next
+ * to "bw-error"): for BW_BUSY, when the client should try again. */
+void bw__rpc_retry_after(bw_rpc_call *call, uint32_t ms);
+
 /* Completes a deferred call: rc BW_OK sends resp, anything else sends the error status with
  * the message recorded by bw__rpc_fail (or bw_strerror(rc)). Thread-safe. */
 void bw__rpc_finish(bw_rpc_call *call, int rc, const ProtobufCMessage *resp);
+
+/* Raw methods: the size of the request's bytes as received (before bw__rpc_call_request). */
+size_t bw__rpc_call_request_size(bw_rpc_call *call);
+
+/* Raw methods: the request's bytes, made contiguous on the first call (a copy: gRPC's own
+ * buffer is released then); valid until bw__rpc_call_drop_request or the call ends. NULL with
+ * *len 0 when they were dropped. Call from the one thread handling the deferred call. */
+const uint8_t *bw__rpc_call_request(bw_rpc_call *call, size_t *len);
+
+/* Raw methods: releases the request's bytes early (once decoded). */
+void bw__rpc_call_drop_request(bw_rpc_call *call);
 
 /* One message of a stream, produced by a bw_rpc_next_fn: either `msg` (packed by the runtime;
  * memory from bw__rpc_call_msg_arena) or `raw` (a ready byte buffer whose ownership passes to
@@ -86,13 +110,20 @@ typedef struct bw_rpc_out {
 
 /* Produces the next message into *out and returns BW_OK, returns BW_RPC_END when the stream is
  * complete, or an error code (after bw__rpc_fail) that ends the call with that status. Runs on
- * a completion-queue thread. */
+ * a completion-queue thread (the first one of bw__rpc_stream_begin: on its caller's). */
 typedef int (*bw_rpc_next_fn)(void *state, bw_rpc_call *call, bw_rpc_out *out);
 
 /* Makes the call a server stream: `next` is called for each message; `free_state` (may be
  * NULL) releases `state` once the call is over, however it ended. Call from the handler, then
  * return BW_RPC_STREAM. */
 void bw__rpc_stream_start(bw_rpc_call *call, bw_rpc_next_fn next, void *state,
+                          void (*free_state)(void *state));
+
+/* The same for a call whose handler returned BW_RPC_DEFERRED, from any thread, once, instead of
+ * bw__rpc_finish: the first message is produced on the calling thread and sent; the rest follow
+ * on the call's completion-queue thread, one in flight at a time. free_state runs once the call
+ * is over, also when the client has gone already. */
+void bw__rpc_stream_begin(bw_rpc_call *call, bw_rpc_next_fn next, void *state,
                           void (*free_state)(void *state));
 
 /* An arena reset after each streamed message has been sent: for per-message allocations. */
