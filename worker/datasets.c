@@ -1,7 +1,13 @@
 /* Open datasets, keyed by format and source list, shared by concurrent requests. An entry is
  * re-checked against its files at most once a second and reopened when one changed; the
  * least recently used entries beyond CACHE_MAX are dropped (requests using them keep them
- * alive until they finish). */
+ * alive until they finish).
+ *
+ * No file is opened, indexed or stat'ed under the cache's lock: the first request for a
+ * dataset puts an OPENING entry in the cache and opens it unlocked; later requests for the same
+ * dataset wait on the condition for it (and share its result, good or bad), and requests for
+ * other datasets never wait behind it. A failed open is not cached: the next request tries
+ * again. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,27 +18,39 @@
 
 enum { CACHE_MAX = 64, RECHECK_MS = 1000 };
 
+typedef enum { OPENING, READY, FAILED } wds_state;
+
 struct bw__wds {
-    atomic_long refs;
+    atomic_long refs; /* the cache's (while in it) and each user's */
     bw__dataset *d;
     char *key;
     size_t keylen;
     uint64_t checked_ms, used_ms;
+    wds_state state;
+    bool checking; /* a request is comparing it with its files, unlocked */
+    int rc;        /* FAILED: the open's error, for the requests that waited for it */
+    char err[1024];
 };
 
 struct bw__ds_cache {
     pthread_mutex_t mu;
+    pthread_cond_t cv; /* an entry left OPENING */
     char *root;
-    bw__wds *e[CACHE_MAX];
-    size_t n;
+    bw__wds **e;
+    size_t n, cap;
 };
 
 bw__ds_cache *bw__ds_cache_new(const char *root)
 {
     bw__ds_cache *c = calloc(1, sizeof(*c));
-    if (!c || !(c->root = strdup(root)))
-        abort();
+    if (c && !(c->root = strdup(root))) {
+        free(c);
+        c = NULL;
+    }
+    if (!c)
+        return NULL;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
     return c;
 }
 
@@ -51,7 +69,9 @@ void bw__ds_cache_free(bw__ds_cache *c)
         return;
     for (size_t i = 0; i < c->n; i++)
         bw__ds_put(c->e[i]);
+    free(c->e);
     pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
     free(c->root);
     free(c);
 }
@@ -61,7 +81,7 @@ bw__dataset *bw__ds_dataset(bw__wds *e)
     return e->d;
 }
 
-/* format NUL source NUL source NUL ... */
+/* format NUL source NUL source NUL ...; NULL when out of memory. */
 static char *make_key(const Batchwire__V1__Dataset *spec, size_t *len)
 {
     size_t n = strlen(spec->format) + 1;
@@ -69,7 +89,7 @@ static char *make_key(const Batchwire__V1__Dataset *spec, size_t *len)
         n += strlen(spec->sources[i]) + 1;
     char *k = malloc(n);
     if (!k)
-        abort();
+        return NULL;
     size_t off = 0;
     size_t l = strlen(spec->format) + 1;
     memcpy(k, spec->format, l);
@@ -83,15 +103,66 @@ static char *make_key(const Batchwire__V1__Dataset *spec, size_t *len)
     return k;
 }
 
-static void drop(bw__ds_cache *c, size_t i)
+static bw__wds *find(bw__ds_cache *c, const char *key, size_t keylen)
 {
-    bw__ds_put(c->e[i]);
-    c->e[i] = c->e[--c->n];
+    for (size_t i = 0; i < c->n; i++)
+        if (c->e[i]->keylen == keylen && memcmp(c->e[i]->key, key, keylen) == 0)
+            return c->e[i];
+    return NULL;
+}
+
+/* Takes e out of the cache (when it is still there) and drops the cache's reference. */
+static void drop(bw__ds_cache *c, bw__wds *e)
+{
+    for (size_t i = 0; i < c->n; i++)
+        if (c->e[i] == e) {
+            c->e[i] = c->e[--c->n];
+            bw__ds_put(e);
+            return;
+        }
+}
+
+/* Drops least recently used READY entries while the cache holds more than CACHE_MAX. */
+static void trim(bw__ds_cache *c)
+{
+    while (c->n > CACHE_MAX) {
+        bw__wds *lru = NULL;
+        for (size_t i = 0; i < c->n; i++)
+            if (c->e[i]->state == READY && (!lru || c->e[i]->used_ms < lru->used_ms))
+                lru = c->e[i];
+        if (!lru)
+            return; /* every entry is being opened: they are dropped later */
+        drop(c, lru);
+    }
+}
+
+/* A new OPENING entry in the cache, referenced by the cache and the caller (c->mu held); NULL
+ * when out of memory. Takes over key. */
+static bw__wds *add_opening(bw__ds_cache *c, char *key, size_t keylen)
+{
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : CACHE_MAX;
+        bw__wds **ne = realloc(c->e, cap * sizeof(*ne));
+        if (!ne)
+            return NULL;
+        c->e = ne;
+        c->cap = cap;
+    }
+    bw__wds *e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
+    atomic_init(&e->refs, 2);
+    e->key = key;
+    e->keylen = keylen;
+    e->state = OPENING;
+    c->e[c->n++] = e;
+    return e;
 }
 
 int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **out, char *err,
                size_t errlen)
 {
+    *out = NULL;
     if (!spec || !spec->format || !spec->format[0]) {
         snprintf(err, errlen, "the request names no dataset format");
         return BW_INVALID_ARGUMENT;
@@ -101,57 +172,78 @@ int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **ou
                  BW_DATASET_MAX_SOURCES);
         return BW_TOO_BIG;
     }
-    size_t keylen;
+    size_t keylen = 0;
     char *key = make_key(spec, &keylen);
-    uint64_t now = bw__mono_ms();
-    int rc = BW_OK;
-    pthread_mutex_lock(&c->mu);
-    bw__wds *e = NULL;
-    for (size_t i = 0; i < c->n; i++) {
-        if (c->e[i]->keylen == keylen && memcmp(c->e[i]->key, key, keylen) == 0) {
-            e = c->e[i];
-            if (now - e->checked_ms > RECHECK_MS) {
-                e->checked_ms = now;
-                if (bw__dataset_changed(e->d)) {
-                    BW_INFO("dataset %s over %s: a source changed on disk; reopening", spec->format,
-                            spec->n_sources ? spec->sources[0] : "");
-                    drop(c, i);
-                    e = NULL;
-                }
-            }
-            break;
-        }
+    if (!key) {
+        snprintf(err, errlen, "out of memory for the dataset's name");
+        return BW_NOMEM;
     }
-    if (!e) {
-        bw__dataset *d = NULL;
-        rc = bw__dataset_open(c->root, spec->format, (const char *const *)spec->sources,
-                              spec->n_sources, &d, err, errlen);
-        if (rc == BW_OK) {
-            e = calloc(1, sizeof(*e));
-            if (!e)
-                abort();
-            atomic_init(&e->refs, 1);
-            e->d = d;
-            e->key = key;
-            key = NULL;
-            e->keylen = keylen;
-            e->checked_ms = now;
-            if (c->n == CACHE_MAX) {
-                size_t lru = 0;
-                for (size_t i = 1; i < c->n; i++)
-                    if (c->e[i]->used_ms < c->e[lru]->used_ms)
-                        lru = i;
-                drop(c, lru);
-            }
-            c->e[c->n++] = e;
+    uint64_t now = bw__mono_ms();
+    pthread_mutex_lock(&c->mu);
+    bw__wds *e;
+    while ((e = find(c, key, keylen)) != NULL) {
+        atomic_fetch_add(&e->refs, 1);
+        while (e->state == OPENING)
+            pthread_cond_wait(&c->cv, &c->mu);
+        if (e->state == FAILED) {
+            int rc = e->rc;
+            snprintf(err, errlen, "%s", e->err);
+            pthread_mutex_unlock(&c->mu);
+            bw__ds_put(e);
+            free(key);
+            return rc;
         }
+        if (e->checking || now <= e->checked_ms + RECHECK_MS)
+            break;
+        e->checking = true;
+        e->checked_ms = now;
+        pthread_mutex_unlock(&c->mu);
+        bool changed = bw__dataset_changed(e->d);
+        pthread_mutex_lock(&c->mu);
+        e->checking = false;
+        if (!changed)
+            break;
+        BW_INFO("dataset %s over %s: a source changed on disk; reopening", spec->format,
+                spec->n_sources ? spec->sources[0] : "");
+        drop(c, e);
+        bw__ds_put(e); /* requests still using it keep it until they finish */
     }
     if (e) {
         e->used_ms = now;
-        atomic_fetch_add(&e->refs, 1);
+        pthread_mutex_unlock(&c->mu);
+        free(key);
+        *out = e;
+        return BW_OK;
+    }
+    e = add_opening(c, key, keylen);
+    if (!e) {
+        pthread_mutex_unlock(&c->mu);
+        free(key);
+        snprintf(err, errlen, "out of memory for the dataset cache");
+        return BW_NOMEM;
     }
     pthread_mutex_unlock(&c->mu);
-    free(key);
+
+    bw__dataset *d = NULL;
+    int rc = bw__dataset_open(c->root, spec->format, (const char *const *)spec->sources,
+                              spec->n_sources, &d, err, errlen);
+
+    pthread_mutex_lock(&c->mu);
+    e->d = d;
+    e->checked_ms = e->used_ms = now;
+    e->state = rc == BW_OK ? READY : FAILED;
+    if (rc != BW_OK) {
+        e->rc = rc;
+        snprintf(e->err, sizeof(e->err), "%s", err);
+        drop(c, e);
+    }
+    trim(c);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (rc != BW_OK) {
+        bw__ds_put(e);
+        return rc;
+    }
     *out = e;
-    return rc;
+    return BW_OK;
 }
