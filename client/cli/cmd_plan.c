@@ -1,6 +1,7 @@
 /*
- * batchwire plan: the offline view of the sampler. Prints, for each rank (ascending) and
- * each step (ascending), one JSON object per line:
+ * batchwire plan: the offline view of the planner (core/jobs/plan.h), the function the
+ * coordinator and the client library call for the same configuration. Prints, for each rank
+ * (ascending) and each step (ascending), one JSON object per line:
  *   {"rank":0,"step":0,"indices":[3,1,4],"real":3,"padding":[0,0,0]}
  * `step` counts from the start of the epoch. Other tools parse this output: keep the
  * contract in docs/semantics.md in step with it.
@@ -11,7 +12,7 @@
 #include <string.h>
 
 #include "commands.h"
-#include "sampler/sampler.h"
+#include "jobs/plan.h"
 
 #define UNSET (-1)
 
@@ -130,18 +131,18 @@ static int bad(const char *msg)
     return 2;
 }
 
-static void print_metadata(const bw__sampler *s, const bw__sampler_cfg *c, uint64_t first_rank,
-                           uint64_t last_rank)
+static void print_metadata(const bw__plan *p, uint64_t first_rank, uint64_t last_rank)
 {
+    const bw__sampler_cfg *c = bw__plan_config(p);
     printf("{\"metadata\":{\"mode\":\"%s\",\"num_samples\":%" PRIu64 ",\"world_size\":%" PRIu64
            ",\"batch_size\":%" PRIu64 ",\"epoch\":%" PRIu64 ",\"first_step\":%" PRIu64
            ",\"end_step\":[",
-           bw__sampler_mode_name(c->mode), c->num_samples, bw__sampler_world_size(s), c->batch_size,
-           c->epoch, bw__sampler_first_step(s));
+           bw__sampler_mode_name(c->mode), c->num_samples, bw__plan_world_size(p), c->batch_size,
+           bw__plan_epoch(p), bw__plan_first_step(p));
     for (uint64_t r = first_rank; r <= last_rank; r++)
-        printf("%s%" PRIu64, r == first_rank ? "" : ",", bw__sampler_end_step(s, r));
+        printf("%s%" PRIu64, r == first_rank ? "" : ",", bw__plan_end_step(p, r));
     printf("],\"equal_batches\":%s,\"torch_identical\":%s}}\n",
-           bw__sampler_equal_batches(s) ? "true" : "false",
+           bw__plan_equal_batches(p) ? "true" : "false",
            c->shuffle && c->shuffle_algo == BW__SHUFFLE_FEISTEL ? "false" : "true");
 }
 
@@ -159,26 +160,27 @@ static int run(const plan_cfg *pc)
     if ((pc->resume_world == UNSET) != (pc->resume_step == UNSET))
         return bad("--resume-from-world and --resume-from-step must be given together");
 
-    bw__sampler_cfg c;
-    bw__sampler_cfg_init(&c);
-    c.mode = (bw__sampler_mode)pc->mode;
-    c.num_samples = (uint64_t)pc->num_samples;
-    c.world_size = (uint64_t)(pc->resume_world != UNSET ? pc->resume_world : pc->world_size);
-    c.batch_size = (uint64_t)pc->batch_size;
-    c.shuffle = pc->shuffle;
-    c.seed = pc->seed;
-    c.epoch = (uint64_t)pc->epoch;
-    c.shuffle_algo = (bw__shuffle_algo)pc->shuffle_algo;
-    c.drop_last = pc->drop_last;
-    c.sampler_drop_last = pc->sampler_drop_last;
-    c.split_batches = pc->split_batches;
-    c.even_batches = pc->even_batches;
-    /* Check the final world size first so its message names --world-size, not R0. */
-    if (bw__sampler_cfg_check(&c, err, sizeof(err)) != 0 ||
-        (c.world_size = (uint64_t)pc->world_size, bw__sampler_cfg_check(&c, err, sizeof(err)) != 0))
+    bw__plan_spec spec;
+    memset(&spec, 0, sizeof(spec));
+    bw__sampler_cfg *c = &spec.sampler;
+    bw__sampler_cfg_init(c);
+    c->mode = (bw__sampler_mode)pc->mode;
+    c->num_samples = (uint64_t)pc->num_samples;
+    c->world_size = (uint64_t)(pc->resume_world != UNSET ? pc->resume_world : pc->world_size);
+    c->batch_size = (uint64_t)pc->batch_size;
+    c->shuffle = pc->shuffle;
+    c->seed = pc->seed;
+    c->epoch = (uint64_t)pc->epoch;
+    c->shuffle_algo = (bw__shuffle_algo)pc->shuffle_algo;
+    c->drop_last = pc->drop_last;
+    c->sampler_drop_last = pc->sampler_drop_last;
+    c->split_batches = pc->split_batches;
+    c->even_batches = pc->even_batches;
+    /* Check the world size the epoch starts with, then the final one, so that each message
+     * names the value it is about. */
+    if (bw__sampler_cfg_check(c, err, sizeof(err)) != 0 ||
+        (c->world_size = (uint64_t)pc->world_size, bw__sampler_cfg_check(c, err, sizeof(err)) != 0))
         return bad(err);
-    if (pc->resume_world != UNSET)
-        c.world_size = (uint64_t)pc->resume_world;
     uint64_t R = (uint64_t)pc->world_size;
     if (pc->rank != UNSET && (uint64_t)pc->rank >= R) {
         snprintf(err, sizeof(err), "--rank %" PRId64 " is out of range for --world-size %" PRIu64,
@@ -186,46 +188,55 @@ static int run(const plan_cfg *pc)
         return bad(err);
     }
 
-    bw__sampler *s;
-    int rc = bw__sampler_new(&s, &c, err, sizeof(err));
+    /* The epoch as a job's history records it: it started at R0 (or R) and, with an elastic
+     * resume, continued at R from step K0. An iterable stream is one source of N records. */
+    Batchwire__V1__WorldSegment segs[2] = {BATCHWIRE__V1__WORLD_SEGMENT__INIT,
+                                           BATCHWIRE__V1__WORLD_SEGMENT__INIT};
+    const Batchwire__V1__WorldSegment *history[2] = {&segs[0], &segs[1]};
+    segs[0].epoch = segs[1].epoch = c->epoch;
+    segs[0].world_size = (uint32_t)(pc->resume_world != UNSET ? pc->resume_world : pc->world_size);
+    segs[1].start_step = pc->resume_world != UNSET ? (uint64_t)pc->resume_step : 0;
+    segs[1].world_size = (uint32_t)R;
+    uint64_t records = c->num_samples;
+    spec.records = &records;
+    spec.nsources = 1;
+    spec.history = history;
+    spec.nhistory = pc->resume_world != UNSET ? 2 : 1;
+    bw__plan *p;
+    int rc = bw__plan_new(&spec, c->epoch, false, &p, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "batchwire plan: %s\n", err);
         return rc == BW_INVALID_ARGUMENT ? 2 : 1;
-    }
-    if (pc->resume_world != UNSET &&
-        bw__sampler_resize(s, (uint64_t)pc->resume_step, R, err, sizeof(err)) != 0) {
-        bw__sampler_free(s);
-        return bad(err);
     }
 
     uint64_t first_rank = pc->rank == UNSET ? 0 : (uint64_t)pc->rank;
     uint64_t last_rank = pc->rank == UNSET ? R - 1 : (uint64_t)pc->rank;
     if (pc->metadata)
-        print_metadata(s, &c, first_rank, last_rank);
-    if (!bw__sampler_equal_batches(s))
+        print_metadata(p, first_rank, last_rank);
+    if (!bw__plan_equal_batches(p))
         fprintf(stderr, "batchwire plan: note: ranks get different numbers of batches "
                         "(even_batches off); a DDP job would hang on the shorter ranks\n");
     fflush(stdout);
 
-    size_t cap = bw__sampler_max_batch(s);
+    size_t cap = bw__plan_max_batch(p);
     bw__batch b = {malloc(cap * sizeof(uint64_t)), malloc(cap), 0, 0};
     out_buf *o = malloc(sizeof(*o));
     if (!b.indices || !b.padding || !o) {
         free(b.indices);
         free(b.padding);
         free(o);
-        bw__sampler_free(s);
+        bw__plan_free(p);
         fprintf(stderr, "batchwire plan: out of memory\n");
         return 1;
     }
     o->len = 0;
-    uint64_t start = bw__sampler_first_step(s);
+    uint64_t start = bw__plan_first_step(p);
     if ((uint64_t)pc->skip > start)
         start = (uint64_t)pc->skip;
     for (uint64_t r = first_rank; r <= last_rank; r++) {
-        uint64_t end = bw__sampler_end_step(s, r);
+        uint64_t end = bw__plan_end_step(p, r);
         for (uint64_t step = start; step < end; step++) {
-            if (bw__sampler_batch(s, r, step, &b) != 0)
+            if (bw__plan_batch(p, r, step, &b) != 0)
                 break;
             put_str(o, "{\"rank\":");
             put_u64(o, r);
@@ -249,7 +260,7 @@ static int run(const plan_cfg *pc)
     free(o);
     free(b.indices);
     free(b.padding);
-    bw__sampler_free(s);
+    bw__plan_free(p);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "batchwire plan: cannot write the output\n");
         return 1;

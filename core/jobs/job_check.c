@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "batchwire/batchwire.h"
+#include "jobs/job_sampler.h"
 
 int bw__job_format_is_stream(const char *format)
 {
@@ -16,6 +17,41 @@ int bw__job_format_is_stream(const char *format)
     return 0;
 }
 
+int bw__job_check_layout(bw__sampler_mode mode, bool pre_sharded, size_t nsources,
+                         bool shuffle_sources, uint64_t world, char *err, size_t errlen)
+{
+    bool iterable = mode == BW__MODE_ITERABLE;
+    if (pre_sharded && !iterable) {
+        snprintf(err, errlen,
+                 "the dataset is pre-sharded (one source per rank, already split by its writer) "
+                 "and %s mode would shard it again: each rank would get 1/%" PRIu64
+                 " of its 1/%" PRIu64 " shard, 1/%" PRIu64 " of the data (double sharding). "
+                 "Use mode iterable, which serves source r to rank r as it is",
+                 bw__sampler_mode_name(mode), world, world, world * world);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (!iterable)
+        return BW_OK;
+    if (nsources == 0) {
+        snprintf(err, errlen, "the stream has no sources");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (pre_sharded && nsources != world) {
+        snprintf(err, errlen,
+                 "a pre-sharded stream has one source per rank: its %zu sources do not match "
+                 "world size %" PRIu64,
+                 nsources, world);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (pre_sharded && shuffle_sources) {
+        snprintf(err, errlen,
+                 "shuffle: a pre-sharded stream's source r belongs to rank r; its sources "
+                 "cannot be reordered");
+        return BW_INVALID_ARGUMENT;
+    }
+    return BW_OK;
+}
+
 int bw__job_check_data(const Batchwire__V1__JobConfig *config,
                        const Batchwire__V1__DatasetInfo *info, uint32_t world, char *err,
                        size_t errlen)
@@ -24,45 +60,17 @@ int bw__job_check_data(const Batchwire__V1__JobConfig *config,
     const Batchwire__V1__SamplerConfig *smp = config ? config->sampler : NULL;
     if (!smp)
         return BW_OK;
-    bool iterable = smp->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE;
+    bw__sampler_cfg cfg;
+    bw__job_sampler_cfg(smp, 0, world, &cfg);
+    bw__sampler_mode mode = cfg.mode;
     bool pre_sharded = spec && spec->pre_sharded;
-    if (pre_sharded && !iterable) {
-        uint64_t r = world;
-        snprintf(err, errlen,
-                 "the dataset is pre-sharded (one source per rank, already split by its writer) "
-                 "and %s mode would shard it again: each rank would get 1/%" PRIu64
-                 " of its 1/%" PRIu64 " shard, 1/%" PRIu64 " of the data (double sharding). "
-                 "Use mode iterable, which serves source r to rank r as it is",
-                 smp->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ACCELERATE ? "accelerate"
-                                                                                   : "torch",
-                 r, r, r * r);
-        return BW_INVALID_ARGUMENT;
-    }
-    if (!iterable)
-        return BW_OK;
-    if (!spec || !info || !bw__job_format_is_stream(info->format)) {
+    if (mode == BW__MODE_ITERABLE && (!spec || !info || !bw__job_format_is_stream(info->format))) {
         snprintf(err, errlen,
                  "iterable mode reads streams (tfrecord, jsonl, text or tar); dataset format "
                  "'%s' is map-style: use torch or accelerate mode",
                  info && info->format ? info->format : "synthetic");
         return BW_INVALID_ARGUMENT;
     }
-    if (info->n_sources == 0) {
-        snprintf(err, errlen, "the stream has no sources");
-        return BW_INVALID_ARGUMENT;
-    }
-    if (pre_sharded && info->n_sources != world) {
-        snprintf(err, errlen,
-                 "a pre-sharded stream has one source per rank: its %zu sources do not match "
-                 "world size %u",
-                 info->n_sources, world);
-        return BW_INVALID_ARGUMENT;
-    }
-    if (pre_sharded && smp->shuffle_sources) {
-        snprintf(err, errlen,
-                 "shuffle: a pre-sharded stream's source r belongs to rank r; its sources "
-                 "cannot be reordered");
-        return BW_INVALID_ARGUMENT;
-    }
-    return BW_OK;
+    return bw__job_check_layout(mode, pre_sharded, info ? info->n_sources : 0, smp->shuffle_sources,
+                                world, err, errlen);
 }

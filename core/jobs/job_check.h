@@ -4,15 +4,26 @@
 #ifndef BW_JOBS_JOB_CHECK_H
 #define BW_JOBS_JOB_CHECK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "jobs.pb-c.h"
+#include "sampler/sampler.h"
 
 /* Whether `format` is read as a stream in iterable mode (tfrecord, jsonl, text, tar). */
 int bw__job_format_is_stream(const char *format);
 
-/* BW_OK, or BW_INVALID_ARGUMENT with a sentence in err naming what is wrong. */
+/* The layout rules of a job over `nsources` sources at world size `world`: a pre-sharded
+ * dataset only in iterable mode (never sharded again), a stream with at least one source, a
+ * pre-sharded stream with one source per rank and its sources never reordered. BW_OK, or
+ * BW_INVALID_ARGUMENT with a sentence in err. */
+int bw__job_check_layout(bw__sampler_mode mode, bool pre_sharded, size_t nsources,
+                         bool shuffle_sources, uint64_t world, char *err, size_t errlen);
+
+/* The format rules (iterable mode reads streams) and bw__job_check_layout for a job's
+ * configuration and dataset description. BW_OK, or BW_INVALID_ARGUMENT with a sentence in err
+ * naming what is wrong. */
 int bw__job_check_data(const Batchwire__V1__JobConfig *config,
                        const Batchwire__V1__DatasetInfo *info, uint32_t world, char *err,
                        size_t errlen);

@@ -28,36 +28,57 @@ void bw__job_sampler_cfg(const Batchwire__V1__SamplerConfig *sc, uint64_t length
     out->even_batches = !sc->uneven_batches;
 }
 
+/* The segment whose world size epoch `epoch` starts with: the first one recorded at its step
+ * 0, else the last one of an earlier epoch (history[0] when there is none). */
+static size_t epoch_start(const Batchwire__V1__WorldSegment *const *history, size_t n,
+                          uint64_t epoch)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        const Batchwire__V1__WorldSegment *g = history[i];
+        if (g->epoch == epoch && g->start_step == 0)
+            return i;
+        if (g->epoch < epoch)
+            at = i;
+    }
+    return at;
+}
+
 uint32_t bw__job_epoch_world(const Batchwire__V1__WorldSegment *const *history, size_t n,
                              uint64_t epoch)
 {
-    uint32_t world = history[0]->world_size;
-    for (size_t i = 0; i < n; i++) {
-        const Batchwire__V1__WorldSegment *g = history[i];
-        if (g->epoch < epoch || (g->epoch == epoch && g->start_step == 0))
-            world = g->world_size;
-    }
-    return world;
+    return history[epoch_start(history, n, epoch)]->world_size;
 }
 
-int bw__job_sampler_new(const Batchwire__V1__SamplerConfig *sc, uint64_t length,
-                        const Batchwire__V1__WorldSegment *const *history, size_t n, uint64_t epoch,
-                        bool counts_only, bw__sampler **out, char *err, size_t errlen)
+int bw__job_sampler_new_cfg(const bw__sampler_cfg *given,
+                            const Batchwire__V1__WorldSegment *const *history, size_t n,
+                            uint64_t epoch, bool counts_only, bw__sampler **out, char *err,
+                            size_t errlen)
 {
     *out = NULL;
     if (n == 0) {
         snprintf(err, errlen, "the job has no world-size history");
         return BW_INVALID_ARGUMENT;
     }
-    bw__sampler_cfg cfg;
-    bw__job_sampler_cfg(sc, length, bw__job_epoch_world(history, n, epoch), &cfg);
-    if (counts_only)
-        cfg.shuffle = false; /* step counts do not depend on the order */
+    size_t start = epoch_start(history, n, epoch);
+    bw__sampler_cfg cfg = *given;
+    cfg.world_size = history[start]->world_size;
     cfg.epoch = epoch;
-    int rc = bw__sampler_new(out, &cfg, err, errlen);
-    for (size_t i = 0; rc == BW_OK && i < n; i++) {
+    int rc = bw__sampler_cfg_check(&cfg, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    if (counts_only) {
+        /* Step counts do not depend on the order: skip computing it (and the feistel
+         * setting, which only means something with shuffle). */
+        cfg.shuffle = false;
+        cfg.shuffle_algo = BW__SHUFFLE_TORCH;
+    }
+    rc = bw__sampler_new(out, &cfg, err, errlen);
+    /* Every later segment of this epoch is a resize, at step 0 too: exactly what was checked
+     * when it was recorded (a resize at the end of an epoch leaves nothing to run). */
+    for (size_t i = start + 1; rc == BW_OK && i < n; i++) {
         const Batchwire__V1__WorldSegment *g = history[i];
-        if (g->epoch == epoch && g->start_step > 0)
+        if (g->epoch == epoch)
             rc = bw__sampler_resize(*out, g->start_step, g->world_size, err, errlen);
     }
     if (rc != BW_OK) {
@@ -65,4 +86,13 @@ int bw__job_sampler_new(const Batchwire__V1__SamplerConfig *sc, uint64_t length,
         *out = NULL;
     }
     return rc;
+}
+
+int bw__job_sampler_new(const Batchwire__V1__SamplerConfig *sc, uint64_t length,
+                        const Batchwire__V1__WorldSegment *const *history, size_t n, uint64_t epoch,
+                        bool counts_only, bw__sampler **out, char *err, size_t errlen)
+{
+    bw__sampler_cfg cfg;
+    bw__job_sampler_cfg(sc, length, 1, &cfg);
+    return bw__job_sampler_new_cfg(&cfg, history, n, epoch, counts_only, out, err, errlen);
 }

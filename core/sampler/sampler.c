@@ -171,6 +171,20 @@ uint64_t bw__sampler_end_step(const bw__sampler *s, uint64_t rank)
     return cur->first_step + bw__layout_steps(&cur->layout, rank);
 }
 
+uint64_t bw__sampler_position(const bw__sampler *s, uint64_t step)
+{
+    size_t i = s->nsegs - 1;
+    while (i > 0 && s->segs[i].first_step > step)
+        i--;
+    const segment *seg = &s->segs[i];
+    const bw__layout *l = &seg->layout;
+    uint64_t k = step - seg->first_step;
+    uint64_t per_step = l->mode == BW__MODE_TORCH ? l->b * l->world : l->g;
+    /* k > n / per_step already reaches past the end: no product that could overflow. */
+    uint64_t in_seg = k > l->n / per_step ? l->n : (k * per_step < l->n ? k * per_step : l->n);
+    return seg->offset + in_seg;
+}
+
 bool bw__sampler_equal_batches(const bw__sampler *s)
 {
     const bw__layout *l = &current(s)->layout;

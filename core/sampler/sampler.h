@@ -126,6 +126,16 @@ uint64_t bw__sampler_first_step(const bw__sampler *s);
 /* One past the last step of `rank` (< current world size) in this epoch. */
 uint64_t bw__sampler_end_step(const bw__sampler *s, uint64_t rank);
 
+/*
+ * Positions of the epoch's order consumed once every rank has run `step` steps, counting the
+ * last global batch only as far as the order reaches: for the world size that ran step `step`
+ * (the segment holding it), the positions consumed before that world started plus
+ * min(its remaining positions, (step - its first step) * positions per step), positions per
+ * step being batch * world (per-rank batch). Without a resize: min(n, step * b * R). Streams
+ * resume at this position (docs/streams.md).
+ */
+uint64_t bw__sampler_position(const bw__sampler *s, uint64_t step);
+
 /* True when every rank of the current world gets the same number of batches (false only
  * for accelerate with even_batches off and drop_last off when the tail is uneven). */
 bool bw__sampler_equal_batches(const bw__sampler *s);
