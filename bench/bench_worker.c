@@ -26,7 +26,10 @@
 
 #include "../worker/data_service.c"
 #include "../worker/datasets.c"
+#include "../worker/executor.c"
 #include "../worker/placement_view.c"
+#include "../worker/read_path.c"
+#include "../worker/request.c"
 #include "../worker/sample_stream.c"
 #include "common/log.h"
 #include "formats/synth.h"
@@ -233,6 +236,7 @@ int main(int argc, char **argv)
     if (!realpath(root, real))
         die(root, strerror(errno));
 
+    char err[512];
     static bw_worker_config cfg;
     cfg.common.max_message_bytes = 16 << 20;
     static bw_worker w;
@@ -240,6 +244,9 @@ int main(int argc, char **argv)
     snprintf(w.id, sizeof(w.id), "bench");
     w.datasets = bw__ds_cache_new(real);
     bw__pview_init(&w.placement);
+    bw__exec_opts xo = {4, (uint64_t)1 << 34, 1000, "budget"}; /* no admission limit here */
+    if (bw__exec_start(&xo, &w.exec, err, sizeof(err)) != BW_OK)
+        die("executor", err);
     const bw_rpc_handler handlers[] = {
         {BW_METHOD(BW_M_DATA_READ_SAMPLES), bw__data_read_samples},
     };
@@ -251,8 +258,10 @@ int main(int argc, char **argv)
     so.max_receive_bytes = 64 << 20;
     so.call_memory_limit = 256 << 20;
     so.role = "worker";
+    so.raw_methods = bw__data_raw_methods;
+    so.nraw_methods = bw__data_nraw_methods;
     bw_rpc_server *srv = NULL;
-    char bound[256], err[512];
+    char bound[256];
     if (bw__rpc_server_start(&so, handlers, 1, &w, &srv, bound, sizeof(bound), err, sizeof(err)) !=
         BW_OK)
         die("server", err);
@@ -302,6 +311,7 @@ int main(int argc, char **argv)
         unlink(path);
     }
     bw__rpc_server_stop(srv, 1000);
+    bw__exec_stop(w.exec);
     bw__ds_cache_free(w.datasets);
     bw__pview_destroy(&w.placement);
     rmdir(real);

@@ -24,11 +24,13 @@ enum {
 typedef struct bw__wds bw__wds;
 typedef struct bw__ds_cache bw__ds_cache;
 
+/* NULL when out of memory. */
 bw__ds_cache *bw__ds_cache_new(const char *root);
 void bw__ds_cache_free(bw__ds_cache *c);
 
 /* The open dataset for `spec` (opened on first use; reopened when a source changed). The
- * caller holds a reference until bw__ds_put. */
+ * caller holds a reference until bw__ds_put. Opens without holding the cache's lock: a second
+ * request for a dataset being opened waits for that open and shares its result. */
 int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **out, char *err,
                size_t errlen);
 bw__dataset *bw__ds_dataset(bw__wds *e);
@@ -47,8 +49,8 @@ typedef struct bw__pview {
 void bw__pview_init(bw__pview *v);
 void bw__pview_destroy(bw__pview *v);
 
-/* Replaces the table (copies ids). */
-void bw__pview_set(bw__pview *v, uint64_t version, const char *const *ids, size_t n);
+/* Replaces the table (copies ids). BW_NOMEM leaves the old table in place. */
+int bw__pview_set(bw__pview *v, uint64_t version, const char *const *ids, size_t n);
 
 /* Checks that worker `self` owns every shard in shards[0..n) (shards < rt->num_shards) under
  * the newest placement it knows. BW_OK when it does, when the request carries no version, or
@@ -58,7 +60,10 @@ void bw__pview_set(bw__pview *v, uint64_t version, const char *const *ids, size_
 int bw__pview_check(bw__pview *v, const char *self, const Batchwire__V1__Routing *rt,
                     const uint32_t *shards, size_t n, char *err, size_t errlen);
 
-/* ---- data_service.c: Describe, ReadSamples, ReadStream ---- */
+/* ---- data_service.c: Describe, ReadSamples, ReadStream over gRPC ----
+ * Each runs on the executor (executor.h), never on a completion-queue thread. ReadSamples and
+ * ReadStream are raw methods (bw__data_raw_methods): their requests are decoded there, bounded
+ * by their charge (request.h), and read through the read path (read_path.h). */
 
 int bw__data_describe(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                       ProtobufCMessage **resp);
@@ -66,15 +71,11 @@ int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage 
                           ProtobufCMessage **resp);
 int bw__data_read_stream(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                          ProtobufCMessage **resp);
+extern const bw_rpc_method *const bw__data_raw_methods[];
+extern const size_t bw__data_nraw_methods;
 
-/* The checks of ReadSamples shared by gRPC and the data channel: index count, dataset (opened,
- * indexed, fingerprint), index range and shard ownership. BW_OK with the open dataset in
- * *out (release with bw__ds_put), or an error with a sentence in err. */
-int bw__data_prepare_samples(bw_worker *w, const char *peer,
-                             const Batchwire__V1__ReadSamplesRequest *r, bw__wds **out, char *err,
-                             size_t errlen);
-
-/* ---- data_channel.c: ReadSamples over TCP or TLS (core/rpc/dchan.h, docs/data-channel.md) ---- */
+/* ---- data_channel.c: ReadSamples and ReadStream over TCP or TLS (core/rpc/dchan.h,
+ * docs/data-channel.md) ---- */
 
 typedef struct bw__dchan_server bw__dchan_server;
 
@@ -98,11 +99,16 @@ int bw__data_get_stats(void *user, bw_rpc_call *call, const ProtobufCMessage *re
 /* ---- sample_stream.c: SampleBatch messages built around mapped file memory ---- */
 
 typedef struct bw__sstream bw__sstream;
+typedef struct bw__rp bw__rp;
 
-/* A producer of SampleBatch messages for ReadSamples (indices borrowed from the request,
- * which lives as long as the call) or ReadStream (src, offset of record first_record,
- * max_records). Each message stays below limit bytes; a sample larger than that is sent in
- * chunks. Takes over e. Counts what it reads into stats (borrowed; may be NULL). */
+/* A producer of SampleBatch messages for an open read (read_path.h; taken over, also when this
+ * fails): ReadSamples, ReadStream (samples carry offsets) or a ReadStream with locate_only (one
+ * empty sample carrying first_record's offset). Each message stays below limit bytes; a sample
+ * larger than that is sent in chunks. NULL when out of memory. */
+bw__sstream *bw__sstream_new(bw__rp *rp, size_t limit);
+
+/* The same over an open dataset without checks (tests): ReadSamples of indices (borrowed) or
+ * ReadStream from source src at offset. Takes over e. Counts into stats (may be NULL). */
 bw__sstream *bw__sstream_samples(bw__wds *e, const uint64_t *indices, size_t n, size_t limit,
                                  bw__data_stats *stats);
 bw__sstream *bw__sstream_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t first_record,

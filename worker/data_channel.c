@@ -1,10 +1,12 @@
 /*
- * ReadSamples over TCP or TLS (core/rpc/dchan.h, docs/data-channel.md). One thread per
- * connection: it reads a request, runs the same checks as the gRPC method
- * (bw__data_prepare_samples) and writes each sample's frame header and bytes with one
- * sendmsg per batch of frames -- large samples straight from the mapped file, small ones
- * gathered into a staging buffer first. A client that sends garbage gets an ERROR frame and
- * the connection is closed; the worker keeps serving everyone else.
+ * ReadSamples and ReadStream over TCP or TLS (core/rpc/dchan.h, docs/data-channel.md). One
+ * thread per connection: it reads a request header, refuses a body over --max-request-bytes
+ * before reading any of it, waits for the request's charge in the in-flight budget (executor.h)
+ * before reading the body, decodes it bounded by that charge (request.h), opens the read on the
+ * executor's pool (read_path.h: the same checks as gRPC) and writes each record's frame header
+ * and bytes with one sendmsg per batch of frames -- large records straight from the mapped
+ * file, small ones gathered into a staging buffer first. A client that sends garbage gets an
+ * ERROR frame and the connection is closed; the worker keeps serving everyone else.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -22,6 +24,8 @@
 #include "common/util.h"
 #include <openssl/ssl.h>
 
+#include "read_path.h"
+#include "request.h"
 #include "rpc/dchan.h"
 #include "worker.h"
 
@@ -32,10 +36,15 @@ enum {
     PENDING_MAX = 32,         /* large samples gathered into one sendmsg, at most */
     SEND_BYTES = 4 << 20,     /* bytes gathered into one sendmsg, about */
     IOV_CAP = 1024,
+    DISCARD_CHUNK = 16 << 10, /* a refused body is read and dropped this much at a time */
     BODY_TIMEOUT_MS = 30000,  /* a request's body must arrive within this after its header */
     SEND_TIMEOUT_MS = 120000, /* a client that stops reading for this long is dropped */
     ACCEPT_POLL_MS = 200,
 };
+
+/* What one request's response holds of its own while it is served (part of its charge). */
+#define RESPONSE_BYTES                                                                             \
+    ((uint64_t)STAGE_BYTES + IOV_CAP * sizeof(struct iovec) + PENDING_MAX * sizeof(bw__rp_rec))
 
 typedef struct conn {
     bw_dsock sock;
@@ -94,9 +103,10 @@ static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
 }
 
 /* ---- sending ----
- * Frames are gathered into one iovec list: headers and small samples copied into the staging
- * buffer, large samples as pointers into the mapped file (their records held until sent), and
- * written with one sendmsg per PENDING_MAX samples or SEND_BYTES bytes. */
+ * Frames are gathered into one iovec list: headers and small records copied into the staging
+ * buffer, large records as pointers into the mapped file (held until sent), and written with
+ * one sendmsg per PENDING_MAX records or SEND_BYTES bytes. A request's buffers are allocated
+ * once it is admitted and freed when it is answered: an idle connection holds none. */
 
 typedef struct wbuf {
     bw_dsock *sock;
@@ -104,7 +114,7 @@ typedef struct wbuf {
     size_t len;
     struct iovec *iov; /* IOV_CAP */
     size_t niov, pending;
-    bw__record *recs; /* PENDING_MAX, referenced by iov */
+    bw__rp_rec *recs; /* PENDING_MAX, referenced by iov */
     size_t nrec;
     char err[256];
 } wbuf;
@@ -122,10 +132,11 @@ static int wbuf_init(wbuf *o, bw_dsock *sock)
 static void wbuf_free(wbuf *o)
 {
     for (size_t i = 0; i < o->nrec; i++)
-        bw__record_release(&o->recs[i]);
+        bw__record_release(&o->recs[i].rec);
     free(o->stage);
     free(o->iov);
     free(o->recs);
+    memset(o, 0, sizeof(*o));
 }
 
 static void add_iov(wbuf *o, const void *p, size_t len)
@@ -146,7 +157,7 @@ static int flush(wbuf *o)
                                             bw__mono_ms() + SEND_TIMEOUT_MS, o->err, sizeof(o->err))
                      : BW_OK;
     for (size_t i = 0; i < o->nrec; i++)
-        bw__record_release(&o->recs[i]);
+        bw__record_release(&o->recs[i].rec);
     o->nrec = o->niov = o->pending = o->len = 0;
     return rc;
 }
@@ -177,56 +188,175 @@ static void stage_frame(wbuf *o, uint32_t type, int code, uint64_t a, uint64_t b
     stage(o, h, sizeof(h));
 }
 
-/* What is pending, then an ERROR frame with its message, flushed. */
-static int send_error(wbuf *o, int code, const char *msg)
+/* What o has pending (o may be NULL: nothing), then an ERROR frame with its message and hint,
+ * written at once. BW_OK unless the connection failed. */
+static int send_error(bw_dsock *sock, wbuf *o, int code, uint32_t retry_after_ms, const char *msg)
 {
+    char why[256];
+    int rc = o ? flush(o) : BW_OK;
+    if (rc != BW_OK)
+        return rc;
     size_t ml = strlen(msg);
     if (ml > BW_DCHAN_MAX_MESSAGE)
         ml = BW_DCHAN_MAX_MESSAGE;
-    int rc = make_room(o);
-    if (rc != BW_OK)
-        return rc;
-    stage_frame(o, BW_DCHAN_ERROR, code, ml, 0);
-    stage(o, msg, ml); /* ml <= COPY_MAX */
-    return flush(o);
+    uint8_t h[BW_DCHAN_FRAME_HEADER];
+    bw_dchan_frame f = {BW_DCHAN_ERROR, (uint32_t)(int32_t)code, ml, retry_after_ms};
+    bw__dchan_put_frame(h, &f);
+    struct iovec iov[2] = {{h, sizeof(h)}, {(void *)msg, ml}};
+    return bw__dsock_writev_all(sock, iov, ml ? 2 : 1, bw__mono_ms() + SEND_TIMEOUT_MS, why,
+                                sizeof(why));
 }
 
-/* The samples of one checked request, in request order, then END (or ERROR at the first
- * sample that cannot be read). BW_OK unless the connection failed. */
-static int serve_samples(bw_worker *w, wbuf *o, bw__wds *e,
-                         const Batchwire__V1__ReadSamplesRequest *r)
+/* The records of an open read, then END (or ERROR at the first record that cannot be read).
+ * BW_OK unless the connection failed. */
+static int serve_read(wbuf *o, bw__rp *rp)
 {
-    bw__dataset *d = bw__ds_dataset(e);
-    char err[1024];
-    for (size_t i = 0; i < r->n_indices; i++) {
+    char err[1400];
+    for (;;) {
         int rc = make_room(o);
         if (rc != BW_OK)
             return rc;
-        bw__record *rec = &o->recs[o->nrec];
-        rc = bw__dataset_get(d, r->indices[i], rec, err, sizeof(err));
-        if (rc != BW_OK) {
-            char msg[1400];
-            snprintf(msg, sizeof(msg), "ReadSamples: dataset %s %s: %s", r->dataset->format,
-                     r->dataset->n_sources ? r->dataset->sources[0] : "", err);
-            return send_error(o, rc, msg);
-        }
-        atomic_fetch_add(&w->stats.records_read, 1);
-        atomic_fetch_add(&w->stats.record_bytes_read, rec->size);
-        stage_frame(o, BW_DCHAN_SAMPLE, 0, r->indices[i], rec->size);
-        if (rec->size < COPY_MAX) {
-            for (size_t p = 0; p < rec->nparts; p++)
-                stage(o, rec->parts[p].p, rec->parts[p].len);
-            bw__record_release(rec);
+        bw__rp_rec *r = &o->recs[o->nrec];
+        rc = bw__rp_next(rp, r, err, sizeof(err));
+        if (rc == BW_RP_END)
+            break;
+        if (rc != BW_OK)
+            return send_error(o->sock, o, rc, 0, err);
+        stage_frame(o, BW_DCHAN_SAMPLE, 0, r->key, r->rec.size);
+        if (r->rec.size < COPY_MAX) {
+            for (size_t p = 0; p < r->rec.nparts; p++)
+                stage(o, r->rec.parts[p].p, r->rec.parts[p].len);
+            bw__record_release(&r->rec);
         } else {
-            for (size_t p = 0; p < rec->nparts; p++)
-                add_iov(o, rec->parts[p].p, rec->parts[p].len);
+            for (size_t p = 0; p < r->rec.nparts; p++)
+                add_iov(o, r->rec.parts[p].p, r->rec.parts[p].len);
             o->nrec++; /* released once sent */
         }
     }
     int rc = make_room(o);
     if (rc == BW_OK)
-        stage_frame(o, BW_DCHAN_END, 0, r->n_indices, 0);
+        stage_frame(o, BW_DCHAN_END, 0, bw__rp_count(rp), bw__rp_end_offset(rp));
     return rc == BW_OK ? flush(o) : rc;
+}
+
+/* ---- a request ---- */
+
+/* Reads and drops len bytes of a body that will not be served. */
+static int discard(conn *c, uint64_t len)
+{
+    uint8_t buf[DISCARD_CHUNK];
+    char err[256];
+    uint64_t deadline = bw__mono_ms() + BODY_TIMEOUT_MS;
+    while (len) {
+        size_t n = len < sizeof(buf) ? (size_t)len : sizeof(buf);
+        int rc = bw__dsock_read_all(&c->sock, buf, n, deadline, NULL, err, sizeof(err));
+        if (rc != BW_OK)
+            return rc;
+        len -= n;
+    }
+    return BW_OK;
+}
+
+/* Opening a read on the executor's pool, as gRPC does. */
+typedef struct open_task {
+    bw__exec_task t; /* first: the executor hands it back */
+    bw_worker *w;
+    const char *peer;
+    const ProtobufCMessage *req;
+    bw__rp *rp;
+    int rc;
+    char err[1400];
+} open_task;
+
+static void open_on_pool(bw__exec_task *t, int rc)
+{
+    open_task *ot = (open_task *)t;
+    if (rc == BW_OK)
+        rc = bw__rp_open(ot->w, ot->peer, ot->req, &ot->rp, ot->err, sizeof(ot->err));
+    else
+        snprintf(ot->err, sizeof(ot->err), "data channel: %s", t->why);
+    ot->rc = rc;
+}
+
+/* Serves one request of `kind` whose header announced `len` bytes (within the limit): admission,
+ * body, decoding, checks, records. BW_OK to keep the connection; anything else closes it. */
+static int serve_request(conn *c, uint32_t kind, uint64_t len)
+{
+    bw_worker *w = c->srv->w;
+    const char *method = bw__req_method(kind);
+    char err[1400];
+    uint32_t hint = 0;
+    uint64_t charge = bw__req_charge(kind, len, 1, RESPONSE_BYTES);
+    int rc = bw__exec_admit(w->exec, charge, &hint, err, sizeof(err));
+    if (rc != BW_OK) {
+        /* Not admitted: the body is read and dropped (nothing of it kept), the refusal sent,
+         * and the connection takes the next request. */
+        char msg[1500];
+        snprintf(msg, sizeof(msg), "%s: %s", method, err);
+        BW_DEBUG("data channel peer=%s: %s", c->peer, msg);
+        int wr = discard(c, len);
+        if (wr == BW_OK)
+            wr = send_error(&c->sock, NULL, rc, hint, msg);
+        return rc == BW_UNAVAILABLE ? rc : wr;
+    }
+    uint8_t *body = bw__req_buffer(len);
+    wbuf o;
+    memset(&o, 0, sizeof(o));
+    bw__req req;
+    memset(&req, 0, sizeof(req));
+    bw__rp *rp = NULL;
+    bool close = false;
+    size_t got = 0;
+    if (!body || wbuf_init(&o, &c->sock) != BW_OK) {
+        rc = discard(c, len);
+        if (rc == BW_OK)
+            rc = send_error(&c->sock, NULL, BW_NOMEM, 0,
+                            "data channel: out of memory for the request");
+        close = rc != BW_OK;
+    } else if ((rc = bw__dsock_read_all(&c->sock, body, (size_t)len,
+                                        bw__mono_ms() + BODY_TIMEOUT_MS, &got, err, sizeof(err))) !=
+               BW_OK) {
+        bad_conn_log(c->srv, "data channel peer=%s: request body: %zu of %llu bytes came: %s",
+                     c->peer, got, (unsigned long long)len, err);
+        close = true;
+    } else {
+        rc = bw__req_decode(&req, kind, body, (size_t)len, err, sizeof(err));
+        bw__req_buffer_free(body);
+        body = NULL;
+        const Batchwire__V1__Dataset *ds =
+            rc != BW_OK             ? NULL
+            : kind == BW_REQ_STREAM ? ((const Batchwire__V1__ReadStreamRequest *)req.msg)->dataset
+                                    : ((const Batchwire__V1__ReadSamplesRequest *)req.msg)->dataset;
+        if (rc == BW_INVALID_ARGUMENT || (rc == BW_OK && !ds)) {
+            /* Not the message the header announced: a confused or hostile peer. */
+            snprintf(err, sizeof(err),
+                     "data channel: the %llu-byte request is not a %sRequest with a dataset",
+                     (unsigned long long)len, method);
+            bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
+            send_error(&c->sock, NULL, BW_INVALID_ARGUMENT, 0, err);
+            close = true;
+        } else if (rc != BW_OK) {
+            close = send_error(&c->sock, NULL, rc, 0, err) != BW_OK;
+        } else {
+            open_task ot;
+            memset(&ot, 0, sizeof(ot));
+            ot.w = w;
+            ot.peer = c->peer;
+            ot.req = req.msg;
+            bw__exec_run(w->exec, &ot.t, open_on_pool);
+            rp = ot.rp;
+            rc = ot.rc == BW_OK ? serve_read(&o, rp) : send_error(&c->sock, NULL, ot.rc, 0, ot.err);
+            close = rc != BW_OK || ot.rc == BW_UNAVAILABLE;
+            if (rc != BW_OK)
+                BW_DEBUG("data channel peer=%s: %s", c->peer, o.err);
+        }
+    }
+    bw__rp_close(rp);
+    bw__req_free(&req);
+    wbuf_free(&o);
+    bw__req_buffer_free(body);
+    bw__exec_release(w->exec, charge);
+    return close ? BW_UNAVAILABLE : BW_OK;
 }
 
 /* ---- a connection ---- */
@@ -235,12 +365,10 @@ static void *serve(void *arg)
 {
     conn *c = arg;
     bw_worker *w = c->srv->w;
-    wbuf o;
     char err[1400];
-    bool ok = wbuf_init(&o, &c->sock) == BW_OK;
-    if (ok && c->srv->tls &&
-        bw__dsock_tls(&c->sock, c->srv->tls, NULL, bw__mono_ms() + BODY_TIMEOUT_MS, err,
-                      sizeof(err)) != BW_OK) {
+    bool ok = true;
+    if (c->srv->tls && bw__dsock_tls(&c->sock, c->srv->tls, NULL, bw__mono_ms() + BODY_TIMEOUT_MS,
+                                     err, sizeof(err)) != BW_OK) {
         bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
         ok = false;
     }
@@ -264,50 +392,15 @@ static void *serve(void *arg)
         }
         uint32_t kind;
         uint64_t len;
-        rc = bw__dchan_get_req_header(h, &kind, &len, err, sizeof(err));
+        rc = bw__req_header(h, (uint64_t)w->cfg->max_request_bytes, "--max-request-bytes", &kind,
+                            &len, err, sizeof(err));
         if (rc != BW_OK) {
             bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
-            send_error(&o, rc, err);
+            send_error(&c->sock, NULL, rc, 0, err);
             break;
         }
-        uint8_t *body = malloc(len ? len : 1);
-        if (!body) {
-            send_error(&o, BW_NOMEM, "data channel: out of memory for the request");
-            break;
-        }
-        rc = bw__dsock_read_all(&c->sock, body, (size_t)len, bw__mono_ms() + BODY_TIMEOUT_MS, &got,
-                                err, sizeof(err));
-        if (rc != BW_OK) {
-            bad_conn_log(c->srv, "data channel peer=%s: request body: %zu of %llu bytes came: %s",
-                         c->peer, got, (unsigned long long)len, err);
-            free(body);
-            break;
-        }
-        Batchwire__V1__ReadSamplesRequest *req =
-            batchwire__v1__read_samples_request__unpack(NULL, (size_t)len, body);
-        free(body);
-        if (!req || !req->dataset) {
-            snprintf(err, sizeof(err),
-                     "data channel: the %llu-byte request is not a ReadSamplesRequest with a "
-                     "dataset",
-                     (unsigned long long)len);
-            bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
-            if (req)
-                batchwire__v1__read_samples_request__free_unpacked(req, NULL);
-            send_error(&o, BW_INVALID_ARGUMENT, err);
-            break;
-        }
-        bw__wds *e = NULL;
-        rc = bw__data_prepare_samples(w, c->peer, req, &e, err, sizeof(err));
-        rc = rc == BW_OK ? serve_samples(w, &o, e, req) : send_error(&o, rc, err);
-        bw__ds_put(e);
-        batchwire__v1__read_samples_request__free_unpacked(req, NULL);
-        if (rc != BW_OK) {
-            BW_DEBUG("data channel peer=%s: %s", c->peer, o.err);
-            break;
-        }
+        ok = serve_request(c, kind, len) == BW_OK;
     }
-    wbuf_free(&o);
     shutdown(c->sock.fd, SHUT_RDWR);
     atomic_store(&c->done, true);
     return NULL;
@@ -363,8 +456,11 @@ static void *accept_loop(void *arg)
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         conn *c = calloc(1, sizeof(*c));
-        if (!c)
-            abort();
+        if (!c) {
+            BW_WARN("data channel: out of memory for a new connection; closing it");
+            close(fd);
+            continue;
+        }
         c->sock = (bw_dsock){fd, NULL};
         c->srv = s;
         peer_name(fd, c->peer, sizeof(c->peer));
@@ -397,11 +493,8 @@ static void *accept_loop(void *arg)
             } else {
                 s->refused_quiet++;
             }
-            wbuf o; /* over TLS the refusal is the closed connection (no handshake) */
-            if (!s->tls && wbuf_init(&o, &c->sock) == BW_OK)
-                send_error(&o, BW_UNAVAILABLE, msg);
-            if (!s->tls)
-                wbuf_free(&o);
+            if (!s->tls) /* over TLS the refusal is the closed connection (no handshake) */
+                send_error(&c->sock, NULL, BW_UNAVAILABLE, 0, msg);
             close(fd);
             free(c);
         }
@@ -414,8 +507,11 @@ int bw__dchan_server_start(bw_worker *w, const char *listen, SSL_CTX *tls, bw__d
 {
     *out = NULL;
     bw__dchan_server *s = calloc(1, sizeof(*s));
-    if (!s)
-        abort();
+    if (!s) {
+        bw__dchan_tls_ctx_free(tls);
+        snprintf(err, errlen, "data channel: out of memory");
+        return BW_NOMEM;
+    }
     s->w = w;
     s->tls = tls;
     int rc = bw__sock_listen(listen, &s->lfd, port, err, errlen);

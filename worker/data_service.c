@@ -1,60 +1,26 @@
-/* The Data service: Describe, ReadSamples and ReadStream. Every failure is a status with a
- * sentence naming the dataset, file, offset and reason; the worker keeps serving. */
-#include <pthread.h>
+/* The Data service over gRPC: Describe, ReadSamples, ReadStream and Stats. Describe, ReadSamples
+ * and ReadStream leave the completion-queue thread at once: the handler queues the call on the
+ * executor with its charge and returns BW_RPC_DEFERRED; a pool thread then decodes the request
+ * (bounded by its charge), opens the read (every check, read_path.c) and begins the stream, or
+ * answers the error. Every failure is a status with a sentence naming the dataset, file, offset
+ * and reason; the worker keeps serving. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
-#include "data.h"
-#include "placement/placement.h"
+#include "read_path.h"
+#include "request.h"
 #include "worker.h"
 
-static const char *first_source(const Batchwire__V1__Dataset *spec)
-{
-    return spec && spec->n_sources ? spec->sources[0] : "";
-}
+/* Describe's charge: its response is built in the call's arena. */
+enum { DESCRIBE_CHARGE = 1 << 20 };
 
-/* Opens and (when `index`) indexes the dataset; checks the expected fingerprint. On failure
- * the sentence in err names the method and the dataset. */
-static int open_dataset_err(bw_worker *w, const char *peer, const char *method,
-                            const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
-                            bw__wds **out, char *err, size_t errlen)
-{
-    char why[1024];
-    bw__wds *e = NULL;
-    int rc = bw__ds_get(w->datasets, spec, &e, why, sizeof(why));
-    if (rc == BW_OK && index)
-        rc = bw__dataset_index(bw__ds_dataset(e), why, sizeof(why));
-    if (rc == BW_OK && fingerprint && fingerprint[0] &&
-        strcmp(fingerprint, bw__ds_dataset(e)->fingerprint) != 0) {
-        snprintf(why, sizeof(why),
-                 "dataset fingerprint is %s, the request expects %s: the files changed since the "
-                 "job described them",
-                 bw__ds_dataset(e)->fingerprint, fingerprint);
-        rc = BW_MISMATCH;
-    }
-    if (rc != BW_OK) {
-        bw__ds_put(e);
-        BW_DEBUG("worker=%s %s from %s: %s: %s", w->id, method, peer, bw_err_name(rc), why);
-        snprintf(err, errlen, "%s: dataset %s %s%s: %s", method,
-                 spec && spec->format ? spec->format : "?", first_source(spec),
-                 spec && spec->n_sources > 1 ? ",..." : "", why);
-        return rc;
-    }
-    *out = e;
-    return BW_OK;
-}
-
-static int open_dataset(bw_worker *w, bw_rpc_call *call, const char *method,
-                        const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
-                        bw__wds **out)
-{
-    char err[1200];
-    int rc = open_dataset_err(w, bw__rpc_call_peer(call), method, spec, fingerprint, index, out,
-                              err, sizeof(err));
-    return rc == BW_OK ? BW_OK : bw__rpc_fail(call, rc, "%s", err);
-}
+const bw_rpc_method *const bw__data_raw_methods[] = {
+    BW_METHOD(BW_M_DATA_READ_SAMPLES),
+    BW_METHOD(BW_M_DATA_READ_STREAM),
+};
+const size_t bw__data_nraw_methods = sizeof(bw__data_raw_methods) / sizeof(bw__data_raw_methods[0]);
 
 static size_t message_limit(bw_worker *w, uint32_t asked)
 {
@@ -64,15 +30,27 @@ static size_t message_limit(bw_worker *w, uint32_t asked)
     return limit;
 }
 
-/* Opens, indexes and describes the dataset: may read whole files (building a record index),
- * so it runs on a thread of its own, never on a completion-queue thread. */
+/* Ends a deferred call that was not admitted (rc from the executor, with its sentence). */
+static void refuse(bw_rpc_call *call, const char *method, int rc, const bw__exec_task *t)
+{
+    if (rc == BW_BUSY)
+        bw__rpc_retry_after(call, t->retry_after_ms);
+    bw__rpc_fail(call, rc, "%s: %s", method, t->why);
+    bw__rpc_finish(call, rc, NULL);
+}
+
+/* ---- Describe ---- */
+
+/* Opens, indexes and describes the dataset: may read whole files (building a record index). */
 static int describe(bw_worker *w, bw_rpc_call *call, const Batchwire__V1__DescribeRequest *r,
                     ProtobufCMessage **resp)
 {
     bw__wds *e = NULL;
-    int rc = open_dataset(w, call, "Describe", r->dataset, NULL, true, &e);
+    char err[1400];
+    int rc = bw__rp_open_dataset(w, bw__rpc_call_peer(call), "Describe", r->dataset, NULL, true, &e,
+                                 err, sizeof(err));
     if (rc != BW_OK)
-        return rc;
+        return bw__rpc_fail(call, rc, "%s", err);
     const bw__dataset *d = bw__ds_dataset(e);
     bw_arena *a = bw__rpc_call_arena(call);
     Batchwire__V1__DescribeResponse *out = bw__arena_alloc(a, sizeof(*out));
@@ -82,9 +60,10 @@ static int describe(bw_worker *w, bw_rpc_call *call, const Batchwire__V1__Descri
     Batchwire__V1__SourceInfo **sp = bw__arena_alloc(a, (d->nsources + 1) * sizeof(*sp));
     uint64_t *shape = bw__arena_alloc(a, (BW_FMT_MAX_DIMS + 1) * sizeof(*shape));
     if (!out || !info || !lay || !srcs || !sp || !shape) {
+        rc = bw__rpc_fail(call, BW_TOO_BIG, "Describe: the description of %zu sources is too big",
+                          d->nsources);
         bw__ds_put(e);
-        return bw__rpc_fail(call, BW_TOO_BIG, "Describe: the description of %zu sources is too big",
-                            d->nsources);
+        return rc;
     }
     batchwire__v1__describe_response__init(out);
     batchwire__v1__dataset_info__init(info);
@@ -102,7 +81,7 @@ static int describe(bw_worker *w, bw_rpc_call *call, const Batchwire__V1__Descri
     lay->sample_bytes = d->layout.sample_bytes;
     info->n_sources = d->nsources;
     info->sources = sp;
-    for (size_t i = 0; i < d->nsources; i++) {
+    for (size_t i = 0; i < d->nsources && rc == BW_OK; i++) {
         const bw__source *s = d->sources[i];
         batchwire__v1__source_info__init(&srcs[i]);
         srcs[i].path = bw__arena_strdup(a, s->path);
@@ -110,233 +89,161 @@ static int describe(bw_worker *w, bw_rpc_call *call, const Batchwire__V1__Descri
         srcs[i].records = s->count;
         srcs[i].first_index = d->first[i];
         srcs[i].mtime_ns = s->mtime_ns;
-        if (!srcs[i].path) {
-            bw__ds_put(e);
-            return bw__rpc_fail(call, BW_TOO_BIG, "Describe: the description is too big");
-        }
+        if (!srcs[i].path)
+            rc = bw__rpc_fail(call, BW_TOO_BIG, "Describe: the description is too big");
         sp[i] = &srcs[i];
     }
     bw__ds_put(e); /* the strings live in the arena; format names are static */
-    *resp = &out->base;
-    return BW_OK;
+    if (rc == BW_OK)
+        *resp = &out->base;
+    return rc;
 }
 
 typedef struct describe_task {
+    bw__exec_task t; /* first: the executor hands it back */
     bw_worker *w;
     bw_rpc_call *call;
     const Batchwire__V1__DescribeRequest *req; /* in the call's arena, alive until finish */
 } describe_task;
 
-static void *describe_thread(void *arg)
+static void describe_admitted(bw__exec_task *t, int rc)
 {
-    describe_task *t = arg;
-    ProtobufCMessage *resp = NULL;
-    int rc = describe(t->w, t->call, t->req, &resp);
-    bw__rpc_finish(t->call, rc, resp);
-    free(t);
-    return NULL;
+    describe_task *dt = (describe_task *)t;
+    if (rc != BW_OK) {
+        refuse(dt->call, "Describe", rc, t);
+    } else {
+        ProtobufCMessage *resp = NULL;
+        rc = describe(dt->w, dt->call, dt->req, &resp);
+        bw__exec_release(dt->w->exec, t->charge);
+        bw__rpc_finish(dt->call, rc, resp);
+    }
+    free(dt);
 }
 
 int bw__data_describe(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                       ProtobufCMessage **resp)
 {
+    (void)resp;
     bw_worker *w = user;
-    describe_task *t = malloc(sizeof(*t));
-    pthread_t th;
-    pthread_attr_t attr;
-    if (t) {
-        t->w = w;
-        t->call = call;
-        t->req = (const void *)req;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int started = pthread_create(&th, &attr, describe_thread, t) == 0;
-        pthread_attr_destroy(&attr);
-        /* The server's shutdown waits for this call, so the thread may outlive the handler. */
-        if (started)
-            return BW_RPC_DEFERRED;
-        free(t);
-    }
-    return describe(w, call, (const void *)req, resp); /* no thread: answer inline */
+    describe_task *dt = calloc(1, sizeof(*dt));
+    if (!dt)
+        return bw__rpc_fail(call, BW_NOMEM, "Describe: out of memory");
+    dt->w = w;
+    dt->call = call;
+    dt->req = (const void *)req;
+    bw__exec_submit(w->exec, &dt->t, DESCRIBE_CHARGE, describe_admitted);
+    return BW_RPC_DEFERRED;
 }
 
-/* Routing by source: the shard of the source holding dataset index `index` (indexed). */
-static uint32_t source_shard(const bw__dataset *d, uint64_t index, const Batchwire__V1__Routing *rt)
+/* ---- ReadSamples and ReadStream ---- */
+
+/* A read call from admission to its end: the charge it holds, its decoded request and the
+ * producer of its messages. */
+typedef struct read_call {
+    bw__exec_task t; /* first: the executor hands it back */
+    bw_worker *w;
+    bw_rpc_call *call;
+    uint32_t kind;
+    bool admitted;
+    bw__req req;
+    bw__sstream *st;
+} read_call;
+
+static void read_call_free(void *state)
 {
-    size_t lo = 0, hi = d->nsources;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (d->first[mid] <= index)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return bw__placement_stream_shard((uint32_t)lo, d->sources[lo]->path,
-                                      rt->num_shards ? rt->num_shards : 1,
-                                      (bw_shard_mode)rt->shard_mode);
+    read_call *rc = state;
+    bw__sstream_free(rc->st);
+    bw__req_free(&rc->req);
+    if (rc->admitted)
+        bw__exec_release(rc->w->exec, rc->t.charge);
+    free(rc);
 }
 
-int bw__data_prepare_samples(bw_worker *w, const char *peer,
-                             const Batchwire__V1__ReadSamplesRequest *r, bw__wds **out, char *err,
-                             size_t errlen)
+static int read_next(void *state, bw_rpc_call *call, bw_rpc_out *out)
 {
-    *out = NULL;
-    if (r->n_indices > BW_DATA_MAX_INDICES) {
-        snprintf(err, errlen, "ReadSamples: %zu indices is more than the limit of %d", r->n_indices,
-                 BW_DATA_MAX_INDICES);
-        return BW_TOO_BIG;
+    read_call *rc = state;
+    return bw__sstream_next(rc->st, call, out);
+}
+
+/* Decodes the request and opens the read: BW_OK with rc->st set, or an error with a sentence. */
+static int read_open(read_call *rc, char *err, size_t errlen)
+{
+    size_t len = 0;
+    const uint8_t *body = bw__rpc_call_request(rc->call, &len);
+    if (!body) {
+        snprintf(err, errlen, "%s: cannot read the request", bw__req_method(rc->kind));
+        return BW_PROTOCOL;
     }
-    bw__wds *e = NULL;
-    int rc =
-        open_dataset_err(w, peer, "ReadSamples", r->dataset, r->fingerprint, true, &e, err, errlen);
-    if (rc != BW_OK)
-        return rc;
-    const bw__dataset *d = bw__ds_dataset(e);
-    for (size_t i = 0; i < r->n_indices; i++)
-        if (r->indices[i] >= d->length) {
-            bw__ds_put(e);
-            snprintf(err, errlen,
-                     "ReadSamples: dataset %s %s: index %llu requested (position %zu) but the "
-                     "dataset has %llu samples",
-                     r->dataset->format, first_source(r->dataset),
-                     (unsigned long long)r->indices[i], i, (unsigned long long)d->length);
-            return BW_OUT_OF_RANGE;
-        }
-    const Batchwire__V1__Routing *rt = r->routing;
-    if (rt && rt->placement_version) {
-        uint32_t *shards = malloc((r->n_indices ? r->n_indices : 1) * sizeof(*shards));
-        if (!shards)
-            abort();
-        uint32_t ns = rt->num_shards ? rt->num_shards : 1;
-        for (size_t i = 0; i < r->n_indices; i++)
-            shards[i] = rt->by_source
-                            ? source_shard(d, r->indices[i], rt)
-                            : bw__placement_shard(r->indices[i], ns, (bw_shard_mode)rt->shard_mode);
-        char why[512];
-        rc = bw__pview_check(&w->placement, w->id, rt, shards, r->n_indices, why, sizeof(why));
-        free(shards);
-        if (rc != BW_OK) {
-            bw__ds_put(e);
-            snprintf(err, errlen, "ReadSamples: %s", why);
-            return rc;
-        }
+    int r = bw__req_decode(&rc->req, rc->kind, body, len, err, errlen);
+    bw__rpc_call_drop_request(rc->call);
+    if (r != BW_OK)
+        return r;
+    bw__rp *rp = NULL;
+    r = bw__rp_open(rc->w, bw__rpc_call_peer(rc->call), rc->req.msg, &rp, err, errlen);
+    if (r != BW_OK)
+        return r;
+    uint32_t asked =
+        rc->kind == BW_REQ_STREAM
+            ? ((const Batchwire__V1__ReadStreamRequest *)rc->req.msg)->max_message_bytes
+            : ((const Batchwire__V1__ReadSamplesRequest *)rc->req.msg)->max_message_bytes;
+    rc->st = bw__sstream_new(rp, message_limit(rc->w, asked));
+    if (!rc->st) {
+        snprintf(err, errlen, "%s: out of memory", bw__req_method(rc->kind));
+        return BW_NOMEM;
     }
-    *out = e;
     return BW_OK;
+}
+
+static void read_admitted(bw__exec_task *t, int r)
+{
+    read_call *rc = (read_call *)t;
+    bw_rpc_call *call = rc->call;
+    if (r != BW_OK) {
+        refuse(call, bw__req_method(rc->kind), r, t);
+        read_call_free(rc);
+        return;
+    }
+    rc->admitted = true;
+    char err[1400];
+    r = read_open(rc, err, sizeof(err));
+    if (r != BW_OK) {
+        read_call_free(rc);
+        bw__rpc_fail(call, r, "%s", err);
+        bw__rpc_finish(call, r, NULL);
+        return;
+    }
+    bw__rpc_stream_begin(call, read_next, rc, read_call_free);
+}
+
+static int read_deferred(bw_worker *w, bw_rpc_call *call, uint32_t kind)
+{
+    read_call *rc = calloc(1, sizeof(*rc));
+    if (!rc)
+        return bw__rpc_fail(call, BW_NOMEM, "%s: out of memory", bw__req_method(kind));
+    rc->w = w;
+    rc->call = call;
+    rc->kind = kind;
+    /* gRPC's buffer and its flat copy are held at once while the request is decoded. */
+    uint64_t charge =
+        bw__req_charge(kind, bw__rpc_call_request_size(call), 2, BW_REQ_RESPONSE_GRPC);
+    bw__exec_submit(w->exec, &rc->t, charge, read_admitted);
+    return BW_RPC_DEFERRED;
 }
 
 int bw__data_read_samples(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                           ProtobufCMessage **resp)
 {
+    (void)req;
     (void)resp;
-    bw_worker *w = user;
-    const Batchwire__V1__ReadSamplesRequest *r = (const void *)req;
-    bw__wds *e = NULL;
-    char err[1400];
-    int rc = bw__data_prepare_samples(w, bw__rpc_call_peer(call), r, &e, err, sizeof(err));
-    if (rc != BW_OK)
-        return bw__rpc_fail(call, rc, "%s", err);
-    bw__sstream *st = bw__sstream_samples(e, r->indices, r->n_indices,
-                                          message_limit(w, r->max_message_bytes), &w->stats);
-    bw__rpc_stream_start(call, bw__sstream_next, st, bw__sstream_free);
-    return BW_RPC_STREAM;
-}
-
-/* ReadStream with locate_only: one message with one Sample that carries the offset. */
-typedef struct locate_state {
-    uint64_t record, offset;
-    bool sent;
-} locate_state;
-
-static int locate_next(void *state, bw_rpc_call *call, bw_rpc_out *out)
-{
-    locate_state *ls = state;
-    if (ls->sent)
-        return BW_RPC_END;
-    bw_arena *a = bw__rpc_call_msg_arena(call);
-    Batchwire__V1__SampleBatch *sb = bw__arena_alloc(a, sizeof(*sb));
-    Batchwire__V1__Sample *s = bw__arena_alloc(a, sizeof(*s));
-    Batchwire__V1__Sample **sp = bw__arena_alloc(a, sizeof(*sp));
-    if (!sb || !s || !sp)
-        return bw__rpc_fail(call, BW_NOMEM, "ReadStream: out of memory");
-    batchwire__v1__sample_batch__init(sb);
-    batchwire__v1__sample__init(s);
-    s->index = ls->record;
-    s->offset = s->next_offset = ls->offset;
-    sp[0] = s;
-    sb->n_samples = 1;
-    sb->samples = sp;
-    out->msg = &sb->base;
-    ls->sent = true;
-    return BW_OK;
-}
-
-static int start_locate(bw_rpc_call *call, uint64_t record, uint64_t offset)
-{
-    locate_state *ls = calloc(1, sizeof(*ls));
-    if (!ls)
-        abort();
-    ls->record = record;
-    ls->offset = offset;
-    bw__rpc_stream_start(call, locate_next, ls, free);
-    return BW_RPC_STREAM;
+    return read_deferred(user, call, BW_REQ_SAMPLES);
 }
 
 int bw__data_read_stream(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                          ProtobufCMessage **resp)
 {
+    (void)req;
     (void)resp;
-    bw_worker *w = user;
-    const Batchwire__V1__ReadStreamRequest *r = (const void *)req;
-    bw__wds *e = NULL;
-    int rc = open_dataset(w, call, "ReadStream", r->dataset, r->fingerprint, false, &e);
-    if (rc != BW_OK)
-        return rc;
-    const bw__dataset *d = bw__ds_dataset(e);
-    if (!d->ops->next) {
-        bw__ds_put(e);
-        return bw__rpc_fail(call, BW_UNIMPLEMENTED,
-                            "ReadStream: format %s is not a stream: use ReadSamples", d->ops->name);
-    }
-    if (r->source >= d->nsources) {
-        bw__ds_put(e);
-        return bw__rpc_fail(call, BW_OUT_OF_RANGE,
-                            "ReadStream: source %u requested but dataset %s %s has %zu sources",
-                            r->source, r->dataset->format, first_source(r->dataset), d->nsources);
-    }
-    const Batchwire__V1__Routing *rt = r->routing;
-    if (rt && rt->placement_version) {
-        uint32_t shard = bw__placement_stream_shard(r->source, d->sources[r->source]->path,
-                                                    rt->num_shards ? rt->num_shards : 1,
-                                                    (bw_shard_mode)rt->shard_mode);
-        char err[512];
-        rc = bw__pview_check(&w->placement, w->id, rt, &shard, 1, err, sizeof(err));
-        if (rc != BW_OK) {
-            bw__ds_put(e);
-            return bw__rpc_fail(call, rc, "ReadStream: %s", err);
-        }
-    }
-    uint64_t offset = r->offset;
-    if (r->seek_record || r->locate_only) {
-        /* The offset comes from the source's index: no record before it is read. */
-        char err[1024];
-        rc = bw__dataset_locate(bw__ds_dataset(e), r->source, r->first_record, &offset, err,
-                                sizeof(err));
-        if (rc != BW_OK) {
-            bw__ds_put(e);
-            return bw__rpc_fail(call, rc, "ReadStream: dataset %s %s: %s", r->dataset->format,
-                                first_source(r->dataset), err);
-        }
-        atomic_fetch_add(&w->stats.records_located, 1);
-    }
-    if (r->locate_only) {
-        bw__ds_put(e);
-        return start_locate(call, r->first_record, offset);
-    }
-    bw__sstream *st = bw__sstream_records(e, r->source, offset, r->first_record, r->max_records,
-                                          message_limit(w, r->max_message_bytes), &w->stats);
-    bw__rpc_stream_start(call, bw__sstream_next, st, bw__sstream_free);
-    return BW_RPC_STREAM;
+    return read_deferred(user, call, BW_REQ_STREAM);
 }
 
 int bw__data_get_stats(void *user, bw_rpc_call *call, const ProtobufCMessage *req,

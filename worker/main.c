@@ -26,7 +26,8 @@ static const bw_opt options[] = {
      "HOST:PORT", "address clients use to reach this worker (default: the bound address)"},
     {"data-listen", BW_OPT_STRING, offsetof(bw_worker_config, data_listen), NULL, 0, 0, NULL, 0,
      "HOST:PORT|off",
-     "bulk data channel for ReadSamples, TLS like --listen (default: the --listen host, any "
+     "bulk data channel for ReadSamples and ReadStream, TLS like --listen (default: the --listen "
+     "host, any "
      "free port)"},
     {"data-advertise", BW_OPT_ADDR, offsetof(bw_worker_config, data_advertise), NULL, 0, 0, NULL, 0,
      "HOST:PORT",
@@ -38,6 +39,17 @@ static const bw_opt options[] = {
      "clients fetch over gRPC"},
     {"data-idle-timeout-ms", BW_OPT_INT, offsetof(bw_worker_config, data_idle_timeout_ms), "300000",
      0, 86400000, NULL, 0, "MS", "close a data-channel connection idle this long (0: never)"},
+    {"max-request-bytes", BW_OPT_INT, offsetof(bw_worker_config, max_request_bytes), "16777216",
+     65536, BW_DCHAN_MAX_REQUEST, NULL, 0, "BYTES",
+     "largest ReadSamples/ReadStream request body accepted: on the data channel a larger one is "
+     "refused from its header, before any of it is read; over gRPC it is the receive limit (with "
+     "--max-message-bytes)"},
+    {"inflight-bytes", BW_OPT_INT, offsetof(bw_worker_config, inflight_bytes), "268435456", 8388608,
+     (int64_t)1 << 40, NULL, 0, "BYTES",
+     "memory the requests in progress may hold together (bodies, decoding, response buffers); a "
+     "request that does not fit waits up to 1 s, then gets BW_BUSY with a retry hint"},
+    {"read-threads", BW_OPT_INT, offsetof(bw_worker_config, read_threads), "4", 1, 256, NULL, 0,
+     "N", "threads that open, index and check datasets for requests of both transports"},
     {"tls-ca", BW_OPT_PATH, offsetof(bw_worker_config, tls_ca), NULL, 0, 0, NULL, 0, "FILE",
      "PEM CA that signed the coordinator's certificate: talk TLS to the coordinator"},
     {"tls-server-name", BW_OPT_STRING, offsetof(bw_worker_config, tls_server_name), NULL, 0, 0,
@@ -152,13 +164,26 @@ int main(int argc, char **argv)
     bw_rpc_server *srv = NULL;
     bw__pview_init(&w.placement);
     int rc = resolve_data_root(&w, err, sizeof(err));
-    if (rc == BW_OK)
-        w.datasets = bw__ds_cache_new(w.data_root);
+    if (rc == BW_OK && !(w.datasets = bw__ds_cache_new(w.data_root))) {
+        snprintf(err, sizeof(err), "out of memory");
+        rc = BW_NOMEM;
+    }
+    if (rc == BW_OK) {
+        bw__exec_opts xo = {(int)cfg.read_threads, (uint64_t)cfg.inflight_bytes,
+                            BW_WORKER_ADMIT_WAIT_MS, "--inflight-bytes"};
+        rc = bw__exec_start(&xo, &w.exec, err, sizeof(err));
+    }
     if (rc == BW_OK)
         rc = bw__worker_connect(&w, err, sizeof(err));
     if (rc == BW_OK) {
         bw_rpc_server_opts so;
         bw__daemon_server_opts(&cfg.common, "worker", &so);
+        /* Data requests are decoded on the executor, bounded by their charge; gRPC refuses
+         * larger ones (both limits hold: --max-message-bytes is every daemon's). */
+        if (cfg.max_request_bytes < cfg.common.max_message_bytes)
+            so.max_receive_bytes = (int)cfg.max_request_bytes;
+        so.raw_methods = bw__data_raw_methods;
+        so.nraw_methods = bw__data_nraw_methods;
         rc = bw__rpc_server_start(&so, bw__worker_handlers, bw__worker_nhandlers, &w, &srv, w.bound,
                                   sizeof(w.bound), err, sizeof(err));
     }
@@ -181,6 +206,7 @@ int main(int argc, char **argv)
     if (rc != BW_OK) {
         BW_ERROR("cannot start: %s", err);
         bw__worker_membership_stop(&w);
+        bw__exec_stop(w.exec);
         bw__ds_cache_free(w.datasets);
         bw__pview_destroy(&w.placement);
         bw__config_free(options, &cfg);
@@ -193,7 +219,8 @@ int main(int argc, char **argv)
         BW_INFO("received %s; shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     bw__worker_membership_stop(&w);
     bw__dchan_server_stop(w.dchan);
-    bw__rpc_server_stop(srv, (int)cfg.common.grace_ms);
+    bw__rpc_server_stop(srv, (int)cfg.common.grace_ms); /* waits for calls on the executor */
+    bw__exec_stop(w.exec);
     bw__ds_cache_free(w.datasets);
     bw__pview_destroy(&w.placement);
     BW_INFO("stopped");

@@ -71,9 +71,12 @@ static void refresh_placement(bw_worker *w, uint64_t version)
         if (ids) {
             for (size_t i = 0; i < t->n_workers; i++)
                 ids[i] = t->workers[i]->id;
-            bw__pview_set(&w->placement, t->version, ids, t->n_workers);
-            BW_INFO("worker=%s placement version %llu: %zu live workers", w->id,
-                    (unsigned long long)t->version, t->n_workers);
+            if (bw__pview_set(&w->placement, t->version, ids, t->n_workers) == BW_OK)
+                BW_INFO("worker=%s placement version %llu: %zu live workers", w->id,
+                        (unsigned long long)t->version, t->n_workers);
+            else
+                BW_WARN("worker=%s placement version %llu: out of memory (will retry)", w->id,
+                        (unsigned long long)t->version);
         }
     } else {
         BW_WARN("worker=%s cannot fetch placement version %llu (will retry): %s", w->id,

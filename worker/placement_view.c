@@ -28,14 +28,18 @@ void bw__pview_destroy(bw__pview *v)
     pthread_mutex_destroy(&v->mu);
 }
 
-void bw__pview_set(bw__pview *v, uint64_t version, const char *const *ids, size_t n)
+int bw__pview_set(bw__pview *v, uint64_t version, const char *const *ids, size_t n)
 {
     char **copy = calloc(n ? n : 1, sizeof(char *));
+    for (size_t i = 0; copy && i < n; i++)
+        if (!(copy[i] = strdup(ids[i]))) {
+            while (i > 0)
+                free(copy[--i]);
+            free(copy);
+            copy = NULL;
+        }
     if (!copy)
-        abort();
-    for (size_t i = 0; i < n; i++)
-        if (!(copy[i] = strdup(ids[i])))
-            abort();
+        return BW_NOMEM;
     pthread_mutex_lock(&v->mu);
     clear(v);
     v->ids = copy;
@@ -43,6 +47,7 @@ void bw__pview_set(bw__pview *v, uint64_t version, const char *const *ids, size_
     v->version = version;
     v->stale = false;
     pthread_mutex_unlock(&v->mu);
+    return BW_OK;
 }
 
 int bw__pview_check(bw__pview *v, const char *self, const Batchwire__V1__Routing *rt,
@@ -64,8 +69,11 @@ int bw__pview_check(bw__pview *v, const char *self, const Batchwire__V1__Routing
     }
     /* memo: 0 unknown, 1 mine, 2 another's */
     uint8_t *memo = calloc(rt->num_shards, 1);
-    if (!memo)
-        abort();
+    if (!memo) {
+        pthread_mutex_unlock(&v->mu);
+        snprintf(err, errlen, "out of memory for the owners of %u shards", rt->num_shards);
+        return BW_NOMEM;
+    }
     for (size_t i = 0; i < n && rc == BW_OK; i++) {
         uint32_t s = shards[i];
         if (!memo[s]) {

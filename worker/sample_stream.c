@@ -17,7 +17,7 @@
 #include <grpc/byte_buffer.h>
 #include <grpc/slice.h>
 
-#include "data.h"
+#include "read_path.h"
 
 /* SOFT_TARGET: large messages cost more than they save (bench_worker: 16 MiB messages ran at
  * half the rate of 1 MiB ones over loopback), so messages close at about 1 MiB even when the
@@ -25,23 +25,14 @@
 enum { REF_MIN = 32 << 10, BUF_MIN = 256 << 10, SLACK = 256, SOFT_TARGET = 1 << 20 };
 
 struct bw__sstream {
-    bw__wds *e;
-    bw__dataset *d;
-    size_t limit; /* hard: no message is larger */
-    size_t soft;  /* messages are closed at about this size */
-    bool records; /* ReadStream */
-    /* ReadSamples */
-    const uint64_t *indices;
-    size_t n, pos;
-    /* ReadStream */
-    uint32_t src;
-    uint64_t off, first_record, max_records, produced;
-    bw__data_stats *stats;
-    bool at_end;
-    /* the record being sent (possibly in chunks) */
-    bool have;
-    uint64_t sent, rec_index, rec_off, rec_next;
-    bw__record rec;
+    bw__rp *rp;
+    size_t limit;  /* hard: no message is larger */
+    size_t soft;   /* messages are closed at about this size */
+    bool records;  /* ReadStream: samples carry offsets */
+    bool located;  /* locate_only: the one answer was produced */
+    bool have;     /* the record being sent (possibly in chunks) */
+    uint64_t sent; /* its bytes already sent */
+    bw__rp_rec cur;
 };
 
 /* ---- a message under construction: owned buffers and referencing slices ---- */
@@ -51,16 +42,21 @@ typedef struct wire {
     size_t n, cap;
     uint8_t *buf;
     size_t len, bufcap;
+    bool oom; /* an allocation failed: the message is abandoned */
 } wire;
 
 static void add_slice(wire *w, grpc_slice s)
 {
     if (w->n == w->cap) {
-        w->cap = w->cap ? w->cap * 2 : 16;
-        grpc_slice *ns = realloc(w->slices, w->cap * sizeof(*ns));
-        if (!ns)
-            abort();
+        size_t cap = w->cap ? w->cap * 2 : 16;
+        grpc_slice *ns = realloc(w->slices, cap * sizeof(*ns));
+        if (!ns) {
+            w->oom = true;
+            grpc_slice_unref(s);
+            return;
+        }
         w->slices = ns;
+        w->cap = cap;
     }
     w->slices[w->n++] = s;
 }
@@ -75,29 +71,36 @@ static void flush_buf(wire *w)
     w->len = w->bufcap = 0;
 }
 
+/* Space for `need` more bytes in the owned buffer; NULL (and w->oom) when out of memory. */
 static uint8_t *room(wire *w, size_t need)
 {
     if (w->bufcap - w->len < need) {
         flush_buf(w);
-        w->bufcap = need > BUF_MIN ? need : BUF_MIN;
-        w->buf = malloc(w->bufcap);
-        if (!w->buf)
-            abort();
+        size_t cap = need > BUF_MIN ? need : BUF_MIN;
+        w->buf = malloc(cap);
+        if (!w->buf) {
+            w->oom = true;
+            return NULL;
+        }
+        w->bufcap = cap;
     }
     return w->buf + w->len;
 }
 
 static void put_bytes(wire *w, const void *p, size_t len)
 {
-    if (!len)
+    uint8_t *q = len ? room(w, len) : NULL;
+    if (!q)
         return;
-    memcpy(room(w, len), p, len);
+    memcpy(q, p, len);
     w->len += len;
 }
 
 static void put_varint(wire *w, uint64_t v)
 {
     uint8_t *p = room(w, 10), *q = p;
+    if (!p)
+        return;
     while (v >= 0x80) {
         *q++ = (uint8_t)(v | 0x80);
         v >>= 7;
@@ -155,8 +158,8 @@ static size_t field_len(size_t payload)
 /* Bytes of a Sample's fields other than data. */
 static size_t meta_size(const bw__sstream *st, uint64_t chunk_off)
 {
-    const bw__record *r = &st->rec;
-    size_t m = 1 + vlen(st->rec_index) + 1 + vlen(r->size);
+    const bw__record *r = &st->cur.rec;
+    size_t m = 1 + vlen(st->cur.key) + 1 + vlen(r->size);
     if (chunk_off)
         m += 1 + vlen(chunk_off);
     if (chunk_off == 0 && r->has_names) {
@@ -167,7 +170,7 @@ static size_t meta_size(const bw__sstream *st, uint64_t chunk_off)
         m += field_len(strlen(r->text + r->key));
     }
     if (st->records)
-        m += 1 + vlen(st->rec_off) + 1 + vlen(st->rec_next);
+        m += 1 + vlen(st->cur.offset) + 1 + vlen(st->cur.next_offset);
     return m;
 }
 
@@ -201,12 +204,12 @@ static void put_data_range(wire *w, const bw__record *r, uint64_t from, size_t l
 
 static void put_sample(wire *w, const bw__sstream *st, uint64_t chunk_off, size_t dlen)
 {
-    const bw__record *r = &st->rec;
+    const bw__record *r = &st->cur.rec;
     size_t meta = meta_size(st, chunk_off);
     put_tag(w, 1, 2); /* SampleBatch.samples */
     put_varint(w, meta + field_len(dlen));
     put_tag(w, 1, 0);
-    put_varint(w, st->rec_index);
+    put_varint(w, st->cur.key);
     put_tag(w, 2, 0);
     put_varint(w, r->size);
     if (chunk_off) {
@@ -232,9 +235,9 @@ static void put_sample(wire *w, const bw__sstream *st, uint64_t chunk_off, size_
     }
     if (st->records) {
         put_tag(w, 7, 0);
-        put_varint(w, st->rec_off);
+        put_varint(w, st->cur.offset);
         put_tag(w, 8, 0);
-        put_varint(w, st->rec_next);
+        put_varint(w, st->cur.next_offset);
     }
     put_tag(w, 4, 2);
     put_varint(w, dlen);
@@ -243,13 +246,15 @@ static void put_sample(wire *w, const bw__sstream *st, uint64_t chunk_off, size_
 
 /* ---- the producer ---- */
 
-static bw__sstream *new_stream(bw__wds *e, size_t limit)
+bw__sstream *bw__sstream_new(bw__rp *rp, size_t limit)
 {
-    bw__sstream *st = calloc(1, sizeof(*st));
-    if (!st)
-        abort();
-    st->e = e;
-    st->d = bw__ds_dataset(e);
+    bw__sstream *st = rp ? calloc(1, sizeof(*st)) : NULL;
+    if (!st) {
+        bw__rp_close(rp);
+        return NULL;
+    }
+    st->rp = rp;
+    st->records = bw__rp_is_stream(rp);
     st->limit = limit > SLACK * 2 ? limit - SLACK : limit / 2;
     st->soft = st->limit < SOFT_TARGET ? st->limit : SOFT_TARGET;
     return st;
@@ -258,24 +263,13 @@ static bw__sstream *new_stream(bw__wds *e, size_t limit)
 bw__sstream *bw__sstream_samples(bw__wds *e, const uint64_t *indices, size_t n, size_t limit,
                                  bw__data_stats *stats)
 {
-    bw__sstream *st = new_stream(e, limit);
-    st->stats = stats;
-    st->indices = indices;
-    st->n = n;
-    return st;
+    return bw__sstream_new(bw__rp_samples(e, indices, n, stats), limit);
 }
 
 bw__sstream *bw__sstream_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t first_record,
                                  uint64_t max_records, size_t limit, bw__data_stats *stats)
 {
-    bw__sstream *st = new_stream(e, limit);
-    st->stats = stats;
-    st->first_record = first_record;
-    st->records = true;
-    st->src = src;
-    st->off = offset;
-    st->max_records = max_records;
-    return st;
+    return bw__sstream_new(bw__rp_records(e, src, offset, first_record, max_records, stats), limit);
 }
 
 void bw__sstream_free(void *state)
@@ -284,52 +278,40 @@ void bw__sstream_free(void *state)
     if (!st)
         return;
     if (st->have)
-        bw__record_release(&st->rec);
-    bw__ds_put(st->e);
+        bw__record_release(&st->cur.rec);
+    bw__rp_close(st->rp);
     free(st);
 }
 
-/* Loads the next record into st->rec: BW_OK, BW_RPC_END or an error. */
+/* Loads the next record into st->cur: BW_OK, BW_RPC_END or an error. With locate_only the
+ * one record is an empty sample whose offsets are first_record's. */
 static int load(bw__sstream *st, char *err, size_t errlen)
 {
     int rc;
-    if (!st->records) {
-        if (st->pos >= st->n)
+    if (bw__rp_locate_only(st->rp)) {
+        if (st->located)
             return BW_RPC_END;
-        st->rec_index = st->indices[st->pos];
-        rc = bw__dataset_get(st->d, st->rec_index, &st->rec, err, errlen);
+        bw__record_init(&st->cur.rec);
+        st->cur.key = bw__rp_first_key(st->rp);
+        st->cur.offset = st->cur.next_offset = bw__rp_end_offset(st->rp);
+        st->located = true;
+        rc = BW_OK;
     } else {
-        if (st->at_end || (st->max_records && st->produced >= st->max_records))
+        rc = bw__rp_next(st->rp, &st->cur, err, errlen);
+        if (rc == BW_RP_END)
             return BW_RPC_END;
-        st->rec_index = st->first_record + st->produced;
-        st->rec_off = st->off;
-        rc = bw__dataset_next(st->d, st->src, st->off, &st->rec, &st->rec_next, err, errlen);
-        if (rc == BW_FMT_END) {
-            st->at_end = true;
-            return BW_RPC_END;
-        }
     }
     if (rc == BW_OK) {
         st->have = true;
         st->sent = 0;
-        if (st->stats) {
-            atomic_fetch_add(&st->stats->records_read, 1);
-            atomic_fetch_add(&st->stats->record_bytes_read, st->rec.size);
-        }
     }
     return rc;
 }
 
 static void done_record(bw__sstream *st)
 {
-    bw__record_release(&st->rec);
+    bw__record_release(&st->cur.rec);
     st->have = false;
-    if (st->records) {
-        st->off = st->rec_next;
-        st->produced++;
-    } else {
-        st->pos++;
-    }
 }
 
 int bw__sstream_produce(bw__sstream *st, grpc_byte_buffer **out, char *err, size_t errlen)
@@ -344,7 +326,7 @@ int bw__sstream_produce(bw__sstream *st, grpc_byte_buffer **out, char *err, size
             if (rc != BW_OK)
                 break;
         }
-        uint64_t left = st->rec.size - st->sent;
+        uint64_t left = st->cur.rec.size - st->sent;
         size_t meta = meta_size(st, st->sent);
         size_t whole = left < SIZE_MAX / 2 ? item_size(meta, (size_t)left) : SIZE_MAX;
         /* Fill up to the soft target; a sample up to twice that may travel alone. */
@@ -373,13 +355,17 @@ int bw__sstream_produce(bw__sstream *st, grpc_byte_buffer **out, char *err, size
         put_sample(&w, st, st->sent, dlen);
         used += item_size(meta, dlen);
         st->sent += dlen;
-        if (st->sent == st->rec.size)
+        if (st->sent == st->cur.rec.size)
             done_record(st);
         break;
     }
     /* Send what was built; an error is raised again by the next call (load is retried). */
     if (rc != BW_OK && used > 0)
         rc = BW_OK;
+    if (rc == BW_OK && w.oom) {
+        snprintf(err, errlen, "out of memory building a message");
+        rc = BW_NOMEM;
+    }
     if (rc != BW_OK) {
         wire_free(&w);
         return rc;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "data.h"
+#include "executor.h"
 #include "rpc/client.h"
 #include "rpc/daemon.h"
 #include "rpc/server.h"
@@ -25,7 +26,13 @@ typedef struct bw_worker_config {
     int64_t rpc_timeout_ms;
     int64_t data_max_connections;
     int64_t data_idle_timeout_ms;
+    int64_t max_request_bytes;
+    int64_t inflight_bytes;
+    int64_t read_threads;
 } bw_worker_config;
+
+/* How long a request waits for room in the in-flight budget before BW_BUSY. */
+enum { BW_WORKER_ADMIT_WAIT_MS = 1000 };
 
 struct bw_worker {
     const bw_worker_config *cfg;
@@ -51,6 +58,7 @@ struct bw_worker {
     bw__pview placement;
     bw__data_stats stats; /* Data.Stats */
     bw__dchan_server *dchan;
+    bw__exec *exec; /* opens datasets and admits requests by bytes, for both transports */
 };
 
 extern const bw_rpc_handler bw__worker_handlers[];

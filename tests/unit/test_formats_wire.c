@@ -17,6 +17,8 @@
 
 #include "test_dir.h"
 #include "../../worker/datasets.c"
+#include "../../worker/placement_view.c"
+#include "../../worker/read_path.c"
 #include "../../worker/sample_stream.c"
 #include "common/crc32c.h"
 #include "formats/synth.h"

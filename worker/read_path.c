@@ -1,0 +1,311 @@
+/* The read path (read_path.h): every check of a read request once, then its records one at a
+ * time. */
+#include "read_path.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "placement/placement.h"
+#include "worker.h"
+
+struct bw__rp {
+    bw__wds *e;
+    bw__dataset *d;
+    bw__data_stats *stats;
+    char label[320]; /* "tfrecord data/a.tfrecord", for messages */
+    bool stream, locate_only, at_end;
+    /* ReadSamples */
+    const uint64_t *indices;
+    size_t n;
+    /* ReadStream */
+    uint32_t src;
+    uint64_t off, first_record, max_records;
+    uint64_t count;
+};
+
+static const char *first_source(const Batchwire__V1__Dataset *spec)
+{
+    return spec && spec->n_sources ? spec->sources[0] : "";
+}
+
+static bw__rp *rp_new(bw__wds *e, bw__data_stats *stats)
+{
+    bw__rp *rp = calloc(1, sizeof(*rp));
+    if (!rp) {
+        bw__ds_put(e);
+        return NULL;
+    }
+    rp->e = e;
+    rp->d = bw__ds_dataset(e);
+    rp->stats = stats;
+    snprintf(rp->label, sizeof(rp->label), "%s %.280s", rp->d->ops->name,
+             rp->d->nsources ? rp->d->sources[0]->path : "");
+    return rp;
+}
+
+bw__rp *bw__rp_samples(bw__wds *e, const uint64_t *indices, size_t n, bw__data_stats *stats)
+{
+    bw__rp *rp = rp_new(e, stats);
+    if (rp) {
+        rp->indices = indices;
+        rp->n = n;
+    }
+    return rp;
+}
+
+bw__rp *bw__rp_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t first_record,
+                       uint64_t max_records, bw__data_stats *stats)
+{
+    bw__rp *rp = rp_new(e, stats);
+    if (rp) {
+        rp->stream = true;
+        rp->src = src;
+        rp->off = offset;
+        rp->first_record = first_record;
+        rp->max_records = max_records;
+    }
+    return rp;
+}
+
+void bw__rp_close(bw__rp *rp)
+{
+    if (!rp)
+        return;
+    bw__ds_put(rp->e);
+    free(rp);
+}
+
+bool bw__rp_is_stream(const bw__rp *rp)
+{
+    return rp->stream;
+}
+
+bool bw__rp_locate_only(const bw__rp *rp)
+{
+    return rp->locate_only;
+}
+
+uint64_t bw__rp_count(const bw__rp *rp)
+{
+    return rp->count;
+}
+
+uint64_t bw__rp_end_offset(const bw__rp *rp)
+{
+    return rp->stream ? rp->off : 0;
+}
+
+uint64_t bw__rp_first_key(const bw__rp *rp)
+{
+    return rp->stream ? rp->first_record : rp->n ? rp->indices[0] : 0;
+}
+
+int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
+{
+    char why[1024];
+    int rc;
+    if (!rp->stream) {
+        if (rp->count >= rp->n)
+            return BW_RP_END;
+        out->key = rp->indices[rp->count];
+        out->offset = out->next_offset = 0;
+        rc = bw__dataset_get(rp->d, out->key, &out->rec, why, sizeof(why));
+    } else {
+        if (rp->at_end || rp->locate_only || (rp->max_records && rp->count >= rp->max_records))
+            return BW_RP_END;
+        out->key = rp->first_record + rp->count;
+        out->offset = rp->off;
+        rc = bw__dataset_next(rp->d, rp->src, rp->off, &out->rec, &out->next_offset, why,
+                              sizeof(why));
+        if (rc == BW_FMT_END) {
+            rp->at_end = true;
+            return BW_RP_END;
+        }
+        if (rc == BW_OK)
+            rp->off = out->next_offset;
+    }
+    if (rc != BW_OK) {
+        snprintf(err, errlen, "%s: dataset %s: %s", rp->stream ? "ReadStream" : "ReadSamples",
+                 rp->label, why);
+        return rc;
+    }
+    rp->count++;
+    if (rp->stats) {
+        atomic_fetch_add(&rp->stats->records_read, 1);
+        atomic_fetch_add(&rp->stats->record_bytes_read, out->rec.size);
+    }
+    return BW_OK;
+}
+
+/* ---- the checks ---- */
+
+int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
+                        const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
+                        bw__wds **out, char *err, size_t errlen)
+{
+    char why[1024];
+    bw__wds *e = NULL;
+    int rc = bw__ds_get(w->datasets, spec, &e, why, sizeof(why));
+    if (rc == BW_OK && index)
+        rc = bw__dataset_index(bw__ds_dataset(e), why, sizeof(why));
+    if (rc == BW_OK && fingerprint && fingerprint[0] &&
+        strcmp(fingerprint, bw__ds_dataset(e)->fingerprint) != 0) {
+        snprintf(why, sizeof(why),
+                 "dataset fingerprint is %s, the request expects %s: the files changed since the "
+                 "job described them",
+                 bw__ds_dataset(e)->fingerprint, fingerprint);
+        rc = BW_MISMATCH;
+    }
+    if (rc != BW_OK) {
+        bw__ds_put(e);
+        BW_DEBUG("worker=%s %s from %s: %s: %s", w->id, method, peer, bw_err_name(rc), why);
+        snprintf(err, errlen, "%s: dataset %s %s%s: %s", method,
+                 spec && spec->format ? spec->format : "?", first_source(spec),
+                 spec && spec->n_sources > 1 ? ",..." : "", why);
+        return rc;
+    }
+    *out = e;
+    return BW_OK;
+}
+
+/* Routing by source: the shard of the source holding dataset index `index` (indexed). */
+static uint32_t source_shard(const bw__dataset *d, uint64_t index, const Batchwire__V1__Routing *rt)
+{
+    size_t lo = 0, hi = d->nsources;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d->first[mid] <= index)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return bw__placement_stream_shard((uint32_t)lo, d->sources[lo]->path,
+                                      rt->num_shards ? rt->num_shards : 1,
+                                      (bw_shard_mode)rt->shard_mode);
+}
+
+/* Ownership of shards[0..n) under the worker's placement; a sentence prefixed by method. */
+static int check_owner(bw_worker *w, const char *method, const Batchwire__V1__Routing *rt,
+                       const uint32_t *shards, size_t n, char *err, size_t errlen)
+{
+    char why[512];
+    int rc = bw__pview_check(&w->placement, w->id, rt, shards, n, why, sizeof(why));
+    if (rc != BW_OK)
+        snprintf(err, errlen, "%s: %s", method, why);
+    return rc;
+}
+
+/* *out = rp when every check passed (rc BW_OK); otherwise the read is closed. Returns rc. */
+static int checked(bw__rp *rp, int rc, bw__rp **out)
+{
+    if (rc == BW_OK)
+        *out = rp;
+    else
+        bw__rp_close(rp);
+    return rc;
+}
+
+static int no_memory(const char *method, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "%s: out of memory", method);
+    return BW_NOMEM;
+}
+
+static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__ReadSamplesRequest *r,
+                        bw__rp **out, char *err, size_t errlen)
+{
+    if (r->n_indices > BW_DATA_MAX_INDICES) {
+        snprintf(err, errlen, "ReadSamples: %zu indices is more than the limit of %d", r->n_indices,
+                 BW_DATA_MAX_INDICES);
+        return BW_TOO_BIG;
+    }
+    bw__wds *e = NULL;
+    int rc = bw__rp_open_dataset(w, peer, "ReadSamples", r->dataset, r->fingerprint, true, &e, err,
+                                 errlen);
+    if (rc != BW_OK)
+        return rc;
+    bw__rp *rp = bw__rp_samples(e, r->indices, r->n_indices, &w->stats);
+    if (!rp)
+        return no_memory("ReadSamples", err, errlen);
+    const bw__dataset *d = rp->d;
+    for (size_t i = 0; i < r->n_indices && rc == BW_OK; i++)
+        if (r->indices[i] >= d->length) {
+            snprintf(err, errlen,
+                     "ReadSamples: dataset %s %s: index %llu requested (position %zu) but the "
+                     "dataset has %llu samples",
+                     r->dataset->format, first_source(r->dataset),
+                     (unsigned long long)r->indices[i], i, (unsigned long long)d->length);
+            rc = BW_OUT_OF_RANGE;
+        }
+    const Batchwire__V1__Routing *rt = r->routing;
+    if (rc == BW_OK && rt && rt->placement_version) {
+        uint32_t *shards = malloc((r->n_indices ? r->n_indices : 1) * sizeof(*shards));
+        if (!shards) {
+            rc = no_memory("ReadSamples", err, errlen);
+        } else {
+            uint32_t ns = rt->num_shards ? rt->num_shards : 1;
+            for (size_t i = 0; i < r->n_indices; i++)
+                shards[i] = rt->by_source ? source_shard(d, r->indices[i], rt)
+                                          : bw__placement_shard(r->indices[i], ns,
+                                                                (bw_shard_mode)rt->shard_mode);
+            rc = check_owner(w, "ReadSamples", rt, shards, r->n_indices, err, errlen);
+            free(shards);
+        }
+    }
+    return checked(rp, rc, out);
+}
+
+static int open_stream(bw_worker *w, const char *peer, const Batchwire__V1__ReadStreamRequest *r,
+                       bw__rp **out, char *err, size_t errlen)
+{
+    bw__wds *e = NULL;
+    int rc = bw__rp_open_dataset(w, peer, "ReadStream", r->dataset, r->fingerprint, false, &e, err,
+                                 errlen);
+    if (rc != BW_OK)
+        return rc;
+    bw__rp *rp =
+        bw__rp_records(e, r->source, r->offset, r->first_record, r->max_records, &w->stats);
+    if (!rp)
+        return no_memory("ReadStream", err, errlen);
+    bw__dataset *d = rp->d;
+    const Batchwire__V1__Routing *rt = r->routing;
+    rp->locate_only = r->locate_only;
+    if (!d->ops->next) {
+        snprintf(err, errlen, "ReadStream: format %s is not a stream: use ReadSamples",
+                 d->ops->name);
+        rc = BW_UNIMPLEMENTED;
+    } else if (r->source >= d->nsources) {
+        snprintf(err, errlen, "ReadStream: source %u requested but dataset %s %s has %zu sources",
+                 r->source, r->dataset->format, first_source(r->dataset), d->nsources);
+        rc = BW_OUT_OF_RANGE;
+    } else if (rt && rt->placement_version) {
+        uint32_t shard = bw__placement_stream_shard(r->source, d->sources[r->source]->path,
+                                                    rt->num_shards ? rt->num_shards : 1,
+                                                    (bw_shard_mode)rt->shard_mode);
+        rc = check_owner(w, "ReadStream", rt, &shard, 1, err, errlen);
+    }
+    if (rc == BW_OK && (r->seek_record || r->locate_only)) {
+        /* The offset comes from the source's index: no record before it is read. */
+        char why[1024];
+        rc = bw__dataset_locate(d, r->source, r->first_record, &rp->off, why, sizeof(why));
+        if (rc != BW_OK)
+            snprintf(err, errlen, "ReadStream: dataset %s %s: %s", r->dataset->format,
+                     first_source(r->dataset), why);
+        else
+            atomic_fetch_add(&w->stats.records_located, 1);
+    }
+    return checked(rp, rc, out);
+}
+
+int bw__rp_open(bw_worker *w, const char *peer, const ProtobufCMessage *req, bw__rp **out,
+                char *err, size_t errlen)
+{
+    *out = NULL;
+    if (req->descriptor == &batchwire__v1__read_stream_request__descriptor)
+        return open_stream(w, peer, (const void *)req, out, err, errlen);
+    BW_INVARIANT(req->descriptor == &batchwire__v1__read_samples_request__descriptor,
+                 "a read is opened for a ReadSamplesRequest or a ReadStreamRequest");
+    return open_samples(w, peer, (const void *)req, out, err, errlen);
+}

@@ -1,0 +1,86 @@
+/*
+ * The worker's one read path, whatever the transport: bw__rp_open runs every check of a
+ * ReadSamplesRequest or ReadStreamRequest once and returns a read; bw__rp_next yields its
+ * records one at a time, with their bytes in mapped file memory. The gRPC encoder
+ * (sample_stream.c) and the data channel (data_channel.c) both consume it; Data.Stats is
+ * counted here and nowhere else.
+ *
+ * A read is used by one thread at a time; different reads may run at once.
+ */
+#ifndef BW_WORKER_READ_PATH_H
+#define BW_WORKER_READ_PATH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "data.h"
+
+typedef struct bw__rp bw__rp;
+
+/* One record of a read. `rec`'s parts point into mapped file memory (release it with
+ * bw__record_release). */
+typedef struct bw__rp_rec {
+    uint64_t key;    /* ReadSamples: the dataset index; ReadStream: record number in its source */
+    uint64_t offset; /* ReadStream: the record's byte offset in its source */
+    uint64_t next_offset; /* ReadStream: where the record after it starts */
+    bw__record rec;
+} bw__rp_rec;
+
+enum { BW_RP_END = 1 };
+
+/*
+ * Opens a read for `req`, a ReadSamplesRequest or a ReadStreamRequest (its descriptor says
+ * which; borrowed: it must outlive the read). Runs every check once, in this order:
+ *   ReadSamples: index count; dataset opened, indexed and its fingerprint; every index in
+ *                range; ownership of every index's shard (bw__pview_check);
+ *   ReadStream:  dataset opened and its fingerprint; the format is a stream; the source in
+ *                range; ownership of the source's shard; the offset of first_record when
+ *                seek_record or locate_only (counted as located).
+ * BW_OK with *out (close with bw__rp_close), or the error code with a sentence that names the
+ * method, the dataset and the reason ("ReadSamples: dataset npy a.npy: index 70 requested
+ * (position 1) but the dataset has 61 samples"). `peer` is for debug lines. Opening may read
+ * whole files (indexing): never call it on a completion-queue thread.
+ */
+int bw__rp_open(bw_worker *w, const char *peer, const ProtobufCMessage *req, bw__rp **out,
+                char *err, size_t errlen);
+
+/* The first checks of every request: the dataset opened (and indexed when `index`) and its
+ * fingerprint equal to `fingerprint` when that is set. BW_OK with *out (put with bw__ds_put),
+ * or the code with "METHOD: dataset FORMAT SOURCE: reason" in err. Describe uses it alone. */
+int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
+                        const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
+                        bw__wds **out, char *err, size_t errlen);
+
+/* Reads without checks over an open dataset (taken over: put when the read is closed), for
+ * bw__rp_open and tests. `indices` are borrowed. Counts into stats (may be NULL). NULL when out
+ * of memory (e is put). */
+bw__rp *bw__rp_samples(bw__wds *e, const uint64_t *indices, size_t n, bw__data_stats *stats);
+bw__rp *bw__rp_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t first_record,
+                       uint64_t max_records, bw__data_stats *stats);
+
+/* The next record into *out: BW_OK; BW_RP_END when the read is complete; or an error with a
+ * sentence naming the method, the dataset, the file and the offset (the records before it were
+ * good; calling again tries the same record again). */
+int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen);
+
+/* Whether it reads a stream (ReadStream), and whether it only locates (locate_only: no
+ * records; bw__rp_end_offset is first_record's offset). */
+bool bw__rp_is_stream(const bw__rp *rp);
+bool bw__rp_locate_only(const bw__rp *rp);
+
+/* Records yielded so far. */
+uint64_t bw__rp_count(const bw__rp *rp);
+
+/* ReadStream: the byte offset where the record after the last one yielded starts (the
+ * starting offset before any); 0 for ReadSamples. */
+uint64_t bw__rp_end_offset(const bw__rp *rp);
+
+/* The key of the first record (ReadStream: first_record). */
+uint64_t bw__rp_first_key(const bw__rp *rp);
+
+/* Closes the read and puts its dataset. NULL is a no-op. */
+void bw__rp_close(bw__rp *rp);
+
+#endif
