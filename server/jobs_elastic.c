@@ -1,6 +1,6 @@
-/* Elastic resume (DESIGN.md §3.4) and the sampler checks behind it: a job continues with a
- * new world size from a consistent set of cursors, recorded as a new segment of the epoch's
- * world-size history; the sampler core re-shards the rest of the epoch. */
+/* Elastic resume (docs/semantics.md, "Elastic resume") and the plan checks behind it: a job
+ * continues with a new world size from a consistent set of cursors, recorded as a new segment
+ * of the epoch's world-size history; the planner re-shards the rest of the epoch. */
 #include "jobs_int.h"
 
 #include <inttypes.h>
@@ -12,15 +12,22 @@
 #include "common/log.h"
 #include "cursor/cursor.h"
 
-int bw__jobs_sampler(const bw_job *job, uint64_t epoch, bw__sampler **out, char *err, size_t errlen)
+int bw__jobs_plan(const bw_job *job, const Batchwire__V1__WorldSegment *extra, uint64_t epoch,
+                  bw__plan **out, char *err, size_t errlen)
 {
-    const Batchwire__V1__WorldSegment **history = malloc(job->nhistory * sizeof(*history));
-    if (!history)
-        abort();
+    *out = NULL;
+    size_t n = job->nhistory + (extra != NULL);
+    const Batchwire__V1__WorldSegment **history = malloc(n * sizeof(*history));
+    if (!history) {
+        snprintf(err, errlen, "out of memory for the world-size history of job '%s'", job->name);
+        return BW_NOMEM;
+    }
     for (size_t i = 0; i < job->nhistory; i++)
         history[i] = &job->history[i];
-    int rc = bw__job_sampler_new(job->config->sampler, job->dataset->length, history, job->nhistory,
-                                 epoch, true, out, err, errlen);
+    if (extra)
+        history[job->nhistory] = extra;
+    int rc =
+        bw__plan_new_for_job(job->config, job->dataset, history, n, epoch, true, out, err, errlen);
     free(history);
     return rc;
 }
@@ -88,7 +95,7 @@ int bw__jobs_resume(bw_jobs *s, const Batchwire__V1__ResumeElasticRequest *req, 
     pthread_mutex_lock(&s->mu);
     *wait_seq = s->last_seq;
     bw_job *job = bw__jobs_find(s, req->job);
-    bw__sampler *smp = NULL;
+    bw__plan *plan = NULL;
     if (!job) {
         snprintf(err, errlen, "no job named '%s'", req->job);
         rc = BW_NOT_FOUND;
@@ -219,22 +226,22 @@ int bw__jobs_resume(bw_jobs *s, const Batchwire__V1__ResumeElasticRequest *req, 
             rc = BW_FAILED_PRECONDITION;
             goto out;
         }
+        /* The plan of the epoch with this resize recorded must exist: the one every later
+         * plan of the epoch is made from. */
+        Batchwire__V1__WorldSegment seg = BATCHWIRE__V1__WORLD_SEGMENT__INIT;
+        seg.epoch = epoch;
+        seg.start_step = step;
+        seg.world_size = req->world_size;
         char why[512];
-        rc = bw__jobs_sampler(job, epoch, &smp, why, sizeof(why));
-        if (rc == BW_OK)
-            rc = bw__sampler_resize(smp, step, req->world_size, why, sizeof(why));
+        rc = bw__jobs_plan(job, &seg, epoch, &plan, why, sizeof(why));
         if (rc != BW_OK) {
             snprintf(err, errlen,
                      "cannot resume job '%s' at epoch %" PRIu64 " step %" PRIu64
                      " with world size %u: %s",
                      job->name, epoch, step, req->world_size, why);
-            rc = BW_FAILED_PRECONDITION;
+            rc = rc == BW_NOMEM ? BW_NOMEM : BW_FAILED_PRECONDITION;
             goto out;
         }
-        Batchwire__V1__WorldSegment seg = BATCHWIRE__V1__WORLD_SEGMENT__INIT;
-        seg.epoch = epoch;
-        seg.start_step = step;
-        seg.world_size = req->world_size;
         Batchwire__V1__ElasticResumed er = BATCHWIRE__V1__ELASTIC_RESUMED__INIT;
         er.job = job->name;
         er.segment = &seg;
@@ -258,6 +265,6 @@ int bw__jobs_resume(bw_jobs *s, const Batchwire__V1__ResumeElasticRequest *req, 
     *resp = out;
 out:
     pthread_mutex_unlock(&s->mu);
-    bw__sampler_free(smp);
+    bw__plan_free(plan);
     return rc;
 }

@@ -1,13 +1,12 @@
 /* Internals of the jobs state shared by jobs_state.c (records, replay, snapshots),
- * jobs_ops.c (the RPC operations) and jobs_elastic.c (sampler checks, elastic resume). */
+ * jobs_ops.c (the RPC operations) and jobs_elastic.c (plan checks, elastic resume). */
 #ifndef BW_SERVER_JOBS_INT_H
 #define BW_SERVER_JOBS_INT_H
 
 #include <pthread.h>
 
 #include "jobs.h"
-#include "jobs/job_sampler.h"
-#include "sampler/sampler.h"
+#include "jobs/plan.h"
 
 enum { BW_JOB_NAME_MAX = 128, BW_HOST_MAX = 256 };
 
@@ -64,10 +63,12 @@ Batchwire__V1__JobSummary *bw__jobs_summary(bw_arena *arena, const bw_job *job);
 uint8_t *bw__jobs_make_cursor(const bw_job *job, uint32_t rank, uint64_t epoch, uint64_t step,
                               size_t *len);
 
-/* The sampler of `epoch` with the world-size history applied (bw__job_sampler_new, counts
- * only: enough for the checks). */
-int bw__jobs_sampler(const bw_job *job, uint64_t epoch, bw__sampler **out, char *err,
-                     size_t errlen);
+/* The plan of `epoch` (jobs/plan.h, counts only: step counts and checks) from the job's
+ * configuration, dataset and world-size history, with `extra` (NULL: none) appended to the
+ * history: the segment an elastic resume would record. BW_OK, or an error with a sentence in
+ * err (BW_NOMEM when memory ran out). */
+int bw__jobs_plan(const bw_job *job, const Batchwire__V1__WorldSegment *extra, uint64_t epoch,
+                  bw__plan **out, char *err, size_t errlen);
 
 /* "a.b: job has X, request has Y; ..." for every field that differs; "" if none. */
 void bw__jobs_diff(const ProtobufCMessageDescriptor *desc, const ProtobufCMessage *a,

@@ -11,8 +11,6 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "cursor/cursor.h"
-#include "jobs/job_check.h"
-#include "jobs/stream_order.h"
 
 enum { MAX_SOURCES = 4096, MAX_PATH_CHARS = 4096, MAX_BATCH = 1 << 24 };
 
@@ -169,31 +167,27 @@ int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
                     Batchwire__V1__GetOrCreateJobResponse **resp, uint64_t *wait_seq, char *err,
                     size_t errlen)
 {
-    /* The sampler must accept this configuration for this dataset, and give every rank the
-     * same number of batches (DESIGN.md §3.4), or the job is refused now. */
-    bw__sampler_cfg cfg;
-    bw__job_sampler_cfg(req->config->sampler, info->length, req->world_size, &cfg);
+    /* The planner must accept this configuration for this dataset, and give every rank the
+     * same number of batches (docs/semantics.md, "Equal batch counts"), or the job is refused
+     * now. */
+    Batchwire__V1__WorldSegment first = BATCHWIRE__V1__WORLD_SEGMENT__INIT;
+    first.world_size = req->world_size;
+    const Batchwire__V1__WorldSegment *history[1] = {&first};
+    bw__plan *plan = NULL;
     char why[512];
-    int rc = bw__sampler_cfg_check(&cfg, why, sizeof(why));
+    int rc = bw__plan_new_for_job(req->config, info, history, 1, 0, true, &plan, why, sizeof(why));
     if (rc == BW_OK && info->length == 0) {
         snprintf(why, sizeof(why), "the dataset is empty");
         rc = BW_INVALID_ARGUMENT;
     }
-    if (rc == BW_OK)
-        rc = bw__job_check_data(req->config, info, req->world_size, why, sizeof(why));
-    if (rc == BW_OK) {
-        bw__sampler *smp = NULL;
-        cfg.shuffle = false;
-        rc = bw__sampler_new(&smp, &cfg, why, sizeof(why));
-        if (rc == BW_OK && !bw__sampler_equal_batches(smp)) {
-            snprintf(why, sizeof(why),
-                     "ranks would receive different numbers of batches (uneven_batches without "
-                     "drop_last); a DDP job would hang: set drop_last, or leave uneven_batches "
-                     "off");
-            rc = BW_INVALID_ARGUMENT;
-        }
-        bw__sampler_free(smp);
+    if (rc == BW_OK && !bw__plan_equal_batches(plan)) {
+        snprintf(why, sizeof(why),
+                 "ranks would receive different numbers of batches (uneven_batches without "
+                 "drop_last); a DDP job would hang: set drop_last, or leave uneven_batches "
+                 "off");
+        rc = BW_INVALID_ARGUMENT;
     }
+    bw__plan_free(plan);
     if (rc != BW_OK) {
         snprintf(err, errlen,
                  "job '%s' refused: %s (dataset of %" PRIu64 " samples, world size %u)", req->name,
@@ -490,7 +484,7 @@ int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, b
     *wait_seq = s->last_seq;
     bw_job *job;
     bw_rank_state *r;
-    bw__sampler *smp = NULL;
+    bw__plan *plan = NULL;
     uint64_t now = bw__mono_ms();
     rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
     if (rc != BW_OK)
@@ -531,36 +525,12 @@ int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, b
         rc = BW_FAILED_PRECONDITION;
         goto out;
     }
-    rc = bw__jobs_sampler(job, c->epoch, &smp, why, sizeof(why));
+    rc = bw__jobs_plan(job, NULL, c->epoch, &plan, why, sizeof(why));
     if (rc != BW_OK) {
         snprintf(err, errlen, "cannot check the cursor: %s", why);
         goto out;
     }
-    uint64_t end = bw__sampler_end_step(smp, req->rank);
-    const Batchwire__V1__Dataset *ds = job->config ? job->config->dataset : NULL;
-    if (ds && ds->pre_sharded && job->dataset) {
-        /* Pre-sharded: every rank reads its own source, as many steps as the longest one
-         * (padded) or the shortest (drop_last) -- the loader's rule (core/jobs/stream_order). */
-        size_t n = job->dataset->n_sources;
-        uint64_t *counts = calloc(n ? n : 1, sizeof(*counts));
-        bw__preshard ps;
-        if (!counts) {
-            rc = BW_NOMEM;
-            goto out;
-        }
-        for (size_t i = 0; i < n; i++)
-            counts[i] = job->dataset->sources[i]->records;
-        rc = bw__preshard_init(&ps, counts, n, bw__sampler_max_batch(smp),
-                               job->config->sampler && job->config->sampler->drop_last, why,
-                               sizeof(why));
-        if (rc == BW_OK)
-            end = ps.steps;
-        free(counts);
-        if (rc != BW_OK) {
-            snprintf(err, errlen, "cannot check the cursor: %s", why);
-            goto out;
-        }
-    }
+    uint64_t end = bw__plan_end_step(plan, req->rank);
     if (c->step > end) {
         snprintf(err, errlen,
                  "the cursor's step %" PRIu64 " is past the end of epoch %" PRIu64
@@ -591,7 +561,7 @@ int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, b
     }
 out:
     pthread_mutex_unlock(&s->mu);
-    bw__sampler_free(smp);
+    bw__plan_free(plan);
     return rc;
 }
 

@@ -222,6 +222,26 @@ static int join(bw_jobs *s, const char *job, uint32_t rank, uint32_t pid, uint64
     return rc;
 }
 
+/* Creates job `name` over a described dataset (no worker needed); BW_OK or the refusal. */
+static int create(bw_jobs *s, const char *name, Batchwire__V1__JobConfig *cfg,
+                  const Batchwire__V1__DatasetInfo *info, uint32_t world, char *err, size_t errlen)
+{
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    Batchwire__V1__GetOrCreateJobRequest req = BATCHWIRE__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
+    req.name = (char *)name;
+    req.config = cfg;
+    req.world_size = world;
+    Batchwire__V1__GetOrCreateJobResponse *cr;
+    uint64_t ws;
+    bool need = false;
+    int rc = bw__jobs_lookup(s, &req, &a, &cr, &need, &ws, err, errlen);
+    if (rc == BW_OK && need)
+        rc = bw__jobs_create(s, &req, info, &a, &cr, &ws, err, errlen);
+    bw__arena_reset(&a);
+    return rc;
+}
+
 static void build_state(bw_jobs *s)
 {
     bw_arena a;
@@ -235,22 +255,14 @@ static void build_state(bw_jobs *s)
     Batchwire__V1__JobConfig cfg = BATCHWIRE__V1__JOB_CONFIG__INIT;
     cfg.sampler = &sc;
     cfg.synthetic_samples = 1000;
-    Batchwire__V1__GetOrCreateJobRequest req = BATCHWIRE__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
-    req.config = &cfg;
-    req.world_size = 4;
-    Batchwire__V1__GetOrCreateJobResponse *cr;
     char name[16];
     for (int j = 0; j < 3; j++) {
         snprintf(name, sizeof(name), "job%d", j);
-        req.name = name;
-        bool need = false;
-        assert_int_equal(bw__jobs_lookup(s, &req, &a, &cr, &need, &ws, err, sizeof(err)), BW_OK);
-        assert_true(need);
-        assert_int_equal(bw__jobs_create(s, &req, bw__jobs_synthetic_info(&a, 1000), &a, &cr, &ws,
-                                         err, sizeof(err)),
-                         BW_OK);
+        assert_null(bw__jobs_find(s, name));
+        assert_int_equal(
+            create(s, name, &cfg, bw__jobs_synthetic_info(&a, 1000), 4, err, sizeof(err)), BW_OK);
     }
-    uint64_t fp = cr->job->fingerprint;
+    uint64_t fp = bw__jobs_find(s, "job2")->fingerprint;
     uint64_t leases[4];
     for (uint32_t r = 0; r < 4; r++)
         assert_int_equal(join(s, "job2", r, 10 + r, &leases[r]), BW_OK);
@@ -384,13 +396,149 @@ static void test_leave(void **state)
     rm_dir();
 }
 
+/* Commits (epoch 0, step) for rank r of job `name` at world size `world`. */
+static int commit_step(bw_jobs *s, const char *name, uint32_t r, uint32_t world, uint64_t lease,
+                       uint64_t step, char *err, size_t errlen)
+{
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    Batchwire__V1__Cursor c = BATCHWIRE__V1__CURSOR__INIT;
+    c.job_fingerprint = bw__jobs_find(s, name)->fingerprint;
+    c.rank = r;
+    c.world_size = world;
+    c.step = step;
+    size_t len;
+    uint8_t *bin = bw__cursor_encode(&c, &len);
+    assert_non_null(bin);
+    Batchwire__V1__CommitCursorRequest cc = BATCHWIRE__V1__COMMIT_CURSOR_REQUEST__INIT;
+    cc.job = (char *)name;
+    cc.rank = r;
+    cc.lease_id = lease;
+    cc.cursor.data = bin;
+    cc.cursor.len = len;
+    Batchwire__V1__CommitCursorResponse *resp;
+    uint64_t ws;
+    int rc = bw__jobs_commit(s, &cc, &a, &resp, &ws, err, errlen);
+    free(bin);
+    bw__arena_reset(&a);
+    return rc;
+}
+
+/* The coordinator counts steps with the planner: a pre-sharded stream's ranks each have the
+ * longest source's batches (a cursor there is accepted, one past it refused), a pre-sharded
+ * job cannot change its world size, a source without records is refused at creation, and a
+ * feistel-shuffled job is accepted. */
+static void test_plan_checks(void **state)
+{
+    (void)state;
+    fresh_dir();
+    bw_jobs *s = open_jobs();
+    char err[1536];
+    const uint64_t records[4] = {10, 7, 9, 4};
+    Batchwire__V1__SourceInfo src[4];
+    Batchwire__V1__SourceInfo *srcs[4];
+    char *paths[4] = {"p0.jsonl", "p1.jsonl", "p2.jsonl", "p3.jsonl"};
+    for (int i = 0; i < 4; i++) {
+        batchwire__v1__source_info__init(&src[i]);
+        src[i].path = paths[i];
+        src[i].records = records[i];
+        srcs[i] = &src[i];
+    }
+    Batchwire__V1__DatasetInfo info = BATCHWIRE__V1__DATASET_INFO__INIT;
+    info.format = "jsonl";
+    info.length = 30;
+    info.fingerprint = "f";
+    info.sources = srcs;
+    info.n_sources = 4;
+    Batchwire__V1__Dataset ds = BATCHWIRE__V1__DATASET__INIT;
+    ds.format = "jsonl";
+    ds.sources = paths;
+    ds.n_sources = 4;
+    ds.pre_sharded = true;
+    Batchwire__V1__SamplerConfig sc = BATCHWIRE__V1__SAMPLER_CONFIG__INIT;
+    sc.mode = BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE;
+    sc.batch_size = 3;
+    Batchwire__V1__JobConfig cfg = BATCHWIRE__V1__JOB_CONFIG__INIT;
+    cfg.sampler = &sc;
+    cfg.dataset = &ds;
+    if (create(s, "ps", &cfg, &info, 4, err, sizeof(err)) != BW_OK)
+        fail_msg("create: %s", err);
+    /* ceil(10 / 3) = 4 steps for every rank; the whole stream would give ceil(30 / 12) = 3. */
+    for (uint32_t r = 0; r < 4; r++) {
+        uint64_t lease = 0;
+        assert_int_equal(join(s, "ps", r, 50 + r, &lease), BW_OK);
+        assert_int_equal(commit_step(s, "ps", r, 4, lease, 4, err, sizeof(err)), BW_OK);
+        assert_int_equal(commit_step(s, "ps", r, 4, lease, 5, err, sizeof(err)), BW_OUT_OF_RANGE);
+        assert_non_null(strstr(err, "(4 steps)"));
+    }
+    sc.drop_last = true; /* floor(4 / 3) = 1 step for every rank */
+    if (create(s, "ps-drop", &cfg, &info, 4, err, sizeof(err)) != BW_OK)
+        fail_msg("create: %s", err);
+    uint64_t lease = 0;
+    assert_int_equal(join(s, "ps-drop", 2, 60, &lease), BW_OK);
+    assert_int_equal(commit_step(s, "ps-drop", 2, 4, lease, 1, err, sizeof(err)), BW_OK);
+    assert_int_equal(commit_step(s, "ps-drop", 2, 4, lease, 2, err, sizeof(err)), BW_OUT_OF_RANGE);
+
+    /* A pre-sharded job keeps one source per rank: no elastic resume to 3 ranks. */
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    ProtobufCBinaryData cb[4];
+    for (uint32_t r = 0; r < 4; r++) {
+        Batchwire__V1__Cursor c = BATCHWIRE__V1__CURSOR__INIT;
+        c.job_fingerprint = bw__jobs_find(s, "ps")->fingerprint;
+        c.rank = r;
+        c.world_size = 4;
+        c.step = 1;
+        cb[r].data = bw__cursor_encode(&c, &cb[r].len);
+    }
+    Batchwire__V1__ResumeElasticRequest rr = BATCHWIRE__V1__RESUME_ELASTIC_REQUEST__INIT;
+    rr.job = "ps";
+    rr.world_size = 3;
+    rr.cursors = cb;
+    rr.n_cursors = 4;
+    Batchwire__V1__ResumeElasticResponse *rresp;
+    uint64_t ws;
+    assert_int_equal(bw__jobs_resume(s, &rr, &a, &rresp, &ws, err, sizeof(err)),
+                     BW_FAILED_PRECONDITION);
+    assert_non_null(strstr(err, "one source per rank"));
+    assert_int_equal(bw__jobs_find(s, "ps")->nhistory, 1);
+    for (int r = 0; r < 4; r++)
+        free(cb[r].data);
+    bw__arena_reset(&a);
+
+    /* Refused at creation: a rank whose source has no records could not be padded. */
+    src[3].records = 0;
+    info.length = 26;
+    sc.drop_last = false;
+    assert_int_equal(create(s, "ps-empty", &cfg, &info, 4, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "source 3 (rank 3's) has no records"));
+
+    /* A feistel-shuffled job: its step counts need no order. */
+    Batchwire__V1__SamplerConfig fs = BATCHWIRE__V1__SAMPLER_CONFIG__INIT;
+    fs.mode = BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_TORCH;
+    fs.batch_size = 10;
+    fs.shuffle = true;
+    fs.shuffle_algo = BATCHWIRE__V1__SHUFFLE_ALGO__SHUFFLE_ALGO_FEISTEL;
+    Batchwire__V1__JobConfig fc = BATCHWIRE__V1__JOB_CONFIG__INIT;
+    fc.sampler = &fs;
+    fc.synthetic_samples = 1000;
+    bw__arena_init(&a, 0);
+    if (create(s, "feistel", &fc, bw__jobs_synthetic_info(&a, 1000), 4, err, sizeof(err)) != BW_OK)
+        fail_msg("create feistel: %s", err);
+    bw__arena_reset(&a);
+    assert_int_equal(join(s, "feistel", 1, 70, &lease), BW_OK);
+    assert_int_equal(commit_step(s, "feistel", 1, 4, lease, 25, err, sizeof(err)), BW_OK);
+    assert_int_equal(commit_step(s, "feistel", 1, 4, lease, 26, err, sizeof(err)), BW_OUT_OF_RANGE);
+    bw__jobs_close(s);
+    rm_dir();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cursor_codec),
-        cmocka_unit_test(test_diff),
-        cmocka_unit_test(test_replay_rebuilds_state),
-        cmocka_unit_test(test_leave),
+        cmocka_unit_test(test_cursor_codec),          cmocka_unit_test(test_diff),
+        cmocka_unit_test(test_replay_rebuilds_state), cmocka_unit_test(test_leave),
+        cmocka_unit_test(test_plan_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
