@@ -166,7 +166,7 @@ uint8_t *bw__cursor_encode(const Batchwire__V1__Cursor *c, size_t *len)
     *len = body + CHECKSUM_BYTES;
     uint8_t *buf = malloc(*len);
     if (!buf)
-        abort();
+        return NULL;
     batchwire__v1__cursor__pack(&copy, buf);
     uint32_t crc = bw__crc32c(0, buf, body);
     buf[body] = CHECKSUM_TAG;

@@ -28,8 +28,9 @@
 int bw__cursor_decode(const uint8_t *data, size_t len, bw_arena *arena, Batchwire__V1__Cursor **out,
                       char *err, size_t errlen);
 
-/* Packs a cursor (version set to BW_CURSOR_VERSION) into a new malloc'ed buffer; *len is its
- * size. Never fails (aborts on out of memory, as daemons do). */
+/* Packs a cursor (version set to BW_CURSOR_VERSION) into a new malloc'ed buffer (free it);
+ * *len is its size. Returns NULL only when that buffer cannot be allocated: the caller
+ * reports BW_NOMEM. */
 uint8_t *bw__cursor_encode(const Batchwire__V1__Cursor *c, size_t *len);
 
 /* Writes the text form of binary cursor bytes into out (NUL-terminated). Returns the length

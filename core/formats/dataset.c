@@ -193,11 +193,13 @@ static int layouts_agree(bw__dataset *d, char *err, size_t errlen)
     return BW_OK;
 }
 
-static void fingerprint(bw__dataset *d)
+static int fingerprint(bw__dataset *d, char *err, size_t errlen)
 {
     EVP_MD_CTX *h = EVP_MD_CTX_new();
-    if (!h)
-        abort();
+    if (!h) {
+        snprintf(err, errlen, "out of memory computing the dataset's fingerprint");
+        return BW_NOMEM;
+    }
     EVP_DigestInit_ex(h, EVP_sha256(), NULL);
     EVP_DigestUpdate(h, d->ops->name, strlen(d->ops->name) + 1);
     for (size_t i = 0; i < d->nsources; i++) {
@@ -216,6 +218,7 @@ static void fingerprint(bw__dataset *d)
     EVP_MD_CTX_free(h);
     for (int i = 0; i < 16; i++)
         snprintf(d->fingerprint + 2 * i, 3, "%02x", md[i]);
+    return BW_OK;
 }
 
 int bw__dataset_open(const char *root, const char *format, const char *const *patterns,
@@ -237,8 +240,10 @@ int bw__dataset_open(const char *root, const char *format, const char *const *pa
         return BW_INVALID_ARGUMENT;
     }
     bw__dataset *d = calloc(1, sizeof(*d));
-    if (!d)
+    if (!d) {
+        snprintf(err, errlen, "out of memory opening a %s dataset", format);
         return BW_NOMEM;
+    }
     d->ops = ops;
     pthread_mutex_init(&d->mu, NULL);
     int rc = BW_OK;
@@ -257,9 +262,10 @@ int bw__dataset_open(const char *root, const char *format, const char *const *pa
             if (rc == BW_OK && d->nsources == cap) {
                 cap = cap ? cap * 2 : 8;
                 bw__source **ns = realloc(d->sources, cap * sizeof(*ns));
-                if (!ns)
+                if (!ns) {
+                    snprintf(err, errlen, "out of memory for %zu sources", cap);
                     rc = BW_NOMEM;
-                else
+                } else
                     d->sources = ns;
             }
             bw__source *s = NULL;
@@ -275,11 +281,12 @@ int bw__dataset_open(const char *root, const char *format, const char *const *pa
     }
     if (rc == BW_OK)
         rc = layouts_agree(d, err, errlen);
+    if (rc == BW_OK)
+        rc = fingerprint(d, err, errlen);
     if (rc != BW_OK) {
         bw__dataset_free(d);
         return rc;
     }
-    fingerprint(d);
     *out = d;
     return BW_OK;
 }

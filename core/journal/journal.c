@@ -128,8 +128,10 @@ int bw__journal_append(bw_journal *j, const void *data, size_t len, uint64_t *se
         while (cap < need)
             cap *= 2;
         uint8_t *np = realloc(j->pending, cap);
-        if (!np)
-            abort(); /* daemons abort on OOM */
+        if (!np) {
+            pthread_mutex_unlock(&j->mu);
+            return BW_NOMEM; /* nothing queued: the caller's change is not made */
+        }
         j->pending = np;
         j->pcap = cap;
     }
@@ -156,10 +158,16 @@ void bw__journal_when_durable(bw_journal *j, uint64_t seq, bw_journal_done_fn fn
         return;
     }
     if (j->nwaiters == j->wcap) {
-        j->wcap = j->wcap ? j->wcap * 2 : 64;
-        j->waiters = realloc(j->waiters, j->wcap * sizeof(*j->waiters));
-        if (!j->waiters)
-            abort();
+        size_t cap = j->wcap ? j->wcap * 2 : 64;
+        bw_journal_waiter *w = realloc(j->waiters, cap * sizeof(*w));
+        if (!w) {
+            /* The record stays queued and becomes durable; only this wait is given up. */
+            pthread_mutex_unlock(&j->mu);
+            fn(arg, BW_NOMEM);
+            return;
+        }
+        j->waiters = w;
+        j->wcap = cap;
     }
     j->waiters[j->nwaiters++] = (bw_journal_waiter){seq, fn, arg};
     pthread_mutex_unlock(&j->mu);
@@ -200,16 +208,24 @@ static void run_settled(bw_journal *j)
     }
 }
 
-static int push_old(bw_journal *j, uint64_t first)
+/* Under j->mu: room for one more retired file, so that the writer never allocates. */
+static int reserve_old(bw_journal *j)
 {
-    if (j->nold == j->oldcap) {
-        j->oldcap = j->oldcap ? j->oldcap * 2 : 8;
-        j->old = realloc(j->old, j->oldcap * sizeof(*j->old));
-        if (!j->old)
-            abort();
-    }
+    if (j->nold < j->oldcap)
+        return BW_OK;
+    size_t cap = j->oldcap ? j->oldcap * 2 : 8;
+    uint64_t *old = realloc(j->old, cap * sizeof(*old));
+    if (!old)
+        return BW_NOMEM;
+    j->old = old;
+    j->oldcap = cap;
+    return BW_OK;
+}
+
+static void push_old(bw_journal *j, uint64_t first)
+{
+    BW_INVARIANT(j->nold < j->oldcap, "a rotation reserved room for the file it retires");
     j->old[j->nold++] = first;
-    return 0;
 }
 
 static void *writer(void *arg)
@@ -336,10 +352,15 @@ int bw__journal_rotate(bw_journal *j, uint64_t *snapshot_seq)
         pthread_mutex_unlock(&j->mu);
         return rc;
     }
+    /* A current file with no record in it already starts at the right seq. */
+    bool rotate = j->file_first != j->next_seq;
+    if (rotate && reserve_old(j) != BW_OK) {
+        pthread_mutex_unlock(&j->mu);
+        return BW_NOMEM;
+    }
     *snapshot_seq = j->next_seq - 1;
     j->bytes_since_snapshot = 0;
-    /* A current file with no record in it already starts at the right seq. */
-    if (j->file_first != j->next_seq) {
+    if (rotate) {
         j->rotate_pending = true;
         j->rotate_at = j->plen;
         j->rotate_seq = j->next_seq;

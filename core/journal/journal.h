@@ -45,7 +45,8 @@ typedef struct bw_journal bw_journal;
 typedef int (*bw_journal_snapshot_fn)(void *user, uint64_t seq, const uint8_t *data, size_t len,
                                       char *err, size_t errlen);
 
-/* Receives each record after the snapshot, in order. An error marks the record as corrupt. */
+/* Receives each record after the snapshot, in order. An error marks the record as corrupt,
+ * except BW_NOMEM: the record is not at fault, and the open stops with BW_NOMEM. */
 typedef int (*bw_journal_record_fn)(void *user, uint64_t seq, const uint8_t *data, size_t len,
                                     char *err, size_t errlen);
 
@@ -61,7 +62,7 @@ typedef struct bw_journal_report {
 /*
  * Opens (creating if needed) the journal in `dir` (which must exist and be locked by the
  * caller), replays it into the callbacks and starts the writer thread. `truncate_at` may be
- * NULL. On error returns BW_CORRUPT (with file and offset in err), BW_IO or
+ * NULL. On error returns BW_CORRUPT (with file and offset in err), BW_IO, BW_NOMEM or
  * BW_INVALID_ARGUMENT, and nothing is left open.
  */
 int bw__journal_open(const char *dir, const char *truncate_at, bw_journal_snapshot_fn on_snapshot,
@@ -75,16 +76,18 @@ void bw__journal_close(bw_journal *j);
 /* The seq the next appended record will get. */
 uint64_t bw__journal_next_seq(bw_journal *j);
 
-/* Queues a record (copied). Returns BW_OK with its seq in *seq, BW_TOO_BIG, or BW_IO once the
- * journal has failed (see bw__journal_failed). */
+/* Queues a record (copied). Returns BW_OK with its seq in *seq, BW_TOO_BIG, BW_NOMEM (nothing
+ * queued), or BW_IO once the journal has failed (see bw__journal_failed). */
 int bw__journal_append(bw_journal *j, const void *data, size_t len, uint64_t *seq);
 
-/* Called with BW_OK once every record up to the seq given is durable, or with BW_IO if the
- * journal failed first. */
+/* Called with BW_OK once every record up to the seq given is durable, with BW_IO if the
+ * journal failed first, or with BW_NOMEM when the wait could not be recorded (the records
+ * still become durable; only this notice is lost). */
 typedef void (*bw_journal_done_fn)(void *arg, int rc);
 
 /* Runs fn(arg, rc) once record `seq` is durable: at once, in the calling thread, when it
- * already is (or the journal has failed); otherwise later, on the writer thread. */
+ * already is (or the journal has failed, or memory for the wait ran out: rc BW_NOMEM);
+ * otherwise later, on the writer thread. */
 void bw__journal_when_durable(bw_journal *j, uint64_t seq, bw_journal_done_fn fn, void *arg);
 
 /* Blocks until record `seq` is durable; returns BW_OK or BW_IO. */
@@ -103,8 +106,9 @@ uint64_t bw__journal_bytes_since_snapshot(bw_journal *j);
 /*
  * Compaction, step 1: records appended from now on go to a new file. Call it in the same
  * critical section in which the state that the snapshot will hold is captured, so that the
- * snapshot's seq is bw__journal_next_seq() - 1 at that moment. Returns BW_OK, or
- * BW_UNAVAILABLE while a previous rotation is still pending.
+ * snapshot's seq is bw__journal_next_seq() - 1 at that moment. Returns BW_OK,
+ * BW_UNAVAILABLE while a previous rotation is still pending, BW_NOMEM (nothing rotated), or
+ * BW_IO once the journal has failed.
  */
 int bw__journal_rotate(bw_journal *j, uint64_t *snapshot_seq);
 

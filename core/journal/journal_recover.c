@@ -44,7 +44,8 @@ static void note(bw_journal_report *r, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Reads a whole file; *buf is malloc'ed (NULL for an empty file). */
+/* Reads a whole file; *buf is malloc'ed (NULL for an empty file). -1 with errno set on
+ * failure (ENOMEM when the buffer cannot be allocated). */
 static int read_file(int dirfd, const char *name, uint8_t **buf, size_t *len)
 {
     *buf = NULL;
@@ -59,8 +60,11 @@ static int read_file(int dirfd, const char *name, uint8_t **buf, size_t *len)
     }
     size_t size = (size_t)st.st_size, got = 0;
     uint8_t *b = size ? malloc(size) : NULL;
-    if (size && !b)
-        abort();
+    if (size && !b) {
+        close(fd);
+        errno = ENOMEM;
+        return -1;
+    }
     while (got < size) {
         ssize_t n = read(fd, b + got, size - got);
         if (n < 0 && errno == EINTR)
@@ -78,6 +82,12 @@ static int read_file(int dirfd, const char *name, uint8_t **buf, size_t *len)
     *buf = b;
     *len = size;
     return 0;
+}
+
+/* The code for a read_file failure: the file's fault or the machine's. */
+static int read_error(void)
+{
+    return errno == ENOMEM ? BW_NOMEM : BW_IO;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -108,9 +118,14 @@ static int list_dir(loader *L)
             continue;
         if (L->nfiles == cap) {
             cap = cap ? cap * 2 : 8;
-            L->files = realloc(L->files, cap * sizeof(*L->files));
-            if (!L->files)
-                abort();
+            uint64_t *files = realloc(L->files, cap * sizeof(*files));
+            if (!files) {
+                closedir(d);
+                snprintf(L->err, L->errlen, "journal %s: out of memory listing %zu files",
+                         L->j->dir, cap);
+                return BW_NOMEM;
+            }
+            L->files = files;
         }
         L->files[L->nfiles++] = strtoull(n + 8, NULL, 10);
     }
@@ -128,9 +143,10 @@ static int load_snapshot(loader *L, uint64_t *snap_seq)
     if (read_file(L->j->dirfd, "snapshot", &b, &len) != 0) {
         if (errno == ENOENT)
             return BW_OK;
+        int rc = read_error();
         snprintf(L->err, L->errlen, "snapshot %s/snapshot: cannot read: %s", L->j->dir,
                  strerror(errno));
-        return BW_IO;
+        return rc;
     }
     int rc = BW_OK;
     const char *why = NULL;
@@ -237,9 +253,10 @@ static int apply_truncation(loader *L)
     uint8_t *b;
     size_t size;
     if (read_file(L->j->dirfd, name, &b, &size) != 0) {
+        int rc = read_error();
         snprintf(L->err, L->errlen, "journal %s/%s: cannot read: %s", L->j->dir, name,
                  strerror(errno));
-        return BW_IO;
+        return rc;
     }
     if (off < BW_JOURNAL_HEADER || off > size) {
         snprintf(L->err, L->errlen,
@@ -296,9 +313,10 @@ static int replay_file(loader *L, size_t idx, uint64_t *expected, uint64_t *end_
     uint8_t *b;
     size_t size;
     if (read_file(j->dirfd, name, &b, &size) != 0) {
+        int rc = read_error();
         snprintf(L->err, L->errlen, "journal %s/%s: cannot read: %s", j->dir, name,
                  strerror(errno));
-        return BW_IO;
+        return rc;
     }
     int rc = BW_OK;
     if (size < BW_JOURNAL_HEADER || memcmp(b, BW_JOURNAL_FILE_MAGIC, 8) != 0 ||
@@ -320,6 +338,11 @@ static int replay_file(loader *L, size_t idx, uint64_t *expected, uint64_t *end_
             if (seq >= *expected) {
                 char why[512];
                 rc = L->on_record(L->user, seq, b + off + BW_RECORD_HEADER, len, why, sizeof(why));
+                if (rc == BW_NOMEM) { /* the machine's fault, not the record's */
+                    snprintf(L->err, L->errlen, "journal %s/%s: record %" PRIu64 ": %s", j->dir,
+                             name, seq, why);
+                    goto out;
+                }
                 if (rc != BW_OK) {
                     rc = corrupt(L, name, off, why);
                     goto out;
@@ -363,15 +386,22 @@ int bw__journal_open(const char *dir, const char *truncate_at, bw_journal_snapsh
     *out = NULL;
     memset(report, 0, sizeof(*report));
     bw_journal *j = calloc(1, sizeof(*j));
-    if (!j)
-        abort();
+    if (!j) {
+        snprintf(err, errlen, "journal %s: out of memory", dir);
+        return BW_NOMEM;
+    }
     j->fd = -1;
-    j->dir = strdup(dir);
+    j->dirfd = -1;
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->wake, NULL);
     pthread_cond_init(&j->done, NULL);
+    if (!(j->dir = strdup(dir))) {
+        snprintf(err, errlen, "journal %s: out of memory", dir);
+        bw__journal_free(j);
+        return BW_NOMEM;
+    }
     j->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (!j->dir || j->dirfd < 0) {
+    if (j->dirfd < 0) {
         snprintf(err, errlen, "journal %s: cannot open the directory: %s", dir, strerror(errno));
         bw__journal_free(j);
         return BW_IO;
@@ -435,11 +465,14 @@ int bw__journal_open(const char *dir, const char *truncate_at, bw_journal_snapsh
                 bw__journal_file_name(L.files[i], name, sizeof(name));
                 unlinkat(j->dirfd, name, 0);
             } else {
-                j->nold++;
-                j->old = realloc(j->old, j->nold * sizeof(*j->old));
-                if (!j->old)
-                    abort();
-                j->old[j->nold - 1] = L.files[i];
+                uint64_t *old = realloc(j->old, (j->nold + 1) * sizeof(*old));
+                if (!old) {
+                    snprintf(err, errlen, "journal %s: out of memory", dir);
+                    rc = BW_NOMEM;
+                    break;
+                }
+                j->old = old;
+                j->old[j->nold++] = L.files[i];
                 j->oldcap = j->nold;
             }
         }

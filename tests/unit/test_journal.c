@@ -1,5 +1,6 @@
 /* The journal: round trip, group commit, a torn tail at every byte offset of the last record,
- * a flipped bit anywhere in a middle record, truncation on request, snapshot plus tail,
+ * a flipped bit anywhere in a middle record, a record the state rejects or cannot apply for
+ * want of memory, truncation on request, snapshot plus tail,
  * interrupted compaction, and the state directory's lock. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -31,6 +32,7 @@ typedef struct seen {
     uint64_t seqs[4096];
     char recs[4096][48];
     int reject_seq; /* a record the "state" refuses (0: none) */
+    int reject_rc;  /* with this code (0: BW_CORRUPT) */
 } seen;
 
 static int on_snap(void *user, uint64_t seq, const uint8_t *data, size_t len, char *err,
@@ -50,7 +52,7 @@ static int on_rec(void *user, uint64_t seq, const uint8_t *data, size_t len, cha
     seen *s = user;
     if (s->reject_seq && (uint64_t)s->reject_seq == seq) {
         snprintf(err, errlen, "record %llu makes no sense", (unsigned long long)seq);
-        return BW_CORRUPT;
+        return s->reject_rc ? s->reject_rc : BW_CORRUPT;
     }
     s->seqs[s->n] = seq;
     snprintf(s->recs[s->n], sizeof(s->recs[0]), "%.*s", (int)len, (const char *)data);
@@ -350,6 +352,36 @@ static void test_rejected_record(void **state)
     rm_dir();
 }
 
+/* A state that runs out of memory applying a record stops the open with BW_NOMEM: the record
+ * is not called corrupt, no truncation is offered, and nothing on disk changes. */
+static void test_record_out_of_memory(void **state)
+{
+    (void)state;
+    fresh_dir();
+    write_records(3, NULL);
+    char path[600];
+    path_of(1, path, sizeof(path));
+    long size = file_size(path);
+    seen s;
+    memset(&s, 0, sizeof(s));
+    s.reject_seq = 2;
+    s.reject_rc = BW_NOMEM;
+    bw_journal *j = NULL;
+    bw_journal_report rep;
+    char err[1024];
+    int rc = bw__journal_open(dir, NULL, on_snap, on_rec, &s, &j, &rep, err, sizeof(err));
+    assert_int_equal(rc, BW_NOMEM);
+    assert_null(j);
+    assert_non_null(strstr(err, "record 2: record 2 makes no sense"));
+    assert_null(strstr(err, "corrupt"));
+    assert_null(strstr(err, "--truncate-journal-at"));
+    assert_int_equal(file_size(path), size);
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.n, 3);
+    bw__journal_close(j);
+    rm_dir();
+}
+
 static void test_snapshot_and_tail(void **state)
 {
     (void)state;
@@ -520,6 +552,7 @@ int main(void)
         cmocka_unit_test(test_torn_tail_every_offset),
         cmocka_unit_test(test_flipped_bit_in_the_middle),
         cmocka_unit_test(test_rejected_record),
+        cmocka_unit_test(test_record_out_of_memory),
         cmocka_unit_test(test_snapshot_and_tail),
         cmocka_unit_test(test_interrupted_compaction),
         cmocka_unit_test(test_state_dir_lock),
