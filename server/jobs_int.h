@@ -50,16 +50,17 @@ struct bw_jobs {
 /* Under s->mu: the job called name, or NULL. */
 bw_job *bw__jobs_find(bw_jobs *s, const char *name);
 
-/* Under s->mu: gives `rec` the next seq, applies it, and queues it in the journal. On
- * error (a record that does not apply is a bug in the caller's validation, or the journal
- * failed) nothing changed. */
+/* Under s->mu: gives `rec` the next seq, applies it, and queues it in the journal. On error
+ * nothing changed: BW_NOMEM (memory ran out: an error answer, retry), BW_TOO_BIG,
+ * BW_UNAVAILABLE (the journal failed), or BW_INTERNAL (a record that does not apply is a bug
+ * in the caller's validation); err says which. */
 int bw__jobs_commit_record(bw_jobs *s, Batchwire__V1__JournalRecord *rec, char *err, size_t errlen);
 
 /* The job's summary for answers, in `arena` (config and dataset are borrowed: immutable). */
 Batchwire__V1__JobSummary *bw__jobs_summary(bw_arena *arena, const bw_job *job);
 
 /* The cursor a rank starts from when it has committed none: (epoch, step) with the job's
- * current world size. malloc'ed. */
+ * current world size. malloc'ed; NULL when memory ran out. */
 uint8_t *bw__jobs_make_cursor(const bw_job *job, uint32_t rank, uint64_t epoch, uint64_t step,
                               size_t *len);
 
@@ -74,10 +75,12 @@ int bw__jobs_plan(const bw_job *job, const Batchwire__V1__WorldSegment *extra, u
 void bw__jobs_diff(const ProtobufCMessageDescriptor *desc, const ProtobufCMessage *a,
                    const ProtobufCMessage *b, char *out, size_t outlen);
 
-/* The job's fingerprint: SHA-256 of its name, configuration and dataset description, first
- * 8 bytes; never 0. Two jobs with one configuration still differ. */
-uint64_t bw__jobs_fingerprint(const char *name, const Batchwire__V1__JobConfig *cfg,
-                              const Batchwire__V1__DatasetInfo *info);
+/* The job's fingerprint into *out: SHA-256 of its name, configuration and dataset
+ * description, first 8 bytes; never 0. Two jobs with one configuration still differ. BW_OK, or
+ * BW_NOMEM with a sentence in err. */
+int bw__jobs_fingerprint(const char *name, const Batchwire__V1__JobConfig *cfg,
+                         const Batchwire__V1__DatasetInfo *info, uint64_t *out, char *err,
+                         size_t errlen);
 
 /* Printable, 1..max-1 bytes of letters, digits and -_.:/@+ ; writes why not to err. */
 int bw__jobs_check_name(const char *what, const char *s, size_t max, char *err, size_t errlen);

@@ -212,13 +212,14 @@ int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
     c.name = req->name;
     c.config = req->config;
     c.dataset = (Batchwire__V1__DatasetInfo *)info;
-    c.fingerprint = bw__jobs_fingerprint(req->name, req->config, info);
     c.world_size = req->world_size;
     c.created_unix_ms = bw__unix_ms();
     Batchwire__V1__JournalRecord rec = BATCHWIRE__V1__JOURNAL_RECORD__INIT;
     rec.change_case = BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_CREATED;
     rec.job_created = &c;
-    rc = bw__jobs_commit_record(s, &rec, err, errlen);
+    rc = bw__jobs_fingerprint(req->name, req->config, info, &c.fingerprint, err, errlen);
+    if (rc == BW_OK)
+        rc = bw__jobs_commit_record(s, &rec, err, errlen);
     if (rc == BW_OK) {
         *wait_seq = s->last_seq;
         Batchwire__V1__GetOrCreateJobResponse *out = bw__arena_alloc(arena, sizeof(*out));
@@ -362,14 +363,16 @@ int bw__jobs_join(bw_jobs *s, const Batchwire__V1__JoinJobRequest *req, bw_arena
         size_t len = 0;
         uint8_t *c = r->committed ? r->cursor : bw__jobs_make_cursor(job, req->rank, 0, 0, &len);
         len = r->committed ? r->cursor_len : len;
-        out->cursor.data = bw__arena_alloc(arena, len ? len : 1);
+        out->cursor.data = c ? bw__arena_alloc(arena, len ? len : 1) : NULL;
         if (out->cursor.data)
             memcpy(out->cursor.data, c, len);
         out->cursor.len = len;
         if (!r->committed)
             free(c);
-        if (!out->job || !out->cursor.data)
+        if (!out->job || !out->cursor.data) {
+            snprintf(err, errlen, "out of memory answering the join of rank %u: retry", req->rank);
             rc = BW_NOMEM;
+        }
     }
     pthread_mutex_unlock(&s->mu);
     if (rc == BW_OK) {
@@ -541,6 +544,11 @@ int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, b
     }
     size_t len;
     uint8_t *bin = bw__cursor_encode(c, &len); /* stored in binary, whatever form it came in */
+    if (!bin) {
+        snprintf(err, errlen, "out of memory encoding the cursor: retry");
+        rc = BW_NOMEM;
+        goto out;
+    }
     Batchwire__V1__CursorCommitted cc = BATCHWIRE__V1__CURSOR_COMMITTED__INIT;
     cc.job = job->name;
     cc.rank = req->rank;

@@ -25,7 +25,11 @@ static void reply_durable(void *arg, int jrc)
 {
     reply *r = arg;
     int rc = r->rc;
-    if (jrc != BW_OK)
+    if (jrc == BW_NOMEM)
+        rc = bw__rpc_fail(r->call, BW_NOMEM,
+                          "the coordinator ran out of memory waiting for this change to be "
+                          "durable: retry");
+    else if (jrc != BW_OK)
         rc = bw__rpc_fail(r->call, BW_UNAVAILABLE,
                           "the coordinator's journal failed before this change was durable; it "
                           "restarts from what is on disk: retry");
@@ -180,8 +184,10 @@ int bw__jobs_on_get_or_create(void *user, bw_rpc_call *call, const ProtobufCMess
                     (unsigned long long)out->job->fingerprint);
     } else if (rc == BW_OK && need_describe) {
         create_task *t = calloc(1, sizeof(*t));
-        if (!t)
-            abort();
+        if (!t) {
+            snprintf(err, sizeof(err), "out of memory starting to describe the dataset: retry");
+            return answer(c, call, "GetOrCreateJob", BW_NOMEM, NULL, wait_seq, err);
+        }
         *t = (create_task){c, call, r};
         pthread_t th;
         pthread_attr_t attr;
@@ -190,10 +196,18 @@ int bw__jobs_on_get_or_create(void *user, bw_rpc_call *call, const ProtobufCMess
         pthread_mutex_lock(&tasks_mu);
         tasks_running++;
         pthread_mutex_unlock(&tasks_mu);
-        if (pthread_create(&th, &attr, create_thread, t) != 0)
-            abort();
+        int e = pthread_create(&th, &attr, create_thread, t);
         pthread_attr_destroy(&attr);
-        return BW_RPC_DEFERRED;
+        if (e == 0)
+            return BW_RPC_DEFERRED;
+        pthread_mutex_lock(&tasks_mu);
+        tasks_running--;
+        pthread_cond_broadcast(&tasks_cv);
+        pthread_mutex_unlock(&tasks_mu);
+        free(t);
+        snprintf(err, sizeof(err), "cannot start a thread to describe the dataset (%s): retry",
+                 strerror(e));
+        return answer(c, call, "GetOrCreateJob", BW_UNAVAILABLE, NULL, wait_seq, err);
     }
     return answer(c, call, "GetOrCreateJob", rc, out ? &out->base : NULL, wait_seq, err);
 }

@@ -12,6 +12,7 @@
 #include <openssl/evp.h>
 
 #include "batchwire/batchwire.h"
+#include "common/log.h"
 #include "common/util.h"
 #include "cursor/cursor.h"
 
@@ -36,18 +37,17 @@ void bw__jobs_set_placement(bw_jobs *s, bw_jobs_placement_fn fn, void *user)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* A deep copy owned by the default allocator (free with protobuf_c_message_free_unpacked). */
+/* A deep copy owned by the default allocator (free with protobuf_c_message_free_unpacked);
+ * NULL when memory ran out. */
 static ProtobufCMessage *dup_msg(const ProtobufCMessage *m)
 {
     size_t len = protobuf_c_message_get_packed_size(m);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf)
-        abort();
+        return NULL;
     protobuf_c_message_pack(m, buf);
     ProtobufCMessage *copy = protobuf_c_message_unpack(m->descriptor, NULL, len, buf);
     free(buf);
-    if (!copy)
-        abort();
     return copy;
 }
 
@@ -57,13 +57,18 @@ static void rank_clear(bw_rank_state *r)
     memset(r, 0, sizeof(*r));
 }
 
+static void ranks_free(bw_rank_state *ranks, uint32_t n)
+{
+    for (uint32_t r = 0; ranks && r < n; r++)
+        free(ranks[r].cursor);
+    free(ranks);
+}
+
 static void job_free(bw_job *job)
 {
     if (!job)
         return;
-    for (uint32_t r = 0; job->ranks && r < job->world_size; r++)
-        free(job->ranks[r].cursor);
-    free(job->ranks);
+    ranks_free(job->ranks, job->world_size);
     free(job->history);
     if (job->config)
         protobuf_c_message_free_unpacked(&job->config->base, NULL);
@@ -73,38 +78,69 @@ static void job_free(bw_job *job)
     free(job);
 }
 
-uint8_t *bw__jobs_make_cursor(const bw_job *job, uint32_t rank, uint64_t epoch, uint64_t step,
-                              size_t *len)
+/* A rank's cursor at (epoch, step) of world size `world`; NULL when memory ran out. */
+static uint8_t *cursor_at(const bw_job *job, uint32_t world, uint32_t rank, uint64_t epoch,
+                          uint64_t step, size_t *len)
 {
     Batchwire__V1__Cursor c = BATCHWIRE__V1__CURSOR__INIT;
     c.job = job->name;
     c.job_fingerprint = job->fingerprint;
     c.rank = rank;
-    c.world_size = job->world_size;
+    c.world_size = world;
     c.epoch = epoch;
     c.step = step;
     return bw__cursor_encode(&c, len);
 }
 
-static int push_segment(bw_job *job, uint64_t epoch, uint64_t start, uint32_t world)
+uint8_t *bw__jobs_make_cursor(const bw_job *job, uint32_t rank, uint64_t epoch, uint64_t step,
+                              size_t *len)
+{
+    return cursor_at(job, job->world_size, rank, epoch, step, len);
+}
+
+/* Room for one more history segment (the history itself is unchanged). */
+static int reserve_segment(bw_job *job)
 {
     Batchwire__V1__WorldSegment *h =
         realloc(job->history, (job->nhistory + 1) * sizeof(*job->history));
     if (!h)
-        abort();
+        return BW_NOMEM;
     job->history = h;
-    batchwire__v1__world_segment__init(&h[job->nhistory]);
-    h[job->nhistory].epoch = epoch;
-    h[job->nhistory].start_step = start;
-    h[job->nhistory].world_size = world;
-    job->nhistory++;
     return BW_OK;
 }
 
-static int add_job(bw_jobs *s, const char *name, const Batchwire__V1__JobConfig *config,
-                   const Batchwire__V1__DatasetInfo *dataset, uint64_t fingerprint, uint32_t world,
-                   uint64_t created, bw_job **out, char *err, size_t errlen)
+/* Appends a segment into the room reserve_segment made. */
+static void append_segment(bw_job *job, uint64_t epoch, uint64_t start, uint32_t world)
 {
+    Batchwire__V1__WorldSegment *g = &job->history[job->nhistory++];
+    batchwire__v1__world_segment__init(g);
+    g->epoch = epoch;
+    g->start_step = start;
+    g->world_size = world;
+}
+
+/* Room for one more job in the table (the table itself is unchanged). */
+static int reserve_job(bw_jobs *s)
+{
+    if (s->njobs < s->cap)
+        return BW_OK;
+    size_t cap = s->cap ? s->cap * 2 : 16;
+    bw_job **jobs = realloc(s->jobs, cap * sizeof(*jobs));
+    if (!jobs)
+        return BW_NOMEM;
+    s->jobs = jobs;
+    s->cap = cap;
+    return BW_OK;
+}
+
+/* Checks a job against the state and builds it with room for `nsegments` history segments
+ * and a place in the table, but does not insert it: BW_CORRUPT or BW_NOMEM with a sentence,
+ * and then nothing changed. */
+static int make_job(bw_jobs *s, const char *name, const Batchwire__V1__JobConfig *config,
+                    const Batchwire__V1__DatasetInfo *dataset, uint64_t fingerprint, uint32_t world,
+                    uint64_t created, size_t nsegments, bw_job **out, char *err, size_t errlen)
+{
+    *out = NULL;
     if (!name || !*name || !config || !dataset || world == 0) {
         snprintf(err, errlen, "job record lacks a name, configuration, dataset or world size");
         return BW_CORRUPT;
@@ -114,25 +150,30 @@ static int add_job(bw_jobs *s, const char *name, const Batchwire__V1__JobConfig 
         return BW_CORRUPT;
     }
     bw_job *job = calloc(1, sizeof(*job));
-    if (!job || !(job->name = strdup(name)))
-        abort();
-    job->config = (Batchwire__V1__JobConfig *)dup_msg(&config->base);
-    job->dataset = (Batchwire__V1__DatasetInfo *)dup_msg(&dataset->base);
+    if (job) {
+        job->name = strdup(name);
+        job->config = (Batchwire__V1__JobConfig *)dup_msg(&config->base);
+        job->dataset = (Batchwire__V1__DatasetInfo *)dup_msg(&dataset->base);
+        job->world_size = world;
+        job->ranks = calloc(world, sizeof(*job->ranks));
+        job->history = calloc(nsegments ? nsegments : 1, sizeof(*job->history));
+    }
+    if (!job || !job->name || !job->config || !job->dataset || !job->ranks || !job->history ||
+        reserve_job(s) != BW_OK) {
+        job_free(job);
+        snprintf(err, errlen, "out of memory for job '%s' (world size %u)", name, world);
+        return BW_NOMEM;
+    }
     job->fingerprint = fingerprint;
     job->created_unix_ms = created;
-    job->world_size = world;
-    job->ranks = calloc(world, sizeof(*job->ranks));
-    if (!job->ranks)
-        abort();
-    if (s->njobs == s->cap) {
-        s->cap = s->cap ? s->cap * 2 : 16;
-        s->jobs = realloc(s->jobs, s->cap * sizeof(*s->jobs));
-        if (!s->jobs)
-            abort();
-    }
-    s->jobs[s->njobs++] = job;
     *out = job;
     return BW_OK;
+}
+
+/* Inserts a job make_job built (its place is reserved). */
+static void insert_job(bw_jobs *s, bw_job *job)
+{
+    s->jobs[s->njobs++] = job;
 }
 
 static int find_rank(bw_jobs *s, const char *name, uint32_t rank, bw_job **job, bw_rank_state **r,
@@ -152,47 +193,123 @@ static int find_rank(bw_jobs *s, const char *name, uint32_t rank, bw_job **job, 
     return BW_OK;
 }
 
-/* Applies one record. Validation happened before (live) or the journal vouches for it
- * (replay); an error here means the record contradicts the state. */
-static int apply(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, char *err, size_t errlen)
+/*
+ * Applying a record is two steps, so that it applies whole or not at all: prepare checks the
+ * record against the state and allocates everything the change needs (an error here changes
+ * nothing: BW_CORRUPT when the record contradicts the state, BW_NOMEM when memory ran out);
+ * install then makes the change and cannot fail. Between the two the live path journals the
+ * record, so the state never holds a change the journal lacks.
+ */
+typedef struct prepared {
+    bw_job *job;          /* the record's job (JOB_CREATED: built, not yet in the table) */
+    bw_rank_state *rank;  /* RANK_JOINED, RANK_LEFT, CURSOR_COMMITTED: the record's rank */
+    uint8_t *cursor;      /* CURSOR_COMMITTED: the cursor's copy */
+    bw_rank_state *ranks; /* ELASTIC_RESUMED: the new world's ranks with their cursors */
+    uint32_t nranks;
+} prepared;
+
+static int prepare(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepared *p, char *err,
+                   size_t errlen)
 {
-    bw_job *job;
-    bw_rank_state *r;
-    int rc;
-    uint64_t now = bw__mono_ms();
+    memset(p, 0, sizeof(*p));
     switch (rec->change_case) {
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_CREATED: {
         const Batchwire__V1__JobCreated *c = rec->job_created;
-        rc = add_job(s, c->name, c->config, c->dataset, c->fingerprint, c->world_size,
-                     c->created_unix_ms, &job, err, errlen);
-        if (rc == BW_OK)
-            push_segment(job, 0, 0, c->world_size);
-        return rc;
+        return make_job(s, c->name, c->config, c->dataset, c->fingerprint, c->world_size,
+                        c->created_unix_ms, 1, &p->job, err, errlen);
     }
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_JOINED: {
         const Batchwire__V1__RankJoined *c = rec->rank_joined;
-        if ((rc = find_rank(s, c->job, c->rank, &job, &r, err, errlen)) != BW_OK)
-            return rc;
+        return find_rank(s, c->job, c->rank, &p->job, &p->rank, err, errlen);
+    }
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_LEFT: {
+        const Batchwire__V1__RankLeft *c = rec->rank_left;
+        int rc = find_rank(s, c->job, c->rank, &p->job, &p->rank, err, errlen);
+        if (rc == BW_OK && (!p->rank->leased || p->rank->lease_id != c->lease_id)) {
+            snprintf(err, errlen,
+                     "record releases lease %016" PRIx64 " of rank %u of job '%s', which the "
+                     "rank does not hold",
+                     c->lease_id, c->rank, c->job);
+            rc = BW_CORRUPT;
+        }
+        return rc;
+    }
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_CURSOR_COMMITTED: {
+        const Batchwire__V1__CursorCommitted *c = rec->cursor_committed;
+        int rc = find_rank(s, c->job, c->rank, &p->job, &p->rank, err, errlen);
+        if (rc == BW_OK && !(p->cursor = malloc(c->cursor.len ? c->cursor.len : 1))) {
+            snprintf(err, errlen, "out of memory for a cursor of %zu bytes", c->cursor.len);
+            rc = BW_NOMEM;
+        }
+        if (rc == BW_OK)
+            memcpy(p->cursor, c->cursor.data, c->cursor.len);
+        return rc;
+    }
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_ELASTIC_RESUMED: {
+        const Batchwire__V1__ElasticResumed *c = rec->elastic_resumed;
+        p->job = c->job ? bw__jobs_find(s, c->job) : NULL;
+        if (!p->job || !c->segment || c->segment->world_size == 0) {
+            snprintf(err, errlen, "elastic resume record for job '%s' is incomplete",
+                     c->job ? c->job : "");
+            return BW_CORRUPT;
+        }
+        const Batchwire__V1__WorldSegment *seg = c->segment;
+        /* The old world's leases end here; every new rank starts at the resume point. */
+        p->nranks = seg->world_size;
+        p->ranks = calloc(seg->world_size, sizeof(*p->ranks));
+        int rc = p->ranks ? reserve_segment(p->job) : BW_NOMEM;
+        for (uint32_t i = 0; rc == BW_OK && i < seg->world_size; i++) {
+            bw_rank_state *r = &p->ranks[i];
+            r->committed = true;
+            r->epoch = seg->epoch;
+            r->step = seg->start_step;
+            r->cursor =
+                cursor_at(p->job, seg->world_size, i, seg->epoch, seg->start_step, &r->cursor_len);
+            if (!r->cursor)
+                rc = BW_NOMEM;
+        }
+        if (rc != BW_OK)
+            snprintf(err, errlen, "out of memory for %u ranks of job '%s'", seg->world_size,
+                     c->job);
+        return rc;
+    }
+    default:
+        snprintf(err, errlen, "record %" PRIu64 " holds no change this coordinator knows",
+                 rec->seq);
+        return BW_CORRUPT;
+    }
+}
+
+/* Releases what prepare allocated for a change that is not installed. */
+static void discard(const Batchwire__V1__JournalRecord *rec, prepared *p)
+{
+    if (rec->change_case == BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_CREATED)
+        job_free(p->job);
+    free(p->cursor);
+    ranks_free(p->ranks, p->nranks);
+    memset(p, 0, sizeof(*p));
+}
+
+static void install(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepared *p)
+{
+    bw_rank_state *r = p->rank;
+    switch (rec->change_case) {
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_CREATED:
+        append_segment(p->job, 0, 0, p->job->world_size);
+        insert_job(s, p->job);
+        break;
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_JOINED: {
+        const Batchwire__V1__RankJoined *c = rec->rank_joined;
         r->leased = true;
         snprintf(r->host, sizeof(r->host), "%s",
                  c->holder && c->holder->host ? c->holder->host : "");
         r->pid = c->holder ? c->holder->pid : 0;
         r->lease_id = c->lease_id;
         r->joined_unix_ms = c->joined_unix_ms;
-        r->last_beat_ms = now;
-        return BW_OK;
+        r->last_beat_ms = bw__mono_ms();
+        break;
     }
-    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_LEFT: {
-        const Batchwire__V1__RankLeft *c = rec->rank_left;
-        if ((rc = find_rank(s, c->job, c->rank, &job, &r, err, errlen)) != BW_OK)
-            return rc;
-        if (!r->leased || r->lease_id != c->lease_id) {
-            snprintf(err, errlen,
-                     "record releases lease %016" PRIx64 " of rank %u of job '%s', which the "
-                     "rank does not hold",
-                     c->lease_id, c->rank, c->job);
-            return BW_CORRUPT;
-        }
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_LEFT:
         /* The committed cursor stays: the next holder resumes from it. */
         r->leased = false;
         r->host[0] = '\0';
@@ -200,58 +317,33 @@ static int apply(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, char *err,
         r->lease_id = 0;
         r->joined_unix_ms = 0;
         r->last_beat_ms = 0;
-        return BW_OK;
-    }
+        break;
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_CURSOR_COMMITTED: {
         const Batchwire__V1__CursorCommitted *c = rec->cursor_committed;
-        if ((rc = find_rank(s, c->job, c->rank, &job, &r, err, errlen)) != BW_OK)
-            return rc;
-        uint8_t *copy = malloc(c->cursor.len ? c->cursor.len : 1);
-        if (!copy)
-            abort();
-        memcpy(copy, c->cursor.data, c->cursor.len);
         free(r->cursor);
-        r->cursor = copy;
+        r->cursor = p->cursor;
         r->cursor_len = c->cursor.len;
         r->committed = true;
         r->epoch = c->epoch;
         r->step = c->step;
         r->committed_unix_ms = c->committed_unix_ms;
-        return BW_OK;
+        break;
     }
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_ELASTIC_RESUMED: {
-        const Batchwire__V1__ElasticResumed *c = rec->elastic_resumed;
-        job = c->job ? bw__jobs_find(s, c->job) : NULL;
-        if (!job || !c->segment || c->segment->world_size == 0) {
-            snprintf(err, errlen, "elastic resume record for job '%s' is incomplete",
-                     c->job ? c->job : "");
-            return BW_CORRUPT;
-        }
-        const Batchwire__V1__WorldSegment *seg = c->segment;
-        bw_rank_state *ranks = calloc(seg->world_size, sizeof(*ranks));
-        if (!ranks)
-            abort();
+        const Batchwire__V1__WorldSegment *seg = rec->elastic_resumed->segment;
+        bw_job *job = p->job;
         for (uint32_t i = 0; i < job->world_size; i++)
             rank_clear(&job->ranks[i]);
         free(job->ranks);
-        job->ranks = ranks;
+        job->ranks = p->ranks;
         job->world_size = seg->world_size;
-        push_segment(job, seg->epoch, seg->start_step, seg->world_size);
-        /* The old world's leases end here; every new rank starts at the resume point. */
-        for (uint32_t i = 0; i < seg->world_size; i++) {
-            ranks[i].committed = true;
-            ranks[i].epoch = seg->epoch;
-            ranks[i].step = seg->start_step;
-            ranks[i].cursor =
-                bw__jobs_make_cursor(job, i, seg->epoch, seg->start_step, &ranks[i].cursor_len);
-        }
-        return BW_OK;
+        append_segment(job, seg->epoch, seg->start_step, seg->world_size);
+        break;
     }
     default:
-        snprintf(err, errlen, "record %" PRIu64 " holds no change this coordinator knows",
-                 rec->seq);
-        return BW_CORRUPT;
+        BW_INVARIANT(false, "only a record prepare accepted is installed");
     }
+    memset(p, 0, sizeof(*p));
 }
 
 int bw__jobs_commit_record(bw_jobs *s, Batchwire__V1__JournalRecord *rec, char *err, size_t errlen)
@@ -268,39 +360,86 @@ int bw__jobs_commit_record(bw_jobs *s, Batchwire__V1__JournalRecord *rec, char *
         return BW_UNAVAILABLE;
     }
     uint8_t *buf = malloc(len);
-    if (!buf)
-        abort();
+    if (!buf) {
+        snprintf(err, errlen, "out of memory for a journal record of %zu bytes: retry", len);
+        return BW_NOMEM;
+    }
     batchwire__v1__journal_record__pack(rec, buf);
     char why[256];
-    int rc = apply(s, rec, why, sizeof(why));
+    prepared p;
+    int rc = prepare(s, rec, &p, why, sizeof(why));
     if (rc != BW_OK) {
         free(buf);
+        if (rc == BW_NOMEM) {
+            snprintf(err, errlen, "%s: retry", why);
+            return BW_NOMEM;
+        }
         snprintf(err, errlen, "internal error: a validated change does not apply: %s", why);
         return BW_INTERNAL;
     }
     uint64_t seq = 0;
     rc = bw__journal_append(s->journal, buf, len, &seq);
     free(buf);
-    if (rc != BW_OK || seq != rec->seq) {
-        /* The state now holds a change the journal lacks: nothing may be acknowledged any
-         * more; the journal has failed and the daemon exits (see main.c). */
+    if (rc != BW_OK) {
+        discard(rec, &p);
+        if (rc == BW_NOMEM) {
+            snprintf(err, errlen, "out of memory queueing the change for the journal: retry");
+            return BW_NOMEM;
+        }
         snprintf(err, errlen, "the coordinator's journal has failed; it must restart: retry");
         return BW_UNAVAILABLE;
     }
+    BW_INVARIANT(seq == rec->seq,
+                 "the journal numbers records as the jobs state does (appends happen under the "
+                 "state's lock)");
+    install(s, rec, &p);
     s->last_seq = rec->seq;
     return BW_OK;
 }
 
 /* ---- replay ---- */
 
+/* The default allocator, remembering whether an allocation failed: protobuf-c answers NULL
+ * both for bytes that do not decode and for memory that ran out, and replay must not call a
+ * record corrupt for the machine's fault. */
+typedef struct tracked {
+    ProtobufCAllocator a;
+    bool failed;
+} tracked;
+
+static void *tracked_alloc(void *data, size_t size)
+{
+    void *p = malloc(size);
+    if (!p)
+        ((tracked *)data)->failed = true;
+    return p;
+}
+
+static void tracked_free(void *data, void *p)
+{
+    (void)data;
+    free(p);
+}
+
+static void tracked_init(tracked *t)
+{
+    t->a.alloc = tracked_alloc;
+    t->a.free = tracked_free;
+    t->a.allocator_data = t;
+    t->failed = false;
+}
+
 static int on_record(void *user, uint64_t seq, const uint8_t *data, size_t len, char *err,
                      size_t errlen)
 {
     bw_jobs *s = user;
-    Batchwire__V1__JournalRecord *rec = batchwire__v1__journal_record__unpack(NULL, len, data);
+    tracked t;
+    tracked_init(&t);
+    Batchwire__V1__JournalRecord *rec = batchwire__v1__journal_record__unpack(&t.a, len, data);
     if (!rec) {
-        snprintf(err, errlen, "record %" PRIu64 " does not decode", seq);
-        return BW_CORRUPT;
+        snprintf(err, errlen, "record %" PRIu64 " %s", seq,
+                 t.failed ? "cannot be decoded: out of memory" : "does not decode");
+        return t.failed ? BW_NOMEM : BW_CORRUPT;
     }
     int rc = BW_OK;
     if (rec->seq != seq) {
@@ -309,38 +448,43 @@ static int on_record(void *user, uint64_t seq, const uint8_t *data, size_t len, 
         rc = BW_CORRUPT;
     } else {
         char why[256];
-        rc = apply(s, rec, why, sizeof(why));
-        if (rc != BW_OK)
+        prepared p;
+        rc = prepare(s, rec, &p, why, sizeof(why));
+        if (rc != BW_OK) {
             snprintf(err, errlen, "record %" PRIu64 ": %s", seq, why);
-        else
+        } else {
+            install(s, rec, &p);
             s->last_seq = seq;
+        }
     }
-    batchwire__v1__journal_record__free_unpacked(rec, NULL);
+    batchwire__v1__journal_record__free_unpacked(rec, &t.a);
     return rc;
 }
 
+/* Builds one job of a snapshot and inserts it, or changes nothing (BW_CORRUPT, BW_NOMEM). */
 static int load_job(bw_jobs *s, const Batchwire__V1__JobSnapshot *js, char *err, size_t errlen)
 {
     const Batchwire__V1__JobSummary *sum = js->job;
     bw_job *job;
-    if (!sum) {
-        snprintf(err, errlen, "a job without a summary");
+    if (!sum || sum->n_history == 0) {
+        snprintf(err, errlen, "a job without a summary or world-size history");
         return BW_CORRUPT;
     }
-    int rc = add_job(s, sum->name, sum->config, sum->dataset, sum->fingerprint, sum->world_size,
-                     sum->created_unix_ms, &job, err, errlen);
+    int rc = make_job(s, sum->name, sum->config, sum->dataset, sum->fingerprint, sum->world_size,
+                      sum->created_unix_ms, sum->n_history, &job, err, errlen);
     if (rc != BW_OK)
         return rc;
     for (size_t i = 0; i < sum->n_history; i++)
-        push_segment(job, sum->history[i]->epoch, sum->history[i]->start_step,
-                     sum->history[i]->world_size);
+        append_segment(job, sum->history[i]->epoch, sum->history[i]->start_step,
+                       sum->history[i]->world_size);
     uint64_t now = bw__mono_ms();
-    for (size_t i = 0; i < js->n_ranks; i++) {
+    for (size_t i = 0; rc == BW_OK && i < js->n_ranks; i++) {
         const Batchwire__V1__RankSnapshot *rs = js->ranks[i];
         if (rs->rank >= job->world_size) {
             snprintf(err, errlen, "job '%s': rank %u is not below world size %u", job->name,
                      rs->rank, job->world_size);
-            return BW_CORRUPT;
+            rc = BW_CORRUPT;
+            break;
         }
         bw_rank_state *r = &job->ranks[rs->rank];
         r->leased = rs->lease_id != 0;
@@ -354,14 +498,22 @@ static int load_job(bw_jobs *s, const Batchwire__V1__JobSnapshot *js, char *err,
         r->epoch = rs->epoch;
         r->step = rs->step;
         r->committed_unix_ms = rs->committed_unix_ms;
+        if (rs->cursor.len && !(r->cursor = malloc(rs->cursor.len))) {
+            snprintf(err, errlen, "job '%s': out of memory for rank %u's cursor", job->name,
+                     rs->rank);
+            rc = BW_NOMEM;
+            break;
+        }
         if (rs->cursor.len) {
-            r->cursor = malloc(rs->cursor.len);
-            if (!r->cursor)
-                abort();
             memcpy(r->cursor, rs->cursor.data, rs->cursor.len);
             r->cursor_len = rs->cursor.len;
         }
     }
+    if (rc != BW_OK) {
+        job_free(job);
+        return rc;
+    }
+    insert_job(s, job);
     return BW_OK;
 }
 
@@ -369,10 +521,13 @@ static int on_snapshot(void *user, uint64_t seq, const uint8_t *data, size_t len
                        size_t errlen)
 {
     bw_jobs *s = user;
-    Batchwire__V1__Snapshot *snap = batchwire__v1__snapshot__unpack(NULL, len, data);
+    tracked t;
+    tracked_init(&t);
+    Batchwire__V1__Snapshot *snap = batchwire__v1__snapshot__unpack(&t.a, len, data);
     if (!snap) {
-        snprintf(err, errlen, "snapshot does not decode");
-        return BW_CORRUPT;
+        snprintf(err, errlen, "snapshot %s",
+                 t.failed ? "cannot be decoded: out of memory" : "does not decode");
+        return t.failed ? BW_NOMEM : BW_CORRUPT;
     }
     int rc = BW_OK;
     char why[256] = "";
@@ -384,10 +539,11 @@ static int on_snapshot(void *user, uint64_t seq, const uint8_t *data, size_t len
     for (size_t i = 0; rc == BW_OK && i < snap->n_jobs; i++)
         rc = load_job(s, snap->jobs[i], why, sizeof(why));
     if (rc != BW_OK)
-        snprintf(err, errlen, "snapshot is inconsistent: %s", why);
+        snprintf(err, errlen, "snapshot %s: %s",
+                 rc == BW_NOMEM ? "cannot be loaded" : "is inconsistent", why);
     else
         s->last_seq = seq;
-    batchwire__v1__snapshot__free_unpacked(snap, NULL);
+    batchwire__v1__snapshot__free_unpacked(snap, &t.a);
     return rc;
 }
 
@@ -396,8 +552,10 @@ int bw__jobs_open(const bw_jobs_opts *opts, bw_jobs **out, bw_journal_report *re
 {
     *out = NULL;
     bw_jobs *s = calloc(1, sizeof(*s));
-    if (!s)
-        abort();
+    if (!s) {
+        snprintf(err, errlen, "out of memory for the jobs state");
+        return BW_NOMEM;
+    }
     s->opts = *opts;
     pthread_mutex_init(&s->mu, NULL);
     int rc = bw__journal_open(opts->state_dir, opts->truncate_at, on_snapshot, on_record, s,
@@ -459,29 +617,31 @@ Batchwire__V1__JobSummary *bw__jobs_summary(bw_arena *a, const bw_job *job)
     return sum->name ? sum : NULL;
 }
 
-/* Under s->mu: the whole state as one packed Snapshot; malloc'ed. */
+/* Under s->mu: the whole state as one packed Snapshot; malloc'ed, or NULL when memory ran
+ * out. */
 static uint8_t *snapshot_pack(bw_jobs *s, uint64_t seq, size_t *len)
 {
     bw_arena a;
     bw__arena_init(&a, 0);
+    uint8_t *buf = NULL;
     Batchwire__V1__Snapshot snap = BATCHWIRE__V1__SNAPSHOT__INIT;
     snap.seq = seq;
     snap.written_unix_ms = bw__unix_ms();
     snap.n_jobs = s->njobs;
     snap.jobs = bw__arena_alloc(&a, (s->njobs + 1) * sizeof(*snap.jobs));
     if (!snap.jobs)
-        abort();
+        goto out;
     for (size_t i = 0; i < s->njobs; i++) {
         const bw_job *job = s->jobs[i];
         Batchwire__V1__JobSnapshot *js = bw__arena_alloc(&a, sizeof(*js));
         Batchwire__V1__RankSnapshot *rs = bw__arena_alloc(&a, (job->world_size + 1) * sizeof(*rs));
         Batchwire__V1__RankSnapshot **rp = bw__arena_alloc(&a, (job->world_size + 1) * sizeof(*rp));
         if (!js || !rs || !rp)
-            abort();
+            goto out;
         batchwire__v1__job_snapshot__init(js);
         js->job = bw__jobs_summary(&a, job);
         if (!js->job)
-            abort();
+            goto out;
         js->ranks = rp;
         for (uint32_t r = 0; r < job->world_size; r++) {
             const bw_rank_state *st = &job->ranks[r];
@@ -491,7 +651,8 @@ static uint8_t *snapshot_pack(bw_jobs *s, uint64_t seq, size_t *len)
             batchwire__v1__rank_snapshot__init(x);
             x->rank = r;
             if (st->leased) {
-                x->holder = holder(&a, st->host, st->pid);
+                if (!(x->holder = holder(&a, st->host, st->pid)))
+                    goto out;
                 x->lease_id = st->lease_id;
                 x->joined_unix_ms = st->joined_unix_ms;
             }
@@ -506,10 +667,10 @@ static uint8_t *snapshot_pack(bw_jobs *s, uint64_t seq, size_t *len)
         snap.jobs[i] = js;
     }
     *len = batchwire__v1__snapshot__get_packed_size(&snap);
-    uint8_t *buf = malloc(*len ? *len : 1);
-    if (!buf)
-        abort();
-    batchwire__v1__snapshot__pack(&snap, buf);
+    buf = malloc(*len ? *len : 1);
+    if (buf)
+        batchwire__v1__snapshot__pack(&snap, buf);
+out:
     bw__arena_reset(&a);
     return buf;
 }
@@ -527,12 +688,17 @@ int bw__jobs_compact(bw_jobs *s, uint64_t min_bytes, char *err, size_t errlen)
         pthread_mutex_unlock(&s->mu);
         if (rc == BW_UNAVAILABLE)
             return BW_OK; /* a rotation is still pending; next time */
-        snprintf(err, errlen, "cannot rotate the journal: the journal has failed");
+        snprintf(err, errlen, "cannot rotate the journal: %s",
+                 rc == BW_NOMEM ? "out of memory" : "the journal has failed");
         return rc;
     }
-    size_t len;
+    size_t len, njobs = s->njobs;
     uint8_t *buf = snapshot_pack(s, seq, &len);
     pthread_mutex_unlock(&s->mu);
+    if (!buf) {
+        snprintf(err, errlen, "out of memory packing a snapshot of %zu jobs", njobs);
+        return BW_NOMEM;
+    }
     rc = bw__journal_write_snapshot(s->journal, seq, buf, len, err, errlen);
     free(buf);
     return rc;
@@ -694,24 +860,31 @@ void bw__jobs_diff(const ProtobufCMessageDescriptor *desc, const ProtobufCMessag
     diff_rec(desc, a, b, "", out, outlen);
 }
 
-uint64_t bw__jobs_fingerprint(const char *name, const Batchwire__V1__JobConfig *cfg,
-                              const Batchwire__V1__DatasetInfo *info)
+int bw__jobs_fingerprint(const char *name, const Batchwire__V1__JobConfig *cfg,
+                         const Batchwire__V1__DatasetInfo *info, uint64_t *out, char *err,
+                         size_t errlen)
 {
     size_t ln = strlen(name) + 1; /* with its NUL: "ab"+cfg never equals "a"+"b"cfg */
     size_t la = batchwire__v1__job_config__get_packed_size(cfg);
     size_t lb = batchwire__v1__dataset_info__get_packed_size(info);
     uint8_t *buf = malloc(ln + la + lb);
-    if (!buf)
-        abort();
-    memcpy(buf, name, ln);
-    batchwire__v1__job_config__pack(cfg, buf + ln);
-    batchwire__v1__dataset_info__pack(info, buf + ln + la);
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
-    EVP_Digest(buf, ln + la + lb, md, &mdlen, EVP_sha256(), NULL);
+    if (buf) {
+        memcpy(buf, name, ln);
+        batchwire__v1__job_config__pack(cfg, buf + ln);
+        batchwire__v1__dataset_info__pack(info, buf + ln + la);
+    }
+    /* EVP_Digest fails only when OpenSSL cannot allocate its context. */
+    bool ok = buf && EVP_Digest(buf, ln + la + lb, md, &mdlen, EVP_sha256(), NULL) == 1;
     free(buf);
+    if (!ok) {
+        snprintf(err, errlen, "out of memory computing job '%s''s fingerprint", name);
+        return BW_NOMEM;
+    }
     uint64_t fp = 0;
     for (int i = 0; i < 8; i++)
         fp = fp << 8 | md[i];
-    return fp ? fp : 1; /* 0 means "no fingerprint" in a cursor */
+    *out = fp ? fp : 1; /* 0 means "no fingerprint" in a cursor */
+    return BW_OK;
 }

@@ -69,7 +69,11 @@ int main(int argc, char **argv)
 
     bw_journal_report report;
     memset(&report, 0, sizeof(report));
-    int rc = bw__state_dir_lock(cfg.state_dir, &lock_fd, err, sizeof(err));
+    int rc = coord.members ? BW_OK : BW_NOMEM;
+    if (rc != BW_OK)
+        snprintf(err, sizeof(err), "out of memory for the worker table");
+    if (rc == BW_OK)
+        rc = bw__state_dir_lock(cfg.state_dir, &lock_fd, err, sizeof(err));
     if (rc == BW_OK) {
         bw_jobs_opts jo = {cfg.state_dir, cfg.truncate_journal_at, (uint32_t)cfg.lease_ms,
                            (uint32_t)cfg.max_jobs, (uint32_t)cfg.max_world_size};

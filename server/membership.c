@@ -40,7 +40,7 @@ bw_membership *bw__membership_new(uint32_t heartbeat_ms, uint32_t dead_after)
 {
     bw_membership *m = calloc(1, sizeof(*m));
     if (!m)
-        abort();
+        return NULL;
     pthread_mutex_init(&m->mu, NULL);
     m->heartbeat_ms = heartbeat_ms;
     m->dead_after = dead_after;
@@ -129,8 +129,12 @@ int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorke
         if (m->n == m->cap) {
             size_t cap = m->cap ? m->cap * 2 : 16;
             worker *nw = realloc(m->workers, cap * sizeof(*nw));
-            if (!nw)
-                abort();
+            if (!nw) {
+                pthread_mutex_unlock(&m->mu);
+                snprintf(err, errlen, "worker %s: out of memory adding it to %zu workers: retry",
+                         req->id, m->n);
+                return BW_NOMEM;
+            }
             m->workers = nw;
             m->cap = cap;
         }

@@ -13,13 +13,15 @@
 
 typedef struct bw_membership bw_membership;
 
+/* NULL when memory ran out. */
 bw_membership *bw__membership_new(uint32_t heartbeat_ms, uint32_t dead_after);
 void bw__membership_free(bw_membership *m);
 
 uint32_t bw__membership_heartbeat_ms(const bw_membership *m);
 uint32_t bw__membership_dead_after(const bw_membership *m);
 
-/* Adds or updates a worker; a new incarnation of a known id replaces the old process. */
+/* Adds or updates a worker; a new incarnation of a known id replaces the old process.
+ * BW_INVALID_ARGUMENT or BW_NOMEM with a sentence in err; then nothing changed. */
 int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorkerRequest *req,
                             const char *peer, char *err, size_t errlen);
 

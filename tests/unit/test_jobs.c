@@ -533,12 +533,73 @@ static void test_plan_checks(void **state)
     rm_dir();
 }
 
+static int accept_any(void *user, uint64_t seq, const uint8_t *data, size_t len, char *err,
+                      size_t errlen)
+{
+    (void)user, (void)seq, (void)data, (void)len, (void)err, (void)errlen;
+    return BW_OK;
+}
+
+/* A snapshot whose job has no world-size history is refused as inconsistent (every plan
+ * starts from the history), and nothing of it is kept. */
+static void test_snapshot_without_history(void **state)
+{
+    (void)state;
+    fresh_dir();
+    Batchwire__V1__SamplerConfig sc = BATCHWIRE__V1__SAMPLER_CONFIG__INIT;
+    sc.mode = BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_TORCH;
+    sc.batch_size = 2;
+    Batchwire__V1__JobConfig cfg = BATCHWIRE__V1__JOB_CONFIG__INIT;
+    cfg.sampler = &sc;
+    cfg.synthetic_samples = 10;
+    Batchwire__V1__DatasetInfo info = BATCHWIRE__V1__DATASET_INFO__INIT;
+    info.length = 10;
+    Batchwire__V1__JobSummary sum = BATCHWIRE__V1__JOB_SUMMARY__INIT;
+    sum.name = "nohist";
+    sum.config = &cfg;
+    sum.dataset = &info;
+    sum.fingerprint = 7;
+    sum.world_size = 2;
+    Batchwire__V1__JobSnapshot js = BATCHWIRE__V1__JOB_SNAPSHOT__INIT;
+    js.job = &sum;
+    Batchwire__V1__JobSnapshot *jobs[1] = {&js};
+    Batchwire__V1__Snapshot snap = BATCHWIRE__V1__SNAPSHOT__INIT;
+    snap.jobs = jobs;
+    snap.n_jobs = 1;
+    uint8_t buf[512];
+    assert_true(batchwire__v1__snapshot__get_packed_size(&snap) < sizeof(buf));
+    size_t len = batchwire__v1__snapshot__pack(&snap, buf);
+
+    bw_journal *j = NULL;
+    bw_journal_report rep;
+    char err[1024];
+    assert_int_equal(
+        bw__journal_open(dir, NULL, accept_any, accept_any, NULL, &j, &rep, err, sizeof(err)),
+        BW_OK);
+    uint64_t seq = 0;
+    assert_int_equal(bw__journal_rotate(j, &seq), BW_OK);
+    assert_int_equal(seq, 0);
+    assert_int_equal(bw__journal_write_snapshot(j, seq, buf, len, err, sizeof(err)), BW_OK);
+    bw__journal_close(j);
+
+    bw_jobs_opts o = {dir, NULL, 60000, 100, 1000};
+    bw_jobs *s = (bw_jobs *)1;
+    assert_int_equal(bw__jobs_open(&o, &s, &rep, err, sizeof(err)), BW_CORRUPT);
+    assert_null(s);
+    if (!strstr(err, "snapshot is inconsistent: a job without a summary or world-size history"))
+        fail_msg("%s", err);
+    rm_dir();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cursor_codec),          cmocka_unit_test(test_diff),
-        cmocka_unit_test(test_replay_rebuilds_state), cmocka_unit_test(test_leave),
+        cmocka_unit_test(test_cursor_codec),
+        cmocka_unit_test(test_diff),
+        cmocka_unit_test(test_replay_rebuilds_state),
+        cmocka_unit_test(test_leave),
         cmocka_unit_test(test_plan_checks),
+        cmocka_unit_test(test_snapshot_without_history),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
