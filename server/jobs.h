@@ -1,8 +1,9 @@
 /*
- * The coordinator's jobs (DESIGN.md §4): configuration and dataset description, a fingerprint
- * that every cursor carries, the world-size history, each rank's lease and committed cursor.
- * Every change is one journal record (core/journal); the same apply function runs live and on
- * replay, so a restarted coordinator rebuilds exactly the state it had acknowledged.
+ * The coordinator's jobs (docs/operating.md, "Coordinator state"): configuration and dataset
+ * description, a fingerprint that every cursor carries, the world-size history, each rank's
+ * lease and committed cursor. Every change is one journal record (core/journal); the same
+ * apply steps run live and on replay, so a restarted coordinator rebuilds exactly the state it
+ * had acknowledged. Out of memory, an operation answers BW_NOMEM and changes nothing.
  *
  * Answers and durability: each operation below validates its request, applies and journals
  * the change (if any) under the state's lock, fills *resp in `arena`, and sets *wait_seq: the

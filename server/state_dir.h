@@ -1,5 +1,5 @@
 /* The coordinator's state directory: created if missing, and locked so that two coordinators
- * never share one (DESIGN.md §4). */
+ * never share one (docs/operating.md, "The coordinator"). */
 #ifndef BW_SERVER_STATE_DIR_H
 #define BW_SERVER_STATE_DIR_H
 

@@ -7,7 +7,7 @@
  * gives; the records of each source in file order. Position p of the epoch's stream is
  * record p - start[k] of the k-th source of that order. The sampler's iterable mode decides
  * which positions rank r receives at step s; this module turns positions into (source,
- * record) and back, so order stays separate from placement (DESIGN.md §1).
+ * record) and back, so order stays separate from placement (docs/semantics.md).
  *
  * Pre-sharded streams: rank r reads source r alone, in batches of b records; every rank has
  * the same number of steps: the largest ceil(count / b) (a shorter source is padded by

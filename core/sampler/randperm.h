@@ -7,7 +7,7 @@
  *   n >= 214748364: inside-out Fisher-Yates, for i = 0 .. n-1: z = random64() % (i+1),
  *                   r[i] = r[z], r[z] = i                                   (PyTorch >= 2.6)
  * PyTorch 1.13 (Debian's python3-torch) uses the first algorithm for every n; we follow
- * current PyTorch, as DESIGN.md §3.1 requires, so for n >= 214748364 the output matches
+ * current PyTorch, as docs/semantics.md ("Shuffle") says, so for n >= 214748364 the output matches
  * PyTorch >= 2.6 and differs from 1.13.
  *
  * The output is written to a caller-owned array of n elements; values fit 32 bits whenever

@@ -2,7 +2,7 @@
  * The sampler core: which sample indices rank r receives at step s of epoch e.
  *
  * A pure function of the configuration, the dataset length, the seed and the epoch
- * (DESIGN.md §1, §3): no I/O, no threads, no globals, nothing printed. Every other part of
+ * (docs/semantics.md): no I/O, no threads, no globals, nothing printed. Every other part of
  * batchwire (coordinator, workers, client, `batchwire plan`) calls this module, so the same
  * inputs give the same batches everywhere. docs/semantics.md describes the behaviour for
  * users; this header gives the contracts.
