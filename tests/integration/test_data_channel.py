@@ -119,9 +119,9 @@ def read_exact(s, n, what):
     return bytes(buf)
 
 
-def response(s, what):
-    """Reads one request's frames: ("end", [(index, bytes)], count) or
-    ("error", [(index, bytes)] before it, (code, message))."""
+def response_full(s, what):
+    """Reads one request's frames: ("end", [(key, bytes)], count, END's b) or
+    ("error", [(key, bytes)] before it, (code, message), ERROR's b: the retry hint)."""
     samples = []
     while True:
         typ, code, a, b = struct.unpack("<IIQQ", read_exact(s, 24, what + " (frame header)"))
@@ -130,15 +130,21 @@ def response(s, what):
                 raise bt.TestFailure("%s: SAMPLE frame with code %d" % (what, code))
             samples.append((a, read_exact(s, b, what + " (sample %d, %d bytes)" % (a, b))))
         elif typ == END:
-            return "end", samples, a
+            return "end", samples, a, b
         elif typ == ERROR:
             if a > 4096:
                 raise bt.TestFailure("%s: ERROR frame with a %d-byte message" % (what, a))
             msg = read_exact(s, a, what + " (error message)").decode("utf-8", "replace")
-            return "error", samples, (struct.unpack("<i", struct.pack("<I", code))[0], msg)
+            return "error", samples, (struct.unpack("<i", struct.pack("<I", code))[0], msg), b
         else:
             raise bt.TestFailure("%s: unknown frame type %d (code %d, a %d, b %d)" %
                                  (what, typ, code, a, b))
+
+
+def response(s, what):
+    """Reads one request's frames: ("end", [(index, bytes)], count) or
+    ("error", [(index, bytes)] before it, (code, message))."""
+    return response_full(s, what)[:3]
 
 
 def expect_samples(s, rows, indices, what):
