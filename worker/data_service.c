@@ -205,7 +205,13 @@ static void read_admitted(bw__exec_task *t, int r)
     }
     rc->admitted = true;
     char err[1400];
-    r = read_open(rc, err, sizeof(err));
+    if (bw__rpc_call_cancelled(call)) { /* waited past its deadline: nobody wants it now */
+        snprintf(err, sizeof(err), "%s: the deadline passed before the request was served",
+                 bw__req_method(rc->kind));
+        r = BW_CANCELLED;
+    } else {
+        r = read_open(rc, err, sizeof(err));
+    }
     if (r != BW_OK) {
         read_call_free(rc);
         bw__rpc_fail(call, r, "%s", err);
