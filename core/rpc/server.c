@@ -742,24 +742,29 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
                  opts->listen);
         rc = BW_UNAVAILABLE;
     }
-    if (rc != BW_OK) {
-        for (size_t i = 0; i < nreqs; i++)
+    if (rc == BW_OK) {
+        bound_address(opts->listen, port, bound, boundlen);
+        grpc_server_start(srv->server);
+    }
+    /* Every request goes out, or, when the server could not start, is freed. */
+    for (size_t i = 0; i < nreqs; i++) {
+        if (rc == BW_OK)
+            post_request(reqs[i]);
+        else
             free(reqs[i]);
-        for (int i = 0; i < srv->nqueues; i++)
+    }
+    for (int i = 0; i < srv->nqueues; i++) {
+        if (rc == BW_OK)
+            post_unknown(unks[i]);
+        else
             free(unks[i]);
-        free(reqs);
-        free(unks);
+    }
+    free(reqs);
+    free(unks);
+    if (rc != BW_OK) {
         destroy(srv);
         return rc;
     }
-    bound_address(opts->listen, port, bound, boundlen);
-    grpc_server_start(srv->server);
-    for (size_t i = 0; i < nreqs; i++)
-        post_request(reqs[i]);
-    for (int i = 0; i < srv->nqueues; i++)
-        post_unknown(unks[i]);
-    free(reqs);
-    free(unks);
     *out = srv;
     return BW_OK;
 }
