@@ -305,20 +305,20 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
     bw__req req;
     memset(&req, 0, sizeof(req));
     bw__rp *rp = NULL;
-    bool close = false;
+    bool hang_up = false;
     size_t got = 0;
     if (!body || wbuf_init(&o, &c->sock) != BW_OK) {
         rc = discard(c, len);
         if (rc == BW_OK)
             rc = send_error(&c->sock, NULL, BW_NOMEM, 0,
                             "data channel: out of memory for the request");
-        close = rc != BW_OK;
+        hang_up = rc != BW_OK;
     } else if ((rc = bw__dsock_read_all(&c->sock, body, (size_t)len,
                                         bw__mono_ms() + BODY_TIMEOUT_MS, &got, err, sizeof(err))) !=
                BW_OK) {
         bad_conn_log(c->srv, "data channel peer=%s: request body: %zu of %llu bytes came: %s",
                      c->peer, got, (unsigned long long)len, err);
-        close = true;
+        hang_up = true;
     } else {
         rc = bw__req_decode(&req, kind, body, (size_t)len, err, sizeof(err));
         bw__req_buffer_free(body);
@@ -334,9 +334,9 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
                      (unsigned long long)len, method);
             bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
             send_error(&c->sock, NULL, BW_INVALID_ARGUMENT, 0, err);
-            close = true;
+            hang_up = true;
         } else if (rc != BW_OK) {
-            close = send_error(&c->sock, NULL, rc, 0, err) != BW_OK;
+            hang_up = send_error(&c->sock, NULL, rc, 0, err) != BW_OK;
         } else {
             open_task ot;
             memset(&ot, 0, sizeof(ot));
@@ -346,7 +346,7 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
             bw__exec_run(w->exec, &ot.t, open_on_pool);
             rp = ot.rp;
             rc = ot.rc == BW_OK ? serve_read(&o, rp) : send_error(&c->sock, NULL, ot.rc, 0, ot.err);
-            close = rc != BW_OK || ot.rc == BW_UNAVAILABLE;
+            hang_up = rc != BW_OK || ot.rc == BW_UNAVAILABLE;
             if (rc != BW_OK)
                 BW_DEBUG("data channel peer=%s: %s", c->peer, o.err);
         }
@@ -356,7 +356,7 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
     wbuf_free(&o);
     bw__req_buffer_free(body);
     bw__exec_release(w->exec, charge);
-    return close ? BW_UNAVAILABLE : BW_OK;
+    return hang_up ? BW_UNAVAILABLE : BW_OK;
 }
 
 /* ---- a connection ---- */
