@@ -131,8 +131,9 @@ uint64_t bw__plan_step_positions(const bw__plan *p);
  * Iterable jobs: the global stream position once `rank` has run `step` steps (counted from
  * the epoch's start), where its cursor resumes. Plain streams: the positions every rank
  * consumed together, min(stream length, step * step positions) without a resize; pre-sharded:
- * the position after the records of source `rank` consumed. Torch and accelerate jobs: the
- * positions of the epoch's order consumed (the same prefix rule).
+ * the position after the records of source `rank` consumed (0 for a rank not below the world
+ * size). Torch and accelerate jobs: the positions of the epoch's order consumed (the same
+ * prefix rule).
  */
 uint64_t bw__plan_stream_position(const bw__plan *p, uint64_t rank, uint64_t step);
 
