@@ -11,7 +11,7 @@
 #include "common/util.h"
 #include "cursor/cursor.h"
 #include "gpu.h"
-#include "jobs/job_sampler.h"
+#include "jobs/plan.h"
 #include "fetch.h"
 #include "loader_int.h"
 #include "stream_fetch.h"
@@ -26,12 +26,12 @@ struct bw_loader {
     uint32_t rank;
     uint64_t job_fingerprint;
     uint64_t num_samples;
-    bw__stream_ctx *stream; /* iterable jobs: the stream's sources and order; else NULL */
+    bw__stream_ctx *stream; /* iterable jobs: the stream's sources and offsets; else NULL */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bw__sampler *sampler; /* the current epoch's; replaced only while no fetch runs */
-    uint32_t world;       /* world size at next_deliver */
+    bw__plan *plan; /* the current epoch's; replaced only while no fetch runs */
+    uint32_t world; /* world size at next_deliver */
     uint64_t epoch, end_step;
     uint64_t next_fetch, next_deliver;
     size_t nslots;
@@ -58,20 +58,12 @@ static int fail(bw_loader *l, int rc, const char *fmt, ...)
     return rc;
 }
 
-/* The indices of `step` into b; BW_OK or the sampler's verdict. */
+/* The indices of `step` into b (iterable jobs: positions in the epoch's stream); BW_OK or
+ * the planner's verdict. */
 static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
 {
     bw__batch out = {b->indices, b->padding, 0, 0};
-    int rc = BW_OK;
-    if (l->stream && l->stream->pre_sharded) {
-        out.count =
-            bw__stream_preshard_batch(l->stream, l->rank, step, b->indices, b->padding, &out.real);
-        if (out.count == 0)
-            rc = BW_END_OF_EPOCH;
-    } else {
-        /* iterable mode: the sampler's indices are positions in the epoch's stream */
-        rc = bw__sampler_batch(l->sampler, l->rank, step, &out);
-    }
+    int rc = bw__plan_batch(l->plan, l->rank, step, &out);
     if (rc != BW_OK)
         return rc;
     b->epoch = l->epoch;
@@ -93,14 +85,8 @@ static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
 /* Reads a planned batch: by index (map-style) or as runs of stream records (iterable). */
 static int fetch(bw_loader *l, bw_batch *b)
 {
-    return l->stream ? bw__stream_fetch_batch(&l->fctx, l->stream, b)
+    return l->stream ? bw__stream_fetch_batch(&l->fctx, l->stream, l->plan, b)
                      : bw__fetch_batch(&l->fctx, b);
-}
-
-/* Positions of the epoch's stream consumed by one step of every rank. */
-static uint64_t stream_step_positions(const bw_loader *l)
-{
-    return (uint64_t)bw__sampler_max_batch(l->sampler) * bw__sampler_world_size(l->sampler);
 }
 
 static void *fetch_thread(void *arg)
@@ -137,25 +123,19 @@ static void *fetch_thread(void *arg)
 static int position(bw_loader *l, uint64_t epoch, uint64_t step)
 {
     const Batchwire__V1__JobSummary *job = l->session.summary;
-    if (!l->sampler || epoch != l->epoch) {
-        bw__sampler *s = NULL;
-        int rc = bw__job_sampler_new(job->config->sampler, l->num_samples,
-                                     (const Batchwire__V1__WorldSegment *const *)job->history,
-                                     job->n_history, epoch, false, &s, l->err, sizeof(l->err));
+    if (!l->plan || epoch != l->epoch) {
+        bw__plan *p = NULL;
+        int rc = bw__plan_new_for_job(job->config, job->dataset,
+                                      (const Batchwire__V1__WorldSegment *const *)job->history,
+                                      job->n_history, epoch, false, &p, l->err, sizeof(l->err));
         if (rc != BW_OK)
             return rc;
-        if (l->stream && (rc = bw__stream_set_epoch(
-                              l->stream, epoch, (uint32_t)bw__sampler_world_size(s),
-                              bw__sampler_max_batch(s), l->err, sizeof(l->err))) != BW_OK) {
-            bw__sampler_free(s);
-            return rc;
-        }
-        bw__sampler_free(l->sampler);
-        l->sampler = s;
+        bw__plan_free(l->plan);
+        l->plan = p;
         l->epoch = epoch;
     }
-    uint64_t first = bw__sampler_first_step(l->sampler);
-    l->world = (uint32_t)bw__sampler_world_size(l->sampler);
+    uint64_t first = bw__plan_first_step(l->plan);
+    l->world = (uint32_t)bw__plan_world_size(l->plan);
     if (l->rank >= l->world)
         return fail(l, BW_MISMATCH,
                     "rank %u is not part of job %s at epoch %" PRIu64 " (world size %u there)",
@@ -166,9 +146,7 @@ static int position(bw_loader *l, uint64_t epoch, uint64_t step)
                     "rank's world of %u starts at step %" PRIu64 " (use the cursor of the "
                     "elastic resume)",
                     step, epoch, l->world, first);
-    l->end_step = bw__sampler_end_step(l->sampler, l->rank);
-    if (l->stream && l->stream->pre_sharded)
-        l->end_step = l->stream->ps.steps; /* every rank: its own source, as many steps */
+    l->end_step = bw__plan_end_step(l->plan, l->rank);
     if (step > l->end_step)
         return fail(l, BW_OUT_OF_RANGE,
                     "step %" PRIu64 " is past the end of epoch %" PRIu64 " (%" PRIu64
@@ -251,7 +229,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->job_fingerprint = job->fingerprint;
     l->num_samples = job->dataset->length;
     if (job->config->sampler->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE &&
-        (rc = bw__stream_open(&l->stream, job, (uint32_t)world, err, errlen)) != BW_OK) {
+        (rc = bw__stream_open(&l->stream, job, err, errlen)) != BW_OK) {
         bw__arena_reset(&ca);
         bw_loader_close(l);
         return rc;
@@ -283,10 +261,9 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         rc = position(l, epoch, step);
     /* A stream resumes where the cursor's offsets say: a seek, not a replay. */
     if (rc == BW_OK && given && l->stream)
-        rc = bw__stream_cursor_check(l->stream, given, l->rank, stream_step_positions(l), l->err,
-                                     sizeof(l->err));
+        rc = bw__stream_cursor_check(l->stream, l->plan, given, l->rank, l->err, sizeof(l->err));
     bw__arena_reset(&ca);
-    size_t max_batch = rc == BW_OK ? bw__sampler_max_batch(l->sampler) : 0;
+    size_t max_batch = rc == BW_OK ? bw__plan_max_batch(l->plan) : 0;
     if (rc == BW_OK) {
         size_t per = max_batch * (size_t)(l->fctx.sample_bytes ? l->fctx.sample_bytes : 1);
         size_t depth = o->prefetch_batches ? o->prefetch_batches : 1;
@@ -406,7 +383,7 @@ int bw_loader_next_epoch(bw_loader *l)
         pthread_cond_wait(&l->cv, &l->mu);
     }
     int rc = position(l, l->epoch + 1, 0);
-    if (rc == BW_MISMATCH && l->sampler) {
+    if (rc == BW_MISMATCH && l->plan) {
         /* The next epoch starts with a world this rank is not part of. */
         rc = fail(l, BW_MISMATCH, "%s", l->err);
     }
@@ -428,11 +405,11 @@ static uint8_t *current_cursor(bw_loader *l, size_t *len)
     c.world_size = l->world;
     c.epoch = l->epoch;
     c.step = l->next_deliver;
-    uint64_t g = l->stream ? stream_step_positions(l) : 0;
+    const bw__plan *plan = l->plan; /* replaced only by bw_loader_next_epoch (loader.h) */
     pthread_mutex_unlock(&l->mu);
     uint8_t *out = NULL;
     char why[BW_LOADER_ERRLEN];
-    int rc = l->stream ? bw__stream_cursor_fill(&l->fctx, l->stream, l->rank, c.step, g, &c, why,
+    int rc = l->stream ? bw__stream_cursor_fill(&l->fctx, l->stream, plan, l->rank, c.step, &c, why,
                                                 sizeof(why))
                        : BW_OK;
     if (rc == BW_OK)
@@ -536,7 +513,7 @@ void bw_loader_close(bw_loader *l)
         bw__batch_free(&l->slots[i]);
     free(l->slots);
     free(l->state);
-    bw__sampler_free(l->sampler);
+    bw__plan_free(l->plan);
     bw__stream_free(l->stream);
     bw__gpu_stream_free(l->copy_stream);
     bw__session_close(&l->session);

@@ -15,35 +15,31 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "jobs/job_check.h"
 #include "fetch.h"
 #include "rpc/dchan.h"
 #include "stream_fetch.h"
 #include "placement/placement.h"
 
-int bw__stream_open(bw__stream_ctx **out, const Batchwire__V1__JobSummary *job, uint32_t world,
-                    char *err, size_t errlen)
+int bw__stream_open(bw__stream_ctx **out, const Batchwire__V1__JobSummary *job, char *err,
+                    size_t errlen)
 {
     *out = NULL;
     const Batchwire__V1__DatasetInfo *info = job->dataset;
-    const Batchwire__V1__Dataset *spec = job->config->dataset;
-    const Batchwire__V1__SamplerConfig *smp = job->config->sampler;
-    int rc = bw__job_check_data(job->config, info, world, err, errlen);
-    if (rc != BW_OK)
-        return rc;
     bw__stream_ctx *sc = calloc(1, sizeof(*sc));
-    if (!sc)
-        return BW_NOMEM;
-    sc->pre_sharded = spec->pre_sharded;
-    sc->shuffle_sources = smp->shuffle_sources;
-    sc->seed = (uint64_t)smp->seed;
-    sc->drop_last = smp->drop_last;
-    sc->nsources = info->n_sources;
-    sc->paths = calloc(sc->nsources, sizeof(*sc->paths));
-    sc->counts = calloc(sc->nsources, sizeof(*sc->counts));
-    sc->sizes = calloc(sc->nsources, sizeof(*sc->sizes));
-    if (!sc->paths || !sc->counts || !sc->sizes) {
-        bw__stream_free(sc);
+    if (sc) {
+        sc->nsources = info->n_sources;
+        sc->paths = calloc(sc->nsources ? sc->nsources : 1, sizeof(*sc->paths));
+        sc->counts = calloc(sc->nsources ? sc->nsources : 1, sizeof(*sc->counts));
+        sc->sizes = calloc(sc->nsources ? sc->nsources : 1, sizeof(*sc->sizes));
+    }
+    if (!sc || !sc->paths || !sc->counts || !sc->sizes) {
+        if (sc) {
+            free(sc->paths);
+            free(sc->counts);
+            free(sc->sizes);
+        }
+        free(sc);
+        snprintf(err, errlen, "out of memory for a stream of %zu sources", info->n_sources);
         return BW_NOMEM;
     }
     for (size_t i = 0; i < sc->nsources; i++) {
@@ -52,7 +48,6 @@ int bw__stream_open(bw__stream_ctx **out, const Batchwire__V1__JobSummary *job, 
         sc->sizes[i] = info->sources[i]->size_bytes;
     }
     pthread_mutex_init(&sc->mu, NULL);
-    sc->epoch = UINT64_MAX;
     *out = sc;
     return BW_OK;
 }
@@ -61,40 +56,11 @@ void bw__stream_free(bw__stream_ctx *sc)
 {
     if (!sc)
         return;
-    bw__stream_order_free(&sc->order);
     free(sc->paths);
     free(sc->counts);
     free(sc->sizes);
     pthread_mutex_destroy(&sc->mu);
     free(sc);
-}
-
-int bw__stream_set_epoch(bw__stream_ctx *sc, uint64_t epoch, uint32_t world, uint64_t b, char *err,
-                         size_t errlen)
-{
-    bw__stream_order o;
-    int rc = bw__stream_order_init(&o, sc->counts, sc->nsources, sc->shuffle_sources, sc->seed,
-                                   epoch, err, errlen);
-    if (rc != BW_OK)
-        return rc;
-    if (sc->pre_sharded && (rc = bw__preshard_init(&sc->ps, sc->counts, world, b, sc->drop_last,
-                                                   err, errlen)) != BW_OK) {
-        bw__stream_order_free(&o);
-        return rc;
-    }
-    bw__stream_order_free(&sc->order);
-    sc->order = o;
-    sc->epoch = epoch;
-    return BW_OK;
-}
-
-size_t bw__stream_preshard_batch(const bw__stream_ctx *sc, uint32_t rank, uint64_t step,
-                                 uint64_t *indices, uint8_t *padding, size_t *real)
-{
-    size_t n = bw__preshard_batch(&sc->ps, rank, step, indices, padding, real);
-    for (size_t i = 0; i < n; i++)
-        indices[i] = bw__stream_order_position(&sc->order, rank, indices[i]);
-    return n;
 }
 
 /* ---- offsets this loader has learned: (source, record) -> byte offset ---- */
@@ -213,8 +179,10 @@ static bw__fetch_kind stream_kind_of(stream_kind *k)
         BW_DCHAN_KIND_READ_STREAM, stream_shard, stream_join, stream_message, stream_finished, k};
 }
 
-int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw_batch *b)
+int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const bw__plan *plan,
+                           bw_batch *b)
 {
+    const bw__stream_order *order = bw__plan_stream_order(plan);
     b->err[0] = '\0';
     size_t n = b->count;
     bw__fetch_item *items = calloc(n ? n : 1, sizeof(*items));
@@ -222,11 +190,10 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw_batc
     if (!items)
         snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu records", n);
     for (size_t i = 0; i < n && rc == BW_OK; i++) {
-        if (bw__stream_order_locate(&sc->order, b->indices[i], &items[i].src, &items[i].key) !=
-            BW_OK) {
+        if (bw__stream_order_locate(order, b->indices[i], &items[i].src, &items[i].key) != BW_OK) {
             snprintf(b->err, sizeof(b->err),
                      "position %" PRIu64 " is past the end of the stream (%" PRIu64 " records)",
-                     b->indices[i], sc->order.total);
+                     b->indices[i], order->total);
             rc = BW_INTERNAL;
             break;
         }
@@ -267,32 +234,23 @@ static int locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, ui
     return rc;
 }
 
-uint64_t bw__stream_position(const bw__stream_ctx *sc, uint32_t rank, uint64_t step, uint64_t g)
-{
-    if (sc->pre_sharded)
-        return bw__stream_order_position(&sc->order, rank,
-                                         bw__preshard_consumed(&sc->ps, rank, step));
-    uint64_t total = sc->order.total;
-    return g && step > total / g ? total : (step * g < total ? step * g : total);
-}
-
-int bw__stream_cursor_fill(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t rank,
-                           uint64_t step, uint64_t g, Batchwire__V1__Cursor *c, char *err,
+int bw__stream_cursor_fill(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const bw__plan *plan,
+                           uint32_t rank, uint64_t step, Batchwire__V1__Cursor *c, char *err,
                            size_t errlen)
 {
     size_t n = sc->nsources;
     c->source_offsets = calloc(n, sizeof(uint64_t));
     c->source_records = calloc(n, sizeof(uint64_t));
-    if (!c->source_offsets || !c->source_records)
+    if (!c->source_offsets || !c->source_records) {
+        snprintf(err, errlen, "out of memory for a cursor of %zu sources", n);
         return BW_NOMEM;
+    }
     c->n_source_offsets = c->n_source_records = n;
-    c->stream_position = bw__stream_position(sc, rank, step, g);
+    c->stream_position = bw__plan_stream_position(plan, rank, step);
     for (size_t j = 0; j < n; j++) {
-        if (sc->pre_sharded && j != rank)
+        if (bw__plan_pre_sharded(plan) && j != rank)
             continue; /* a pre-sharded rank's cursor carries its own source only */
-        uint64_t rec = sc->pre_sharded
-                           ? bw__preshard_consumed(&sc->ps, rank, step)
-                           : bw__stream_order_consumed(&sc->order, (uint32_t)j, c->stream_position);
+        uint64_t rec = bw__plan_source_records(plan, rank, (uint32_t)j, step);
         c->source_records[j] = rec;
         int rc = locate(ctx, sc, (uint32_t)j, rec, &c->source_offsets[j], err, errlen);
         if (rc != BW_OK)
@@ -301,8 +259,8 @@ int bw__stream_cursor_fill(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_
     return BW_OK;
 }
 
-int bw__stream_cursor_check(bw__stream_ctx *sc, const Batchwire__V1__Cursor *c, uint32_t rank,
-                            uint64_t g, char *err, size_t errlen)
+int bw__stream_cursor_check(bw__stream_ctx *sc, const bw__plan *plan,
+                            const Batchwire__V1__Cursor *c, uint32_t rank, char *err, size_t errlen)
 {
     size_t n = sc->nsources;
     if (c->n_source_offsets == 0 && c->n_source_records == 0 && c->step == 0)
@@ -314,7 +272,7 @@ int bw__stream_cursor_check(bw__stream_ctx *sc, const Batchwire__V1__Cursor *c, 
                  c->n_source_offsets, c->n_source_records, n);
         return BW_MISMATCH;
     }
-    uint64_t pos = bw__stream_position(sc, rank, c->step, g);
+    uint64_t pos = bw__plan_stream_position(plan, rank, c->step);
     if (c->stream_position != pos) {
         snprintf(err, errlen,
                  "cursor refused: its stream position %" PRIu64 " is not where step %" PRIu64
@@ -323,10 +281,9 @@ int bw__stream_cursor_check(bw__stream_ctx *sc, const Batchwire__V1__Cursor *c, 
         return BW_MISMATCH;
     }
     for (size_t j = 0; j < n; j++) {
-        if (sc->pre_sharded && j != rank)
+        if (bw__plan_pre_sharded(plan) && j != rank)
             continue;
-        uint64_t rec = sc->pre_sharded ? bw__preshard_consumed(&sc->ps, rank, c->step)
-                                       : bw__stream_order_consumed(&sc->order, (uint32_t)j, pos);
+        uint64_t rec = bw__plan_source_records(plan, rank, (uint32_t)j, c->step);
         if (c->source_records[j] != rec || c->source_offsets[j] > sc->sizes[j]) {
             snprintf(err, errlen,
                      "cursor refused: source %zu (%s) is at record %" PRIu64 " (offset %" PRIu64
