@@ -1,5 +1,6 @@
 /*
- * SampleBatch messages encoded by hand around file memory. protobuf-c would need every
+ * The gRPC side of the read path: SampleBatch messages built from the records an open read
+ * (read_path.h) yields, encoded by hand around file memory. protobuf-c would need every
  * sample copied into the message; here the small framing bytes (and samples under REF_MIN)
  * are copied into buffers we own, while larger payloads become gRPC slices that point into
  * the mapped file and hold a reference on the mapping until gRPC has sent them. The bytes on
