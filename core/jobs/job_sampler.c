@@ -87,12 +87,3 @@ int bw__job_sampler_new_cfg(const bw__sampler_cfg *given,
     }
     return rc;
 }
-
-int bw__job_sampler_new(const Batchwire__V1__SamplerConfig *sc, uint64_t length,
-                        const Batchwire__V1__WorldSegment *const *history, size_t n, uint64_t epoch,
-                        bool counts_only, bw__sampler **out, char *err, size_t errlen)
-{
-    bw__sampler_cfg cfg;
-    bw__job_sampler_cfg(sc, length, 1, &cfg);
-    return bw__job_sampler_new_cfg(&cfg, history, n, epoch, counts_only, out, err, errlen);
-}

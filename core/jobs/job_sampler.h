@@ -1,6 +1,6 @@
-/* A job's sampler: the pure sampler core configured from a job's protobuf configuration and
- * its world-size history. The planner (jobs/plan.h) is built on it; use the planner for step
- * counts and batches, so that every caller applies one rule. */
+/* A job's sampler: the pure sampler core configured from a job's configuration and its
+ * world-size history. The planner's internals (jobs/plan.h): callers use the planner, so that
+ * step counts and batches follow one rule. */
 #ifndef BW_JOBS_JOB_SAMPLER_H
 #define BW_JOBS_JOB_SAMPLER_H
 
@@ -33,10 +33,5 @@ int bw__job_sampler_new_cfg(const bw__sampler_cfg *cfg,
                             const Batchwire__V1__WorldSegment *const *history, size_t n,
                             uint64_t epoch, bool counts_only, bw__sampler **out, char *err,
                             size_t errlen);
-
-/* bw__job_sampler_new_cfg with the configuration of `sc` for a dataset of `length` samples. */
-int bw__job_sampler_new(const Batchwire__V1__SamplerConfig *sc, uint64_t length,
-                        const Batchwire__V1__WorldSegment *const *history, size_t n, uint64_t epoch,
-                        bool counts_only, bw__sampler **out, char *err, size_t errlen);
 
 #endif
