@@ -14,7 +14,6 @@ struct bw__rp {
     bw__wds *e;
     bw__dataset *d;
     bw__data_stats *stats;
-    char label[320]; /* "tfrecord data/a.tfrecord", for messages */
     bool stream, locate_only, at_end;
     /* ReadSamples */
     const uint64_t *indices;
@@ -40,8 +39,6 @@ static bw__rp *rp_new(bw__wds *e, bw__data_stats *stats)
     rp->e = e;
     rp->d = bw__ds_dataset(e);
     rp->stats = stats;
-    snprintf(rp->label, sizeof(rp->label), "%s %.280s", rp->d->ops->name,
-             rp->d->nsources ? rp->d->sources[0]->path : "");
     return rp;
 }
 
@@ -127,8 +124,8 @@ int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
             rp->off = out->next_offset;
     }
     if (rc != BW_OK) {
-        snprintf(err, errlen, "%s: dataset %s: %s", rp->stream ? "ReadStream" : "ReadSamples",
-                 rp->label, why);
+        /* The reader's sentence names the file and the offset. */
+        snprintf(err, errlen, "%s: %s", rp->stream ? "ReadStream" : "ReadSamples", why);
         return rc;
     }
     rp->count++;
