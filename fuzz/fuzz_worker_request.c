@@ -46,15 +46,15 @@ static void decode(uint32_t kind, const uint8_t *body, size_t len)
     if (bw__req_decode(&r, kind, body, len, err, sizeof(err)) == BW_OK) {
         if (kind == BW_REQ_SAMPLES) {
             const Batchwire__V1__ReadSamplesRequest *m = (const void *)r.msg;
-            x += touch_dataset(m->dataset) + touch_routing(m->routing) +
-                 touch_str(m->fingerprint) + m->max_message_bytes;
+            x += touch_dataset(m->dataset) + touch_routing(m->routing) + touch_str(m->fingerprint) +
+                 m->max_message_bytes;
             for (size_t i = 0; i < m->n_indices; i++)
                 x += m->indices[i];
         } else {
             const Batchwire__V1__ReadStreamRequest *m = (const void *)r.msg;
-            x += touch_dataset(m->dataset) + touch_routing(m->routing) +
-                 touch_str(m->fingerprint) + m->source + m->offset + m->max_records +
-                 m->first_record + m->seek_record + m->locate_only + m->max_message_bytes;
+            x += touch_dataset(m->dataset) + touch_routing(m->routing) + touch_str(m->fingerprint) +
+                 m->source + m->offset + m->max_records + m->first_record + m->seek_record +
+                 m->locate_only + m->max_message_bytes;
         }
         if (r.used > r.cap)
             __builtin_trap(); /* the cap holds */

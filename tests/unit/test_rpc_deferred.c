@@ -78,7 +78,7 @@ static void *serve_later(void *arg)
         if (strcmp(r->service, "late") == 0)
             usleep(400 * 1000);
         stream *s = calloc(1, sizeof(*s));
-        s->total = strcmp(r->service, "late") == 0 ? 2 : atoi(r->service);
+        s->total = strcmp(r->service, "late") == 0 ? 2 : (int)strtol(r->service, NULL, 10);
         if (!pthread_equal(pthread_self(), cq_thread_seen))
             atomic_fetch_add(&begun_off_cq, 1);
         bw__rpc_stream_begin(call, next_msg, s, free_stream);
