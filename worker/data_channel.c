@@ -323,6 +323,10 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
         rc = bw__req_decode(&req, kind, body, (size_t)len, err, sizeof(err));
         bw__req_buffer_free(body);
         body = NULL;
+        /* From here it holds its decoded message and its send buffers. */
+        uint64_t keep = RESPONSE_BYTES + req.used;
+        bw__exec_shrink(w->exec, charge, keep);
+        charge = charge < keep ? charge : keep;
         const Batchwire__V1__Dataset *ds =
             rc != BW_OK             ? NULL
             : kind == BW_REQ_STREAM ? ((const Batchwire__V1__ReadStreamRequest *)req.msg)->dataset

@@ -176,6 +176,10 @@ static int read_open(read_call *rc, char *err, size_t errlen)
     }
     int r = bw__req_decode(&rc->req, rc->kind, body, len, err, errlen);
     bw__rpc_call_drop_request(rc->call);
+    /* From here it holds its decoded message and one message being sent. */
+    uint64_t keep = BW_REQ_RESPONSE_GRPC + rc->req.used;
+    bw__exec_shrink(rc->w->exec, rc->t.charge, keep);
+    rc->t.charge = rc->t.charge < keep ? rc->t.charge : keep;
     if (r != BW_OK)
         return r;
     bw__rp *rp = NULL;

@@ -315,6 +315,17 @@ void bw__exec_release(bw__exec *x, uint64_t charge)
     pthread_mutex_unlock(&x->mu);
 }
 
+void bw__exec_shrink(bw__exec *x, uint64_t from, uint64_t to)
+{
+    if (to >= from)
+        return;
+    pthread_mutex_lock(&x->mu);
+    BW_INVARIANT(x->used >= from - to && x->held > 0, "a charge made smaller was admitted");
+    x->used -= from - to;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
 uint64_t bw__exec_held(bw__exec *x)
 {
     pthread_mutex_lock(&x->mu);

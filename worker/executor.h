@@ -72,6 +72,11 @@ int bw__exec_admit(bw__exec *x, uint64_t charge, uint32_t *retry_after_ms, char 
 /* Gives back a charge admitted by bw__exec_admit or a task (0 is a no-op). */
 void bw__exec_release(bw__exec *x, uint64_t charge);
 
+/* A held charge of `from` bytes becomes `to` (at most from): the difference is given back now,
+ * `to` later with bw__exec_release. For memory a request no longer needs (its body once
+ * decoded). */
+void bw__exec_shrink(bw__exec *x, uint64_t from, uint64_t to);
+
 /* Bytes held now (for tests and logs). */
 uint64_t bw__exec_held(bw__exec *x);
 

@@ -39,6 +39,15 @@ static void test_admit_within_budget(void **state)
     bw__exec_release(x, 40);
     bw__exec_release(x, 60);
     assert_int_equal(bw__exec_held(x), 0);
+    /* a charge made smaller leaves room at once; the rest is given back later */
+    assert_int_equal(bw__exec_admit(x, 100, &hint, why, sizeof(why)), BW_OK);
+    bw__exec_shrink(x, 100, 30);
+    assert_int_equal(bw__exec_held(x), 30);
+    assert_int_equal(bw__exec_admit(x, 70, &hint, why, sizeof(why)), BW_OK);
+    bw__exec_shrink(x, 70, 70); /* no-op */
+    bw__exec_release(x, 30);
+    bw__exec_release(x, 70);
+    assert_int_equal(bw__exec_held(x), 0);
     bw__exec_stop(x);
 }
 
