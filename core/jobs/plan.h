@@ -59,9 +59,9 @@ typedef struct bw__plan_spec {
  * Makes the plan of `epoch`. The configuration is checked as given: the sampler core's rules
  * (also for every resize the history records in the epoch), and for a pre-sharded stream one
  * source per rank, no resize inside the epoch and no source left without records while its
- * peers have batches. With counts_only nothing of size n is
- * computed (O(sources)): step counts, world size and stream positions are exact, but
- * bw__plan_batch answers BW_FAILED_PRECONDITION.
+ * peers have batches. With counts_only nothing of size n is computed (O(sources)): step
+ * counts, world size and stream positions are exact, but bw__plan_batch answers
+ * BW_FAILED_PRECONDITION.
  * Returns BW_OK with a new plan in *out (free with bw__plan_free), or BW_INVALID_ARGUMENT /
  * BW_NOMEM with a sentence in err, and *out NULL.
  */
