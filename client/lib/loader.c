@@ -392,9 +392,9 @@ int bw_loader_next_epoch(bw_loader *l)
     return rc;
 }
 
-/* The cursor after the last batch handed out; NULL with l->err set when a stream offset
- * cannot be found. */
-static uint8_t *current_cursor(bw_loader *l, size_t *len)
+/* The cursor after the last batch handed out into *out (malloc'ed); an error with l->err set
+ * when a stream offset cannot be found or memory runs out. */
+static int current_cursor(bw_loader *l, uint8_t **cur, size_t *len)
 {
     Batchwire__V1__Cursor c = BATCHWIRE__V1__CURSOR__INIT;
     pthread_mutex_lock(&l->mu);
@@ -412,22 +412,23 @@ static uint8_t *current_cursor(bw_loader *l, size_t *len)
     int rc = l->stream ? bw__stream_cursor_fill(&l->fctx, l->stream, plan, l->rank, c.step, &c, why,
                                                 sizeof(why))
                        : BW_OK;
-    if (rc == BW_OK)
-        out = bw__cursor_encode(&c, len);
-    else
+    if (rc == BW_OK && !(out = bw__cursor_encode(&c, len)))
+        rc = fail(l, BW_NOMEM, "out of memory for the cursor");
+    else if (rc != BW_OK)
         fail(l, rc, "the cursor's stream offsets: %s", why);
     free(c.source_offsets);
     free(c.source_records);
-    return out;
+    *cur = out;
+    return rc;
 }
 
 int bw_loader_cursor(bw_loader *l, void *buf, size_t *len)
 {
     size_t n;
-    uint8_t *c = current_cursor(l, &n);
-    int rc = BW_OK;
-    if (!c)
-        return BW_UNAVAILABLE;
+    uint8_t *c = NULL;
+    int rc = current_cursor(l, &c, &n);
+    if (rc != BW_OK)
+        return rc;
     if (n > *len)
         rc = fail(l, BW_TOO_BIG, "the cursor needs %zu bytes; the buffer has %zu", n, *len);
     else
@@ -440,9 +441,10 @@ int bw_loader_cursor(bw_loader *l, void *buf, size_t *len)
 int bw_loader_cursor_text(bw_loader *l, char *buf, size_t buflen)
 {
     size_t n;
-    uint8_t *c = current_cursor(l, &n);
-    if (!c)
-        return BW_UNAVAILABLE;
+    uint8_t *c = NULL;
+    int rc = current_cursor(l, &c, &n);
+    if (rc != BW_OK)
+        return rc;
     size_t w = bw__cursor_to_text(c, n, buf, buflen);
     free(c);
     if (w == 0)
@@ -454,10 +456,11 @@ int bw_loader_cursor_text(bw_loader *l, char *buf, size_t buflen)
 int bw_loader_commit(bw_loader *l)
 {
     size_t n;
-    uint8_t *c = current_cursor(l, &n);
-    if (!c)
-        return BW_UNAVAILABLE;
-    int rc = bw__session_commit(&l->session, c, n, l->err, sizeof(l->err));
+    uint8_t *c = NULL;
+    int rc = current_cursor(l, &c, &n);
+    if (rc != BW_OK)
+        return rc;
+    rc = bw__session_commit(&l->session, c, n, l->err, sizeof(l->err));
     free(c);
     return rc;
 }

@@ -79,7 +79,7 @@ static bool recv_all(bw__xfer *x, const bw__sink *sink, bw__xres *res)
     res->rc = rc;
     if (rc == BW_BUSY)
         res->retry_after_ms = bw__rpc_stream_retry_after_ms(x->st);
-    snprintf(res->err, sizeof(res->err), "worker %s: %s", x->wid, e);
+    snprintf(res->err, sizeof(res->err), "worker %s: %.900s", x->wid, e);
     return true;
 }
 
