@@ -44,10 +44,9 @@ typedef struct fetch_req {
     size_t worker;
     bool checked;
     bw__fetch_item **items;
-    size_t n, k;     /* items; items complete */
-    size_t nsamples; /* items that expect bytes (probes do not) */
-    uint8_t *fixed;  /* see bw__fetch_items */
-    uint64_t sample_bytes;
+    size_t n, k;          /* items; items complete */
+    size_t nsamples;      /* items that expect bytes (probes do not) */
+    bw__fetch_dest *dest; /* see bw__fetch_items */
     const bw__transport *t;
     bw__xfer *x;
     bool ended;
@@ -60,6 +59,8 @@ static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uin
                  uint8_t **dest, char *err, size_t errlen)
 {
     fetch_req *r = arg;
+    bw__fetch_dest *d = r->dest;
+    bool fixed = d && d->sample_bytes;
     bw__fetch_item *x = r->k < r->nsamples ? r->items[r->k] : NULL;
     /* gRPC answers a probe (a stream offset) with one empty sample carrying the offset. */
     if (!x && r->nsamples < r->n && key == r->items[r->nsamples]->key && size == 0 && len == 0) {
@@ -67,7 +68,7 @@ static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uin
         return BW_OK;
     }
     if (!x || key != x->key || chunk_off != x->got || chunk_off > size || len > size - chunk_off ||
-        size > x->max_size || (r->sample_bytes && size != r->sample_bytes) ||
+        size > x->max_size || (fixed && size != r->dest->sample_bytes) ||
         (x->started && size != x->size)) {
         snprintf(err, errlen,
                  "worker sent sample %" PRIu64 " (%" PRIu64 " bytes at %" PRIu64 " of %" PRIu64
@@ -76,14 +77,26 @@ static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uin
         return BW_PROTOCOL;
     }
     if (!x->started) {
-        if (!r->fixed && size > 0 && !(x->buf = malloc((size_t)size))) {
+        /* In place when it is the next sample of the batch and fits (an item that failed
+         * after taking its place takes it again when its size is the same). */
+        if (x->direct && size != x->size)
+            x->direct = false; /* bw__fetch_pack moves what follows */
+        if (!fixed && !x->direct && d && x->first == d->pos && d->off + size <= d->b->cap) {
+            x->direct = true;
+            x->off = d->off;
+            d->pos++;
+            d->off += (size_t)size;
+        }
+        if (!fixed && !x->direct && size > 0 && !(x->buf = malloc((size_t)size))) {
             snprintf(err, errlen, "out of memory for a sample of %" PRIu64 " bytes", size);
             return BW_NOMEM;
         }
         x->size = size;
         x->started = true;
     }
-    uint8_t *base = r->fixed ? r->fixed + x->first * r->sample_bytes : x->buf;
+    uint8_t *base = fixed       ? d->b->data + x->first * d->sample_bytes
+                    : x->direct ? d->b->data + x->off
+                                : x->buf;
     *dest = base && len ? base + chunk_off : NULL;
     x->got += len;
     if (x->got == x->size) {
@@ -103,8 +116,8 @@ static void drop_partial(fetch_req *r)
         return;
     free(x->buf);
     x->buf = NULL;
-    x->got = x->size = 0;
-    x->started = false;
+    x->got = 0;
+    x->started = false; /* a direct item keeps its place and size for its next try */
 }
 
 /* Splits routed pending items into requests: the items of one route, in item order, while
@@ -271,7 +284,7 @@ static void judge(const bw__placement *p, fetch_req *r, bw__suspects *suspects, 
 }
 
 int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fetch_item *items,
-                    size_t n, uint8_t *fixed, char *err, size_t errlen)
+                    size_t n, bw__fetch_dest *dest, char *err, size_t errlen)
 {
     bw__suspects suspects = {{NULL}, 0};
     bool refresh = false;
@@ -326,8 +339,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
                 size_t nreqs =
                     make_requests(kind, items, n, route, p->nworkers * 2, count, slots, reqs);
                 for (size_t i = 0; i < nreqs; i++) {
-                    reqs[i].fixed = fixed;
-                    reqs[i].sample_bytes = fixed ? ctx->sample_bytes : 0;
+                    reqs[i].dest = dest;
                     start(ctx, kind, p, &reqs[i]);
                 }
                 receive(reqs, nreqs, deadline, pf, who);
@@ -470,21 +482,45 @@ static int samples_message(void *kctx, bw__fetch_item *const *items, size_t n,
     return BW_OK;
 }
 
-int bw__fetch_pack(bw_batch *b, const bw__fetch_item *items, const size_t *uid,
-                   uint64_t sample_bytes)
+int bw__fetch_pack(bw_batch *b, bw__fetch_item *items, const size_t *uid,
+                   const bw__fetch_dest *dest)
 {
+    uint64_t fixed = dest ? dest->sample_bytes : 0;
     size_t total = 0;
     for (size_t i = 0; i < b->count; i++)
         total += (size_t)items[uid ? uid[i] : i].size;
+    /* Samples placed in the batch buffer stay where they are while they form its prefix in
+     * batch order; one whose size changed on a retry breaks it: what followed it moves out
+     * first (rare: a worker answered a retry with another size). */
+    size_t off = 0, i = 0;
+    for (; !fixed && i < b->count; i++) {
+        bw__fetch_item *x = &items[uid ? uid[i] : i];
+        if (!x->direct || x->first != i || x->off != off)
+            break;
+        off += (size_t)x->size;
+    }
+    for (size_t j = i; !fixed && j < b->count; j++) {
+        bw__fetch_item *x = &items[uid ? uid[j] : j];
+        if (!x->direct || x->first != j)
+            continue;
+        x->direct = false;
+        if (x->size && !(x->buf = malloc((size_t)x->size)))
+            return BW_NOMEM;
+        if (x->size)
+            memcpy(x->buf, b->data + x->off, (size_t)x->size);
+    }
     int rc = bw__batch_reserve(b, total);
     if (rc != BW_OK)
         return rc;
-    size_t off = 0;
-    for (size_t i = 0; i < b->count; i++) {
+    off = 0;
+    for (i = 0; i < b->count; i++) {
         const bw__fetch_item *x = &items[uid ? uid[i] : i];
         b->offsets[i] = off;
         b->sizes[i] = (size_t)x->size;
-        const uint8_t *from = sample_bytes ? b->data + x->first * sample_bytes : x->buf;
+        const uint8_t *from = fixed           ? b->data + x->first * fixed
+                              : x->first != i ? b->data + b->offsets[x->first]
+                              : x->direct     ? b->data + x->off
+                                              : x->buf;
         if (x->size && from != b->data + off) /* empty samples have no bytes to copy */
             memcpy(b->data + off, from, (size_t)x->size);
         off += (size_t)x->size;
@@ -510,13 +546,13 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                            samples_message,
                            NULL,
                            (void *)ctx};
+    bw__fetch_dest dest = {b, ctx->sample_bytes, 0, 0};
     if (rc == BW_OK)
-        rc = bw__fetch_items(ctx, &kind, items, n, ctx->sample_bytes ? b->data : NULL, b->err,
-                             sizeof(b->err));
+        rc = bw__fetch_items(ctx, &kind, items, n, &dest, b->err, sizeof(b->err));
     if (rc != BW_OK && rc != BW_NOMEM && b->err[0])
         BW_DEBUG("step %" PRIu64 ": %s", b->step, b->err);
     if (rc == BW_OK)
-        rc = bw__fetch_pack(b, items, uid, ctx->sample_bytes);
+        rc = bw__fetch_pack(b, items, uid, &dest);
     bw__fetch_items_free(items, n);
     free(items);
     free(uid);

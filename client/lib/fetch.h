@@ -27,6 +27,8 @@ typedef struct bw__fetch_item {
     uint64_t max_size; /* the largest size a worker may announce for it */
     uint64_t size, got;
     uint8_t *buf; /* its own buffer (samples of differing sizes) until packed */
+    bool direct;  /* ... or in place in the batch buffer, at `off` */
+    size_t off;
     bool started, done;
     bool probe; /* asks for no bytes (a stream offset): done when its request succeeds */
 } bw__fetch_item;
@@ -65,21 +67,33 @@ typedef struct bw__fetch_ctx {
 bool bw__fetch_retryable(int rc);
 
 /*
+ * Where received bytes go: into the batch. Samples of a fixed size (sample_bytes) go to
+ * b->data + first * sample_bytes. Samples of differing sizes go straight into b->data, laid out
+ * in batch order, while they arrive in that order and the buffer has room (positions
+ * [0, pos) fill b->data up to off; the buffer is never reallocated while bytes are in flight);
+ * the others into buffers of their own, copied into place by bw__fetch_pack.
+ */
+struct bw_batch;
+typedef struct bw__fetch_dest {
+    struct bw_batch *b;
+    uint64_t sample_bytes;
+    size_t pos, off;
+} bw__fetch_dest;
+
+/*
  * Receives items[0..n) (pending ones: not done), routing each by its shard, until every one
- * is done. With `fixed` (samples of ctx->sample_bytes each), item u's bytes go to
- * fixed + items[u].first * sample_bytes; otherwise to its own buffer (items[u].buf, freed by
+ * is done, into `dest` (NULL: every item into a buffer of its own; freed by
  * bw__fetch_items_free). BW_OK, or an error with a sentence in err: a non-retryable one from
  * a worker (the data itself is bad), BW_UNAVAILABLE at the deadline, BW_NOMEM.
  */
 int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fetch_item *items,
-                    size_t n, uint8_t *fixed, char *err, size_t errlen);
+                    size_t n, bw__fetch_dest *dest, char *err, size_t errlen);
 void bw__fetch_items_free(bw__fetch_item *items, size_t n);
 
-struct bw_batch;
 /* Lays the batch's data out in batch order: position i holds item uid[i] (uid NULL: item
- * i), copied from its buffer, or within b->data when samples have a fixed size. */
-int bw__fetch_pack(struct bw_batch *b, const bw__fetch_item *items, const size_t *uid,
-                   uint64_t sample_bytes);
+ * i), from where bw__fetch_items put it. BW_OK or BW_NOMEM. */
+int bw__fetch_pack(struct bw_batch *b, bw__fetch_item *items, const size_t *uid,
+                   const bw__fetch_dest *dest);
 
 /* Map-style: fills b->data with the samples of b->indices[0..count) in order, from the
  * workers that own them. On error b->err says why. */
