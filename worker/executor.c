@@ -298,7 +298,8 @@ int bw__exec_admit(bw__exec *x, uint64_t charge, uint32_t *retry_after_ms, char 
     else if (rc != BW_UNAVAILABLE)
         note_refusal(x, rc);
     x->callers--;
-    pthread_cond_broadcast(&x->done_cv);
+    if (x->stopping) /* bw__exec_stop waits for callers to leave */
+        pthread_cond_broadcast(&x->done_cv);
     pthread_mutex_unlock(&x->mu);
     return rc;
 }
@@ -311,7 +312,8 @@ void bw__exec_release(bw__exec *x, uint64_t charge)
     BW_INVARIANT(x->used >= charge && x->held > 0, "a charge given back was admitted");
     x->used -= charge;
     x->held--;
-    pthread_cond_broadcast(&x->cv);
+    if (x->waiting) /* only those waiting for room: idle threads need no wake-up */
+        pthread_cond_broadcast(&x->cv);
     pthread_mutex_unlock(&x->mu);
 }
 
@@ -322,7 +324,8 @@ void bw__exec_shrink(bw__exec *x, uint64_t from, uint64_t to)
     pthread_mutex_lock(&x->mu);
     BW_INVARIANT(x->used >= from - to && x->held > 0, "a charge made smaller was admitted");
     x->used -= from - to;
-    pthread_cond_broadcast(&x->cv);
+    if (x->waiting)
+        pthread_cond_broadcast(&x->cv);
     pthread_mutex_unlock(&x->mu);
 }
 

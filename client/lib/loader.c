@@ -29,9 +29,10 @@ struct bw_loader {
     bw__stream_ctx *stream; /* iterable jobs: the stream's sources and offsets; else NULL */
 
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bw__plan *plan; /* the current epoch's; replaced only while no fetch runs */
-    uint32_t world; /* world size at next_deliver */
+    pthread_cond_t work_cv;  /* fetch threads: a slot freed, new steps, stopping */
+    pthread_cond_t ready_cv; /* a fetch ended (its slot READY or discarded) */
+    bw__plan *plan;          /* the current epoch's; replaced only while no fetch runs */
+    uint32_t world;          /* world size at next_deliver */
     uint64_t epoch, end_step;
     uint64_t next_fetch, next_deliver;
     size_t nslots;
@@ -96,7 +97,7 @@ static void *fetch_thread(void *arg)
     while (!l->stopping) {
         size_t slot = (size_t)(l->next_fetch % l->nslots);
         if (l->next_fetch >= l->end_step || l->state[slot] != SLOT_FREE) {
-            pthread_cond_wait(&l->cv, &l->mu);
+            pthread_cond_wait(&l->work_cv, &l->mu);
             continue;
         }
         uint64_t step = l->next_fetch++;
@@ -113,7 +114,9 @@ static void *fetch_thread(void *arg)
         b->rc = rc;
         pthread_mutex_lock(&l->mu);
         l->state[slot] = gen == l->generation ? SLOT_READY : SLOT_FREE;
-        pthread_cond_broadcast(&l->cv);
+        pthread_cond_broadcast(&l->ready_cv);
+        if (gen != l->generation) /* discarded: its slot is free for the new position */
+            pthread_cond_signal(&l->work_cv);
     }
     pthread_mutex_unlock(&l->mu);
     return NULL;
@@ -199,7 +202,8 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     if (!l)
         return BW_NOMEM;
     pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->cv, NULL);
+    pthread_cond_init(&l->work_cv, NULL);
+    pthread_cond_init(&l->ready_cv, NULL);
     int64_t rank, world;
     bw_arena ca;
     bw__arena_init(&ca, 0);
@@ -334,7 +338,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
     if (l->held < l->nslots) {
         l->state[l->held] = SLOT_FREE;
         l->held = l->nslots;
-        pthread_cond_broadcast(&l->cv);
+        pthread_cond_signal(&l->work_cv); /* one slot: one fetch can start */
     }
     if (l->next_deliver >= l->end_step) {
         pthread_mutex_unlock(&l->mu);
@@ -344,7 +348,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
     }
     size_t slot = (size_t)(l->next_deliver % l->nslots);
     while (l->state[slot] != SLOT_READY)
-        pthread_cond_wait(&l->cv, &l->mu);
+        pthread_cond_wait(&l->ready_cv, &l->mu);
     bw_batch *b = &l->slots[slot];
     if (b->rc != BW_OK) {
         /* Try once more now (placement may have changed); keep the step on failure so the
@@ -380,14 +384,14 @@ int bw_loader_next_epoch(bw_loader *l)
             busy |= l->state[i] == SLOT_FETCHING;
         if (!busy)
             break;
-        pthread_cond_wait(&l->cv, &l->mu);
+        pthread_cond_wait(&l->ready_cv, &l->mu);
     }
     int rc = position(l, l->epoch + 1, 0);
     if (rc == BW_MISMATCH && l->plan) {
         /* The next epoch starts with a world this rank is not part of. */
         rc = fail(l, BW_MISMATCH, "%s", l->err);
     }
-    pthread_cond_broadcast(&l->cv);
+    pthread_cond_broadcast(&l->work_cv);
     pthread_mutex_unlock(&l->mu);
     return rc;
 }
@@ -507,7 +511,8 @@ void bw_loader_close(bw_loader *l)
         return;
     pthread_mutex_lock(&l->mu);
     l->stopping = true;
-    pthread_cond_broadcast(&l->cv);
+    pthread_cond_broadcast(&l->work_cv);
+    pthread_cond_broadcast(&l->ready_cv);
     pthread_mutex_unlock(&l->mu);
     for (size_t i = 0; i < l->nthreads; i++)
         pthread_join(l->threads[i], NULL);
@@ -522,6 +527,7 @@ void bw_loader_close(bw_loader *l)
     bw__session_close(&l->session);
     bw__job_request_free(&l->jr);
     pthread_mutex_destroy(&l->mu);
-    pthread_cond_destroy(&l->cv);
+    pthread_cond_destroy(&l->work_cv);
+    pthread_cond_destroy(&l->ready_cv);
     free(l);
 }
