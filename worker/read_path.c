@@ -170,14 +170,7 @@ int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
 /* Routing by source: the shard of the source holding dataset index `index` (indexed). */
 static uint32_t source_shard(const bw__dataset *d, uint64_t index, const Batchwire__V1__Routing *rt)
 {
-    size_t lo = 0, hi = d->nsources;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (d->first[mid] <= index)
-            lo = mid;
-        else
-            hi = mid;
-    }
+    size_t lo = bw__dataset_source_of(d, index);
     return bw__placement_stream_shard((uint32_t)lo, d->sources[lo]->path,
                                       rt->num_shards ? rt->num_shards : 1,
                                       (bw_shard_mode)rt->shard_mode);

@@ -318,13 +318,8 @@ int bw__dataset_index(bw__dataset *d, char *err, size_t errlen)
     return rc;
 }
 
-int bw__dataset_get(bw__dataset *d, uint64_t index, bw__record *r, char *err, size_t errlen)
+size_t bw__dataset_source_of(const bw__dataset *d, uint64_t index)
 {
-    if (index >= d->length) {
-        snprintf(err, errlen, "index %llu requested but the dataset has %llu samples",
-                 (unsigned long long)index, (unsigned long long)d->length);
-        return BW_OUT_OF_RANGE;
-    }
     size_t lo = 0, hi = d->nsources; /* the last source whose first <= index */
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
@@ -335,6 +330,17 @@ int bw__dataset_get(bw__dataset *d, uint64_t index, bw__record *r, char *err, si
     }
     while (lo + 1 < d->nsources && d->first[lo + 1] <= index) /* skip empty sources */
         lo++;
+    return lo;
+}
+
+int bw__dataset_get(bw__dataset *d, uint64_t index, bw__record *r, char *err, size_t errlen)
+{
+    if (index >= d->length) {
+        snprintf(err, errlen, "index %llu requested but the dataset has %llu samples",
+                 (unsigned long long)index, (unsigned long long)d->length);
+        return BW_OUT_OF_RANGE;
+    }
+    size_t lo = bw__dataset_source_of(d, index);
     bw__source *s = d->sources[lo];
     return s->ops->get(s, index - d->first[lo], r, err, errlen);
 }

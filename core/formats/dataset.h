@@ -47,6 +47,9 @@ int bw__dataset_index(bw__dataset *d, char *err, size_t errlen);
  * reader. Release the record with bw__record_release. */
 int bw__dataset_get(bw__dataset *d, uint64_t index, bw__record *r, char *err, size_t errlen);
 
+/* The source holding dataset index `index` (< length; the dataset indexed). */
+size_t bw__dataset_source_of(const bw__dataset *d, uint64_t index);
+
 /* Stream access: the record at byte offset `off` of source `src`. BW_FMT_END at its end;
  * BW_UNIMPLEMENTED for formats that are not streams. */
 int bw__dataset_next(bw__dataset *d, uint32_t src, uint64_t off, bw__record *r, uint64_t *next,
