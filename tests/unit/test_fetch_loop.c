@@ -62,6 +62,8 @@ typedef enum behave {
     FAIL_LATE,    /* every request fails with BW_UNAVAILABLE after delay_ms */
     HANG_LATER,   /* serves its first request; later ones never answer (blocking: until the
                      timeout the transport was given, then BW_TIMEOUT) */
+    LIE_THEN_DIE, /* after k samples, announces the next one 10 bytes longer (with `mid`: half
+                     as long) than it is, sends part of it and fails */
 } behave;
 
 typedef enum sizes { SZ_FIXED, SZ_MIXED, SZ_EMPTY } sizes;
@@ -422,10 +424,16 @@ static bool step(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         case WRONG_SIZE:
             size += 1;
             break;
+        case LIE_THEN_DIE:
+            size = w->mid ? size / 2 : size + 10;
+            break;
         default:
             break;
         }
     }
+    if (first && x->pos == w->k && w->b == LIE_THEN_DIE && x->off > 0)
+        return ended(x, res, BW_UNAVAILABLE, "fake %s: connection reset inside sample %" PRIu64,
+                     w->id, key);
     if (first && x->pos == w->k && w->b == DIE_AFTER && w->mid && x->off >= (size + 1) / 2 &&
         size > 1)
         return ended(x, res, BW_UNAVAILABLE, "fake %s: connection reset inside sample %" PRIu64,
@@ -508,6 +516,7 @@ typedef struct rig {
     char *sources[1];
     bw__fetch_ctx ctx;
     bw_batch b;
+    size_t room; /* bytes the batch buffer holds before the fetch (a slot used before) */
     uint64_t took_ms;
 } rig;
 
@@ -552,6 +561,10 @@ static int rig_fetch(rig *g, const uint64_t *indices, size_t n)
     assert_int_equal(bw__batch_init(&g->b, n, 0, false), BW_OK);
     memcpy(g->b.indices, indices, n * sizeof(*indices));
     g->b.count = g->b.real = n;
+    if (g->room) { /* a slot's buffer from an earlier batch: room for exactly g->room bytes */
+        assert_int_equal(bw__batch_reserve(&g->b, g->room), BW_OK);
+        g->b.cap = g->room;
+    }
     uint64_t t0 = bw__mono_ms();
     int rc = bw__fetch_batch(&g->ctx, &g->b);
     g->took_ms = bw__mono_ms() - t0;
@@ -612,6 +625,10 @@ static void check_asked_once(const rig *g)
 static const uint64_t PLAN[24] = {17,  3,   250, 42, 99,  128, 7,   300, 511, 64,  1,   77,
                                   200, 145, 9,   33, 402, 18,  255, 256, 90,  610, 123, 5};
 
+/* Samples of differing sizes land in the batch buffer as they come when it has room: cases
+ * run with none, with room for some, and with room for all. */
+static const size_t ROOMS[3] = {0, 700, 1 << 16};
+
 static bool known_bugs(void)
 {
     const char *e = getenv("BW_TEST_KNOWN_BUGS");
@@ -623,9 +640,10 @@ static bool known_bugs(void)
 static void test_all_healthy(void **state)
 {
     (void)state;
-    sizes kinds[2] = {SZ_FIXED, SZ_MIXED};
-    for (int k = 0; k < 2; k++) {
+    sizes kinds[4] = {SZ_FIXED, SZ_MIXED, SZ_MIXED, SZ_MIXED};
+    for (int k = 0; k < 4; k++) {
         rig *g = rig_new(3, kinds[k], 48);
+        g->room = k > 0 ? ROOMS[k - 1] : 0;
         assert_int_equal(rig_fetch(g, PLAN, 24), BW_OK);
         check_batch(g);
         check_asked_once(g);
@@ -647,23 +665,22 @@ static void test_padding_fetched_once(void **state)
     (void)state;
     /* the last global batch completed by cycling: indices repeat, flagged as padding */
     const uint64_t plan[10] = {40, 41, 300, 7, 40, 41, 300, 7, 40, 41};
-    rig *g = rig_new(3, SZ_MIXED, 0);
-    assert_int_equal(rig_fetch(g, plan, 10), BW_OK);
-    check_batch(g);
-    assert_int_equal(g->c.asked[40] + g->c.asked[41] + g->c.asked[300] + g->c.asked[7], 4);
-    rig_free(g);
-    g = rig_new(3, SZ_FIXED, 32);
-    assert_int_equal(rig_fetch(g, plan, 10), BW_OK);
-    check_batch(g);
-    assert_int_equal(g->c.asked[40] + g->c.asked[41] + g->c.asked[300] + g->c.asked[7], 4);
-    rig_free(g);
+    for (int k = 0; k < 4; k++) {
+        rig *g = k == 0 ? rig_new(3, SZ_FIXED, 32) : rig_new(3, SZ_MIXED, 0);
+        g->room = k > 0 ? ROOMS[k - 1] : 0;
+        assert_int_equal(rig_fetch(g, plan, 10), BW_OK);
+        check_batch(g);
+        assert_int_equal(g->c.asked[40] + g->c.asked[41] + g->c.asked[300] + g->c.asked[7], 4);
+        rig_free(g);
+    }
 }
 
 /* Worker w (cluster index) misbehaves on its first request after k samples; everything it
  * did not complete must come from the next owner, once, and the batch be exact. */
-static void failover_case(sizes sz, int which, behave b, size_t k, bool mid)
+static void failover_once(sizes sz, int which, behave b, size_t k, bool mid, size_t room)
 {
     rig *g = rig_new(3, sz, 40);
+    g->room = room;
     int victim = 1;
     fworker *w = &g->c.w[victim];
     w->b = b;
@@ -673,7 +690,8 @@ static void failover_case(sizes sz, int which, behave b, size_t k, bool mid)
         g->ctx.preferred = (bw__transport){NULL, NULL};
     int rc = rig_fetch(g, PLAN, 24);
     if (rc != BW_OK)
-        fail_msg("behaviour %d after %zu samples: %s (%s)", b, k, bw_err_name(rc), g->b.err);
+        fail_msg("behaviour %d after %zu samples, room %zu: %s (%s)", b, k, room, bw_err_name(rc),
+                 g->b.err);
     check_batch(g);
     /* asked once, and the victim's unfinished samples once more: never served twice */
     size_t again = 0;
@@ -705,6 +723,12 @@ static void failover_case(sizes sz, int which, behave b, size_t k, bool mid)
                 assert_false(g->c.w[i].checked[1]);
         }
     rig_free(g);
+}
+
+static void failover_case(sizes sz, int which, behave b, size_t k, bool mid)
+{
+    for (size_t i = 0; i < (sz == SZ_FIXED ? 1 : 3); i++)
+        failover_once(sz, which, b, k, mid, ROOMS[i]);
 }
 
 static void test_worker_dies_mid_batch(void **state)
@@ -934,15 +958,60 @@ static void test_empty_samples(void **state)
         assert_int_equal(bw_batch_nbytes(&g->b), 0);
         rig_free(g);
         /* mixed: every third index is empty */
-        g = rig_new(3, SZ_MIXED, 0);
-        if (which == 1)
-            g->ctx.preferred = (bw__transport){NULL, NULL};
-        const uint64_t plan[8] = {3, 4, 6, 0, 5, 9, 3, 1};
-        assert_int_equal(rig_fetch(g, plan, 8), BW_OK);
-        check_batch(g);
-        assert_int_equal(g->b.sizes[0], 0);
-        assert_int_equal(g->b.sizes[1], sample_size(&g->c, 4));
-        rig_free(g);
+        for (size_t r = 0; r < 3; r++) {
+            g = rig_new(3, SZ_MIXED, 0);
+            g->room = ROOMS[r];
+            if (which == 1)
+                g->ctx.preferred = (bw__transport){NULL, NULL};
+            const uint64_t plan[8] = {3, 4, 6, 0, 5, 9, 3, 1};
+            assert_int_equal(rig_fetch(g, plan, 8), BW_OK);
+            check_batch(g);
+            assert_int_equal(g->b.sizes[0], 0);
+            assert_int_equal(g->b.sizes[1], sample_size(&g->c, 4));
+            rig_free(g);
+        }
+    }
+}
+
+/* A sample that took its place in the batch buffer, then failed part-way, is asked again
+ * elsewhere. The retry may announce another size (the first worker lied about it): the samples
+ * placed after it then move, and the batch is still exact; with the same size it is written
+ * again where it was. Two workers, the blocking transport (w1's answer is read before w2's):
+ * position 0 is w1's, the rest w2's, in increasing order, so each lands in place as it comes. */
+static void retry_case(behave b, bool mid, size_t room)
+{
+    rig *g = rig_new(2, SZ_MIXED, 0);
+    g->room = room;
+    g->ctx.preferred = (bw__transport){NULL, NULL};
+    const unsigned two = (1u << 2) | (1u << 3);
+    uint64_t plan[11];
+    size_t n = 0;
+    for (uint64_t idx = 1; n == 0; idx++) /* w1's first sample of 8 bytes or more */
+        if (owner_of(idx, two) == 0 && sample_size(&g->c, idx) >= 8)
+            plan[n++] = idx;
+    for (uint64_t idx = plan[0] + 1; n < 11; idx++)
+        if (owner_of(idx, two) == 1)
+            plan[n++] = idx;
+    g->c.w[0].b = b;
+    g->c.w[0].k = 0;
+    g->c.w[0].mid = mid;
+    int rc = rig_fetch(g, plan, n);
+    if (rc != BW_OK)
+        fail_msg("behaviour %d, room %zu: %s (%s)", b, room, bw_err_name(rc), g->b.err);
+    check_batch(g);
+    assert_int_equal(g->c.served_by[plan[0]], 1);
+    assert_int_equal(g->c.w[0].served, 0);
+    assert_int_equal(g->c.w[1].nreq, 2);
+    rig_free(g);
+}
+
+static void test_retry_in_place_or_moved(void **state)
+{
+    (void)state;
+    for (size_t r = 0; r < 3; r++) {
+        retry_case(LIE_THEN_DIE, false, ROOMS[r]); /* a larger size on the retry */
+        retry_case(LIE_THEN_DIE, true, ROOMS[r]);  /* a smaller one */
+        retry_case(DIE_AFTER, true, ROOMS[r]);     /* the same size */
     }
 }
 
@@ -998,6 +1067,7 @@ int main(void)
         cmocka_unit_test_teardown(test_slow_worker, free_rigs),
         cmocka_unit_test_teardown(test_every_worker_fails, free_rigs),
         cmocka_unit_test_teardown(test_empty_samples, free_rigs),
+        cmocka_unit_test_teardown(test_retry_in_place_or_moved, free_rigs),
         cmocka_unit_test_teardown(test_dies_inside_whole_sample, free_rigs),
         cmocka_unit_test_teardown(test_deadline_covers_retries, free_rigs),
     };
