@@ -8,9 +8,11 @@ TFRecord source of 0..40-byte records, and each request the fuzz target's client
 same indices, or records 3.. of the source) is sent to the worker over its data channel (the
 bytes read back as they came) and over gRPC (each SampleBatch message as it came, also with a
 32-byte message limit so that samples arrive in chunks). Each seed is the target's two mode
-bytes followed by the reply. A worker that does not serve ReadStream on its data channel
-answers it with an error frame (a seed too); the frames of one that does are then written from
-the records it sent over gRPC.
+bytes followed by the reply; two samples of 17-24 KB are read too (the data channel receives
+them straight into the batch), and some seeds give the batch buffer room beforehand (byte 1),
+so that samples land in it as they come. A worker that does not serve ReadStream on its data
+channel answers with an error frame (a seed too), and the frames one that does would send are
+then written from the records it sent over gRPC.
 
 Then the known hard cases, built from the captured replies by the protocol's rules: a frame
 announcing 7*10^18 bytes, all-empty samples, an empty first chunk followed by the data, error
@@ -41,6 +43,7 @@ KNOWN = os.path.join(HERE, "corpus-known-bugs", "fuzz_client_reply")
 BATCH = [13, 2, 7, 2, 40, 5, 13, 21]  # fuzz_client_reply.c BATCH
 FIRST_RECORD = 3
 FIXED = 16  # 1 + byte 1 % 64 with byte 1 = 15
+BIG = (17000, 24000)  # over the data channel's 16 KiB read-ahead; two fit in -max_len=65536
 MAGIC = 0x31445742
 SAMPLE, END, ERROR = 1, 2, 3
 
@@ -143,7 +146,10 @@ def capture(tmpdir):
     for args in (["--format", "npy", "--out", os.path.join(cl_root, "npy"), "--num-samples",
                   "64", "--shape", str(FIXED), "--dtype", "uint8", "--files", "1"],
                  ["--format", "tfrecord", "--out", os.path.join(cl_root, "tfr"), "--num-samples",
-                  "64", "--sample-bytes", "0", "--sample-bytes-max", "40", "--files", "1"]):
+                  "64", "--sample-bytes", "0", "--sample-bytes-max", "40", "--files", "1"],
+                 ["--format", "tfrecord", "--out", os.path.join(cl_root, "big"), "--num-samples",
+                  "16", "--sample-bytes", str(BIG[0]), "--sample-bytes-max", str(BIG[1]),
+                  "--files", "1"]):
         r = bt.cli("gen", *args, timeout=60)
         if r.returncode != 0:
             raise bt.TestFailure("batchwire gen failed: " + r.stderr)
@@ -177,12 +183,26 @@ def capture(tmpdir):
         reply = w.dchan(kind, req)
         t, = struct.unpack_from("<I", reply, 0)
         seeds["dchan-" + tag] = mode(False, stream, fixed, n, 0, param) + reply
+        if not fixed and n == 8:  # room in the batch buffer for 256 bytes: some samples
+            seeds["dchan-room-" + tag] = mode(False, stream, False, n, 0, 1) + reply
+            seeds["grpc-room-" + tag] = mode(True, stream, False, n, 0, 1) + \
+                seeds["grpc-" + tag][2:]
         if stream and t == ERROR:
             # A worker without ReadStream on its data channel answers an error frame (the
             # client then asks over gRPC); the frames a worker with it sends, from the records.
             end = samples[-1][2] if samples else 0
             seeds["dchan-frames-" + tag] = mode(False, stream, fixed, n, 0, param) + \
                 frames_of([(k, d) for k, d, _ in samples], end)
+    # samples the data channel receives straight into the batch, not through its buffer
+    kind, req = w.request("tfrecord", "big/part-00000.tfrecord", 2, False)
+    big = w.dchan(kind, req)
+    seeds["dchan-samples-big-n2"] = mode(False, False, False, 2) + big
+    gbig = messages(w.grpc(kind, req))
+    seeds["grpc-samples-big-n2"] = mode(True, False, False, 2) + gbig
+    # ... with room in the batch buffer for the first (25600 bytes), not the second
+    seeds["dchan-samples-big-n2-room"] = mode(False, False, False, 2, 0, 100) + big
+    seeds["grpc-samples-big-n2-room"] = mode(True, False, False, 2, 0, 100) + gbig
+    real["big"] = big
     # real error frames: an index past the end, a dataset that is not there
     bad = dc.pb.ReadSamplesRequest(dataset=dc.pb.Dataset(format="npy", sources=[npy[1]]),
                                    indices=[1000])
@@ -238,6 +258,10 @@ def synthetic(real):
             elif d:
                 known["dchan-cut-in-last-sample" + label] = cut
             off = start + len(d)
+    mb = mode(False, False, False, 2)
+    a = struct.unpack_from("<Q", real["big"], 16)[0]  # the first sample's size
+    seeds["dchan-cut-in-big-sample-0"] = mb + real["big"][:24 + a // 2]
+    known["dchan-cut-in-last-big-sample"] = mb + real["big"][:24 + a + 24 + 1000]
     # gRPC: an empty first chunk, then the data; a message cut short; the call's status
     g = mode(True, False, False, 3)
     k0, d0 = var3[0] if var3[0][1] else next(x for x in var3 if x[1])
