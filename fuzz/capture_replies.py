@@ -17,12 +17,8 @@ then written from the records it sent over gRPC.
 Then the known hard cases, built from the captured replies by the protocol's rules: a frame
 announcing 7*10^18 bytes, all-empty samples, an empty first chunk followed by the data, error
 frames (busy with a hint, wrong owner, corrupt, unavailable), the gRPC status after the
-messages, and replies cut off inside a frame header and inside a sample's bytes.
-
-Replies cut inside the last sample's bytes make today's client keep that sample as complete
-(a bug in client/lib/fetch.c, tests/unit/test_fetch_loop.c test_dies_inside_whole_sample):
-they go to fuzz/corpus-known-bugs/fuzz_client_reply/, which ctest does not replay; move them
-into the corpus with the fix.
+messages, and replies cut off inside a frame header and inside a sample's bytes (which once
+made the client keep a cut sample as complete).
 """
 import os
 import shutil
@@ -38,7 +34,6 @@ import bwtest as bt  # noqa: E402
 import bwdata as bd  # noqa: E402
 
 CORPUS = os.path.join(HERE, "corpus", "fuzz_client_reply")
-KNOWN = os.path.join(HERE, "corpus-known-bugs", "fuzz_client_reply")
 
 BATCH = [13, 2, 7, 2, 40, 5, 13, 21]  # fuzz_client_reply.c BATCH
 FIRST_RECORD = 3
@@ -218,7 +213,7 @@ def capture(tmpdir):
 def synthetic(real):
     """The known hard cases, from the captured samples."""
     pb = bd._pb
-    seeds, known = {}, {}
+    seeds, cuts = {}, {}
     var3 = [(k, d) for k, d, _ in real[(False, False, 3)]]
     fix8 = [(k, d) for k, d, _ in real[(False, True, 8)]]
     keys3 = [k for k, _ in var3]
@@ -256,12 +251,12 @@ def synthetic(real):
             if d and i < len(smp) - 1:
                 seeds["dchan-cut-in-sample-%d%s" % (i, label)] = cut
             elif d:
-                known["dchan-cut-in-last-sample" + label] = cut
+                cuts["dchan-cut-in-last-sample" + label] = cut
             off = start + len(d)
     mb = mode(False, False, False, 2)
     a = struct.unpack_from("<Q", real["big"], 16)[0]  # the first sample's size
     seeds["dchan-cut-in-big-sample-0"] = mb + real["big"][:24 + a // 2]
-    known["dchan-cut-in-last-big-sample"] = mb + real["big"][:24 + a + 24 + 1000]
+    cuts["dchan-cut-in-last-big-sample"] = mb + real["big"][:24 + a + 24 + 1000]
     # gRPC: an empty first chunk, then the data; a message cut short; the call's status
     g = mode(True, False, False, 3)
     k0, d0 = var3[0] if var3[0][1] else next(x for x in var3 if x[1])
@@ -288,27 +283,25 @@ def synthetic(real):
     seeds["grpc-sample-overruns-message"] = g + messages([over])
     # ... and its data cut off: the decoder places the chunk, then finds the bytes missing
     if var3[-1][1]:
-        known["grpc-cut-in-last-data"] = g + messages([head + bytes([0x0A, len(body)]) +
+        cuts["grpc-cut-in-last-data"] = g + messages([head + bytes([0x0A, len(body)]) +
                                                         body[:-1]])
-    return seeds, known
+    return seeds, cuts
 
 
 def main():
     tmpdir = tempfile.mkdtemp(prefix="bw-corpus-")
     try:
         seeds, real = capture(tmpdir)
-        more, known = synthetic(real)
+        more, cuts = synthetic(real)
         seeds.update(more)
+        seeds.update(cuts)
     finally:
         bt.kill_all()
         shutil.rmtree(tmpdir, ignore_errors=True)
-    for d in (CORPUS, KNOWN):
-        shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(CORPUS, ignore_errors=True)
     for name, data in sorted(seeds.items()):
         put(CORPUS, name, data)
-    for name, data in sorted(known.items()):
-        put(KNOWN, name, data)
-    print("%d seeds in %s, %d in %s" % (len(seeds), CORPUS, len(known), KNOWN))
+    print("%d seeds in %s" % (len(seeds), CORPUS))
 
 
 if __name__ == "__main__":

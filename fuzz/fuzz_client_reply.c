@@ -31,10 +31,9 @@
  * for it by the protocol's rules (an independent parser below); anything else traps.
  *
  * The seeds (fuzz/capture_replies.py) are a real worker's replies to these requests over both
- * transports and the known hard cases; replies that trip known client bugs wait in
- * fuzz/corpus-known-bugs/ (not replayed) for the fix. BW_FUZZ_VERBOSE=1 prints each input's
- * outcome and the library's log; BW_FUZZ_SKIP_KNOWN=1 lets a run go on past the known bugs
- * (see the checks at the end).
+ * transports and the known hard cases (among them replies cut inside a sample, and empty
+ * samples in a batch without a buffer). BW_FUZZ_VERBOSE=1 prints each input's outcome and
+ * the library's log.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -258,7 +257,8 @@ static bool fake_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(s, 2);
         grpc_slice_unref(s[0]);
         grpc_slice_unref(s[1]);
-        rc = bw__decode_sample_batch(bb, sink->place, sink->ctx, &last, e, sizeof(e));
+        rc =
+            bw__decode_sample_batch(bb, sink->place, sink->arrived, sink->ctx, &last, e, sizeof(e));
         grpc_byte_buffer_destroy(bb);
         pos += n;
     }
@@ -470,8 +470,7 @@ static void ref_messages(ref *r, const uint8_t *p, size_t n)
 /* ---- the target ---- */
 
 static bw__session g_session;
-static bool g_verbose;    /* BW_FUZZ_VERBOSE=1: each input's outcome on stderr */
-static bool g_skip_known; /* BW_FUZZ_SKIP_KNOWN=1: see the checks below */
+static bool g_verbose; /* BW_FUZZ_VERBOSE=1: each input's outcome on stderr */
 static bw__placement *g_table;
 
 static bw__placement *placement(void *arg, bool refresh, char *err, size_t errlen)
@@ -520,7 +519,6 @@ static void init(void)
     g_verbose = getenv("BW_FUZZ_VERBOSE") != NULL;
     if (g_verbose)
         bw_set_log_callback(log_line, NULL, BW_LOG_DEBUG);
-    g_skip_known = getenv("BW_FUZZ_SKIP_KNOWN") != NULL;
     signal(SIGPIPE, SIG_IGN);
     grpc_init();
     char err[256];
@@ -617,10 +615,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     b.count = b.real = n;
     size_t room = fixed ? 0 : (size_t)param * 256;
-    /* Room for exactly that much (the allocation may be larger). BW_FUZZ_SKIP_KNOWN: a buffer
-     * even without room, past the known NULL + 0 of a batch without one (below). */
-    if (room || g_skip_known) {
-        if (bw__batch_reserve(&b, room ? room : 1) != BW_OK)
+    /* Room for exactly that much (the allocation may be larger); none: no buffer at all. */
+    if (room) {
+        if (bw__batch_reserve(&b, room) != BW_OK)
             abort();
         b.cap = room;
     }
@@ -672,16 +669,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             ref_messages(&r, reply, len);
         else
             ref_frames(&r, reply, len);
-        /* BW_FUZZ_SKIP_KNOWN=1 lets a fuzzing run go on past two known client bugs: a
-         * sample cut off inside its bytes is kept as complete (fetch.c place() marks it done
-         * when it is placed), so inputs whose reply ends inside a sample are not checked; and
-         * empty samples in a batch that has no buffer yet make the library compute NULL + 0
-         * (fetch.c place(), bw__fetch_pack, batch.c bw_batch_sample; undefined behaviour
-         * clang's sanitizer stops on), so the batch always gets a buffer (above). */
-        bool check = !(r.cut && g_skip_known);
-        if (check && r.done != m)
+        if (r.done != m)
             __builtin_trap(); /* succeeded without every sample complete in the reply */
-        for (size_t i = 0; check && i < n; i++) {
+        for (size_t i = 0; i < n; i++) {
             size_t k = 0;
             while (keys[k] != b.indices[i])
                 k++;

@@ -140,7 +140,7 @@ int bw_batch_sample(const bw_batch *b, size_t i, const void **data, size_t *size
 {
     if (i >= b->count)
         return BW_OUT_OF_RANGE;
-    *data = b->data + b->offsets[i];
     *size = b->sizes[i];
+    *data = *size ? b->data + b->offsets[i] : b->data; /* no arithmetic on a NULL buffer */
     return BW_OK;
 }

@@ -463,6 +463,7 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         if (x->got == x->need) {
             if (x->phase == X_MSG)
                 return error_frame(x, res);
+            sink->arrived(sink->ctx, x->need);
             x->nsamples++;
             x->phase = X_HDR;
         }

@@ -81,7 +81,8 @@ static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uin
          * after taking its place takes it again when its size is the same). */
         if (x->direct && size != x->size)
             x->direct = false; /* bw__fetch_pack moves what follows */
-        if (!fixed && !x->direct && d && x->first == d->pos && d->off + size <= d->b->cap) {
+        if (!fixed && !x->direct && d && x->first == d->pos && size > 0 &&
+            d->off + size <= d->b->cap) {
             x->direct = true;
             x->off = d->off;
             d->pos++;
@@ -94,16 +95,28 @@ static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uin
         x->size = size;
         x->started = true;
     }
-    uint8_t *base = fixed       ? d->b->data + x->first * d->sample_bytes
-                    : x->direct ? d->b->data + x->off
-                                : x->buf;
-    *dest = base && len ? base + chunk_off : NULL;
+    *dest = NULL; /* an empty chunk has no place (and no arithmetic on a NULL buffer) */
+    if (len)
+        *dest = (fixed       ? d->b->data + x->first * d->sample_bytes
+                 : x->direct ? d->b->data + x->off
+                             : x->buf) +
+                chunk_off;
+    return BW_OK;
+}
+
+/* The bytes of the chunk last placed have landed: the sample counts once all of it has (so
+ * a request cut inside a sample loses that sample, which starts over). */
+static void arrived(void *arg, uint64_t len)
+{
+    fetch_req *r = arg;
+    if (r->k >= r->nsamples)
+        return; /* a probe's empty answer */
+    bw__fetch_item *x = r->items[r->k];
     x->got += len;
-    if (x->got == x->size) {
+    if (x->started && x->got == x->size) {
         x->done = true;
         r->k++;
     }
-    return BW_OK;
 }
 
 /* The item a failed request was receiving starts over. */
@@ -155,10 +168,13 @@ static size_t make_requests(const bw__fetch_kind *kind, bw__fetch_item *items, s
     return m;
 }
 
-/* Starts request r on the worker's transport (the data channel where usable, else gRPC). */
+/* Starts request r on the worker's transport (the data channel where usable, else gRPC),
+ * with what is left of the fetch's time: retries never stretch a fetch past its deadline. */
 static void start(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, const bw__placement *p,
-                  fetch_req *r)
+                  fetch_req *r, uint64_t deadline)
 {
+    uint64_t now = bw__mono_ms();
+    int left = now < deadline ? (int)(deadline - now) : 1;
     const bw__worker_ref *wr = &p->workers[r->worker];
     bw_arena a;
     bw__arena_init(&a, 0);
@@ -180,8 +196,7 @@ static void start(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, const bw
             continue;
         memset(&r->res, 0, sizeof(r->res));
         r->t = t;
-        if (t->ops->start(t->state, wr, &rq, ctx->timeout_ms, &r->x, &r->res) == BW_OK ||
-            !r->res.fallback)
+        if (t->ops->start(t->state, wr, &rq, left, &r->x, &r->res) == BW_OK || !r->res.fallback)
             break;
         r->t = NULL;
     }
@@ -217,7 +232,7 @@ static void receive(fetch_req *reqs, size_t n, uint64_t deadline, struct pollfd 
         for (size_t j = 0; j < m; j++)
             if (pf[j].revents) {
                 fetch_req *r = &reqs[who[j]];
-                bw__sink sink = {place, r};
+                bw__sink sink = {place, arrived, r};
                 r->ended = r->t->ops->recv(r->x, &sink, &r->res);
             }
     }
@@ -226,7 +241,7 @@ static void receive(fetch_req *reqs, size_t n, uint64_t deadline, struct pollfd 
         if (r->ended)
             continue;
         if (r->t->ops->fd(r->x) < 0) { /* blocking transports: read to the end now */
-            bw__sink sink = {place, r};
+            bw__sink sink = {place, arrived, r};
             r->ended = r->t->ops->recv(r->x, &sink, &r->res);
         } else {
             r->ended = true;
@@ -340,7 +355,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
                     make_requests(kind, items, n, route, p->nworkers * 2, count, slots, reqs);
                 for (size_t i = 0; i < nreqs; i++) {
                     reqs[i].dest = dest;
-                    start(ctx, kind, p, &reqs[i]);
+                    start(ctx, kind, p, &reqs[i], deadline);
                 }
                 receive(reqs, nreqs, deadline, pf, who);
                 for (size_t i = 0; i < nreqs; i++) {
@@ -517,12 +532,14 @@ int bw__fetch_pack(bw_batch *b, bw__fetch_item *items, const size_t *uid,
         const bw__fetch_item *x = &items[uid ? uid[i] : i];
         b->offsets[i] = off;
         b->sizes[i] = (size_t)x->size;
-        const uint8_t *from = fixed           ? b->data + x->first * fixed
-                              : x->first != i ? b->data + b->offsets[x->first]
-                              : x->direct     ? b->data + x->off
-                                              : x->buf;
-        if (x->size && from != b->data + off) /* empty samples have no bytes to copy */
-            memcpy(b->data + off, from, (size_t)x->size);
+        if (x->size) { /* empty samples have no bytes (and maybe no buffer) */
+            const uint8_t *from = fixed           ? b->data + x->first * fixed
+                                  : x->first != i ? b->data + b->offsets[x->first]
+                                  : x->direct     ? b->data + x->off
+                                                  : x->buf;
+            if (from != b->data + off)
+                memcpy(b->data + off, from, (size_t)x->size);
+        }
         off += (size_t)x->size;
     }
     b->nbytes = total;

@@ -149,6 +149,9 @@ int bw__batch_to_device(bw_batch *b);
 typedef int (*bw__sample_place_fn)(void *ctx, uint64_t index, uint64_t size, uint64_t chunk_offset,
                                    uint64_t len, uint8_t **dest, char *err, size_t errlen);
 
+/* Called once the len bytes of the chunk place() last gave a place for have landed there. */
+typedef void (*bw__sample_arrived_fn)(void *ctx, uint64_t len);
+
 /* What decoding learned across messages: the next_offset of the last complete stream record. */
 typedef struct bw__decoded {
     bool has_next_offset;
@@ -156,9 +159,11 @@ typedef struct bw__decoded {
 } bw__decoded;
 
 /* Decodes a SampleBatch straight from the received slices, copying each sample's bytes once
- * into the place `place` gives. BW_OK, BW_PROTOCOL for a malformed message, or place's error. */
+ * into the place `place` gives, then telling `arrived` (may be NULL). BW_OK, BW_PROTOCOL for
+ * a malformed message, or place's error. */
 struct grpc_byte_buffer;
-int bw__decode_sample_batch(struct grpc_byte_buffer *bb, bw__sample_place_fn place, void *ctx,
-                            bw__decoded *last, char *err, size_t errlen);
+int bw__decode_sample_batch(struct grpc_byte_buffer *bb, bw__sample_place_fn place,
+                            bw__sample_arrived_fn arrived, void *ctx, bw__decoded *last, char *err,
+                            size_t errlen);
 
 #endif

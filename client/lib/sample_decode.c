@@ -89,8 +89,9 @@ static bool skip_field(reader *rd, unsigned wire)
  * the worker's hand encoder do), so when the data field arrives its header -- index, size,
  * chunk offset, zero when absent -- is complete and the bytes go straight to their place; a
  * header field after the data is refused as malformed. */
-static int sample(reader *rd, uint64_t len, bw__sample_place_fn place, void *ctx, bw__decoded *last,
-                  char *err, size_t errlen)
+static int sample(reader *rd, uint64_t len, bw__sample_place_fn place,
+                  bw__sample_arrived_fn arrived, void *ctx, bw__decoded *last, char *err,
+                  size_t errlen)
 {
     uint64_t stop = rd->pos + len, index = 0, size = 0, chunk = 0, dlen = 0, next = 0;
     bool placed = false, has_next = false;
@@ -136,6 +137,9 @@ static int sample(reader *rd, uint64_t len, bw__sample_place_fn place, void *ctx
         if (rc != BW_OK)
             return rc;
     }
+    /* The chunk's bytes are in place and its message is whole. */
+    if (arrived)
+        arrived(ctx, placed ? dlen : 0);
     /* A stream record's next offset counts once the record is complete. */
     if (has_next && chunk + dlen == size) {
         last->has_next_offset = true;
@@ -148,8 +152,9 @@ malformed:
     return BW_PROTOCOL;
 }
 
-int bw__decode_sample_batch(struct grpc_byte_buffer *bb, bw__sample_place_fn place, void *ctx,
-                            bw__decoded *last, char *err, size_t errlen)
+int bw__decode_sample_batch(struct grpc_byte_buffer *bb, bw__sample_place_fn place,
+                            bw__sample_arrived_fn arrived, void *ctx, bw__decoded *last, char *err,
+                            size_t errlen)
 {
     reader rd;
     memset(&rd, 0, sizeof(rd));
@@ -171,7 +176,7 @@ int bw__decode_sample_batch(struct grpc_byte_buffer *bb, bw__sample_place_fn pla
                 rc = BW_PROTOCOL;
                 break;
             }
-            if ((rc = sample(&rd, len, place, ctx, last, err, errlen)) != BW_OK)
+            if ((rc = sample(&rd, len, place, arrived, ctx, last, err, errlen)) != BW_OK)
                 break;
         } else if (!skip_field(&rd, (unsigned)(tag & 7))) {
             rc = BW_PROTOCOL;

@@ -37,6 +37,9 @@ typedef struct bw__read_req {
 typedef struct bw__sink {
     int (*place)(void *ctx, uint64_t key, uint64_t size, uint64_t chunk_off, uint64_t len,
                  uint8_t **dest, char *err, size_t errlen);
+    /* The len bytes of the chunk last placed have all landed: only then does the sample
+     * count (a connection that ends inside a sample loses that sample, whole). */
+    void (*arrived)(void *ctx, uint64_t len);
     void *ctx;
 } bw__sink;
 

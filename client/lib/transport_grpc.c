@@ -65,7 +65,8 @@ static bool recv_all(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         rc = bw__rpc_stream_next_raw(x->st, &msg, e, sizeof(e));
         if (rc != BW_OK)
             break;
-        rc = bw__decode_sample_batch(msg, sink->place, sink->ctx, &last, e, sizeof(e));
+        rc = bw__decode_sample_batch(msg, sink->place, sink->arrived, sink->ctx, &last, e,
+                                     sizeof(e));
         grpc_byte_buffer_destroy(msg);
         if (rc != BW_OK)
             break;

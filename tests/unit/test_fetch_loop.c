@@ -11,10 +11,6 @@
  * worker is not readable before its delay), each sample placed whole before its bytes arrive,
  * the bytes copied over later recv calls. The fallback fake mirrors gRPC: no descriptor, recv
  * blocks to the end, each sample placed chunk by chunk as its bytes arrive.
- *
- * Two cases assert documented behaviour that client/lib does not have yet (each says which
- * line is at fault); they are skipped unless BW_TEST_KNOWN_BUGS=1, and are to be made
- * unconditional with the fix.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -453,6 +449,8 @@ static bool step(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         for (uint64_t j = 0; j < take; j++)
             x->dest[x->off + j] = sample_byte(key, x->off + j);
         x->off += take;
+        if (x->off == x->size) /* every byte has landed */
+            sink->arrived(sink->ctx, x->size);
     } else { /* gRPC's way: each chunk placed as it arrives */
         uint64_t chunk = size / 3 + 1, off = x->off;
         uint64_t len = size - off < chunk ? size - off : chunk;
@@ -465,6 +463,7 @@ static bool step(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         assert_true(dest != NULL || len == 0);
         for (uint64_t j = 0; j < len; j++)
             dest[j] = sample_byte(key, off + j);
+        sink->arrived(sink->ctx, len);
         x->off += len;
         x->placed = true;
         x->size = size;
@@ -628,12 +627,6 @@ static const uint64_t PLAN[24] = {17,  3,   250, 42, 99,  128, 7,   300, 511, 64
 /* Samples of differing sizes land in the batch buffer as they come when it has room: cases
  * run with none, with room for some, and with room for all. */
 static const size_t ROOMS[3] = {0, 700, 1 << 16};
-
-static bool known_bugs(void)
-{
-    const char *e = getenv("BW_TEST_KNOWN_BUGS");
-    return e && strcmp(e, "1") == 0;
-}
 
 /* ---- cases ---- */
 
@@ -1021,8 +1014,6 @@ static void test_retry_in_place_or_moved(void **state)
 static void test_dies_inside_whole_sample(void **state)
 {
     (void)state;
-    if (!known_bugs())
-        skip(); /* fetch.c place() marks the item done when it is placed, not when filled */
     for (size_t k = 0; k < 3; k++) {
         failover_case(SZ_FIXED, 0, DIE_AFTER, k, true);
         failover_case(SZ_MIXED, 0, DIE_AFTER, k, true);
@@ -1035,8 +1026,6 @@ static void test_dies_inside_whole_sample(void **state)
 static void test_deadline_covers_retries(void **state)
 {
     (void)state;
-    if (!known_bugs())
-        skip(); /* fetch.c start() gives every request ctx->timeout_ms, not the time left */
     rig *g = rig_new(2, SZ_FIXED, 8);
     g->ctx.preferred = (bw__transport){NULL, NULL};
     g->ctx.timeout_ms = 1000;

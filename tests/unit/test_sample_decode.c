@@ -106,7 +106,7 @@ static void test_every_split(void **state)
             g.fail_at = -1;
             err[0] = '\0';
             assert_int_equal(
-                bw__decode_sample_batch(bb, collect, &g, &(bw__decoded){0}, err, sizeof(err)),
+                bw__decode_sample_batch(bb, collect, NULL, &g, &(bw__decoded){0}, err, sizeof(err)),
                 BW_OK);
             check_three(&g);
             grpc_byte_buffer_destroy(bb);
@@ -128,7 +128,8 @@ static void test_truncated_and_garbage(void **state)
         memset(&g, 0, sizeof(g));
         g.fail_at = -1;
         err[0] = '\0';
-        int rc = bw__decode_sample_batch(bb, collect, &g, &(bw__decoded){0}, err, sizeof(err));
+        int rc =
+            bw__decode_sample_batch(bb, collect, NULL, &g, &(bw__decoded){0}, err, sizeof(err));
         if (rc != BW_OK) {
             assert_int_equal(rc, BW_PROTOCOL);
             assert_non_null(strstr(err, "malformed SampleBatch"));
@@ -144,20 +145,23 @@ static void test_truncated_and_garbage(void **state)
     got g;
     memset(&g, 0, sizeof(g));
     g.fail_at = -1;
-    assert_int_equal(bw__decode_sample_batch(bb, collect, &g, &(bw__decoded){0}, err, sizeof(err)),
-                     BW_PROTOCOL);
+    assert_int_equal(
+        bw__decode_sample_batch(bb, collect, NULL, &g, &(bw__decoded){0}, err, sizeof(err)),
+        BW_PROTOCOL);
     grpc_byte_buffer_destroy(bb);
     /* A data length beyond its sample. */
     const uint8_t over[] = {0x0a, 0x04, 0x22, 0x7f, 'a', 'b'};
     bb = sliced(over, sizeof(over), NULL, 0);
-    assert_int_equal(bw__decode_sample_batch(bb, collect, &g, &(bw__decoded){0}, err, sizeof(err)),
-                     BW_PROTOCOL);
+    assert_int_equal(
+        bw__decode_sample_batch(bb, collect, NULL, &g, &(bw__decoded){0}, err, sizeof(err)),
+        BW_PROTOCOL);
     grpc_byte_buffer_destroy(bb);
     /* A header field after the data (the bytes were already placed). */
     const uint8_t late[] = {0x0a, 0x05, 0x22, 0x01, 'x', 0x08, 0x03};
     bb = sliced(late, sizeof(late), NULL, 0);
-    assert_int_equal(bw__decode_sample_batch(bb, collect, &g, &(bw__decoded){0}, err, sizeof(err)),
-                     BW_PROTOCOL);
+    assert_int_equal(
+        bw__decode_sample_batch(bb, collect, NULL, &g, &(bw__decoded){0}, err, sizeof(err)),
+        BW_PROTOCOL);
     grpc_byte_buffer_destroy(bb);
 }
 
@@ -171,8 +175,9 @@ static void test_placer_refusal_stops(void **state)
     got g;
     memset(&g, 0, sizeof(g));
     g.fail_at = 1;
-    assert_int_equal(bw__decode_sample_batch(bb, collect, &g, &(bw__decoded){0}, err, sizeof(err)),
-                     BW_PROTOCOL);
+    assert_int_equal(
+        bw__decode_sample_batch(bb, collect, NULL, &g, &(bw__decoded){0}, err, sizeof(err)),
+        BW_PROTOCOL);
     assert_string_equal(err, "refused sample 1000");
     assert_int_equal(g.n, 1);
     grpc_byte_buffer_destroy(bb);
