@@ -36,6 +36,10 @@ int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **ou
 bw__dataset *bw__ds_dataset(bw__wds *e);
 void bw__ds_put(bw__wds *e);
 
+/* Whether bw__ds_get for `spec` would find it open and recently checked, so that getting it
+ * does no file I/O (a hint: it may change right after). */
+bool bw__ds_ready(bw__ds_cache *c, const Batchwire__V1__Dataset *spec);
+
 /* ---- placement_view.c: the placement table this worker last fetched ---- */
 
 typedef struct bw__pview {

@@ -347,7 +347,12 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
             ot.w = w;
             ot.peer = c->peer;
             ot.req = req.msg;
-            bw__exec_run(w->exec, &ot.t, open_on_pool);
+            /* Opening or re-checking a dataset reads files: on the executor's threads, so
+             * that only so many run at once. A dataset already open is checked here. */
+            if (bw__ds_ready(w->datasets, ds))
+                open_on_pool(&ot.t, BW_OK);
+            else
+                bw__exec_run(w->exec, &ot.t, open_on_pool);
             rp = ot.rp;
             rc = ot.rc == BW_OK ? serve_read(&o, rp) : send_error(&c->sock, NULL, ot.rc, 0, ot.err);
             hang_up = rc != BW_OK || ot.rc == BW_UNAVAILABLE;

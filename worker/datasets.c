@@ -159,6 +159,23 @@ static bw__wds *add_opening(bw__ds_cache *c, char *key, size_t keylen)
     return e;
 }
 
+bool bw__ds_ready(bw__ds_cache *c, const Batchwire__V1__Dataset *spec)
+{
+    if (!spec || !spec->format || spec->n_sources > BW_DATASET_MAX_SOURCES)
+        return false;
+    size_t keylen = 0;
+    char *key = make_key(spec, &keylen);
+    if (!key)
+        return false;
+    uint64_t now = bw__mono_ms();
+    pthread_mutex_lock(&c->mu);
+    const bw__wds *e = find(c, key, keylen);
+    bool ready = e && e->state == READY && (e->checking || now <= e->checked_ms + RECHECK_MS);
+    pthread_mutex_unlock(&c->mu);
+    free(key);
+    return ready;
+}
+
 int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **out, char *err,
                size_t errlen)
 {
