@@ -35,7 +35,7 @@ static void test_chaining(void **state)
 static void test_paths_agree(void **state)
 {
     (void)state;
-    uint8_t buf[300];
+    uint8_t buf[3000]; /* past 3 x 256 bytes: the three-way hardware loop, and its tail */
     for (size_t i = 0; i < sizeof(buf); i++)
         buf[i] = (uint8_t)(i * 131 + 17);
     assert_int_equal(~crc_soft(~0u, (const uint8_t *)"123456789", 9), 0xE3069283u);
@@ -43,7 +43,7 @@ static void test_paths_agree(void **state)
     if (!__builtin_cpu_supports("sse4.2"))
         skip();
     for (size_t off = 0; off < 8; off++)
-        for (size_t len = 0; off + len <= sizeof(buf); len += 1 + len / 8)
+        for (size_t len = 0; off + len <= sizeof(buf); len += 1 + len / 16)
             assert_int_equal(crc_soft(0x12345678u, buf + off, len),
                              crc_hw(0x12345678u, buf + off, len));
 #endif
