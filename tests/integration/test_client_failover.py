@@ -118,6 +118,18 @@ def placement_table(cl, num_shards):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def release_and_kill(cl, ranks, victim):
+    """Lets the held ranks go on and SIGKILLs the victim worker 5 ms later, while they read;
+    returns the monotonic time of the kill."""
+    for p in ranks:
+        p.open_gate()
+    time.sleep(0.005)
+    cl.workers[victim].send(signal.SIGKILL)
+    t_kill = time.monotonic()
+    cl.workers[victim].proc.wait(10)
+    return t_kill
+
+
 def failover(cl, ref, want, samples, victim="w2", transport="auto"):
     job = "failover-" + transport
     fo = [e2e.Fetch(cl.addr, job, SPEC, CFG, r, gate_after=GATE,
@@ -141,12 +153,7 @@ def failover(cl, ref, want, samples, victim="w2", transport="auto"):
             vports.add(int(w["data_address"].rsplit(":", 1)[1]))
     evidence = {"seen": [p.batches_seen() for p in fo],
                 "sent": bytes_sent_by(cl.workers[victim].pid, vports)}
-    for p in fo:
-        p.open_gate()
-    time.sleep(0.005)
-    cl.workers[victim].send(signal.SIGKILL)
-    t_kill = time.monotonic()
-    cl.workers[victim].proc.wait(10)
+    t_kill = release_and_kill(cl, fo, victim)
     seen = evidence["seen"]
     sent, conns = evidence["sent"]
     bt.check(all(0 < s < per_epoch for s in seen),

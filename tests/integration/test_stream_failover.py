@@ -19,7 +19,6 @@
 """
 
 import os
-import signal
 import sys
 import time
 
@@ -27,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bwtest as bt  # noqa: E402
 import test_client_e2e as e2e  # noqa: E402
-from test_client_failover import bytes_sent_by, placement_table  # noqa: E402
+from test_client_failover import bytes_sent_by, placement_table, release_and_kill  # noqa: E402
 from test_client_resume import key, LEASE_WAIT  # noqa: E402
 from test_streams import Stream, cfg, check_run  # noqa: E402
 
@@ -90,12 +89,7 @@ def failover(cl, st, c, ref, ahead, transport, job):
                      for w in bt.status_json(cl.addr)["workers"] if w["id"] == victim)
     sent_grpc, conns_grpc = bytes_sent_by(cl.workers[victim].pid, {grpc_port})
     sent_data, conns_data = bytes_sent_by(cl.workers[victim].pid, {data_port})
-    for p in fo:
-        p.open_gate()
-    time.sleep(0.005)
-    cl.workers[victim].send(signal.SIGKILL)
-    t_kill = time.monotonic()
-    cl.workers[victim].proc.wait(10)
+    t_kill = release_and_kill(cl, fo, victim)
     # --transport grpc never touches a data channel; auto uses it where the worker serves
     # ReadStream on it, else gRPC: either way the worker was sending records.
     bt.check(all(0 < s < per_epoch - ahead for s in seen) and sent_grpc + sent_data > 0 and
