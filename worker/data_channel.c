@@ -462,8 +462,7 @@ static void *accept_loop(void *arg)
                 usleep(ACCEPT_POLL_MS * 1000); /* out of descriptors: let connections end */
             continue;
         }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        bw__sock_tune(fd);
         conn *c = calloc(1, sizeof(*c));
         if (!c) {
             BW_WARN("data channel: out of memory for a new connection; closing it");

@@ -47,6 +47,8 @@ typedef struct fetch_req {
     size_t n, k;          /* items; items complete */
     size_t nsamples;      /* items that expect bytes (probes do not) */
     bw__fetch_dest *dest; /* see bw__fetch_items */
+    const char *wid;      /* the worker's id (borrowed from the placement) */
+    uint64_t heard;       /* when it last sent something */
     const bw__transport *t;
     bw__xfer *x;
     bool ended;
@@ -168,13 +170,23 @@ static size_t make_requests(const bw__fetch_kind *kind, bw__fetch_item *items, s
     return m;
 }
 
+/* One attempt's time (fetch.h). */
+static uint64_t attempt_ms(const bw__fetch_ctx *ctx)
+{
+    if (ctx->attempt_ms > 0)
+        return (uint64_t)ctx->attempt_ms;
+    uint64_t a = (uint64_t)(ctx->timeout_ms > 0 ? ctx->timeout_ms : 0) / 3;
+    return a < 1000 ? 1000 : a;
+}
+
 /* Starts request r on the worker's transport (the data channel where usable, else gRPC),
- * with what is left of the fetch's time: retries never stretch a fetch past its deadline. */
+ * with one attempt's time at most, and never past the fetch's deadline. */
 static void start(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, const bw__placement *p,
                   fetch_req *r, uint64_t deadline)
 {
-    uint64_t now = bw__mono_ms();
-    int left = now < deadline ? (int)(deadline - now) : 1;
+    uint64_t now = bw__mono_ms(), once = attempt_ms(ctx);
+    int left = now < deadline ? (int)(deadline - now < once ? deadline - now : once) : 1;
+    r->wid = p->workers[r->worker].id;
     const bw__worker_ref *wr = &p->workers[r->worker];
     bw_arena a;
     bw__arena_init(&a, 0);
@@ -211,28 +223,44 @@ static void start(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, const bw
 }
 
 /* Receives every started request to its end, serving whichever has data (pf and who hold n
- * entries). */
-static void receive(fetch_req *reqs, size_t n, uint64_t deadline, struct pollfd *pf, size_t *who)
+ * entries). A request silent for `attempt` ms ends with BW_TIMEOUT: its worker is treated as
+ * failed, and a retry elsewhere still fits in the batch's deadline. */
+static void receive(fetch_req *reqs, size_t n, uint64_t deadline, uint64_t attempt,
+                    struct pollfd *pf, size_t *who)
 {
+    uint64_t start = bw__mono_ms();
+    for (size_t i = 0; i < n; i++)
+        reqs[i].heard = start;
     for (;;) {
         size_t m = 0;
-        for (size_t i = 0; i < n; i++)
-            if (!reqs[i].ended && reqs[i].t->ops->fd(reqs[i].x) >= 0) {
-                pf[m] = (struct pollfd){reqs[i].t->ops->fd(reqs[i].x), POLLIN, 0};
-                who[m++] = i;
+        uint64_t now = bw__mono_ms(), wake = deadline;
+        for (size_t i = 0; i < n; i++) {
+            fetch_req *r = &reqs[i];
+            if (r->ended || r->t->ops->fd(r->x) < 0)
+                continue;
+            if (now >= r->heard + attempt || now >= deadline) {
+                r->ended = true;
+                r->res.rc = BW_TIMEOUT;
+                snprintf(r->res.err, sizeof(r->res.err), "worker %s sent nothing for %llu ms",
+                         r->wid, (unsigned long long)(now - r->heard));
+                continue;
             }
+            if (r->heard + attempt < wake)
+                wake = r->heard + attempt;
+            pf[m] = (struct pollfd){r->t->ops->fd(r->x), POLLIN, 0};
+            who[m++] = i;
+        }
         if (m == 0)
             break;
-        uint64_t now = bw__mono_ms();
-        int ready = now < deadline ? poll(pf, m, (int)(deadline - now)) : 0;
-        if (ready < 0 && errno == EINTR)
-            continue;
-        if (ready <= 0)
+        int ready = poll(pf, m, (int)(wake - now));
+        if (ready < 0 && errno != EINTR)
             break;
-        for (size_t j = 0; j < m; j++)
+        now = bw__mono_ms();
+        for (size_t j = 0; ready > 0 && j < m; j++)
             if (pf[j].revents) {
                 fetch_req *r = &reqs[who[j]];
                 bw__sink sink = {place, arrived, r};
+                r->heard = now;
                 r->ended = r->t->ops->recv(r->x, &sink, &r->res);
             }
     }
@@ -357,7 +385,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
                     reqs[i].dest = dest;
                     start(ctx, kind, p, &reqs[i], deadline);
                 }
-                receive(reqs, nreqs, deadline, pf, who);
+                receive(reqs, nreqs, deadline, attempt_ms(ctx), pf, who);
                 for (size_t i = 0; i < nreqs; i++) {
                     fetch_req *r = &reqs[i];
                     if (r->t)

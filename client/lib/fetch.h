@@ -61,6 +61,10 @@ typedef struct bw__fetch_ctx {
     uint64_t max_sample_bytes;  /* the largest sample a worker may announce */
     uint32_t max_message_bytes; /* asked of gRPC streams */
     int timeout_ms;             /* for one batch, all retries included */
+    /* One attempt's: a worker that sends nothing for this long (or a gRPC call not done in
+     * it) has failed, and its samples go elsewhere while the batch's time lasts. 0: a third
+     * of timeout_ms, at least 1000. */
+    int attempt_ms;
 } bw__fetch_ctx;
 
 /* Errors after which another worker or a fresher placement may succeed. */

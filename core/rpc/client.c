@@ -48,7 +48,7 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
         return BW_NOMEM;
     }
     int backoff = opts->max_reconnect_ms > 0 ? opts->max_reconnect_ms : 1000;
-    grpc_arg args[5];
+    grpc_arg args[9];
     size_t nargs = 0;
     args[nargs].type = GRPC_ARG_INTEGER;
     args[nargs].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -63,6 +63,22 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
     args[nargs++].value.integer = backoff < 100 ? backoff : 100;
     /* Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the minimum connect
      * timeout, and 100 ms cut slow TLS handshakes short on a loaded machine. */
+    /* Keepalive: a connection whose peer went silent (a partition, a paused host) is found
+     * dead within about four seconds and its calls fail at once, instead of waiting out TCP's
+     * retransmissions; the channel then reconnects as above (docs/operating.md, "Networks").
+     * Servers accept these pings (core/rpc/server.c). */
+    args[nargs].type = GRPC_ARG_INTEGER;
+    args[nargs].key = GRPC_ARG_KEEPALIVE_TIME_MS;
+    args[nargs++].value.integer = BW_RPC_KEEPALIVE_MS;
+    args[nargs].type = GRPC_ARG_INTEGER;
+    args[nargs].key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS;
+    args[nargs++].value.integer = BW_RPC_KEEPALIVE_TIMEOUT_MS;
+    args[nargs].type = GRPC_ARG_INTEGER;
+    args[nargs].key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS;
+    args[nargs++].value.integer = 1;
+    args[nargs].type = GRPC_ARG_INTEGER;
+    args[nargs].key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA;
+    args[nargs++].value.integer = 0;
     if (opts->tls.server_name) {
         args[nargs].type = GRPC_ARG_STRING;
         args[nargs].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;

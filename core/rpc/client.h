@@ -42,6 +42,10 @@ int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *method, const Protobuf
                  bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, char *err,
                  size_t errlen);
 
+/* gRPC keepalive (client pings, server acceptance): a silent peer is found dead within
+ * about BW_RPC_KEEPALIVE_MS + BW_RPC_KEEPALIVE_TIMEOUT_MS. */
+enum { BW_RPC_KEEPALIVE_MS = 2000, BW_RPC_KEEPALIVE_TIMEOUT_MS = 2000 };
+
 /* A server-streaming call being read. Not thread-safe: one reader per stream. */
 typedef struct bw_rpc_stream bw_rpc_stream;
 

@@ -213,10 +213,21 @@ int bw__sock_connect(const char *addr, int timeout_ms, int *fd, char *err, size_
         snprintf(err, errlen, "cannot connect to %s: %s", addr, strerror(saved));
         return saved == ETIMEDOUT ? BW_TIMEOUT : BW_UNAVAILABLE;
     }
-    int one = 1;
-    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    bw__sock_tune(s);
     *fd = s;
     return BW_OK;
+}
+
+void bw__sock_tune(int fd)
+{
+    int one = 1, idle = BW_SOCK_KEEPIDLE_S, intvl = BW_SOCK_KEEPINTVL_S, cnt = BW_SOCK_KEEPCNT;
+    unsigned user = BW_SOCK_USER_TIMEOUT_MS;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user, sizeof(user));
 }
 
 /* recvmsg into iov[0..n) (advanced as bytes arrive) until at least min bytes came. */

@@ -63,8 +63,22 @@ int bw__sock_split(const char *addr, char *host, size_t hostlen, char *port, siz
 /* Listens on addr (port 0: any free one); *bound_port is the port bound. */
 int bw__sock_listen(const char *addr, int *fd, int *bound_port, char *err, size_t errlen);
 
-/* Connects to addr within timeout_ms; TCP_NODELAY, close-on-exec. */
+/* Connects to addr within timeout_ms; TCP_NODELAY, close-on-exec, and bw__sock_tune. */
 int bw__sock_connect(const char *addr, int timeout_ms, int *fd, char *err, size_t errlen);
+
+/* A connected socket's settings for a network that may partition (docs/operating.md,
+ * "Networks"): TCP_NODELAY; TCP keepalive probing an idle connection after
+ * BW_SOCK_KEEPIDLE_S, every BW_SOCK_KEEPINTVL_S, dropping it after BW_SOCK_KEEPCNT misses;
+ * and TCP_USER_TIMEOUT, so that data unacknowledged for BW_SOCK_USER_TIMEOUT_MS fails the
+ * connection instead of retransmitting for minutes. Best effort: a setting the kernel refuses
+ * is skipped. */
+enum {
+    BW_SOCK_KEEPIDLE_S = 2,
+    BW_SOCK_KEEPINTVL_S = 1,
+    BW_SOCK_KEEPCNT = 3,
+    BW_SOCK_USER_TIMEOUT_MS = 5000,
+};
+void bw__sock_tune(int fd);
 
 /* Reads at least min and at most max bytes into buf (*got: how many). Errors as
  * bw__sock_read_all. */

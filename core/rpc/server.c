@@ -1,5 +1,7 @@
 #include "rpc/server.h"
 
+#include "rpc/client.h" /* BW_RPC_KEEPALIVE_MS */
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -711,11 +713,29 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
     for (size_t h = 0; h < n; h++)
         srv->raw[h] = is_raw(opts, handlers[h].method);
 
-    grpc_arg args[1];
+    grpc_arg args[6];
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[0].value.integer = opts->max_receive_bytes > 0 ? opts->max_receive_bytes : 4 << 20;
-    grpc_channel_args cargs = {1, args};
+    /* Clients ping every BW_RPC_KEEPALIVE_MS, also between calls (core/rpc/client.c): accept
+     * that instead of answering GOAWAY "too many pings", and ping idle clients too, so that
+     * a call whose client vanished is cancelled. */
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS;
+    args[1].value.integer = BW_RPC_KEEPALIVE_MS / 2;
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS;
+    args[2].value.integer = 1;
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = GRPC_ARG_HTTP2_MAX_PING_STRIKES;
+    args[3].value.integer = 0;
+    args[4].type = GRPC_ARG_INTEGER;
+    args[4].key = GRPC_ARG_KEEPALIVE_TIME_MS;
+    args[4].value.integer = 5 * BW_RPC_KEEPALIVE_MS;
+    args[5].type = GRPC_ARG_INTEGER;
+    args[5].key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS;
+    args[5].value.integer = BW_RPC_KEEPALIVE_TIMEOUT_MS;
+    grpc_channel_args cargs = {6, args};
     srv->server = grpc_server_create(&cargs, NULL);
     for (int i = 0; i < srv->nqueues; i++) {
         srv->queues[i].cq = grpc_completion_queue_create_for_next(NULL);
