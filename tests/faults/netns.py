@@ -1,0 +1,352 @@
+"""The fault harness: a batchwire cluster spread over network namespaces, and faults on it.
+(Not a test itself; test_faults.py runs the scenarios.)
+
+Topology (one `Net`): a "switch" namespace holding a bridge `br0`, and one namespace per host
+-- `coord`, `w1`..`w3`, `t0`..`t3` -- each with one interface `eth0`, a veth created directly
+inside the two namespaces (`ip -n HOST link add eth0 type veth peer name pHOST netns SWITCH`),
+so nothing appears in the root namespace. Hosts have addresses in 10.231.0.0/24 on that
+bridge only. Every daemon and every client runs inside its host's namespace: in the root
+namespace of these machines a TCP connect to any address "succeeds" (a sandbox proxy
+answers), so a dead or cut-off host can only be observed from inside a test namespace.
+
+Faults (all applied in the switch namespace or to processes this harness started):
+  net.partition(host) / net.heal(host)   nft bridge-family drop of every frame to or from the
+                                         host's switch port (a silent partition: no RST, no
+                                         ICMP; the peers see timeouts)
+  net.partition_for(host, seconds)       the same, healed after `seconds` (blocks); returns
+                                         (t_start, t_end) in time.monotonic()
+  net.loss(percent) / net.loss_off()     random loss of `percent` % of the frames crossing the
+                                         bridge (`numgen random mod 100 < P drop`), every host
+  net.link(host, up)                     the host's own eth0 down/up (ENETUNREACH at once)
+  FaultCluster.kill9(name), .pause(name), .resume(name), .restart_coordinator()
+
+Namespace names are `bwf<pid>-<host>`, so concurrent runs do not collide; a run killed before
+it could clean up leaves namespaces whose <pid> is dead, and the next run deletes those (and
+only those). Needs root (ip netns, nft).
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
+import bwtest as bt  # noqa: E402
+import test_client_e2e as e2e  # noqa: E402
+
+SUBNET = "10.231.0"
+HOSTS = {"coord": 2, "w1": 11, "w2": 12, "w3": 13, "t0": 20, "t1": 21, "t2": 22, "t3": 23}
+COORD_PORT = 7700
+WORKER_PORT = 7701
+WORKER_DATA_PORT = 7702
+NFT_TABLE = "bwfault"
+
+
+def sh(argv, timeout=20, check=True, input_data=None):
+    r = subprocess.run([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=timeout, input=input_data)
+    if check and r.returncode != 0:
+        raise bt.TestFailure("%s exited %d: %s" % (" ".join(map(str, argv)), r.returncode,
+                                                   r.stdout.strip()))
+    return r
+
+
+def have_privileges():
+    """(True, "") where namespaces and nft work here, else (False, why)."""
+    if os.geteuid() != 0:
+        return False, "not root"
+    for tool in ("ip", "nft", "stdbuf"):
+        if not any(os.access(os.path.join(d, tool), os.X_OK)
+                   for d in os.environ.get("PATH", "/usr/sbin:/usr/bin").split(":") + ["/usr/sbin"]):
+            return False, "%s is not installed (scripts/lib.sh BW_TEST_PACKAGES)" % tool
+    return True, ""
+
+
+def reap_stale():
+    """Deletes namespaces left by runs of this harness whose process is gone."""
+    r = sh(["ip", "netns", "list"], check=False)
+    for line in r.stdout.splitlines():
+        m = re.match(r"(bwf(\d+)-\S+)", line.strip())
+        if m and not os.path.exists("/proc/%s" % m.group(2)):
+            sh(["ip", "netns", "del", m.group(1)], check=False)
+
+
+class Net:
+    """One switch namespace with a bridge and one namespace per host in `hosts`."""
+
+    def __init__(self, hosts=HOSTS):
+        reap_stale()
+        self.prefix = "bwf%d-" % os.getpid()
+        self.switch = self.prefix + "sw"
+        self.hosts = dict(hosts)
+        self.created = []
+        self.cut = set()
+        t = time.monotonic()
+        try:
+            self._add_ns(self.switch)
+            sh(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
+            sh(["ip", "-n", self.switch, "link", "set", "br0", "up"])
+            for h, last in self.hosts.items():
+                ns = self.ns(h)
+                self._add_ns(ns)
+                sh(["ip", "-n", ns, "link", "set", "lo", "up"])
+                sh(["ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name",
+                    self.port(h), "netns", self.switch])
+                sh(["ip", "-n", self.switch, "link", "set", self.port(h), "master", "br0", "up"])
+                sh(["ip", "-n", ns, "addr", "add", "%s.%d/24" % (SUBNET, last), "dev", "eth0"])
+                sh(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            sh(["ip", "netns", "exec", self.switch, "nft", "-f", "-"], input_data=(
+                "table bridge %s {\n"
+                "  set cut { type ifname; }\n"
+                "  chain filt { type filter hook forward priority 0; policy accept;\n"
+                "    iifname @cut drop; oifname @cut drop; }\n"
+                "  chain lossy { type filter hook forward priority 1; policy accept; }\n"
+                "}\n" % NFT_TABLE))
+        except BaseException:
+            self.close()
+            raise
+        bt.log("network: %d host namespaces on bridge br0 in %s (%s.0/24), set up in %.2fs" %
+               (len(self.hosts), self.switch, SUBNET, time.monotonic() - t))
+
+    def _add_ns(self, ns):
+        sh(["ip", "netns", "add", ns])
+        self.created.append(ns)
+
+    def ns(self, host):
+        return self.prefix + host
+
+    def port(self, host):
+        return "p" + host  # the host's port on the bridge, in the switch namespace
+
+    def ip(self, host):
+        return "%s.%d" % (SUBNET, self.hosts[host])
+
+    def argv(self, host, argv):
+        """argv run inside `host`'s namespace (ip netns exec execs it: same pid)."""
+        return ["ip", "netns", "exec", self.ns(host)] + [str(a) for a in argv]
+
+    def _nft(self, *args):
+        sh(["ip", "netns", "exec", self.switch, "nft"] + list(args))
+
+    # -- faults -------------------------------------------------------------------------
+    def partition(self, host):
+        self._nft("add", "element", "bridge", NFT_TABLE, "cut", "{ %s }" % self.port(host))
+        self.cut.add(host)
+
+    def heal(self, host):
+        if host in self.cut:
+            self._nft("delete", "element", "bridge", NFT_TABLE, "cut", "{ %s }" % self.port(host))
+            self.cut.discard(host)
+
+    def partition_for(self, host, seconds, started=None):
+        """Partitions `host` for `seconds`; calls started() once the rule is in. Returns
+        (t_start, t_end) in monotonic time."""
+        self.partition(host)
+        t0 = time.monotonic()
+        if started:
+            started()
+        time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
+        self.heal(host)
+        return t0, time.monotonic()
+
+    def loss(self, percent):
+        """Drops `percent` % of the frames crossing the bridge, at random (every host)."""
+        self._nft("flush", "chain", "bridge", NFT_TABLE, "lossy")
+        self._nft("add", "rule", "bridge", NFT_TABLE, "lossy", "numgen", "random", "mod", "100",
+                  "<", str(int(percent)), "drop")
+
+    def loss_off(self):
+        self._nft("flush", "chain", "bridge", NFT_TABLE, "lossy")
+
+    def link(self, host, up):
+        sh(["ip", "-n", self.ns(host), "link", "set", "eth0", "up" if up else "down"])
+
+    def close(self):
+        for ns in reversed(self.created):
+            sh(["ip", "netns", "del", ns], check=False)
+        self.created = []
+
+
+# ---------------------------------------------------------------------------------------
+# the cluster
+
+
+class Rank(e2e.Fetch):
+    """`batchwire fetch` for one rank inside its trainer namespace (`t<rank>`), stdout line
+    buffered (stdbuf), each batch line stamped with the monotonic time it was read."""
+
+    def __init__(self, net, coord, job, dataset, c, rank, world=e2e.WORLD, extra=(),
+                 gate_after=None):
+        import fcntl
+        self.argv = net.argv("t%d" % rank, [
+            "stdbuf", "-oL", bt.CLI, "fetch", "--coordinator", coord, "--job", job,
+            "--dataset", dataset, "--rank", rank, "--world-size", world] + e2e.cfg_flags(c) +
+            [str(x) for x in extra])
+        self.rank = rank
+        self.t0 = time.monotonic()
+        self.times = []
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=bt.child_env(),
+                                     start_new_session=True, preexec_fn=bt._child_setup)
+        bt._register(self.proc)
+        self.lines = []
+        self.err = []
+        self.gate = None
+        if gate_after is not None:
+            fcntl.fcntl(self.proc.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ
+            self.gate = threading.Event()
+        self.gate_after = gate_after
+        self._threads = [threading.Thread(target=self._read_stdout, daemon=True),
+                         threading.Thread(target=self._read, args=(self.proc.stderr, self.err),
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+        self.rc = None
+        self.seconds = None
+
+    def _read_stdout(self):
+        pipe = self.proc.stdout
+        while True:
+            if self.gate is not None and len(self.lines) >= self.gate_after:
+                self.gate.wait()
+            line = pipe.readline()
+            if not line:
+                break
+            now = time.monotonic()
+            text = line.decode("utf-8", "replace")
+            if text.startswith('{"epoch"'):
+                self.times.append(now)
+            self.lines.append(text)
+        pipe.close()
+
+
+class FaultCluster:
+    """A coordinator in `coord`, workers w1..w3 in their namespaces over one data root, fixed
+    addresses (so a restarted daemon comes back where it was)."""
+
+    def __init__(self, tmpdir, net, lease_ms=10000, heartbeat_ms=200, dead_after=3,
+                 worker_args=()):
+        self.tmpdir = tmpdir
+        self.net = net
+        self.root = os.path.join(tmpdir, "data")
+        os.makedirs(self.root, exist_ok=True)
+        self.state_dir = os.path.join(tmpdir, "coord-state")
+        os.makedirs(self.state_dir, exist_ok=True)
+        self.coord_args = ["--lease-ms", lease_ms, "--heartbeat-ms", heartbeat_ms,
+                           "--dead-after", dead_after]
+        self.addr = "%s:%d" % (net.ip("coord"), COORD_PORT)
+        self.worker_args = list(worker_args)
+        self.coord = None
+        self.workers = {}
+        self.start_coordinator()
+        for wid in ("w1", "w2", "w3"):
+            self.start_worker(wid)
+        self.wait_alive(3)
+
+    def start_coordinator(self, timeout=15):
+        argv = self.net.argv("coord", [bt.COORDINATOR, "--listen", self.addr, "--state-dir",
+                                       self.state_dir] + self.coord_args)
+        self.coord = bt.Daemon("coordinator", argv, self.tmpdir)
+        self.coord.wait_listening(timeout)
+        return self.coord
+
+    def start_worker(self, wid, timeout=15):
+        ip = self.net.ip(wid)
+        argv = self.net.argv(wid, [
+            bt.WORKER, "--coordinator", self.addr, "--listen", "%s:%d" % (ip, WORKER_PORT),
+            "--data-listen", "%s:%d" % (ip, WORKER_DATA_PORT), "--data-root", self.root,
+            "--id", wid] + self.worker_args)
+        d = bt.Daemon("worker-" + wid, argv, self.tmpdir)
+        d.wait_listening(timeout)
+        self.workers[wid] = d
+        return d
+
+    def daemon(self, name):
+        return self.coord if name == "coord" else self.workers[name]
+
+    # -- process faults -------------------------------------------------------------------
+    def kill9(self, name):
+        d = self.daemon(name)
+        d.send(signal.SIGKILL)
+        t = time.monotonic()
+        d.proc.wait(10)
+        return t
+
+    def pause(self, name):
+        self.daemon(name).send(signal.SIGSTOP)
+        return time.monotonic()
+
+    def resume(self, name):
+        self.daemon(name).send(signal.SIGCONT)
+        return time.monotonic()
+
+    def restart_coordinator(self):
+        """SIGKILLs the coordinator and starts it again on the same address and state
+        directory; returns (t_kill, t_listening)."""
+        t_kill = self.kill9("coord")
+        self.start_coordinator()
+        return t_kill, time.monotonic()
+
+    # -- queries, from inside a namespace ---------------------------------------------------
+    def status(self, via="t0", timeout=20):
+        r = bt.run(self.net.argv(via, [bt.CLI, "status", "--coordinator", self.addr, "--json",
+                                       "--timeout-ms", 5000]), timeout=timeout)
+        if r.returncode != 0:
+            raise bt.TestFailure("batchwire status exited %d: %s" % (r.returncode, r.stderr))
+        return json.loads(r.stdout)
+
+    def alive(self):
+        try:
+            return sorted(w["id"] for w in self.status()["workers"] if w["state"] == "alive")
+        except bt.TestFailure:
+            return []
+
+    def wait_alive(self, n, timeout=30):
+        bt.poll(lambda: len(self.alive()) == n, timeout, interval=0.2,
+                what="%d live workers" % n)
+
+    def ranks(self, job, dataset, c, extra=(), gate_after=None, world=e2e.WORLD):
+        return [Rank(self.net, self.addr, job, dataset, c, r, world, extra, gate_after)
+                for r in range(world)]
+
+    def stop(self):
+        for d in [self.coord] + list(self.workers.values()):
+            if d is not None and d.running():
+                d.send(signal.SIGCONT)
+                d.proc.send_signal(signal.SIGTERM)
+        for d in [self.coord] + list(self.workers.values()):
+            if d is not None:
+                d.wait(20)
+
+
+# ---------------------------------------------------------------------------------------
+# measurements
+
+
+def recovery_s(ranks, t_end):
+    """Time from the fault's end until every rank that still had batches to deliver
+    delivered one (0 where a rank never stopped); None if every rank had finished by then."""
+    vals = []
+    for p in ranks:
+        after = [t for t in p.times if t >= t_end]
+        if after:
+            vals.append(after[0] - t_end)
+    return max(vals) if vals else None
+
+
+def stall_s(ranks, t_from):
+    """The longest time any rank went without delivering a batch after `t_from`."""
+    worst = 0.0
+    for p in ranks:
+        prev = t_from
+        for t in p.times:
+            if t < t_from:
+                continue
+            worst = max(worst, t - prev)
+            prev = t
+    return worst

@@ -1,0 +1,339 @@
+"""Fault scenarios on a cluster spread over network namespaces (harness: netns.py).
+
+A coordinator, 3 workers and 4 trainer ranks (`batchwire fetch`), each in its own network
+namespace on one bridge. First a fault-free run of the 4 ranks (.npy, torch mode with shuffle,
+two epochs) is checked against `batchwire plan` and the generator's bytes; it is the reference.
+Then each scenario runs the same job under a new name: the ranks are held mid-epoch 0 by
+backpressure on their stdout (as in tests/integration/test_client_failover.py), the fault is
+applied and the ranks released so they fetch through it. Every scenario checks that
+
+  * every rank exits 0 within RANK_TIMEOUT_S,
+  * every rank's whole sequence (epoch, step, indices, padding, real, sha256) equals the
+    fault-free run's and the plan (nothing lost, duplicated or reordered; bytes right),
+  * the recovery time -- from the fault's end to every rank that still had batches to deliver
+    delivering again (each rank's stdout is line buffered and stamped as read) -- is at most
+    RECOVERY_BOUND_S,
+
+and prints the recovery time, the longest stall of any rank, and the ranks' run time.
+
+Scenarios (in this order): worker SIGKILL mid-epoch; 10 % packet loss on every host; SIGSTOP
+of a worker for 3 s then SIGCONT; partition of a worker for 2 s; partition of the coordinator
+for 2 s; SIGKILL and restart of the coordinator. The full set (BW_FAULTS=full) adds 30 s
+partitions of a worker and of the coordinator.
+
+Scenarios that today's code is known to fail are listed in XFAIL with the reason and the
+figure measured: they run, their failure is reported as XFAIL and does not fail the test; one
+that passes is reported as XPASS (remove it from XFAIL). BW_FAULTS_STRICT=1 makes XFAILs fail.
+
+Environment: BW_FAULTS=short|full (default short), BW_FAULTS_ONLY=name[,name] to run some
+scenarios, BW_FAULTS_STRICT=1, plus bwtest.py's BW_BIN_DIR etc. Needs root (namespaces, nft);
+without it the test prints SKIP and exits 77 (skipped, for ctest).
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import netns  # noqa: E402
+from netns import bt, e2e  # noqa: E402
+from test_client_resume import key  # noqa: E402
+
+CFG = dict(mode="torch", B=16, shuffle=True, seed=5)
+SPEC = "npy:big/part-*.npy"
+NUM_SAMPLES = 6000
+GATE = 20
+RANK_TIMEOUT_S = 90
+# The bound this suite holds recovery to (seconds from a fault's end to every rank delivering
+# again). A placeholder until issue 15's figure lands with keepalive and per-attempt deadlines.
+RECOVERY_BOUND_S = float(os.environ.get("BW_FAULTS_RECOVERY_S", "5"))
+# The longest a rank may go without a batch while a worker or the coordinator is faulty, where
+# it could route around the fault (a silent worker's shards have other owners once the
+# coordinator drops it: 3 missed heartbeats of 200 ms here).
+STALL_BOUND_S = float(os.environ.get("BW_FAULTS_STALL_S", "5"))
+MODE = os.environ.get("BW_FAULTS", "short")
+STRICT = os.environ.get("BW_FAULTS_STRICT") == "1"
+
+# name -> why today's code fails it, and what was measured (see the report at the end).
+XFAIL = {}
+
+
+class Ctx:
+    def __init__(self, tmpdir, net, cl, ref, want, samples):
+        self.tmpdir, self.net, self.cl = tmpdir, net, cl
+        self.ref, self.want, self.samples = ref, want, samples
+        self.fault_free_s = None
+
+
+def start_held(ctx, job):
+    """The 4 ranks of a new job, each held mid-epoch 0 once GATE batches were read."""
+    ranks = ctx.cl.ranks(job, SPEC, CFG, extra=["--epochs", e2e.EPOCHS], gate_after=GATE)
+    ctx.running = ranks
+    bt.poll(lambda: all(p.batches_seen() >= GATE for p in ranks), 60, interval=0.02,
+            what="every rank of %s to deliver %d batches" % (job, GATE))
+    return ranks
+
+
+def release(ranks):
+    for p in ranks:
+        p.open_gate()
+    time.sleep(0.005)
+
+
+def finish(ctx, name, ranks, t_start, t_end):
+    """Waits for every rank, checks its sequence, returns the measurements."""
+    for p in ranks:
+        got, _ = p.ok(RANK_TIMEOUT_S, "%s: rank %d" % (name, p.rank))
+        ref = ctx.ref[p.rank]
+        if [key(b) for b in got] != [key(b) for b in ref]:
+            first = next((i for i, (a, b) in enumerate(zip(got, ref)) if key(a) != key(b)),
+                         min(len(got), len(ref)))
+            raise bt.TestFailure("%s: rank %d's sequence differs from the fault-free run's at "
+                                 "batch %d (%d vs %d batches)" % (name, p.rank, first, len(got),
+                                                                  len(ref)))
+        e2e.compare("%s rank %d" % (name, p.rank), got, ctx.want[p.rank], ctx.samples)
+    rec = netns.recovery_s(ranks, t_end)
+    m = dict(recovery=rec, stall=netns.stall_s(ranks, t_start),
+             run=max(p.t0 + p.seconds for p in ranks) - min(p.t0 for p in ranks),
+             exit_lag=max(p.t0 + p.seconds - p.times[-1] for p in ranks),
+             fault=t_end - t_start)
+    bt.log("%s: all 4 ranks exited 0 with sequences equal to the fault-free run and the plan; "
+           "recovery %s, longest stall %.2f s, fault %.2f s, ranks ran %.2f s, last exit "
+           "%.2f s after its last batch" %
+           (name, "n/a (all delivered before the fault ended)" if rec is None else "%.2f s" % rec,
+            m["stall"], m["fault"], m["run"], m["exit_lag"]))
+    return m
+
+
+def bounded(name, m, stall_bound=None):
+    """Fails the scenario (keeping its measurements) where a figure is over its bound."""
+    over = []
+    if m.get("recovery") is not None and m["recovery"] > RECOVERY_BOUND_S:
+        over.append("recovery %.2f s > %.1f s" % (m["recovery"], RECOVERY_BOUND_S))
+    if stall_bound is not None and m["stall"] > stall_bound:
+        over.append("a rank stalled %.2f s > %.1f s" % (m["stall"], stall_bound))
+    if "rejoin" in m and (m["rejoin"] is None or m["rejoin"] > RECOVERY_BOUND_S):
+        over.append("the coordinator listed every worker alive %s after the heal > %.1f s" %
+                    ("never (60 s)" if m["rejoin"] is None else "%.2f s" % m["rejoin"],
+                     RECOVERY_BOUND_S))
+    if m.get("exit_lag", 0) > RECOVERY_BOUND_S:
+        over.append("a rank exited %.2f s after its last batch > %.1f s" %
+                    (m["exit_lag"], RECOVERY_BOUND_S))
+    if over:
+        e = bt.TestFailure("%s: %s (every rank still exited 0, sequence-exact)" %
+                           (name, "; ".join(over)))
+        e.measure = m
+        raise e
+    return m
+
+
+def wait_healthy(ctx):
+    ctx.cl.wait_alive(3, timeout=40)
+
+
+# ---------------------------------------------------------------------------------------
+# scenarios
+
+
+def worker_sigkill(ctx):
+    """(1) A worker SIGKILLed mid-epoch under the 4 ranks (then restarted for the next)."""
+    ranks = start_held(ctx, "f-worker-kill")
+    release(ranks)
+    t = ctx.cl.kill9("w2")
+    try:
+        return bounded("worker_sigkill", finish(ctx, "worker_sigkill", ranks, t, t),
+                       STALL_BOUND_S)
+    finally:
+        ctx.cl.start_worker("w2")
+        wait_healthy(ctx)
+
+
+def loss_10(ctx):
+    """(2) 10 % random loss of the frames crossing the bridge (every host) for 5 s."""
+    ranks = start_held(ctx, "f-loss")
+    ctx.net.loss(10)
+    t0 = time.monotonic()
+    release(ranks)
+    deadline = t0 + 5.0
+    while time.monotonic() < deadline and any(p.proc.poll() is None for p in ranks):
+        time.sleep(0.05)
+    ctx.net.loss_off()
+    t1 = time.monotonic()
+    m = finish(ctx, "loss_10", ranks, t0, t1)
+    wait_healthy(ctx)
+    return bounded("loss_10", m, STALL_BOUND_S)
+
+
+def worker_sigstop_3s(ctx):
+    """(3) A worker SIGSTOPped for 3 s under the ranks, then SIGCONT."""
+    ranks = start_held(ctx, "f-worker-stop")
+    release(ranks)
+    t0 = ctx.cl.pause("w1")
+    time.sleep(3.0)
+    t1 = ctx.cl.resume("w1")
+    m = finish(ctx, "worker_sigstop_3s", ranks, t0, t1)
+    wait_healthy(ctx)
+    return bounded("worker_sigstop_3s", m, STALL_BOUND_S)
+
+
+def _partition(ctx, name, host, seconds):
+    ranks = start_held(ctx, "f-" + name.replace("_", "-"))
+    rejoin = {}
+
+    def watch_rejoin():
+        # From the heal until the coordinator lists all 3 workers alive again.
+        t1 = rejoin["heal"]
+        try:
+            bt.poll(lambda: len(ctx.cl.alive()) == 3, 60, interval=0.1, what="3 live workers")
+            rejoin["s"] = time.monotonic() - t1
+        except bt.TestFailure:
+            rejoin["s"] = None
+
+    def healed():
+        rejoin["heal"] = time.monotonic()
+
+    t0 = time.monotonic()
+    ctx.net.partition(host)
+    release(ranks)
+    time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
+    ctx.net.heal(host)
+    healed()
+    t1 = rejoin["heal"]
+    w = threading.Thread(target=watch_rejoin, daemon=True)
+    w.start()
+    m = finish(ctx, name, ranks, t0, t1)
+    w.join(70)
+    m["rejoin"] = rejoin.get("s")
+    bt.log("%s: all 3 workers alive again (coordinator's view) %s after the heal" %
+           (name, "never (60 s)" if m["rejoin"] is None else "%.2f s" % m["rejoin"]))
+    wait_healthy(ctx)
+    # A silent worker can be routed around: its stall is bounded whatever the partition's
+    # length. The coordinator is not on the batch path.
+    return bounded(name, m, STALL_BOUND_S)
+
+
+def worker_partition_2s(ctx):
+    """(4) One worker cut off at the bridge (silently) for 2 s."""
+    return _partition(ctx, "worker_partition_2s", "w3", 2.0)
+
+
+def coord_partition_2s(ctx):
+    """(5) The coordinator cut off at the bridge for 2 s."""
+    return _partition(ctx, "coord_partition_2s", "coord", 2.0)
+
+
+def coord_restart(ctx):
+    """(6) The coordinator SIGKILLed under the ranks and restarted at once (same address and
+    state directory); the fault ends when it listens again."""
+    ranks = start_held(ctx, "f-coord-restart")
+    release(ranks)
+    t0, t1 = ctx.cl.restart_coordinator()
+    m = finish(ctx, "coord_restart", ranks, t0, t1)
+    wait_healthy(ctx)
+    return bounded("coord_restart", m, STALL_BOUND_S)
+
+
+def worker_partition_30s(ctx):
+    """(full) One worker cut off for 30 s."""
+    return _partition(ctx, "worker_partition_30s", "w3", 30.0)
+
+
+def coord_partition_30s(ctx):
+    """(full) The coordinator cut off for 30 s."""
+    return _partition(ctx, "coord_partition_30s", "coord", 30.0)
+
+
+SHORT = [worker_sigkill, loss_10, worker_sigstop_3s, worker_partition_2s, coord_partition_2s,
+         coord_restart]
+FULL = SHORT + [worker_partition_30s, coord_partition_30s]
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def test(tmpdir):
+    okp, why = netns.have_privileges()
+    if not okp:
+        print("SKIP: the fault suite needs network namespaces and nft: %s" % why, flush=True)
+        sys.exit(77)  # ctest: SKIP_RETURN_CODE
+    scenarios = FULL if MODE == "full" else SHORT
+    only = [s for s in os.environ.get("BW_FAULTS_ONLY", "").split(",") if s]
+    if only:
+        scenarios = [s for s in FULL if s.__name__ in only]
+    net = netns.Net()
+    results = []
+    try:
+        cl = netns.FaultCluster(tmpdir, net)
+        r = bt.cli("gen", "--format", "npy", "--out", os.path.join(cl.root, "big"),
+                   "--num-samples", NUM_SAMPLES, "--shape", "256", "--dtype", "float32",
+                   "--files", "3", timeout=120)
+        bt.check(r.returncode == 0, "batchwire gen: %d samples in 3 .npy files" % NUM_SAMPLES,
+                 r.stderr)
+        import json
+        ds = json.loads(r.stdout)
+        ds["name"] = "big"
+        ds["paths"] = [os.path.join(cl.root, "big", s) for s in ds["sources"]]
+        samples = e2e.expected_samples(ds)
+        want, _ = e2e.plans(CFG, NUM_SAMPLES, e2e.WORLD)
+        t = time.monotonic()
+        ranks = cl.ranks("ref", SPEC, CFG, extra=["--epochs", e2e.EPOCHS])
+        ref = {p.rank: p.ok(RANK_TIMEOUT_S, "fault-free")[0] for p in ranks}
+        for k in range(e2e.WORLD):
+            e2e.compare("fault-free rank %d" % k, ref[k], want[k], samples)
+        ctx = Ctx(tmpdir, net, cl, ref, want, samples)
+        ctx.fault_free_s = time.monotonic() - t
+        bt.ok("fault-free run in namespaces: 4 ranks x %d batches equal the plan and the "
+              "generator's bytes (%.2f s)" % (len(ref[0]), ctx.fault_free_s))
+        for fn in scenarios:
+            name = fn.__name__
+            t = time.monotonic()
+            bt.log("=== scenario %s: %s" % (name, (fn.__doc__ or "").strip().splitlines()[0]))
+            try:
+                m = fn(ctx)
+                verdict = "XPASS" if name in XFAIL else "PASS"
+                detail = ""
+            except bt.TestFailure as e:
+                m = getattr(e, "measure", {})
+                verdict = "XFAIL" if name in XFAIL else "FAIL"
+                detail = str(e).splitlines()[0][:300]
+                bt.log("%s: %s" % (verdict, str(e)[:3000]))
+                # Leave a clean cluster to the next scenario.
+                for p in getattr(ctx, "running", []):
+                    if p.proc.poll() is None:
+                        os.killpg(p.proc.pid, signal.SIGKILL)
+                for d in [cl.coord] + list(cl.workers.values()):
+                    d.send(signal.SIGCONT)
+                for h in list(net.cut):
+                    net.heal(h)
+                net.loss_off()
+                if not cl.coord.running():
+                    cl.start_coordinator()
+                for wid, d in list(cl.workers.items()):
+                    if not d.running():
+                        cl.start_worker(wid)
+                wait_healthy(ctx)
+            results.append((name, verdict, m, detail, time.monotonic() - t))
+    finally:
+        bt.kill_all()
+        net.close()
+    fmt = lambda v: "-" if v is None else "%.2fs" % v  # noqa: E731
+    print("\n%-22s %-6s %9s %8s %8s %8s %8s %7s  %s" % (
+        "scenario", "result", "recovery", "stall", "exitlag", "rejoin", "fault", "took", "note"))
+    for name, verdict, m, detail, took in results:
+        print("%-22s %-6s %9s %8s %8s %8s %8s %6.1fs  %s" % (
+            name, verdict, fmt(m.get("recovery")), fmt(m.get("stall")), fmt(m.get("exit_lag")),
+            fmt(m.get("rejoin")), fmt(m.get("fault")), took, detail or XFAIL.get(name, "")))
+    print("bounds: recovery (fault end -> every rank delivering) %.1f s, stall %.1f s; "
+          "fault-free run of the 4 ranks: %.2f s" %
+          (RECOVERY_BOUND_S, STALL_BOUND_S, ctx.fault_free_s), flush=True)
+    bad = [n for n, v, _, _, _ in results if v == "FAIL" or (STRICT and v == "XFAIL")]
+    if bad:
+        raise bt.TestFailure("scenarios failed: %s" % ", ".join(bad))
+
+
+if __name__ == "__main__":
+    bt.main(test, timeout=int(os.environ.get("BW_FAULTS_TIMEOUT", "900" if MODE == "full"
+                                                                      else "240")))
