@@ -13,7 +13,7 @@ BW_DEMO_PACKAGES=(python3 python3-numpy)
 # protoc builds the Python stubs the interop tests use; python3-torch is the reference the
 # sampler and binding tests compare with; iproute2's ss shows which worker served a batch.
 BW_TEST_PACKAGES=(python3 python3-grpcio python3-protobuf protobuf-compiler python3-numpy
-    python3-yaml python3-torch clang-format iproute2 procps)
+    python3-yaml python3-torch clang-format iproute2 procps nftables iptables)
 
 bw_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
