@@ -113,6 +113,32 @@ uint64_t bw__journal_bytes_since_snapshot(bw_journal *j)
     return b;
 }
 
+bool bw__journal_compaction_due(bw_journal *j, const bw_journal_policy *p, char *why, size_t whylen)
+{
+    pthread_mutex_lock(&j->mu);
+    uint64_t bytes = j->bytes_since_snapshot, records = j->records_since_snapshot;
+    uint64_t first_ms = j->first_since_snapshot_ms;
+    pthread_mutex_unlock(&j->mu);
+    if (records == 0)
+        return false; /* a snapshot now would hold nothing the last one lacks */
+    uint64_t age = first_ms ? bw__mono_ms() - first_ms : 0;
+    char buf[160];
+    if (p->max_bytes && bytes >= p->max_bytes)
+        snprintf(buf, sizeof(buf), "%llu journal bytes (limit %llu)", (unsigned long long)bytes,
+                 (unsigned long long)p->max_bytes);
+    else if (p->max_records && records >= p->max_records)
+        snprintf(buf, sizeof(buf), "%llu journal records (limit %llu)", (unsigned long long)records,
+                 (unsigned long long)p->max_records);
+    else if (p->max_age_ms && age >= p->max_age_ms)
+        snprintf(buf, sizeof(buf), "the oldest journal record is %llu ms old (limit %llu)",
+                 (unsigned long long)age, (unsigned long long)p->max_age_ms);
+    else
+        return false;
+    if (why && whylen)
+        snprintf(why, whylen, "%s", buf);
+    return true;
+}
+
 int bw__journal_append(bw_journal *j, const void *data, size_t len, uint64_t *seq)
 {
     if (len == 0 || len > BW_JOURNAL_MAX_RECORD)
@@ -142,6 +168,8 @@ int bw__journal_append(bw_journal *j, const void *data, size_t len, uint64_t *se
     bw__journal_put32(p + 4, bw__crc32c(crc, data, len));
     j->plen = need;
     j->bytes_since_snapshot += BW_RECORD_HEADER + len;
+    if (j->records_since_snapshot++ == 0)
+        j->first_since_snapshot_ms = bw__mono_ms();
     *seq = j->next_seq++;
     pthread_cond_signal(&j->wake);
     pthread_mutex_unlock(&j->mu);
@@ -360,6 +388,8 @@ int bw__journal_rotate(bw_journal *j, uint64_t *snapshot_seq)
     }
     *snapshot_seq = j->next_seq - 1;
     j->bytes_since_snapshot = 0;
+    j->records_since_snapshot = 0;
+    j->first_since_snapshot_ms = 0;
     if (rotate) {
         j->rotate_pending = true;
         j->rotate_at = j->plen;

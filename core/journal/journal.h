@@ -56,6 +56,8 @@ typedef struct bw_journal_report {
     uint64_t records_replayed; /* records applied after the snapshot */
     uint64_t last_seq;         /* the last record now in the state */
     size_t files;              /* journal files read */
+    uint64_t journal_bytes;    /* record bytes (with their headers) in the files kept */
+    uint64_t journal_records;  /* records in the files kept */
     char notes[2048];          /* "" or sentences about torn tails and truncations */
 } bw_journal_report;
 
@@ -100,8 +102,22 @@ uint64_t bw__journal_durable_seq(bw_journal *j);
  * process should exit so that a restart recovers from what is on disk. */
 int bw__journal_failed(bw_journal *j);
 
-/* Bytes appended to the journal files since the last snapshot (or open). */
+/* Record bytes (headers included) in the journal files that the next snapshot removes: those
+ * found at open plus those appended since, until the last rotation. */
 uint64_t bw__journal_bytes_since_snapshot(bw_journal *j);
+
+/* When compaction is due (docs/operating.md, "Coordinator state"). A zero limit is off. */
+typedef struct bw_journal_policy {
+    uint64_t max_bytes;   /* bw__journal_bytes_since_snapshot reached this */
+    uint64_t max_records; /* this many records since the snapshot */
+    uint64_t max_age_ms;  /* the first record since the snapshot was appended this long ago
+                             (records found at open count as appended at open) */
+} bw_journal_policy;
+
+/* True when a limit of `p` is reached and there is a record since the last snapshot; then
+ * `why` (may be NULL) says which, e.g. "70000 journal bytes (limit 65536)". */
+bool bw__journal_compaction_due(bw_journal *j, const bw_journal_policy *p, char *why,
+                                size_t whylen);
 
 /*
  * Compaction, step 1: records appended from now on go to a new file. Call it in the same

@@ -44,7 +44,12 @@ struct bw_journal {
     bool rotating;       /* taken by the writer, not yet done */
     size_t rotate_at;    /* offset in `pending` where the new file starts */
     uint64_t rotate_seq; /* the new file's first seq */
+    /* What the next snapshot makes redundant: the records (and their bytes) in journal
+     * files after the last snapshot, counted from open on, and when the first of them was
+     * appended (bw__mono_ms; 0: none). */
     uint64_t bytes_since_snapshot;
+    uint64_t records_since_snapshot;
+    uint64_t first_since_snapshot_ms;
 
     bw_journal_waiter *waiters;
     size_t nwaiters, wcap;

@@ -352,6 +352,8 @@ static int replay_file(loader *L, size_t idx, uint64_t *expected, uint64_t *end_
             }
             seq++;
             off += BW_RECORD_HEADER + len;
+            L->report->journal_records++;
+            L->report->journal_bytes += BW_RECORD_HEADER + len;
             continue;
         }
         /* A bad record. Torn tail, or damage with good records after it? */
@@ -438,6 +440,11 @@ int bw__journal_open(const char *dir, const char *truncate_at, bw_journal_snapsh
     if (rc == BW_OK) {
         j->next_seq = expected;
         j->durable_seq = expected - 1;
+        /* What is on disk counts toward the next compaction: a coordinator restarted more
+         * often than it journals --snapshot-bytes must still compact (docs/operating.md). */
+        j->bytes_since_snapshot = report->journal_bytes;
+        j->records_since_snapshot = report->journal_records;
+        j->first_since_snapshot_ms = report->journal_records ? bw__mono_ms() : 0;
         report->last_seq = expected - 1;
         char name[64];
         /* Keep appending to the last file if its records end exactly where the state ends;

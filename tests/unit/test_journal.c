@@ -1,13 +1,14 @@
 /* The journal: round trip, group commit, a torn tail at every byte offset of the last record,
  * a flipped bit anywhere in a middle record, a record the state rejects or cannot apply for
  * want of memory, truncation on request, snapshot plus tail,
- * interrupted compaction, and the state directory's lock. */
+ * interrupted compaction, compaction limits across reopens, and the state directory's lock. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -494,6 +495,93 @@ static void test_interrupted_compaction(void **state)
     rm_dir();
 }
 
+/* Bytes of the journal-<seq> files in dir. */
+static long journal_bytes_on_disk(void)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    long total = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strlen(e->d_name) != 28 || strncmp(e->d_name, "journal-", 8) != 0)
+            continue;
+        char p[1100];
+        snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+        total += file_size(p);
+    }
+    closedir(d);
+    return total;
+}
+
+/* What the journal found at open counts toward compaction, and the policy's three limits:
+ * a process restarted more often than it journals the byte limit must still compact. */
+static void test_compaction_due_across_reopens(void **state)
+{
+    (void)state;
+    fresh_dir();
+    seen s;
+    bw_journal_report rep;
+    bw_journal *j = open_ok(&s, NULL, &rep);
+    bw_journal_policy none = {0, 0, 0};
+    assert_false(bw__journal_compaction_due(j, &(bw_journal_policy){1, 1, 1}, NULL, 0));
+    for (int i = 1; i <= 5; i++)
+        append_str(j, "rec-x"); /* 8 + 5 bytes each */
+    assert_int_equal(bw__journal_bytes_since_snapshot(j), 65);
+    bw__journal_close(j);
+
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(rep.journal_records, 5);
+    assert_int_equal(rep.journal_bytes, 65);
+    assert_int_equal(bw__journal_bytes_since_snapshot(j), 65);
+    char why[160];
+    assert_false(bw__journal_compaction_due(j, &none, why, sizeof(why)));
+    assert_false(bw__journal_compaction_due(j, &(bw_journal_policy){66, 6, 0}, why, sizeof(why)));
+    assert_true(bw__journal_compaction_due(j, &(bw_journal_policy){65, 0, 0}, why, sizeof(why)));
+    assert_non_null(strstr(why, "65 journal bytes (limit 65)"));
+    assert_true(bw__journal_compaction_due(j, &(bw_journal_policy){0, 5, 0}, why, sizeof(why)));
+    assert_non_null(strstr(why, "5 journal records"));
+    assert_false(bw__journal_compaction_due(j, &(bw_journal_policy){0, 0, 60000}, NULL, 0));
+    usleep(30 * 1000); /* records found at open are as old as the open */
+    assert_true(bw__journal_compaction_due(j, &(bw_journal_policy){0, 0, 20}, why, sizeof(why)));
+    assert_non_null(strstr(why, "ms old"));
+    bw__journal_close(j);
+
+    /* 40 short runs, each appending 3 records and compacting only when due: the journal
+     * stays under the limit plus one run's records, and every record survives. */
+    const bw_journal_policy every100 = {100, 0, 0};
+    int total = 5, compactions = 0;
+    long peak = 0;
+    for (int run = 0; run < 40; run++) {
+        j = open_ok(&s, NULL, &rep);
+        assert_int_equal(rep.last_seq, (uint64_t)total);
+        if (bw__journal_compaction_due(j, &every100, NULL, 0)) {
+            uint64_t seq;
+            assert_int_equal(bw__journal_rotate(j, &seq), BW_OK);
+            char blob[32], err[512];
+            int len = snprintf(blob, sizeof(blob), "upto-%llu", (unsigned long long)seq);
+            assert_int_equal(
+                bw__journal_write_snapshot(j, seq, blob, (size_t)len, err, sizeof(err)), BW_OK);
+            compactions++;
+        }
+        for (int i = 0; i < 3; i++)
+            append_str(j, "rec-x");
+        total += 3;
+        bw__journal_close(j);
+        long now = journal_bytes_on_disk();
+        peak = now > peak ? now : peak;
+        assert_true(now <= 100 + 3 * 13 + 16);
+    }
+    assert_true(compactions >= 10);
+    j = open_ok(&s, NULL, &rep);
+    char want[32];
+    snprintf(want, sizeof(want), "upto-%llu", (unsigned long long)s.snap_seq);
+    assert_string_equal(s.snap, want);
+    assert_int_equal(s.snap_seq + s.n, (uint64_t)total);
+    assert_int_equal(rep.last_seq, (uint64_t)total);
+    bw__journal_close(j);
+    rm_dir();
+}
+
 /* The state directory's lock: a second holder is refused (naming the first), and a holder
  * that dies, even by SIGKILL, releases it. */
 static void test_state_dir_lock(void **state)
@@ -555,6 +643,7 @@ int main(void)
         cmocka_unit_test(test_record_out_of_memory),
         cmocka_unit_test(test_snapshot_and_tail),
         cmocka_unit_test(test_interrupted_compaction),
+        cmocka_unit_test(test_compaction_due_across_reopens),
         cmocka_unit_test(test_state_dir_lock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
