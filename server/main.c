@@ -13,59 +13,87 @@
 #include "coordinator.h"
 #include "jobs_service.h"
 
+/* The settings: the coordinator's own, and when to compact its journal (only this file uses
+ * those). */
+typedef struct settings {
+    bw_coordinator_config c;
+    int64_t snapshot_records;
+    int64_t snapshot_interval_s;
+} settings;
+
+#define C(field) offsetof(settings, c.field)
+
 static const bw_opt options[] = {
-    BW_DAEMON_OPTS(bw_coordinator_config, common, "127.0.0.1:7700"),
-    {"state-dir", BW_OPT_PATH, offsetof(bw_coordinator_config, state_dir), NULL, 0, 0, NULL,
-     BW_OPT_REQUIRED, "DIR", "directory for durable state (journal, snapshots, lock)"},
-    {"heartbeat-ms", BW_OPT_INT, offsetof(bw_coordinator_config, heartbeat_ms), "1000", 10, 600000,
-     NULL, 0, "MS", "how often workers heartbeat"},
-    {"dead-after", BW_OPT_INT, offsetof(bw_coordinator_config, dead_after), "3", 1, 1000, NULL, 0,
-     "N", "a worker that misses this many heartbeats in a row is marked dead"},
-    {"lease-ms", BW_OPT_INT, offsetof(bw_coordinator_config, lease_ms), "10000", 100, 3600000, NULL,
-     0, "MS",
+    BW_DAEMON_OPTS(settings, c.common, "127.0.0.1:7700"),
+    {"state-dir", BW_OPT_PATH, C(state_dir), NULL, 0, 0, NULL, BW_OPT_REQUIRED, "DIR",
+     "directory for durable state (journal, snapshots, lock)"},
+    {"heartbeat-ms", BW_OPT_INT, C(heartbeat_ms), "1000", 10, 600000, NULL, 0, "MS",
+     "how often workers heartbeat"},
+    {"dead-after", BW_OPT_INT, C(dead_after), "3", 1, 1000, NULL, 0, "N",
+     "a worker that misses this many heartbeats in a row is marked dead"},
+    {"lease-ms", BW_OPT_INT, C(lease_ms), "10000", 100, 3600000, NULL, 0, "MS",
      "a trainer's claim on a rank expires this long after its last heartbeat; then another "
      "trainer may take the rank"},
-    {"max-jobs", BW_OPT_INT, offsetof(bw_coordinator_config, max_jobs), "1024", 1, 1000000, NULL, 0,
-     "N", "most jobs the coordinator holds"},
-    {"max-world-size", BW_OPT_INT, offsetof(bw_coordinator_config, max_world_size), "65536", 1,
-     1048576, NULL, 0, "N", "largest world size (ranks per job)"},
-    {"snapshot-bytes", BW_OPT_INT, offsetof(bw_coordinator_config, snapshot_bytes), "67108864", 1,
-     1LL << 40, NULL, 0, "BYTES",
-     "write a snapshot and drop the journal it replaces once this much was journaled"},
-    {"truncate-journal-at", BW_OPT_STRING, offsetof(bw_coordinator_config, truncate_journal_at),
-     NULL, 0, 0, NULL, BW_OPT_NO_ENV, "FILE:OFFSET",
+    {"max-jobs", BW_OPT_INT, C(max_jobs), "1024", 1, 1000000, NULL, 0, "N",
+     "most jobs the coordinator holds"},
+    {"max-world-size", BW_OPT_INT, C(max_world_size), "65536", 1, 1048576, NULL, 0, "N",
+     "largest world size (ranks per job)"},
+    {"snapshot-bytes", BW_OPT_INT, C(snapshot_bytes), "67108864", 1, 1LL << 40, NULL, 0, "BYTES",
+     "compact (write a snapshot, drop the journal files it replaces) once the journal holds "
+     "this many bytes of records, whether journaled now or found at start"},
+    {"snapshot-records", BW_OPT_INT, offsetof(settings, snapshot_records), "500000", 0, 1LL << 40,
+     NULL, 0, "N", "compact also once the journal holds this many records (0: no such limit)"},
+    {"snapshot-interval-s", BW_OPT_INT, offsetof(settings, snapshot_interval_s), "600", 0, 604800,
+     NULL, 0, "SECONDS",
+     "compact also once the oldest record since the last snapshot is this old; an idle "
+     "coordinator does not compact (0: no such limit)"},
+    {"truncate-journal-at", BW_OPT_STRING, C(truncate_journal_at), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
+     "FILE:OFFSET",
      "after a corruption report: cut that journal file there, losing every change from that "
      "record on (the cut bytes are kept beside it)"},
-    {"worker-tls-ca", BW_OPT_PATH, offsetof(bw_coordinator_config, worker_tls_ca), NULL, 0, 0, NULL,
-     0, "FILE",
+    {"worker-tls-ca", BW_OPT_PATH, C(worker_tls_ca), NULL, 0, 0, NULL, 0, "FILE",
      "verify workers' certificates with this CA when calling them (dataset descriptions); "
      "--tls-cert/--tls-key are then the client certificate"},
     BW_OPT_END,
 };
 
+/* Writes a snapshot and drops the journal files it replaces; `done` says what happened, for
+ * the log. */
+static int compact(bw_jobs *jobs, const char *why, char *done, size_t donelen, char *err,
+                   size_t errlen)
+{
+    uint64_t t0 = bw__mono_ms();
+    int rc = bw__jobs_compact(jobs, 1, err, errlen);
+    if (rc == BW_OK)
+        snprintf(done, donelen, "%s; snapshot written and older journal files removed in %llu ms",
+                 why, (unsigned long long)(bw__mono_ms() - t0));
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     bw__daemon_block_signals();
-    bw_coordinator_config cfg;
-    memset(&cfg, 0, sizeof(cfg));
+    settings all;
+    memset(&all, 0, sizeof(all));
+    bw_coordinator_config *cfg = &all.c;
     int status = bw__config_main("batchwire-coordinator", "--state-dir DIR [options]",
                                  "Owns batchwire jobs, worker membership and placement.", options,
-                                 &cfg, argc, argv);
+                                 &all, argc, argv);
     if (status >= 0) {
-        bw__config_free(options, &cfg);
+        bw__config_free(options, &all);
         return status;
     }
-    bw__log_to_stderr("coordinator", (bw_log_level)cfg.common.log_level);
-    bw__daemon_route_grpc_logs((bw_log_level)cfg.common.log_level);
+    bw__log_to_stderr("coordinator", (bw_log_level)cfg->common.log_level);
+    bw__daemon_route_grpc_logs((bw_log_level)cfg->common.log_level);
 
     char err[2048];
     int lock_fd = -1;
     bw_rpc_server *srv = NULL;
     bw_coordinator coord;
     memset(&coord, 0, sizeof(coord));
-    coord.cfg = &cfg;
+    coord.cfg = cfg;
     coord.start_ms = bw__mono_ms();
-    coord.members = bw__membership_new((uint32_t)cfg.heartbeat_ms, (uint32_t)cfg.dead_after);
+    coord.members = bw__membership_new((uint32_t)cfg->heartbeat_ms, (uint32_t)cfg->dead_after);
 
     bw_journal_report report;
     memset(&report, 0, sizeof(report));
@@ -73,16 +101,31 @@ int main(int argc, char **argv)
     if (rc != BW_OK)
         snprintf(err, sizeof(err), "out of memory for the worker table");
     if (rc == BW_OK)
-        rc = bw__state_dir_lock(cfg.state_dir, &lock_fd, err, sizeof(err));
+        rc = bw__state_dir_lock(cfg->state_dir, &lock_fd, err, sizeof(err));
     if (rc == BW_OK) {
-        bw_jobs_opts jo = {cfg.state_dir, cfg.truncate_journal_at, (uint32_t)cfg.lease_ms,
-                           (uint32_t)cfg.max_jobs, (uint32_t)cfg.max_world_size};
+        bw_jobs_opts jo = {cfg->state_dir, cfg->truncate_journal_at, (uint32_t)cfg->lease_ms,
+                           (uint32_t)cfg->max_jobs, (uint32_t)cfg->max_world_size};
         rc = bw__jobs_open(&jo, &coord.jobs, &report, err, sizeof(err));
+    }
+    /* Compaction at start, before listening: a coordinator restarted more often than its
+     * schedule fires would otherwise never compact (docs/operating.md, "Coordinator state"). */
+    const bw_journal_policy policy = {(uint64_t)cfg->snapshot_bytes, (uint64_t)all.snapshot_records,
+                                      (uint64_t)all.snapshot_interval_s * 1000};
+    char start_compaction[512] = "", why[256];
+    int start_rc = BW_OK;
+    if (rc == BW_OK &&
+        bw__journal_compaction_due(bw__jobs_journal(coord.jobs), &policy, why, sizeof(why))) {
+        /* A failure leaves the journal as it was; the schedule tries again, and a failed
+         * journal stops the coordinator in the loop below. */
+        start_rc =
+            compact(coord.jobs, why, start_compaction, sizeof(start_compaction), err, sizeof(err));
+        if (start_rc != BW_OK)
+            snprintf(start_compaction, sizeof(start_compaction), "%.500s", err);
     }
     if (rc == BW_OK) {
         bw__jobs_set_placement(coord.jobs, bw__jobs_placement_table, &coord);
         bw_rpc_server_opts so;
-        bw__daemon_server_opts(&cfg.common, "coordinator", &so);
+        bw__daemon_server_opts(&cfg->common, "coordinator", &so);
         rc = bw__rpc_server_start(&so, bw__coordinator_handlers, bw__coordinator_nhandlers, &coord,
                                   &srv, coord.bound, sizeof(coord.bound), err, sizeof(err));
     }
@@ -91,9 +134,9 @@ int main(int argc, char **argv)
         status = 1;
     } else {
         BW_INFO("listening on %s (%s%s) state-dir=%s heartbeat=%lldms dead-after=%lld", coord.bound,
-                cfg.common.tls_cert ? "TLS" : "plaintext",
-                cfg.common.tls_client_ca ? ", client certificates required" : "", cfg.state_dir,
-                (long long)cfg.heartbeat_ms, (long long)cfg.dead_after);
+                cfg->common.tls_cert ? "TLS" : "plaintext",
+                cfg->common.tls_client_ca ? ", client certificates required" : "", cfg->state_dir,
+                (long long)cfg->heartbeat_ms, (long long)cfg->dead_after);
         /* After the first line, which tools wait for: what recovery found. */
         BW_INFO("state: snapshot up to record %llu, %llu journal records replayed from %zu "
                 "file(s); last record %llu",
@@ -102,9 +145,14 @@ int main(int argc, char **argv)
                 (unsigned long long)report.last_seq);
         if (report.notes[0])
             BW_WARN("state: %s", report.notes);
+        if (start_compaction[0] && start_rc == BW_OK)
+            BW_INFO("state: compacted at start: %s", start_compaction);
+        else if (start_compaction[0])
+            BW_WARN("snapshot at start: %s; the journal keeps growing until one succeeds",
+                    start_compaction);
         /* Liveness sweeps run here, between signal waits: a quarter interval keeps the
          * "marked dead" log line within 25% of the deadline. */
-        int tick = (int)(cfg.heartbeat_ms / 4 > 0 ? cfg.heartbeat_ms / 4 : 1);
+        int tick = (int)(cfg->heartbeat_ms / 4 > 0 ? cfg->heartbeat_ms / 4 : 1);
         int sig;
         status = 0;
         while ((sig = bw__daemon_wait_signal(tick)) == 0) {
@@ -114,20 +162,25 @@ int main(int argc, char **argv)
                 status = 1;
                 break;
             }
-            if (bw__jobs_compact(coord.jobs, (uint64_t)cfg.snapshot_bytes, err, sizeof(err)) !=
-                BW_OK)
-                BW_WARN("snapshot: %s; the journal keeps growing until one succeeds", err);
+            char done[512];
+            if (bw__journal_compaction_due(bw__jobs_journal(coord.jobs), &policy, why,
+                                           sizeof(why))) {
+                if (compact(coord.jobs, why, done, sizeof(done), err, sizeof(err)) == BW_OK)
+                    BW_INFO("state: compacted: %s", done);
+                else
+                    BW_WARN("snapshot: %s; the journal keeps growing until one succeeds", err);
+            }
         }
         if (sig)
             BW_INFO("received %s; shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
         bw__jobs_service_drain();
-        bw__rpc_server_stop(srv, (int)cfg.common.grace_ms);
+        bw__rpc_server_stop(srv, (int)cfg->common.grace_ms);
         BW_INFO("stopped");
     }
     bw__jobs_close(coord.jobs); /* before the lock: nothing may write after it is released */
     if (lock_fd >= 0)
         close(lock_fd);
     bw__membership_free(coord.members);
-    bw__config_free(options, &cfg);
+    bw__config_free(options, &all);
     return status;
 }
