@@ -48,7 +48,8 @@ def check_cursors(addr, fingerprint, steps, when):
         for rank, step in steps.items():
             rp = have.get(rank)
             if rp is None or not rp.committed or rp.step != step:
-                raise bt.TestFailure("%s: rank %d should be at step %d: %s" % (when, rank, step, rp))
+                raise bt.TestFailure("%s: rank %d should be at step %d: %s" %
+                                     (when, rank, step, rp))
             # The same holder joining again keeps its lease and gets its committed cursor.
             j = c.join(JOB, rank, WORLD, host="trainer", pid=100 + rank)
             cur = jr.decode_cursor(j.cursor)
