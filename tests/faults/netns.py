@@ -190,8 +190,11 @@ class Rank(e2e.Fetch):
         self.rank = rank
         self.t0 = time.monotonic()
         self.times = []
+        # stdbuf preloads libstdbuf.so, ahead of a sanitizer build's libasan: let ASan accept it.
+        asan = os.environ.get("ASAN_OPTIONS", "")
+        env = {"ASAN_OPTIONS": (asan + ":" if asan else "") + "verify_asan_link_order=0"}
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=bt.child_env(),
+                                     stderr=subprocess.PIPE, env=bt.child_env(env),
                                      start_new_session=True, preexec_fn=bt._child_setup)
         bt._register(self.proc)
         self.lines = []

@@ -58,7 +58,22 @@ MODE = os.environ.get("BW_FAULTS", "short")
 STRICT = os.environ.get("BW_FAULTS_STRICT") == "1"
 
 # name -> why today's code fails it, and what was measured (see the report at the end).
-XFAIL = {}
+# Measured 2026-12-02 on 71b8c7a (gRPC keepalive, TCP_USER_TIMEOUT, per-attempt deadlines) and,
+# in brackets, on the tree before it. Flip one on by deleting its entry once it passes (the
+# run then says XPASS for it).
+XFAIL = {
+    "worker_partition_30s":
+        "a rank's exit waits for the cut-off worker: its last batch comes 3.4 s into the "
+        "partition (failover after a third of --timeout-ms), but the process exits only when "
+        "the partition heals, 26.7 s after its last batch (close waits on the silent worker's "
+        "connections) [before 71b8c7a: stall 10.0 s = the whole batch budget, exit 20.0 s after "
+        "the last batch, worker back in the placement 24.0 s after the heal]",
+    "coord_partition_30s":
+        "a rank's exit waits for the coordinator: every batch is delivered during the "
+        "partition (the coordinator is off the batch path), but releasing the rank blocks "
+        "until the heal, 30.0 s after the last batch [before 71b8c7a: the same, and the "
+        "workers back in the placement 25.5 s after the heal]",
+}
 
 
 class Ctx:
