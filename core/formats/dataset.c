@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +18,11 @@
 static int64_t mtime_ns(const struct stat *st)
 {
     return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+}
+
+static int64_t ctime_ns(const struct stat *st)
+{
+    return (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
 }
 
 static bool inside(const char *root, const char *path)
@@ -55,6 +61,19 @@ static int by_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Every open source keeps its file open (bw__source_check), so a worker serving many files
+ * needs many descriptors: the soft limit is raised to the hard one, once. */
+static pthread_once_t nofile_once = PTHREAD_ONCE_INIT;
+
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
 /* Opens one resolved path as a source. `rel` is what people see. */
 static int open_source(const char *root, const bw__format_ops *ops, const char *rel,
                        bw__source **out, char *err, size_t errlen)
@@ -69,10 +88,12 @@ static int open_source(const char *root, const bw__format_ops *ops, const char *
         snprintf(err, errlen, "source '%s' resolves to %s, outside the data root", rel, real);
         return BW_PERMISSION_DENIED;
     }
+    pthread_once(&nofile_once, raise_nofile);
     bw__source *s = calloc(1, sizeof(*s));
     if (!s)
         return BW_NOMEM;
     s->ops = ops;
+    s->fd = -1;
     s->root = root;
     snprintf(s->path, sizeof(s->path), "%s", rel);
     snprintf(s->abspath, sizeof(s->abspath), "%s", real);
@@ -97,6 +118,11 @@ static int open_source(const char *root, const bw__format_ops *ops, const char *
         } else {
             s->size = (uint64_t)st.st_size;
             s->mtime_ns = mtime_ns(&st);
+            s->ctime_ns = ctime_ns(&st);
+            s->dev = (uint64_t)st.st_dev;
+            s->ino = (uint64_t)st.st_ino;
+            s->fd = fd; /* kept: bw__source_check compares the open file with what was read */
+            fd = -1;
             char dir[PATH_MAX];
             snprintf(dir, sizeof(dir), "%s", real);
             char *slash = strrchr(dir, '/');
@@ -367,10 +393,19 @@ bool bw__dataset_changed(const bw__dataset *d)
         struct stat st;
         if (stat(s->abspath, &st) != 0)
             return true;
-        if (!s->ops->is_dir && ((uint64_t)st.st_size != s->size || mtime_ns(&st) != s->mtime_ns))
+        if (!s->ops->is_dir && ((uint64_t)st.st_size != s->size || mtime_ns(&st) != s->mtime_ns ||
+                                ctime_ns(&st) != s->ctime_ns || (uint64_t)st.st_dev != s->dev ||
+                                (uint64_t)st.st_ino != s->ino))
+            return true;
+        if (s->map && atomic_load(&s->map->faulted))
             return true;
     }
     return false;
+}
+
+int bw__dataset_check(const bw__dataset *d, size_t src, char *err, size_t errlen)
+{
+    return src < d->nsources ? bw__source_check(d->sources[src], err, errlen) : BW_OK;
 }
 
 void bw__dataset_free(bw__dataset *d)

@@ -62,8 +62,13 @@ int bw__dataset_next(bw__dataset *d, uint32_t src, uint64_t off, bw__record *r, 
 int bw__dataset_locate(bw__dataset *d, uint32_t src, uint64_t rec, uint64_t *off, char *err,
                        size_t errlen);
 
-/* True when a source's size or modification time differs from what was opened. */
+/* True when a source's path now names another file or a changed one (device, inode, size,
+ * mtime or ctime differ from what was opened, or it is gone), or a read of it faulted. */
 bool bw__dataset_changed(const bw__dataset *d);
+
+/* Whether source src is still the file opened (bw__source_check): BW_OK, or
+ * BW_FAILED_PRECONDITION with a sentence naming the file. Thread-safe; one fstat. */
+int bw__dataset_check(const bw__dataset *d, size_t src, char *err, size_t errlen);
 
 /* NULL is a no-op. Records still referenced through their mapping stay valid. */
 void bw__dataset_free(bw__dataset *d);

@@ -27,9 +27,23 @@ typedef struct bw__mapping {
     const uint8_t *base;
     size_t len;
     bool mapped; /* munmap, else free */
+    int slot;    /* mapped: its entry in the SIGBUS guard's table */
+    /* Set by the SIGBUS guard when a read of the mapping touched a page the file no longer
+     * has (it was truncated): that page now reads as zeros. Its bytes must not be served. */
+    atomic_bool faulted;
 } bw__mapping;
 
-/* Maps the open file fd (len bytes; 0 is fine). Returns NULL with errno set on failure. */
+/* Maps the open file fd (len bytes; 0 is fine). Returns NULL with errno set on failure.
+ *
+ * A mapped file may shrink under the process (truncated, or rewritten by a writer that
+ * truncates first); reading a page past its new end raises SIGBUS. Every mapping is
+ * registered with a process-wide SIGBUS handler (installed on the first call) that maps a
+ * page of zeros over the faulting page and sets the mapping's `faulted`, so the read goes on
+ * and no thread dies, whichever code was reading (a reader's CRC, gRPC's or OpenSSL's copy).
+ * A SIGBUS at any other address gets the default action. The bytes read from such a file are
+ * wrong: callers check the file's identity (bw__source_check) before serving a record, so
+ * they are never served. When the guard's table is full the file is read into memory instead
+ * (pread), which needs no guard. */
 bw__mapping *bw__mapping_map(int fd, size_t len);
 /* Wraps malloc'd memory (takes ownership). */
 bw__mapping *bw__mapping_wrap(void *mem, size_t len);
@@ -117,6 +131,10 @@ struct bw__source {
     bool indexed;
     bool sidecar_writable; /* tfrecord: may write its index next to the file */
     void *state;           /* the reader's */
+    /* The file's identity when opened (bw__source_check compares it with the open fd). */
+    int fd; /* kept open; -1 for directories and sources over memory */
+    uint64_t dev, ino;
+    int64_t ctime_ns;
     /* directories: a digest of every entry's name, size and mtime, for the fingerprint */
     bool has_digest;
     uint8_t digest[32];
@@ -138,7 +156,17 @@ const char *const *bw__format_names(size_t *n);
 /* Tests and fuzzers: a source over memory (a copy is made) with the given name. */
 int bw__source_from_memory(const bw__format_ops *ops, const char *name, const void *data,
                            size_t len, bw__source **out, char *err, size_t errlen);
-/* Closes the reader, drops the mapping and frees s. NULL is a no-op. */
+/* Whether the file of s is still the one opened: its open fd still has the size, mtime and
+ * ctime seen at open, a link in the file system (not deleted or replaced by a rename), and no
+ * read of its mapping faulted. BW_OK, or BW_FAILED_PRECONDITION with a sentence naming the
+ * file and what changed. Thread-safe (one fstat). Sources without a file pass. Call it after
+ * reading a record and before serving its bytes: a record read before a change and checked
+ * after it is refused, so no byte of a changed file goes out under the old fingerprint, except
+ * what a writer changes between this check and the send (docs/formats.md, "Files that change
+ * under a worker"). */
+int bw__source_check(const bw__source *s, char *err, size_t errlen);
+
+/* Closes the reader, drops the mapping, closes the fd and frees s. NULL is a no-op. */
 void bw__source_free(bw__source *s);
 
 /* Formats the common error prefix "PATH: offset N: " + message. Returns rc. */

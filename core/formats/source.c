@@ -5,9 +5,99 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "formats/formats.h"
+
+/* ---- the SIGBUS guard (formats.h, bw__mapping_map) ----
+ * A fixed table of the live mappings, read by the signal handler without locks: a slot holds
+ * a mapping while its `m` is set. Registration claims a free slot with a compare-and-swap,
+ * starting from a moving hint; release clears it before the munmap. */
+
+enum { GUARD_SLOTS = 1 << 16 };
+
+static struct {
+    _Atomic(bw__mapping *) m;
+} guard[GUARD_SLOTS];
+static atomic_uint guard_hint;
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
+static bool guard_ok;
+static long page_size;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uctx)
+{
+    (void)uctx;
+    uintptr_t a = (uintptr_t)si->si_addr;
+    if (si->si_code == BUS_ADRERR)
+        for (size_t i = 0; i < GUARD_SLOTS; i++) {
+            bw__mapping *m = atomic_load(&guard[i].m);
+            if (!m || a < (uintptr_t)m->base || a >= (uintptr_t)m->base + m->len)
+                continue;
+            void *page = (void *)(a & ~(uintptr_t)(page_size - 1));
+            /* mmap is a plain system call on Linux: safe here though POSIX does not list it. */
+            if (mmap(page, (size_t)page_size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                     -1, 0) != MAP_FAILED) {
+                atomic_store(&m->faulted, true);
+                return; /* the faulting read is retried and now reads zeros */
+            }
+            break;
+        }
+    /* Not ours (or no page could be mapped): the default action, as without the guard. */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void guard_install(void)
+{
+    page_size = sysconf(_SC_PAGESIZE);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    guard_ok = page_size > 0 && sigaction(SIGBUS, &sa, NULL) == 0;
+}
+
+/* The slot now holding m, or -1 when the table is full. */
+static int guard_add(bw__mapping *m)
+{
+    pthread_once(&guard_once, guard_install);
+    if (!guard_ok)
+        return -1;
+    unsigned start = atomic_fetch_add(&guard_hint, 1);
+    for (unsigned k = 0; k < GUARD_SLOTS; k++) {
+        unsigned i = (start + k) % GUARD_SLOTS;
+        bw__mapping *none = NULL;
+        if (atomic_compare_exchange_strong(&guard[i].m, &none, m)) {
+            atomic_store(&guard_hint, i + 1);
+            return (int)i;
+        }
+    }
+    return -1;
+}
+
+/* The file's bytes read into memory: for when no mapping can be guarded. */
+static bw__mapping *read_whole(int fd, size_t len)
+{
+    uint8_t *buf = malloc(len);
+    size_t got = 0;
+    while (buf && got < len) {
+        ssize_t k = pread(fd, buf + got, len - got, (off_t)got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            free(buf);
+            errno = k == 0 ? ENODATA : errno;
+            return NULL;
+        }
+        got += (size_t)k;
+    }
+    return buf ? bw__mapping_wrap(buf, len) : NULL;
+}
 
 bw__mapping *bw__mapping_map(int fd, size_t len)
 {
@@ -15,7 +105,9 @@ bw__mapping *bw__mapping_map(int fd, size_t len)
     if (!m)
         return NULL;
     atomic_init(&m->refs, 1);
+    atomic_init(&m->faulted, false);
     m->len = len;
+    m->slot = -1;
     if (len == 0)
         return m; /* base NULL: nothing to read */
     void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
@@ -27,6 +119,12 @@ bw__mapping *bw__mapping_map(int fd, size_t len)
     }
     m->base = p;
     m->mapped = true;
+    m->slot = guard_add(m);
+    if (m->slot < 0) {
+        munmap(p, len);
+        free(m);
+        return read_whole(fd, len);
+    }
     return m;
 }
 
@@ -38,6 +136,8 @@ bw__mapping *bw__mapping_wrap(void *mem, size_t len)
         return NULL;
     }
     atomic_init(&m->refs, 1);
+    atomic_init(&m->faulted, false);
+    m->slot = -1;
     m->base = mem;
     m->len = len;
     return m;
@@ -54,9 +154,10 @@ void bw__mapping_unref(bw__mapping *m)
 {
     if (!m || atomic_fetch_sub(&m->refs, 1) != 1)
         return;
-    if (m->mapped)
+    if (m->mapped) {
+        atomic_store(&guard[m->slot].m, NULL);
         munmap((void *)m->base, m->len);
-    else
+    } else
         free((void *)m->base);
     free(m);
 }
@@ -165,6 +266,7 @@ int bw__source_from_memory(const bw__format_ops *ops, const char *name, const vo
     if (len)
         memcpy(copy, data, len);
     s->ops = ops;
+    s->fd = -1;
     snprintf(s->path, sizeof(s->path), "%s", name);
     s->map = bw__mapping_wrap(copy, len);
     if (!s->map) {
@@ -188,5 +290,60 @@ void bw__source_free(bw__source *s)
     if (s->ops && s->ops->close)
         s->ops->close(s);
     bw__mapping_unref(s->map);
+    if (s->fd >= 0)
+        close(s->fd);
     free(s);
+}
+
+static int64_t ts_ns(struct timespec t)
+{
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* The pages of m past a file's new size `size` read as zeros from now on: a send from them
+ * still in flight (the kernel copying from the mapping, which fails with EFAULT past the end
+ * of the file, and would cost gRPC its whole connection) reads zeros instead, and the read it
+ * belongs to is refused at its end (worker/read_path.c). */
+static void zero_tail(bw__mapping *m, uint64_t size)
+{
+    pthread_once(&guard_once, guard_install);
+    if (!m || !m->mapped || page_size <= 0)
+        return;
+    uint64_t from = (size + (uint64_t)page_size - 1) / (uint64_t)page_size * (uint64_t)page_size;
+    if (from >= m->len)
+        return;
+    mmap((void *)(m->base + from), m->len - from, PROT_READ,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    atomic_store(&m->faulted, true);
+}
+
+int bw__source_check(const bw__source *s, char *err, size_t errlen)
+{
+    if (s->fd < 0)
+        return BW_OK;
+    struct stat st;
+    const char *what = NULL;
+    char buf[160];
+    if (fstat(s->fd, &st) != 0) {
+        snprintf(buf, sizeof(buf), "fstat: %s", strerror(errno));
+        what = buf;
+    } else if ((uint64_t)st.st_size != s->size) {
+        if ((uint64_t)st.st_size < s->size)
+            zero_tail(s->map, (uint64_t)st.st_size);
+        snprintf(buf, sizeof(buf), "its size is now %llu bytes, it was %llu",
+                 (unsigned long long)st.st_size, (unsigned long long)s->size);
+        what = buf;
+    } else if (st.st_nlink == 0)
+        what = "it was deleted or replaced";
+    else if (ts_ns(st.st_mtim) != s->mtime_ns || ts_ns(st.st_ctim) != s->ctime_ns)
+        what = "it was written to";
+    else if (s->map && atomic_load(&s->map->faulted))
+        what = "it was truncated while being read";
+    if (!what)
+        return BW_OK;
+    snprintf(err, errlen,
+             "%s changed on disk since the dataset was opened (%s): none of its bytes are served "
+             "under the old fingerprint; later requests see the new file",
+             s->path, what);
+    return BW_FAILED_PRECONDITION;
 }
