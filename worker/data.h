@@ -35,6 +35,9 @@ int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **ou
                size_t errlen);
 bw__dataset *bw__ds_dataset(bw__wds *e);
 void bw__ds_put(bw__wds *e);
+/* A read found a file of e's dataset changed (bw__dataset_check): the next bw__ds_get for it
+ * compares it with its files at once instead of within the second. Thread-safe. */
+void bw__ds_stale(bw__wds *e);
 
 /* Whether bw__ds_get for `spec` would find it open and recently checked, so that getting it
  * does no file I/O (a hint: it may change right after). */

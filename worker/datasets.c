@@ -1,5 +1,7 @@
 /* Open datasets, keyed by format and source list, shared by concurrent requests. An entry is
- * re-checked against its files at most once a second and reopened when one changed; the
+ * re-checked against its files (bw__dataset_changed: device, inode, size, mtime, ctime) at
+ * most once a second, and at the next request after a read found one of its files changed
+ * (bw__ds_stale), and reopened when one changed; the
  * least recently used entries beyond CACHE_MAX are dropped (requests using them keep them
  * alive until they finish).
  *
@@ -27,8 +29,9 @@ struct bw__wds {
     size_t keylen;
     uint64_t checked_ms, used_ms;
     wds_state state;
-    bool checking; /* a request is comparing it with its files, unlocked */
-    int rc;        /* FAILED: the open's error, for the requests that waited for it */
+    bool checking;     /* a request is comparing it with its files, unlocked */
+    atomic_bool stale; /* a read found a file changed: compare at the next request */
+    int rc;            /* FAILED: the open's error, for the requests that waited for it */
     char err[1024];
 };
 
@@ -74,6 +77,11 @@ void bw__ds_cache_free(bw__ds_cache *c)
     pthread_cond_destroy(&c->cv);
     free(c->root);
     free(c);
+}
+
+void bw__ds_stale(bw__wds *e)
+{
+    atomic_store(&e->stale, true);
 }
 
 bw__dataset *bw__ds_dataset(bw__wds *e)
@@ -170,7 +178,8 @@ bool bw__ds_ready(bw__ds_cache *c, const Batchwire__V1__Dataset *spec)
     uint64_t now = bw__mono_ms();
     pthread_mutex_lock(&c->mu);
     const bw__wds *e = find(c, key, keylen);
-    bool ready = e && e->state == READY && (e->checking || now <= e->checked_ms + RECHECK_MS);
+    bool ready = e && e->state == READY &&
+                 (e->checking || (!atomic_load(&e->stale) && now <= e->checked_ms + RECHECK_MS));
     pthread_mutex_unlock(&c->mu);
     free(key);
     return ready;
@@ -210,9 +219,10 @@ int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **ou
             free(key);
             return rc;
         }
-        if (e->checking || now <= e->checked_ms + RECHECK_MS)
+        if (e->checking || (!atomic_load(&e->stale) && now <= e->checked_ms + RECHECK_MS))
             break;
         e->checking = true;
+        atomic_store(&e->stale, false);
         e->checked_ms = now;
         pthread_mutex_unlock(&c->mu);
         bool changed = bw__dataset_changed(e->d);

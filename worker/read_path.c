@@ -22,6 +22,8 @@ struct bw__rp {
     uint32_t src;
     uint64_t off, first_record, max_records;
     uint64_t count;
+    /* ReadSamples: a bit per source a record was served from, checked again at the end */
+    uint8_t *touched;
 };
 
 static const char *first_source(const Batchwire__V1__Dataset *spec)
@@ -48,6 +50,11 @@ bw__rp *bw__rp_samples(bw__wds *e, const uint64_t *indices, size_t n, bw__data_s
     if (rp) {
         rp->indices = indices;
         rp->n = n;
+        rp->touched = calloc(rp->d->nsources / 8 + 1, 1);
+        if (!rp->touched) {
+            bw__rp_close(rp);
+            return NULL;
+        }
     }
     return rp;
 }
@@ -71,6 +78,7 @@ void bw__rp_close(bw__rp *rp)
     if (!rp)
         return;
     bw__ds_put(rp->e);
+    free(rp->touched);
     free(rp);
 }
 
@@ -99,35 +107,76 @@ uint64_t bw__rp_first_key(const bw__rp *rp)
     return rp->stream ? rp->first_record : rp->n ? rp->indices[0] : 0;
 }
 
+/* A file changed: the read fails with the check's sentence, and the dataset is compared with
+ * its files at the next request. */
+static int changed(bw__rp *rp, const char *why, char *err, size_t errlen)
+{
+    bw__ds_stale(rp->e);
+    snprintf(err, errlen, "%s: %s", rp->stream ? "ReadStream" : "ReadSamples", why);
+    return BW_FAILED_PRECONDITION;
+}
+
+/* Every file a record was served from, once more before the read ends: the transports copy a
+ * record's bytes out of the mapping after bw__rp_next returned it (both have sent every
+ * earlier record by the time they ask for the next one), so a change made in between is
+ * caught here and the request fails instead of ending well (docs/formats.md, "Files that
+ * change under a worker"). */
+static int end(bw__rp *rp, char *err, size_t errlen)
+{
+    char why[1024];
+    if (rp->stream)
+        return rp->count && bw__dataset_check(rp->d, rp->src, why, sizeof(why)) != BW_OK
+                   ? changed(rp, why, err, errlen)
+                   : BW_RP_END;
+    for (size_t i = 0; i < rp->d->nsources; i++)
+        if ((rp->touched[i / 8] >> (i % 8) & 1) &&
+            bw__dataset_check(rp->d, i, why, sizeof(why)) != BW_OK)
+            return changed(rp, why, err, errlen);
+    return BW_RP_END;
+}
+
 int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
 {
     char why[1024];
     int rc;
+    size_t src;
     if (!rp->stream) {
         if (rp->count >= rp->n)
-            return BW_RP_END;
+            return end(rp, err, errlen);
         out->key = rp->indices[rp->count];
         out->offset = out->next_offset = 0;
         rc = bw__dataset_get(rp->d, out->key, &out->rec, why, sizeof(why));
+        src = rc == BW_OUT_OF_RANGE ? 0 : bw__dataset_source_of(rp->d, out->key);
     } else {
         if (rp->at_end || rp->locate_only || (rp->max_records && rp->count >= rp->max_records))
-            return BW_RP_END;
+            return end(rp, err, errlen);
         out->key = rp->first_record + rp->count;
         out->offset = rp->off;
         rc = bw__dataset_next(rp->d, rp->src, rp->off, &out->rec, &out->next_offset, why,
                               sizeof(why));
-        if (rc == BW_FMT_END) {
-            rp->at_end = true;
-            return BW_RP_END;
-        }
+        src = rp->src;
+    }
+    /* The file's identity after its record was read and before any byte of it is served: a
+     * record read while the file changed (or whose read failed because it changed) is
+     * refused. */
+    if (bw__dataset_check(rp->d, src, why, sizeof(why)) != BW_OK) {
         if (rc == BW_OK)
-            rp->off = out->next_offset;
+            bw__record_release(&out->rec);
+        return changed(rp, why, err, errlen);
+    }
+    if (rc == BW_FMT_END) {
+        rp->at_end = true;
+        return end(rp, err, errlen);
     }
     if (rc != BW_OK) {
         /* The reader's sentence names the file and the offset. */
         snprintf(err, errlen, "%s: %s", rp->stream ? "ReadStream" : "ReadSamples", why);
         return rc;
     }
+    if (rp->stream)
+        rp->off = out->next_offset;
+    else
+        rp->touched[src / 8] |= (uint8_t)(1u << (src % 8));
     rp->count++;
     if (rp->stats) {
         atomic_fetch_add(&rp->stats->records_read, 1);
