@@ -14,13 +14,17 @@
 #include "formats/formats.h"
 
 /* ---- the SIGBUS guard (formats.h, bw__mapping_map) ----
- * A fixed table of the live mappings, read by the signal handler without locks: a slot holds
- * a mapping while its `m` is set. Registration claims a free slot with a compare-and-swap,
- * starting from a moving hint; release clears it before the munmap. */
+ * A fixed table of the live mappings, read by the signal handler without locks. A slot holds
+ * its mapping's range itself (the handler never reads a bw__mapping that may be being freed):
+ * it is claimed by a compare-and-swap of `base` from 0, starting from a moving hint, and its
+ * `len` is set after; release clears `len`, then `base`, before the munmap. A mapping whose
+ * range holds a faulting address is alive: the faulting reader holds a reference to it. */
 
 enum { GUARD_SLOTS = 1 << 16 };
 
 static struct {
+    atomic_uintptr_t base;
+    atomic_size_t len;
     _Atomic(bw__mapping *) m;
 } guard[GUARD_SLOTS];
 static atomic_uint guard_hint;
@@ -34,14 +38,15 @@ static void on_sigbus(int sig, siginfo_t *si, void *uctx)
     uintptr_t a = (uintptr_t)si->si_addr;
     if (si->si_code == BUS_ADRERR)
         for (size_t i = 0; i < GUARD_SLOTS; i++) {
-            bw__mapping *m = atomic_load(&guard[i].m);
-            if (!m || a < (uintptr_t)m->base || a >= (uintptr_t)m->base + m->len)
+            uintptr_t base = atomic_load(&guard[i].base);
+            size_t len = atomic_load(&guard[i].len);
+            if (!base || a < base || a - base >= len)
                 continue;
             void *page = (void *)(a & ~(uintptr_t)(page_size - 1));
             /* mmap is a plain system call on Linux: safe here though POSIX does not list it. */
             if (mmap(page, (size_t)page_size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
                      -1, 0) != MAP_FAILED) {
-                atomic_store(&m->faulted, true);
+                atomic_store(&atomic_load(&guard[i].m)->faulted, true);
                 return; /* the faulting read is retried and now reads zeros */
             }
             break;
@@ -62,7 +67,7 @@ static void guard_install(void)
     guard_ok = page_size > 0 && sigaction(SIGBUS, &sa, NULL) == 0;
 }
 
-/* The slot now holding m, or -1 when the table is full. */
+/* The slot now holding m's range, or -1 when the table is full. */
 static int guard_add(bw__mapping *m)
 {
     pthread_once(&guard_once, guard_install);
@@ -71,13 +76,22 @@ static int guard_add(bw__mapping *m)
     unsigned start = atomic_fetch_add(&guard_hint, 1);
     for (unsigned k = 0; k < GUARD_SLOTS; k++) {
         unsigned i = (start + k) % GUARD_SLOTS;
-        bw__mapping *none = NULL;
-        if (atomic_compare_exchange_strong(&guard[i].m, &none, m)) {
+        uintptr_t none = 0;
+        if (atomic_compare_exchange_strong(&guard[i].base, &none, (uintptr_t)m->base)) {
+            atomic_store(&guard[i].m, m);
+            atomic_store(&guard[i].len, m->len);
             atomic_store(&guard_hint, i + 1);
             return (int)i;
         }
     }
     return -1;
+}
+
+static void guard_remove(const bw__mapping *m)
+{
+    atomic_store(&guard[m->slot].len, 0);
+    atomic_store(&guard[m->slot].m, NULL);
+    atomic_store(&guard[m->slot].base, 0);
 }
 
 /* The file's bytes read into memory: for when no mapping can be guarded. */
@@ -155,7 +169,7 @@ void bw__mapping_unref(bw__mapping *m)
     if (!m || atomic_fetch_sub(&m->refs, 1) != 1)
         return;
     if (m->mapped) {
-        atomic_store(&guard[m->slot].m, NULL);
+        guard_remove(m);
         munmap((void *)m->base, m->len);
     } else
         free((void *)m->base);
