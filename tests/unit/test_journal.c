@@ -578,6 +578,27 @@ static void test_compaction_due_across_reopens(void **state)
     assert_string_equal(s.snap, want);
     assert_int_equal(s.snap_seq + s.n, (uint64_t)total);
     assert_int_equal(rep.last_seq, (uint64_t)total);
+
+    /* A kill after the snapshot's rename but before the files it covers are removed: the
+     * next open removes them and counts none of their records toward the next compaction. */
+    uint64_t first = s.snap_seq + 1, seq;
+    char covered[600], keep[700];
+    path_of(first, covered, sizeof(covered));
+    snprintf(keep, sizeof(keep), "%s.keep", covered);
+    assert_int_equal(bw__journal_rotate(j, &seq), BW_OK);
+    assert_int_equal(link(covered, keep), 0);
+    char err[512];
+    assert_int_equal(bw__journal_write_snapshot(j, seq, "all", 3, err, sizeof(err)), BW_OK);
+    bw__journal_close(j);
+    assert_int_equal(file_size(covered), -1);
+    assert_int_equal(rename(keep, covered), 0);
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.snap_seq, (uint64_t)total);
+    assert_int_equal(s.n, 0);
+    assert_int_equal(rep.journal_records, 0);
+    assert_int_equal(rep.journal_bytes, 0);
+    assert_int_equal(file_size(covered), -1);
+    assert_false(bw__journal_compaction_due(j, &(bw_journal_policy){1, 1, 1}, NULL, 0));
     bw__journal_close(j);
     rm_dir();
 }
