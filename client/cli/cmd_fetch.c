@@ -21,7 +21,7 @@ typedef struct fetch_cfg {
     char *coordinator, *job, *dataset, *resume, *cursor_out, *device;
     int64_t rank, world_size;
     int mode, shuffle_algo;
-    int64_t batch_size, epochs, max_steps, prefetch, timeout_ms;
+    int64_t batch_size, epochs, max_steps, prefetch, timeout_ms, retry_ms;
     int transport;
     int log_level;
     uint64_t seed;
@@ -76,6 +76,8 @@ static const bw_opt options[] = {
      "batches fetched ahead"},
     {"timeout-ms", BW_OPT_INT, offsetof(fetch_cfg, timeout_ms), "10000", 1, 3600000, NULL, 0, "MS",
      "deadline of each call"},
+    {"retry-ms", BW_OPT_INT, offsetof(fetch_cfg, retry_ms), "60000", 0, 86400000, NULL, 0, "MS",
+     "how long joining and committing retry while the coordinator is unreachable (0: never)"},
     {"transport", BW_OPT_ENUM, offsetof(fetch_cfg, transport), "auto", 0, 0, "auto|grpc", 0, NULL,
      "auto: the workers' data channel where offered (TLS when this uses TLS), else gRPC; grpc: "
      "always gRPC"},
@@ -190,6 +192,7 @@ int bw__cmd_fetch(int argc, char **argv)
     o.even_batches = cfg.even_batches;
     o.prefetch_batches = (unsigned)cfg.prefetch;
     o.timeout_ms = (int)cfg.timeout_ms;
+    o.retry_ms = (int)cfg.retry_ms;
     o.transport = cfg.transport ? "grpc" : "auto";
     if (parse_device(cfg.device, &o.device) != BW_OK) {
         fprintf(stderr, "batchwire fetch: --device: invalid value '%s': expected cuda:N\n",

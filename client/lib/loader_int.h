@@ -56,6 +56,7 @@ typedef struct bw__session {
     bw_rpc_channel *coord;
     bw_rpc_channel_opts chopts; /* for worker channels (target replaced) */
     int timeout_ms;
+    int retry_ms; /* joins and commits retry this long while the coordinator is away */
     char *job;
     uint32_t rank, world;
     uint64_t lease_id;

@@ -21,6 +21,7 @@ void bw_loader_options_init(bw_loader_options *o)
     o->max_buffer_bytes = (size_t)1 << 30;
     o->timeout_ms = 10000;
     o->device = -1;
+    o->retry_ms = 60000;
 }
 
 /* Reads a non-negative integer from the environment; 1 if absent, 0 ok, -1 malformed. */

@@ -152,6 +152,37 @@ bw__placement *bw__session_placement(bw__session *s, bool refresh, char *err, si
     return cur;
 }
 
+/* A call to the coordinator, tried again with jittered exponential backoff (50 ms doubling
+ * to 1 s, each pause drawn from its upper half) while the answer says the coordinator is
+ * unreachable or restarting (BW_UNAVAILABLE; BW_CANCELLED from a coordinator shutting down
+ * with the call in flight; a call's deadline), until s->retry_ms has
+ * passed. Every call in the loop is safe to repeat: GetOrCreateJob and JoinJob by the same
+ * holder are idempotent, a cursor committed twice is the same cursor. */
+static int coord_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMessage *req,
+                      bw_arena *a, ProtobufCMessage **resp, char *err, size_t errlen)
+{
+    uint64_t t0 = bw__mono_ms(), backoff = 50;
+    unsigned seed = (unsigned)(t0 ^ (uint64_t)getpid() ^ s->rank);
+    for (unsigned tries = 1;; tries++) {
+        int rc = bw__rpc_call(s->coord, m, req, a, resp, s->timeout_ms, err, errlen);
+        uint64_t pause = backoff / 2 + (uint64_t)rand_r(&seed) % (backoff / 2 + 1);
+        if ((rc != BW_UNAVAILABLE && rc != BW_TIMEOUT && rc != BW_CANCELLED) ||
+            bw__mono_ms() - t0 + pause > (uint64_t)(s->retry_ms > 0 ? s->retry_ms : 0)) {
+            if (rc != BW_OK && tries > 1) {
+                size_t n = strlen(err);
+                snprintf(err + n, errlen > n ? errlen - n : 0, " (after %u tries in %llu ms)",
+                         tries, (unsigned long long)(bw__mono_ms() - t0));
+            }
+            return rc;
+        }
+        if (tries == 1)
+            BW_INFO("job=%s rank=%u: %s; retrying for up to %d ms", s->job, s->rank, err,
+                    s->retry_ms);
+        bw__rpc_channel_wait(s->coord, (int)pause); /* returns early once reconnected */
+        backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+    }
+}
+
 static void *lease_thread(void *arg)
 {
     bw__session *s = arg;
@@ -189,6 +220,12 @@ static void *lease_thread(void *arg)
         } else if (rc == BW_OK) {
             s->hb_err[0] = '\0';
         }
+        if (rc != BW_OK) { /* reconnect while waiting for the next heartbeat */
+            pthread_mutex_unlock(&s->mu);
+            bw__rpc_channel_wait(s->coord, (int)s->heartbeat_ms);
+            pthread_mutex_lock(&s->mu);
+            continue;
+        }
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -204,6 +241,7 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     s->rank = rank;
     s->world = world;
     s->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
+    s->retry_ms = o->retry_ms;
     s->job = strdup(jr->name);
     /* Copies: the caller's strings are borrowed for bw_loader_open only, and worker channels
      * open later. Workers are verified by their own names (no server-name override). */
@@ -227,17 +265,8 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     creq.config = (Batchwire__V1__JobConfig *)&jr->config;
     creq.world_size = world;
     ProtobufCMessage *resp = NULL;
-    /* A coordinator that is restarting (or a connection still being set up on a loaded
-     * machine) is retried with backoff for up to the call timeout. */
-    uint64_t t0 = bw__mono_ms(), backoff = 50;
-    for (;;) {
-        rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_GET_OR_CREATE), &creq.base, &s->job_arena,
-                          &resp, s->timeout_ms, err, errlen);
-        if (rc != BW_UNAVAILABLE || bw__mono_ms() - t0 + backoff > (uint64_t)s->timeout_ms)
-            break;
-        usleep((useconds_t)(backoff * 1000));
-        backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
-    }
+    rc = coord_call(s, BW_METHOD(BW_M_JOBS_GET_OR_CREATE), &creq.base, &s->job_arena, &resp, err,
+                    errlen);
     if (rc != BW_OK)
         return rc;
 
@@ -251,8 +280,7 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     jreq.rank = rank;
     jreq.world_size = world;
     jreq.holder = &holder;
-    rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_JOIN), &jreq.base, &s->job_arena, &resp,
-                      s->timeout_ms, err, errlen);
+    rc = coord_call(s, BW_METHOD(BW_M_JOBS_JOIN), &jreq.base, &s->job_arena, &resp, err, errlen);
     if (rc != BW_OK)
         return rc;
     const Batchwire__V1__JoinJobResponse *jresp = (const void *)resp;
@@ -291,8 +319,7 @@ int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *
     bw_arena a;
     bw__arena_init(&a, 0);
     ProtobufCMessage *resp = NULL;
-    int rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_COMMIT_CURSOR), &req.base, &a, &resp,
-                          s->timeout_ms, err, errlen);
+    int rc = coord_call(s, BW_METHOD(BW_M_JOBS_COMMIT_CURSOR), &req.base, &a, &resp, err, errlen);
     bw__arena_reset(&a);
     return rc;
 }

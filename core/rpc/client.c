@@ -216,6 +216,22 @@ static gpr_timespec deadline_in(int timeout_ms)
                         gpr_time_from_millis(timeout_ms > 0 ? timeout_ms : 1, GPR_TIMESPAN));
 }
 
+bool bw__rpc_channel_wait(bw_rpc_channel *ch, int timeout_ms)
+{
+    gpr_timespec deadline = deadline_in(timeout_ms);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_connectivity_state st = grpc_channel_check_connectivity_state(ch->channel, 1);
+    while (st != GRPC_CHANNEL_READY && st != GRPC_CHANNEL_SHUTDOWN) {
+        grpc_channel_watch_connectivity_state(ch->channel, st, deadline, cq, NULL);
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type != GRPC_OP_COMPLETE || !ev.success)
+            break; /* the deadline passed */
+        st = grpc_channel_check_connectivity_state(ch->channel, 1);
+    }
+    queue_destroy(cq);
+    return st == GRPC_CHANNEL_READY;
+}
+
 int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMessage *req,
                  bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, char *err, size_t errlen)
 {

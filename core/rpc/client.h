@@ -4,6 +4,7 @@
 #ifndef BW_RPC_CLIENT_H
 #define BW_RPC_CLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <protobuf-c/protobuf-c.h>
 
@@ -41,6 +42,12 @@ const char *bw__rpc_channel_target(const bw_rpc_channel *ch);
 int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *method, const ProtobufCMessage *req,
                  bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, char *err,
                  size_t errlen);
+
+/* Waits up to timeout_ms for the channel to be connected, driving its connection attempts
+ * meanwhile; true when it is. A retry loop pauses with this instead of sleeping: gRPC makes
+ * progress on a connection only while some thread polls for it, and a call that failed fast
+ * leaves none (the next attempt would then wait for gRPC's 5 s backup poller). */
+bool bw__rpc_channel_wait(bw_rpc_channel *ch, int timeout_ms);
 
 /* gRPC keepalive (client pings, server acceptance): a silent peer is found dead within
  * about BW_RPC_KEEPALIVE_MS + BW_RPC_KEEPALIVE_TIMEOUT_MS. */

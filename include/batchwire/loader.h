@@ -79,6 +79,12 @@ typedef struct bw_loader_options {
      * settings when they are given), else gRPC; "grpc" always uses gRPC
      * (docs/data-channel.md). */
     const char *transport;
+
+    /* How long a call to the coordinator (joining, committing a cursor) is retried, with
+     * jittered backoff, while the coordinator is unreachable or restarting (default 60000;
+     * 0: no retry). Heartbeats and placement refreshes retry for as long as the loader
+     * runs. */
+    int retry_ms;
 } bw_loader_options;
 
 /* Fills `o` with the defaults above. */

@@ -50,6 +50,7 @@ class Options(ctypes.Structure):
         ("timeout_ms", c_int),
         ("device", c_int),
         ("transport", c_char_p),
+        ("retry_ms", c_int),
     ]
 
 
@@ -153,7 +154,7 @@ def _check_layout(lib, path):
     o = Options.from_buffer(buf)
     want = {"rank": -1, "world_size": -1, "batch_size": 1, "even_batches": 1,
             "prefetch_batches": 4, "max_buffer_bytes": 1 << 30, "timeout_ms": 10000,
-            "device": -1}
+            "device": -1, "retry_ms": 60000}
     got = {k: getattr(o, k) for k in want}
     if got != want or o.mode != b"torch" or o.shuffle_algo != b"torch" or o.coordinator:
         raise errors.InternalError(

@@ -235,6 +235,8 @@ class Loader:
                   coordinator says this rank resumes (its committed cursor, or the start)
     prefetch      batches fetched ahead; max_buffer_bytes caps their memory
     timeout       seconds per call to a worker or the coordinator
+    retry         seconds a call to the coordinator (join, commit) is retried while it is
+                  unreachable or restarting (default 60; 0: no retry)
     device        None or "cpu": host memory; "cuda:N": batches copied to that GPU
     tls_ca, tls_cert, tls_key, tls_server_name   TLS to the coordinator and workers
     transport     "auto" (default, or $BATCHWIRE_TRANSPORT): the workers' data channel where
@@ -251,7 +253,7 @@ class Loader:
                  sampler_drop_last=False, split_batches=False, even_batches=True,
                  shuffle_algo="torch", resume=None, prefetch=4, max_buffer_bytes=None,
                  timeout=10.0, device=None, tls_ca=None, tls_cert=None, tls_key=None,
-                 tls_server_name=None, transport=None):
+                 tls_server_name=None, transport=None, retry=60.0):
         self._handle = None
         self._gen = 0
         self._lock = threading.RLock()
@@ -301,6 +303,7 @@ class Loader:
         if max_buffer_bytes is not None:
             o.max_buffer_bytes = int(max_buffer_bytes)
         o.timeout_ms = max(1, int(round(float(timeout) * 1000)))
+        o.retry_ms = max(0, int(round(float(retry) * 1000)))
         o.device = dev
         o.transport = s(transport)
 
