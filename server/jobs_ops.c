@@ -401,7 +401,7 @@ int bw__jobs_heartbeat(bw_jobs *s, const Batchwire__V1__LeaseHeartbeatRequest *r
     rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
     if (rc == BW_OK && (!r->leased || r->lease_id != req->lease_id)) {
         lease_gone(s, job, req->rank, r, now, err, errlen);
-        rc = BW_FAILED_PRECONDITION;
+        rc = BW_LEASE_LOST;
     }
     if (rc == BW_OK) {
         r->last_beat_ms = now; /* an expired lease nobody took is renewed */
@@ -516,7 +516,7 @@ int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, b
     }
     if (!r->leased || r->lease_id != req->lease_id) {
         lease_gone(s, job, req->rank, r, now, err, errlen);
-        rc = BW_FAILED_PRECONDITION;
+        rc = BW_LEASE_LOST;
         goto out;
     }
     const Batchwire__V1__WorldSegment *last = &job->history[job->nhistory - 1];

@@ -86,6 +86,9 @@ static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
 /* Reads a planned batch: by index (map-style) or as runs of stream records (iterable). */
 static int fetch(bw_loader *l, bw_batch *b)
 {
+    int rc = bw__session_lease_check(&l->session, b->err, sizeof(b->err));
+    if (rc != BW_OK)
+        return b->rc = rc; /* fenced: no more reads for a rank another process holds */
     return l->stream ? bw__stream_fetch_batch(&l->fctx, l->stream, l->plan, b)
                      : bw__fetch_batch(&l->fctx, b);
 }
@@ -334,6 +337,9 @@ int bw_loader_open_at(const bw_loader_options *o, const void *cursor, size_t len
 int bw_loader_next(bw_loader *l, const bw_batch **out)
 {
     *out = NULL;
+    int lost = bw__session_lease_check(&l->session, l->err, sizeof(l->err));
+    if (lost != BW_OK)
+        return lost; /* not even a batch already fetched: the rank is another process's */
     pthread_mutex_lock(&l->mu);
     if (l->held < l->nslots) {
         l->state[l->held] = SLOT_FREE;

@@ -88,6 +88,10 @@ typedef struct bw__session {
     pthread_t hb_thread;
     bool hb_started, stopping;
     char hb_err[BW_LOADER_ERRLEN];
+    /* The coordinator said the lease is no longer ours (another process took the rank over):
+     * set once, by the heartbeat thread; lost_err (under mu) says who holds it now. */
+    atomic_bool lease_lost;
+    char lost_err[BW_LOADER_ERRLEN];
 } bw__session;
 
 /* Connects, creates or joins the job, takes the rank's lease and fetches placement. */
@@ -108,6 +112,10 @@ bw_rpc_channel *bw__session_worker_channel(bw__session *s, const char *address, 
 
 /* Closes the idle connections and forgets suspended channels (the session is closing). */
 void bw__dconn_close_idle(bw__session *s);
+
+/* BW_LEASE_LOST with the coordinator's sentence in err once the lease was taken over, else
+ * BW_OK: a loader that lost its rank hands out no more batches and commits nothing. */
+int bw__session_lease_check(bw__session *s, char *err, size_t errlen);
 
 /* Records a cursor durably with the coordinator. */
 int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen);

@@ -213,6 +213,13 @@ static void *lease_thread(void *arg)
         }
         bw__arena_reset(&a);
         pthread_mutex_lock(&s->mu);
+        if (rc == BW_LEASE_LOST) {
+            /* Fenced: another process holds the rank now. Stop renewing; the loader stops. */
+            BW_ERROR("job=%s rank=%u lost its lease: %s", s->job, s->rank, err);
+            snprintf(s->lost_err, sizeof(s->lost_err), "%s", err);
+            atomic_store(&s->lease_lost, true);
+            break;
+        }
         if (rc != BW_OK && strcmp(err, s->hb_err) != 0) {
             /* Keep going: prefetched batches carry the trainer while the coordinator is away. */
             BW_WARN("job=%s rank=%u lease heartbeat failed (will retry): %s", s->job, s->rank, err);
@@ -308,8 +315,21 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     return BW_OK;
 }
 
+int bw__session_lease_check(bw__session *s, char *err, size_t errlen)
+{
+    if (!atomic_load(&s->lease_lost))
+        return BW_OK;
+    pthread_mutex_lock(&s->mu);
+    snprintf(err, errlen, "rank %u of job %s: %s", s->rank, s->job, s->lost_err);
+    pthread_mutex_unlock(&s->mu);
+    return BW_LEASE_LOST;
+}
+
 int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen)
 {
+    int rc = bw__session_lease_check(s, err, errlen);
+    if (rc != BW_OK)
+        return rc;
     Batchwire__V1__CommitCursorRequest req = BATCHWIRE__V1__COMMIT_CURSOR_REQUEST__INIT;
     req.job = s->job;
     req.rank = s->rank;
@@ -319,8 +339,14 @@ int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *
     bw_arena a;
     bw__arena_init(&a, 0);
     ProtobufCMessage *resp = NULL;
-    int rc = coord_call(s, BW_METHOD(BW_M_JOBS_COMMIT_CURSOR), &req.base, &a, &resp, err, errlen);
+    rc = coord_call(s, BW_METHOD(BW_M_JOBS_COMMIT_CURSOR), &req.base, &a, &resp, err, errlen);
     bw__arena_reset(&a);
+    if (rc == BW_LEASE_LOST) {
+        pthread_mutex_lock(&s->mu);
+        snprintf(s->lost_err, sizeof(s->lost_err), "%s", err);
+        pthread_mutex_unlock(&s->mu);
+        atomic_store(&s->lease_lost, true);
+    }
     return rc;
 }
 

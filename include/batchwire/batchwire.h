@@ -56,7 +56,9 @@ BW_EXTERN const char *bw_version(void);
     X(NO_DEVICE, -21, FAILED_PRECONDITION, "no GPU device available")                              \
     X(END_OF_EPOCH, -22, OUT_OF_RANGE, "end of epoch")                                             \
     X(INTERNAL, -23, INTERNAL, "internal error")                                                   \
-    X(BUSY, -24, RESOURCE_EXHAUSTED, "server busy: over its in-flight budget, retry after a pause")
+    X(BUSY, -24, RESOURCE_EXHAUSTED,                                                               \
+      "server busy: over its in-flight budget, retry after a pause")                               \
+    X(LEASE_LOST, -25, FAILED_PRECONDITION, "this rank's lease was lost: another process holds it")
 
 typedef enum bw_err {
 #define BW__ERR_ENUM(name, num, grpc, msg) BW_##name = (num),

@@ -64,6 +64,7 @@ _TABLE = [
     ("EndOfEpochError", "END_OF_EPOCH", -22, ()),
     ("InternalError", "INTERNAL", -23, ()),
     ("BusyError", "BUSY", -24, ()),
+    ("LeaseLostError", "LEASE_LOST", -25, ()),
 ]
 
 _CODE_BY_CLASS = {cls: code for cls, code, _, _ in _TABLE}

@@ -29,6 +29,7 @@ static void test_numbers_are_stable(void **state)
     assert_int_equal(BW_WRONG_OWNER, -19);
     assert_int_equal(BW_INTERNAL, -23);
     assert_int_equal(BW_BUSY, -24);
+    assert_int_equal(BW_LEASE_LOST, -25);
 }
 
 static void test_every_code_is_distinct_and_named(void **state)
