@@ -211,6 +211,23 @@ class Rank(e2e.Fetch):
             t.start()
         self.rc = None
         self.seconds = None
+        # When the process exited (Fetch.wait's `seconds` is when the test got round to it).
+        self.t_exit = None
+        threading.Thread(target=self._stamp_exit, daemon=True).start()
+
+    def _stamp_exit(self):
+        try:
+            self.proc.wait()
+        finally:
+            self.t_exit = time.monotonic()
+
+    def exited_at(self):
+        """Monotonic time the process exited (after wait() returned)."""
+        for _ in range(100):
+            if self.t_exit is not None:
+                return self.t_exit
+            time.sleep(0.01)
+        return self.t0 + self.seconds
 
     def _read_stdout(self):
         pipe = self.proc.stdout
