@@ -19,7 +19,7 @@ and prints the recovery time, the longest stall of any rank, and the ranks' run 
 Scenarios (in this order): worker SIGKILL mid-epoch; 10 % packet loss on every host; SIGSTOP
 of a worker for 3 s then SIGCONT; partition of a worker for 2 s; partition of the coordinator
 for 2 s; SIGKILL and restart of the coordinator. The full set (BW_FAULTS=full) adds 30 s
-partitions of a worker and of the coordinator.
+partitions of a worker and of the coordinator, and a worker's own link down for 5 s.
 
 Scenarios that today's code is known to fail are listed in XFAIL with the reason and the
 figure measured: they run, their failure is reported as XFAIL and does not fail the test; one
@@ -189,7 +189,11 @@ def worker_sigstop_3s(ctx):
     return bounded("worker_sigstop_3s", m, STALL_BOUND_S)
 
 
-def _partition(ctx, name, host, seconds):
+def _partition(ctx, name, host, seconds, link=False):
+    """`host` cut off for `seconds`: dropped at the bridge, or (link=True) its own eth0 down,
+    which its peers see as silence and it sees as ENETUNREACH."""
+    cut = (lambda: ctx.net.link(host, False)) if link else (lambda: ctx.net.partition(host))
+    heal = (lambda: ctx.net.link(host, True)) if link else (lambda: ctx.net.heal(host))
     ranks = start_held(ctx, "f-" + name.replace("_", "-"))
     rejoin = {}
 
@@ -206,10 +210,10 @@ def _partition(ctx, name, host, seconds):
         rejoin["heal"] = time.monotonic()
 
     t0 = time.monotonic()
-    ctx.net.partition(host)
+    cut()
     release(ranks)
     time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
-    ctx.net.heal(host)
+    heal()
     healed()
     t1 = rejoin["heal"]
     w = threading.Thread(target=watch_rejoin, daemon=True)
@@ -256,9 +260,14 @@ def coord_partition_30s(ctx):
     return _partition(ctx, "coord_partition_30s", "coord", 30.0)
 
 
+def worker_link_down_5s(ctx):
+    """(full) One worker's own link down for 5 s."""
+    return _partition(ctx, "worker_link_down_5s", "w2", 5.0, link=True)
+
+
 SHORT = [worker_sigkill, loss_10, worker_sigstop_3s, worker_partition_2s, coord_partition_2s,
          coord_restart]
-FULL = SHORT + [worker_partition_30s, coord_partition_30s]
+FULL = SHORT + [worker_partition_30s, coord_partition_30s, worker_link_down_5s]
 
 
 # ---------------------------------------------------------------------------------------
@@ -318,6 +327,8 @@ def test(tmpdir):
                     d.send(signal.SIGCONT)
                 for h in list(net.cut):
                     net.heal(h)
+                for h in net.hosts:
+                    net.link(h, True)
                 net.loss_off()
                 if not cl.coord.running():
                     cl.start_coordinator()
