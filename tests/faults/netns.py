@@ -19,6 +19,8 @@ Faults (all applied in the switch namespace or to processes this harness started
                                          bridge (`numgen random mod 100 < P drop`), every host
   net.link(host, up)                     the host's own eth0 down/up (ENETUNREACH at once)
   FaultCluster.kill9(name), .pause(name), .resume(name), .restart_coordinator()
+  FaultCluster.start_worker(wid, delay_ms=D)  clients reach the worker only through a proxy
+                                         delaying each direction by D ms (delay_proxy.py)
 
 Namespace names are `bwf<pid>-<host>`, so concurrent runs do not collide; a run killed before
 it could clean up leaves namespaces whose <pid> is dead, and the next run deletes those (and
@@ -44,6 +46,7 @@ HOSTS = {"coord": 2, "w1": 11, "w2": 12, "w3": 13, "t0": 20, "t1": 21, "t2": 22,
 COORD_PORT = 7700
 WORKER_PORT = 7701
 WORKER_DATA_PORT = 7702
+PROXY_OFFSET = 10  # a delayed worker is advertised at its ports + 10 (delay_proxy.py)
 NFT_TABLE = "bwfault"
 
 
@@ -263,6 +266,7 @@ class FaultCluster:
         self.worker_args = list(worker_args)
         self.coord = None
         self.workers = {}
+        self.proxies = []
         self.start_coordinator()
         for wid in ("w1", "w2", "w3"):
             self.start_worker(wid)
@@ -275,12 +279,25 @@ class FaultCluster:
         self.coord.wait_listening(timeout)
         return self.coord
 
-    def start_worker(self, wid, timeout=15):
+    def start_worker(self, wid, timeout=15, delay_ms=None):
+        """Starts worker `wid`; with delay_ms, clients reach it (gRPC and data channel) only
+        through delay_proxy.py in its namespace, which delays each direction by delay_ms."""
         ip = self.net.ip(wid)
+        extra = []
+        if delay_ms:
+            for port in (WORKER_PORT, WORKER_DATA_PORT):
+                p = bt.Daemon("delay-%s-%d" % (wid, port), self.net.argv(wid, [
+                    sys.executable, os.path.join(HERE, "delay_proxy.py"),
+                    "%s:%d" % (ip, port + PROXY_OFFSET), "%s:%d" % (ip, port), delay_ms]),
+                    self.tmpdir)
+                p.wait_listening(timeout)
+                self.proxies.append(p)
+            extra = ["--advertise", "%s:%d" % (ip, WORKER_PORT + PROXY_OFFSET),
+                     "--data-advertise", "%s:%d" % (ip, WORKER_DATA_PORT + PROXY_OFFSET)]
         argv = self.net.argv(wid, [
             bt.WORKER, "--coordinator", self.addr, "--listen", "%s:%d" % (ip, WORKER_PORT),
             "--data-listen", "%s:%d" % (ip, WORKER_DATA_PORT), "--data-root", self.root,
-            "--id", wid] + self.worker_args)
+            "--id", wid] + extra + self.worker_args)
         d = bt.Daemon("worker-" + wid, argv, self.tmpdir)
         d.wait_listening(timeout)
         self.workers[wid] = d

@@ -19,7 +19,8 @@ and prints the recovery time, the longest stall of any rank, and the ranks' run 
 Scenarios (in this order): worker SIGKILL mid-epoch; 10 % packet loss on every host; SIGSTOP
 of a worker for 3 s then SIGCONT; partition of a worker for 2 s; partition of the coordinator
 for 2 s; SIGKILL and restart of the coordinator. The full set (BW_FAULTS=full) adds 30 s
-partitions of a worker and of the coordinator, and a worker's own link down for 5 s.
+partitions of a worker and of the coordinator, a worker's own link down for 5 s, and 50 ms of latency each way to one worker (a delaying
+TCP proxy) for a whole run.
 
 Scenarios that today's code is known to fail are listed in XFAIL with the reason and the
 figure measured: they run, their failure is reported as XFAIL and does not fail the test; one
@@ -265,9 +266,36 @@ def worker_link_down_5s(ctx):
     return _partition(ctx, "worker_link_down_5s", "w2", 5.0, link=True)
 
 
+def worker_latency_50ms(ctx):
+    """(full) One worker reachable only with 50 ms added each way (a delaying proxy) for a
+    whole run: every batch must still be exact, no stall over the bound."""
+    cl = ctx.cl
+    cl.workers["w1"].stop()
+    cl.start_worker("w1", delay_ms=50)
+    wait_healthy(ctx)
+    try:
+        ranks = start_held(ctx, "f-latency")
+        t0 = time.monotonic()
+        release(ranks)
+        m = finish(ctx, "worker_latency_50ms", ranks, t0, t0)
+        m["recovery"] = None  # the fault lasts the whole run
+        m["fault"] = m["run"]
+        bt.log("worker_latency_50ms: the ranks ran %.2f s (fault-free: %.2f s)" %
+               (m["run"], ctx.fault_free_s))
+        return bounded("worker_latency_50ms", m, STALL_BOUND_S)
+    finally:
+        cl.workers["w1"].stop()
+        for p in cl.proxies:
+            p.kill9()
+        cl.proxies = []
+        cl.start_worker("w1")
+        wait_healthy(ctx)
+
+
 SHORT = [worker_sigkill, loss_10, worker_sigstop_3s, worker_partition_2s, coord_partition_2s,
          coord_restart]
-FULL = SHORT + [worker_partition_30s, coord_partition_30s, worker_link_down_5s]
+FULL = SHORT + [worker_partition_30s, coord_partition_30s, worker_link_down_5s,
+                worker_latency_50ms]
 
 
 # ---------------------------------------------------------------------------------------
