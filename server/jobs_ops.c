@@ -324,7 +324,13 @@ int bw__jobs_join(bw_jobs *s, const Batchwire__V1__JoinJobRequest *req, bw_arena
     }
     bool same = rc == BW_OK && r->leased && strcmp(r->host, req->holder->host) == 0 &&
                 r->pid == req->holder->pid;
-    if (rc == BW_OK && lease_live(s, r, now) && !same) {
+    /* A trainer restarted on the holder's own host, which saw the holder's process gone. */
+    bool reclaim = rc == BW_OK && !same && r->leased && req->reclaim_pid != 0 &&
+                   r->pid == req->reclaim_pid && strcmp(r->host, req->holder->host) == 0;
+    if (reclaim)
+        BW_INFO("job=%s rank=%u holder=%s:%u reclaims the rank from its exited pid %u", req->job,
+                req->rank, req->holder->host, req->holder->pid, r->pid);
+    if (rc == BW_OK && lease_live(s, r, now) && !same && !reclaim) {
         snprintf(err, errlen,
                  "rank %u of job '%s' is already held by host %s pid %u (heard from %.1f s ago; "
                  "the lease expires %.1f s after that); refusing host %s pid %u. Two trainers "

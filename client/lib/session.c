@@ -1,5 +1,7 @@
 /* The loader's side of the coordinator: create or join the job, hold the rank's lease with
  * heartbeats, fetch placement, commit cursors. */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,6 +240,36 @@ static void *lease_thread(void *arg)
     return NULL;
 }
 
+/* The pid of the process on this host that holds `rank` of `job` and has exited, or 0: a
+ * restarted trainer may then reclaim the rank at once (JoinJobRequest.reclaim_pid). A holder
+ * that is alive, on another host, or whose pid cannot be probed is not reclaimed: the
+ * refusal (a real duplicate, e.g. LOCAL_RANK for RANK) stands. */
+static uint32_t exited_holder(bw__session *s, const char *job, const char *host)
+{
+    Batchwire__V1__GetJobRequest req = BATCHWIRE__V1__GET_JOB_REQUEST__INIT;
+    req.name = (char *)job;
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    ProtobufCMessage *resp = NULL;
+    char err[BW_LOADER_ERRLEN];
+    uint32_t pid = 0;
+    if (bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_GET), &req.base, &a, &resp, s->timeout_ms, err,
+                     sizeof(err)) == BW_OK) {
+        const Batchwire__V1__GetJobResponse *r = (const void *)resp;
+        for (size_t i = 0; i < r->n_ranks; i++) {
+            const Batchwire__V1__RankProgress *p = r->ranks[i];
+            if (p->rank != s->rank || !p->holder || !p->holder->host ||
+                strcmp(p->holder->host, host) != 0 || p->holder->pid == 0 ||
+                p->holder->pid == (uint32_t)getpid())
+                continue;
+            if (kill((pid_t)p->holder->pid, 0) != 0 && errno == ESRCH)
+                pid = p->holder->pid;
+        }
+    }
+    bw__arena_reset(&a);
+    return pid;
+}
+
 int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_request *jr,
                      uint32_t rank, uint32_t world, char *err, size_t errlen)
 {
@@ -288,6 +320,15 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     jreq.world_size = world;
     jreq.holder = &holder;
     rc = coord_call(s, BW_METHOD(BW_M_JOBS_JOIN), &jreq.base, &s->job_arena, &resp, err, errlen);
+    /* Held by a process of this host that has exited: a restart, which takes its rank back
+     * at once instead of waiting for the old lease to expire. */
+    if (rc == BW_ALREADY_EXISTS && (jreq.reclaim_pid = exited_holder(s, jr->name, host)) != 0) {
+        BW_INFO("job=%s rank=%u: its holder on this host (pid %u) has exited; reclaiming the "
+                "rank",
+                jr->name, rank, jreq.reclaim_pid);
+        rc =
+            coord_call(s, BW_METHOD(BW_M_JOBS_JOIN), &jreq.base, &s->job_arena, &resp, err, errlen);
+    }
     if (rc != BW_OK)
         return rc;
     const Batchwire__V1__JoinJobResponse *jresp = (const void *)resp;
