@@ -153,7 +153,10 @@ static void *membership_thread(void *arg)
                 snprintf(last_err, sizeof(last_err), "%s", err);
                 last_err_ms = now;
             }
-            if (nap(w, registered ? interval : backoff))
+            /* Wait by driving the channel's reconnection (a restarted coordinator is found as
+             * soon as it listens), then check for a stop. */
+            bw__rpc_channel_wait(w->coord, (int)(registered ? interval : backoff));
+            if (nap(w, 0))
                 break;
             if (!registered)
                 backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
