@@ -63,9 +63,10 @@ def have_privileges():
     """(True, "") where namespaces and nft work here, else (False, why)."""
     if os.geteuid() != 0:
         return False, "not root"
+    import shutil
+    path = os.environ.get("PATH", "/usr/bin") + ":/usr/sbin:/sbin"
     for tool in ("ip", "nft", "stdbuf"):
-        if not any(os.access(os.path.join(d, tool), os.X_OK)
-                   for d in os.environ.get("PATH", "/usr/sbin:/usr/bin").split(":") + ["/usr/sbin"]):
+        if not shutil.which(tool, path=path):
             return False, "%s is not installed (scripts/lib.sh BW_TEST_PACKAGES)" % tool
     return True, ""
 

@@ -12,15 +12,17 @@ applied and the ranks released so they fetch through it. Every scenario checks t
     fault-free run's and the plan (nothing lost, duplicated or reordered; bytes right),
   * the recovery time -- from the fault's end to every rank that still had batches to deliver
     delivering again (each rank's stdout is line buffered and stamped as read) -- is at most
-    RECOVERY_BOUND_S,
+    RECOVERY_BOUND_S, and so are the time from a rank's last batch to its exit and, after a
+    partition, the time until the coordinator lists every worker alive again; no rank goes
+    longer than STALL_BOUND_S without a batch (5 s each by default),
 
-and prints the recovery time, the longest stall of any rank, and the ranks' run time.
+and prints these figures and the ranks' run time.
 
 Scenarios (in this order): worker SIGKILL mid-epoch; 10 % packet loss on every host; SIGSTOP
 of a worker for 3 s then SIGCONT; partition of a worker for 2 s; partition of the coordinator
 for 2 s; SIGKILL and restart of the coordinator. The full set (BW_FAULTS=full) adds 30 s
-partitions of a worker and of the coordinator, a worker's own link down for 5 s, and 50 ms of latency each way to one worker (a delaying
-TCP proxy) for a whole run.
+partitions of a worker and of the coordinator, a worker's own link down for 5 s, and 50 ms
+of latency each way to one worker (a delaying TCP proxy) for a whole run.
 
 Scenarios that today's code is known to fail are listed in XFAIL with the reason and the
 figure measured: they run, their failure is reported as XFAIL and does not fail the test; one
