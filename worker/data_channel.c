@@ -233,7 +233,18 @@ static int serve_read(wbuf *o, bw__rp *rp)
             o->nrec++; /* released once sent */
         }
     }
-    int rc = make_room(o);
+    int rc = BW_OK;
+    if (o->nrec) {
+        /* Records still to be sent straight from the mapping: the kernel copies them after
+         * the read's end check, so send them, then check the files again before END -- a
+         * file changed meanwhile fails the request (docs/formats.md, "Files that change
+         * under a worker"). Small records were copied before that check. */
+        if ((rc = flush(o)) != BW_OK)
+            return rc;
+        if ((rc = bw__rp_recheck(rp, err, sizeof(err))) != BW_OK)
+            return send_error(o->sock, o, rc, 0, err);
+    }
+    rc = make_room(o);
     if (rc == BW_OK)
         stage_frame(o, BW_DCHAN_END, 0, bw__rp_count(rp), bw__rp_end_offset(rp));
     return rc == BW_OK ? flush(o) : rc;

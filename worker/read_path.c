@@ -145,6 +145,12 @@ static int end(bw__rp *rp, char *err, size_t errlen)
     return BW_RP_END;
 }
 
+int bw__rp_recheck(bw__rp *rp, char *err, size_t errlen)
+{
+    int rc = end(rp, err, errlen);
+    return rc == BW_RP_END ? BW_OK : rc;
+}
+
 int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
 {
     char why[1024];

@@ -65,6 +65,11 @@ bw__rp *bw__rp_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t first
  * good; calling again tries the same record again). */
 int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen);
 
+/* After BW_RP_END: checks every file the read served from once more (BW_OK, or the
+ * changed-file error). For a transport that sends records' bytes from the mapping after it
+ * has seen the end: it sends them, then asks this, then ends the request. */
+int bw__rp_recheck(bw__rp *rp, char *err, size_t errlen);
+
 /* Whether it reads a stream (ReadStream), and whether it only locates (locate_only: no
  * records; bw__rp_end_offset is first_record's offset). */
 bool bw__rp_is_stream(const bw__rp *rp);
