@@ -367,6 +367,11 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
                 snprintf(why, sizeof(why), "%s", last[0] ? last : "no worker left");
                 snprintf(last, sizeof(last), "%s%.900s", every, why);
             }
+            /* Every worker failed: more likely this trainer's network than all of them at
+             * once. Forget the suspects and, after the backoff, try them all again -- a
+             * healed partition then costs one backoff, not the batch's whole time. */
+            if (rrc == BW_UNAVAILABLE)
+                bw__suspects_clear(&suspects);
             if (rrc == BW_NOMEM)
                 snprintf(last, sizeof(last), "out of memory routing %zu samples", m);
             size_t *c = rrc == BW_OK ? realloc(count, (p->nworkers * 2 + 1) * sizeof(*c)) : NULL;

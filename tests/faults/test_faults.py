@@ -20,9 +20,10 @@ and prints these figures and the ranks' run time.
 
 Scenarios (in this order): worker SIGKILL mid-epoch; 10 % packet loss on every host; SIGSTOP
 of a worker for 3 s then SIGCONT; partition of a worker for 2 s; partition of the coordinator
-for 2 s; SIGKILL and restart of the coordinator. The full set (BW_FAULTS=full) adds 30 s
-partitions of a worker and of the coordinator, a worker's own link down for 5 s, and 50 ms
-of latency each way to one worker (a delaying TCP proxy) for a whole run.
+for 2 s; SIGKILL and restart of the coordinator; SIGSTOP of the coordinator for 3 s; partition
+of a trainer for 2 s. The full set (BW_FAULTS=full) adds 30 s partitions of a worker, of the
+coordinator and of a trainer, a worker's own link down for 5 s, and 50 ms and 200 ms of
+latency each way to one worker (a delaying TCP proxy) for a whole run.
 
 Scenarios that today's code is known to fail are listed in XFAIL with the reason and the
 figure measured: they run, their failure is reported as XFAIL and does not fail the test; one
@@ -253,6 +254,25 @@ def coord_restart(ctx):
     return bounded("coord_restart", m, STALL_BOUND_S)
 
 
+def coord_sigstop_3s(ctx):
+    """(7) The coordinator SIGSTOPped for 3 s under the ranks (it is off the batch path:
+    heartbeats and placement wait), then SIGCONT."""
+    ranks = start_held(ctx, "f-coord-stop")
+    release(ranks)
+    t0 = ctx.cl.pause("coord")
+    time.sleep(3.0)
+    t1 = ctx.cl.resume("coord")
+    m = finish(ctx, "coord_sigstop_3s", ranks, t0, t1)
+    wait_healthy(ctx)
+    return bounded("coord_sigstop_3s", m, STALL_BOUND_S)
+
+
+def trainer_partition_2s(ctx):
+    """(8) One trainer cut off at the bridge for 2 s: it reaches neither workers nor
+    coordinator, then goes on where it was."""
+    return _partition(ctx, "trainer_partition_2s", "t1", 2.0)
+
+
 def worker_partition_30s(ctx):
     """(full) One worker cut off for 30 s."""
     return _partition(ctx, "worker_partition_30s", "w3", 30.0)
@@ -268,23 +288,23 @@ def worker_link_down_5s(ctx):
     return _partition(ctx, "worker_link_down_5s", "w2", 5.0, link=True)
 
 
-def worker_latency_50ms(ctx):
+def worker_latency_50ms(ctx, delay_ms=50, name="worker_latency_50ms"):
     """(full) One worker reachable only with 50 ms added each way (a delaying proxy) for a
     whole run: every batch must still be exact, no stall over the bound."""
     cl = ctx.cl
     cl.workers["w1"].stop()
-    cl.start_worker("w1", delay_ms=50)
+    cl.start_worker("w1", delay_ms=delay_ms)
     wait_healthy(ctx)
     try:
         ranks = start_held(ctx, "f-latency")
         t0 = time.monotonic()
         release(ranks)
-        m = finish(ctx, "worker_latency_50ms", ranks, t0, t0)
+        m = finish(ctx, name, ranks, t0, t0)
         m["recovery"] = None  # the fault lasts the whole run
         m["fault"] = m["run"]
-        bt.log("worker_latency_50ms: the ranks ran %.2f s (fault-free: %.2f s)" %
-               (m["run"], ctx.fault_free_s))
-        return bounded("worker_latency_50ms", m, STALL_BOUND_S)
+        bt.log("%s: the ranks ran %.2f s (fault-free: %.2f s)" % (name, m["run"],
+                                                                 ctx.fault_free_s))
+        return bounded(name, m, STALL_BOUND_S)
     finally:
         cl.workers["w1"].stop()
         for p in cl.proxies:
@@ -294,10 +314,49 @@ def worker_latency_50ms(ctx):
         wait_healthy(ctx)
 
 
+def worker_latency_200ms(ctx):
+    """(full) The same with 200 ms added each way."""
+    return worker_latency_50ms(ctx, 200, "worker_latency_200ms")
+
+
+def trainer_partition_30s(ctx):
+    """(full) One trainer cut off for 30 s, longer than its lease (10 s here) and its batch
+    budget (timeout_ms, 10 s): it stops with a clear error once its batch's time is out (twice:
+    bw_loader_next tries a failed batch once more), never hanging; the other ranks go on
+    exactly. (A trainer is expected to restart from its cursor.)"""
+    ranks = start_held(ctx, "f-trainer-partition-30s")
+    cut = ranks[1]
+    t0 = time.monotonic()
+    ctx.net.partition("t1")
+    release(ranks)
+    try:
+        rc = cut.wait(40)
+        t_exit = cut.exited_at() - t0
+    finally:
+        time.sleep(max(0.0, 30.0 - (time.monotonic() - t0)))
+        ctx.net.heal("t1")
+    t1 = time.monotonic()
+    err = cut.stderr()
+    if rc == 0:
+        raise bt.TestFailure("trainer_partition_30s: rank 1 finished inside a 30 s partition")
+    if "could not be fetched" not in err:
+        raise bt.TestFailure("trainer_partition_30s: rank 1 exited %d without saying why: %s" %
+                             (rc, err[-600:]))
+    bt.log("trainer_partition_30s: rank 1 stopped %.1f s into the partition with a clear "
+           "error: %s" % (t_exit, err.strip().splitlines()[-1][:200]))
+    others = [p for p in ranks if p is not cut]
+    m = finish(ctx, "trainer_partition_30s", others, t0, t1)
+    m["exit_lag"] = 0.0
+    wait_healthy(ctx)
+    if t_exit > 2 * 10.0 + RECOVERY_BOUND_S:
+        raise bt.TestFailure("trainer_partition_30s: rank 1 took %.1f s to give up" % t_exit)
+    return bounded("trainer_partition_30s", m, STALL_BOUND_S)
+
+
 SHORT = [worker_sigkill, loss_10, worker_sigstop_3s, worker_partition_2s, coord_partition_2s,
-         coord_restart]
+         coord_restart, coord_sigstop_3s, trainer_partition_2s]
 FULL = SHORT + [worker_partition_30s, coord_partition_30s, worker_link_down_5s,
-                worker_latency_50ms]
+                worker_latency_50ms, worker_latency_200ms, trainer_partition_30s]
 
 
 # ---------------------------------------------------------------------------------------

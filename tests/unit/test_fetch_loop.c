@@ -932,9 +932,11 @@ static void test_every_worker_fails(void **state)
             strstr(every + 1, "every storage worker failed") ||
             !strstr(g->b.err, "connection refused") || !strstr(g->b.err, "fake w"))
             fail_msg("error: '%s'", g->b.err);
-        /* each worker was asked once, then routed around */
+        /* once every worker has failed, all are asked again after a backoff (the trainer's
+         * own network is the likelier culprit): more than once each, but with backoff */
         for (int i = 0; i < 3; i++)
-            assert_int_equal(g->c.w[i].nreq, 1);
+            if (g->c.w[i].nreq < 2 || g->c.w[i].nreq > 8)
+                fail_msg("worker %d asked %d times in 400 ms", i, (int)g->c.w[i].nreq);
         rig_free(g);
     }
 }
