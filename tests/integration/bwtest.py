@@ -111,7 +111,9 @@ except Exception:  # pragma: no cover
 
 def _child_setup():
     """In the child before exec: die with the test (PR_SET_PDEATHSIG), even if it is SIGKILLed
-    (e.g. by ctest's timeout) and cannot clean up."""
+    (e.g. by ctest's timeout) and cannot clean up. Note: the signal comes when the *thread*
+    that started the child exits, not the process -- start daemons that must outlive a helper
+    thread from the main thread."""
     if _libc is not None:
         _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
