@@ -33,7 +33,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -182,71 +181,16 @@ class Net:
 
 class Rank(e2e.Fetch):
     """`batchwire fetch` for one rank inside its trainer namespace (`t<rank>`), stdout line
-    buffered (stdbuf), each batch line stamped with the monotonic time it was read."""
+    buffered (stdbuf), so that each batch line's time (`times`) is when it was written."""
 
     def __init__(self, net, coord, job, dataset, c, rank, world=e2e.WORLD, extra=(),
                  gate_after=None):
-        import fcntl
-        self.argv = net.argv("t%d" % rank, [
-            "stdbuf", "-oL", bt.CLI, "fetch", "--coordinator", coord, "--job", job,
-            "--dataset", dataset, "--rank", rank, "--world-size", world] + e2e.cfg_flags(c) +
-            [str(x) for x in extra])
-        self.rank = rank
-        self.t0 = time.monotonic()
-        self.times = []
         # stdbuf preloads libstdbuf.so, ahead of a sanitizer build's libasan: let ASan accept it.
         asan = os.environ.get("ASAN_OPTIONS", "")
         env = {"ASAN_OPTIONS": (asan + ":" if asan else "") + "verify_asan_link_order=0"}
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=bt.child_env(env),
-                                     start_new_session=True, preexec_fn=bt._child_setup)
-        bt._register(self.proc)
-        self.lines = []
-        self.err = []
-        self.gate = None
-        if gate_after is not None:
-            fcntl.fcntl(self.proc.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ
-            self.gate = threading.Event()
-        self.gate_after = gate_after
-        self._threads = [threading.Thread(target=self._read_stdout, daemon=True),
-                         threading.Thread(target=self._read, args=(self.proc.stderr, self.err),
-                                          daemon=True)]
-        for t in self._threads:
-            t.start()
-        self.rc = None
-        self.seconds = None
-        # When the process exited (Fetch.wait's `seconds` is when the test got round to it).
-        self.t_exit = None
-        threading.Thread(target=self._stamp_exit, daemon=True).start()
-
-    def _stamp_exit(self):
-        try:
-            self.proc.wait()
-        finally:
-            self.t_exit = time.monotonic()
-
-    def exited_at(self):
-        """Monotonic time the process exited (after wait() returned)."""
-        for _ in range(100):
-            if self.t_exit is not None:
-                return self.t_exit
-            time.sleep(0.01)
-        return self.t0 + self.seconds
-
-    def _read_stdout(self):
-        pipe = self.proc.stdout
-        while True:
-            if self.gate is not None and len(self.lines) >= self.gate_after:
-                self.gate.wait()
-            line = pipe.readline()
-            if not line:
-                break
-            now = time.monotonic()
-            text = line.decode("utf-8", "replace")
-            if text.startswith('{"epoch"'):
-                self.times.append(now)
-            self.lines.append(text)
-        pipe.close()
+        super().__init__(coord, job, dataset, c, rank, world, extra, env=env,
+                         gate_after=gate_after,
+                         wrap=lambda argv: net.argv("t%d" % rank, ["stdbuf", "-oL"] + argv))
 
 
 class FaultCluster:

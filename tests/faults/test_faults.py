@@ -181,16 +181,21 @@ def loss_10(ctx):
     return bounded("loss_10", m, STALL_BOUND_S)
 
 
+def _sigstop(ctx, name, daemon, seconds):
+    """`daemon` SIGSTOPped for `seconds` under the ranks, then SIGCONT."""
+    ranks = start_held(ctx, "f-" + name.replace("_", "-"))
+    release(ranks)
+    t0 = ctx.cl.pause(daemon)
+    time.sleep(seconds)
+    t1 = ctx.cl.resume(daemon)
+    m = finish(ctx, name, ranks, t0, t1)
+    wait_healthy(ctx)
+    return bounded(name, m, STALL_BOUND_S)
+
+
 def worker_sigstop_3s(ctx):
     """(3) A worker SIGSTOPped for 3 s under the ranks, then SIGCONT."""
-    ranks = start_held(ctx, "f-worker-stop")
-    release(ranks)
-    t0 = ctx.cl.pause("w1")
-    time.sleep(3.0)
-    t1 = ctx.cl.resume("w1")
-    m = finish(ctx, "worker_sigstop_3s", ranks, t0, t1)
-    wait_healthy(ctx)
-    return bounded("worker_sigstop_3s", m, STALL_BOUND_S)
+    return _sigstop(ctx, "worker_sigstop_3s", "w1", 3.0)
 
 
 def _partition(ctx, name, host, seconds, link=False):
@@ -257,14 +262,7 @@ def coord_restart(ctx):
 def coord_sigstop_3s(ctx):
     """(7) The coordinator SIGSTOPped for 3 s under the ranks (it is off the batch path:
     heartbeats and placement wait), then SIGCONT."""
-    ranks = start_held(ctx, "f-coord-stop")
-    release(ranks)
-    t0 = ctx.cl.pause("coord")
-    time.sleep(3.0)
-    t1 = ctx.cl.resume("coord")
-    m = finish(ctx, "coord_sigstop_3s", ranks, t0, t1)
-    wait_healthy(ctx)
-    return bounded("coord_sigstop_3s", m, STALL_BOUND_S)
+    return _sigstop(ctx, "coord_sigstop_3s", "coord", 3.0)
 
 
 def trainer_partition_2s(ctx):

@@ -218,15 +218,20 @@ def plans(c, n, world, epochs=EPOCHS):
 
 
 class Fetch:
-    """One `batchwire fetch` process; stdout lines and stderr are collected by threads."""
+    """One `batchwire fetch` process; stdout lines and stderr are collected by threads, each
+    batch line stamped with the monotonic time it was read (`times`), and the exit too.
+    `wrap(argv)` may put the command inside something (a network namespace, stdbuf)."""
 
     def __init__(self, coord, job, dataset, c, rank, world=WORLD, extra=(), env=None,
-                 gate_after=None):
+                 gate_after=None, wrap=None):
         self.argv = [bt.CLI, "fetch", "--coordinator", coord, "--job", job, "--dataset", dataset,
                      "--rank", str(rank), "--world-size", str(world)] + cfg_flags(c) + \
             [str(x) for x in extra]
+        if wrap:
+            self.argv = [str(x) for x in wrap(self.argv)]
         self.rank = rank
         self.t0 = time.monotonic()
+        self.times = []
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=bt.child_env(env),
                                      start_new_session=True, preexec_fn=bt._child_setup)
@@ -247,6 +252,23 @@ class Fetch:
             t.start()
         self.rc = None
         self.seconds = None
+        # When the process exited (wait's `seconds` is when the test got round to it).
+        self.t_exit = None
+        threading.Thread(target=self._stamp_exit, daemon=True).start()
+
+    def _stamp_exit(self):
+        try:
+            self.proc.wait()
+        finally:
+            self.t_exit = time.monotonic()
+
+    def exited_at(self):
+        """Monotonic time the process exited (after wait() returned)."""
+        for _ in range(100):
+            if self.t_exit is not None:
+                return self.t_exit
+            time.sleep(0.01)
+        return self.t0 + self.seconds
 
     def _read_stdout(self):
         pipe = self.proc.stdout
@@ -256,7 +278,11 @@ class Fetch:
             line = pipe.readline()
             if not line:
                 break
-            self.lines.append(line.decode("utf-8", "replace"))
+            now = time.monotonic()
+            text = line.decode("utf-8", "replace")
+            if text.startswith('{"epoch"'):
+                self.times.append(now)
+            self.lines.append(text)
         pipe.close()
 
     def open_gate(self):
