@@ -25,7 +25,8 @@
 #include "placement/placement.h"
 #include "rpc/dchan.h"
 
-bool bw__fetch_retryable(int rc)
+/* Errors after which another worker or a fresher placement may succeed. */
+static bool retryable(int rc)
 {
     return rc == BW_UNAVAILABLE || rc == BW_TIMEOUT || rc == BW_WRONG_OWNER || rc == BW_CANCELLED ||
            rc == BW_ABORTED || rc == BW_PROTOCOL || rc == BW_INTERNAL || rc == BW_BUSY;
@@ -315,7 +316,7 @@ static void judge(const bw__placement *p, fetch_req *r, bw__suspects *suspects, 
             v->wait_ms = 50;
         return;
     }
-    if (!bw__fetch_retryable(rc)) {
+    if (!retryable(rc)) {
         if (!v->fatal)
             v->fatal = rc;
         return;

@@ -67,9 +67,6 @@ typedef struct bw__fetch_ctx {
     int attempt_ms;
 } bw__fetch_ctx;
 
-/* Errors after which another worker or a fresher placement may succeed. */
-bool bw__fetch_retryable(int rc);
-
 /*
  * Where received bytes go: into the batch. Samples of a fixed size (sample_bytes) go to
  * b->data + first * sample_bytes. Samples of differing sizes go straight into b->data, laid out

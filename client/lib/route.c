@@ -31,8 +31,10 @@ void bw__suspects_clear(bw__suspects *s)
     s->n = 0;
 }
 
-long bw__route_pick(const bw__placement *p, uint32_t shard, const bw__suspects *s, bool *checked,
-                    const char **ids, size_t *map)
+/* The worker serving `shard` (route.h); -1 when every worker is a suspect. ids and map hold
+ * p->nworkers entries of scratch. */
+static long pick(const bw__placement *p, uint32_t shard, const bw__suspects *s, bool *checked,
+                 const char **ids, size_t *map)
 {
     size_t owner = p->owners[shard];
     if (!bw__suspects_has(s, p->workers[owner].id)) {
@@ -57,7 +59,7 @@ int bw__route_items(const bw__placement *p, const uint32_t *shards, size_t n, co
     int rc = ids && map ? BW_OK : BW_NOMEM;
     for (size_t u = 0; u < n && rc == BW_OK; u++) {
         bool checked;
-        long wk = bw__route_pick(p, shards[u], s, &checked, ids, map);
+        long wk = pick(p, shards[u], s, &checked, ids, map);
         if (wk < 0)
             rc = BW_UNAVAILABLE;
         else

@@ -45,16 +45,11 @@ bool bw__suspects_has(const bw__suspects *s, const char *id);
 bool bw__suspects_add(bw__suspects *s, const char *id);
 void bw__suspects_clear(bw__suspects *s);
 
-/* The worker serving `shard`: its owner (*checked: the request carries the placement's
- * version, so the worker can refuse it when placement moved on), or -- when the owner is a
- * suspect -- the owner among the others, which is where rendezvous hashing moves the shard
- * once the coordinator drops the failed worker (*checked false: no ownership check). -1 when
- * every worker is a suspect. `scratch` holds p->nworkers entries of each kind. */
-long bw__route_pick(const bw__placement *p, uint32_t shard, const bw__suspects *s, bool *checked,
-                    const char **scratch_ids, size_t *scratch_map);
-
-/* Routes n items with storage shards shards[0..n): route[u] = 2w for worker w as placed,
- * 2w+1 for items routed around a suspect owner (so a request carries one kind of routing).
+/* Routes n items with storage shards shards[0..n) to the shard's owner, or -- when the owner
+ * is a suspect -- to the owner among the others, which is where rendezvous hashing moves the
+ * shard once the coordinator drops the failed worker. route[u] = 2w for worker w as placed
+ * (the request carries the placement's version, so the worker can refuse it when placement
+ * moved on), 2w+1 for items routed around a suspect owner (no ownership check).
  * BW_OK, BW_UNAVAILABLE when some shard has no worker left (route[] then incomplete), or
  * BW_NOMEM. */
 int bw__route_items(const bw__placement *p, const uint32_t *shards, size_t n, const bw__suspects *s,
