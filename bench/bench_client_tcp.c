@@ -28,6 +28,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/version.h"
+
 enum { MAX_CONNS = 16 };
 
 typedef struct sender {
@@ -142,6 +144,8 @@ static void *recv_main(void *arg)
 
 int main(int argc, char **argv)
 {
+    if (bw__version_flag(argc, argv, "bench_client_tcp"))
+        return 0;
     uint64_t offset, bytes, chunk, repeat;
     uint64_t conns = 1;
     if ((argc != 6 && argc != 7) || parse_u64(argv[2], &offset) || parse_u64(argv[3], &bytes) ||

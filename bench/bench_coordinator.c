@@ -23,6 +23,7 @@
 
 #include "batchwire/batchwire.h"
 #include "common/util.h"
+#include "common/version.h"
 #include "cursor/cursor.h"
 #include "rpc/client.h"
 
@@ -125,7 +126,12 @@ static void create(bw_rpc_channel *ch, const char *name, uint32_t world)
     bw__arena_reset(&a);
 }
 
-static int join(bw_rpc_channel *ch, const char *job, uint32_t rank, uint32_t world, uint64_t *lease,
+/* A lease id: 128 bits (lo, hi). */
+typedef struct lease_id {
+    uint64_t lo, hi;
+} lease_id;
+
+static int join(bw_rpc_channel *ch, const char *job, uint32_t rank, uint32_t world, lease_id *lease,
                 uint32_t *hb_ms, char *err, size_t errlen)
 {
     Batchwire__V1__Holder h = BATCHWIRE__V1__HOLDER__INIT;
@@ -141,7 +147,8 @@ static int join(bw_rpc_channel *ch, const char *job, uint32_t rank, uint32_t wor
     ProtobufCMessage *resp;
     int rc = bw__rpc_call(ch, BW_METHOD(BW_M_JOBS_JOIN), &req.base, &a, &resp, 30000, err, errlen);
     if (rc == BW_OK) {
-        *lease = ((Batchwire__V1__JoinJobResponse *)resp)->lease_id;
+        lease->lo = ((Batchwire__V1__JoinJobResponse *)resp)->lease_id;
+        lease->hi = ((Batchwire__V1__JoinJobResponse *)resp)->lease_id_hi;
         *hb_ms = ((Batchwire__V1__JoinJobResponse *)resp)->heartbeat_ms;
     }
     bw__arena_reset(&a);
@@ -162,7 +169,7 @@ typedef struct committer {
 static void *commit_loop(void *arg)
 {
     committer *c = arg;
-    uint64_t lease;
+    lease_id lease;
     uint32_t hb;
     char err[1024];
     char job[32];
@@ -180,7 +187,8 @@ static void *commit_loop(void *arg)
         Batchwire__V1__CommitCursorRequest req = BATCHWIRE__V1__COMMIT_CURSOR_REQUEST__INIT;
         req.job = job;
         req.rank = c->rank;
-        req.lease_id = lease;
+        req.lease_id = lease.lo;
+        req.lease_id_hi = lease.hi;
         req.cursor.data = bin;
         req.cursor.len = len;
         bw_arena a;
@@ -257,7 +265,7 @@ static void bench_commits(uint32_t world)
 typedef struct ranker {
     bw_rpc_channel *ch;
     uint32_t first, count;
-    uint64_t *leases;
+    lease_id *leases;
     uint32_t hb_ms;
     double hb_until;
     uint64_t beats, failures;
@@ -289,7 +297,8 @@ static void *rank_loop(void *arg)
             Batchwire__V1__LeaseHeartbeatRequest req = BATCHWIRE__V1__LEASE_HEARTBEAT_REQUEST__INIT;
             req.job = "ranks";
             req.rank = r->first + i;
-            req.lease_id = r->leases[i];
+            req.lease_id = r->leases[i].lo;
+            req.lease_id_hi = r->leases[i].hi;
             bw_arena a;
             bw__arena_init(&a, 0);
             ProtobufCMessage *resp;
@@ -321,7 +330,7 @@ static void bench_ranks(void)
     for (int i = 0; i < T; i++) {
         uint32_t per = (uint32_t)nranks / T, first = per * (uint32_t)i;
         uint32_t count = i == T - 1 ? (uint32_t)nranks - first : per;
-        rs[i] = (ranker){chs[i % 4], first,   count, calloc(count, sizeof(uint64_t)), 0, 0, 0, 0,
+        rs[i] = (ranker){chs[i % 4], first,   count, calloc(count, sizeof(lease_id)), 0, 0, 0, 0,
                          0,          &joined, &go};
         pthread_create(&ts[i], NULL, rank_loop, &rs[i]);
     }
@@ -370,6 +379,8 @@ static void bench_ranks(void)
 
 int main(int argc, char **argv)
 {
+    if (bw__version_flag(argc, argv, "bench_coordinator"))
+        return 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--bin"))
             snprintf(bin_dir, sizeof(bin_dir), "%s", argv[i + 1]);

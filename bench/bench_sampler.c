@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "sampler/randperm.h"
+#include "common/version.h"
 #include "sampler/sampler.h"
 
 static double now(void)
@@ -133,6 +134,8 @@ static int bench_feistel(uint64_t n)
 
 int main(int argc, char **argv)
 {
+    if (bw__version_flag(argc, argv, "bench_sampler"))
+        return 0;
     int rc = 2;
     if (argc == 4 && !strcmp(argv[1], "randperm"))
         rc = bench_randperm(strtoull(argv[2], NULL, 10), (int)strtol(argv[3], NULL, 10));

@@ -6,8 +6,14 @@
  * order with pread in this process. Indices are a fixed shuffle of the whole dataset.
  *
  *   bench_worker [--dir DIR] [--mib N] [--reps N] [--clients N] [--threads N] [--msg BYTES]
+ *                [--per-req N] [--metrics]
  *
- * --msg is the message limit clients ask for (default: the worker's 16 MiB).
+ * --msg is the message limit clients ask for (default: the worker's 16 MiB); --per-req the
+ * samples per request (default: about 64 MiB of them, at most 65,536).
+ *
+ * --metrics compares the worker with its metrics on (worker/metrics.h, as --metrics-listen
+ * turns them on) and off instead of with pread: the two alternate within every repetition,
+ * and the counters are checked against what was served.
  *
  * Prints a Markdown table (median of --reps runs each) and writes the dataset under DIR
  * (default /tmp), removed at the end.
@@ -27,11 +33,13 @@
 #include "../worker/data_service.c"
 #include "../worker/datasets.c"
 #include "../worker/executor.c"
+#include "../worker/metrics.c"
 #include "../worker/placement_view.c"
 #include "../worker/read_path.c"
 #include "../worker/request.c"
 #include "../worker/sample_stream.c"
 #include "common/log.h"
+#include "common/version.h"
 #include "formats/synth.h"
 #include "rpc/client.h"
 
@@ -146,6 +154,7 @@ static void *client_thread(void *arg)
 }
 
 static uint32_t msg_limit;
+static size_t per_req_opt; /* --per-req; 0: about 64 MiB per request */
 
 static double run_rpc(const char *target, const char *source, const uint64_t *idx, size_t n,
                       uint64_t size, int clients)
@@ -157,6 +166,8 @@ static double run_rpc(const char *target, const char *source, const uint64_t *id
         per_req = 1;
     if (per_req > 65536)
         per_req = 65536;
+    if (per_req_opt)
+        per_req = per_req_opt;
     double t0 = now();
     for (int c = 0; c < clients; c++) {
         memset(&jobs[c], 0, sizeof(jobs[c]));
@@ -202,6 +213,33 @@ static double run_pread(const char *path, const uint64_t *idx, size_t n, uint64_
     return t;
 }
 
+/* --metrics: what a scrape reads of this worker (metrics.h). */
+static void bench_state(void *user, bw__wm_state *out)
+{
+    bw_worker *w = user;
+    out->in_flight_bytes = bw__exec_held(w->exec);
+    bw__ds_cache_counts(w->datasets, &out->datasets, &out->files);
+}
+
+/* --metrics: the counters say that `samples` samples of `size` bytes of `rel` were served. */
+static void check_counted(bw_metrics *reg, const char *rel, uint64_t samples, uint64_t size)
+{
+    char *text = NULL, want[256];
+    size_t len = 0;
+    if (bw__metrics_render(reg, &text, &len) != BW_OK)
+        die("metrics", "cannot render");
+    const char *names[] = {"samples", "bytes"};
+    const uint64_t values[] = {samples, samples * size};
+    for (int i = 0; i < 2; i++) {
+        snprintf(want, sizeof(want),
+                 "batchwire_worker_%s_served_total{dataset=\"npy:%s\",transport=\"grpc\"} %llu\n",
+                 names[i], rel, (unsigned long long)values[i]);
+        if (!strstr(text, want))
+            die("metrics: the counters do not say", want);
+    }
+    free(text);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -210,8 +248,18 @@ static int cmp_double(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
+    if (bw__version_flag(argc, argv, "bench_worker"))
+        return 0;
     const char *dir = "/tmp";
     int mib = 256, reps = 3, clients = 2, threads = 2;
+    bool cmp_metrics = false; /* --metrics, a flag without a value: taken out of argv */
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--metrics") == 0) {
+            cmp_metrics = true;
+            memmove(&argv[i], &argv[i + 1], (size_t)(argc - i) * sizeof(*argv));
+            argc--;
+            break;
+        }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--dir") == 0)
             dir = argv[i + 1];
@@ -223,6 +271,8 @@ int main(int argc, char **argv)
             clients = (int)strtol(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--msg") == 0)
             msg_limit = (uint32_t)strtoul(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--per-req") == 0)
+            per_req_opt = (size_t)strtoull(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--threads") == 0)
             threads = (int)strtol(argv[i + 1], NULL, 10);
     }
@@ -265,9 +315,18 @@ int main(int argc, char **argv)
     if (bw__rpc_server_start(&so, handlers, 1, &w, &srv, bound, sizeof(bound), err, sizeof(err)) !=
         BW_OK)
         die("server", err);
+    bw_metrics *reg = cmp_metrics ? bw__metrics_new() : NULL;
+    int mrc = BW_OK;
+    bw__wm *wm = bw__wm_new(reg, bench_state, &w, &mrc); /* on for half the runs */
+    if (cmp_metrics && !wm)
+        die("metrics", "out of memory");
 
-    printf("| sample | samples/s gRPC | MiB/s gRPC | samples/s pread | MiB/s pread | gRPC / "
-           "pread |\n|---|---|---|---|---|---|\n");
+    if (cmp_metrics)
+        printf("| sample | samples/s metrics off | MiB/s off | samples/s metrics on | MiB/s on | "
+               "on / off |\n|---|---|---|---|---|---|\n");
+    else
+        printf("| sample | samples/s gRPC | MiB/s gRPC | samples/s pread | MiB/s pread | gRPC / "
+               "pread |\n|---|---|---|---|---|---|\n");
     const uint64_t sizes[] = {256, 4096, 65536, 1 << 20};
     for (int k = 0; k < 4; k++) {
         uint64_t size = sizes[k], n = ((uint64_t)mib << 20) / size;
@@ -291,9 +350,20 @@ int main(int argc, char **argv)
         run_rpc(bound, rel, idx, n < 1000 ? n : 1000, size, 1);
         double tr[15], tp[15];
         for (int r = 0; r < reps; r++) {
-            tr[r] = run_rpc(bound, rel, idx, n, size, clients);
-            tp[r] = run_pread(path, idx, n, size, data_off);
+            if (!cmp_metrics) {
+                tr[r] = run_rpc(bound, rel, idx, n, size, clients);
+                tp[r] = run_pread(path, idx, n, size, data_off);
+                continue;
+            }
+            for (int h = 0; h < 2; h++) { /* off then on, on then off: alternately first */
+                bool on = (h + r) % 2 == 0;
+                w.metrics = on ? wm : NULL; /* no request is running */
+                (on ? tr : tp)[r] = run_rpc(bound, rel, idx, n, size, clients);
+            }
+            w.metrics = NULL;
         }
+        if (cmp_metrics)
+            check_counted(reg, rel, (uint64_t)reps * n, size);
         qsort(tr, (size_t)reps, sizeof(double), cmp_double);
         qsort(tp, (size_t)reps, sizeof(double), cmp_double);
         double r = tr[reps / 2], p = tp[reps / 2], mibs = (double)(n * size) / (1 << 20);
@@ -304,8 +374,12 @@ int main(int argc, char **argv)
             snprintf(label, sizeof(label), "%llu KiB", (unsigned long long)(size >> 10));
         else
             snprintf(label, sizeof(label), "%llu B", (unsigned long long)size);
-        printf("| %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", label, (double)n / r, mibs / r,
-               (double)n / p, mibs / p, p / r);
+        if (cmp_metrics) /* the baseline (p) is metrics off */
+            printf("| %s | %.0f | %.0f | %.0f | %.0f | %.3f |\n", label, (double)n / p, mibs / p,
+                   (double)n / r, mibs / r, p / r);
+        else
+            printf("| %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", label, (double)n / r, mibs / r,
+                   (double)n / p, mibs / p, p / r);
         fflush(stdout);
         free(idx);
         unlink(path);
@@ -314,6 +388,8 @@ int main(int argc, char **argv)
     bw__exec_stop(w.exec);
     bw__ds_cache_free(w.datasets);
     bw__pview_destroy(&w.placement);
+    bw__wm_free(wm);
+    bw__metrics_free(reg);
     rmdir(real);
     return 0;
 }

@@ -6,14 +6,16 @@ BW_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # What building needs (Debian 12 / Ubuntu 22.04+ package names); the default build includes
 # the unit tests, hence cmocka.
 BW_BUILD_PACKAGES=(gcc libc6-dev make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev
-    protobuf-c-compiler libssl-dev openssl ca-certificates libcmocka-dev)
+    protobuf-c-compiler libssl-dev openssl ca-certificates libcmocka-dev libmicrohttpd-dev)
 # What the demo needs on top (its verifier, scripts/demo_verify.py).
 BW_DEMO_PACKAGES=(python3 python3-numpy)
 # What running the test suite needs on top.
 # protoc builds the Python stubs the interop tests use; python3-torch is the reference the
-# sampler and binding tests compare with; iproute2's ss shows which worker served a batch.
+# sampler and binding tests compare with; iproute2's ss shows which worker served a batch;
+# prometheus brings promtool, which lints every /metrics scrape the tests take (the package
+# also installs Prometheus's server, which the tests do not use).
 BW_TEST_PACKAGES=(python3 python3-grpcio python3-protobuf protobuf-compiler python3-numpy
-    python3-yaml python3-torch clang-format iproute2 procps nftables iptables)
+    python3-yaml python3-torch clang-format iproute2 procps nftables iptables prometheus)
 
 bw_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 

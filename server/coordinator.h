@@ -22,12 +22,16 @@ typedef struct bw_coordinator_config {
     int64_t max_world_size;
     int64_t snapshot_bytes;
     char *worker_tls_ca;
+    int64_t max_jobs_per_principal;
+    int64_t job_ttl_s;
 } bw_coordinator_config;
 
 typedef struct bw_coordinator {
     const bw_coordinator_config *cfg;
     bw_membership *members;
     bw_jobs *jobs;
+    bw_auth *auth; /* who may call (--auth-tokens) */
+    char *token;   /* our bearer token for calling workers (--token-file), or NULL */
     char bound[256];
     uint64_t start_ms;
 } bw_coordinator;

@@ -13,8 +13,11 @@ static int on_info(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
 {
     (void)req;
     bw_coordinator *c = user;
-    return bw__rpc_info(call, BATCHWIRE__V1__ROLE__ROLE_COORDINATOR, "", c->bound, c->start_ms,
-                        resp);
+    int rc = bw__rpc_info(call, BATCHWIRE__V1__ROLE__ROLE_COORDINATOR, "", c->bound, c->start_ms,
+                          resp);
+    if (rc == BW_OK)
+        ((Batchwire__V1__InfoResponse *)*resp)->auth_enabled = bw__auth_enabled(c->auth);
+    return rc;
 }
 
 static int on_register(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
@@ -23,7 +26,8 @@ static int on_register(void *user, bw_rpc_call *call, const ProtobufCMessage *re
     bw_coordinator *c = user;
     const Batchwire__V1__RegisterWorkerRequest *r = (const void *)req;
     char err[256];
-    int rc = bw__membership_register(c->members, r, bw__rpc_call_peer(call), err, sizeof(err));
+    int rc = bw__membership_register(c->members, bw__rpc_call_principal(call), r,
+                                     bw__rpc_call_peer(call), err, sizeof(err));
     if (rc != BW_OK)
         return bw__rpc_fail(call, rc, "RegisterWorker: %s", err);
     Batchwire__V1__RegisterWorkerResponse *out =
@@ -44,9 +48,13 @@ static int on_heartbeat(void *user, bw_rpc_call *call, const ProtobufCMessage *r
     const Batchwire__V1__HeartbeatRequest *r = (const void *)req;
     char err[256];
     bool known = false;
-    int rc = bw__membership_heartbeat(c->members, r->id, r->incarnation, &known, err, sizeof(err));
+    int rc = bw__membership_heartbeat(c->members, bw__rpc_call_principal(call), r->id,
+                                      r->incarnation, &known, err, sizeof(err));
     if (rc != BW_OK)
         return bw__rpc_fail(call, rc, "Heartbeat: %s", err);
+    if (known)
+        bw__membership_served(c->members, r->id, r->incarnation, r->served_samples,
+                              r->served_bytes);
     Batchwire__V1__HeartbeatResponse *out = bw__arena_alloc(bw__rpc_call_arena(call), sizeof(*out));
     if (!out)
         return BW_NOMEM;
@@ -90,6 +98,7 @@ const bw_rpc_handler bw__coordinator_handlers[] = {
     {BW_METHOD(BW_M_JOBS_LIST), bw__jobs_on_list},
     {BW_METHOD(BW_M_JOBS_RESUME_ELASTIC), bw__jobs_on_resume},
     {BW_METHOD(BW_M_JOBS_LEAVE), bw__jobs_on_leave},
+    {BW_METHOD(BW_M_JOBS_DELETE), bw__jobs_on_delete},
 };
 const size_t bw__coordinator_nhandlers =
     sizeof(bw__coordinator_handlers) / sizeof(bw__coordinator_handlers[0]);

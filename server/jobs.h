@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "auth/auth.h"
 #include "common/arena.h"
 #include "data.pb-c.h"
 #include "jobs.pb-c.h"
@@ -30,6 +31,7 @@ typedef struct bw_jobs_opts {
     const char *truncate_at; /* --truncate-journal-at, or NULL */
     uint32_t lease_ms;       /* a lease expires this long after its last heartbeat */
     uint32_t max_jobs;
+    uint32_t max_jobs_per_principal; /* trainer principals; admins and open services: none */
     uint32_t max_world_size;
 } bw_jobs_opts;
 
@@ -54,16 +56,22 @@ typedef int (*bw_jobs_placement_fn)(void *user, bw_arena *arena,
                                     Batchwire__V1__PlacementTable **out);
 void bw__jobs_set_placement(bw_jobs *s, bw_jobs_placement_fn fn, void *user);
 
+/* Every operation below takes the caller, `who`: a job belongs to the principal that created
+ * it, and others are refused with BW_PERMISSION_DENIED unless admin (core/auth/auth.h,
+ * bw__auth_owns); ListJobs lists only the jobs `who` may use. */
+
 /* GetOrCreateJob, step 1: validates; answers for an existing job (identical configuration,
  * or BW_MISMATCH listing the differing fields). *need_describe is set when the job does not
  * exist: describe the dataset, then call bw__jobs_create. */
-int bw__jobs_lookup(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req, bw_arena *arena,
+int bw__jobs_lookup(bw_jobs *s, const bw_principal *who,
+                    const Batchwire__V1__GetOrCreateJobRequest *req, bw_arena *arena,
                     Batchwire__V1__GetOrCreateJobResponse **resp, bool *need_describe,
                     uint64_t *wait_seq, char *err, size_t errlen);
 
 /* GetOrCreateJob, step 2: creates the job with the dataset as described (or answers as
  * lookup does if another caller created it meanwhile). */
-int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
+int bw__jobs_create(bw_jobs *s, const bw_principal *who,
+                    const Batchwire__V1__GetOrCreateJobRequest *req,
                     const Batchwire__V1__DatasetInfo *info, bw_arena *arena,
                     Batchwire__V1__GetOrCreateJobResponse **resp, uint64_t *wait_seq, char *err,
                     size_t errlen);
@@ -71,29 +79,45 @@ int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
 /* A synthetic dataset's description (JobConfig.synthetic_samples), made without a worker. */
 Batchwire__V1__DatasetInfo *bw__jobs_synthetic_info(bw_arena *arena, uint64_t samples);
 
-int bw__jobs_join(bw_jobs *s, const Batchwire__V1__JoinJobRequest *req, bw_arena *arena,
+int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__JoinJobRequest *req,
+                  bw_arena *arena,
                   Batchwire__V1__JoinJobResponse **resp, uint64_t *wait_seq, char *err,
                   size_t errlen);
-int bw__jobs_heartbeat(bw_jobs *s, const Batchwire__V1__LeaseHeartbeatRequest *req, bw_arena *arena,
+int bw__jobs_heartbeat(bw_jobs *s, const bw_principal *who,
+                       const Batchwire__V1__LeaseHeartbeatRequest *req, bw_arena *arena,
                        Batchwire__V1__LeaseHeartbeatResponse **resp, uint64_t *wait_seq, char *err,
                        size_t errlen);
 /* LeaveJob: the holder of req->lease_id gives the rank up (journaled: a restart does not
  * renew a released lease). A lease_id that is not the rank's current lease changes nothing
  * and answers released = false, so a retried leave succeeds and cannot release anyone
  * else's lease. */
-int bw__jobs_leave(bw_jobs *s, const Batchwire__V1__LeaveJobRequest *req, bw_arena *arena,
+int bw__jobs_leave(bw_jobs *s, const bw_principal *who, const Batchwire__V1__LeaveJobRequest *req,
+                   bw_arena *arena,
                    Batchwire__V1__LeaveJobResponse **resp, uint64_t *wait_seq, char *err,
                    size_t errlen);
-int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, bw_arena *arena,
+int bw__jobs_commit(bw_jobs *s, const bw_principal *who,
+                    const Batchwire__V1__CommitCursorRequest *req, bw_arena *arena,
                     Batchwire__V1__CommitCursorResponse **resp, uint64_t *wait_seq, char *err,
                     size_t errlen);
-int bw__jobs_get(bw_jobs *s, const Batchwire__V1__GetJobRequest *req, bw_arena *arena,
+int bw__jobs_get(bw_jobs *s, const bw_principal *who, const Batchwire__V1__GetJobRequest *req,
+                 bw_arena *arena,
                  Batchwire__V1__GetJobResponse **resp, uint64_t *wait_seq, char *err,
                  size_t errlen);
-int bw__jobs_list(bw_jobs *s, bw_arena *arena, Batchwire__V1__ListJobsResponse **resp,
+int bw__jobs_list(bw_jobs *s, const bw_principal *who, bw_arena *arena,
+                  Batchwire__V1__ListJobsResponse **resp,
                   uint64_t *wait_seq, char *err, size_t errlen);
-int bw__jobs_resume(bw_jobs *s, const Batchwire__V1__ResumeElasticRequest *req, bw_arena *arena,
+int bw__jobs_resume(bw_jobs *s, const bw_principal *who,
+                    const Batchwire__V1__ResumeElasticRequest *req, bw_arena *arena,
                     Batchwire__V1__ResumeElasticResponse **resp, uint64_t *wait_seq, char *err,
                     size_t errlen);
+/* DeleteJob: removes the job (journaled), for its owner or an admin. Its ranks' cursors stay
+ * valid for a job created again with the same configuration. */
+int bw__jobs_delete(bw_jobs *s, const bw_principal *who, const Batchwire__V1__DeleteJobRequest *req,
+                    bw_arena *arena, Batchwire__V1__DeleteJobResponse **resp, uint64_t *wait_seq,
+                    char *err, size_t errlen);
+
+/* Removes (journaled) every job without a live lease whose last change is older than ttl_ms;
+ * returns how many. For the daemon's main loop. */
+size_t bw__jobs_expire(bw_jobs *s, uint64_t ttl_ms);
 
 #endif

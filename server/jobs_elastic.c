@@ -59,11 +59,12 @@ static int by_position(const void *a, const void *b)
     return x->step < y->step ? -1 : x->step > y->step;
 }
 
-int bw__jobs_resume(bw_jobs *s, const Batchwire__V1__ResumeElasticRequest *req, bw_arena *arena,
+int bw__jobs_resume(bw_jobs *s, const bw_principal *who,
+                    const Batchwire__V1__ResumeElasticRequest *req, bw_arena *arena,
                     Batchwire__V1__ResumeElasticResponse **resp, uint64_t *wait_seq, char *err,
                     size_t errlen)
 {
-    int rc = bw__jobs_check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
+    int rc = bw__check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
     if (rc != BW_OK)
         return rc;
     if (req->world_size == 0 || req->world_size > s->opts.max_world_size) {
@@ -99,6 +100,12 @@ int bw__jobs_resume(bw_jobs *s, const Batchwire__V1__ResumeElasticRequest *req, 
     if (!job) {
         snprintf(err, errlen, "no job named '%s'", req->job);
         rc = BW_NOT_FOUND;
+        goto out;
+    }
+    if (!bw__auth_owns(who, job->owner)) {
+        snprintf(err, errlen, "job '%s' belongs to another principal; '%s' may not use it",
+                 req->job, who->name);
+        rc = BW_PERMISSION_DENIED;
         goto out;
     }
     uint32_t old_world = cur[0]->world_size;

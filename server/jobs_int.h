@@ -5,16 +5,39 @@
 
 #include <pthread.h>
 
+#include "auth/auth.h"
+#include "common/rate.h"
+#include "common/text.h"
 #include "jobs.h"
 #include "jobs/plan.h"
 
-enum { BW_JOB_NAME_MAX = 128, BW_HOST_MAX = 256 };
+enum { BW_JOB_NAME_MAX = BW_NAME_MAX, BW_HOST_MAX = 256 };
+
+/* A lease id: 128 random bits (docs/security.md, "Leases"); all zero is no lease. */
+typedef struct bw_lease {
+    uint64_t lo, hi;
+} bw_lease;
+
+static inline bool bw__lease_eq(bw_lease a, bw_lease b)
+{
+    /* Both halves always compared: the time taken says nothing about a near miss. */
+    return ((a.lo ^ b.lo) | (a.hi ^ b.hi)) == 0;
+}
+
+/* A rank's progress as its holder reports it with each heartbeat (RankLive; jobs_live.c). In
+ * memory only: a restarted coordinator knows it again at the next heartbeat. */
+typedef struct bw_rank_live {
+    bw_lease lease; /* reported under this lease (another holder starts over) */
+    uint64_t epoch, step, epoch_steps, wait_ms;
+    bw__rate rate; /* batches, samples, bytes */
+} bw_rank_live;
 
 typedef struct bw_rank_state {
     bool leased;            /* joined, not revoked by an elastic resume */
     char host[BW_HOST_MAX]; /* the holder */
     uint32_t pid;
-    uint64_t lease_id;
+    bw_lease lease;
+    bool finished; /* the last holder left saying it had delivered its last epoch */
     uint64_t joined_unix_ms;
     uint64_t last_beat_ms; /* monotonic; not journaled (a restart renews every lease) */
     bool committed;
@@ -22,6 +45,7 @@ typedef struct bw_rank_state {
     uint64_t committed_unix_ms;
     uint8_t *cursor; /* malloc'ed packed cursor */
     size_t cursor_len;
+    bw_rank_live live;
 } bw_rank_state;
 
 typedef struct bw_job {
@@ -30,7 +54,9 @@ typedef struct bw_job {
     Batchwire__V1__DatasetInfo *dataset; /* owned, immutable */
     uint64_t fingerprint;
     uint64_t created_unix_ms;
-    uint32_t world_size;                  /* current */
+    uint64_t active_unix_ms; /* the last journaled change (creation, join, commit, leave) */
+    char *owner;             /* the creating principal; "" on an open service */
+    uint32_t world_size;     /* current */
     Batchwire__V1__WorldSegment *history; /* world-size segments, in order */
     size_t nhistory;
     bw_rank_state *ranks; /* world_size of them */
@@ -45,7 +71,15 @@ struct bw_jobs {
     uint64_t last_seq; /* the last record applied */
     bw_jobs_placement_fn placement;
     void *placement_user;
+    /* Since this process started, for metrics (server/metrics.c); not journaled. */
+    uint64_t commits;             /* cursor commits accepted */
+    uint64_t takeovers_expired;   /* joins that took a rank whose holder's lease had expired */
+    uint64_t takeovers_reclaimed; /* joins that reclaimed a rank from an exited holder */
 };
+
+/* Under s->mu: whether r's lease is live at now_ms (monotonic): held, and heard from within
+ * the lease. */
+bool bw__jobs_lease_live(const bw_jobs *s, const bw_rank_state *r, uint64_t now_ms);
 
 /* Under s->mu: the job called name, or NULL. */
 bw_job *bw__jobs_find(bw_jobs *s, const char *name);
@@ -82,7 +116,21 @@ int bw__jobs_fingerprint(const char *name, const Batchwire__V1__JobConfig *cfg,
                          const Batchwire__V1__DatasetInfo *info, uint64_t *out, char *err,
                          size_t errlen);
 
-/* Printable, 1..max-1 bytes of letters, digits and -_.:/@+ ; writes why not to err. */
-int bw__jobs_check_name(const char *what, const char *s, size_t max, char *err, size_t errlen);
+/* Under s->mu, after a rank left: removes the job (journaled) when every rank has left after
+ * its last epoch; *wait_seq is then the removal's record. */
+int bw__jobs_finish_if_done(bw_jobs *s, bw_job *job, uint64_t *wait_seq, char *err,
+                            size_t errlen);
+
+/* Under s->mu: how many jobs `owner` owns. */
+size_t bw__jobs_owned(const bw_jobs *s, const char *owner);
+
+/* jobs_live.c: records the progress a heartbeat of lease `lease` reports (under s->mu). */
+void bw__jobs_live_report(bw_rank_state *r, bw_lease lease, const Batchwire__V1__RankLive *live,
+                          uint64_t now_ms);
+
+/* jobs_live.c: the rank's reported progress and rates into p (under s->mu); BW_OK or
+ * BW_NOMEM. */
+int bw__jobs_live_fill(const bw_rank_state *r, uint64_t now_ms, bw_arena *arena,
+                       Batchwire__V1__RankProgress *p);
 
 #endif

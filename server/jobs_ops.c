@@ -12,7 +12,7 @@
 #include "common/util.h"
 #include "cursor/cursor.h"
 
-enum { MAX_SOURCES = 4096, MAX_PATH_CHARS = 4096, MAX_BATCH = 1 << 24 };
+enum { MAX_SOURCES = 4096, MAX_BATCH = 1 << 24 };
 
 static uint64_t placement_version(bw_jobs *s, bw_arena *arena,
                                   Batchwire__V1__PlacementTable **table)
@@ -57,12 +57,11 @@ static int check_config(const Batchwire__V1__JobConfig *c, char *err, size_t err
             return BW_INVALID_ARGUMENT;
         }
         for (size_t i = 0; i < d->n_sources; i++) {
-            size_t len = strlen(d->sources[i]);
-            if (len == 0 || len > MAX_PATH_CHARS) {
-                snprintf(err, errlen, "config.dataset.sources[%zu] must be 1 to %d characters", i,
-                         MAX_PATH_CHARS);
-                return BW_INVALID_ARGUMENT;
-            }
+            char what[64];
+            snprintf(what, sizeof(what), "config.dataset.sources[%zu]", i);
+            int rc = bw__check_text(what, d->sources[i], BW_NAME_MAX, err, errlen);
+            if (rc != BW_OK)
+                return rc;
         }
     }
     const Batchwire__V1__SamplerConfig *sc = c->sampler;
@@ -94,6 +93,42 @@ static int check_world(bw_jobs *s, uint32_t world, char *err, size_t errlen)
         return BW_INVALID_ARGUMENT;
     }
     return BW_OK;
+}
+
+/* Under s->mu: whether one more job fits, for `who` and for the coordinator. */
+static int check_quota(bw_jobs *s, const bw_principal *who, char *err, size_t errlen)
+{
+    if (s->njobs >= s->opts.max_jobs) {
+        snprintf(err, errlen,
+                 "the coordinator holds %zu jobs, its limit (--max-jobs); delete finished ones "
+                 "with `batchwire job delete --job NAME` (an admin may delete any job)",
+                 s->njobs);
+        return BW_TOO_BIG;
+    }
+    /* The anonymous principal of an open service and admins have no per-principal quota. */
+    if (who->role == BW_ROLE_TRAINER) {
+        size_t owned = bw__jobs_owned(s, who->name);
+        if (owned >= s->opts.max_jobs_per_principal) {
+            snprintf(err, errlen,
+                     "principal '%s' owns %zu jobs, its quota (--max-jobs-per-principal %u); "
+                     "delete one with `batchwire job delete --job NAME`, or wait for idle jobs "
+                     "to expire (--job-ttl)",
+                     who->name, owned, s->opts.max_jobs_per_principal);
+            return BW_TOO_BIG;
+        }
+    }
+    return BW_OK;
+}
+
+/* Under s->mu: whether `who` may use `job` (its owner, an admin, an open service). The
+ * refusal does not say who owns the job. */
+static int check_owner(const bw_job *job, const bw_principal *who, char *err, size_t errlen)
+{
+    if (bw__auth_owns(who, job->owner))
+        return BW_OK;
+    snprintf(err, errlen, "job '%s' belongs to another principal; '%s' may not use it", job->name,
+             who->name);
+    return BW_PERMISSION_DENIED;
 }
 
 Batchwire__V1__DatasetInfo *bw__jobs_synthetic_info(bw_arena *arena, uint64_t samples)
@@ -134,12 +169,13 @@ static int existing(bw_job *job, const Batchwire__V1__GetOrCreateJobRequest *req
     return out->job ? BW_OK : BW_NOMEM;
 }
 
-int bw__jobs_lookup(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req, bw_arena *arena,
+int bw__jobs_lookup(bw_jobs *s, const bw_principal *who,
+                    const Batchwire__V1__GetOrCreateJobRequest *req, bw_arena *arena,
                     Batchwire__V1__GetOrCreateJobResponse **resp, bool *need_describe,
                     uint64_t *wait_seq, char *err, size_t errlen)
 {
     *need_describe = false;
-    int rc = bw__jobs_check_name("job name", req->name, BW_JOB_NAME_MAX, err, errlen);
+    int rc = bw__check_name("job name", req->name, BW_JOB_NAME_MAX, err, errlen);
     if (rc == BW_OK)
         rc = check_config(req->config, err, errlen);
     if (rc == BW_OK)
@@ -150,19 +186,19 @@ int bw__jobs_lookup(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
     *wait_seq = s->last_seq;
     bw_job *job = bw__jobs_find(s, req->name);
     if (job) {
-        rc = existing(job, req, arena, resp, err, errlen);
-    } else if (s->njobs >= s->opts.max_jobs) {
-        snprintf(err, errlen, "the coordinator already holds %zu jobs, its limit (--max-jobs)",
-                 s->njobs);
-        rc = BW_TOO_BIG;
+        rc = check_owner(job, who, err, errlen);
+        if (rc == BW_OK)
+            rc = existing(job, req, arena, resp, err, errlen);
     } else {
-        *need_describe = true;
+        rc = check_quota(s, who, err, errlen);
+        *need_describe = rc == BW_OK;
     }
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
 
-int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
+int bw__jobs_create(bw_jobs *s, const bw_principal *who,
+                    const Batchwire__V1__GetOrCreateJobRequest *req,
                     const Batchwire__V1__DatasetInfo *info, bw_arena *arena,
                     Batchwire__V1__GetOrCreateJobResponse **resp, uint64_t *wait_seq, char *err,
                     size_t errlen)
@@ -180,11 +216,12 @@ int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
         snprintf(why, sizeof(why), "the dataset is empty");
         rc = BW_INVALID_ARGUMENT;
     }
-    if (rc == BW_OK && !bw__plan_equal_batches(plan)) {
+    if (rc == BW_OK && !bw__plan_equal_batches(plan) &&
+        !(req->config->sampler && req->config->sampler->allow_uneven)) {
         snprintf(why, sizeof(why),
                  "ranks would receive different numbers of batches (uneven_batches without "
-                 "drop_last); a DDP job would hang: set drop_last, or leave uneven_batches "
-                 "off");
+                 "drop_last); a DDP job would hang: set drop_last, leave uneven_batches off, "
+                 "or ask for unequal counts explicitly (allow_uneven)");
         rc = BW_INVALID_ARGUMENT;
     }
     bw__plan_free(plan);
@@ -198,15 +235,15 @@ int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
     *wait_seq = s->last_seq;
     bw_job *job = bw__jobs_find(s, req->name);
     if (job) { /* created by another caller while the dataset was being described */
-        rc = existing(job, req, arena, resp, err, errlen);
+        rc = check_owner(job, who, err, errlen);
+        if (rc == BW_OK)
+            rc = existing(job, req, arena, resp, err, errlen);
         pthread_mutex_unlock(&s->mu);
         return rc;
     }
-    if (s->njobs >= s->opts.max_jobs) {
-        snprintf(err, errlen, "the coordinator already holds %zu jobs, its limit (--max-jobs)",
-                 s->njobs);
+    if ((rc = check_quota(s, who, err, errlen)) != BW_OK) {
         pthread_mutex_unlock(&s->mu);
-        return BW_TOO_BIG;
+        return rc;
     }
     Batchwire__V1__JobCreated c = BATCHWIRE__V1__JOB_CREATED__INIT;
     c.name = req->name;
@@ -214,6 +251,7 @@ int bw__jobs_create(bw_jobs *s, const Batchwire__V1__GetOrCreateJobRequest *req,
     c.dataset = (Batchwire__V1__DatasetInfo *)info;
     c.world_size = req->world_size;
     c.created_unix_ms = bw__unix_ms();
+    c.owner = (char *)who->name;
     Batchwire__V1__JournalRecord rec = BATCHWIRE__V1__JOURNAL_RECORD__INIT;
     rec.change_case = BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_CREATED;
     rec.job_created = &c;
@@ -242,15 +280,23 @@ static bool lease_live(const bw_jobs *s, const bw_rank_state *r, uint64_t now)
     return r->leased && now - r->last_beat_ms <= s->opts.lease_ms;
 }
 
+bool bw__jobs_lease_live(const bw_jobs *s, const bw_rank_state *r, uint64_t now_ms)
+{
+    return lease_live(s, r, now_ms);
+}
+
 /* Under s->mu: the job and rank named by a request, with messages for people. */
-static int locate(bw_jobs *s, const char *name, uint32_t rank, bw_job **job, bw_rank_state **r,
-                  char *err, size_t errlen)
+static int locate(bw_jobs *s, const bw_principal *who, const char *name, uint32_t rank,
+                  bw_job **job, bw_rank_state **r, char *err, size_t errlen)
 {
     *job = bw__jobs_find(s, name);
     if (!*job) {
         snprintf(err, errlen, "no job named '%s' (create it with GetOrCreateJob first)", name);
         return BW_NOT_FOUND;
     }
+    int rc = check_owner(*job, who, err, errlen);
+    if (rc != BW_OK)
+        return rc;
     if (rank >= (*job)->world_size) {
         snprintf(err, errlen, "rank %u is not below job '%s''s world size %u", rank, name,
                  (*job)->world_size);
@@ -279,11 +325,11 @@ static void lease_gone(const bw_jobs *s, const bw_job *job, uint32_t rank, const
                  rank, job->name, r->host, r->pid, lease_live(s, r, now) ? "live" : "expired");
 }
 
-int bw__jobs_join(bw_jobs *s, const Batchwire__V1__JoinJobRequest *req, bw_arena *arena,
-                  Batchwire__V1__JoinJobResponse **resp, uint64_t *wait_seq, char *err,
-                  size_t errlen)
+int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__JoinJobRequest *req,
+                  bw_arena *arena, Batchwire__V1__JoinJobResponse **resp, uint64_t *wait_seq,
+                  char *err, size_t errlen)
 {
-    int rc = bw__jobs_check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
+    int rc = bw__check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
     if (rc == BW_OK)
         rc = check_world(s, req->world_size, err, errlen);
     if (rc != BW_OK)
@@ -296,7 +342,7 @@ int bw__jobs_join(bw_jobs *s, const Batchwire__V1__JoinJobRequest *req, bw_arena
         snprintf(err, errlen, "holder (host and pid of the trainer) is required");
         return BW_INVALID_ARGUMENT;
     }
-    if ((rc = bw__jobs_check_name("holder.host", req->holder->host, BW_HOST_MAX, err, errlen)))
+    if ((rc = bw__check_text("holder.host", req->holder->host, BW_HOST_MAX - 1, err, errlen)))
         return rc;
     if (req->holder->pid == 0) {
         snprintf(err, errlen, "holder.pid is required");
@@ -313,14 +359,16 @@ int bw__jobs_join(bw_jobs *s, const Batchwire__V1__JoinJobRequest *req, bw_arena
     bw_rank_state *r;
     uint64_t now = bw__mono_ms();
     job = bw__jobs_find(s, req->job);
-    if (job && req->world_size != job->world_size) {
+    if (job && (rc = check_owner(job, who, err, errlen)) != BW_OK) {
+        ; /* refused before anything about the job is said */
+    } else if (job && req->world_size != job->world_size) {
         snprintf(err, errlen,
                  "world_size %u does not match job '%s''s world size %u; to continue with %u "
                  "ranks, resume the job elastically (ResumeElastic) from every rank's cursor",
                  req->world_size, req->job, job->world_size, req->world_size);
         rc = BW_FAILED_PRECONDITION;
     } else {
-        rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
+        rc = locate(s, who, req->job, req->rank, &job, &r, err, errlen);
     }
     bool same = rc == BW_OK && r->leased && strcmp(r->host, req->holder->host) == 0 &&
                 r->pid == req->holder->pid;
@@ -339,30 +387,38 @@ int bw__jobs_join(bw_jobs *s, const Batchwire__V1__JoinJobRequest *req, bw_arena
                  (double)s->opts.lease_ms / 1000.0, req->holder->host, req->holder->pid);
         rc = BW_ALREADY_EXISTS;
     }
-    if (rc == BW_OK && same) {
-        r->last_beat_ms = now; /* the holder joining again (e.g. after our restart) */
-    } else if (rc == BW_OK) {
-        uint64_t id;
-        do
-            id = bw__random_u64();
-        while (id == 0);
+    /* Every join, also the holder's own again (a retried join, or after our restart), gets a
+     * new lease: a lease id is only ever told to the caller that acquired it, and the one it
+     * replaces stops working (docs/security.md, "Leases"). */
+    if (rc == BW_OK) {
+        bw_lease id;
+        do {
+            id.lo = bw__random_u64();
+            id.hi = bw__random_u64();
+        } while (id.lo == 0 && id.hi == 0);
         Batchwire__V1__RankJoined j = BATCHWIRE__V1__RANK_JOINED__INIT;
         j.job = req->job;
         j.rank = req->rank;
         j.holder = req->holder;
-        j.lease_id = id;
+        j.lease_id = id.lo;
+        j.lease_id_hi = id.hi;
         j.joined_unix_ms = bw__unix_ms();
         Batchwire__V1__JournalRecord rec = BATCHWIRE__V1__JOURNAL_RECORD__INIT;
         rec.change_case = BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_JOINED;
         rec.rank_joined = &j;
+        bool taken = r->leased && !same; /* from another holder: expired, or reclaimed */
         rc = bw__jobs_commit_record(s, &rec, err, errlen);
         *wait_seq = s->last_seq;
+        if (rc == BW_OK && taken)
+            (*(reclaim ? &s->takeovers_reclaimed : &s->takeovers_expired))++;
         if (rc == BW_OK)
-            BW_INFO("job=%s rank=%u holder=%s:%u joined (world size %u)", req->job, req->rank,
-                    req->holder->host, req->holder->pid, req->world_size);
+            BW_INFO("job=%s rank=%u holder=%s:%u joined (world size %u)%s", req->job, req->rank,
+                    req->holder->host, req->holder->pid, req->world_size,
+                    same ? ", again: its previous lease ends" : "");
     }
     if (rc == BW_OK) {
-        out->lease_id = r->lease_id;
+        out->lease_id = r->lease.lo;
+        out->lease_id_hi = r->lease.hi;
         out->lease_ms = s->opts.lease_ms;
         out->heartbeat_ms = s->opts.lease_ms / 3 ? s->opts.lease_ms / 3 : 1;
         out->job = bw__jobs_summary(arena, job);
@@ -388,11 +444,12 @@ int bw__jobs_join(bw_jobs *s, const Batchwire__V1__JoinJobRequest *req, bw_arena
     return rc;
 }
 
-int bw__jobs_heartbeat(bw_jobs *s, const Batchwire__V1__LeaseHeartbeatRequest *req, bw_arena *arena,
+int bw__jobs_heartbeat(bw_jobs *s, const bw_principal *who,
+                       const Batchwire__V1__LeaseHeartbeatRequest *req, bw_arena *arena,
                        Batchwire__V1__LeaseHeartbeatResponse **resp, uint64_t *wait_seq, char *err,
                        size_t errlen)
 {
-    int rc = bw__jobs_check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
+    int rc = bw__check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
     if (rc != BW_OK)
         return rc;
     Batchwire__V1__LeaseHeartbeatResponse *out = bw__arena_alloc(arena, sizeof(*out));
@@ -404,13 +461,16 @@ int bw__jobs_heartbeat(bw_jobs *s, const Batchwire__V1__LeaseHeartbeatRequest *r
     bw_job *job;
     bw_rank_state *r;
     uint64_t now = bw__mono_ms();
-    rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
-    if (rc == BW_OK && (!r->leased || r->lease_id != req->lease_id)) {
+    rc = locate(s, who, req->job, req->rank, &job, &r, err, errlen);
+    if (rc == BW_OK &&
+        (!r->leased || !bw__lease_eq(r->lease, (bw_lease){req->lease_id, req->lease_id_hi}))) {
         lease_gone(s, job, req->rank, r, now, err, errlen);
         rc = BW_LEASE_LOST;
     }
     if (rc == BW_OK) {
         r->last_beat_ms = now; /* an expired lease nobody took is renewed */
+        if (req->live)
+            bw__jobs_live_report(r, r->lease, req->live, now);
         out->lease_ms = s->opts.lease_ms;
         out->world_size = job->world_size;
     }
@@ -422,14 +482,14 @@ int bw__jobs_heartbeat(bw_jobs *s, const Batchwire__V1__LeaseHeartbeatRequest *r
     return rc;
 }
 
-int bw__jobs_leave(bw_jobs *s, const Batchwire__V1__LeaveJobRequest *req, bw_arena *arena,
-                   Batchwire__V1__LeaveJobResponse **resp, uint64_t *wait_seq, char *err,
-                   size_t errlen)
+int bw__jobs_leave(bw_jobs *s, const bw_principal *who, const Batchwire__V1__LeaveJobRequest *req,
+                   bw_arena *arena, Batchwire__V1__LeaveJobResponse **resp, uint64_t *wait_seq,
+                   char *err, size_t errlen)
 {
-    int rc = bw__jobs_check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
+    int rc = bw__check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
     if (rc != BW_OK)
         return rc;
-    if (req->lease_id == 0) {
+    if (req->lease_id == 0 && req->lease_id_hi == 0) {
         snprintf(err, errlen, "lease_id is required (the one JoinJob returned)");
         return BW_INVALID_ARGUMENT;
     }
@@ -441,10 +501,11 @@ int bw__jobs_leave(bw_jobs *s, const Batchwire__V1__LeaveJobRequest *req, bw_are
     *wait_seq = s->last_seq;
     bw_job *job;
     bw_rank_state *r;
-    rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
+    rc = locate(s, who, req->job, req->rank, &job, &r, err, errlen);
     /* Not the rank's lease (any more): a retry of a leave that was applied, or a trainer
      * whose lease expired and was taken over. Either way it must not touch the rank. */
-    if (rc == BW_OK && r->leased && r->lease_id == req->lease_id) {
+    if (rc == BW_OK && r->leased &&
+        bw__lease_eq(r->lease, (bw_lease){req->lease_id, req->lease_id_hi})) {
         char host[BW_HOST_MAX];
         uint32_t pid = r->pid;
         snprintf(host, sizeof(host), "%s", r->host);
@@ -452,7 +513,9 @@ int bw__jobs_leave(bw_jobs *s, const Batchwire__V1__LeaveJobRequest *req, bw_are
         left.job = job->name;
         left.rank = req->rank;
         left.lease_id = req->lease_id;
+        left.lease_id_hi = req->lease_id_hi;
         left.left_unix_ms = bw__unix_ms();
+        left.finished = req->finished;
         Batchwire__V1__JournalRecord rec = BATCHWIRE__V1__JOURNAL_RECORD__INIT;
         rec.change_case = BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_LEFT;
         rec.rank_left = &left;
@@ -460,8 +523,9 @@ int bw__jobs_leave(bw_jobs *s, const Batchwire__V1__LeaveJobRequest *req, bw_are
         *wait_seq = s->last_seq;
         if (rc == BW_OK) {
             out->released = true;
-            BW_INFO("job=%s rank=%u holder=%s:%u left: the rank is free", req->job, req->rank, host,
-                    pid);
+            BW_INFO("job=%s rank=%u holder=%s:%u left%s: the rank is free", req->job, req->rank,
+                    host, pid, req->finished ? " after its last epoch" : "");
+            rc = bw__jobs_finish_if_done(s, job, wait_seq, err, errlen);
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -470,11 +534,12 @@ int bw__jobs_leave(bw_jobs *s, const Batchwire__V1__LeaveJobRequest *req, bw_are
     return rc;
 }
 
-int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, bw_arena *arena,
+int bw__jobs_commit(bw_jobs *s, const bw_principal *who,
+                    const Batchwire__V1__CommitCursorRequest *req, bw_arena *arena,
                     Batchwire__V1__CommitCursorResponse **resp, uint64_t *wait_seq, char *err,
                     size_t errlen)
 {
-    int rc = bw__jobs_check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
+    int rc = bw__check_name("job", req->job, BW_JOB_NAME_MAX, err, errlen);
     if (rc != BW_OK)
         return rc;
     Batchwire__V1__Cursor *c = NULL;
@@ -495,7 +560,7 @@ int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, b
     bw_rank_state *r;
     bw__plan *plan = NULL;
     uint64_t now = bw__mono_ms();
-    rc = locate(s, req->job, req->rank, &job, &r, err, errlen);
+    rc = locate(s, who, req->job, req->rank, &job, &r, err, errlen);
     if (rc != BW_OK)
         goto out;
     if (c->job_fingerprint != job->fingerprint) {
@@ -520,7 +585,7 @@ int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, b
         rc = BW_MISMATCH;
         goto out;
     }
-    if (!r->leased || r->lease_id != req->lease_id) {
+    if (!r->leased || !bw__lease_eq(r->lease, (bw_lease){req->lease_id, req->lease_id_hi})) {
         lease_gone(s, job, req->rank, r, now, err, errlen);
         rc = BW_LEASE_LOST;
         goto out;
@@ -569,6 +634,7 @@ int bw__jobs_commit(bw_jobs *s, const Batchwire__V1__CommitCursorRequest *req, b
     rc = bw__jobs_commit_record(s, &rec, err, errlen);
     free(bin);
     if (rc == BW_OK) {
+        s->commits++;
         r->last_beat_ms = now; /* a commit is a sign of life too */
         *wait_seq = s->last_seq;
         *resp = out;
@@ -579,10 +645,11 @@ out:
     return rc;
 }
 
-int bw__jobs_get(bw_jobs *s, const Batchwire__V1__GetJobRequest *req, bw_arena *arena,
-                 Batchwire__V1__GetJobResponse **resp, uint64_t *wait_seq, char *err, size_t errlen)
+int bw__jobs_get(bw_jobs *s, const bw_principal *who, const Batchwire__V1__GetJobRequest *req,
+                 bw_arena *arena, Batchwire__V1__GetJobResponse **resp, uint64_t *wait_seq,
+                 char *err, size_t errlen)
 {
-    int rc = bw__jobs_check_name("job name", req->name, BW_JOB_NAME_MAX, err, errlen);
+    int rc = bw__check_name("job name", req->name, BW_JOB_NAME_MAX, err, errlen);
     if (rc != BW_OK)
         return rc;
     Batchwire__V1__GetJobResponse *out = bw__arena_alloc(arena, sizeof(*out));
@@ -598,6 +665,8 @@ int bw__jobs_get(bw_jobs *s, const Batchwire__V1__GetJobRequest *req, bw_arena *
         rc = BW_NOT_FOUND;
         goto out;
     }
+    if ((rc = check_owner(job, who, err, errlen)) != BW_OK)
+        goto out;
     out->job = bw__jobs_summary(arena, job);
     out->ranks = bw__arena_alloc(arena, (job->world_size + 1) * sizeof(*out->ranks));
     Batchwire__V1__RankProgress *rp = bw__arena_alloc(arena, (job->world_size + 1) * sizeof(*rp));
@@ -628,6 +697,19 @@ int bw__jobs_get(bw_jobs *s, const Batchwire__V1__GetJobRequest *req, bw_arena *
         p->epoch = r->epoch;
         p->step = r->step;
         p->committed_unix_ms = r->committed_unix_ms;
+        if (r->committed && r->cursor_len) { /* copied: a commit may free r->cursor */
+            p->cursor.data = bw__arena_alloc(arena, r->cursor_len);
+            if (!p->cursor.data) {
+                rc = BW_NOMEM;
+                goto out;
+            }
+            memcpy(p->cursor.data, r->cursor, r->cursor_len);
+            p->cursor.len = r->cursor_len;
+        }
+        if (bw__jobs_live_fill(r, now, arena, p) != BW_OK) {
+            rc = BW_NOMEM;
+            goto out;
+        }
         out->ranks[i] = p;
     }
     out->n_ranks = job->world_size;
@@ -646,8 +728,9 @@ static int by_name(const void *a, const void *b)
     return strcmp((*x)->name, (*y)->name);
 }
 
-int bw__jobs_list(bw_jobs *s, bw_arena *arena, Batchwire__V1__ListJobsResponse **resp,
-                  uint64_t *wait_seq, char *err, size_t errlen)
+int bw__jobs_list(bw_jobs *s, const bw_principal *who, bw_arena *arena,
+                  Batchwire__V1__ListJobsResponse **resp, uint64_t *wait_seq, char *err,
+                  size_t errlen)
 {
     (void)err;
     (void)errlen;
@@ -663,14 +746,18 @@ int bw__jobs_list(bw_jobs *s, bw_arena *arena, Batchwire__V1__ListJobsResponse *
     Batchwire__V1__JobListEntry *es = bw__arena_alloc(arena, (s->njobs + 1) * sizeof(*es));
     if (!out->jobs || !es)
         rc = BW_NOMEM;
+    size_t n = 0;
     for (size_t i = 0; rc == BW_OK && i < s->njobs; i++) {
         const bw_job *job = s->jobs[i];
-        Batchwire__V1__JobListEntry *e = &es[i];
+        if (!bw__auth_owns(who, job->owner))
+            continue; /* a trainer lists its own jobs (and those made on an open service) */
+        Batchwire__V1__JobListEntry *e = &es[n];
         batchwire__v1__job_list_entry__init(e);
         e->name = bw__arena_strdup(arena, job->name);
         e->world_size = job->world_size;
         e->fingerprint = job->fingerprint;
         e->num_samples = job->dataset->length;
+        e->owner = bw__arena_strdup(arena, job->owner);
         bool any = false;
         for (uint32_t r = 0; r < job->world_size; r++) {
             const bw_rank_state *st = &job->ranks[r];
@@ -692,11 +779,11 @@ int bw__jobs_list(bw_jobs *s, bw_arena *arena, Batchwire__V1__ListJobsResponse *
             }
             any = true;
         }
-        out->jobs[i] = e;
-        if (!e->name)
+        out->jobs[n++] = e;
+        if (!e->name || !e->owner)
             rc = BW_NOMEM;
     }
-    out->n_jobs = rc == BW_OK ? s->njobs : 0;
+    out->n_jobs = rc == BW_OK ? n : 0;
     pthread_mutex_unlock(&s->mu);
     if (rc == BW_OK) {
         qsort(out->jobs, out->n_jobs, sizeof(*out->jobs), by_name);

@@ -16,6 +16,7 @@
 enum { DESCRIBE_TIMEOUT_MS = 10000 };
 
 typedef struct reply {
+    bw_coordinator *c;
     bw_rpc_call *call;
     int rc;
     const ProtobufCMessage *resp;
@@ -29,7 +30,17 @@ static void reply_durable(void *arg, int jrc)
         rc = bw__rpc_fail(r->call, BW_NOMEM,
                           "the coordinator ran out of memory waiting for this change to be "
                           "durable: retry");
-    else if (jrc != BW_OK)
+    else if (jrc == BW_UNAVAILABLE && rc != BW_UNAVAILABLE) {
+        /* The disk is full (a change refused for it already says so, and stays as it is). */
+        char why[512];
+        if (!bw__journal_full(bw__jobs_journal(r->c->jobs), why, sizeof(why)))
+            snprintf(why, sizeof(why), "no space left");
+        rc = bw__rpc_fail(r->call, BW_UNAVAILABLE,
+                          "the coordinator's state directory is full (%s), and this answer "
+                          "depends on a change not yet on disk (it is written once there is "
+                          "space): retry",
+                          why);
+    } else if (jrc != BW_OK && jrc != BW_UNAVAILABLE)
         rc = bw__rpc_fail(r->call, BW_UNAVAILABLE,
                           "the coordinator's journal failed before this change was durable; it "
                           "restarts from what is on disk: retry");
@@ -45,6 +56,7 @@ static int answer(bw_coordinator *c, bw_rpc_call *call, const char *method, int 
     reply *r = bw__arena_alloc(bw__rpc_call_arena(call), sizeof(*r));
     if (!r)
         return BW_NOMEM;
+    r->c = c;
     r->call = call;
     r->rc = rc;
     r->resp = resp;
@@ -84,6 +96,7 @@ int bw__describe_dataset(bw_coordinator *c, const Batchwire__V1__Dataset *datase
         co.tls.ca = c->cfg->worker_tls_ca;
         co.tls.cert = c->cfg->worker_tls_ca ? c->cfg->common.tls_cert : NULL;
         co.tls.key = c->cfg->worker_tls_ca ? c->cfg->common.tls_key : NULL;
+        co.tls.token = c->token;
         co.max_receive_bytes = 64 << 20;
         bw_rpc_channel *ch = NULL;
         char why[1024];
@@ -134,7 +147,8 @@ static void *create_thread(void *arg)
     uint64_t wait_seq = 0;
     int rc = bw__describe_dataset(t->c, t->req->config->dataset, a, &info, err, sizeof(err));
     if (rc == BW_OK)
-        rc = bw__jobs_create(t->c->jobs, t->req, info, a, &resp, &wait_seq, err, sizeof(err));
+        rc = bw__jobs_create(t->c->jobs, bw__rpc_call_principal(t->call), t->req, info, a, &resp,
+                             &wait_seq, err, sizeof(err));
     if (rc == BW_OK && resp->created)
         BW_INFO("job=%s created: dataset of %llu samples described by a worker, world size %u, "
                 "fingerprint %016llx",
@@ -172,10 +186,11 @@ int bw__jobs_on_get_or_create(void *user, bw_rpc_call *call, const ProtobufCMess
     Batchwire__V1__GetOrCreateJobResponse *out = NULL;
     uint64_t wait_seq = 0;
     bool need_describe = false;
-    int rc = bw__jobs_lookup(c->jobs, r, a, &out, &need_describe, &wait_seq, err, sizeof(err));
+    const bw_principal *who = bw__rpc_call_principal(call);
+    int rc = bw__jobs_lookup(c->jobs, who, r, a, &out, &need_describe, &wait_seq, err, sizeof(err));
     if (rc == BW_OK && need_describe && r->config->synthetic_samples > 0) {
         Batchwire__V1__DatasetInfo *info = bw__jobs_synthetic_info(a, r->config->synthetic_samples);
-        rc = info ? bw__jobs_create(c->jobs, r, info, a, &out, &wait_seq, err, sizeof(err))
+        rc = info ? bw__jobs_create(c->jobs, who, r, info, a, &out, &wait_seq, err, sizeof(err))
                   : BW_NOMEM;
         if (rc == BW_OK && out->created)
             BW_INFO("job=%s created: synthetic dataset of %llu samples, world size %u, "
@@ -220,8 +235,8 @@ int bw__jobs_on_get_or_create(void *user, bw_rpc_call *call, const ProtobufCMess
         char err[1536] = "";                                                                       \
         Resp *out = NULL;                                                                          \
         uint64_t wait_seq = 0;                                                                     \
-        int rc = op(c->jobs, (const Req *)(const void *)req, bw__rpc_call_arena(call), &out,       \
-                    &wait_seq, err, sizeof(err));                                                  \
+        int rc = op(c->jobs, bw__rpc_call_principal(call), (const Req *)(const void *)req,         \
+                    bw__rpc_call_arena(call), &out, &wait_seq, err, sizeof(err));                  \
         return answer(c, call, method, rc, out ? &out->base : NULL, wait_seq, err);                \
     }
 
@@ -237,6 +252,8 @@ SIMPLE_HANDLER(bw__jobs_on_resume, "ResumeElastic", Batchwire__V1__ResumeElastic
                Batchwire__V1__ResumeElasticResponse, bw__jobs_resume)
 SIMPLE_HANDLER(bw__jobs_on_leave, "LeaveJob", Batchwire__V1__LeaveJobRequest,
                Batchwire__V1__LeaveJobResponse, bw__jobs_leave)
+SIMPLE_HANDLER(bw__jobs_on_delete, "DeleteJob", Batchwire__V1__DeleteJobRequest,
+               Batchwire__V1__DeleteJobResponse, bw__jobs_delete)
 
 int bw__jobs_on_list(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                      ProtobufCMessage **resp)
@@ -247,7 +264,8 @@ int bw__jobs_on_list(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
     char err[256] = "";
     Batchwire__V1__ListJobsResponse *out = NULL;
     uint64_t wait_seq = 0;
-    int rc = bw__jobs_list(c->jobs, bw__rpc_call_arena(call), &out, &wait_seq, err, sizeof(err));
+    int rc = bw__jobs_list(c->jobs, bw__rpc_call_principal(call), bw__rpc_call_arena(call), &out,
+                           &wait_seq, err, sizeof(err));
     return answer(c, call, "ListJobs", rc, out ? &out->base : NULL, wait_seq, err);
 }
 

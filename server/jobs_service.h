@@ -17,6 +17,7 @@ BW__JOBS_HANDLER(bw__jobs_on_get);
 BW__JOBS_HANDLER(bw__jobs_on_list);
 BW__JOBS_HANDLER(bw__jobs_on_resume);
 BW__JOBS_HANDLER(bw__jobs_on_leave);
+BW__JOBS_HANDLER(bw__jobs_on_delete);
 
 /*
  * Asks a live worker (any; the next one if it cannot answer) to describe `dataset`

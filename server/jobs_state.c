@@ -75,6 +75,7 @@ static void job_free(bw_job *job)
     if (job->dataset)
         protobuf_c_message_free_unpacked(&job->dataset->base, NULL);
     free(job->name);
+    free(job->owner);
     free(job);
 }
 
@@ -136,7 +137,8 @@ static int reserve_job(bw_jobs *s)
 /* Checks a job against the state and builds it with room for `nsegments` history segments
  * and a place in the table, but does not insert it: BW_CORRUPT or BW_NOMEM with a sentence,
  * and then nothing changed. */
-static int make_job(bw_jobs *s, const char *name, const Batchwire__V1__JobConfig *config,
+static int make_job(bw_jobs *s, const char *name, const char *owner,
+                    const Batchwire__V1__JobConfig *config,
                     const Batchwire__V1__DatasetInfo *dataset, uint64_t fingerprint, uint32_t world,
                     uint64_t created, size_t nsegments, bw_job **out, char *err, size_t errlen)
 {
@@ -152,20 +154,22 @@ static int make_job(bw_jobs *s, const char *name, const Batchwire__V1__JobConfig
     bw_job *job = calloc(1, sizeof(*job));
     if (job) {
         job->name = strdup(name);
+        job->owner = strdup(owner ? owner : "");
         job->config = (Batchwire__V1__JobConfig *)dup_msg(&config->base);
         job->dataset = (Batchwire__V1__DatasetInfo *)dup_msg(&dataset->base);
         job->world_size = world;
         job->ranks = calloc(world, sizeof(*job->ranks));
         job->history = calloc(nsegments ? nsegments : 1, sizeof(*job->history));
     }
-    if (!job || !job->name || !job->config || !job->dataset || !job->ranks || !job->history ||
-        reserve_job(s) != BW_OK) {
+    if (!job || !job->name || !job->owner || !job->config || !job->dataset || !job->ranks ||
+        !job->history || reserve_job(s) != BW_OK) {
         job_free(job);
         snprintf(err, errlen, "out of memory for job '%s' (world size %u)", name, world);
         return BW_NOMEM;
     }
     job->fingerprint = fingerprint;
     job->created_unix_ms = created;
+    job->active_unix_ms = created;
     *out = job;
     return BW_OK;
 }
@@ -174,6 +178,26 @@ static int make_job(bw_jobs *s, const char *name, const Batchwire__V1__JobConfig
 static void insert_job(bw_jobs *s, bw_job *job)
 {
     s->jobs[s->njobs++] = job;
+}
+
+/* Takes a job out of the table and frees it. */
+static void remove_job(bw_jobs *s, bw_job *job)
+{
+    for (size_t i = 0; i < s->njobs; i++) {
+        if (s->jobs[i] == job) {
+            s->jobs[i] = s->jobs[--s->njobs];
+            break;
+        }
+    }
+    job_free(job);
+}
+
+size_t bw__jobs_owned(const bw_jobs *s, const char *owner)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->njobs; i++)
+        n += strcmp(s->jobs[i]->owner, owner) == 0;
+    return n;
 }
 
 static int find_rank(bw_jobs *s, const char *name, uint32_t rank, bw_job **job, bw_rank_state **r,
@@ -215,7 +239,7 @@ static int prepare(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepared
     switch (rec->change_case) {
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_CREATED: {
         const Batchwire__V1__JobCreated *c = rec->job_created;
-        return make_job(s, c->name, c->config, c->dataset, c->fingerprint, c->world_size,
+        return make_job(s, c->name, c->owner, c->config, c->dataset, c->fingerprint, c->world_size,
                         c->created_unix_ms, 1, &p->job, err, errlen);
     }
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_JOINED: {
@@ -225,14 +249,25 @@ static int prepare(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepared
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_LEFT: {
         const Batchwire__V1__RankLeft *c = rec->rank_left;
         int rc = find_rank(s, c->job, c->rank, &p->job, &p->rank, err, errlen);
-        if (rc == BW_OK && (!p->rank->leased || p->rank->lease_id != c->lease_id)) {
+        bw_lease l = {c->lease_id, c->lease_id_hi};
+        if (rc == BW_OK && (!p->rank->leased || !bw__lease_eq(p->rank->lease, l))) {
             snprintf(err, errlen,
-                     "record releases lease %016" PRIx64 " of rank %u of job '%s', which the "
-                     "rank does not hold",
-                     c->lease_id, c->rank, c->job);
+                     "record releases a lease of rank %u of job '%s' that the rank "
+                     "does not hold",
+                     c->rank, c->job);
             rc = BW_CORRUPT;
         }
         return rc;
+    }
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_DELETED: {
+        const Batchwire__V1__JobDeleted *c = rec->job_deleted;
+        p->job = c->job ? bw__jobs_find(s, c->job) : NULL;
+        if (!p->job) {
+            snprintf(err, errlen, "record deletes job '%s', which does not exist",
+                     c->job ? c->job : "");
+            return BW_CORRUPT;
+        }
+        return BW_OK;
     }
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_CURSOR_COMMITTED: {
         const Batchwire__V1__CursorCommitted *c = rec->cursor_committed;
@@ -304,9 +339,11 @@ static void install(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepare
         snprintf(r->host, sizeof(r->host), "%s",
                  c->holder && c->holder->host ? c->holder->host : "");
         r->pid = c->holder ? c->holder->pid : 0;
-        r->lease_id = c->lease_id;
+        r->lease = (bw_lease){c->lease_id, c->lease_id_hi};
+        r->finished = false;
         r->joined_unix_ms = c->joined_unix_ms;
         r->last_beat_ms = bw__mono_ms();
+        p->job->active_unix_ms = c->joined_unix_ms;
         break;
     }
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_LEFT:
@@ -314,9 +351,14 @@ static void install(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepare
         r->leased = false;
         r->host[0] = '\0';
         r->pid = 0;
-        r->lease_id = 0;
+        r->lease = (bw_lease){0, 0};
+        r->finished = rec->rank_left->finished;
         r->joined_unix_ms = 0;
         r->last_beat_ms = 0;
+        p->job->active_unix_ms = rec->rank_left->left_unix_ms;
+        break;
+    case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_DELETED:
+        remove_job(s, p->job);
         break;
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_CURSOR_COMMITTED: {
         const Batchwire__V1__CursorCommitted *c = rec->cursor_committed;
@@ -327,6 +369,7 @@ static void install(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepare
         r->epoch = c->epoch;
         r->step = c->step;
         r->committed_unix_ms = c->committed_unix_ms;
+        p->job->active_unix_ms = c->committed_unix_ms;
         break;
     }
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_ELASTIC_RESUMED: {
@@ -346,6 +389,22 @@ static void install(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepare
     memset(p, 0, sizeof(*p));
 }
 
+/* Why the journal takes no change: its disk is full (the coordinator stays up and the change
+ * can be retried once there is space; docs/operating.md) or it failed (the coordinator exits
+ * and a restart recovers what is on disk). */
+static int journal_refusal(bw_jobs *s, char *err, size_t errlen)
+{
+    char why[512];
+    if (bw__journal_full(s->journal, why, sizeof(why)))
+        snprintf(err, errlen,
+                 "the coordinator's state directory is full (%s): the change was not made and "
+                 "nothing acknowledged is lost; retry once there is space",
+                 why);
+    else
+        snprintf(err, errlen, "the coordinator's journal has failed; it must restart: retry");
+    return BW_UNAVAILABLE;
+}
+
 int bw__jobs_commit_record(bw_jobs *s, Batchwire__V1__JournalRecord *rec, char *err, size_t errlen)
 {
     rec->seq = s->last_seq + 1;
@@ -355,10 +414,8 @@ int bw__jobs_commit_record(bw_jobs *s, Batchwire__V1__JournalRecord *rec, char *
                  len, BW_JOURNAL_MAX_RECORD);
         return BW_TOO_BIG;
     }
-    if (bw__journal_failed(s->journal)) {
-        snprintf(err, errlen, "the coordinator's journal has failed; it must restart: retry");
-        return BW_UNAVAILABLE;
-    }
+    if (bw__journal_failed(s->journal) || bw__journal_full(s->journal, NULL, 0))
+        return journal_refusal(s, err, errlen);
     uint8_t *buf = malloc(len);
     if (!buf) {
         snprintf(err, errlen, "out of memory for a journal record of %zu bytes: retry", len);
@@ -386,8 +443,7 @@ int bw__jobs_commit_record(bw_jobs *s, Batchwire__V1__JournalRecord *rec, char *
             snprintf(err, errlen, "out of memory queueing the change for the journal: retry");
             return BW_NOMEM;
         }
-        snprintf(err, errlen, "the coordinator's journal has failed; it must restart: retry");
-        return BW_UNAVAILABLE;
+        return journal_refusal(s, err, errlen);
     }
     BW_INVARIANT(seq == rec->seq,
                  "the journal numbers records as the jobs state does (appends happen under the "
@@ -470,8 +526,10 @@ static int load_job(bw_jobs *s, const Batchwire__V1__JobSnapshot *js, char *err,
         snprintf(err, errlen, "a job without a summary or world-size history");
         return BW_CORRUPT;
     }
-    int rc = make_job(s, sum->name, sum->config, sum->dataset, sum->fingerprint, sum->world_size,
-                      sum->created_unix_ms, sum->n_history, &job, err, errlen);
+    int rc = make_job(s, sum->name, sum->owner, sum->config, sum->dataset, sum->fingerprint,
+                      sum->world_size, sum->created_unix_ms, sum->n_history, &job, err, errlen);
+    if (js->active_unix_ms > job->active_unix_ms)
+        job->active_unix_ms = js->active_unix_ms;
     if (rc != BW_OK)
         return rc;
     for (size_t i = 0; i < sum->n_history; i++)
@@ -487,11 +545,12 @@ static int load_job(bw_jobs *s, const Batchwire__V1__JobSnapshot *js, char *err,
             break;
         }
         bw_rank_state *r = &job->ranks[rs->rank];
-        r->leased = rs->lease_id != 0;
+        r->lease = (bw_lease){rs->lease_id, rs->lease_id_hi};
+        r->leased = rs->lease_id != 0 || rs->lease_id_hi != 0;
+        r->finished = rs->finished;
         snprintf(r->host, sizeof(r->host), "%s",
                  rs->holder && rs->holder->host ? rs->holder->host : "");
         r->pid = rs->holder ? rs->holder->pid : 0;
-        r->lease_id = rs->lease_id;
         r->joined_unix_ms = rs->joined_unix_ms;
         r->last_beat_ms = now;
         r->committed = rs->committed;
@@ -608,13 +667,14 @@ Batchwire__V1__JobSummary *bw__jobs_summary(bw_arena *a, const bw_job *job)
     sum->fingerprint = job->fingerprint;
     sum->world_size = job->world_size;
     sum->created_unix_ms = job->created_unix_ms;
+    sum->owner = bw__arena_strdup(a, job->owner);
     for (size_t i = 0; i < job->nhistory; i++) {
         segs[i] = job->history[i];
         h[i] = &segs[i];
     }
     sum->history = h;
     sum->n_history = job->nhistory;
-    return sum->name ? sum : NULL;
+    return sum->name && sum->owner ? sum : NULL;
 }
 
 /* Under s->mu: the whole state as one packed Snapshot; malloc'ed, or NULL when memory ran
@@ -643,9 +703,10 @@ static uint8_t *snapshot_pack(bw_jobs *s, uint64_t seq, size_t *len)
         if (!js->job)
             goto out;
         js->ranks = rp;
+        js->active_unix_ms = job->active_unix_ms;
         for (uint32_t r = 0; r < job->world_size; r++) {
             const bw_rank_state *st = &job->ranks[r];
-            if (!st->leased && !st->committed)
+            if (!st->leased && !st->committed && !st->finished)
                 continue;
             Batchwire__V1__RankSnapshot *x = &rs[js->n_ranks];
             batchwire__v1__rank_snapshot__init(x);
@@ -653,9 +714,11 @@ static uint8_t *snapshot_pack(bw_jobs *s, uint64_t seq, size_t *len)
             if (st->leased) {
                 if (!(x->holder = holder(&a, st->host, st->pid)))
                     goto out;
-                x->lease_id = st->lease_id;
+                x->lease_id = st->lease.lo;
+                x->lease_id_hi = st->lease.hi;
                 x->joined_unix_ms = st->joined_unix_ms;
             }
+            x->finished = st->finished;
             x->committed = st->committed;
             x->epoch = st->epoch;
             x->step = st->step;
@@ -705,26 +768,6 @@ int bw__jobs_compact(bw_jobs *s, uint64_t min_bytes, char *err, size_t errlen)
 }
 
 /* ---- helpers for answers and checks ---- */
-
-int bw__jobs_check_name(const char *what, const char *v, size_t max, char *err, size_t errlen)
-{
-    size_t len = v ? strlen(v) : 0;
-    if (len == 0 || len >= max) {
-        snprintf(err, errlen, "%s must be 1 to %zu characters (got %zu)", what, max - 1, len);
-        return BW_INVALID_ARGUMENT;
-    }
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)v[i];
-        if (!(ch >= 'a' && ch <= 'z') && !(ch >= 'A' && ch <= 'Z') && !(ch >= '0' && ch <= '9') &&
-            !strchr("-_.:/@+", ch)) {
-            snprintf(err, errlen,
-                     "%s '%.64s': character %zu is not a letter, digit or one of -_.:/@+", what, v,
-                     i + 1);
-            return BW_INVALID_ARGUMENT;
-        }
-    }
-    return BW_OK;
-}
 
 /* One field's value as text; repeated fields as [a, b]. */
 static void field_text(const ProtobufCFieldDescriptor *f, const void *base, char *out,

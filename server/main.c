@@ -12,6 +12,7 @@
 #include "common/util.h"
 #include "coordinator.h"
 #include "jobs_service.h"
+#include "metrics.h"
 
 /* The settings: the coordinator's own, and when to compact its journal (only this file uses
  * those). */
@@ -36,6 +37,11 @@ static const bw_opt options[] = {
      "trainer may take the rank"},
     {"max-jobs", BW_OPT_INT, C(max_jobs), "1024", 1, 1000000, NULL, 0, "N",
      "most jobs the coordinator holds"},
+    {"max-jobs-per-principal", BW_OPT_INT, C(max_jobs_per_principal), "64", 1, 1000000, NULL, 0,
+     "N", "most jobs one trainer principal may own (admins and an open service: only --max-jobs)"},
+    {"job-ttl", BW_OPT_INT, C(job_ttl_s), "604800", 1, 1LL << 32, NULL, 0, "SECONDS",
+     "a job without a live lease and without any change for this long is removed (its "
+     "cursors stay valid for a job created again with the same configuration)"},
     {"max-world-size", BW_OPT_INT, C(max_world_size), "65536", 1, 1048576, NULL, 0, "N",
      "largest world size (ranks per job)"},
     {"snapshot-bytes", BW_OPT_INT, C(snapshot_bytes), "67108864", 1, 1LL << 40, NULL, 0, "BYTES",
@@ -83,12 +89,15 @@ int main(int argc, char **argv)
         bw__config_free(options, &all);
         return status;
     }
-    bw__log_to_stderr("coordinator", (bw_log_level)cfg->common.log_level);
-    bw__daemon_route_grpc_logs((bw_log_level)cfg->common.log_level);
+    bw__daemon_logging(&cfg->common, "coordinator");
 
     char err[2048];
     int lock_fd = -1;
     bw_rpc_server *srv = NULL;
+    bw_metrics *metrics = NULL;
+    bw_metrics_http *metrics_http = NULL;
+    bw__cm *cm = NULL;
+    char metrics_bound[300] = "";
     bw_coordinator coord;
     memset(&coord, 0, sizeof(coord));
     coord.cfg = cfg;
@@ -101,10 +110,16 @@ int main(int argc, char **argv)
     if (rc != BW_OK)
         snprintf(err, sizeof(err), "out of memory for the worker table");
     if (rc == BW_OK)
+        rc = bw__daemon_auth(&cfg->common, &coord.auth, &coord.token, err, sizeof(err));
+    if (rc == BW_OK)
         rc = bw__state_dir_lock(cfg->state_dir, &lock_fd, err, sizeof(err));
     if (rc == BW_OK) {
-        bw_jobs_opts jo = {cfg->state_dir, cfg->truncate_journal_at, (uint32_t)cfg->lease_ms,
-                           (uint32_t)cfg->max_jobs, (uint32_t)cfg->max_world_size};
+        bw_jobs_opts jo = {cfg->state_dir,
+                           cfg->truncate_journal_at,
+                           (uint32_t)cfg->lease_ms,
+                           (uint32_t)cfg->max_jobs,
+                           (uint32_t)cfg->max_jobs_per_principal,
+                           (uint32_t)cfg->max_world_size};
         rc = bw__jobs_open(&jo, &coord.jobs, &report, err, sizeof(err));
     }
     /* Compaction at start, before listening: a coordinator restarted more often than its
@@ -122,10 +137,18 @@ int main(int argc, char **argv)
         if (start_rc != BW_OK)
             snprintf(start_compaction, sizeof(start_compaction), "%.500s", err);
     }
+    if (rc == BW_OK)
+        rc = bw__metrics_daemon_new(cfg->common.metrics_listen, &metrics, err, sizeof(err));
+    if (rc == BW_OK && !(cm = bw__cm_new(metrics, &coord, &rc)) && rc != BW_OK)
+        snprintf(err, sizeof(err), "out of memory for the metrics");
+    if (rc == BW_OK && metrics)
+        rc = bw__metrics_http_start(metrics, cfg->common.metrics_listen, &metrics_http,
+                                    metrics_bound, sizeof(metrics_bound), err, sizeof(err));
     if (rc == BW_OK) {
         bw__jobs_set_placement(coord.jobs, bw__jobs_placement_table, &coord);
         bw_rpc_server_opts so;
         bw__daemon_server_opts(&cfg->common, "coordinator", &so);
+        so.auth = coord.auth;
         rc = bw__rpc_server_start(&so, bw__coordinator_handlers, bw__coordinator_nhandlers, &coord,
                                   &srv, coord.bound, sizeof(coord.bound), err, sizeof(err));
     }
@@ -138,11 +161,14 @@ int main(int argc, char **argv)
                 cfg->common.tls_client_ca ? ", client certificates required" : "", cfg->state_dir,
                 (long long)cfg->heartbeat_ms, (long long)cfg->dead_after);
         /* After the first line, which tools wait for: what recovery found. */
+        bw__daemon_auth_announce(&cfg->common, "coordinator", coord.auth);
         BW_INFO("state: snapshot up to record %llu, %llu journal records replayed from %zu "
                 "file(s); last record %llu",
                 (unsigned long long)report.snapshot_seq,
                 (unsigned long long)report.records_replayed, report.files,
                 (unsigned long long)report.last_seq);
+        if (metrics_http)
+            BW_INFO("metrics on http://%s/metrics", metrics_bound);
         if (report.notes[0])
             BW_WARN("state: %s", report.notes);
         if (start_compaction[0] && start_rc == BW_OK)
@@ -155,8 +181,17 @@ int main(int argc, char **argv)
         int tick = (int)(cfg->heartbeat_ms / 4 > 0 ? cfg->heartbeat_ms / 4 : 1);
         int sig;
         status = 0;
-        while ((sig = bw__daemon_wait_signal(tick)) == 0) {
+        uint64_t last_expiry = bw__mono_ms();
+        while ((sig = bw__daemon_wait_signal(tick)) == 0 || sig == SIGHUP) {
+            if (sig == SIGHUP)
+                bw__daemon_auth_reload(coord.auth);
             bw__membership_sweep(coord.members);
+            /* Idle jobs are looked for every minute, or a quarter of a shorter --job-ttl. */
+            uint64_t every = (uint64_t)cfg->job_ttl_s * 250;
+            if (bw__mono_ms() - last_expiry >= (every < 60000 ? every : 60000)) {
+                last_expiry = bw__mono_ms();
+                bw__jobs_expire(coord.jobs, (uint64_t)cfg->job_ttl_s * 1000);
+            }
             if (bw__journal_failed(bw__jobs_journal(coord.jobs))) {
                 BW_ERROR("stopping: the journal failed; a restart recovers what is on disk");
                 status = 1;
@@ -177,10 +212,15 @@ int main(int argc, char **argv)
         bw__rpc_server_stop(srv, (int)cfg->common.grace_ms);
         BW_INFO("stopped");
     }
+    bw__metrics_http_stop(metrics_http); /* its scrapes read the jobs and the worker table */
+    bw__cm_free(cm);
     bw__jobs_close(coord.jobs); /* before the lock: nothing may write after it is released */
     if (lock_fd >= 0)
         close(lock_fd);
     bw__membership_free(coord.members);
+    bw__metrics_free(metrics);
+    bw__auth_free(coord.auth);
+    free(coord.token);
     bw__config_free(options, &all);
     return status;
 }

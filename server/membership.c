@@ -7,12 +7,15 @@
 
 #include "batchwire/batchwire.h"
 #include "common/log.h"
+#include "common/rate.h"
+#include "common/text.h"
 #include "common/util.h"
 
-enum { ID_MAX = 128, ADDR_MAX = 256, FORMATS_MAX = 32 };
+enum { ID_MAX = BW_NAME_MAX + 1, ADDR_MAX = 256, FORMATS_MAX = 32 };
 
 typedef struct worker {
     char id[ID_MAX];
+    char owner[BW_PRINCIPAL_NAME_MAX]; /* the principal that registered the id ("": open) */
     char address[ADDR_MAX];
     char data_address[ADDR_MAX]; /* empty: no bulk data channel */
     uint64_t incarnation;
@@ -21,6 +24,8 @@ typedef struct worker {
     uint32_t restarts;
     bool alive;
     char version[32];
+    char commit[64];
+    bw__rate served; /* samples, bytes (heartbeats; core/common/rate.h) */
     uint32_t max_message_bytes;
     size_t nformats;
     char formats[FORMATS_MAX][16];
@@ -75,29 +80,28 @@ static worker *find(bw_membership *m, const char *id)
     return NULL;
 }
 
-/* Worker ids appear in logs, tables and (later) placement hashes: keep them printable. */
+/* Worker ids appear in logs, tables and placement hashes: the rule for names. */
 static int check_id(const char *id, char *err, size_t errlen)
 {
-    size_t len = strlen(id);
-    if (len == 0 || len >= ID_MAX) {
-        snprintf(err, errlen, "worker id must be 1 to %d characters (got %zu)", ID_MAX - 1, len);
-        return BW_INVALID_ARGUMENT;
-    }
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)id[i];
-        if (!(ch >= 'a' && ch <= 'z') && !(ch >= 'A' && ch <= 'Z') && !(ch >= '0' && ch <= '9') &&
-            ch != '-' && ch != '_' && ch != '.') {
-            snprintf(err, errlen,
-                     "worker id '%.64s': character %zu is not a letter, digit, '-', '_' or '.'", id,
-                     i + 1);
-            return BW_INVALID_ARGUMENT;
-        }
-    }
-    return BW_OK;
+    return bw__check_name("worker id", id, ID_MAX - 1, err, errlen);
 }
 
-int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorkerRequest *req,
-                            const char *peer, char *err, size_t errlen)
+/* Under m->mu: whether `who` may act as worker `w` (docs/security.md, "Workers"): the id is
+ * bound to the principal that registered it. */
+static int check_owner(const worker *w, const bw_principal *who, char *err, size_t errlen)
+{
+    if (bw__auth_owns(who, w->owner))
+        return BW_OK;
+    snprintf(err, errlen,
+             "worker id '%s' is registered by another principal; '%s' may not act as it "
+             "(each worker principal registers its own ids)",
+             w->id, who->name);
+    return BW_PERMISSION_DENIED;
+}
+
+int bw__membership_register(bw_membership *m, const bw_principal *who,
+                            const Batchwire__V1__RegisterWorkerRequest *req, const char *peer,
+                            char *err, size_t errlen)
 {
     int rc = check_id(req->id, err, errlen);
     if (rc != BW_OK)
@@ -125,6 +129,10 @@ int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorke
     pthread_mutex_lock(&m->mu);
     worker *w = find(m, req->id);
     bool is_new = w == NULL;
+    if (w && (rc = check_owner(w, who, err, errlen)) != BW_OK) {
+        pthread_mutex_unlock(&m->mu);
+        return rc; /* the live worker keeps its id and keeps serving */
+    }
     if (is_new) {
         if (m->n == m->cap) {
             size_t cap = m->cap ? m->cap * 2 : 16;
@@ -141,6 +149,7 @@ int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorke
         w = &m->workers[m->n++];
         memset(w, 0, sizeof(*w));
         snprintf(w->id, sizeof(w->id), "%s", req->id);
+        snprintf(w->owner, sizeof(w->owner), "%s", who->name);
         w->registered_unix_ms = bw__unix_ms();
     }
     bool was_alive = w->alive;
@@ -158,6 +167,9 @@ int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorke
     w->nformats = 0;
     w->max_message_bytes = caps ? caps->max_message_bytes : 0;
     snprintf(w->version, sizeof(w->version), "%s", caps && caps->version ? caps->version : "");
+    snprintf(w->commit, sizeof(w->commit), "%s", caps && caps->commit ? caps->commit : "");
+    if (restarted)
+        memset(&w->served, 0, sizeof(w->served)); /* the new process counts from 0 */
     for (size_t i = 0; caps && i < caps->n_formats; i++)
         snprintf(w->formats[w->nformats++], sizeof(w->formats[0]), "%s", caps->formats[i]);
     pthread_mutex_unlock(&m->mu);
@@ -173,14 +185,16 @@ int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorke
     return BW_OK;
 }
 
-int bw__membership_heartbeat(bw_membership *m, const char *id, uint64_t incarnation, bool *known,
-                             char *err, size_t errlen)
+int bw__membership_heartbeat(bw_membership *m, const bw_principal *who, const char *id,
+                             uint64_t incarnation, bool *known, char *err, size_t errlen)
 {
     int rc = BW_OK;
     *known = false;
     pthread_mutex_lock(&m->mu);
     worker *w = find(m, id);
-    if (w && w->incarnation != incarnation) {
+    if (w && (rc = check_owner(w, who, err, errlen)) != BW_OK) {
+        ;
+    } else if (w && w->incarnation != incarnation) {
         snprintf(err, errlen,
                  "worker id '%s' is now held by another process at %s; two workers must not "
                  "share an id",
@@ -199,6 +213,17 @@ int bw__membership_heartbeat(bw_membership *m, const char *id, uint64_t incarnat
     }
     pthread_mutex_unlock(&m->mu);
     return rc;
+}
+
+void bw__membership_served(bw_membership *m, const char *id, uint64_t incarnation, uint64_t samples,
+                           uint64_t bytes)
+{
+    const uint64_t totals[BW_RATE_COUNTERS] = {samples, bytes, 0};
+    pthread_mutex_lock(&m->mu);
+    worker *w = find(m, id);
+    if (w && w->incarnation == incarnation)
+        bw__rate_report(&w->served, bw__mono_ms(), totals);
+    pthread_mutex_unlock(&m->mu);
 }
 
 static uint64_t dead_ms(const bw_membership *m)
@@ -226,6 +251,15 @@ static int sweep_locked(bw_membership *m)
         }
     }
     return changed;
+}
+
+void bw__membership_counts(bw_membership *m, size_t *alive, size_t *dead)
+{
+    pthread_mutex_lock(&m->mu);
+    *alive = *dead = 0;
+    for (size_t i = 0; i < m->n; i++)
+        (*(m->workers[i].alive ? alive : dead))++;
+    pthread_mutex_unlock(&m->mu);
 }
 
 int bw__membership_sweep(bw_membership *m)
@@ -273,10 +307,16 @@ int bw__membership_list(bw_membership *m, bw_arena *arena, Batchwire__V1__ListWo
         wi->registered_unix_ms = w->registered_unix_ms;
         wi->restarts = w->restarts;
         caps[i].version = bw__arena_strdup(arena, w->version);
+        caps[i].commit = bw__arena_strdup(arena, w->commit);
+        wi->served_samples = w->served.total[0];
+        wi->served_bytes = w->served.total[1];
+        wi->samples_per_s = alive ? w->served.per_s[0] : 0;
+        wi->bytes_per_s = alive ? w->served.per_s[1] : 0;
         caps[i].max_message_bytes = w->max_message_bytes;
         caps[i].n_formats = w->nformats;
         caps[i].formats = bw__arena_alloc(arena, (w->nformats ? w->nformats : 1) * sizeof(char *));
-        if (!wi->id || !wi->address || !wi->data_address || !caps[i].version || !caps[i].formats) {
+        if (!wi->id || !wi->address || !wi->data_address || !caps[i].version || !caps[i].commit ||
+            !caps[i].formats) {
             pthread_mutex_unlock(&m->mu);
             return BW_NOMEM;
         }

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "auth/auth.h"
 #include "common/arena.h"
 #include "batchwire.pb-c.h"
 
@@ -20,16 +21,27 @@ void bw__membership_free(bw_membership *m);
 uint32_t bw__membership_heartbeat_ms(const bw_membership *m);
 uint32_t bw__membership_dead_after(const bw_membership *m);
 
-/* Adds or updates a worker; a new incarnation of a known id replaces the old process.
+/* Adds or updates a worker; a new incarnation of a known id replaces the old process. An id
+ * is bound to the principal `who` that registered it first: another principal (not admin) is
+ * refused with BW_PERMISSION_DENIED, here and in heartbeats, and the worker keeps serving.
  * BW_INVALID_ARGUMENT or BW_NOMEM with a sentence in err; then nothing changed. */
-int bw__membership_register(bw_membership *m, const Batchwire__V1__RegisterWorkerRequest *req,
-                            const char *peer, char *err, size_t errlen);
+int bw__membership_register(bw_membership *m, const bw_principal *who,
+                            const Batchwire__V1__RegisterWorkerRequest *req, const char *peer,
+                            char *err, size_t errlen);
 
 /* Records a heartbeat. *known is false when the id or incarnation is unknown (the worker must
  * register again). Returns BW_ALREADY_EXISTS with a sentence when another process has taken
  * over the id. */
-int bw__membership_heartbeat(bw_membership *m, const char *id, uint64_t incarnation, bool *known,
-                             char *err, size_t errlen);
+int bw__membership_heartbeat(bw_membership *m, const bw_principal *who, const char *id,
+                             uint64_t incarnation, bool *known, char *err, size_t errlen);
+
+/* Records what worker `id` (this incarnation) has served so far, from its heartbeat: the
+ * totals and rates ListWorkers reports. */
+void bw__membership_served(bw_membership *m, const char *id, uint64_t incarnation,
+                           uint64_t samples, uint64_t bytes);
+
+/* How many workers are alive and dead now. */
+void bw__membership_counts(bw_membership *m, size_t *alive, size_t *dead);
 
 /* Marks workers dead whose heartbeats are overdue and logs every transition; returns how many
  * changed. Called periodically. */

@@ -39,6 +39,17 @@ void bw__ds_put(bw__wds *e);
  * compares it with its files at once instead of within the second. Thread-safe. */
 void bw__ds_stale(bw__wds *e);
 
+/* Indexes e's dataset (bw__dataset_index); the first call for an entry is timed into the
+ * cache's metrics. BW_OK or the error with a sentence. */
+int bw__ds_index(bw__wds *e, char *err, size_t errlen);
+
+/* Times opening and indexing into m (metrics.h; NULL: not timed). Call before any request. */
+struct bw__wm;
+void bw__ds_cache_set_metrics(bw__ds_cache *c, struct bw__wm *m);
+
+/* The datasets the cache holds open now, and their files. Thread-safe. */
+void bw__ds_cache_counts(bw__ds_cache *c, size_t *datasets, size_t *files);
+
 /* Whether bw__ds_get for `spec` would find it open and recently checked, so that getting it
  * does no file I/O (a hint: it may change right after). */
 bool bw__ds_ready(bw__ds_cache *c, const Batchwire__V1__Dataset *spec);
@@ -94,6 +105,9 @@ int bw__dchan_server_start(bw_worker *w, const char *listen, struct ssl_ctx_st *
                            bw__dchan_server **out, int *port, char *err, size_t errlen);
 /* Stops accepting, ends every connection and joins the threads. NULL is a no-op. */
 void bw__dchan_server_stop(bw__dchan_server *s);
+
+/* Connections open now (0 for NULL). Thread-safe. */
+size_t bw__dchan_server_connections(bw__dchan_server *s);
 
 /* Counters of what the Data service read (Data.Stats). */
 typedef struct bw__data_stats {

@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include "read_path.h"
 #include "request.h"
@@ -52,6 +53,11 @@ typedef struct conn {
     atomic_bool done;
     struct bw__dchan_server *srv;
     char peer[64];
+    /* credentials (docs/security.md): the hello's bearer token and the subject common name of
+     * a verified client certificate; checked again for every request, so that a token removed
+     * by a reload stops working at once */
+    char *token;
+    char cert_cn[BW_PRINCIPAL_NAME_MAX];
     struct conn *next;
 } conn;
 
@@ -207,9 +213,9 @@ static int send_error(bw_dsock *sock, wbuf *o, int code, uint32_t retry_after_ms
                                 sizeof(why));
 }
 
-/* The records of an open read, then END (or ERROR at the first record that cannot be read).
- * BW_OK unless the connection failed. */
-static int serve_read(wbuf *o, bw__rp *rp)
+/* The records of an open read, then END (or ERROR at the first record that cannot be read:
+ * its code in *status). BW_OK unless the connection failed. */
+static int serve_read(wbuf *o, bw__rp *rp, int *status)
 {
     char err[1400];
     for (;;) {
@@ -221,7 +227,7 @@ static int serve_read(wbuf *o, bw__rp *rp)
         if (rc == BW_RP_END)
             break;
         if (rc != BW_OK)
-            return send_error(o->sock, o, rc, 0, err);
+            return send_error(o->sock, o, *status = rc, 0, err);
         stage_frame(o, BW_DCHAN_SAMPLE, 0, r->key, r->rec.size);
         if (r->rec.size < COPY_MAX) {
             for (size_t p = 0; p < r->rec.nparts; p++)
@@ -242,7 +248,7 @@ static int serve_read(wbuf *o, bw__rp *rp)
         if ((rc = flush(o)) != BW_OK)
             return rc;
         if ((rc = bw__rp_recheck(rp, err, sizeof(err))) != BW_OK)
-            return send_error(o->sock, o, rc, 0, err);
+            return send_error(o->sock, o, *status = rc, 0, err);
     }
     rc = make_room(o);
     if (rc == BW_OK)
@@ -282,10 +288,11 @@ typedef struct open_task {
 static void open_on_pool(bw__exec_task *t, int rc)
 {
     open_task *ot = (open_task *)t;
-    if (rc == BW_OK)
-        rc = bw__rp_open(ot->w, ot->peer, ot->req, &ot->rp, ot->err, sizeof(ot->err));
-    else
+    if (rc != BW_OK)
         snprintf(ot->err, sizeof(ot->err), "data channel: %s", t->why);
+    else if ((rc = bw__rp_open(ot->w, ot->peer, ot->req, &ot->rp, ot->err, sizeof(ot->err))) ==
+             BW_OK)
+        bw__rp_meter(ot->rp, ot->w->metrics, BW_WM_DATA_CHANNEL);
     ot->rc = rc;
 }
 
@@ -297,9 +304,11 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
     const char *method = bw__req_method(kind);
     char err[1400];
     uint32_t hint = 0;
+    uint64_t t0 = bw__wm_begin(w->metrics, BW_WM_DATA_CHANNEL);
     uint64_t charge = bw__req_charge(kind, len, 1, RESPONSE_BYTES);
     int rc = bw__exec_admit(w->exec, charge, &hint, err, sizeof(err));
     if (rc != BW_OK) {
+        bw__wm_end(w->metrics, BW_WM_DATA_CHANNEL, kind, t0, rc);
         /* Not admitted: the body is read and dropped (nothing of it kept), the refusal sent,
          * and the connection takes the next request. */
         char msg[1500];
@@ -318,7 +327,9 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
     bw__rp *rp = NULL;
     bool hang_up = false;
     size_t got = 0;
+    int status = BW_OK; /* what the client is told: END, or an ERROR frame's code */
     if (!body || wbuf_init(&o, &c->sock) != BW_OK) {
+        status = BW_NOMEM;
         rc = discard(c, len);
         if (rc == BW_OK)
             rc = send_error(&c->sock, NULL, BW_NOMEM, 0,
@@ -329,6 +340,7 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
                BW_OK) {
         bad_conn_log(c->srv, "data channel peer=%s: request body: %zu of %llu bytes came: %s",
                      c->peer, got, (unsigned long long)len, err);
+        status = rc;
         hang_up = true;
     } else {
         rc = bw__req_decode(&req, kind, body, (size_t)len, err, sizeof(err));
@@ -348,10 +360,10 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
                      "data channel: the %llu-byte request is not a %sRequest with a dataset",
                      (unsigned long long)len, method);
             bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
-            send_error(&c->sock, NULL, BW_INVALID_ARGUMENT, 0, err);
+            send_error(&c->sock, NULL, status = BW_INVALID_ARGUMENT, 0, err);
             hang_up = true;
         } else if (rc != BW_OK) {
-            hang_up = send_error(&c->sock, NULL, rc, 0, err) != BW_OK;
+            hang_up = send_error(&c->sock, NULL, status = rc, 0, err) != BW_OK;
         } else {
             open_task ot;
             memset(&ot, 0, sizeof(ot));
@@ -365,18 +377,109 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
             else
                 bw__exec_run(w->exec, &ot.t, open_on_pool);
             rp = ot.rp;
-            rc = ot.rc == BW_OK ? serve_read(&o, rp) : send_error(&c->sock, NULL, ot.rc, 0, ot.err);
+            status = ot.rc;
+            rc = ot.rc == BW_OK ? serve_read(&o, rp, &status)
+                                : send_error(&c->sock, NULL, ot.rc, 0, ot.err);
             hang_up = rc != BW_OK || ot.rc == BW_UNAVAILABLE;
-            if (rc != BW_OK)
+            if (rc != BW_OK) {
                 BW_DEBUG("data channel peer=%s: %s", c->peer, o.err);
+                status = status == BW_OK ? rc : status; /* the connection failed meanwhile */
+            }
         }
     }
+    bw__wm_end(w->metrics, BW_WM_DATA_CHANNEL, kind, t0, status);
     bw__rp_close(rp);
     bw__req_free(&req);
     wbuf_free(&o);
     bw__req_buffer_free(body);
     bw__exec_release(w->exec, charge);
     return hang_up ? BW_UNAVAILABLE : BW_OK;
+}
+
+/* ---- credentials ---- */
+
+/* The hello (kind AUTH): reads the token and checks it. BW_OK to keep the connection. */
+static int serve_auth(conn *c, uint64_t len)
+{
+    bw_worker *w = c->srv->w;
+    char err[512];
+    if (len == 0 || len > BW_TOKEN_MAX) {
+        snprintf(err, sizeof(err), "data channel: the hello's token is %llu bytes (1 to %d)",
+                 (unsigned long long)len, BW_TOKEN_MAX);
+        send_error(&c->sock, NULL, BW_UNAUTHENTICATED, 0, err);
+        return BW_UNAUTHENTICATED;
+    }
+    char *token = malloc((size_t)len + 1);
+    size_t got = 0;
+    if (!token)
+        return BW_NOMEM;
+    int rc = bw__dsock_read_all(&c->sock, token, (size_t)len, bw__mono_ms() + BODY_TIMEOUT_MS, &got,
+                                err, sizeof(err));
+    if (rc != BW_OK) {
+        free(token);
+        return rc;
+    }
+    token[len] = 0;
+    free(c->token);
+    c->token = token;
+    bw_principal who;
+    rc = bw__auth_check(w->auth, BW_M_DATA_READ_SAMPLES, c->token,
+                        c->cert_cn[0] ? c->cert_cn : NULL, &who, err, sizeof(err));
+    if (rc != BW_OK) {
+        bad_conn_log(c->srv, "data channel peer=%s: refused the hello: %s (%s)", c->peer, err,
+                     bw_err_name(rc));
+        char msg[600];
+        snprintf(msg, sizeof(msg), "data channel hello: %s", err);
+        send_error(&c->sock, NULL, rc, 0, msg);
+        return rc;
+    }
+    uint8_t hdr[BW_DCHAN_FRAME_HEADER];
+    bw_dchan_frame f = {BW_DCHAN_END, 0, 0, 0};
+    bw__dchan_put_frame(hdr, &f);
+    struct iovec iov = {hdr, sizeof(hdr)};
+    return bw__dsock_writev_all(&c->sock, &iov, 1, bw__mono_ms() + SEND_TIMEOUT_MS, err,
+                                sizeof(err));
+}
+
+/* Whether the connection's credentials may call the method of `kind`; on refusal the body is
+ * dropped, the error sent and logged, and the connection is to be closed. */
+static int authorize(conn *c, uint32_t kind, uint64_t len)
+{
+    bw_worker *w = c->srv->w;
+    if (!bw__auth_enabled(w->auth))
+        return BW_OK;
+    bw_method_id m = kind == BW_REQ_STREAM ? BW_M_DATA_READ_STREAM : BW_M_DATA_READ_SAMPLES;
+    bw_principal who;
+    char err[512];
+    int rc = bw__auth_check(w->auth, m, c->token, c->cert_cn[0] ? c->cert_cn : NULL, &who, err,
+                            sizeof(err));
+    if (rc == BW_OK)
+        return BW_OK;
+    bad_conn_log(c->srv, "data channel peer=%s: refused %s: %s (%s)", c->peer, bw__req_method(kind),
+                 err, bw_err_name(rc));
+    char msg[600];
+    snprintf(msg, sizeof(msg), "%s: %s", bw__req_method(kind), err);
+    if (discard(c, len) == BW_OK)
+        send_error(&c->sock, NULL, rc, 0, msg);
+    return rc;
+}
+
+/* The subject common name of the verified client certificate, if any. */
+static void peer_cert_name(conn *c)
+{
+    c->cert_cn[0] = 0;
+    if (!c->sock.ssl)
+        return;
+    X509 *cert = SSL_get1_peer_certificate(c->sock.ssl);
+    if (!cert)
+        return;
+    if (SSL_get_verify_result(c->sock.ssl) == X509_V_OK) {
+        int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, c->cert_cn,
+                                          (int)sizeof(c->cert_cn));
+        if (n < 0 || (size_t)n >= sizeof(c->cert_cn) || strlen(c->cert_cn) != (size_t)n)
+            c->cert_cn[0] = 0; /* absent, too long, or holding a NUL */
+    }
+    X509_free(cert);
 }
 
 /* ---- a connection ---- */
@@ -392,6 +495,8 @@ static void *serve(void *arg)
         bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
         ok = false;
     }
+    if (ok)
+        peer_cert_name(c);
     while (ok && !atomic_load(&c->srv->stopping)) {
         uint8_t h[BW_DCHAN_REQ_HEADER];
         size_t got = 0;
@@ -419,7 +524,10 @@ static void *serve(void *arg)
             send_error(&c->sock, NULL, rc, 0, err);
             break;
         }
-        ok = serve_request(c, kind, len) == BW_OK;
+        if (kind == BW_DCHAN_KIND_AUTH)
+            ok = serve_auth(c, len) == BW_OK;
+        else
+            ok = authorize(c, kind, len) == BW_OK && serve_request(c, kind, len) == BW_OK;
     }
     shutdown(c->sock.fd, SHUT_RDWR);
     atomic_store(&c->done, true);
@@ -439,6 +547,7 @@ static void reap(bw__dchan_server *s, bool all)
             bw__dsock_close(&c->sock);
             *pp = c->next;
             s->nconns--;
+            free(c->token);
             free(c);
         } else {
             pp = &c->next;
@@ -550,6 +659,16 @@ int bw__dchan_server_start(bw_worker *w, const char *listen, SSL_CTX *tls, bw__d
     }
     *out = s;
     return BW_OK;
+}
+
+size_t bw__dchan_server_connections(bw__dchan_server *s)
+{
+    if (!s)
+        return 0;
+    pthread_mutex_lock(&s->mu);
+    size_t n = s->nconns;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 void bw__dchan_server_stop(bw__dchan_server *s)

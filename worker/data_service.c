@@ -147,11 +147,14 @@ typedef struct read_call {
     bool admitted;
     bw__req req;
     bw__sstream *st;
+    uint64_t t0; /* arrival (bw__wm_begin) */
+    int status;  /* what the client is told; a stream is BW_CANCELLED until it ends */
 } read_call;
 
 static void read_call_free(void *state)
 {
     read_call *rc = state;
+    bw__wm_end(rc->w->metrics, BW_WM_GRPC, rc->kind, rc->t0, rc->status);
     bw__sstream_free(rc->st);
     bw__req_free(&rc->req);
     if (rc->admitted)
@@ -162,7 +165,10 @@ static void read_call_free(void *state)
 static int read_next(void *state, bw_rpc_call *call, bw_rpc_out *out)
 {
     read_call *rc = state;
-    return bw__sstream_next(rc->st, call, out);
+    int r = bw__sstream_next(rc->st, call, out);
+    if (r != BW_OK)
+        rc->status = r == BW_RPC_END ? BW_OK : r;
+    return r;
 }
 
 /* Decodes the request and opens the read: BW_OK with rc->st set, or an error with a sentence. */
@@ -186,6 +192,7 @@ static int read_open(read_call *rc, char *err, size_t errlen)
     r = bw__rp_open(rc->w, bw__rpc_call_peer(rc->call), rc->req.msg, &rp, err, errlen);
     if (r != BW_OK)
         return r;
+    bw__rp_meter(rp, rc->w->metrics, BW_WM_GRPC);
     uint32_t asked =
         rc->kind == BW_REQ_STREAM
             ? ((const Batchwire__V1__ReadStreamRequest *)rc->req.msg)->max_message_bytes
@@ -204,6 +211,7 @@ static void read_admitted(bw__exec_task *t, int r)
     bw_rpc_call *call = rc->call;
     if (r != BW_OK) {
         refuse(call, bw__req_method(rc->kind), r, t);
+        rc->status = r;
         read_call_free(rc);
         return;
     }
@@ -217,19 +225,24 @@ static void read_admitted(bw__exec_task *t, int r)
         r = read_open(rc, err, sizeof(err));
     }
     if (r != BW_OK) {
+        rc->status = r;
         read_call_free(rc);
         bw__rpc_fail(call, r, "%s", err);
         bw__rpc_finish(call, r, NULL);
         return;
     }
+    rc->status = BW_CANCELLED; /* unless read_next sees it end */
     bw__rpc_stream_begin(call, read_next, rc, read_call_free);
 }
 
 static int read_deferred(bw_worker *w, bw_rpc_call *call, uint32_t kind)
 {
     read_call *rc = calloc(1, sizeof(*rc));
-    if (!rc)
+    if (!rc) {
+        bw__wm_end(w->metrics, BW_WM_GRPC, kind, bw__wm_begin(w->metrics, BW_WM_GRPC), BW_NOMEM);
         return bw__rpc_fail(call, BW_NOMEM, "%s: out of memory", bw__req_method(kind));
+    }
+    rc->t0 = bw__wm_begin(w->metrics, BW_WM_GRPC);
     rc->w = w;
     rc->call = call;
     rc->kind = kind;

@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "data.h"
+#include "metrics.h"
 
 enum { CACHE_MAX = 64, RECHECK_MS = 1000 };
 
@@ -31,6 +32,8 @@ struct bw__wds {
     wds_state state;
     bool checking;     /* a request is comparing it with its files, unlocked */
     atomic_bool stale; /* a read found a file changed: compare at the next request */
+    atomic_bool index_timed; /* bw__ds_index: the first call is timed */
+    bw__wm *metrics;         /* the cache's */
     int rc;            /* FAILED: the open's error, for the requests that waited for it */
     char err[1024];
 };
@@ -41,6 +44,7 @@ struct bw__ds_cache {
     char *root;
     bw__wds **e;
     size_t n, cap;
+    bw__wm *metrics; /* opening and indexing are timed here; NULL: not */
 };
 
 bw__ds_cache *bw__ds_cache_new(const char *root)
@@ -55,6 +59,34 @@ bw__ds_cache *bw__ds_cache_new(const char *root)
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     return c;
+}
+
+void bw__ds_cache_set_metrics(bw__ds_cache *c, bw__wm *m)
+{
+    c->metrics = m;
+}
+
+void bw__ds_cache_counts(bw__ds_cache *c, size_t *datasets, size_t *files)
+{
+    *datasets = *files = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < c->n; i++)
+        if (c->e[i]->state == READY) {
+            (*datasets)++;
+            *files += c->e[i]->d->nsources;
+        }
+    pthread_mutex_unlock(&c->mu);
+}
+
+int bw__ds_index(bw__wds *e, char *err, size_t errlen)
+{
+    /* The first caller times the indexing: it does it, or waits for the request that does. */
+    bool first = e->metrics && !atomic_exchange(&e->index_timed, true);
+    uint64_t t0 = first ? bw__mono_ns() : 0;
+    int rc = bw__dataset_index(e->d, err, errlen);
+    if (first && rc == BW_OK)
+        bw__wm_indexed(e->metrics, e->d->ops->name, t0);
+    return rc;
 }
 
 void bw__ds_put(bw__wds *e)
@@ -249,11 +281,15 @@ int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **ou
         snprintf(err, errlen, "out of memory for the dataset cache");
         return BW_NOMEM;
     }
+    e->metrics = c->metrics;
     pthread_mutex_unlock(&c->mu);
 
     bw__dataset *d = NULL;
+    uint64_t t0 = bw__mono_ns();
     int rc = bw__dataset_open(c->root, spec->format, (const char *const *)spec->sources,
                               spec->n_sources, &d, err, errlen);
+    if (rc == BW_OK)
+        bw__wm_opened(c->metrics, d->ops->name, t0);
 
     pthread_mutex_lock(&c->mu);
     e->d = d;

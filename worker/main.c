@@ -59,6 +59,16 @@ static const bw_opt options[] = {
     BW_OPT_END,
 };
 
+/* What a scrape shows of the parts of the worker this file owns (metrics.h). */
+static void metrics_state(void *user, bw__wm_state *out)
+{
+    bw_worker *w = user;
+    out->in_flight_bytes = bw__exec_held(w->exec);
+    out->budget_bytes = (uint64_t)w->cfg->inflight_bytes;
+    bw__ds_cache_counts(w->datasets, &out->datasets, &out->files);
+    out->connections = bw__dchan_server_connections(w->dchan);
+}
+
 static int resolve_data_root(bw_worker *w, char *err, size_t errlen)
 {
     char real[PATH_MAX];
@@ -147,8 +157,7 @@ int main(int argc, char **argv)
         bw__config_free(options, &cfg);
         return status;
     }
-    bw__log_to_stderr("worker", (bw_log_level)cfg.common.log_level);
-    bw__daemon_route_grpc_logs((bw_log_level)cfg.common.log_level);
+    bw__daemon_logging(&cfg.common, "worker");
 
     bw_worker w;
     memset(&w, 0, sizeof(w));
@@ -162,12 +171,23 @@ int main(int argc, char **argv)
 
     char err[512];
     bw_rpc_server *srv = NULL;
+    bw_metrics *metrics = NULL;
+    bw_metrics_http *metrics_http = NULL;
     bw__pview_init(&w.placement);
-    int rc = resolve_data_root(&w, err, sizeof(err));
+    int rc = bw__daemon_auth(&cfg.common, &w.auth, &w.token, err, sizeof(err));
+    if (rc == BW_OK)
+        rc = resolve_data_root(&w, err, sizeof(err));
     if (rc == BW_OK && !(w.datasets = bw__ds_cache_new(w.data_root))) {
         snprintf(err, sizeof(err), "out of memory");
         rc = BW_NOMEM;
     }
+    if (rc == BW_OK)
+        rc = bw__metrics_daemon_new(cfg.common.metrics_listen, &metrics, err, sizeof(err));
+    if (rc == BW_OK && (w.metrics = bw__wm_new(metrics, metrics_state, &w, &rc)) == NULL &&
+        rc != BW_OK)
+        snprintf(err, sizeof(err), "out of memory for the metrics");
+    if (rc == BW_OK)
+        bw__ds_cache_set_metrics(w.datasets, w.metrics);
     if (rc == BW_OK) {
         bw__exec_opts xo = {(int)cfg.read_threads, (uint64_t)cfg.inflight_bytes,
                             BW_WORKER_ADMIT_WAIT_MS, "--inflight-bytes"};
@@ -182,6 +202,7 @@ int main(int argc, char **argv)
          * larger ones (both limits hold: --max-message-bytes is every daemon's). */
         if (cfg.max_request_bytes < cfg.common.max_message_bytes)
             so.max_receive_bytes = (int)cfg.max_request_bytes;
+        so.auth = w.auth;
         so.raw_methods = bw__data_raw_methods;
         so.nraw_methods = bw__data_nraw_methods;
         rc = bw__rpc_server_start(&so, bw__worker_handlers, bw__worker_nhandlers, &w, &srv, w.bound,
@@ -191,15 +212,23 @@ int main(int argc, char **argv)
         advertise_address(&w);
         rc = start_data_channel(&w, err, sizeof(err));
     }
+    char metrics_bound[300] = ""; /* its scrapes read the executor, cache and data channel */
+    if (rc == BW_OK && metrics)
+        rc = bw__metrics_http_start(metrics, cfg.common.metrics_listen, &metrics_http,
+                                    metrics_bound, sizeof(metrics_bound), err, sizeof(err));
     if (rc == BW_OK) {
         BW_INFO("listening on %s (%s%s) worker=%s advertise=%s data-channel=%s data-root=%s "
                 "coordinator=%s",
                 w.bound, cfg.common.tls_cert ? "TLS" : "plaintext",
                 cfg.common.tls_client_ca ? ", client certificates required" : "", w.id, w.advertise,
                 w.data_advertise[0] ? w.data_advertise : "off", w.data_root, cfg.coordinator);
+        if (metrics_http)
+            BW_INFO("metrics on http://%s/metrics", metrics_bound);
+        bw__daemon_auth_announce(&cfg.common, "worker", w.auth);
         rc = bw__worker_membership_start(&w, err, sizeof(err));
     }
     if (rc != BW_OK && srv) {
+        bw__metrics_http_stop(metrics_http); /* started after the servers: stopped first */
         bw__dchan_server_stop(w.dchan);
         bw__rpc_server_stop(srv, 0);
     }
@@ -209,20 +238,30 @@ int main(int argc, char **argv)
         bw__exec_stop(w.exec);
         bw__ds_cache_free(w.datasets);
         bw__pview_destroy(&w.placement);
+        bw__auth_free(w.auth);
+        free(w.token);
+        bw__wm_free(w.metrics);
+        bw__metrics_free(metrics);
         bw__config_free(options, &cfg);
         return 1;
     }
     int sig;
-    while ((sig = bw__daemon_wait_signal(200)) == 0 && !atomic_load(&w.fatal))
-        ;
+    while (((sig = bw__daemon_wait_signal(200)) == 0 || sig == SIGHUP) && !atomic_load(&w.fatal))
+        if (sig == SIGHUP)
+            bw__daemon_auth_reload(w.auth);
     if (sig)
         BW_INFO("received %s; shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     bw__worker_membership_stop(&w);
+    bw__metrics_http_stop(metrics_http); /* its scrapes read the parts stopped below */
     bw__dchan_server_stop(w.dchan);
     bw__rpc_server_stop(srv, (int)cfg.common.grace_ms); /* waits for calls on the executor */
     bw__exec_stop(w.exec);
     bw__ds_cache_free(w.datasets);
     bw__pview_destroy(&w.placement);
+    bw__auth_free(w.auth);
+    free(w.token);
+    bw__wm_free(w.metrics);
+    bw__metrics_free(metrics);
     BW_INFO("stopped");
     status = atomic_load(&w.fatal) ? 1 : 0;
     bw__config_free(options, &cfg);

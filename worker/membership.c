@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "common/version.h"
 #include "worker.h"
 
 /* Sleeps up to ms unless stopping; returns true when stopping. */
@@ -29,6 +30,7 @@ static int do_register(bw_worker *w, uint32_t *interval_ms, char *err, size_t er
     caps.formats = (char **)formats;
     caps.max_message_bytes = (uint32_t)w->cfg->common.max_message_bytes;
     caps.version = (char *)bw_version();
+    caps.commit = (char *)bw__build_commit();
     Batchwire__V1__RegisterWorkerRequest req = BATCHWIRE__V1__REGISTER_WORKER_REQUEST__INIT;
     req.id = w->id;
     req.address = w->advertise;
@@ -90,6 +92,9 @@ static int do_heartbeat(bw_worker *w, bool *known, uint32_t *interval_ms, char *
     Batchwire__V1__HeartbeatRequest req = BATCHWIRE__V1__HEARTBEAT_REQUEST__INIT;
     req.id = w->id;
     req.incarnation = w->incarnation;
+    /* The served totals (counted once, by the read path) for the coordinator's rates. */
+    req.served_samples = atomic_load(&w->stats.records_read);
+    req.served_bytes = atomic_load(&w->stats.record_bytes_read);
     bw_arena arena;
     bw__arena_init(&arena, 1 << 20);
     ProtobufCMessage *resp = NULL;
@@ -175,6 +180,7 @@ int bw__worker_connect(bw_worker *w, char *err, size_t errlen)
     co.tls.cert = w->cfg->common.tls_cert;
     co.tls.key = w->cfg->common.tls_key;
     co.tls.server_name = w->cfg->tls_server_name;
+    co.tls.token = w->token;
     co.max_receive_bytes = (int)w->cfg->common.max_message_bytes;
     return bw__rpc_channel_open(&co, &w->coord, err, errlen);
 }

@@ -14,6 +14,8 @@ struct bw__rp {
     bw__wds *e;
     bw__dataset *d;
     bw__data_stats *stats;
+    const Batchwire__V1__Dataset *spec; /* bw__rp_open: the request's (borrowed) */
+    bw__wm_served served;               /* bw__rp_meter */
     bool stream, locate_only, at_end;
     /* ReadSamples */
     const uint64_t *indices;
@@ -81,6 +83,11 @@ bw__rp *bw__rp_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t first
         rp->max_records = max_records;
     }
     return rp;
+}
+
+void bw__rp_meter(bw__rp *rp, bw__wm *m, bw__wm_transport t)
+{
+    rp->served = bw__wm_served_for(m, t, rp->spec);
 }
 
 void bw__rp_close(bw__rp *rp)
@@ -202,6 +209,8 @@ int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
         atomic_fetch_add(&rp->stats->records_read, 1);
         atomic_fetch_add(&rp->stats->record_bytes_read, out->rec.size);
     }
+    bw__counter_add(rp->served.samples, 1);
+    bw__counter_add(rp->served.bytes, out->rec.size);
     return BW_OK;
 }
 
@@ -215,7 +224,7 @@ int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
     bw__wds *e = NULL;
     int rc = bw__ds_get(w->datasets, spec, &e, why, sizeof(why));
     if (rc == BW_OK && index)
-        rc = bw__dataset_index(bw__ds_dataset(e), why, sizeof(why));
+        rc = bw__ds_index(e, why, sizeof(why));
     if (rc == BW_OK && fingerprint && fingerprint[0] &&
         strcmp(fingerprint, bw__ds_dataset(e)->fingerprint) != 0) {
         snprintf(why, sizeof(why),
@@ -288,6 +297,7 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
     bw__rp *rp = bw__rp_samples(e, r->indices, r->n_indices, &w->stats);
     if (!rp)
         return no_memory("ReadSamples", err, errlen);
+    rp->spec = r->dataset;
     const bw__dataset *d = rp->d;
     for (size_t i = 0; i < r->n_indices && rc == BW_OK; i++)
         if (r->indices[i] >= d->length) {
@@ -328,6 +338,7 @@ static int open_stream(bw_worker *w, const char *peer, const Batchwire__V1__Read
         bw__rp_records(e, r->source, r->offset, r->first_record, r->max_records, &w->stats);
     if (!rp)
         return no_memory("ReadStream", err, errlen);
+    rp->spec = r->dataset;
     bw__dataset *d = rp->d;
     const Batchwire__V1__Routing *rt = r->routing;
     rp->locate_only = r->locate_only;

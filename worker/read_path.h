@@ -16,6 +16,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "data.h"
+#include "metrics.h"
 
 typedef struct bw__rp bw__rp;
 
@@ -69,6 +70,10 @@ int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen);
  * changed-file error). For a transport that sends records' bytes from the mapping after it
  * has seen the end: it sends them, then asks this, then ends the request. */
 int bw__rp_recheck(bw__rp *rp, char *err, size_t errlen);
+
+/* Counts what the read serves from now on (samples and bytes, by dataset) as served over
+ * transport t. Transports call it once, after bw__rp_open; m NULL: not counted. */
+void bw__rp_meter(bw__rp *rp, bw__wm *m, bw__wm_transport t);
 
 /* Whether it reads a stream (ReadStream), and whether it only locates (locate_only: no
  * records; bw__rp_end_offset is first_record's offset). */

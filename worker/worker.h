@@ -9,6 +9,7 @@
 
 #include "data.h"
 #include "executor.h"
+#include "metrics.h"
 #include "rpc/client.h"
 #include "rpc/daemon.h"
 #include "rpc/server.h"
@@ -36,13 +37,15 @@ enum { BW_WORKER_ADMIT_WAIT_MS = 1000 };
 
 struct bw_worker {
     const bw_worker_config *cfg;
-    char id[128];
+    char id[256];
     char data_root[4096]; /* resolved */
     char bound[256];
     char advertise[256];
     char data_advertise[256]; /* empty: no data channel */
     uint64_t incarnation;
     uint64_t start_ms;
+    bw_auth *auth; /* who may call (--auth-tokens); checked for gRPC and the data channel */
+    char *token;   /* our bearer token for the coordinator (--token-file), or NULL */
 
     /* membership: the heartbeat thread */
     bw_rpc_channel *coord;
@@ -59,6 +62,7 @@ struct bw_worker {
     bw__data_stats stats; /* Data.Stats */
     bw__dchan_server *dchan;
     bw__exec *exec; /* opens datasets and admits requests by bytes, for both transports */
+    bw__wm *metrics; /* metrics.h; NULL: --metrics-listen unset */
 };
 
 extern const bw_rpc_handler bw__worker_handlers[];

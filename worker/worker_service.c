@@ -7,7 +7,11 @@ static int on_info(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
 {
     (void)req;
     bw_worker *w = user;
-    return bw__rpc_info(call, BATCHWIRE__V1__ROLE__ROLE_WORKER, w->id, w->bound, w->start_ms, resp);
+    int rc =
+        bw__rpc_info(call, BATCHWIRE__V1__ROLE__ROLE_WORKER, w->id, w->bound, w->start_ms, resp);
+    if (rc == BW_OK)
+        ((Batchwire__V1__InfoResponse *)*resp)->auth_enabled = bw__auth_enabled(w->auth);
+    return rc;
 }
 
 const bw_rpc_handler bw__worker_handlers[] = {

@@ -18,7 +18,7 @@
 #include "rpc/daemon.h"
 
 typedef struct fetch_cfg {
-    char *coordinator, *job, *dataset, *resume, *cursor_out, *device;
+    char *coordinator, *job, *dataset, *resume, *cursor_out, *device, *resume_elastic;
     int64_t rank, world_size;
     int mode, shuffle_algo;
     int64_t batch_size, epochs, max_steps, prefetch, timeout_ms, retry_ms;
@@ -26,6 +26,7 @@ typedef struct fetch_cfg {
     int log_level;
     uint64_t seed;
     bool shuffle, drop_last, sampler_drop_last, split_batches, even_batches, quiet, commit;
+    bool allow_uneven, dispatch_batches, pad_single_process, elastic;
     bw_cli_tls tls;
 } fetch_cfg;
 
@@ -59,6 +60,14 @@ static const bw_opt options[] = {
      "accelerate: --batch-size is global"},
     {"even-batches", BW_OPT_BOOL, offsetof(fetch_cfg, even_batches), "true", 0, 0, NULL, 0, NULL,
      "accelerate: pad so every rank gets as many batches (--no-even-batches)"},
+    {"allow-uneven", BW_OPT_BOOL, offsetof(fetch_cfg, allow_uneven), "false", 0, 0, NULL, 0, NULL,
+     "accelerate, --no-even-batches: accept that ranks get different numbers of batches (a "
+     "DDP job would hang on the shorter ranks)"},
+    {"dispatch-batches", BW_OPT_BOOL, offsetof(fetch_cfg, dispatch_batches), "false", 0, 0, NULL, 0,
+     NULL, "accelerate: Accelerate's DataLoaderDispatcher batches (dispatch_batches=True)"},
+    {"pad-single-process", BW_OPT_BOOL, offsetof(fetch_cfg, pad_single_process), "false", 0, 0,
+     NULL, 0, NULL,
+     "accelerate with one rank: BatchSamplerShard's padding instead of the plain last batch"},
     {"epochs", BW_OPT_INT, offsetof(fetch_cfg, epochs), "1", 1, 1000000, NULL, 0, "E",
      "epochs to run, from the starting position"},
     {"max-steps", BW_OPT_INT, offsetof(fetch_cfg, max_steps), "0", 0, INT64_MAX, NULL, 0, "K",
@@ -66,6 +75,12 @@ static const bw_opt options[] = {
     {"resume", BW_OPT_STRING, offsetof(fetch_cfg, resume), NULL, 0, 0, NULL, 0, "CURSOR_TEXT",
      "start after the batch this cursor describes (default: where the coordinator says this "
      "rank resumes)"},
+    {"resume-elastic", BW_OPT_PATH, offsetof(fetch_cfg, resume_elastic), NULL, 0, 0, NULL, 0,
+     "FILE",
+     "elastic resume at this --world-size from the cursors of every rank of the old world, one "
+     "per line (their --cursor-out files concatenated)"},
+    {"elastic", BW_OPT_BOOL, offsetof(fetch_cfg, elastic), "false", 0, 0, NULL, 0, NULL,
+     "elastic resume at this --world-size from every rank's committed cursor"},
     {"cursor-out", BW_OPT_PATH, offsetof(fetch_cfg, cursor_out), NULL, 0, 0, NULL, 0, "FILE",
      "write the cursor of the last batch handed out to FILE at the end (also on SIGTERM)"},
     {"commit", BW_OPT_BOOL, offsetof(fetch_cfg, commit), "false", 0, 0, NULL, 0, NULL,
@@ -148,6 +163,46 @@ static int write_cursor(bw_loader *l, const char *path)
     return rename(tmp, path) == 0 ? BW_OK : BW_IO;
 }
 
+/* The cursors of a job-level checkpoint: one cursor text per non-empty line of `path`. */
+static int read_cursors(const char *path, char ***out, size_t *n, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "--resume-elastic %s: cannot open it", path);
+        return BW_IO;
+    }
+    char line[8192];
+    int rc = BW_OK;
+    while (rc == BW_OK && fgets(line, sizeof(line), f)) {
+        size_t len = strcspn(line, "\r\n");
+        if (line[len] == '\0' && !feof(f)) {
+            snprintf(err, errlen, "--resume-elastic %s: line %zu is too long for a cursor", path,
+                     *n + 1);
+            rc = BW_INVALID_ARGUMENT;
+            break;
+        }
+        line[len] = '\0';
+        if (len == 0)
+            continue;
+        char **grown = realloc(*out, (*n + 1) * sizeof(**out));
+        if (!grown || !(grown[*n] = strdup(line))) {
+            if (grown)
+                *out = grown;
+            snprintf(err, errlen, "out of memory");
+            rc = BW_NOMEM;
+            break;
+        }
+        *out = grown;
+        (*n)++;
+    }
+    fclose(f);
+    if (rc == BW_OK && *n == 0) {
+        snprintf(err, errlen, "--resume-elastic %s: no cursor in it", path);
+        rc = BW_INVALID_ARGUMENT;
+    }
+    return rc;
+}
+
 int bw__cmd_fetch(int argc, char **argv)
 {
     fetch_cfg cfg;
@@ -165,6 +220,12 @@ int bw__cmd_fetch(int argc, char **argv)
         /* The loader takes TLS settings as files: without a CA it would talk plaintext. */
         fprintf(stderr, "batchwire fetch: --tls: give the CA to verify with as --tls-ca FILE "
                         "(for the system's roots: --tls-ca /etc/ssl/certs/ca-certificates.crt)\n");
+        bw__config_free(options, &cfg);
+        return 2;
+    }
+    if (cfg.resume && (cfg.resume_elastic || cfg.elastic)) {
+        fprintf(stderr, "batchwire fetch: --resume is one rank's cursor; --resume-elastic and "
+                        "--elastic resume every rank: give one of them\n");
         bw__config_free(options, &cfg);
         return 2;
     }
@@ -190,6 +251,9 @@ int bw__cmd_fetch(int argc, char **argv)
     o.sampler_drop_last = cfg.sampler_drop_last;
     o.split_batches = cfg.split_batches;
     o.even_batches = cfg.even_batches;
+    o.allow_uneven = cfg.allow_uneven;
+    o.dispatch_batches = cfg.dispatch_batches;
+    o.pad_single_process = cfg.pad_single_process;
     o.prefetch_batches = (unsigned)cfg.prefetch;
     o.timeout_ms = (int)cfg.timeout_ms;
     o.retry_ms = (int)cfg.retry_ms;
@@ -206,8 +270,28 @@ int bw__cmd_fetch(int argc, char **argv)
     char err[2048];
     bw_loader *l = NULL;
     uint64_t t0 = bw__mono_ms();
-    int rc = cfg.resume ? bw_loader_open_at(&o, cfg.resume, 0, &l, err, sizeof(err))
+    int rc;
+    if (cfg.resume_elastic || cfg.elastic) {
+        char **texts = NULL;
+        size_t n = 0;
+        rc = cfg.resume_elastic ? read_cursors(cfg.resume_elastic, &texts, &n, err, sizeof(err))
+                                : BW_OK;
+        size_t *lens = calloc(n ? n : 1, sizeof(*lens)); /* 0: text */
+        if (rc == BW_OK && !lens) {
+            snprintf(err, sizeof(err), "out of memory");
+            rc = BW_NOMEM;
+        }
+        if (rc == BW_OK)
+            rc = bw_loader_open_elastic(&o, (const void *const *)texts, lens, n, &l, err,
+                                        sizeof(err));
+        for (size_t i = 0; i < n; i++)
+            free(texts[i]);
+        free(texts);
+        free(lens);
+    } else {
+        rc = cfg.resume ? bw_loader_open_at(&o, cfg.resume, 0, &l, err, sizeof(err))
                         : bw_loader_open(&o, &l, err, sizeof(err));
+    }
     if (rc != BW_OK) {
         fprintf(stderr, "batchwire fetch: %s: %s\n", bw_err_name(rc), err);
         bw__config_free(options, &cfg);
@@ -250,10 +334,18 @@ int bw__cmd_fetch(int argc, char **argv)
         status = 1;
     }
     double secs = (double)(bw__mono_ms() - t0) / 1000.0;
+    bw_loader_stats st;
+    bw_loader_get_stats(l, &st, sizeof(st));
     printf("{\"summary\":{\"rank\":%" PRId64 ",\"batches\":%" PRIu64 ",\"samples\":%" PRIu64
-           ",\"bytes\":%" PRIu64 ",\"seconds\":%.3f,\"mib_per_s\":%.1f,\"stopped\":%s}}\n",
+           ",\"bytes\":%" PRIu64 ",\"seconds\":%.3f,\"mib_per_s\":%.1f,\"stopped\":%s",
            rank, batches, samples, bytes, secs, secs > 0 ? (double)bytes / (1 << 20) / secs : 0.0,
            stop_requested ? "true" : "false");
+    printf(",\"stats\":{\"batches\":%" PRIu64 ",\"samples\":%" PRIu64 ",\"bytes\":%" PRIu64
+           ",\"wait_seconds\":%.3f,\"samples_received\":%" PRIu64 ",\"bytes_received\":%" PRIu64
+           ",\"requests\":%" PRIu64 ",\"retries\":%" PRIu64 ",\"failovers\":%" PRIu64
+           ",\"busy\":%" PRIu64 "}}}\n",
+           st.batches, st.samples, st.bytes, (double)st.wait_ns / 1e9, st.samples_received,
+           st.bytes_received, st.requests, st.retries, st.failovers, st.busy);
     bw_loader_close(l);
     bw__config_free(options, &cfg);
     return status;

@@ -20,6 +20,8 @@
 #include "commands.h"
 #include "common/crc32c.h"
 #include "common/json.h"
+#include "common/log.h"
+#include "common/progress.h"
 #include "formats/synth.h"
 
 enum { F_NPY, F_TFRECORD, F_JSONL, F_TAR, F_FILES };
@@ -27,7 +29,7 @@ enum { F_NPY, F_TFRECORD, F_JSONL, F_TAR, F_FILES };
 typedef struct gen_cfg {
     int format;
     char *out;
-    int64_t num_samples, sample_bytes, sample_bytes_max, files;
+    int64_t num_samples, sample_bytes, sample_bytes_max, files, progress_ms;
     char *shape, *dtype;
 } gen_cfg;
 
@@ -47,6 +49,10 @@ static const bw_opt options[] = {
      "number of files to split the samples over (not files: one file per sample)"},
     {"shape", BW_OPT_STRING, offsetof(gen_cfg, shape), NULL, 0, 0, NULL, BW_OPT_NO_ENV, "D1,D2,..",
      "npy: shape of one sample (default: sample-bytes elements)"},
+    {"progress-ms", BW_OPT_INT, offsetof(gen_cfg, progress_ms), "5000", 0, 3600000, NULL,
+     BW_OPT_NO_ENV, "MS",
+     "log progress (samples written, share, rate, time left) this often on stderr; on a "
+     "terminal one line updates in place (0: never)"},
     {"dtype", BW_OPT_STRING, offsetof(gen_cfg, dtype), "uint8", 0, 0, NULL, BW_OPT_NO_ENV, "DTYPE",
      "npy: bool, int8..int64, uint8..uint64, float16/32/64, complex64/128, or a numpy descr "
      "such as '>i4'"},
@@ -228,8 +234,15 @@ int bw__cmd_gen(int argc, char **argv)
         return 1;
     }
     static const char *const ext[] = {"npy", "tfrecord", "jsonl", "tar", ""};
+    static const char *const fmt_names[] = {"npy", "tfrecord", "jsonl", "tar", "files"};
     int rc = 0;
-    char name[256];
+    char name[256], what[200];
+    bw__log_to_stderr("gen", BW_LOG_INFO);
+    bw__progress_interval_ms = (uint64_t)cfg.progress_ms;
+    snprintf(what, sizeof(what), "writing format=%s samples=%llu out=%.100s", fmt_names[cfg.format],
+             (unsigned long long)n, cfg.out);
+    bw__progress progress;
+    bw__progress_begin(&progress, what, false, n);
     if (cfg.format == F_FILES) {
         snprintf(name, sizeof(name), "%s/samples", cfg.out);
         if (mkdir(name, 0755) != 0 && errno != EEXIST) {
@@ -243,6 +256,7 @@ int bw__cmd_gen(int argc, char **argv)
             uint64_t len;
             const uint8_t *b = sample(&g, i, &len);
             rc = f ? (fwrite(b, 1, len, f), finish(&g, f, fname)) : 1;
+            bw__progress_update(&progress, i + 1);
         }
         nfiles = 1;
     }
@@ -283,6 +297,7 @@ int bw__cmd_gen(int argc, char **argv)
                 snprintf(mname, sizeof(mname), "sample%08llu.json", (unsigned long long)i);
                 tar_member(f, mname, (const uint8_t *)json, (uint64_t)jl);
             }
+            bw__progress_update(&progress, i + 1);
         }
         if (cfg.format == F_TAR) {
             static const uint8_t zeros[1024];
@@ -290,10 +305,10 @@ int bw__cmd_gen(int argc, char **argv)
         }
         rc = finish(&g, f, name);
     }
+    bw__progress_end(&progress, rc == 0);
     if (rc != 0) {
         fprintf(stderr, "batchwire gen: %s\n", g.err);
     } else {
-        static const char *const fmt_names[] = {"npy", "tfrecord", "jsonl", "tar", "files"};
         printf("{\"format\":\"%s\",\"dir\":", fmt_names[cfg.format]);
         bw__json_string(stdout, cfg.out);
         printf(",\"sources\":[");

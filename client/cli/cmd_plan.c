@@ -24,6 +24,7 @@ typedef struct plan_cfg {
     int64_t epoch;
     int shuffle_algo;
     bool drop_last, sampler_drop_last, split_batches, even_batches;
+    bool dispatch_batches, pad_single_process;
     int64_t skip, resume_world, resume_step;
     bool metadata;
 } plan_cfg;
@@ -66,6 +67,14 @@ static const bw_opt options[] = {
      BW_OPT_NO_ENV, NULL,
      "accelerate: pad the tail from the epoch's start so every rank gets as many batches "
      "(--no-even-batches: ranks may differ by one, flagged in --metadata)"},
+    {"dispatch-batches", BW_OPT_BOOL, offsetof(plan_cfg, dispatch_batches), "false", 0, 0, NULL,
+     BW_OPT_NO_ENV, NULL,
+     "accelerate: Accelerate's DataLoaderDispatcher (dispatch_batches=True): the short last "
+     "global batch is sliced among the ranks"},
+    {"pad-single-process", BW_OPT_BOOL, offsetof(plan_cfg, pad_single_process), "false", 0, 0, NULL,
+     BW_OPT_NO_ENV, NULL,
+     "accelerate with --world-size 1: pad the last batch as BatchSamplerShard does (default: "
+     "the plain BatchSampler's short last batch, as prepare_data_loader gives one process)"},
     {"skip", BW_OPT_INT, offsetof(plan_cfg, skip), "0", 0, INT64_MAX, NULL, BW_OPT_NO_ENV, "K",
      "start at step K of each rank, as after a resume (steps keep their epoch numbering)"},
     {"resume-from-world", BW_OPT_INT, offsetof(plan_cfg, resume_world), NULL, 1, 1 << 20, NULL,
@@ -176,6 +185,8 @@ static int run(const plan_cfg *pc)
     c->sampler_drop_last = pc->sampler_drop_last;
     c->split_batches = pc->split_batches;
     c->even_batches = pc->even_batches;
+    c->dispatch_batches = pc->dispatch_batches;
+    c->shard_single_process = pc->pad_single_process;
     /* Check the world size the epoch starts with, then the final one, so that each message
      * names the value it is about. */
     if (bw__sampler_cfg_check(c, err, sizeof(err)) != 0 ||

@@ -1,7 +1,13 @@
-/* batchwire status: the coordinator's view of the cluster, as a table or JSON. */
+/* batchwire status: the coordinator's view of the cluster -- workers with what they serve,
+ * jobs with every rank's progress, rates and lag -- as a table or JSON, once or every few
+ * seconds (--watch). Everything comes from the coordinator: rates are its own, over windows
+ * between the heartbeats that carry the counters (core/common/rate.h). */
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/json.h"
 #include "commands.h"
@@ -10,15 +16,19 @@
 typedef struct status_cfg {
     char *coordinator;
     bool json;
-    int64_t timeout_ms;
+    int64_t timeout_ms, watch;
     bw_cli_tls tls;
 } status_cfg;
+
+enum { WATCH_DEFAULT_S = 2 };
 
 static const bw_opt options[] = {
     {"coordinator", BW_OPT_ADDR, offsetof(status_cfg, coordinator), NULL, 0, 0, NULL,
      BW_OPT_REQUIRED, "HOST:PORT", "the coordinator to ask"},
     {"json", BW_OPT_BOOL, offsetof(status_cfg, json), "false", 0, 0, NULL, 0, NULL,
-     "print one JSON object instead of a table"},
+     "print one JSON object instead of a table (with --watch: one per line, per refresh)"},
+    {"watch", BW_OPT_INT, offsetof(status_cfg, watch), "0", 0, 86400, NULL, BW_OPT_NO_ENV,
+     "[SECONDS]", "show the status again every SECONDS (2 when none is given) until interrupted"},
     {"timeout-ms", BW_OPT_INT, offsetof(status_cfg, timeout_ms), "5000", 1, 3600000, NULL, 0, "MS",
      "deadline of each call"},
     BW_CLI_TLS_OPTS(status_cfg, tls),
@@ -37,6 +47,43 @@ static const char *state_name(Batchwire__V1__WorkerState s)
     }
 }
 
+static bool alive(const Batchwire__V1__WorkerInfo *w)
+{
+    return w->state == BATCHWIRE__V1__WORKER_STATE__WORKER_STATE_ALIVE;
+}
+
+static const char *commit_of(const Batchwire__V1__WorkerInfo *w)
+{
+    return w->capabilities && w->capabilities->commit && w->capabilities->commit[0]
+               ? w->capabilities->commit
+               : "unknown";
+}
+
+static const char *version_of(const Batchwire__V1__WorkerInfo *w)
+{
+    return w->capabilities && w->capabilities->version ? w->capabilities->version : "";
+}
+
+/* Whether a live worker runs another build than the coordinator: another version, or another
+ * commit when both say theirs. */
+static bool differs(const Batchwire__V1__InfoResponse *info, const Batchwire__V1__WorkerInfo *w)
+{
+    if (!alive(w) || !w->capabilities)
+        return false;
+    const char *c = w->capabilities->commit;
+    return strcmp(version_of(w), info->version) != 0 ||
+           (c && c[0] && info->commit && info->commit[0] && strcmp(c, info->commit) != 0);
+}
+
+static size_t mixed_versions(const Batchwire__V1__InfoResponse *info,
+                             const Batchwire__V1__ListWorkersResponse *lw)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < lw->n_workers; i++)
+        n += differs(info, lw->workers[i]);
+    return n;
+}
+
 static void print_json(const Batchwire__V1__InfoResponse *info,
                        const Batchwire__V1__ListWorkersResponse *lw, const bw_status_jobs *jobs,
                        const char *target)
@@ -45,11 +92,22 @@ static void print_json(const Batchwire__V1__InfoResponse *info,
     bw__json_string(stdout, target);
     printf(",\"version\":");
     bw__json_string(stdout, info->version);
-    printf(",\"hostname\":");
+    printf(",\"commit\":");
+    bw__json_string(stdout, info->commit ? info->commit : "");
+    printf(",\"build_type\":");
+    bw__json_string(stdout, info->build_type ? info->build_type : "");
+    printf(",\"features\":[");
+    for (size_t f = 0; f < info->n_features; f++) {
+        if (f)
+            putchar(',');
+        bw__json_string(stdout, info->features[f]);
+    }
+    printf("],\"hostname\":");
     bw__json_string(stdout, info->hostname);
     printf(",\"pid\":%" PRIu32 ",\"uptime_ms\":%" PRIu64 "}", info->pid, info->uptime_ms);
     printf(",\"heartbeat_interval_ms\":%" PRIu32 ",\"missed_heartbeats_dead\":%" PRIu32,
            lw->heartbeat_interval_ms, lw->missed_heartbeats_dead);
+    printf(",\"mixed_versions\":%s", mixed_versions(info, lw) ? "true" : "false");
     printf(",\"workers\":[");
     for (size_t i = 0; i < lw->n_workers; i++) {
         const Batchwire__V1__WorkerInfo *w = lw->workers[i];
@@ -63,9 +121,15 @@ static void print_json(const Batchwire__V1__InfoResponse *info,
                ",\"incarnation\":\"%016" PRIx64 "\"",
                state_name(w->state), (double)w->ms_since_heartbeat / 1000.0, w->restarts,
                w->incarnation);
+        printf(",\"served_samples\":%" PRIu64 ",\"served_bytes\":%" PRIu64
+               ",\"samples_per_s\":%.1f,\"bytes_per_s\":%.0f",
+               w->served_samples, w->served_bytes, w->samples_per_s, w->bytes_per_s);
         if (w->capabilities) {
             printf(",\"version\":");
             bw__json_string(stdout, w->capabilities->version);
+            printf(",\"commit\":");
+            bw__json_string(stdout, w->capabilities->commit ? w->capabilities->commit : "");
+            printf(",\"version_differs\":%s", differs(info, w) ? "true" : "false");
             printf(",\"formats\":[");
             for (size_t f = 0; f < w->capabilities->n_formats; f++) {
                 if (f)
@@ -84,14 +148,20 @@ static void print_json(const Batchwire__V1__InfoResponse *info,
 static void print_table(const Batchwire__V1__InfoResponse *info,
                         const Batchwire__V1__ListWorkersResponse *lw, const char *target)
 {
-    size_t alive = 0;
+    size_t nalive = 0;
+    double samples = 0, bytes = 0;
     for (size_t i = 0; i < lw->n_workers; i++)
-        alive += lw->workers[i]->state == BATCHWIRE__V1__WORKER_STATE__WORKER_STATE_ALIVE;
-    printf("coordinator %s  batchwire %s  up %.0fs  heartbeat %" PRIu32 " ms, dead after %" PRIu32
-           " missed\n",
-           target, info->version, (double)info->uptime_ms / 1000.0, lw->heartbeat_interval_ms,
-           lw->missed_heartbeats_dead);
-    printf("workers: %zu alive, %zu dead\n\n", alive, lw->n_workers - alive);
+        if (alive(lw->workers[i])) {
+            nalive++;
+            samples += lw->workers[i]->samples_per_s;
+            bytes += lw->workers[i]->bytes_per_s;
+        }
+    printf("coordinator %s  batchwire %s (%s)  up %.0fs  heartbeat %" PRIu32
+           " ms, dead after %" PRIu32 " missed\n",
+           target, info->version, info->commit && info->commit[0] ? info->commit : "unknown",
+           (double)info->uptime_ms / 1000.0, lw->heartbeat_interval_ms, lw->missed_heartbeats_dead);
+    printf("workers: %zu alive, %zu dead; serving %.0f samples/s, %.1f MiB/s\n\n", nalive,
+           lw->n_workers - nalive, samples, bytes / (1 << 20));
     if (lw->n_workers == 0) {
         printf("(no workers registered)\n");
         return;
@@ -105,27 +175,102 @@ static void print_table(const Batchwire__V1__InfoResponse *info,
         addrw = b > addrw ? b : addrw;
         dataw = c > dataw ? c : dataw;
     }
-    printf("%-*s  %-*s  %-*s  %-5s  %14s  %8s\n", idw, "ID", addrw, "ADDRESS", dataw,
-           "DATA CHANNEL", "STATE", "LAST HEARTBEAT", "RESTARTS");
+    printf("%-*s  %-*s  %-*s  %-5s  %14s  %8s  %10s  %8s\n", idw, "ID", addrw, "ADDRESS", dataw,
+           "DATA CHANNEL", "STATE", "LAST HEARTBEAT", "RESTARTS", "SAMPLES/S", "MIB/S");
     for (size_t i = 0; i < lw->n_workers; i++) {
         const Batchwire__V1__WorkerInfo *w = lw->workers[i];
-        char ago[32];
+        char ago[32], sps[32] = "-", mibs[32] = "-";
         snprintf(ago, sizeof(ago), "%.1fs ago", (double)w->ms_since_heartbeat / 1000.0);
+        if (alive(w)) {
+            snprintf(sps, sizeof(sps), "%.0f", w->samples_per_s);
+            snprintf(mibs, sizeof(mibs), "%.1f", w->bytes_per_s / (1 << 20));
+        }
         const char *data = w->data_address && w->data_address[0] ? w->data_address : "-";
-        printf("%-*s  %-*s  %-*s  %-5s  %14s  %8" PRIu32 "\n", idw, w->id, addrw, w->address, dataw,
-               data, state_name(w->state), ago, w->restarts);
+        printf("%-*s  %-*s  %-*s  %-5s  %14s  %8" PRIu32 "  %10s  %8s\n", idw, w->id, addrw,
+               w->address, dataw, data, state_name(w->state), ago, w->restarts, sps, mibs);
     }
+    if (mixed_versions(info, lw)) {
+        printf("\nMIXED VERSIONS: the coordinator runs %s (%s); these live workers differ:\n",
+               info->version, info->commit && info->commit[0] ? info->commit : "unknown");
+        for (size_t i = 0; i < lw->n_workers; i++)
+            if (differs(info, lw->workers[i]))
+                printf("  %s: %s (%s)\n", lw->workers[i]->id, version_of(lw->workers[i]),
+                       commit_of(lw->workers[i]));
+    }
+}
+
+/* One look at the cluster: BW_OK after printing it, or an error with a sentence in err. */
+static int show(const status_cfg *cfg, bw_rpc_channel *ch, char *err, size_t errlen)
+{
+    bw_arena arena;
+    bw__arena_init(&arena, 0);
+    ProtobufCMessage *info = NULL, *lw = NULL;
+    Batchwire__V1__InfoRequest ireq = BATCHWIRE__V1__INFO_REQUEST__INIT;
+    Batchwire__V1__ListWorkersRequest lreq = BATCHWIRE__V1__LIST_WORKERS_REQUEST__INIT;
+    bw_status_jobs jobs;
+    memset(&jobs, 0, sizeof(jobs));
+    int rc = bw__rpc_call(ch, BW_METHOD(BW_M_COORDINATOR_INFO), &ireq.base, &arena, &info,
+                          (int)cfg->timeout_ms, err, errlen);
+    if (rc == BW_OK)
+        rc = bw__rpc_call(ch, BW_METHOD(BW_M_LIST_WORKERS), &lreq.base, &arena, &lw,
+                          (int)cfg->timeout_ms, err, errlen);
+    if (rc == BW_OK)
+        rc = bw__status_jobs_fetch(ch, &arena, (int)cfg->timeout_ms, &jobs, err, errlen);
+    if (rc == BW_OK && cfg->json) {
+        print_json((const void *)info, (const void *)lw, &jobs, cfg->coordinator);
+    } else if (rc == BW_OK) {
+        if (cfg->watch && isatty(STDOUT_FILENO))
+            printf("\033[H\033[2J"); /* a refresh replaces the screen */
+        print_table((const void *)info, (const void *)lw, cfg->coordinator);
+        bw__status_jobs_table(&jobs);
+    }
+    fflush(stdout);
+    bw__arena_reset(&arena);
+    return rc;
+}
+
+static volatile sig_atomic_t interrupted;
+
+static void on_interrupt(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+/* `--watch` may be given without a value: it then means --watch=WATCH_DEFAULT_S. */
+static char **watch_default(int argc, char **argv)
+{
+    static char bare[32];
+    snprintf(bare, sizeof(bare), "--watch=%d", WATCH_DEFAULT_S);
+    char **out = calloc((size_t)argc + 1, sizeof(char *));
+    if (!out)
+        return NULL;
+    for (int i = 0; i < argc; i++) {
+        bool last = i + 1 == argc || strncmp(argv[i + 1], "--", 2) == 0;
+        out[i] = strcmp(argv[i], "--watch") == 0 && last ? bare : argv[i];
+    }
+    return out;
 }
 
 int bw__cmd_status(int argc, char **argv)
 {
     status_cfg cfg;
     memset(&cfg, 0, sizeof(cfg));
-    int status = bw__config_main("batchwire status", "--coordinator HOST:PORT [--json] [options]",
-                                 "Shows the workers the coordinator knows (id, address, state, "
-                                 "seconds since the last heartbeat) and its jobs with every "
-                                 "rank's lease and committed progress.",
-                                 options, &cfg, argc, argv);
+    char **args = watch_default(argc, argv);
+    if (!args) {
+        fprintf(stderr, "batchwire status: out of memory\n");
+        return 1;
+    }
+    int status = bw__config_main(
+        "batchwire status", "--coordinator HOST:PORT [--json] [--watch [SECONDS]] [options]",
+        "Shows the workers the coordinator knows (id, address, state, seconds since the last "
+        "heartbeat, samples and MiB served per second) and its jobs with every rank's lease, "
+        "committed progress, position, lag behind the fastest rank and rates. Rates are the "
+        "coordinator's, over the last window of at least a second between the heartbeats that "
+        "carry each worker's and loader's counters. A live worker whose version or commit "
+        "differs from the coordinator's is flagged (MIXED VERSIONS).",
+        options, &cfg, argc, args);
+    free(args);
     if (status >= 0) {
         bw__config_free(options, &cfg);
         return status;
@@ -134,35 +279,30 @@ int bw__cmd_status(int argc, char **argv)
     bw_rpc_channel_opts co;
     bw__cli_channel_opts(&cfg.tls, cfg.coordinator, &co);
     bw_rpc_channel *ch = NULL;
-    bw_arena arena;
-    bw__arena_init(&arena, 0);
-    ProtobufCMessage *info = NULL, *lw = NULL;
-    Batchwire__V1__InfoRequest ireq = BATCHWIRE__V1__INFO_REQUEST__INIT;
-    Batchwire__V1__ListWorkersRequest lreq = BATCHWIRE__V1__LIST_WORKERS_REQUEST__INIT;
-    bw_status_jobs jobs;
-    memset(&jobs, 0, sizeof(jobs));
     int rc = bw__rpc_channel_open(&co, &ch, err, sizeof(err));
-    if (rc == BW_OK)
-        rc = bw__rpc_call(ch, BW_METHOD(BW_M_COORDINATOR_INFO), &ireq.base, &arena, &info,
-                          (int)cfg.timeout_ms, err, sizeof(err));
-    if (rc == BW_OK)
-        rc = bw__rpc_call(ch, BW_METHOD(BW_M_LIST_WORKERS), &lreq.base, &arena, &lw,
-                          (int)cfg.timeout_ms, err, sizeof(err));
-    if (rc == BW_OK)
-        rc = bw__status_jobs_fetch(ch, &arena, (int)cfg.timeout_ms, &jobs, err, sizeof(err));
-    if (rc == BW_OK) {
-        if (cfg.json)
-            print_json((const void *)info, (const void *)lw, &jobs, cfg.coordinator);
-        else {
-            print_table((const void *)info, (const void *)lw, cfg.coordinator);
-            bw__status_jobs_table(&jobs);
+    if (rc == BW_OK && cfg.watch) {
+        signal(SIGINT, on_interrupt);
+        signal(SIGTERM, on_interrupt);
+    }
+    while (rc == BW_OK) {
+        rc = show(&cfg, ch, err, sizeof(err));
+        if (rc != BW_OK && cfg.watch && !interrupted) {
+            /* The coordinator may be restarting: say so and look again. */
+            fprintf(stderr, "batchwire status: %s (trying again)\n", err);
+            rc = BW_OK;
         }
-        status = 0;
-    } else {
+        if (!cfg.watch || interrupted)
+            break;
+        for (int64_t ms = 0; ms < cfg.watch * 1000 && !interrupted; ms += 100)
+            usleep(100 * 1000);
+        if (interrupted)
+            break;
+    }
+    status = 0;
+    if (rc != BW_OK) {
         fprintf(stderr, "batchwire status: %s\n", err);
         status = 1;
     }
-    bw__arena_reset(&arena);
     bw__rpc_channel_close(ch);
     bw__config_free(options, &cfg);
     return status;

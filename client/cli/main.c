@@ -4,6 +4,7 @@
 
 #include "batchwire/batchwire.h"
 #include "commands.h"
+#include "common/version.h"
 #include "rpc/daemon.h"
 
 static const struct {
@@ -24,7 +25,7 @@ static void usage(FILE *out)
                  "Commands:\n");
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].help);
-    fprintf(out, "  version  print the version\n");
+    fprintf(out, "  version  print the version and what this build has (also --version)\n");
 }
 
 int main(int argc, char **argv)
@@ -42,7 +43,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
-        printf("batchwire %s\n", bw_version());
+        bw__version_print(stdout, "batchwire");
         return 0;
     }
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)

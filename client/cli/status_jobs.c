@@ -2,6 +2,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "batchwire/batchwire.h"
@@ -61,6 +62,44 @@ static const char *mode_name(const Batchwire__V1__JobConfig *c)
     }
 }
 
+/* Where a rank is, in steps from epoch 0 (epoch_steps per epoch: every rank has as many). */
+static uint64_t position(const Batchwire__V1__RankLive *l)
+{
+    return l->epoch * l->epoch_steps + l->step;
+}
+
+/* Each rank's lag behind the fastest rank of the job, in steps; -1 for a rank whose holder
+ * reported no progress, and for every rank when memory ran out. malloc'ed: n_ranks entries. */
+static int64_t *lags(const Batchwire__V1__GetJobResponse *g)
+{
+    int64_t *lag = malloc((g->n_ranks + 1) * sizeof(*lag));
+    if (!lag)
+        return NULL;
+    uint64_t front = 0;
+    for (size_t r = 0; r < g->n_ranks; r++)
+        if (g->ranks[r]->live && position(g->ranks[r]->live) > front)
+            front = position(g->ranks[r]->live);
+    for (size_t r = 0; r < g->n_ranks; r++)
+        lag[r] = g->ranks[r]->live ? (int64_t)(front - position(g->ranks[r]->live)) : -1;
+    return lag;
+}
+
+static bool live_lease(const Batchwire__V1__RankProgress *p)
+{
+    return p->lease == BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_LIVE && p->live;
+}
+
+/* The job's rates: the sum over ranks whose lease is live. */
+static void job_rates(const Batchwire__V1__GetJobResponse *g, double *samples, double *bytes)
+{
+    *samples = *bytes = 0;
+    for (size_t r = 0; r < g->n_ranks; r++)
+        if (live_lease(g->ranks[r])) {
+            *samples += g->ranks[r]->samples_per_s;
+            *bytes += g->ranks[r]->bytes_per_s;
+        }
+}
+
 void bw__status_jobs_json(const bw_status_jobs *j)
 {
     printf("\"jobs\":[");
@@ -72,6 +111,10 @@ void bw__status_jobs_json(const bw_status_jobs *j)
                ",\"fingerprint\":\"%016" PRIx64 "\",\"created_unix_ms\":%" PRIu64,
                mode_name(s->config), s->world_size, s->dataset ? s->dataset->length : 0,
                s->fingerprint, s->created_unix_ms);
+        double jsamples, jbytes;
+        job_rates(j->jobs[i], &jsamples, &jbytes);
+        printf(",\"samples_per_s\":%.1f,\"bytes_per_s\":%.0f", jsamples, jbytes);
+        int64_t *lag = lags(j->jobs[i]);
         printf(",\"history\":[");
         for (size_t h = 0; h < s->n_history; h++)
             printf("%s{\"epoch\":%" PRIu64 ",\"start_step\":%" PRIu64 ",\"world_size\":%" PRIu32
@@ -89,10 +132,22 @@ void bw__status_jobs_json(const bw_status_jobs *j)
                 printf(",\"pid\":%" PRIu32 ",\"seconds_since_heartbeat\":%.3f", p->holder->pid,
                        (double)p->ms_since_heartbeat / 1000.0);
             }
-            printf(",\"committed\":%s,\"epoch\":%" PRIu64 ",\"step\":%" PRIu64 "}",
+            printf(",\"committed\":%s,\"epoch\":%" PRIu64 ",\"step\":%" PRIu64,
                    p->committed ? "true" : "false", p->epoch, p->step);
+            const Batchwire__V1__RankLive *l = p->live;
+            if (l)
+                printf(",\"live\":{\"epoch\":%" PRIu64 ",\"step\":%" PRIu64
+                       ",\"epoch_steps\":%" PRIu64 ",\"batches\":%" PRIu64 ",\"samples\":%" PRIu64
+                       ",\"bytes\":%" PRIu64 ",\"wait_seconds\":%.3f,\"seconds_since\":%.3f}"
+                       ",\"lag_steps\":%" PRId64 ",\"batches_per_s\":%.2f,\"samples_per_s\":%.1f"
+                       ",\"bytes_per_s\":%.0f",
+                       l->epoch, l->step, l->epoch_steps, l->batches, l->samples, l->bytes,
+                       (double)l->wait_ms / 1000.0, (double)p->ms_since_live / 1000.0,
+                       lag ? lag[r] : -1, p->batches_per_s, p->samples_per_s, p->bytes_per_s);
+            putchar('}');
         }
         printf("]}");
+        free(lag);
     }
     printf("]");
 }
@@ -108,10 +163,12 @@ void bw__status_jobs_table(const bw_status_jobs *j)
             live += g->ranks[r]->lease == BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_LIVE;
             committed += g->ranks[r]->committed;
         }
+        double jsamples, jbytes;
+        job_rates(g, &jsamples, &jbytes);
         printf("\njob %s  %s  world %" PRIu32 "  %" PRIu64 " samples  fingerprint %016" PRIx64
-               "  ranks: %zu live, %zu committed\n",
+               "  ranks: %zu live, %zu committed  %.0f samples/s  %.1f MiB/s\n",
                s->name, mode_name(s->config), s->world_size, s->dataset ? s->dataset->length : 0,
-               s->fingerprint, live, committed);
+               s->fingerprint, live, committed, jsamples, jbytes / (1 << 20));
         if (s->n_history > 1) {
             printf("  world size history:");
             for (size_t h = 0; h < s->n_history; h++)
@@ -119,11 +176,22 @@ void bw__status_jobs_table(const bw_status_jobs *j)
                        s->history[h]->world_size, s->history[h]->epoch, s->history[h]->start_step,
                        h + 1 < s->n_history ? "," : "\n");
         }
-        printf("  %4s  %-7s  %-28s  %14s  %6s  %10s\n", "RANK", "LEASE", "HOLDER", "LAST HEARTBEAT",
-               "EPOCH", "STEP");
+        int64_t *lag = lags(g);
+        printf("  %4s  %-7s  %-28s  %14s  %6s  %10s  %14s  %6s  %10s  %8s\n", "RANK", "LEASE",
+               "HOLDER", "LAST HEARTBEAT", "EPOCH", "STEP", "AT EPOCH:STEP", "LAG", "SAMPLES/S",
+               "MIB/S");
         for (size_t r = 0; r < g->n_ranks; r++) {
             const Batchwire__V1__RankProgress *p = g->ranks[r];
             char holder[300] = "-", ago[32] = "-", epoch[24] = "-", step[24] = "-";
+            char at[48] = "-", lagt[24] = "-", sps[24] = "-", mibs[24] = "-";
+            if (p->live) {
+                snprintf(at, sizeof(at), "%" PRIu64 ":%" PRIu64, p->live->epoch, p->live->step);
+                snprintf(lagt, sizeof(lagt), "%" PRId64, lag ? lag[r] : -1);
+            }
+            if (live_lease(p)) {
+                snprintf(sps, sizeof(sps), "%.0f", p->samples_per_s);
+                snprintf(mibs, sizeof(mibs), "%.1f", p->bytes_per_s / (1 << 20));
+            }
             if (p->holder) {
                 snprintf(holder, sizeof(holder), "%.200s:%" PRIu32, p->holder->host,
                          p->holder->pid);
@@ -133,8 +201,9 @@ void bw__status_jobs_table(const bw_status_jobs *j)
                 snprintf(epoch, sizeof(epoch), "%" PRIu64, p->epoch);
                 snprintf(step, sizeof(step), "%" PRIu64, p->step);
             }
-            printf("  %4" PRIu32 "  %-7s  %-28s  %14s  %6s  %10s\n", p->rank, lease_name(p->lease),
-                   holder, ago, epoch, step);
+            printf("  %4" PRIu32 "  %-7s  %-28s  %14s  %6s  %10s  %14s  %6s  %10s  %8s\n", p->rank,
+                   lease_name(p->lease), holder, ago, epoch, step, at, lagt, sps, mibs);
         }
+        free(lag);
     }
 }

@@ -42,6 +42,36 @@ static void dconn_free(bw__dconn *c)
     free(c);
 }
 
+/* The hello on a new connection when the loader has a token (docs/data-channel.md): the
+ * worker answers END, or an error (e.g. UNAUTHENTICATED) with its message. */
+static int hello(bw_dsock *sock, const char *token, uint64_t deadline, char *err, size_t errlen)
+{
+    size_t len = strlen(token);
+    uint8_t h[BW_DCHAN_REQ_HEADER];
+    bw__dchan_put_req_header(h, BW_DCHAN_KIND_AUTH, len);
+    struct iovec iov[2] = {{h, sizeof(h)}, {(void *)token, len}};
+    int rc = bw__dsock_writev_all(sock, iov, 2, deadline, err, errlen);
+    uint8_t fh[BW_DCHAN_FRAME_HEADER];
+    if (rc == BW_OK)
+        rc = bw__dsock_read_all(sock, fh, sizeof(fh), deadline, NULL, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    bw_dchan_frame f;
+    bw__dchan_get_frame(fh, &f);
+    if (f.type == BW_DCHAN_END)
+        return BW_OK;
+    char msg[BW_DCHAN_MAX_MESSAGE + 1] = "";
+    if (f.type == BW_DCHAN_ERROR && f.a <= BW_DCHAN_MAX_MESSAGE &&
+        bw__dsock_read_all(sock, msg, (size_t)f.a, deadline, NULL, err, errlen) == BW_OK) {
+        msg[f.a] = 0;
+        int code = (int)(int32_t)f.code;
+        snprintf(err, errlen, "%s", msg);
+        return code < 0 && strcmp(bw_err_name(code), "BW_UNKNOWN_ERROR") != 0 ? code : BW_PROTOCOL;
+    }
+    snprintf(err, errlen, "unexpected answer to the hello (frame type %u)", f.type);
+    return BW_PROTOCOL;
+}
+
 static int dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn **out,
                      char *err, size_t errlen)
 {
@@ -69,6 +99,8 @@ static int dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dc
         else
             rc = bw__dsock_tls(&sock, s->dchan_tls, host, deadline, err, errlen);
     }
+    if (rc == BW_OK && s->chopts.tls.token)
+        rc = hello(&sock, s->chopts.tls.token, deadline, err, errlen);
     if (rc != BW_OK) {
         bw__dsock_close(&sock);
         return rc;

@@ -48,8 +48,9 @@ typedef struct fetch_req {
     size_t n, k;          /* items; items complete */
     size_t nsamples;      /* items that expect bytes (probes do not) */
     bw__fetch_dest *dest; /* see bw__fetch_items */
-    const char *wid;      /* the worker's id (borrowed from the placement) */
-    uint64_t heard;       /* when it last sent something */
+    bw__fetch_stats *stats;
+    const char *wid; /* the worker's id (borrowed from the placement) */
+    uint64_t heard;  /* when it last sent something */
     const bw__transport *t;
     bw__xfer *x;
     bool ended;
@@ -116,9 +117,13 @@ static void arrived(void *arg, uint64_t len)
         return; /* a probe's empty answer */
     bw__fetch_item *x = r->items[r->k];
     x->got += len;
+    if (r->stats)
+        atomic_fetch_add(&r->stats->bytes_received, len);
     if (x->started && x->got == x->size) {
         x->done = true;
         r->k++;
+        if (r->stats)
+            atomic_fetch_add(&r->stats->samples_received, 1);
     }
 }
 
@@ -201,6 +206,8 @@ static void start(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, const bw
         bw__arena_reset(&a);
         return;
     }
+    if (ctx->stats)
+        atomic_fetch_add(&ctx->stats->requests, 1);
     bw__read_req rq = {kind->req_kind, msg};
     const bw__transport *ts[2] = {&ctx->preferred, &ctx->fallback};
     for (size_t i = 0; i < 2; i++) {
@@ -305,11 +312,15 @@ static void judge(const bw__placement *p, fetch_req *r, bw__suspects *suspects, 
     }
     drop_partial(r);
     snprintf(v->err, sizeof(v->err), "%s", r->res.err);
+    if (r->stats && (rc == BW_BUSY || r->res.fallback || retryable(rc)))
+        atomic_fetch_add(&r->stats->retries, 1);
     if (r->res.fallback) {
         v->no_wait = true;
         return;
     }
     if (rc == BW_BUSY) {
+        if (r->stats)
+            atomic_fetch_add(&r->stats->busy, 1);
         if (r->res.retry_after_ms > v->wait_ms)
             v->wait_ms = r->res.retry_after_ms;
         if (!v->wait_ms)
@@ -322,9 +333,12 @@ static void judge(const bw__placement *p, fetch_req *r, bw__suspects *suspects, 
         return;
     }
     v->refresh = true;
-    if (rc != BW_WRONG_OWNER && bw__suspects_add(suspects, wid))
-        BW_INFO("worker=%s failed while serving a batch; reading its samples elsewhere: %s", wid,
+    if (rc != BW_WRONG_OWNER && bw__suspects_add(suspects, wid)) {
+        if (r->stats)
+            atomic_fetch_add(&r->stats->failovers, 1);
+        BW_INFO("worker=%s failed while serving a batch; reading its samples elsewhere err=%s", wid,
                 r->res.err);
+    }
 }
 
 int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fetch_item *items,
@@ -389,6 +403,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
                     make_requests(kind, items, n, route, p->nworkers * 2, count, slots, reqs);
                 for (size_t i = 0; i < nreqs; i++) {
                     reqs[i].dest = dest;
+                    reqs[i].stats = ctx->stats;
                     start(ctx, kind, p, &reqs[i], deadline);
                 }
                 receive(reqs, nreqs, deadline, attempt_ms(ctx), pf, who);

@@ -9,6 +9,7 @@
 #ifndef BW_CLIENT_FETCH_H
 #define BW_CLIENT_FETCH_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -48,6 +49,15 @@ typedef struct bw__fetch_kind {
     void *kctx;
 } bw__fetch_kind;
 
+/* What the loop counts (the loader's statistics, bw_loader_get_stats), each where it
+ * happens: requests started, requests that ended without all their samples and whose rest
+ * was asked again (retries), workers found failed during a fetch and routed around
+ * (failovers), busy answers, and the samples and sample bytes that arrived. */
+typedef struct bw__fetch_stats {
+    atomic_uint_fast64_t requests, retries, failovers, busy;
+    atomic_uint_fast64_t samples_received, bytes_received;
+} bw__fetch_stats;
+
 typedef struct bw__fetch_ctx {
     /* The current placement table, a reference (refreshed first when `refresh`); NULL when
      * none was ever fetched (err says why). */
@@ -65,6 +75,7 @@ typedef struct bw__fetch_ctx {
      * it) has failed, and its samples go elsewhere while the batch's time lasts. 0: a third
      * of timeout_ms, at least 1000. */
     int attempt_ms;
+    bw__fetch_stats *stats; /* counted into when not NULL */
 } bw__fetch_ctx;
 
 /*

@@ -22,7 +22,8 @@ struct bw_loader {
     bw__session session;
     bw__job_request jr;
     bw__fetch_ctx fctx;
-    bool data_channel; /* fetch over the workers' data channels where they offer one */
+    bw__fetch_stats fstats; /* what the fetch loop counts (bw_loader_get_stats) */
+    bool data_channel;      /* fetch over the workers' data channels where they offer one */
     uint32_t rank;
     uint64_t job_fingerprint;
     uint64_t num_samples;
@@ -34,11 +35,19 @@ struct bw_loader {
     bw__plan *plan;          /* the current epoch's; replaced only while no fetch runs */
     uint32_t world;          /* world size at next_deliver */
     uint64_t epoch, end_step;
+    uint64_t epochs; /* bw_loader_options.epochs: 0 unknown */
     uint64_t next_fetch, next_deliver;
+    /* A share of the rank (bw_loader_options.share_index/share_count): steps first + index,
+     * + stride, ...; slot of step s: (s / stride) % nslots. Else index 0, stride 1. */
+    uint32_t share_index, stride;
+    bool claimed;   /* this loader holds the rank's lease (not a share other than 0) */
+    uint64_t after; /* the cursor's step: one past the batch handed out last, or the start */
     size_t nslots;
     bw_batch *slots;
     enum slot_state *state;
-    size_t held; /* slot handed out last, or nslots */
+    size_t held;         /* slot handed out last, or nslots */
+    bw__holds *holds;    /* bw_loader_hold's, shared with the holds themselves */
+    bw_hold **slot_hold; /* per slot: the hold on its batch, or NULL */
     unsigned generation;
     size_t nthreads;
     pthread_t *threads;
@@ -98,12 +107,13 @@ static void *fetch_thread(void *arg)
     bw_loader *l = arg;
     pthread_mutex_lock(&l->mu);
     while (!l->stopping) {
-        size_t slot = (size_t)(l->next_fetch % l->nslots);
+        size_t slot = (size_t)(l->next_fetch / l->stride % l->nslots);
         if (l->next_fetch >= l->end_step || l->state[slot] != SLOT_FREE) {
             pthread_cond_wait(&l->work_cv, &l->mu);
             continue;
         }
-        uint64_t step = l->next_fetch++;
+        uint64_t step = l->next_fetch;
+        l->next_fetch += l->stride;
         unsigned gen = l->generation;
         l->state[slot] = SLOT_FETCHING;
         bw_batch *b = &l->slots[slot];
@@ -158,7 +168,13 @@ static int position(bw_loader *l, uint64_t epoch, uint64_t step)
                     "step %" PRIu64 " is past the end of epoch %" PRIu64 " (%" PRIu64
                     " steps for rank %u)",
                     step, epoch, l->end_step, l->rank);
-    l->next_fetch = l->next_deliver = step;
+    l->next_fetch = l->next_deliver = step + l->share_index;
+    l->after = step;
+    atomic_store(&l->session.live.epoch, epoch);
+    atomic_store(&l->session.live.step, step);
+    atomic_store(&l->session.live.epoch_steps, l->end_step);
+    if (l->held < l->nslots)
+        bw__hold_leave_slot(&l->slot_hold[l->held], &l->slots[l->held]);
     for (size_t i = 0; i < l->nslots; i++)
         l->state[i] = SLOT_FREE;
     l->held = l->nslots;
@@ -196,8 +212,8 @@ static bw__placement *session_placement(void *arg, bool refresh, char *err, size
     return bw__session_placement(arg, refresh, err, errlen);
 }
 
-static int start(const bw_loader_options *o, const void *cursor, size_t cursor_len, bw_loader **out,
-                 char *err, size_t errlen)
+static int start(const bw_loader_options *o, const void *cursor, size_t cursor_len,
+                 const bw__join *how, bw_loader **out, char *err, size_t errlen)
 {
     *out = NULL;
     bw__tune_malloc();
@@ -223,8 +239,13 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         if ((rc = decode_cursor(l, cursor, n, &ca, &given)) != BW_OK)
             snprintf(err, errlen, "%s", l->err);
     }
+    bw__join join = how ? *how : (bw__join){.claim = true};
+    l->share_index = o->share_count > 1 ? o->share_index : 0;
+    l->stride = o->share_count > 1 ? o->share_count : 1;
+    join.claim = l->claimed = l->share_index == 0;
     if (rc == BW_OK)
-        rc = bw__session_open(&l->session, o, &l->jr, (uint32_t)rank, (uint32_t)world, err, errlen);
+        rc = bw__session_open(&l->session, o, &l->jr, (uint32_t)rank, (uint32_t)world, &join, err,
+                              errlen);
     if (rc != BW_OK) {
         bw__arena_reset(&ca);
         bw_loader_close(l);
@@ -243,6 +264,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     }
     l->fctx.placement = session_placement;
     l->fctx.placement_arg = &l->session;
+    l->fctx.stats = &l->fstats;
     if (l->data_channel)
         l->fctx.preferred = bw__transport_dchan(&l->session);
     l->fctx.fallback = bw__transport_grpc(&l->session);
@@ -254,10 +276,14 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->fctx.max_message_bytes = 4u << 20;
     l->fctx.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
 
-    /* Start where the caller's cursor says, else where the coordinator says this rank
-     * resumes (its committed cursor, an elastic resume point, or the beginning). */
+    /* Start where the caller's cursor says, else at the position the options give, else
+     * where the coordinator says this rank resumes (its committed cursor, an elastic resume
+     * point, or the beginning). */
     uint64_t epoch = 0, step = 0;
-    if (!given && l->session.resume_cursor.len)
+    if (!given && o->start_epoch >= 0) {
+        epoch = (uint64_t)o->start_epoch;
+        step = o->start_step;
+    } else if (!given && l->session.resume_cursor.len)
         rc = decode_cursor(l, l->session.resume_cursor.data, l->session.resume_cursor.len, &ca,
                            &given);
     if (rc == BW_OK && given && (rc = check_cursor(l, given)) == BW_OK) {
@@ -273,6 +299,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     size_t max_batch = rc == BW_OK ? bw__plan_max_batch(l->plan) : 0;
     if (rc == BW_OK) {
         size_t per = max_batch * (size_t)(l->fctx.sample_bytes ? l->fctx.sample_bytes : 1);
+        l->epochs = o->epochs;
         size_t depth = o->prefetch_batches ? o->prefetch_batches : 1;
         if (per && o->max_buffer_bytes && depth * per > o->max_buffer_bytes)
             depth = o->max_buffer_bytes / per;
@@ -280,7 +307,8 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         l->nslots = (depth < 1 ? 1 : depth) + 1;
         l->slots = calloc(l->nslots, sizeof(*l->slots));
         l->state = calloc(l->nslots, sizeof(*l->state));
-        if (!l->slots || !l->state)
+        l->slot_hold = calloc(l->nslots, sizeof(*l->slot_hold));
+        if (!l->slots || !l->state || !l->slot_hold || bw__holds_new(&l->holds) != BW_OK)
             rc = fail(l, BW_NOMEM, "out of memory for %zu batch slots", l->nslots);
         /* Device delivery: pinned host buffers and a stream per slot, so a slot's copy to
          * the GPU overlaps the other slots' network receives. */
@@ -321,7 +349,55 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
 
 int bw_loader_open(const bw_loader_options *o, bw_loader **out, char *err, size_t errlen)
 {
-    return start(o, NULL, 0, out, err, errlen);
+    return start(o, NULL, 0, NULL, out, err, errlen);
+}
+
+int bw_loader_open_elastic(const bw_loader_options *o, const void *const *cursors,
+                           const size_t *lens, size_t n, bw_loader **out, char *err, size_t errlen)
+{
+    if (n && (!cursors || !lens)) {
+        *out = NULL;
+        snprintf(err, errlen, "elastic resume: %zu cursors announced, none given", n);
+        return BW_INVALID_ARGUMENT;
+    }
+    bw__join how = {
+        .claim = true, .elastic = true, .cursors = cursors, .lens = lens, .ncursors = n};
+    return start(o, NULL, 0, &how, out, err, errlen);
+}
+
+int bw_job_checkpoint(const bw_loader_options *o, char *buf, size_t buflen, char *err,
+                      size_t errlen)
+{
+    if (!o->coordinator || !*o->coordinator || !o->job || !*o->job) {
+        snprintf(err, errlen, "job checkpoint: the coordinator and the job are required");
+        return BW_INVALID_ARGUMENT;
+    }
+    bw__session s;
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    ProtobufCBinaryData *c = NULL;
+    size_t n = 0, used = 0;
+    int rc = bw__session_open(&s, o, NULL, 0, 1, NULL, err, errlen);
+    if (rc == BW_OK)
+        rc = bw__session_committed(&s, o->job, &a, &c, &n, err, errlen);
+    for (size_t i = 0; rc == BW_OK && i < n; i++) {
+        size_t w =
+            used < buflen ? bw__cursor_to_text(c[i].data, c[i].len, buf + used, buflen - used) : 0;
+        if (w == 0 || used + w + 2 > buflen) {
+            snprintf(err, errlen,
+                     "job checkpoint: %zu bytes of buffer are not enough for %zu "
+                     "cursors",
+                     buflen, n);
+            rc = BW_TOO_BIG;
+            break;
+        }
+        used += w;
+        buf[used++] = '\n';
+        buf[used] = '\0';
+    }
+    bw__arena_reset(&a);
+    bw__session_close(&s);
+    return rc;
 }
 
 int bw_loader_open_at(const bw_loader_options *o, const void *cursor, size_t len, bw_loader **out,
@@ -331,28 +407,38 @@ int bw_loader_open_at(const bw_loader_options *o, const void *cursor, size_t len
         snprintf(err, errlen, "cursor: none given");
         return BW_INVALID_ARGUMENT;
     }
-    return start(o, cursor, len, out, err, errlen);
+    return start(o, cursor, len, NULL, out, err, errlen);
+}
+
+/* The time the trainer waited in bw_loader_next since t0 (bw__mono_ns), into the counters. */
+static void waited(bw_loader *l, uint64_t t0)
+{
+    atomic_fetch_add(&l->session.live.wait_ns, bw__mono_ns() - t0);
 }
 
 int bw_loader_next(bw_loader *l, const bw_batch **out)
 {
     *out = NULL;
+    uint64_t t0 = bw__mono_ns();
     int lost = bw__session_lease_check(&l->session, l->err, sizeof(l->err));
     if (lost != BW_OK)
         return lost; /* not even a batch already fetched: the rank is another process's */
     pthread_mutex_lock(&l->mu);
     if (l->held < l->nslots) {
+        bw__hold_leave_slot(&l->slot_hold[l->held], &l->slots[l->held]);
         l->state[l->held] = SLOT_FREE;
         l->held = l->nslots;
         pthread_cond_signal(&l->work_cv); /* one slot: one fetch can start */
     }
     if (l->next_deliver >= l->end_step) {
+        if (l->epochs && l->epoch + 1 >= l->epochs)
+            l->session.finished = true; /* said when the loader closes (LeaveJob) */
         pthread_mutex_unlock(&l->mu);
         fail(l, BW_END_OF_EPOCH, "epoch %" PRIu64 " is over after %" PRIu64 " steps", l->epoch,
              l->end_step);
         return BW_END_OF_EPOCH;
     }
-    size_t slot = (size_t)(l->next_deliver % l->nslots);
+    size_t slot = (size_t)(l->next_deliver / l->stride % l->nslots);
     while (l->state[slot] != SLOT_READY)
         pthread_cond_wait(&l->ready_cv, &l->mu);
     bw_batch *b = &l->slots[slot];
@@ -369,21 +455,68 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
         if (rc != BW_OK) {
             snprintf(l->err, sizeof(l->err), "%s", b->err);
             pthread_mutex_unlock(&l->mu);
+            waited(l, t0);
             return rc;
         }
     }
     l->state[slot] = SLOT_HELD;
     l->held = slot;
-    l->next_deliver++;
+    l->next_deliver += l->stride;
+    l->after = b->step + 1;
+    atomic_store(&l->session.live.step, l->next_deliver);
     pthread_mutex_unlock(&l->mu);
+    waited(l, t0);
+    atomic_fetch_add(&l->session.live.batches, 1);
+    atomic_fetch_add(&l->session.live.samples, b->count);
+    atomic_fetch_add(&l->session.live.bytes, b->nbytes);
     *out = b;
     return BW_OK;
 }
 
-int bw_loader_next_epoch(bw_loader *l)
+int bw_loader_hold(bw_loader *l, const bw_batch *b, bw_hold **out)
 {
+    *out = NULL;
     pthread_mutex_lock(&l->mu);
-    l->generation++; /* fetches in progress are for the old epoch: discard them */
+    int rc = BW_FAILED_PRECONDITION;
+    if (l->held < l->nslots && b == &l->slots[l->held])
+        rc = bw__hold_take(l->holds, &l->slot_hold[l->held], b, out);
+    else
+        fail(l, rc,
+             "only the batch bw_loader_next returned last can be held (the loader has "
+             "moved on)");
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+int bw_loader_get_stats(const bw_loader *l, bw_loader_stats *out, size_t size)
+{
+    if (!l || !out)
+        return BW_INVALID_ARGUMENT;
+    bw_loader_stats st;
+    memset(&st, 0, sizeof(st));
+    /* Counters only: reading them changes nothing (the casts drop const for atomic_load). */
+    bw__live *live = (bw__live *)&l->session.live;
+    bw__fetch_stats *f = (bw__fetch_stats *)&l->fstats;
+    st.batches = atomic_load(&live->batches);
+    st.samples = atomic_load(&live->samples);
+    st.bytes = atomic_load(&live->bytes);
+    st.wait_ns = atomic_load(&live->wait_ns);
+    st.samples_received = atomic_load(&f->samples_received);
+    st.bytes_received = atomic_load(&f->bytes_received);
+    st.requests = atomic_load(&f->requests);
+    st.retries = atomic_load(&f->retries);
+    st.failovers = atomic_load(&f->failovers);
+    st.busy = atomic_load(&f->busy);
+    /* A caller built against an older (shorter) struct gets the fields it knows. */
+    memcpy(out, &st, size < sizeof(st) ? size : sizeof(st));
+    return BW_OK;
+}
+
+/* Discards the fetches in progress (for a position being left) and waits until none runs;
+ * with l->mu held. */
+static void quiesce(bw_loader *l)
+{
+    l->generation++;
     for (;;) {
         bool busy = false;
         for (size_t i = 0; i < l->nslots; i++)
@@ -392,6 +525,50 @@ int bw_loader_next_epoch(bw_loader *l)
             break;
         pthread_cond_wait(&l->ready_cv, &l->mu);
     }
+}
+
+int bw_loader_seek(bw_loader *l, const void *cursor, size_t len)
+{
+    if (!cursor)
+        return fail(l, BW_INVALID_ARGUMENT, "cursor: none given");
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    Batchwire__V1__Cursor *c = NULL;
+    int rc = decode_cursor(l, cursor, len ? len : strlen(cursor), &a, &c);
+    if (rc == BW_OK)
+        rc = check_cursor(l, c);
+    if (rc == BW_OK) {
+        pthread_mutex_lock(&l->mu);
+        quiesce(l);
+        uint64_t epoch = l->epoch, step = l->after;
+        rc = position(l, c->epoch, c->step);
+        if (rc == BW_OK && l->stream)
+            rc = bw__stream_cursor_check(l->stream, l->plan, c, l->rank, l->err, sizeof(l->err));
+        if (rc != BW_OK) { /* back where it was, keeping the sentence */
+            char why[BW_LOADER_ERRLEN];
+            snprintf(why, sizeof(why), "%s", l->err);
+            position(l, epoch, step);
+            fail(l, rc, "%s", why);
+        }
+        pthread_cond_broadcast(&l->work_cv);
+        pthread_mutex_unlock(&l->mu);
+    }
+    bw__arena_reset(&a);
+    return rc;
+}
+
+uint64_t bw_loader_epoch_steps(bw_loader *l)
+{
+    pthread_mutex_lock(&l->mu);
+    uint64_t end = l->end_step;
+    pthread_mutex_unlock(&l->mu);
+    return end;
+}
+
+int bw_loader_next_epoch(bw_loader *l)
+{
+    pthread_mutex_lock(&l->mu);
+    quiesce(l); /* fetches in progress are for the old epoch */
     int rc = position(l, l->epoch + 1, 0);
     if (rc == BW_MISMATCH && l->plan) {
         /* The next epoch starts with a world this rank is not part of. */
@@ -414,7 +591,7 @@ static int current_cursor(bw_loader *l, uint8_t **cur, size_t *len)
     c.rank = l->rank;
     c.world_size = l->world;
     c.epoch = l->epoch;
-    c.step = l->next_deliver;
+    c.step = l->after;
     const bw__plan *plan = l->plan; /* replaced only by bw_loader_next_epoch (loader.h) */
     pthread_mutex_unlock(&l->mu);
     uint8_t *out = NULL;
@@ -465,6 +642,11 @@ int bw_loader_cursor_text(bw_loader *l, char *buf, size_t buflen)
 
 int bw_loader_commit(bw_loader *l)
 {
+    if (!l->claimed)
+        return fail(l, BW_FAILED_PRECONDITION,
+                    "share %u of rank %u does not hold the rank: commit from the process "
+                    "that does (share 0), or save the cursor in your checkpoint",
+                    l->share_index, l->rank);
     size_t n;
     uint8_t *c = NULL;
     int rc = current_cursor(l, &c, &n);
@@ -523,6 +705,10 @@ void bw_loader_close(bw_loader *l)
     for (size_t i = 0; i < l->nthreads; i++)
         pthread_join(l->threads[i], NULL);
     free(l->threads);
+    for (size_t i = 0; l->slot_hold && i < l->nslots; i++)
+        bw__hold_leave_slot(&l->slot_hold[i], &l->slots[i]); /* held bytes outlive the loader */
+    bw__holds_close(l->holds);
+    free(l->slot_hold);
     for (size_t i = 0; l->slots && i < l->nslots; i++)
         bw__batch_free(&l->slots[i]);
     free(l->slots);

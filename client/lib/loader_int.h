@@ -52,6 +52,13 @@ int bw__loader_transport(const bw_loader_options *o, bool *data_channel, char *e
 
 /* ---- session.c: the coordinator side ---- */
 
+/* What the loader has handed out, written by loader.c and read by the heartbeat thread (which
+ * reports it as RankLive) and by bw_loader_get_stats. */
+typedef struct bw__live {
+    atomic_uint_fast64_t epoch, step, epoch_steps; /* the next batch to hand out */
+    atomic_uint_fast64_t batches, samples, bytes, wait_ns;
+} bw__live;
+
 typedef struct bw__session {
     bw_rpc_channel *coord;
     bw_rpc_channel_opts chopts; /* for worker channels (target replaced) */
@@ -59,7 +66,9 @@ typedef struct bw__session {
     int retry_ms; /* joins and commits retry this long while the coordinator is away */
     char *job;
     uint32_t rank, world;
-    uint64_t lease_id;
+    uint64_t lease_id, lease_id_hi; /* 128 bits: docs/security.md, "Leases" */
+    char *token;                    /* bearer token (--token-file), or NULL */
+    bool finished;                  /* the last epoch was delivered: leave saying so */
     uint32_t heartbeat_ms;
     bw_arena job_arena; /* holds `summary` */
     Batchwire__V1__JobSummary *summary;
@@ -85,6 +94,7 @@ typedef struct bw__session {
         uint64_t until;
     } suspended[BW_DCONN_SUSPENDED_MAX];
 
+    bw__live live; /* reported with each heartbeat */
     pthread_t hb_thread;
     bool hb_started, stopping;
     char hb_err[BW_LOADER_ERRLEN];
@@ -94,9 +104,24 @@ typedef struct bw__session {
     char lost_err[BW_LOADER_ERRLEN];
 } bw__session;
 
-/* Connects, creates or joins the job, takes the rank's lease and fetches placement. */
+/* How a loader joins its job. */
+typedef struct bw__join {
+    bool claim;   /* take the rank's lease (false: a share of the rank other than share 0) */
+    bool elastic; /* first resize the job to this world size (bw_loader_open_elastic) */
+    const void *const *cursors; /* ... from these cursors of the old world (lens[i] 0: */
+    const size_t *lens;         /* text); ncursors 0: every rank's committed cursor */
+    size_t ncursors;
+} bw__join;
+
+/* Connects, creates or joins the job (how NULL: claims the rank), takes the rank's lease and
+ * fetches placement. jr NULL: connects to the coordinator only. */
 int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_request *jr,
-                     uint32_t rank, uint32_t world, char *err, size_t errlen);
+                     uint32_t rank, uint32_t world, const bw__join *how, char *err, size_t errlen);
+
+/* Every rank's committed cursor of `job` (GetJob), in rank order, into arena a.
+ * BW_FAILED_PRECONDITION naming a rank that has none. */
+int bw__session_committed(bw__session *s, const char *job, bw_arena *a, ProtobufCBinaryData **out,
+                          size_t *n, char *err, size_t errlen);
 void bw__session_close(bw__session *s);
 
 /* The current placement (a reference: release with bw__placement_put). Refreshes it first
@@ -150,6 +175,20 @@ void bw__batch_free(bw_batch *b);
 int bw__batch_reserve(bw_batch *b, size_t nbytes);
 /* Copies the batch's data to its device (when it has one). */
 int bw__batch_to_device(bw_batch *b);
+
+/* ---- hold.c: batch bytes kept past the loader's next batch (bw_loader_hold) ---- */
+
+typedef struct bw__holds bw__holds;
+
+/* The holds of one loader (a reference for the loader); BW_NOMEM. */
+int bw__holds_new(bw__holds **out);
+/* The loader is closing: drops its reference; buffers released later are freed. */
+void bw__holds_close(bw__holds *p);
+/* A reference to the hold of the batch in a slot (*slot_hold, created when NULL). */
+int bw__hold_take(bw__holds *p, bw_hold **slot_hold, const bw_batch *b, bw_hold **out);
+/* The loader reuses the slot of b: a hold still referenced takes b's buffer, and b continues
+ * with a spare buffer or none. Clears *slot_hold; NULL is a no-op. */
+void bw__hold_leave_slot(bw_hold **slot_hold, bw_batch *b);
 
 /* ---- sample_decode.c ---- */
 

@@ -22,6 +22,8 @@ void bw_loader_options_init(bw_loader_options *o)
     o->timeout_ms = 10000;
     o->device = -1;
     o->retry_ms = 60000;
+    o->start_epoch = -1;
+    o->share_count = 1;
 }
 
 /* Reads a non-negative integer from the environment; 1 if absent, 0 ok, -1 malformed. */
@@ -201,8 +203,15 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
     sc.sampler_drop_last = o->sampler_drop_last != 0;
     sc.split_batches = o->split_batches != 0;
     sc.even_batches = o->even_batches != 0;
+    sc.dispatch_batches = o->dispatch_batches != 0;
+    sc.shard_single_process = o->pad_single_process != 0;
     if ((rc = bw__sampler_cfg_check(&sc, err, errlen)) != BW_OK)
         return rc;
+    if (o->share_count > 1 && o->share_index >= o->share_count) {
+        snprintf(err, errlen, "share_index %u is not below share_count %u", o->share_index,
+                 o->share_count);
+        return BW_INVALID_ARGUMENT;
+    }
 
     batchwire__v1__dataset__init(&jr->dataset);
     jr->dataset.format = jr->format;
@@ -225,6 +234,9 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
     jr->sampler.sampler_drop_last = sc.sampler_drop_last;
     jr->sampler.split_batches = sc.split_batches;
     jr->sampler.uneven_batches = !sc.even_batches;
+    jr->sampler.dispatch_batches = sc.dispatch_batches;
+    jr->sampler.single_process_plain = mode == BW__MODE_ACCELERATE && !sc.shard_single_process;
+    jr->sampler.allow_uneven = o->allow_uneven != 0;
     batchwire__v1__job_config__init(&jr->config);
     jr->config.dataset = &jr->dataset;
     jr->config.sampler = &jr->sampler;

@@ -7,8 +7,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth/auth.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "cursor/cursor.h"
 #include "loader_int.h"
 
 enum { LEAVE_TIMEOUT_MS = 2000 };
@@ -201,6 +203,16 @@ static void *lease_thread(void *arg)
         req.job = s->job;
         req.rank = s->rank;
         req.lease_id = s->lease_id;
+        req.lease_id_hi = s->lease_id_hi;
+        Batchwire__V1__RankLive live = BATCHWIRE__V1__RANK_LIVE__INIT;
+        live.epoch = atomic_load(&s->live.epoch);
+        live.step = atomic_load(&s->live.step);
+        live.epoch_steps = atomic_load(&s->live.epoch_steps);
+        live.batches = atomic_load(&s->live.batches);
+        live.samples = atomic_load(&s->live.samples);
+        live.bytes = atomic_load(&s->live.bytes);
+        live.wait_ms = atomic_load(&s->live.wait_ns) / 1000000;
+        req.live = &live;
         bw_arena a;
         bw__arena_init(&a, 0);
         ProtobufCMessage *resp = NULL;
@@ -270,8 +282,113 @@ static uint32_t exited_holder(bw__session *s, const char *job, const char *host)
     return pid;
 }
 
+int bw__session_committed(bw__session *s, const char *job, bw_arena *a, ProtobufCBinaryData **out,
+                          size_t *n, char *err, size_t errlen)
+{
+    Batchwire__V1__GetJobRequest req = BATCHWIRE__V1__GET_JOB_REQUEST__INIT;
+    req.name = (char *)job;
+    ProtobufCMessage *resp = NULL;
+    int rc = coord_call(s, BW_METHOD(BW_M_JOBS_GET), &req.base, a, &resp, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    const Batchwire__V1__GetJobResponse *r = (const void *)resp;
+    uint32_t world = r->job ? r->job->world_size : 0;
+    ProtobufCBinaryData *c = world ? bw__arena_alloc(a, world * sizeof(*c)) : NULL;
+    if (!c || r->n_ranks != world) {
+        snprintf(err, errlen, "GetJob of job '%s': %s", job,
+                 world ? "out of memory or ranks missing from the answer"
+                       : "the answer lacks the job");
+        return world && !c ? BW_NOMEM : BW_PROTOCOL;
+    }
+    for (uint32_t i = 0; i < world; i++) {
+        const Batchwire__V1__RankProgress *p = r->ranks[i];
+        if (p->rank != i || !p->committed || p->cursor.len == 0) {
+            snprintf(err, errlen,
+                     "rank %u of job '%s' (world size %u) has %s: a job-level checkpoint needs "
+                     "every rank's cursor, committed at the same step (bw_loader_commit on "
+                     "every rank), or give the cursors yourself",
+                     i, job, world,
+                     p->rank != i ? "no entry in the answer" : "committed no cursor");
+            return BW_FAILED_PRECONDITION;
+        }
+        c[i] = p->cursor;
+    }
+    *out = c;
+    *n = world;
+    return BW_OK;
+}
+
+/* Before joining, an elastic resume (docs/semantics.md, "Elastic resume"): the job continues
+ * at this loader's world size from one consistent set of cursors -- the caller's, or every
+ * rank's committed cursor. ResumeElastic records the resize once; every rank of the new world
+ * sends the same request. Cursors of the job's current world size resize nothing: this rank
+ * then starts at its own cursor (*start, in s->job_arena), whatever JoinJob says. */
+static int resume_elastic(bw__session *s, const char *job, uint32_t world, const bw__join *how,
+                          ProtobufCBinaryData *start, char *err, size_t errlen)
+{
+    bw_arena *a = &s->job_arena;
+    ProtobufCBinaryData *bins = NULL;
+    size_t n = how->ncursors;
+    int rc = BW_OK;
+    if (n == 0) {
+        rc = bw__session_committed(s, job, a, &bins, &n, err, errlen);
+    } else if (!(bins = bw__arena_alloc(a, n * sizeof(*bins)))) {
+        rc = BW_NOMEM;
+    }
+    Batchwire__V1__Cursor **cur = rc == BW_OK ? bw__arena_alloc(a, n * sizeof(*cur)) : NULL;
+    if (rc == BW_OK && !cur)
+        rc = BW_NOMEM;
+    for (size_t i = 0; rc == BW_OK && i < n; i++) {
+        const uint8_t *data = how->ncursors ? how->cursors[i] : bins[i].data;
+        size_t len = how->ncursors ? how->lens[i] : bins[i].len;
+        char why[256];
+        if (!data) {
+            snprintf(err, errlen, "elastic resume: cursor %zu is missing", i);
+            return BW_INVALID_ARGUMENT;
+        }
+        if (len == 0)
+            len = strlen((const char *)data);
+        if (bw__cursor_decode(data, len, a, &cur[i], why, sizeof(why)) != BW_OK) {
+            snprintf(err, errlen, "elastic resume: cursor %zu refused: %s", i, why);
+            return BW_CORRUPT;
+        }
+        if (how->ncursors) { /* the request carries binary cursors */
+            uint8_t *bin = bw__cursor_encode(cur[i], &bins[i].len);
+            bins[i].data = bin ? bw__arena_alloc(a, bins[i].len) : NULL;
+            if (bins[i].data)
+                memcpy(bins[i].data, bin, bins[i].len);
+            free(bin);
+            if (!bins[i].data)
+                rc = BW_NOMEM;
+        }
+    }
+    if (rc == BW_NOMEM)
+        snprintf(err, errlen, "out of memory for the cursors of an elastic resume");
+    if (rc != BW_OK)
+        return rc;
+    if (cur[0]->world_size == world) {
+        for (size_t i = 0; i < n; i++)
+            if (cur[i]->rank == s->rank && cur[i]->world_size == world)
+                *start = bins[i];
+        return BW_OK;
+    }
+    Batchwire__V1__ResumeElasticRequest req = BATCHWIRE__V1__RESUME_ELASTIC_REQUEST__INIT;
+    req.job = (char *)job;
+    req.world_size = world;
+    req.cursors = bins;
+    req.n_cursors = n;
+    ProtobufCMessage *resp = NULL;
+    rc = coord_call(s, BW_METHOD(BW_M_JOBS_RESUME_ELASTIC), &req.base, a, &resp, err, errlen);
+    if (rc == BW_OK)
+        BW_INFO("job=%s rank=%u: elastic resume from %zu cursors of world size %u to %u (%s)", job,
+                s->rank, n, cur[0]->world_size, world,
+                ((const Batchwire__V1__ResumeElasticResponse *)resp)->resumed ? "recorded"
+                                                                              : "recorded before");
+    return rc;
+}
+
 int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_request *jr,
-                     uint32_t rank, uint32_t world, char *err, size_t errlen)
+                     uint32_t rank, uint32_t world, const bw__join *how, char *err, size_t errlen)
 {
     memset(s, 0, sizeof(*s));
     pthread_mutex_init(&s->mu, NULL);
@@ -281,13 +398,20 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     s->world = world;
     s->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
     s->retry_ms = o->retry_ms;
-    s->job = strdup(jr->name);
+    s->job = strdup(jr ? jr->name : o->job);
     /* Copies: the caller's strings are borrowed for bw_loader_open only, and worker channels
      * open later. Workers are verified by their own names (no server-name override). */
     s->chopts.tls.ca = o->tls_ca ? strdup(o->tls_ca) : NULL;
     s->chopts.tls.cert = o->tls_cert ? strdup(o->tls_cert) : NULL;
     s->chopts.tls.key = o->tls_key ? strdup(o->tls_key) : NULL;
     s->chopts.max_receive_bytes = 64 << 20;
+    const char *token_file = o->token_file ? o->token_file : getenv("BATCHWIRE_TOKEN_FILE");
+    if (token_file && *token_file) {
+        int trc = bw__auth_read_token_file(token_file, &s->token, err, errlen);
+        if (trc != BW_OK)
+            return trc;
+        s->chopts.tls.token = s->token;
+    }
     bw_rpc_channel_opts co = s->chopts;
     co.target = o->coordinator;
     co.tls.server_name = o->tls_server_name;
@@ -298,6 +422,8 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     if (bw__tls_client_enabled(&s->chopts.tls) &&
         (rc = bw__dchan_tls_client_ctx(&s->chopts.tls, &s->dchan_tls, err, errlen)) != BW_OK)
         return rc;
+    if (!jr)
+        return BW_OK; /* the coordinator alone (bw_job_checkpoint) */
 
     Batchwire__V1__GetOrCreateJobRequest creq = BATCHWIRE__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
     creq.name = jr->name;
@@ -308,6 +434,24 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
                     errlen);
     if (rc != BW_OK)
         return rc;
+    ProtobufCBinaryData start = {0, NULL};
+    if (how && how->elastic && (rc = resume_elastic(s, jr->name, world, how, &start, err, errlen)))
+        return rc;
+    if (how && !how->claim) {
+        /* A share of the rank read by another process of the trainer: no lease of its own
+         * (share 0 holds it), so no heartbeat, and it starts where it is told. */
+        const Batchwire__V1__GetOrCreateJobResponse *cr = (const void *)resp;
+        if (!cr->job || !cr->job->dataset || !cr->job->config || !cr->job->config->sampler ||
+            cr->job->n_history == 0) {
+            snprintf(err, errlen, "GetOrCreateJob to %s: the response lacks the job's description",
+                     o->coordinator);
+            return BW_PROTOCOL;
+        }
+        s->summary = cr->job;
+        bw__placement *p = bw__session_placement(s, true, err, errlen);
+        bw__placement_put(p);
+        return p ? BW_OK : BW_UNAVAILABLE;
+    }
 
     char host[256];
     bw__hostname(host, sizeof(host));
@@ -339,8 +483,9 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
         return BW_PROTOCOL;
     }
     s->summary = jresp->job;
-    s->resume_cursor = jresp->cursor;
+    s->resume_cursor = start.len ? start : jresp->cursor;
     s->lease_id = jresp->lease_id;
+    s->lease_id_hi = jresp->lease_id_hi;
     s->heartbeat_ms = jresp->heartbeat_ms ? jresp->heartbeat_ms : 1000;
     atomic_store(&s->seen_version, jresp->placement_version);
 
@@ -375,6 +520,7 @@ int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *
     req.job = s->job;
     req.rank = s->rank;
     req.lease_id = s->lease_id;
+    req.lease_id_hi = s->lease_id_hi;
     req.cursor.data = (uint8_t *)cursor;
     req.cursor.len = len;
     bw_arena a;
@@ -400,6 +546,8 @@ static void leave_job(bw__session *s)
     req.job = s->job;
     req.rank = s->rank;
     req.lease_id = s->lease_id;
+    req.lease_id_hi = s->lease_id_hi;
+    req.finished = s->finished;
     bw_arena a;
     bw__arena_init(&a, 0);
     ProtobufCMessage *resp = NULL;
@@ -431,7 +579,7 @@ void bw__session_close(bw__session *s)
         pthread_join(s->hb_thread, NULL);
     }
     /* After the heartbeat thread: no heartbeat may renew the lease once it is released. */
-    if (s->coord && s->lease_id)
+    if (s->coord && (s->lease_id || s->lease_id_hi))
         leave_job(s);
     for (size_t i = 0; i < s->nchannels; i++) {
         bw__rpc_channel_close(s->channels[i]);
@@ -447,6 +595,7 @@ void bw__session_close(bw__session *s)
     free((void *)s->chopts.tls.ca);
     free((void *)s->chopts.tls.cert);
     free((void *)s->chopts.tls.key);
+    free(s->token);
     free(s->job);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "batchwire/batchwire.h"
+#include "common/version.h"
 
 /* Where a value came from, for error messages. */
 typedef struct source {
@@ -372,11 +373,15 @@ void bw__config_usage(FILE *out, const char *prog, const char *synopsis, const c
         fputc('\n', out);
     }
     fprintf(out, "  --help\n      show this help and exit\n");
+    fprintf(out, "  --version\n      show the version and what this build has (commit, build "
+                 "type, TLS, CUDA) and exit\n");
 }
 
 int bw__config_main(const char *prog, const char *synopsis, const char *description,
                     const bw_opt *opts, void *cfg, int argc, char **argv)
 {
+    if (bw__version_flag(argc, argv, prog))
+        return 0;
     char err[512];
     int rc = bw__config_parse(opts, cfg, argc, argv, err, sizeof(err));
     if (rc == BW_CONFIG_HELP) {

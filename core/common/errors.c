@@ -2,11 +2,6 @@
  * gRPC status codes. */
 #include "common/errors.h"
 
-const char *bw_version(void)
-{
-    return BW_VERSION;
-}
-
 const char *bw_strerror(int rc)
 {
     switch (rc) {

@@ -4,6 +4,8 @@
 #ifndef BW_COMMON_LOG_H
 #define BW_COMMON_LOG_H
 
+#include <stdbool.h>
+
 #include "batchwire/batchwire.h"
 
 /* The most verbose level currently emitted; -1 when logging is off. */
@@ -36,8 +38,33 @@ void bw__invariant_broken(const char *what, const char *file, int line) __attrib
             bw__invariant_broken((what), __FILE__, __LINE__);                                      \
     } while (0)
 
-/* Daemons and tools: log lines "TIME LEVEL component[pid]: message" to stderr. */
+/*
+ * Daemons and tools: log lines to stderr, one write(2) per line. Messages are written as
+ * "what happened key=value key=value ..." (docs/operating.md, "Logs"): the text, then the
+ * event's context as fields. In the text format a line is
+ *     TIME LEVEL component[pid]: what happened key=value ...
+ * In the JSON format it is one object per line,
+ *     {"ts":"TIME","level":"info","component":"worker","pid":N,"msg":"what
+ * happened","key":"value",...} where every word `key=value` is a field (key: a-z, 0-9, _ and -,
+ * starting with a letter; not ts, level, component, pid or msg; the first of each key) and the
+ * other words, in order, are msg. A value is one word, except err=, which takes the rest of the
+ * line (so it comes last and may hold a sentence). Values are strings.
+ */
+typedef enum bw__log_format { BW_LOG_FORMAT_TEXT = 0, BW_LOG_FORMAT_JSON = 1 } bw__log_format;
+#define BW_LOG_FORMAT_CHOICES "text|json"
+
 void bw__log_to_stderr(const char *component, bw_log_level max_level);
+void bw__log_set_format(bw__log_format format);
+
+/*
+ * A status line (progress on a terminal, core/common/progress.h). When the process logs to
+ * stderr in the text format and stderr is a terminal, bw__log_has_status_line is true and
+ * bw__log_status_line shows `text` as the one line that updates in place at the bottom (NULL
+ * removes it); log lines written meanwhile appear above it. Otherwise it does nothing: report
+ * with log lines instead.
+ */
+bool bw__log_has_status_line(void);
+void bw__log_status_line(const char *text);
 
 /* Parses "error", "warn", "info", "debug"; returns BW_OK or BW_INVALID_ARGUMENT. */
 int bw__log_level_parse(const char *text, bw_log_level *out);

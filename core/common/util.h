@@ -8,6 +8,9 @@
 /* Milliseconds on the monotonic clock (for intervals). */
 uint64_t bw__mono_ms(void);
 
+/* Nanoseconds on the monotonic clock (for latencies). */
+uint64_t bw__mono_ns(void);
+
 /* Milliseconds since the Unix epoch (for timestamps shown to people). */
 uint64_t bw__unix_ms(void);
 

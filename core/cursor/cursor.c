@@ -1,6 +1,7 @@
 #include "cursor/cursor.h"
 
 #include <stdio.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -151,6 +152,31 @@ int bw__cursor_decode(const uint8_t *data, size_t len, bw_arena *arena, Batchwir
     if (c->world_size == 0 || c->rank >= c->world_size) {
         snprintf(err, errlen, "cursor rank %u is not below its world size %u", c->rank,
                  c->world_size);
+        return BW_INVALID_ARGUMENT;
+    }
+    /* Only the one encoding this code writes is accepted: no unknown fields, no field twice,
+     * no string cut at a NUL byte. Then what a caller stores (bw__cursor_encode of *out) is
+     * byte for byte what was checked, and decodes again. */
+    if (c->base.n_unknown_fields) {
+        snprintf(err, errlen,
+                 "cursor of %zu bytes holds %u field(s) a batchwire cursor does not "
+                 "have (field %u first)",
+                 len, c->base.n_unknown_fields, c->base.unknown_fields[0].tag);
+        return BW_INVALID_ARGUMENT;
+    }
+    size_t again_len;
+    uint8_t *again = bw__cursor_encode(c, &again_len);
+    if (!again) {
+        snprintf(err, errlen, "out of memory checking a cursor");
+        return BW_NOMEM;
+    }
+    bool canonical = again_len == len && memcmp(again, data, len) == 0;
+    free(again);
+    if (!canonical) {
+        snprintf(err, errlen,
+                 "cursor of %zu bytes is not in the form batchwire writes (a field repeated, "
+                 "out of order or not minimally encoded, or a NUL byte in the job name)",
+                 len);
         return BW_INVALID_ARGUMENT;
     }
     *out = c;

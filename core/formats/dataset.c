@@ -9,11 +9,14 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+
+#include "common/text.h"
 #include <unistd.h>
 
 #include <openssl/evp.h>
 
 #include "common/log.h"
+#include "common/progress.h"
 
 static int64_t mtime_ns(const struct stat *st)
 {
@@ -33,11 +36,17 @@ static bool inside(const char *root, const char *path)
     return strncmp(path, root, n) == 0 && (path[n] == '/' || path[n] == '\0');
 }
 
-/* Refuses absolute paths and ".." components before touching the file system. */
+/* Refuses names that are not text (docs/security.md, "Input limits"), absolute paths and ".."
+ * components before touching the file system. */
 static int check_pattern(const char *p, char *err, size_t errlen)
 {
     if (!*p) {
         snprintf(err, errlen, "empty source path");
+        return BW_INVALID_ARGUMENT;
+    }
+    char why[160];
+    if (bw__check_text("a source path", p, BW_NAME_MAX, why, sizeof(why)) != BW_OK) {
+        snprintf(err, errlen, "source '%.64s': %s", p, why);
         return BW_INVALID_ARGUMENT;
     }
     if (p[0] == '/') {
@@ -274,6 +283,11 @@ int bw__dataset_open(const char *root, const char *format, const char *const *pa
     pthread_mutex_init(&d->mu, NULL);
     int rc = BW_OK;
     size_t cap = 0;
+    char what[256];
+    snprintf(what, sizeof(what), "opening dataset=%s:%.150s patterns=%zu", format, patterns[0],
+             npatterns);
+    bw__progress prog;
+    bw__progress_begin(&prog, what, false, 0); /* sources opened; how many is not known */
     for (size_t p = 0; p < npatterns && rc == BW_OK; p++) {
         rc = check_pattern(patterns[p], err, errlen);
         char **paths = NULL;
@@ -300,11 +314,13 @@ int bw__dataset_open(const char *root, const char *format, const char *const *pa
             if (rc == BW_OK) {
                 d->sources[d->nsources++] = s;
                 d->total_bytes += s->size;
+                bw__progress_set(&prog, d->nsources);
             }
             free(paths[i]);
         }
         free(paths);
     }
+    bw__progress_end(&prog, rc == BW_OK);
     if (rc == BW_OK)
         rc = layouts_agree(d, err, errlen);
     if (rc == BW_OK)
@@ -317,6 +333,24 @@ int bw__dataset_open(const char *root, const char *format, const char *const *pa
     return BW_OK;
 }
 
+/* "dataset=FORMAT:FIRST_SOURCE sources=N" for progress lines. */
+static void describe(const bw__dataset *d, const char *verb, char *out, size_t len)
+{
+    snprintf(out, len, "%s dataset=%s:%.150s sources=%zu", verb, d->ops->name,
+             d->nsources ? d->sources[0]->path : "", d->nsources);
+}
+
+/* Indexes s, reporting into p from byte `base` of the work. */
+static int index_source(bw__source *s, bw__progress *p, uint64_t base, char *err, size_t errlen)
+{
+    s->progress = p;
+    s->progress_base = base;
+    int rc = s->ops->index(s, err, errlen);
+    s->progress = NULL;
+    bw__progress_set(p, base + s->size);
+    return rc;
+}
+
 int bw__dataset_index(bw__dataset *d, char *err, size_t errlen)
 {
     pthread_mutex_lock(&d->mu);
@@ -325,14 +359,20 @@ int bw__dataset_index(bw__dataset *d, char *err, size_t errlen)
         d->first = calloc(d->nsources ? d->nsources : 1, sizeof(*d->first));
         if (!d->first)
             rc = BW_NOMEM;
-        uint64_t total = 0;
+        uint64_t total = 0, scanned = 0;
+        char what[256];
+        describe(d, "indexing", what, sizeof(what));
+        bw__progress p;
+        bw__progress_begin(&p, what, true, d->total_bytes);
         for (size_t i = 0; i < d->nsources && rc == BW_OK; i++) {
             bw__source *s = d->sources[i];
             if (!s->indexed)
-                rc = s->ops->index(s, d->index_err, sizeof(d->index_err));
+                rc = index_source(s, &p, scanned, d->index_err, sizeof(d->index_err));
+            scanned += s->size;
             d->first[i] = total;
             total += s->count;
         }
+        bw__progress_end(&p, rc == BW_OK);
         d->length = total;
         d->index_rc = rc;
         d->indexed = true;
@@ -434,8 +474,15 @@ int bw__dataset_locate(bw__dataset *d, uint32_t src, uint64_t rec, uint64_t *off
     bw__source *s = d->sources[src];
     int rc = BW_OK;
     pthread_mutex_lock(&d->mu);
-    if (!s->indexed)
-        rc = s->ops->index(s, err, errlen);
+    if (!s->indexed) {
+        char what[256];
+        describe(d, "indexing", what, sizeof(what));
+        snprintf(what + strlen(what), sizeof(what) - strlen(what), " source=%.100s", s->path);
+        bw__progress p;
+        bw__progress_begin(&p, what, true, s->size);
+        rc = index_source(s, &p, 0, err, errlen);
+        bw__progress_end(&p, rc == BW_OK);
+    }
     pthread_mutex_unlock(&d->mu);
     if (rc != BW_OK)
         return rc;

@@ -138,7 +138,14 @@ struct bw__source {
     /* directories: a digest of every entry's name, size and mtime, for the fingerprint */
     bool has_digest;
     uint8_t digest[32];
+    /* While indexing: where to report how far the scan is (bytes, counted from
+     * progress_base); NULL: nowhere. */
+    struct bw__progress *progress;
+    uint64_t progress_base;
 };
+
+/* Indexers: the scan of s has reached byte offset `off` (reports progress, cheaply). */
+void bw__source_progress(bw__source *s, uint64_t off);
 
 extern const bw__format_ops bw__fmt_npy;
 extern const bw__format_ops bw__fmt_tfrecord;

@@ -43,6 +43,7 @@ static int lines_index(bw__source *s, char *err, size_t errlen)
             return BW_NOMEM;
         }
         off = next;
+        bw__source_progress(s, off);
     }
     bw__starts_install(s, &b);
     return BW_OK;

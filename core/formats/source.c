@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/progress.h"
 #include "formats/formats.h"
 
 /* ---- the SIGBUS guard (formats.h, bw__mapping_map) ----
@@ -220,6 +221,12 @@ void bw__starts_close(bw__source *s)
         free(st->at);
     free(st);
     s->state = NULL;
+}
+
+void bw__source_progress(bw__source *s, uint64_t off)
+{
+    if (s->progress)
+        bw__progress_update(s->progress, s->progress_base + off);
 }
 
 void bw__record_release(bw__record *r)

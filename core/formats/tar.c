@@ -289,6 +289,7 @@ static int tar_index(bw__source *s, char *err, size_t errlen)
         if (rc == BW_OK)
             rc = bw__starts_push(&b, start);
         off = next;
+        bw__source_progress(s, off);
     }
     free(r);
     if (rc != BW_FMT_END) {

@@ -223,6 +223,7 @@ static int tfr_index(bw__source *s, char *err, size_t errlen)
         }
         offs[n++] = off;
         off += 16 + len;
+        bw__source_progress(s, off);
     }
     free(st->offsets);
     st->offsets = offs;

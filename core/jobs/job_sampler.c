@@ -26,6 +26,9 @@ void bw__job_sampler_cfg(const Batchwire__V1__SamplerConfig *sc, uint64_t length
     out->sampler_drop_last = sc->sampler_drop_last;
     out->split_batches = sc->split_batches;
     out->even_batches = !sc->uneven_batches;
+    out->dispatch_batches = sc->dispatch_batches;
+    /* Jobs recorded before single_process_plain existed keep BatchSamplerShard's padding. */
+    out->shard_single_process = !sc->single_process_plain;
 }
 
 /* The segment whose world size epoch `epoch` starts with: the first one recorded at its step

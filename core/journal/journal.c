@@ -3,7 +3,21 @@
  * Why one thread: an fsync takes milliseconds, and gRPC's completion-queue threads must never
  * wait for one. Appenders queue records under the mutex and return; the writer takes the whole
  * queue, writes it with one write() and makes it durable with one fdatasync(), so N concurrent
- * changes cost one fsync, not N. */
+ * changes cost one fsync, not N.
+ *
+ * A full disk. The caller applies a change to its state before the change is durable (it is
+ * acknowledged only once durable), so a record that cannot be written cannot simply be
+ * dropped: the state would hold a change the disk lacks. Nor is a full disk a reason to stop
+ * the process (a restart on a still-full disk would not help). So a write() that fails with
+ * ENOSPC or EDQUOT is cut back -- the file truncated to its length before the write, which
+ * needs no space -- and its records go back to the front of the queue, to be tried again
+ * every BW_JOURNAL_FULL_RETRY_MS. Until one succeeds, new records are refused and waits for
+ * records not yet durable end with BW_UNAVAILABLE, so no one is told a change is durable that
+ * is not, and everything acknowledged before stays on disk. Once there is space the waiting
+ * records are written: a change whose caller was told it did not become durable may still
+ * take effect then, as after any failed call. A failed fdatasync is another matter: the
+ * kernel may have dropped the pages it could not write, and a second fdatasync would report
+ * success, so it fails the journal as before. */
 #include "journal/journal_int.h"
 
 #include <errno.h>
@@ -105,6 +119,29 @@ int bw__journal_failed(bw_journal *j)
     return f;
 }
 
+int bw__journal_full(bw_journal *j, char *why, size_t whylen)
+{
+    pthread_mutex_lock(&j->mu);
+    int full = j->failed ? 0 : j->full;
+    uint64_t since = j->full_since_ms;
+    size_t waiting = j->plen;
+    pthread_mutex_unlock(&j->mu);
+    if (full && why && whylen)
+        snprintf(why, whylen,
+                 "journal %s: %s for %llu ms (%zu bytes of records wait; tried again every %d ms)",
+                 j->dir, strerror(full), (unsigned long long)(bw__mono_ms() - since), waiting,
+                 BW_JOURNAL_FULL_RETRY_MS);
+    return full;
+}
+
+void bw__journal_set_sync_hook(bw_journal *j, bw_journal_sync_fn fn, void *user)
+{
+    pthread_mutex_lock(&j->mu);
+    j->sync_hook = fn;
+    j->sync_user = user;
+    pthread_mutex_unlock(&j->mu);
+}
+
 uint64_t bw__journal_bytes_since_snapshot(bw_journal *j)
 {
     pthread_mutex_lock(&j->mu);
@@ -118,9 +155,10 @@ bool bw__journal_compaction_due(bw_journal *j, const bw_journal_policy *p, char 
     pthread_mutex_lock(&j->mu);
     uint64_t bytes = j->bytes_since_snapshot, records = j->records_since_snapshot;
     uint64_t first_ms = j->first_since_snapshot_ms;
+    int full = j->full;
     pthread_mutex_unlock(&j->mu);
-    if (records == 0)
-        return false; /* a snapshot now would hold nothing the last one lacks */
+    if (records == 0 || full)
+        return false; /* a snapshot now would hold nothing the last one lacks, or has no room */
     uint64_t age = first_ms ? bw__mono_ms() - first_ms : 0;
     char buf[160];
     if (p->max_bytes && bytes >= p->max_bytes)
@@ -144,9 +182,10 @@ int bw__journal_append(bw_journal *j, const void *data, size_t len, uint64_t *se
     if (len == 0 || len > BW_JOURNAL_MAX_RECORD)
         return BW_TOO_BIG;
     pthread_mutex_lock(&j->mu);
-    if (j->failed || j->closing) {
+    if (j->failed || j->closing || j->full) {
+        int rc = j->failed || j->closing ? BW_IO : BW_UNAVAILABLE;
         pthread_mutex_unlock(&j->mu);
-        return BW_IO;
+        return rc;
     }
     size_t need = j->plen + BW_RECORD_HEADER + len;
     if (need > j->pcap) {
@@ -176,11 +215,21 @@ int bw__journal_append(bw_journal *j, const void *data, size_t len, uint64_t *se
     return BW_OK;
 }
 
+/* Under j->mu: what a wait for `seq` learns now, or 1 while it must go on waiting. */
+static int settled(const bw_journal *j, uint64_t seq)
+{
+    if (j->failed)
+        return BW_IO;
+    if (seq <= j->durable_seq)
+        return BW_OK;
+    return j->full ? BW_UNAVAILABLE : 1;
+}
+
 void bw__journal_when_durable(bw_journal *j, uint64_t seq, bw_journal_done_fn fn, void *arg)
 {
     pthread_mutex_lock(&j->mu);
-    if (j->failed || seq <= j->durable_seq) {
-        int rc = j->failed ? BW_IO : BW_OK;
+    int rc = settled(j, seq);
+    if (rc != 1) {
         pthread_mutex_unlock(&j->mu);
         fn(arg, rc);
         return;
@@ -204,9 +253,9 @@ void bw__journal_when_durable(bw_journal *j, uint64_t seq, bw_journal_done_fn fn
 int bw__journal_sync(bw_journal *j, uint64_t seq)
 {
     pthread_mutex_lock(&j->mu);
-    while (!j->failed && j->durable_seq < seq)
+    int rc;
+    while ((rc = settled(j, seq)) == 1)
         pthread_cond_wait(&j->done, &j->mu);
-    int rc = j->failed ? BW_IO : BW_OK;
     pthread_mutex_unlock(&j->mu);
     return rc;
 }
@@ -216,10 +265,13 @@ int bw__journal_sync(bw_journal *j, uint64_t seq)
 static void run_settled(bw_journal *j)
 {
     bw_journal_waiter ready[64];
+    int rcs[64];
     for (;;) {
         size_t n = 0;
         for (size_t i = 0; i < j->nwaiters && n < 64;) {
-            if (j->failed || j->waiters[i].seq <= j->durable_seq) {
+            int rc = settled(j, j->waiters[i].seq);
+            if (rc != 1) {
+                rcs[n] = rc;
                 ready[n++] = j->waiters[i];
                 j->waiters[i] = j->waiters[--j->nwaiters];
             } else {
@@ -228,10 +280,9 @@ static void run_settled(bw_journal *j)
         }
         if (n == 0)
             return;
-        int rc = j->failed ? BW_IO : BW_OK;
         pthread_mutex_unlock(&j->mu);
         for (size_t i = 0; i < n; i++)
-            ready[i].fn(ready[i].arg, rc);
+            ready[i].fn(ready[i].arg, rcs[i]);
         pthread_mutex_lock(&j->mu);
     }
 }
@@ -256,6 +307,108 @@ static void push_old(bw_journal *j, uint64_t first)
     j->old[j->nold++] = first;
 }
 
+static bool no_space(int e)
+{
+    return e == ENOSPC || e == EDQUOT;
+}
+
+/* Cuts fd back to `off` after a write that found no space (shrinking a file needs none). */
+static bool cut_back(int fd, off_t off)
+{
+    return off >= 0 && ftruncate(fd, off) == 0 && lseek(fd, off, SEEK_SET) == off;
+}
+
+/* What one pass of the writer did with the queue it took. */
+typedef struct pass {
+    size_t done; /* bytes of the queue now durable: 0, rot_at or all */
+    int newfd;   /* the rotation's new file, once created (-1: not) */
+    int err;     /* errno of the first failure */
+    bool retry;  /* err found no space and was cut back: the rest may be tried again */
+} pass;
+
+/* Writes buf[0..rot_at) to fd, then, with `rot`, creates file rot_seq and writes the rest of
+ * the buffer to it, each part made durable with fdatasync. Stops at the first failure. */
+static pass write_queue(bw_journal *j, int fd, const uint8_t *buf, size_t len, bool rot,
+                        size_t rot_at, uint64_t rot_seq)
+{
+    pass p = {0, -1, 0, false};
+    if (rot_at > 0) {
+        off_t off0 = lseek(fd, 0, SEEK_CUR);
+        errno = 0;
+        if (write_all(fd, buf, rot_at) != 0) {
+            p.err = errno ? errno : EIO;
+            p.retry = no_space(p.err) && cut_back(fd, off0);
+            return p;
+        }
+        if (fdatasync(fd) != 0) {
+            p.err = errno ? errno : EIO;
+            return p;
+        }
+    }
+    p.done = rot_at;
+    if (!rot)
+        return p;
+    errno = 0;
+    p.newfd = bw__journal_create_file(j, rot_seq);
+    if (p.newfd < 0) {
+        /* Nothing is in the new file yet: creating it again later rewrites it whole. */
+        p.err = errno ? errno : EIO;
+        p.retry = no_space(p.err);
+        return p;
+    }
+    if (len > rot_at) {
+        errno = 0;
+        if (write_all(p.newfd, buf + rot_at, len - rot_at) != 0) {
+            p.err = errno ? errno : EIO;
+            p.retry = no_space(p.err) && cut_back(p.newfd, BW_JOURNAL_HEADER);
+            return p;
+        }
+        if (fdatasync(p.newfd) != 0) {
+            p.err = errno ? errno : EIO;
+            return p;
+        }
+    }
+    p.done = len;
+    return p;
+}
+
+/* Under j->mu, after a pass that found the disk full: buf[done..len) goes back in front of
+ * whatever was queued meanwhile, and an unfinished rotation is asked for again. Returns the
+ * buffer the writer keeps as its spare (its capacity in *bufcap); *ok is false when memory
+ * for the queue ran out (nothing was requeued). */
+static uint8_t *requeue(bw_journal *j, uint8_t *buf, size_t *bufcap, size_t len, size_t done,
+                        bool rot, bool rotated, size_t rot_at, uint64_t rot_seq, bool *ok)
+{
+    size_t rest = len - done, need = rest + j->plen;
+    *ok = true;
+    memmove(buf, buf + done, rest);
+    if (need > *bufcap) {
+        uint8_t *nb = realloc(buf, need);
+        if (!nb) {
+            *ok = false;
+            return buf;
+        }
+        buf = nb;
+        *bufcap = need;
+    }
+    if (j->plen)
+        memcpy(buf + rest, j->pending, j->plen);
+    uint8_t *spare = j->pending;
+    size_t sparecap = j->pcap;
+    j->pending = buf;
+    j->pcap = *bufcap;
+    j->plen = need;
+    if (rot && !rotated) {
+        j->rotate_pending = true;
+        j->rotate_at = rot_at - done; /* done is 0 or rot_at */
+        j->rotate_seq = rot_seq;
+    } else if (j->rotate_pending) {
+        j->rotate_at += rest; /* asked for while this pass ran */
+    }
+    *bufcap = sparecap;
+    return spare;
+}
+
 static void *writer(void *arg)
 {
     bw_journal *j = arg;
@@ -263,6 +416,11 @@ static void *writer(void *arg)
     size_t sparecap = 0;
     pthread_mutex_lock(&j->mu);
     for (;;) {
+        if (j->full && !j->closing) {
+            struct timespec until = bw__mono_deadline(BW_JOURNAL_FULL_RETRY_MS);
+            while (!j->closing && pthread_cond_timedwait(&j->wake, &j->mu, &until) == 0)
+                ;
+        }
         while (!j->closing && j->plen == 0 && !j->rotate_pending)
             pthread_cond_wait(&j->wake, &j->mu);
         if (j->plen == 0 && !j->rotate_pending)
@@ -285,39 +443,61 @@ static void *writer(void *arg)
         bool failed = j->failed != 0;
         pthread_mutex_unlock(&j->mu);
 
-        int err = 0, newfd = -1;
-        if (!failed) {
-            if (rot_at > 0 && (write_all(fd, buf, rot_at) != 0 || fdatasync(fd) != 0))
-                err = errno ? errno : EIO;
-            if (!err && rot) {
-                newfd = bw__journal_create_file(j, rot_seq);
-                if (newfd < 0)
-                    err = errno ? errno : EIO;
-            }
-            if (!err && rot && len > rot_at &&
-                (write_all(newfd, buf + rot_at, len - rot_at) != 0 || fdatasync(newfd) != 0))
-                err = errno ? errno : EIO;
-        }
+        pass p = {len, -1, 0, false};
+        uint64_t t0 = bw__mono_ns();
+        if (!failed)
+            p = write_queue(j, fd, buf, len, rot, rot_at, rot_seq);
+        double took = (double)(bw__mono_ns() - t0) * 1e-9;
+        bool rotated = p.newfd >= 0;
 
         pthread_mutex_lock(&j->mu);
-        spare = buf;
-        sparecap = bufcap;
-        if (err && !j->failed) {
-            j->failed = err;
-            BW_ERROR("journal %s: write or fsync failed: %s; nothing more will be acknowledged "
-                     "(restart the coordinator to recover from what is on disk)",
-                     j->dir, strerror(err));
+        if (!failed && p.done > 0 && j->sync_hook)
+            j->sync_hook(j->sync_user, took, p.done);
+        BW_INVARIANT(p.done == 0 || p.done == len || (rot && p.done == rot_at),
+                     "a pass of the journal's writer makes whole parts of its queue durable");
+        /* Records up to rot_seq - 1 are the part before the rotation. */
+        if (!failed && p.done > 0)
+            j->durable_seq = p.done == len ? target : rot_seq - 1;
+        if (!failed && rotated) {
+            close(j->fd);
+            push_old(j, j->file_first);
+            j->fd = p.newfd;
+            j->file_first = rot_seq;
         }
-        if (!j->failed) {
-            j->durable_seq = target;
-            if (rot) {
-                close(j->fd);
-                push_old(j, j->file_first);
-                j->fd = newfd;
-                j->file_first = rot_seq;
-            }
-        } else if (newfd >= 0) {
-            close(newfd);
+        bool again = false;
+        if (p.err && p.retry && !j->closing) {
+            bool ok;
+            spare = requeue(j, buf, &bufcap, len, p.done, rot, rotated, rot_at, rot_seq, &ok);
+            sparecap = bufcap;
+            again = ok;
+            if (!ok)
+                p.err = ENOMEM;
+        } else {
+            spare = buf;
+            sparecap = bufcap;
+        }
+        if (again && !j->full) {
+            j->full = p.err;
+            j->full_since_ms = bw__mono_ms();
+            BW_ERROR("journal %s: %s: %zu bytes of records wait to be written; nothing more is "
+                     "acknowledged until there is space (tried again every %d ms)",
+                     j->dir, strerror(p.err), j->plen, BW_JOURNAL_FULL_RETRY_MS);
+        } else if (!p.err && j->full) {
+            BW_INFO("journal %s: space again after %llu ms: the records that waited are durable",
+                    j->dir, (unsigned long long)(bw__mono_ms() - j->full_since_ms));
+            j->full = 0;
+        }
+        if (p.err && !again && !j->failed) {
+            j->failed = p.err;
+            j->full = 0;
+            if (p.retry && j->closing)
+                BW_ERROR("journal %s: %s while closing: %zu bytes of records were never written "
+                         "(none of them was acknowledged)",
+                         j->dir, strerror(p.err), len - p.done);
+            else
+                BW_ERROR("journal %s: write or fsync failed: %s; nothing more will be "
+                         "acknowledged (restart the coordinator to recover from what is on disk)",
+                         j->dir, strerror(p.err));
         }
         j->rotating = false;
         pthread_cond_broadcast(&j->done);
@@ -375,7 +555,7 @@ void bw__journal_close(bw_journal *j)
 int bw__journal_rotate(bw_journal *j, uint64_t *snapshot_seq)
 {
     pthread_mutex_lock(&j->mu);
-    if (j->rotate_pending || j->rotating || j->failed) {
+    if (j->rotate_pending || j->rotating || j->failed || j->full) {
         int rc = j->failed ? BW_IO : BW_UNAVAILABLE;
         pthread_mutex_unlock(&j->mu);
         return rc;
@@ -404,15 +584,18 @@ int bw__journal_write_snapshot(bw_journal *j, uint64_t seq, const void *data, si
                                size_t errlen)
 {
     pthread_mutex_lock(&j->mu);
-    while (!j->failed && (j->rotate_pending || j->rotating || j->durable_seq < seq))
+    while (!j->failed && !j->full && (j->rotate_pending || j->rotating || j->durable_seq < seq))
         pthread_cond_wait(&j->done, &j->mu);
-    bool ok = !j->failed && j->file_first == seq + 1;
+    bool ok = !j->failed && j->file_first == seq + 1 && j->durable_seq >= seq;
+    int rc = j->failed ? BW_IO : j->full ? BW_UNAVAILABLE : BW_INVALID_ARGUMENT;
+    int full = j->full;
     pthread_mutex_unlock(&j->mu);
     if (!ok) {
         snprintf(err, errlen, "journal %s: %s", j->dir,
-                 bw__journal_failed(j) ? "the journal has failed"
-                                       : "snapshot seq does not match the last rotation");
-        return bw__journal_failed(j) ? BW_IO : BW_INVALID_ARGUMENT;
+                 rc == BW_IO            ? "the journal has failed"
+                 : rc == BW_UNAVAILABLE ? strerror(full)
+                                        : "snapshot seq does not match the last rotation");
+        return rc;
     }
 
     uint8_t hdr[BW_SNAPSHOT_HEADER];

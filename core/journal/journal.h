@@ -79,32 +79,58 @@ void bw__journal_close(bw_journal *j);
 uint64_t bw__journal_next_seq(bw_journal *j);
 
 /* Queues a record (copied). Returns BW_OK with its seq in *seq, BW_TOO_BIG, BW_NOMEM (nothing
- * queued), or BW_IO once the journal has failed (see bw__journal_failed). */
+ * queued), BW_UNAVAILABLE while the disk is full (nothing queued; see bw__journal_full), or
+ * BW_IO once the journal has failed (see bw__journal_failed). */
 int bw__journal_append(bw_journal *j, const void *data, size_t len, uint64_t *seq);
 
 /* Called with BW_OK once every record up to the seq given is durable, with BW_IO if the
- * journal failed first, or with BW_NOMEM when the wait could not be recorded (the records
- * still become durable; only this notice is lost). */
+ * journal failed first, with BW_UNAVAILABLE if the disk is full before it is durable (the
+ * record stays queued and becomes durable once there is space; only this wait ends), or with
+ * BW_NOMEM when the wait could not be recorded (the records still become durable; only this
+ * notice is lost). */
 typedef void (*bw_journal_done_fn)(void *arg, int rc);
 
 /* Runs fn(arg, rc) once record `seq` is durable: at once, in the calling thread, when it
- * already is (or the journal has failed, or memory for the wait ran out: rc BW_NOMEM);
- * otherwise later, on the writer thread. */
+ * already is (or the journal has failed, or the disk is full, or memory for the wait ran
+ * out: rc BW_NOMEM); otherwise later, on the writer thread. */
 void bw__journal_when_durable(bw_journal *j, uint64_t seq, bw_journal_done_fn fn, void *arg);
 
-/* Blocks until record `seq` is durable; returns BW_OK or BW_IO. */
+/* Blocks until record `seq` is durable; returns BW_OK, BW_IO, or BW_UNAVAILABLE once the
+ * disk is full before it is. */
 int bw__journal_sync(bw_journal *j, uint64_t seq);
 
 /* The highest durable seq. */
 uint64_t bw__journal_durable_seq(bw_journal *j);
 
 /* Nonzero (an errno) once a write or fsync failed: nothing more is acknowledged and the
- * process should exit so that a restart recovers from what is on disk. */
+ * process should exit so that a restart recovers from what is on disk. A full disk is not a
+ * failure (bw__journal_full). */
 int bw__journal_failed(bw_journal *j);
+
+/*
+ * A full disk: nonzero (ENOSPC or EDQUOT) while a write found no space. Such a write is cut
+ * back (the file is truncated to where it was) and its records stay queued; the writer tries
+ * them again every 200 ms and they become durable once there is space. Meanwhile appends,
+ * rotations and waits for records not yet durable answer BW_UNAVAILABLE at once, so nothing
+ * is acknowledged that is not on disk and nothing acknowledged is lost. A failed fdatasync
+ * is never taken for a full disk: it fails the journal (bw__journal_failed). When full and
+ * `why` is not NULL, says so in a sentence naming the directory, e.g. "journal /var/lib/bw:
+ * No space left on device for 1200 ms (312 bytes of records wait; tried again every 200 ms)".
+ */
+int bw__journal_full(bw_journal *j, char *why, size_t whylen);
 
 /* Record bytes (headers included) in the journal files that the next snapshot removes: those
  * found at open plus those appended since, until the last rotation. */
 uint64_t bw__journal_bytes_since_snapshot(bw_journal *j);
+
+/* Told after each group commit that made records durable: how long writing and fdatasync'ing
+ * them took (seconds) and how many record bytes became durable. Runs on the writer thread with
+ * the journal's lock held: it must be quick (count, observe) and must not call the journal. */
+typedef void (*bw_journal_sync_fn)(void *user, double seconds, uint64_t bytes);
+
+/* Sets (fn NULL: removes) the function told about each group commit, e.g. for metrics; once
+ * it returns, the previous function is not called any more. */
+void bw__journal_set_sync_hook(bw_journal *j, bw_journal_sync_fn fn, void *user);
 
 /* When compaction is due (docs/operating.md, "Coordinator state"). A zero limit is off. */
 typedef struct bw_journal_policy {
@@ -114,7 +140,8 @@ typedef struct bw_journal_policy {
                              (records found at open count as appended at open) */
 } bw_journal_policy;
 
-/* True when a limit of `p` is reached and there is a record since the last snapshot; then
+/* True when a limit of `p` is reached, there is a record since the last snapshot and the disk
+ * is not full (a snapshot needs space too); then
  * `why` (may be NULL) says which, e.g. "70000 journal bytes (limit 65536)". */
 bool bw__journal_compaction_due(bw_journal *j, const bw_journal_policy *p, char *why,
                                 size_t whylen);
@@ -123,15 +150,16 @@ bool bw__journal_compaction_due(bw_journal *j, const bw_journal_policy *p, char 
  * Compaction, step 1: records appended from now on go to a new file. Call it in the same
  * critical section in which the state that the snapshot will hold is captured, so that the
  * snapshot's seq is bw__journal_next_seq() - 1 at that moment. Returns BW_OK,
- * BW_UNAVAILABLE while a previous rotation is still pending, BW_NOMEM (nothing rotated), or
- * BW_IO once the journal has failed.
+ * BW_UNAVAILABLE while a previous rotation is still pending or the disk is full, BW_NOMEM
+ * (nothing rotated), or BW_IO once the journal has failed.
  */
 int bw__journal_rotate(bw_journal *j, uint64_t *snapshot_seq);
 
 /*
  * Compaction, step 2 (outside the critical section): waits for the rotation, writes the
  * snapshot (temporary file, fsync, rename, fsync of the directory) and removes the journal
- * files it makes redundant. On error the previous snapshot and all journal files remain.
+ * files it makes redundant. On error (BW_UNAVAILABLE when the disk became full before the
+ * rotation was done) the previous snapshot and all journal files remain.
  */
 int bw__journal_write_snapshot(bw_journal *j, uint64_t seq, const void *data, size_t len, char *err,
                                size_t errlen);

@@ -30,6 +30,10 @@ struct bw_journal {
     bool thread_started;
     bool closing;
     int failed; /* errno of the first failed write/fsync */
+    /* ENOSPC or EDQUOT while the disk is full: the last write found no space, was cut back,
+     * and its records wait in `pending` to be tried again (journal.c, "A full disk"). */
+    int full;
+    uint64_t full_since_ms; /* bw__mono_ms() when it began */
 
     int fd;              /* the file being appended to (writer-owned after open) */
     uint64_t file_first; /* its first seq */
@@ -53,7 +57,13 @@ struct bw_journal {
 
     bw_journal_waiter *waiters;
     size_t nwaiters, wcap;
+
+    bw_journal_sync_fn sync_hook; /* bw__journal_set_sync_hook; under mu */
+    void *sync_user;
 };
+
+/* How often the writer tries the records that found the disk full again. */
+enum { BW_JOURNAL_FULL_RETRY_MS = 200 };
 
 /* Little-endian helpers. */
 void bw__journal_put32(uint8_t *p, uint32_t v);

@@ -22,6 +22,9 @@ struct bw_rpc_channel {
     bool tls;
     /* grpc_channel_register_call handles, registered on first use of each method */
     pthread_mutex_t mu;
+    /* "authorization: Bearer TOKEN" on every call when a token was given */
+    grpc_metadata auth;
+    size_t nauth;
     const bw_rpc_method *registered[BW_CHANNEL_METHODS_MAX];
     void *handles[BW_CHANNEL_METHODS_MAX];
     size_t nregistered;
@@ -96,6 +99,20 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
     }
     pthread_mutex_init(&ch->mu, NULL);
     ch->tls = bw__tls_client_enabled(&opts->tls);
+    if (opts->tls.token && *opts->tls.token) {
+        size_t len = strlen(opts->tls.token) + 8;
+        char *v = malloc(len);
+        if (v) {
+            snprintf(v, len, "Bearer %s", opts->tls.token);
+            ch->auth.key = grpc_slice_from_static_string("authorization");
+            ch->auth.value = grpc_slice_from_copied_string(v);
+            ch->nauth = 1;
+            free(v);
+        } else {
+            bw__rpc_channel_close(ch);
+            return BW_NOMEM;
+        }
+    }
     *out = ch;
     return BW_OK;
 }
@@ -105,6 +122,8 @@ void bw__rpc_channel_close(bw_rpc_channel *ch)
     if (!ch)
         return;
     grpc_channel_destroy(ch->channel);
+    if (ch->nauth)
+        grpc_slice_unref(ch->auth.value);
     pthread_mutex_destroy(&ch->mu);
     free(ch->target);
     free(ch);
@@ -252,6 +271,8 @@ int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMess
     grpc_op ops[6];
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = ch->nauth;
+    ops[0].data.send_initial_metadata.metadata = &ch->auth;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -373,6 +394,8 @@ int bw__rpc_stream_open(bw_rpc_channel *ch, const bw_rpc_method *m, const Protob
     grpc_metadata_array_init(&st->trailing_md);
     memset(st->ops, 0, sizeof(st->ops));
     st->ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    st->ops[0].data.send_initial_metadata.count = ch->nauth;
+    st->ops[0].data.send_initial_metadata.metadata = &ch->auth;
     st->ops[1].op = GRPC_OP_SEND_MESSAGE;
     st->ops[1].data.send_message.send_message = st->send;
     st->ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

@@ -5,6 +5,7 @@
 
 #include "batchwire/batchwire.h"
 #include "common/util.h"
+#include "common/version.h"
 
 int bw__rpc_health_check(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                          ProtobufCMessage **resp)
@@ -41,6 +42,9 @@ int bw__rpc_info(bw_rpc_call *call, Batchwire__V1__Role role, const char *id,
     batchwire__v1__info_response__init(out);
     out->role = role;
     out->version = (char *)bw_version();
+    out->commit = (char *)bw__build_commit();
+    out->build_type = (char *)bw__build_type();
+    out->features = (char **)bw__build_features(&out->n_features);
     out->id = bw__arena_strdup(a, id ? id : "");
     out->listen_address = bw__arena_strdup(a, listen_address);
     out->hostname = bw__arena_strdup(a, host);

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <time.h>
 
 static void term_set(sigset_t *set)
@@ -9,6 +10,7 @@ static void term_set(sigset_t *set)
     sigemptyset(set);
     sigaddset(set, SIGINT);
     sigaddset(set, SIGTERM);
+    sigaddset(set, SIGHUP);
 }
 
 void bw__daemon_block_signals(void)
@@ -30,9 +32,11 @@ int bw__daemon_wait_signal(int timeout_ms)
     return sig;
 }
 
-#include <stdio.h>
 #include <grpc/support/log.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "common/progress.h"
 
 /* gRPC's own log lines (handshake failures and the like) in our format and level. */
 static void grpc_log(gpr_log_func_args *args)
@@ -49,6 +53,14 @@ void bw__daemon_route_grpc_logs(bw_log_level level)
     gpr_set_log_verbosity(level >= BW_LOG_DEBUG ? GPR_LOG_SEVERITY_DEBUG : GPR_LOG_SEVERITY_ERROR);
 }
 
+void bw__daemon_logging(const bw_daemon_common *c, const char *component)
+{
+    bw__log_to_stderr(component, (bw_log_level)c->log_level);
+    bw__log_set_format((bw__log_format)c->log_format);
+    bw__daemon_route_grpc_logs((bw_log_level)c->log_level);
+    bw__progress_interval_ms = (uint64_t)c->progress_ms;
+}
+
 void bw__daemon_server_opts(const bw_daemon_common *c, const char *role, bw_rpc_server_opts *o)
 {
     memset(o, 0, sizeof(*o));
@@ -62,4 +74,45 @@ void bw__daemon_server_opts(const bw_daemon_common *c, const char *role, bw_rpc_
     /* An unpacked request can be a few times its wire size; the response shares the arena. */
     o->call_memory_limit = (size_t)c->max_message_bytes * 4 + (1u << 20);
     o->role = role;
+}
+
+int bw__daemon_auth(const bw_daemon_common *c, bw_auth **auth, char **token, char *err,
+                    size_t errlen)
+{
+    *auth = NULL;
+    *token = NULL;
+    int rc = bw__auth_open(c->auth_tokens, auth, err, errlen);
+    if (rc == BW_OK && c->token_file)
+        rc = bw__auth_read_token_file(c->token_file, token, err, errlen);
+    if (rc != BW_OK) {
+        bw__auth_free(*auth);
+        *auth = NULL;
+        return rc;
+    }
+    return BW_OK;
+}
+
+void bw__daemon_auth_reload(bw_auth *auth)
+{
+    char err[512];
+    size_t n = 0;
+    if (bw__auth_reload(auth, &n, err, sizeof(err)) == BW_OK)
+        BW_INFO("received SIGHUP: reloaded --auth-tokens: %zu principal(s)", n);
+    else
+        BW_WARN("received SIGHUP: %s; the principals loaded before stay in force", err);
+}
+
+void bw__daemon_auth_announce(const bw_daemon_common *c, const char *role, const bw_auth *auth)
+{
+    if (bw__auth_enabled(auth))
+        BW_INFO("auth: on: callers are authenticated with the principals of %s%s", c->auth_tokens,
+                c->tls_client_ca ? " (bearer tokens, or client certificates by common name)" : "");
+    else
+        BW_WARN("auth: OFF. Anyone who can reach this %s may call every RPC: register workers, "
+                "read every dataset, move any rank's cursor. Give --auth-tokens FILE "
+                "(docs/security.md)%s",
+                role,
+                c->tls_client_ca ? "; client certificates are verified, but without "
+                                   "--auth-tokens they authorize nothing"
+                                 : "");
 }

@@ -6,18 +6,20 @@
 #include <signal.h>
 
 /*
- * Blocks SIGINT and SIGTERM in the calling thread (call it first in main, before grpc_init
+ * Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (call it first in main, before grpc_init
  * and before any thread starts, so every thread inherits the mask) and ignores SIGPIPE.
  */
 void bw__daemon_block_signals(void);
 
-/* Waits up to timeout_ms for SIGINT or SIGTERM; returns the signal number or 0. */
+/* Waits up to timeout_ms for SIGINT, SIGTERM or SIGHUP (reload the principals); returns the
+ * signal number or 0. */
 int bw__daemon_wait_signal(int timeout_ms);
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "auth/auth.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "rpc/server.h"
@@ -25,13 +27,18 @@ int bw__daemon_wait_signal(int timeout_ms);
 /* Settings every daemon's listener has; embedded in each daemon's config struct. */
 typedef struct bw_daemon_common {
     char *listen;
+    char *metrics_listen; /* /metrics (core/metrics/metrics.h); NULL: off */
     char *tls_cert;
     char *tls_key;
     char *tls_client_ca;
+    char *auth_tokens; /* principals: who may call (core/auth/auth.h); NULL: open service */
+    char *token_file;  /* this daemon's own bearer token, for the calls it makes */
     int64_t threads;
     int64_t max_message_bytes;
     int64_t grace_ms;
-    int log_level; /* index into "error|warn|info|debug" == bw_log_level */
+    int log_level;       /* index into "error|warn|info|debug" == bw_log_level */
+    int log_format;      /* bw__log_format */
+    int64_t progress_ms; /* how often long work logs its progress (core/common/progress.h) */
 } bw_daemon_common;
 
 #define BW_LOG_LEVEL_CHOICES "error|warn|info|debug"
@@ -48,6 +55,17 @@ typedef struct bw_daemon_common {
      0,                                                                                            \
      "HOST:PORT",                                                                                  \
      "address to serve gRPC on; port 0 picks a free port (the bound address is logged)"},          \
+        {"metrics-listen",                                                                         \
+         BW_OPT_ADDR,                                                                              \
+         offsetof(T, F.metrics_listen),                                                            \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "HOST:PORT",                                                                              \
+         "serve Prometheus metrics over plain HTTP at /metrics on this address; port 0 picks a "   \
+         "free port (logged). Unset: off (docs/operating.md, Metrics)"},                           \
         {"tls-cert",                                                                               \
          BW_OPT_PATH,                                                                              \
          offsetof(T, F.tls_cert),                                                                  \
@@ -71,6 +89,27 @@ typedef struct bw_daemon_common {
          0,                                                                                        \
          "FILE",                                                                                   \
          "require client certificates signed by this CA (mutual TLS)"},                            \
+        {"auth-tokens",                                                                            \
+         BW_OPT_PATH,                                                                              \
+         offsetof(T, F.auth_tokens),                                                               \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "FILE",                                                                                   \
+         "principals allowed to call, one a line: ROLE NAME TOKEN (docs/security.md); reloaded "   \
+         "on SIGHUP. Unset: anyone who reaches the daemon may do anything"},                       \
+        {"token-file",                                                                             \
+         BW_OPT_PATH,                                                                              \
+         offsetof(T, F.token_file),                                                                \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "FILE",                                                                                   \
+         "bearer token this daemon presents when it calls another one (first line of FILE)"},      \
         {"threads", BW_OPT_INT, offsetof(T, F.threads),         "2", 1, 64, NULL,                  \
          0,         "N",        "gRPC completion-queue threads"},                                  \
         {"max-message-bytes",                                                                      \
@@ -93,14 +132,53 @@ typedef struct bw_daemon_common {
          0,                                                                                        \
          "MS",                                                                                     \
          "on SIGTERM, how long running calls may take before they are cancelled"},                 \
+        {"log-level",                                                                              \
+         BW_OPT_ENUM,                                                                              \
+         offsetof(T, F.log_level),                                                                 \
+         "info",                                                                                   \
+         0,                                                                                        \
+         0,                                                                                        \
+         BW_LOG_LEVEL_CHOICES,                                                                     \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         "most verbose level logged to stderr"},                                                   \
+        {"log-format",                                                                             \
+         BW_OPT_ENUM,                                                                              \
+         offsetof(T, F.log_format),                                                                \
+         "text",                                                                                   \
+         0,                                                                                        \
+         0,                                                                                        \
+         BW_LOG_FORMAT_CHOICES,                                                                    \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         "stderr log lines as text or as one JSON object per line (docs/operating.md, Logs)"},     \
     {                                                                                              \
-        "log-level", BW_OPT_ENUM, offsetof(T, F.log_level), "info", 0, 0, BW_LOG_LEVEL_CHOICES, 0, \
-            NULL, "most verbose level logged to stderr"                                            \
+        "progress-ms", BW_OPT_INT, offsetof(T, F.progress_ms), "5000", 0, 3600000, NULL, 0, "MS",  \
+            "long work (opening and indexing a dataset) logs its progress this often; on a "       \
+            "terminal one line updates in place (0: never)"                                        \
     }
 
 /* Sends gRPC's internal log lines through our logger (errors as warnings; all of them at
  * debug level). */
 void bw__daemon_route_grpc_logs(bw_log_level level);
+
+/* A daemon's logging from its common settings: stderr as `component` at --log-level in
+ * --log-format, gRPC's lines routed through it, progress every --progress-ms. */
+void bw__daemon_logging(const bw_daemon_common *c, const char *component);
+
+/* The daemon's credentials from its common settings (docs/security.md): *auth, the principals
+ * of --auth-tokens (an open service without it), and *token, the bearer token of --token-file
+ * for the calls it makes (NULL without it; free it). BW_OK, or an error with a sentence naming
+ * the file. */
+int bw__daemon_auth(const bw_daemon_common *c, bw_auth **auth, char **token, char *err,
+                    size_t errlen);
+
+/* Logs whether callers are authenticated; without --auth-tokens, a loud warning. Call after
+ * the "listening on" line (the first line, which tools wait for). */
+void bw__daemon_auth_announce(const bw_daemon_common *c, const char *role, const bw_auth *auth);
+
+/* On SIGHUP: reloads --auth-tokens and logs what happened. */
+void bw__daemon_auth_reload(bw_auth *auth);
 
 /* Fills server options from the common settings. */
 void bw__daemon_server_opts(const bw_daemon_common *c, const char *role, bw_rpc_server_opts *o);

@@ -46,9 +46,11 @@ int bw__dchan_get_req_header(const uint8_t in[BW_DCHAN_REQ_HEADER], uint32_t *ki
                  in[0], in[1], in[2], in[3]);
         return BW_PROTOCOL;
     }
-    if (*kind != BW_DCHAN_KIND_READ_SAMPLES && *kind != BW_DCHAN_KIND_READ_STREAM) {
+    if (*kind != BW_DCHAN_KIND_READ_SAMPLES && *kind != BW_DCHAN_KIND_READ_STREAM &&
+        *kind != BW_DCHAN_KIND_AUTH) {
         snprintf(err, errlen,
-                 "data channel: request kind %u is unknown (1 = ReadSamples, 2 = ReadStream)",
+                 "data channel: request kind %u is unknown (1 = ReadSamples, 2 = ReadStream, 3 = "
+                 "Auth)",
                  *kind);
         return BW_PROTOCOL;
     }

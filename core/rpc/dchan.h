@@ -6,7 +6,9 @@
  * ReadSamplesRequest of the gRPC method and answers with the same checks and error codes.
  *
  * Request (client to worker): a 16-byte header, then `length` bytes of a protobuf
- * ReadSamplesRequest (kind 1) or ReadStreamRequest (kind 2).
+ * ReadSamplesRequest (kind 1) or ReadStreamRequest (kind 2), or of a bearer token (kind 3,
+ * AUTH: the hello a client sends first on a worker with --auth-tokens; answered by END, or by
+ * ERROR UNAUTHENTICATED / PERMISSION_DENIED and the connection closed; docs/security.md).
  *     u32 magic "BWD1" | u32 kind | u64 length
  * Response (worker to client): frames with a 24-byte header.
  *     u32 type | u32 code | u64 a | u64 b
@@ -33,6 +35,7 @@ enum {
     BW_DCHAN_MAGIC = 0x31445742, /* "BWD1" read as a little-endian u32 */
     BW_DCHAN_KIND_READ_SAMPLES = 1,
     BW_DCHAN_KIND_READ_STREAM = 2,
+    BW_DCHAN_KIND_AUTH = 3,
     BW_DCHAN_REQ_HEADER = 16,
     BW_DCHAN_FRAME_HEADER = 24,
     BW_DCHAN_SAMPLE = 1,

@@ -58,4 +58,7 @@ const bw_rpc_method bw__methods[BW_M__COUNT] = {
     [BW_M_DATA_STATS] = {"/batchwire.v1.Data/Stats", "Data.Stats",
                          &batchwire__v1__stats_request__descriptor,
                          &batchwire__v1__stats_response__descriptor},
+    [BW_M_JOBS_DELETE] = {"/batchwire.v1.Jobs/DeleteJob", "Jobs.DeleteJob",
+                          &batchwire__v1__delete_job_request__descriptor,
+                          &batchwire__v1__delete_job_response__descriptor},
 };

@@ -30,6 +30,7 @@ typedef enum bw_method_id {
     BW_M_JOBS_RESUME_ELASTIC,
     BW_M_JOBS_LEAVE,
     BW_M_DATA_STATS,
+    BW_M_JOBS_DELETE,
     BW_M__COUNT
 } bw_method_id;
 

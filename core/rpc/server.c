@@ -9,15 +9,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/grpc_security_constants.h>
 #include <grpc/support/alloc.h>
 
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "rpc/proto_check.h"
 
 /* Everything placed on a completion queue starts with a tag: the handler of its event. */
 typedef struct tag tag;
@@ -43,6 +47,7 @@ struct bw_rpc_server {
     int requests_per_method;
     size_t call_memory_limit;
     const char *role;
+    bw_auth *auth;
     atomic_int stopping;
     atomic_long live_calls;
 
@@ -98,6 +103,7 @@ struct bw_rpc_call {
     bool metadata_sent;
     gpr_timespec deadline;
     char *peer;
+    bw_principal principal;
     char message[512];
     grpc_byte_buffer *send;
     grpc_slice details;
@@ -135,6 +141,69 @@ const char *bw__rpc_call_peer(bw_rpc_call *call)
     if (!call->peer)
         call->peer = grpc_call_get_peer(call->call);
     return call->peer ? call->peer : "?";
+}
+
+const bw_principal *bw__rpc_call_principal(bw_rpc_call *call)
+{
+    return &call->principal;
+}
+
+/* The token of an "authorization: Bearer TOKEN" header into out ("" when there is none; a
+ * header in another form is kept whole, so that it fails as a token). */
+static void bearer_token(const grpc_metadata_array *md, char *out, size_t outlen)
+{
+    out[0] = 0;
+    for (size_t i = 0; i < md->count; i++) {
+        if (!grpc_slice_str_cmp(md->metadata[i].key, "authorization")) {
+            const char *v = (const char *)GRPC_SLICE_START_PTR(md->metadata[i].value);
+            size_t len = GRPC_SLICE_LENGTH(md->metadata[i].value);
+            if (len > 7 && strncasecmp(v, "Bearer ", 7) == 0) {
+                v += 7;
+                len -= 7;
+            }
+            if (len >= outlen)
+                len = outlen - 1; /* longer than any token: fails as one */
+            memcpy(out, v, len);
+            out[len] = 0;
+            if (!out[0] || memchr(v, 0, len))
+                snprintf(out, outlen, "%s", "\x00"); /* never a valid token */
+            return;
+        }
+    }
+}
+
+/* The subject common name of the caller's verified client certificate ("" without one). */
+static void cert_name(grpc_call *call, char *out, size_t outlen)
+{
+    out[0] = 0;
+    grpc_auth_context *ctx = grpc_call_auth_context(call);
+    if (!ctx)
+        return;
+    grpc_auth_property_iterator it =
+        grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_CN_PROPERTY_NAME);
+    const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+    if (p && p->value && p->value_length < outlen && !memchr(p->value, 0, p->value_length)) {
+        memcpy(out, p->value, p->value_length);
+        out[p->value_length] = 0;
+    }
+    grpc_auth_context_release(ctx);
+}
+
+/* Authenticates and authorizes a new call (core/auth/auth.h); on refusal records the error
+ * and logs it with the peer. */
+static int authorize(bw_rpc_call *c, const char *token)
+{
+    char cn[BW_PRINCIPAL_NAME_MAX];
+    cert_name(c->call, cn, sizeof(cn));
+    char why[384];
+    bw_method_id id = (bw_method_id)(c->method - bw__methods);
+    int rc = bw__auth_check(c->srv->auth, id, token[0] ? token : NULL, cn[0] ? cn : NULL,
+                            &c->principal, why, sizeof(why));
+    if (rc == BW_OK)
+        return BW_OK;
+    BW_WARN("%s: refused %s from %s: %s (%s)", c->srv->role, c->method->name, bw__rpc_call_peer(c),
+            why, bw_err_name(rc));
+    return bw__rpc_fail(c, rc, "%s: %s", c->method->name, why);
 }
 
 int bw__rpc_fail(bw_rpc_call *call, int rc, const char *fmt, ...)
@@ -370,6 +439,12 @@ static int unpack(bw_rpc_call *c, grpc_byte_buffer *payload, ProtobufCMessage **
     grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
     grpc_byte_buffer_reader_destroy(&reader);
     size_t len = GRPC_SLICE_LENGTH(all);
+    char why[384];
+    int rc = bw__proto_check(c->method->request, GRPC_SLICE_START_PTR(all), len, why, sizeof(why));
+    if (rc != BW_OK) {
+        grpc_slice_unref(all);
+        return bw__rpc_fail(c, rc, "%s: %s", c->method->name, why);
+    }
     *req =
         protobuf_c_message_unpack(c->method->request, &c->arena.pb, len, GRPC_SLICE_START_PTR(all));
     grpc_slice_unref(all);
@@ -429,6 +504,8 @@ static void request_arrived(tag *t, bool ok)
     gpr_timespec deadline = r->deadline;
     grpc_byte_buffer *payload = r->payload;
     size_t h = r->handler;
+    char token[BW_TOKEN_MAX + 8];
+    bearer_token(&r->md, token, sizeof(token));
     /* Keep the method's request count up before doing any work: r goes back out. */
     r->call = NULL;
     r->payload = NULL;
@@ -447,15 +524,15 @@ static void request_arrived(tag *t, bool ok)
 
     ProtobufCMessage *req = NULL;
     ProtobufCMessage *resp = NULL;
-    int rc = BW_OK;
-    if (!payload)
+    int rc = authorize(c, token);
+    if (rc == BW_OK && !payload)
         rc = bw__rpc_fail(c, BW_INVALID_ARGUMENT, "%s: the request carried no message",
                           c->method->name);
-    else if (srv->raw[h])
+    else if (rc == BW_OK && srv->raw[h])
         c->payload = payload; /* the handler decodes it */
-    else
+    else if (rc == BW_OK)
         rc = unpack(c, payload, &req);
-    if (payload && !srv->raw[h])
+    if (payload && payload != c->payload)
         grpc_byte_buffer_destroy(payload);
     if (rc == BW_OK) {
         rc = c->fn(srv->user, c, req, &resp);
@@ -693,6 +770,7 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
     srv->role = opts->role ? opts->role : "server";
     srv->requests_per_method = opts->requests_per_method > 0 ? opts->requests_per_method : 4;
     srv->call_memory_limit = opts->call_memory_limit;
+    srv->auth = opts->auth;
     srv->nqueues = opts->threads > 0 ? opts->threads : 1;
     bw_rpc_handler *hcopy = calloc(n ? n : 1, sizeof(*hcopy));
     srv->handlers = hcopy;

@@ -25,6 +25,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "batchwire/batchwire.h"
+#include "auth/auth.h"
 #include "common/arena.h"
 #include "rpc/methods.h"
 #include "rpc/tls.h"
@@ -53,6 +54,11 @@ typedef struct bw_rpc_server_opts {
     /* Methods whose requests the handler decodes itself (see above); may be NULL. */
     const bw_rpc_method *const *raw_methods;
     size_t nraw_methods;
+    /* Who may call what (borrowed; NULL: an open service). Every call is authenticated and
+     * authorized against the table of core/auth/auth.h before its handler runs; a refusal
+     * answers UNAUTHENTICATED or PERMISSION_DENIED naming the method and is logged with the
+     * peer's address. */
+    bw_auth *auth;
 } bw_rpc_server_opts;
 
 /*
@@ -76,6 +82,10 @@ bw_arena *bw__rpc_call_arena(bw_rpc_call *call);
 
 /* The peer's address ("ipv4:127.0.0.1:5555"); valid for the call's life. */
 const char *bw__rpc_call_peer(bw_rpc_call *call);
+
+/* The authenticated caller (the anonymous principal on an open service); valid for the
+ * call's life. */
+const bw_principal *bw__rpc_call_principal(bw_rpc_call *call);
 
 /* Records a message for the error the handler is about to return; returns rc. */
 int bw__rpc_fail(bw_rpc_call *call, int rc, const char *fmt, ...)

@@ -20,6 +20,10 @@ typedef struct bw_tls_client_files {
     const char *key;         /* --tls-key */
     const char *server_name; /* --tls-server-name: name to verify instead of the target host */
     int use_tls;             /* TLS with gRPC's default roots even without --tls-ca */
+    /* Not a file but the other credential a client presents: the bearer token read from
+     * --token-file, sent as "authorization: Bearer TOKEN" on every call and in the data
+     * channel's hello (docs/security.md); NULL: none. */
+    const char *token;
 } bw_tls_client_files;
 
 /* Server credentials: insecure when files->cert is NULL. Returns BW_OK or BW_TLS with a

@@ -45,6 +45,7 @@ void bw__sampler_cfg_init(bw__sampler_cfg *cfg)
     cfg->batch_size = 1;
     cfg->shuffle_algo = BW__SHUFFLE_TORCH;
     cfg->even_batches = true;
+    cfg->shard_single_process = true;
 }
 
 int bw__sampler_mode_parse(const char *s)
@@ -132,6 +133,16 @@ int bw__sampler_cfg_check(const bw__sampler_cfg *cfg, char *err, size_t errlen)
                     "even_batches off is an accelerate option; %s mode always gives every "
                     "rank the same number of batches",
                     mode);
+    if (cfg->dispatch_batches && cfg->mode != BW__MODE_ACCELERATE)
+        return fail(err, errlen,
+                    "dispatch_batches is an accelerate option (DataLoaderDispatcher); %s mode "
+                    "has no dispatcher",
+                    mode);
+    if (cfg->dispatch_batches && !cfg->even_batches)
+        return fail(err, errlen,
+                    "even_batches off with dispatch_batches: Accelerate's DataLoaderDispatcher "
+                    "has no even_batches (it slices the last batch among the ranks); leave "
+                    "even_batches on");
     if (cfg->mode == BW__MODE_ITERABLE && cfg->shuffle)
         return fail(err, errlen,
                     "shuffle: iterable mode serves a stream in its own order (shuffle the "
@@ -165,9 +176,19 @@ void bw__layout_init(bw__layout *l, const bw__sampler_cfg *cfg, uint64_t n, uint
      * base batch with split_batches, the stream's first global batch), itself cycled when
      * the epoch is shorter than that. */
     l->pad_cycle = n < l->g ? n : l->g;
+    /* prepare_data_loader does not shard for one process: the plain BatchSampler. */
+    bool plain = cfg->mode == BW__MODE_ACCELERATE && world == 1 && !cfg->shard_single_process;
     if (n % l->g == 0 || cfg->drop_last) {
         l->steps = full;
-    } else if (cfg->mode == BW__MODE_ITERABLE || cfg->even_batches) {
+    } else if (cfg->dispatch_batches) {
+        /* DataLoaderDispatcher: the m leftover samples are cut into world slices of
+         * ceil(m / world); when m % world != 0 the first min(world, n) positions of the
+         * sequence follow them, so the last slices are padded, short or empty. */
+        uint64_t m = n - full * l->g;
+        l->steps = full + 1;
+        l->tail_b = m / world + (m % world != 0);
+        l->tail_pad = m % world ? (n < world ? n : world) : 0;
+    } else if (cfg->mode == BW__MODE_ITERABLE || (cfg->even_batches && !plain)) {
         l->steps = full + 1;
     } else {
         l->steps = full;
@@ -202,6 +223,16 @@ size_t bw__layout_batch(const bw__layout *l, uint64_t rank, uint64_t step, uint6
             uint64_t v = j * l->world + rank;
             bool is_pad = v >= l->n;
             pos[count] = is_pad ? (v - l->n) % l->pad_cycle : v;
+            if (pad)
+                pad[count] = is_pad;
+            nreal += !is_pad;
+            count++;
+        }
+    } else if (l->tail_b && step == l->steps - 1) {
+        uint64_t v0 = step * l->g + rank * l->tail_b;
+        for (uint64_t v = v0; v < v0 + l->tail_b && v < l->n + l->tail_pad; v++) {
+            bool is_pad = v >= l->n;
+            pos[count] = is_pad ? v - l->n : v;
             if (pad)
                 pad[count] = is_pad;
             nreal += !is_pad;

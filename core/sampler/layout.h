@@ -26,6 +26,10 @@ typedef struct bw__layout {
     uint64_t steps;     /* steps every rank has */
     bool uneven_tail;   /* accelerate, even_batches off: ranks with data get one more step */
     uint64_t pad_cycle; /* padding cycles through positions [0, pad_cycle) */
+    /* accelerate, dispatch_batches, a short last step: each rank's slice of it (tail_b
+     * samples, the last ranks' shorter or empty) over the leftover positions followed by
+     * tail_pad padding positions [0, tail_pad) */
+    uint64_t tail_b, tail_pad;
 } bw__layout;
 
 /* Lays out n positions over `world` ranks under cfg's rules (cfg->num_samples and

@@ -49,9 +49,17 @@ typedef struct bw__sampler_cfg {
     bool sampler_drop_last; /* torch only: DistributedSampler's drop_last */
     bool split_batches;     /* accelerate, iterable */
     bool even_batches;      /* accelerate (default true); iterable always pads */
+    /* accelerate: Accelerate's DataLoaderDispatcher (dispatch_batches=True): full steps as
+     * BatchSamplerShard, the short tail sliced among the ranks (docs/semantics.md) */
+    bool dispatch_batches;
+    /* accelerate at world size 1: true, BatchSamplerShard's padding (default here, the
+     * reference vectors' class); false, the plain BatchSampler's batches that
+     * prepare_data_loader gives one process (a short last batch) */
+    bool shard_single_process;
 } bw__sampler_cfg;
 
-/* Defaults: torch mode, world 1, batch 1, no shuffle, seed 0, epoch 0, even_batches on. */
+/* Defaults: torch mode, world 1, batch 1, no shuffle, seed 0, epoch 0, even_batches and
+ * shard_single_process on. */
 void bw__sampler_cfg_init(bw__sampler_cfg *cfg);
 
 /*

@@ -25,6 +25,15 @@ extern "C" {
 BW_EXTERN const char *bw_version(void);
 
 /*
+ * What this build of the library is, one line of a static string:
+ *     "0.1.0 commit=2bfd0fe1a2b3-dirty build=RelWithDebInfo tls=yes cuda=no"
+ * the version, the source's commit at build time (`git describe --always --dirty`, or
+ * "unknown"), the CMake build type, and whether TLS and the CUDA copy path are built in
+ * (" sanitize=..." follows for sanitizer builds). Every program's --version prints it.
+ */
+BW_EXTERN const char *bw_build_info(void);
+
+/*
  * Error codes. Numbers are stable: a retired number is never reused. Functions return
  * BW_OK (0) or a negative code; a sentence for people travels separately (see each API).
  *

@@ -85,6 +85,41 @@ typedef struct bw_loader_options {
      * 0: no retry). Heartbeats and placement refreshes retry for as long as the loader
      * runs. */
     int retry_ms;
+
+    /* A file whose first line is the bearer token to present to the coordinator and the
+     * workers when they require one (--auth-tokens; docs/security.md). NULL: the
+     * BATCHWIRE_TOKEN_FILE environment variable, else no token. */
+    const char *token_file;
+
+    /* The number of epochs this rank will run, when known (0: unknown). Once the last one has
+     * been delivered to its end, closing the loader tells the coordinator that this rank is
+     * finished; when every rank is, the coordinator removes the job (its cursors stay valid
+     * for a job created again with the same configuration). */
+    uint64_t epochs;
+
+    /* More of the sampler (docs/semantics.md); like the settings above, every rank of a job
+     * must agree. allow_uneven: with even_batches off and drop_last off, ranks may get
+     * different numbers of batches; the job is refused unless this is set, since unequal
+     * counts hang a DDP job (each rank learns its own count: bw_loader_epoch_steps).
+     * dispatch_batches: accelerate, Accelerate's DataLoaderDispatcher. pad_single_process:
+     * accelerate with one process, BatchSamplerShard's padding instead of the plain
+     * BatchSampler's short last batch that prepare_data_loader yields. All default 0. */
+    int allow_uneven;
+    int dispatch_batches;
+    int pad_single_process;
+
+    /* Where bw_loader_open starts: start_epoch >= 0 starts at (start_epoch, start_step)
+     * instead of where the coordinator says this rank resumes. Default -1. */
+    int64_t start_epoch;
+    uint64_t start_step;
+
+    /* One rank read by several processes (DataLoader workers, python/README.md): this loader
+     * hands out only the steps first + share_index + k * share_count (k = 0, 1, ...), where
+     * `first` is the step it starts at (open, bw_loader_seek, the next epoch); the cursor
+     * after step s is still the rank's (s + 1). Share 0 claims the rank as usual; the others
+     * read without claiming it and cannot commit. Default: share 0 of 1 (every step). */
+    uint32_t share_index;
+    uint32_t share_count;
 } bw_loader_options;
 
 /* Fills `o` with the defaults above. */
@@ -123,6 +158,46 @@ BW_EXTERN int bw_loader_next(bw_loader *l, const bw_batch **out);
 BW_EXTERN int bw_loader_next_epoch(bw_loader *l);
 
 /*
+ * Moves the loader to `cursor` (bytes from bw_loader_cursor, or its text with len 0): the
+ * next batch is the one after the batch the cursor describes, as with bw_loader_open_at;
+ * batches prefetched for the old position are discarded. The same checks (BW_MISMATCH for a
+ * cursor of another job or rank, BW_CORRUPT); on error the loader stays where it was.
+ */
+BW_EXTERN int bw_loader_seek(bw_loader *l, const void *cursor, size_t len);
+
+/* One past the last step of this rank in the current epoch: its batches this epoch are
+ * steps [first, end), first being 0 unless the epoch was resized. With allow_uneven, ranks
+ * may differ by one; every rank learns its own count here before its first batch. */
+BW_EXTERN uint64_t bw_loader_epoch_steps(bw_loader *l);
+
+/*
+ * Elastic resume (docs/semantics.md, "Elastic resume"): joins as rank o->rank of a world of
+ * o->world_size ranks, continuing the job from a checkpoint taken at another world size.
+ * cursors[0..n) are the cursors of every rank of the old world, taken after the same step
+ * (bytes, or text where lens[i] is 0); n == 0 takes every rank's committed cursor from the
+ * coordinator (bw_job_checkpoint's). The rest of the epoch is re-sharded over the new world:
+ * every sample is delivered exactly once (plus declared padding). Every rank of the new world
+ * calls it with the same cursors; the resize is recorded once. Cursors of the job's current
+ * world size resize nothing: this rank starts at its own cursor. Errors as bw_loader_open,
+ * and BW_FAILED_PRECONDITION for cursors that disagree (ranks stopped at different steps), a
+ * rank without a committed cursor, or cursors of a world size the job no longer runs at.
+ */
+BW_EXTERN int bw_loader_open_elastic(const bw_loader_options *o, const void *const *cursors,
+                                     const size_t *lens, size_t n, bw_loader **out, char *err,
+                                     size_t errlen);
+
+/*
+ * The job-level checkpoint, for launchers: every rank's committed cursor (bw_loader_commit)
+ * as text, one "bwc1:..." line per rank in rank order, written NUL-terminated into buf. Only
+ * o->coordinator, the TLS and token settings and o->job are used; nothing is joined. Resume
+ * from it at any world size with bw_loader_open_elastic (or `batchwire fetch
+ * --resume-elastic FILE`). BW_NOT_FOUND for an unknown job, BW_FAILED_PRECONDITION naming a
+ * rank that has committed nothing, BW_TOO_BIG when buflen is too small.
+ */
+BW_EXTERN int bw_job_checkpoint(const bw_loader_options *o, char *buf, size_t buflen, char *err,
+                                size_t errlen);
+
+/*
  * The cursor after the last batch handed out by bw_loader_next (not the last one
  * prefetched): store it in the checkpoint. Writes up to *len bytes into buf and sets *len to
  * the cursor's size; BW_TOO_BIG if buf is too small (then *len is the size needed).
@@ -145,6 +220,33 @@ BW_EXTERN uint64_t bw_loader_num_samples(const bw_loader *l);
 
 /* Leaves the job (the rank's lease is released) and frees everything. NULL is a no-op. */
 BW_EXTERN void bw_loader_close(bw_loader *l);
+
+/* ---- statistics ---- */
+
+/* What a loader has done since it was opened (docs/client.md, "Statistics"). Fields are only
+ * ever added at the end. */
+typedef struct bw_loader_stats {
+    uint64_t batches; /* batches handed out by bw_loader_next */
+    uint64_t samples; /* samples in them, padding included */
+    uint64_t bytes;   /* their bytes: bw_batch_nbytes summed */
+    uint64_t wait_ns; /* time spent inside bw_loader_next: the trainer waiting for data */
+    /* Samples and sample bytes that arrived from workers: each sample of a batch once
+     * (padding repeats none), plus what arrived again after a retry. */
+    uint64_t samples_received;
+    uint64_t bytes_received;
+    uint64_t requests;  /* read requests sent to workers */
+    uint64_t retries;   /* requests that ended before all their samples came, asked again */
+    uint64_t failovers; /* workers found failed during a fetch, their samples read elsewhere */
+    uint64_t busy; /* answers from a worker over its in-flight budget (a retry after a pause) */
+} bw_loader_stats;
+
+/*
+ * Copies the loader's counters into *out. `size` is sizeof(bw_loader_stats) as the caller
+ * was built with: an older, shorter struct gets the fields it has. Safe from any thread while
+ * the loader runs (each counter is read atomically; together they are not one snapshot).
+ * BW_OK, or BW_INVALID_ARGUMENT for a NULL loader or out.
+ */
+BW_EXTERN int bw_loader_get_stats(const bw_loader *l, bw_loader_stats *out, size_t size);
 
 /* ---- a batch (borrowed from the loader) ---- */
 
@@ -188,6 +290,28 @@ BW_EXTERN int bw_loader_to_device(bw_loader *l, const bw_batch *b, int device, v
 
 /* Sample i's bytes (host memory) and size. */
 BW_EXTERN int bw_batch_sample(const bw_batch *b, size_t i, const void **data, size_t *size);
+
+/* ---- keeping a batch's bytes past the next batch ---- */
+
+typedef struct bw_hold bw_hold;
+
+/*
+ * Keeps the host bytes of `b`, the batch bw_loader_next returned last, valid and unchanged
+ * until bw_hold_release -- also after the loader has moved on, and after bw_loader_close.
+ * Nothing is copied: when the loader reuses the batch's slot while a hold on it is live, the
+ * slot continues with another buffer. Holding the same batch again returns the same hold with
+ * one more reference. Returns BW_OK, BW_FAILED_PRECONDITION when b is not the current batch
+ * (the loader moved on), or BW_NOMEM. Same thread rules as bw_loader_next.
+ */
+BW_EXTERN int bw_loader_hold(bw_loader *l, const bw_batch *b, bw_hold **out);
+
+/* The held bytes (host memory, bw_batch_host_data's at the time of the hold) and their size. */
+BW_EXTERN const void *bw_hold_data(const bw_hold *h);
+BW_EXTERN size_t bw_hold_nbytes(const bw_hold *h);
+
+/* Drops one reference; the bytes are given back when the last one goes. Any thread, also
+ * after bw_loader_close. NULL is a no-op. */
+BW_EXTERN void bw_hold_release(bw_hold *h);
 
 #ifdef __cplusplus
 }

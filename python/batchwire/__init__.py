@@ -5,7 +5,7 @@
                 batch_size=32, shuffle=True, seed=0) as loader:
         for epoch in loader.epochs(10):
             for batch in loader:
-                x = batch.torch()          # [32, ...] tensor, valid until the next batch
+                x = batch.torch()          # [32, ...] tensor, zero-copy, never overwritten
                 ...
             ckpt["data_cursor"] = loader.cursor()
 
@@ -21,9 +21,11 @@ import logging
 from . import _lib
 from .errors import *  # noqa: F401,F403  (the exception classes)
 from .errors import Error, __all__ as _error_names
-from .loader import Batch, Loader
+from .loader import Batch, Loader, job_checkpoint
+from .state import job_checkpoint_from
 
-__all__ = ["Loader", "Batch", "Error", "library_path", "version", "log_to_python"] + \
+__all__ = ["Loader", "Batch", "Error", "library_path", "version", "log_to_python",
+           "job_checkpoint", "job_checkpoint_from"] + \
     [n for n in _error_names if n != "Error"]
 
 

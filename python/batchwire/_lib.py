@@ -51,7 +51,24 @@ class Options(ctypes.Structure):
         ("device", c_int),
         ("transport", c_char_p),
         ("retry_ms", c_int),
+        ("token_file", c_char_p),
+        ("epochs", c_uint64),
+        ("allow_uneven", c_int),
+        ("dispatch_batches", c_int),
+        ("pad_single_process", c_int),
+        ("start_epoch", c_int64),
+        ("start_step", c_uint64),
+        ("share_index", ctypes.c_uint32),
+        ("share_count", ctypes.c_uint32),
     ]
+
+
+class Stats(ctypes.Structure):
+    """bw_loader_stats (include/batchwire/loader.h), field for field."""
+
+    _fields_ = [(name, c_uint64) for name in (
+        "batches", "samples", "bytes", "wait_ns", "samples_received", "bytes_received",
+        "requests", "retries", "failovers", "busy")]
 
 
 # The options struct is allocated inside a larger zeroed buffer, so that a library whose
@@ -119,6 +136,7 @@ def _declare(lib):
         "bw_loader_world_size": (c_int64, [P]),
         "bw_loader_num_samples": (c_uint64, [P]),
         "bw_loader_close": (None, [P]),
+        "bw_loader_get_stats": (c_int, [P, ctypes.POINTER(Stats), c_size_t]),
         "bw_batch_epoch": (c_uint64, [P]),
         "bw_batch_step": (c_uint64, [P]),
         "bw_batch_count": (c_size_t, [P]),
@@ -134,6 +152,16 @@ def _declare(lib):
         "bw_batch_device": (c_int, [P]),
         "bw_batch_sample": (c_int, [P, c_size_t, ctypes.POINTER(c_void_p),
                                     ctypes.POINTER(c_size_t)]),
+        "bw_loader_seek": (c_int, [P, c_void_p, c_size_t]),
+        "bw_loader_epoch_steps": (c_uint64, [P]),
+        "bw_loader_open_elastic": (c_int, [P, ctypes.POINTER(c_void_p), ctypes.POINTER(c_size_t),
+                                           c_size_t, ctypes.POINTER(P), ctypes.c_char_p,
+                                           c_size_t]),
+        "bw_job_checkpoint": (c_int, [P, ctypes.c_char_p, c_size_t, ctypes.c_char_p, c_size_t]),
+        "bw_loader_hold": (c_int, [P, P, ctypes.POINTER(P)]),
+        "bw_hold_data": (c_void_p, [P]),
+        "bw_hold_nbytes": (c_size_t, [P]),
+        "bw_hold_release": (None, [P]),
     }
     missing = []
     for name, (res, args) in sig.items():
@@ -154,7 +182,7 @@ def _check_layout(lib, path):
     o = Options.from_buffer(buf)
     want = {"rank": -1, "world_size": -1, "batch_size": 1, "even_batches": 1,
             "prefetch_batches": 4, "max_buffer_bytes": 1 << 30, "timeout_ms": 10000,
-            "device": -1, "retry_ms": 60000}
+            "device": -1, "retry_ms": 60000, "start_epoch": -1, "share_count": 1}
     got = {k: getattr(o, k) for k in want}
     if got != want or o.mode != b"torch" or o.shuffle_algo != b"torch" or o.coordinator:
         raise errors.InternalError(

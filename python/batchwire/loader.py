@@ -6,6 +6,7 @@ import threading
 
 from . import _lib
 from . import errors
+from . import state as _state
 
 _BW_OK = 0
 _BW_END_OF_EPOCH = -22
@@ -34,39 +35,6 @@ def _parse_device(device):
                                       % (device,))
 
 
-def _varints(data):
-    """(field number, value) of the varint and fixed64 fields of a protobuf message."""
-    i, n, out = 0, len(data), []
-    while i < n:
-        key, i = _varint(data, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            v, i = _varint(data, i)
-            out.append((field, v))
-        elif wire == 1:
-            i += 8
-        elif wire == 2:
-            ln, i = _varint(data, i)
-            i += ln
-        elif wire == 5:
-            i += 4
-        else:
-            break
-    return out
-
-
-def _varint(data, i):
-    shift = v = 0
-    while i < len(data):
-        b = data[i]
-        i += 1
-        v |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return v, i
-    return v, i
-
-
 class Batch:
     """One batch of this rank, borrowed from its Loader.
 
@@ -76,14 +44,17 @@ class Batch:
     ``dtype`` (numpy dtype for .npy datasets, else None), ``shape`` (tuple for .npy datasets,
     else None), ``device`` (-1: host memory; N: the loader delivered it to cuda:N).
 
-    The data (``numpy()``, ``torch()``, ``samples()``, ``memoryview()``) is a zero-copy view
-    into the loader's buffer: it is valid until the loader's next batch (or next_epoch, or
-    close). Keep it longer with ``.copy()`` / ``.clone()``. Asking a released batch for its
-    data raises FailedPreconditionError.
+    The data (``numpy()``, ``torch()``, ``memoryview()``) is a zero-copy view of the loader's
+    buffer that stays valid as long as it is referenced: the view holds the batch's bytes
+    (bw_loader_hold), so the loader never overwrites them -- it continues with another buffer
+    when it needs the slot while a view is alive. A loader opened with ``reuse_buffers=True``
+    gives plain views instead, valid only until its next batch. ``samples()`` returns copies.
+    Asking for data the batch no longer has (the loader moved on before any view was taken)
+    raises FailedPreconditionError.
     """
 
-    __slots__ = ("_loader", "_ptr", "_gen", "epoch", "step", "count", "real", "indices",
-                 "padding", "nbytes", "dtype", "shape", "device")
+    __slots__ = ("_loader", "_ptr", "_gen", "_hold", "epoch", "step", "count", "real",
+                 "indices", "padding", "nbytes", "dtype", "shape", "device")
 
     def __init__(self, loader, ptr, gen):
         import numpy as np
@@ -92,6 +63,7 @@ class Batch:
         self._loader = loader
         self._ptr = ptr
         self._gen = gen
+        self._hold = None
         self.epoch = int(L.bw_batch_epoch(ptr))
         self.step = int(L.bw_batch_step(ptr))
         self.count = int(L.bw_batch_count(ptr))
@@ -132,7 +104,8 @@ class Batch:
 
     @property
     def valid(self):
-        """False once the loader has moved on (the data views are then invalid)."""
+        """False once the loader has moved on (views taken before stay valid; see the class
+        docstring)."""
         lo = self._loader
         return lo._handle is not None and lo._gen == self._gen
 
@@ -140,19 +113,26 @@ class Batch:
         if not self.valid:
             raise errors.FailedPreconditionError(
                 "batch of epoch %d step %d was released when the loader moved on (next "
-                "batch, next_epoch or close): copy what you need to keep (batch.numpy().copy(),"
-                " batch.torch().clone()) before taking the next batch" % (self.epoch, self.step))
+                "batch, next_epoch or close) before any view of it was taken: take its views "
+                "(batch.numpy(), batch.torch()) before the next batch" % (self.epoch, self.step))
 
     def _host_buffer(self):
-        """A ctypes byte array over the batch's host bytes that keeps the loader alive."""
-        self._check()
-        L = _lib.lib()
-        addr = L.bw_batch_host_data(self._ptr)
+        """A ctypes byte array over the batch's host bytes. Views made from it reference it
+        (numpy's .base, memoryview.obj), and it references what keeps the bytes: the batch's
+        hold (safe views), or with reuse_buffers the loader, which then outlives the views."""
+        if self._hold is not None:
+            addr, owner = self._hold.address, self._hold
+        else:
+            self._check()
+            lo = self._loader
+            if lo._reuse_buffers:
+                addr, owner = _lib.lib().bw_batch_host_data(self._ptr), lo
+            else:
+                self._hold = _Hold(lo, self)
+                addr, owner = self._hold.address, self._hold
         buf = (ctypes.c_uint8 * self.nbytes).from_address(addr) if self.nbytes else \
             (ctypes.c_uint8 * 0)()
-        # Views made from this buffer reference it (numpy's .base, memoryview.obj); the loader
-        # then outlives them, so forgetting the Loader object cannot free their memory.
-        buf._bw_owner = self._loader
+        buf._bw_owner = owner
         return buf
 
     def memoryview(self):
@@ -161,8 +141,8 @@ class Batch:
 
     def numpy(self):
         """.npy datasets: a numpy array [count, ...] with the dataset's dtype, viewing the
-        loader's buffer (valid until the next batch; ``.copy()`` to keep it). Other formats:
-        the list of samples' bytes (copies)."""
+        batch's buffer (valid while referenced; with reuse_buffers only until the next
+        batch). Other formats: the list of samples' bytes (copies)."""
         import numpy as np
 
         if self.shape is None:
@@ -186,8 +166,9 @@ class Batch:
 
     @property
     def __cuda_array_interface__(self):
-        """For batches the loader delivered to a GPU (device >= 0): the device buffer, for
-        torch.as_tensor, CuPy or Numba. Valid until the next batch."""
+        """For batches the loader delivered to a GPU (device >= 0): the slot's device buffer,
+        for torch.as_tensor, CuPy or Numba. Valid until the next batch (not held: torch()
+        copies it unless the loader reuses buffers)."""
         self._check()
         if self.device < 0 or self.shape is None:
             raise AttributeError("__cuda_array_interface__: the batch is not a tensor on a GPU")
@@ -197,9 +178,10 @@ class Batch:
 
     def torch(self):
         """.npy datasets: a torch.Tensor [count, ...]. On the CPU (loader without device) it
-        shares the loader's buffer through torch.from_numpy (valid until the next batch;
-        ``.clone()`` to keep it). With the loader's device set, a tensor on that GPU viewing
-        the loader's device buffer. Other formats: a list of uint8 tensors (copies)."""
+        shares the batch's held buffer through torch.from_numpy (valid while referenced; see
+        the class docstring). With the loader's device set, a tensor on that GPU: a copy of
+        the slot's device buffer, or with reuse_buffers a view of it (valid until the next
+        batch). Other formats: a list of uint8 tensors (copies)."""
         import torch
 
         if self.shape is None:
@@ -210,12 +192,73 @@ class Batch:
                 raise errors.NoDeviceError(
                     "the batch is on cuda:%d but this PyTorch (%s) cannot use CUDA; use "
                     "batch.numpy() for the host copy" % (self.device, torch.__version__))
-            return torch.as_tensor(self, device="cuda:%d" % self.device)
+            t = torch.as_tensor(self, device="cuda:%d" % self.device)
+            # The device buffer is the slot's own: a copy on the GPU unless reuse_buffers.
+            return t if self._loader._reuse_buffers else t.clone()
         arr = self.numpy()
         if not arr.dtype.isnative:
             # torch needs native byte order: this is a converted copy, not a view.
             arr = arr.astype(arr.dtype.newbyteorder("="))
         return torch.from_numpy(arr)
+
+
+def job_checkpoint(coordinator=None, job=None, tls_ca=None, tls_cert=None, tls_key=None,
+                   tls_server_name=None, token_file=None, timeout=10.0, retry=60.0):
+    """The job-level checkpoint from the coordinator: every rank's committed cursor
+    (Loader.commit()), as {"batchwire_job": 1, "job", "world_size", "cursors": [...]}
+    (batchwire.state). For launchers: store it, and resume the job from it at any world size
+    with Loader(elastic=True, resume=checkpoint) on every new rank. Raises
+    FailedPreconditionError naming a rank that has committed nothing, NotFoundError for an
+    unknown job."""
+    coordinator = coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
+    if not coordinator or not job:
+        raise errors.InvalidArgumentError("job_checkpoint: coordinator and job are required")
+    L = _lib.lib()
+    raw = ctypes.create_string_buffer(_lib.OPTIONS_ALLOC)
+    L.bw_loader_options_init(raw)
+    o = _lib.Options.from_buffer(raw)
+    keep = [None if x is None else os.fsencode(x) for x in
+            (coordinator, job, tls_ca, tls_cert, tls_key, tls_server_name, token_file)]
+    (o.coordinator, o.job, o.tls_ca, o.tls_cert, o.tls_key, o.tls_server_name,
+     o.token_file) = keep
+    o.timeout_ms = max(1, int(round(float(timeout) * 1000)))
+    o.retry_ms = max(0, int(round(float(retry) * 1000)))
+    err = ctypes.create_string_buffer(2048)
+    size = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        rc = L.bw_job_checkpoint(raw, buf, size, err, len(err))
+        if rc != -9 or size >= 1 << 30:  # BW_TOO_BIG: a larger buffer
+            break
+        size *= 8
+    if rc != _BW_OK:
+        raise _lib.error(rc, err.value.decode("utf-8", "replace"))
+    return _state.job_checkpoint(job, buf.value.decode().split())
+
+
+class _Hold:
+    """A reference to a batch's held bytes (bw_loader_hold); released when collected."""
+
+    __slots__ = ("_h", "address", "__weakref__")
+
+    def __init__(self, loader, batch):
+        L = _lib.lib()
+        h = ctypes.c_void_p()
+        with loader._lock:
+            batch._check()
+            rc = L.bw_loader_hold(loader._h(), batch._ptr, ctypes.byref(h))
+            if rc != _BW_OK:
+                loader._raise(rc)
+        self._h = h.value
+        self.address = L.bw_hold_data(self._h)
+
+    def __del__(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            try:
+                _lib.lib().bw_hold_release(h)
+            except Exception:
+                pass  # interpreter shutdown: the process is ending anyway
 
 
 class Loader:
@@ -238,9 +281,24 @@ class Loader:
     retry         seconds a call to the coordinator (join, commit) is retried while it is
                   unreachable or restarting (default 60; 0: no retry)
     device        None or "cpu": host memory; "cuda:N": batches copied to that GPU
+    allow_uneven  accelerate with even_batches=False: serve ranks different numbers of batches
+                  (refused otherwise, since a DDP job would hang); see epoch_steps()
+    dispatch_batches   accelerate: Accelerate's DataLoaderDispatcher batches
+    pad_single_process accelerate with world_size 1: BatchSamplerShard's padding instead of
+                  the short last batch prepare_data_loader yields for one process
+    elastic       resume the job at this world_size from a checkpoint of another one:
+                  `resume` is then a job-level checkpoint (batchwire.job_checkpoint(),
+                  job_checkpoint_from()) or every rank's cursors or states; None takes every
+                  rank's committed cursor from the coordinator
+    start         (epoch, step) to start at when no cursor is given
+    share         (index, count): read one share of the rank's batches from one of `count`
+                  processes (batchwire.torch's DataLoader workers); see python/README.md
     tls_ca, tls_cert, tls_key, tls_server_name   TLS to the coordinator and workers
     transport     "auto" (default, or $BATCHWIRE_TRANSPORT): the workers' data channel where
                   offered (TLS with the tls_* settings), else gRPC; "grpc": always gRPC
+    reuse_buffers False (default): a batch's views keep its bytes for as long as they live.
+                  True: views are valid only until the next batch (the loader then reuses
+                  the buffer under them); no allocation when views outlive the batch
 
     ``for batch in loader`` runs the rest of the current epoch; ``loader.next_epoch()`` starts
     the next one, or ``for epoch in loader.epochs(n): for batch in loader: ...``.
@@ -253,9 +311,12 @@ class Loader:
                  sampler_drop_last=False, split_batches=False, even_batches=True,
                  shuffle_algo="torch", resume=None, prefetch=4, max_buffer_bytes=None,
                  timeout=10.0, device=None, tls_ca=None, tls_cert=None, tls_key=None,
-                 tls_server_name=None, transport=None, retry=60.0):
+                 tls_server_name=None, transport=None, retry=60.0, reuse_buffers=False,
+                 allow_uneven=False, dispatch_batches=False, pad_single_process=False,
+                 elastic=False, start=None, share=None):
         self._handle = None
         self._gen = 0
+        self._reuse_buffers = bool(reuse_buffers)
         self._lock = threading.RLock()
         L = _lib.lib()
         coordinator = coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
@@ -306,10 +367,33 @@ class Loader:
         o.retry_ms = max(0, int(round(float(retry) * 1000)))
         o.device = dev
         o.transport = s(transport)
+        o.allow_uneven = 1 if allow_uneven else 0
+        o.dispatch_batches = 1 if dispatch_batches else 0
+        o.pad_single_process = 1 if pad_single_process else 0
+        if isinstance(resume, dict) and not elastic:
+            sd = _state.check_state(resume, "resume")
+            resume = sd.get("cursor")
+            if resume is None:
+                start = (sd["epoch"], sd["step"])
+        if start is not None:
+            o.start_epoch, o.start_step = int(start[0]), int(start[1])
+        if share is not None:
+            idx, cnt = int(share[0]), int(share[1])
+            if cnt < 1 or not 0 <= idx < cnt:
+                raise errors.InvalidArgumentError("share: (%d, %d) is not (index, count) with "
+                                                  "0 <= index < count" % (idx, cnt))
+            o.share_index, o.share_count = idx, cnt
 
         handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(2048)
-        if resume is None:
+        if elastic:
+            curs = _state.elastic_cursors(resume)
+            bufs = [ctypes.create_string_buffer(c, len(c)) for c in curs]
+            ptrs = (ctypes.c_void_p * max(1, len(bufs)))(*[ctypes.addressof(b) for b in bufs])
+            lens = (ctypes.c_size_t * max(1, len(bufs)))(*[len(c) for c in curs])
+            rc = L.bw_loader_open_elastic(raw, ptrs, lens, len(curs), ctypes.byref(handle), err,
+                                          len(err))
+        elif resume is None:
             rc = L.bw_loader_open(raw, ctypes.byref(handle), err, len(err))
         else:
             if isinstance(resume, str):
@@ -320,8 +404,8 @@ class Loader:
                 clen = len(cur)
             else:
                 raise errors.InvalidArgumentError(
-                    "resume: expected the cursor's text (str, 'bwc1:...') or bytes, got %s" %
-                    type(resume).__name__)
+                    "resume: expected the cursor's text (str, 'bwc1:...'), bytes or a "
+                    "state_dict(), got %s" % type(resume).__name__)
             if not cur:
                 raise errors.CorruptError("cursor refused: it is empty")
             cbuf = ctypes.create_string_buffer(cur, len(cur) + 1)
@@ -441,8 +525,66 @@ class Loader:
 
     def position(self):
         """(epoch, step) of the next batch to be handed out."""
-        fields = dict(_varints(self.cursor_bytes()))
-        return fields.get(6, 0), fields.get(7, 0)
+        f = _state.fields(self.cursor_bytes())
+        return f.get(6, 0), f.get(7, 0)
+
+    def epoch_steps(self):
+        """One past the last step of this rank in the current epoch (its batches this epoch
+        are numbered up to it), known before the first batch. Equal on every rank except with
+        allow_uneven."""
+        with self._lock:
+            return int(_lib.lib().bw_loader_epoch_steps(self._h()))
+
+    def __len__(self):
+        """Batches of this rank in the current epoch (epoch_steps())."""
+        return self.epoch_steps()
+
+    def state_dict(self):
+        """This rank's position as a plain dict (torchdata StatefulDataLoader style): store it
+        with torch.save or Accelerate's register_for_checkpointing, restore it with
+        load_state_dict() or Loader(resume=...). See batchwire.state."""
+        cur = self.cursor()
+        info = _state.cursor_info(cur)
+        return _state.rank_state(self.job, self.rank, self.world_size, info["epoch"],
+                                 info["step"], cur)
+
+    def load_state_dict(self, state_dict):
+        """Continues after the batch a state_dict() of this job's same rank describes (the
+        next batch is the one after it; prefetched batches are discarded). A state of another
+        world size is refused: resume those with Loader(elastic=True, resume=...)."""
+        sd = _state.check_state(state_dict, "load_state_dict")
+        if sd["world_size"] != self.world_size or sd["rank"] != self.rank:
+            raise errors.MismatchError(
+                "load_state_dict: the state is rank %d of world size %d, this loader rank %d of "
+                "%d; a checkpoint taken at another world size resumes with Loader(elastic=True, "
+                "resume=job checkpoint)" % (sd["rank"], sd["world_size"], self.rank,
+                                           self.world_size))
+        if "cursor" not in sd:
+            raise errors.InvalidArgumentError(
+                "load_state_dict: the state has no cursor (a position from batchwire.torch): "
+                "open a Loader with resume=state instead")
+        cur = sd["cursor"]
+        data = cur.strip().encode() if isinstance(cur, str) else bytes(cur)
+        buf = ctypes.create_string_buffer(data, len(data) + 1)
+        with self._lock:
+            self._gen += 1
+            rc = _lib.lib().bw_loader_seek(self._h(), buf,
+                                           0 if isinstance(cur, str) else len(data))
+            if rc != _BW_OK:
+                self._raise(rc)
+
+    def stats(self):
+        """What this loader has done since it opened, as a dict (docs/client.md,
+        "Statistics"): batches, samples and bytes handed out; wait_seconds, the time spent
+        waiting for data in next_batch; samples_received and bytes_received from workers;
+        requests sent, retries, failovers and busy answers."""
+        st = _lib.Stats()
+        rc = _lib.lib().bw_loader_get_stats(self._h(), ctypes.byref(st), ctypes.sizeof(st))
+        if rc != 0:
+            self._raise(rc)
+        out = {name: int(getattr(st, name)) for name, _ in _lib.Stats._fields_}
+        out["wait_seconds"] = out.pop("wait_ns") / 1e9
+        return out
 
     def commit(self):
         """Records the cursor with the coordinator (durably) for this rank: a restarted

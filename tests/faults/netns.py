@@ -21,6 +21,8 @@ Faults (all applied in the switch namespace or to processes this harness started
   FaultCluster.kill9(name), .pause(name), .resume(name), .restart_coordinator()
   FaultCluster.start_worker(wid, delay_ms=D)  clients reach the worker only through a proxy
                                          delaying each direction by D ms (delay_proxy.py)
+  FaultCluster(state_tmpfs_mib=N)        the coordinator's state directory is a tmpfs of N MiB
+                                         (.fill_state_dir() / .free_state_dir(): a disk full)
 
 Namespace names are `bwf<pid>-<host>`, so concurrent runs do not collide; a run killed before
 it could clean up leaves namespaces whose <pid> is dead, and the next run deletes those (and
@@ -197,16 +199,29 @@ class FaultCluster:
     """A coordinator in `coord`, workers w1..w3 in their namespaces over one data root, fixed
     addresses (so a restarted daemon comes back where it was)."""
 
-    def __init__(self, tmpdir, net, lease_ms=10000, heartbeat_ms=200, dead_after=3,
-                 worker_args=()):
+    def __init__(self, tmpdir, net, lease_ms=10000, heartbeat_ms=None, dead_after=None,
+                 worker_args=(), state_tmpfs_mib=None):
         self.tmpdir = tmpdir
         self.net = net
+        self.lease_ms = lease_ms
         self.root = os.path.join(tmpdir, "data")
         os.makedirs(self.root, exist_ok=True)
         self.state_dir = os.path.join(tmpdir, "coord-state")
         os.makedirs(self.state_dir, exist_ok=True)
-        self.coord_args = ["--lease-ms", lease_ms, "--heartbeat-ms", heartbeat_ms,
-                           "--dead-after", dead_after]
+        self.mounted = False
+        if state_tmpfs_mib:
+            # Mounted before any daemon starts: `ip netns exec` gives each a copy of the mount
+            # table, which then holds this tmpfs.
+            sh(["mount", "-t", "tmpfs", "-o", "size=%dm" % state_tmpfs_mib, "bwfault-state",
+                self.state_dir])
+            self.mounted = True
+        self.filler = os.path.join(self.state_dir, "filler")
+        # None: the coordinator's default (heartbeats every 1000 ms, dead after 3 missed).
+        self.coord_args = ["--lease-ms", lease_ms]
+        if heartbeat_ms is not None:
+            self.coord_args += ["--heartbeat-ms", heartbeat_ms]
+        if dead_after is not None:
+            self.coord_args += ["--dead-after", dead_after]
         self.addr = "%s:%d" % (net.ip("coord"), COORD_PORT)
         self.worker_args = list(worker_args)
         self.coord = None
@@ -295,6 +310,33 @@ class FaultCluster:
     def ranks(self, job, dataset, c, extra=(), gate_after=None, world=e2e.WORLD):
         return [Rank(self.net, self.addr, job, dataset, c, r, world, extra, gate_after)
                 for r in range(world)]
+
+    def rank(self, job, dataset, c, r, extra=(), gate_after=None, world=e2e.WORLD):
+        """One more process for rank `r` (in namespace t<r>), e.g. a restarted trainer."""
+        return Rank(self.net, self.addr, job, dataset, c, r, world, extra, gate_after)
+
+    # -- the state directory's disk ---------------------------------------------------------
+    def fill_state_dir(self):
+        """Fills the state directory's tmpfs with a file until no page is left; returns the
+        bytes written."""
+        n = 0
+        with open(self.filler, "ab", buffering=0) as f:
+            for chunk in (1 << 20, 4096):
+                try:
+                    while True:
+                        n += f.write(b"\0" * chunk)
+                except OSError as e:
+                    if e.errno != 28:  # ENOSPC
+                        raise
+        return n
+
+    def free_state_dir(self):
+        os.unlink(self.filler)
+
+    def unmount(self):
+        if self.mounted:
+            sh(["umount", "-l", self.state_dir], check=False)
+            self.mounted = False
 
     def stop(self):
         for d in [self.coord] + list(self.workers.values()):

@@ -97,17 +97,17 @@ class Jobs:
         return self.call("JoinJob", pb.JoinJobRequest(job=job, rank=rank, world_size=world,
                                                       holder=pb.Holder(host=host, pid=pid)))
 
-    def commit(self, job, rank, lease_id, cursor):
-        return self.call("CommitCursor", pb.CommitCursorRequest(job=job, rank=rank,
-                                                                lease_id=lease_id,
-                                                                cursor=cursor))
+    def commit(self, job, rank, lease, cursor):
+        return self.call("CommitCursor", pb.CommitCursorRequest(job=job, rank=rank, cursor=cursor,
+                                                                **lease_fields(lease)))
 
-    def heartbeat(self, job, rank, lease_id):
+    def heartbeat(self, job, rank, lease):
         return self.call("LeaseHeartbeat", pb.LeaseHeartbeatRequest(job=job, rank=rank,
-                                                                    lease_id=lease_id))
+                                                                    **lease_fields(lease)))
 
-    def leave(self, job, rank, lease_id):
-        return self.call("LeaveJob", pb.LeaveJobRequest(job=job, rank=rank, lease_id=lease_id))
+    def leave(self, job, rank, lease, finished=False):
+        return self.call("LeaveJob", pb.LeaveJobRequest(job=job, rank=rank, finished=finished,
+                                                        **lease_fields(lease)))
 
     def get(self, name):
         return self.call("GetJob", pb.GetJobRequest(name=name))
@@ -136,3 +136,14 @@ def decode_cursor(data):
     c = pb.Cursor()
     c.ParseFromString(data)
     return c
+
+
+def lease(x):
+    """A lease id (128 bits: lease_id, lease_id_hi) from a JoinJobResponse, as a tuple."""
+    return (x.lease_id, x.lease_id_hi)
+
+
+def lease_fields(x):
+    """The request fields for a lease given as a JoinJobResponse or a (lo, hi) tuple."""
+    lo, hi = x if isinstance(x, tuple) else lease(x)
+    return {"lease_id": lo, "lease_id_hi": hi}

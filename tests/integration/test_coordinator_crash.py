@@ -77,7 +77,7 @@ class Client(threading.Thread):
         elif kind == "join":
             j, rank = args
             r = c.join(j, rank, WORLD, host="client-%d" % self.idx, pid=1000 + self.idx)
-            self.leases[(j, rank)] = r.lease_id
+            self.leases[(j, rank)] = jr.lease(r)
         else:
             j, rank, step = args
             cur = jr.cursor(self.jobs[j], j, rank, WORLD, 0, step)

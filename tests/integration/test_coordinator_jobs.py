@@ -127,9 +127,14 @@ def ranks(c):
     bt.check("node-a pid 11" in e.details and "node-b pid 22" in e.details,
              "a second live holder is refused naming both: %s" % e.details[:120])
     again = c.join("ranks", 0, 2, host="node-a", pid=11)
-    bt.check(again.lease_id == a.lease_id, "the same holder joining again keeps its lease")
+    bt.check(jr.lease(again) != jr.lease(a) and again.lease_id_hi != 0,
+             "the same holder joining again gets a new 128-bit lease (a lease id is told once)")
+    c.expect_error("LeaseHeartbeat", pb.LeaseHeartbeatRequest(job="ranks", rank=0,
+                                                             **jr.lease_fields(a)), FP)
+    bt.ok("and the lease it replaces stops working")
+    a = again
     for _ in range(int(1.5 * LEASE_MS / 200)):
-        hb = c.heartbeat("ranks", 0, a.lease_id)
+        hb = c.heartbeat("ranks", 0, a)
         time.sleep(0.2)
     bt.check(hb.lease_ms == LEASE_MS and hb.world_size == 2, "heartbeats keep the lease")
     e = c.expect_error("JoinJob", pb.JoinJobRequest(job="ranks", rank=0, world_size=2,
@@ -138,13 +143,13 @@ def ranks(c):
     bt.ok("still refused after %.1f lease periods of heartbeats" % 1.5)
     time.sleep(LEASE_MS / 1000 * 1.5)
     b = c.join("ranks", 0, 2, host="node-b", pid=22)
-    bt.check(b.lease_id != a.lease_id, "after the holder's lease expired, another takes the rank")
+    bt.check(jr.lease(b) != jr.lease(a), "after the holder's lease expired, another takes the rank")
     e = c.expect_error("LeaseHeartbeat", pb.LeaseHeartbeatRequest(job="ranks", rank=0,
-                                                                 lease_id=a.lease_id), FP)
+                                                                 **jr.lease_fields(a)), FP)
     bt.check_in("node-b pid 22", e.details, "the old holder's heartbeat is refused naming the new")
     fp = c.get("ranks").job.fingerprint
     e = c.expect_error("CommitCursor", pb.CommitCursorRequest(
-        job="ranks", rank=0, lease_id=a.lease_id, cursor=jr.cursor(fp, "ranks", 0, 2, 0, 1)), FP)
+        job="ranks", rank=0, **jr.lease_fields(a), cursor=jr.cursor(fp, "ranks", 0, 2, 0, 1)), FP)
     bt.ok("the old holder's commit is refused")
     e = c.expect_error("JoinJob", pb.JoinJobRequest(job="ranks", rank=1, world_size=3,
                                                    holder=pb.Holder(host="n", pid=1)), FP)
@@ -163,19 +168,19 @@ def cursors(c, b):
     fp = c.get("ranks").job.fingerprint
     other = c.create("other", samples=500, batch=5, world=2).job
     e = c.expect_error("CommitCursor", pb.CommitCursorRequest(
-        job="ranks", rank=0, lease_id=b.lease_id,
+        job="ranks", rank=0, **jr.lease_fields(b),
         cursor=jr.cursor(other.fingerprint, "other", 0, 2, 0, 3)), FP)
     bt.check(e.bw == "BW_MISMATCH" and "job 'other'" in e.details,
              "a cursor of another job is refused naming that job: %s" % e.details[:100])
     e = c.expect_error("CommitCursor", pb.CommitCursorRequest(
-        job="ranks", rank=0, lease_id=b.lease_id, cursor=b"\x08\x01garbage"), INVALID)
+        job="ranks", rank=0, **jr.lease_fields(b), cursor=b"\x08\x01garbage"), INVALID)
     bt.check_in("cursor", e.details, "a corrupt cursor is refused")
     e = c.expect_error("CommitCursor", pb.CommitCursorRequest(
-        job="ranks", rank=0, lease_id=b.lease_id,
+        job="ranks", rank=0, **jr.lease_fields(b),
         cursor=jr.cursor(fp, "ranks", 0, 2, 0, 51)), grpc.StatusCode.OUT_OF_RANGE)
     bt.check_in("past the end of epoch 0", e.details, "a step past the epoch's end is refused")
     text = b"bwc1:" + base64.b64encode(jr.cursor(fp, "ranks", 0, 2, 1, 7))
-    c.commit("ranks", 0, b.lease_id, text)
+    c.commit("ranks", 0, b, text)
     g = c.get("ranks")
     bt.check(g.ranks[0].committed and g.ranks[0].epoch == 1 and g.ranks[0].step == 7,
              "a text cursor is accepted and recorded (epoch 1 step 7)")
@@ -187,7 +192,7 @@ def elastic(c):
     fp = job.fingerprint
     twin = c.create("elastic-twin", samples=1000, batch=10, world=4).job
     bt.check(twin.fingerprint != fp, "two jobs with one configuration have different fingerprints")
-    leases = [c.join("elastic", r, 4, host="old", pid=100 + r).lease_id for r in range(4)]
+    leases = [c.join("elastic", r, 4, host="old", pid=100 + r) for r in range(4)]
     curs = [jr.cursor(fp, "elastic", r, 4, 0, 10) for r in range(4)]
     for r in range(4):
         c.commit("elastic", r, leases[r], curs[r])
@@ -208,7 +213,7 @@ def elastic(c):
     r2 = c.resume("elastic", 2, curs)
     bt.check(not r2.resumed and len(r2.job.history) == 2, "the same resume again changes nothing")
     e = c.expect_error("LeaseHeartbeat", pb.LeaseHeartbeatRequest(job="elastic", rank=0,
-                                                                 lease_id=leases[0]), FP)
+                                                                 **jr.lease_fields(leases[0])), FP)
     bt.check_in("resumed with world size 2", e.details, "old leases are revoked by the resume")
     e = c.expect_error("JoinJob", pb.JoinJobRequest(job="elastic", rank=3, world_size=4,
                                                    holder=pb.Holder(host="old", pid=103)), FP)
@@ -217,9 +222,9 @@ def elastic(c):
     cur = jr.decode_cursor(j.cursor)
     bt.check((cur.rank, cur.world_size, cur.epoch, cur.step) == (1, 2, 0, 10),
              "a new rank starts at the resume point (rank 1/2, epoch 0, step 10)")
-    c.commit("elastic", 1, j.lease_id, jr.cursor(fp, "elastic", 1, 2, 0, 12))
+    c.commit("elastic", 1, j, jr.cursor(fp, "elastic", 1, 2, 0, 12))
     e = c.expect_error("CommitCursor", pb.CommitCursorRequest(
-        job="elastic", rank=1, lease_id=j.lease_id, cursor=jr.cursor(fp, "elastic", 1, 2, 0, 9)),
+        job="elastic", rank=1, **jr.lease_fields(j), cursor=jr.cursor(fp, "elastic", 1, 2, 0, 9)),
         FP)
     bt.check_in("precedes the start of world size 2", e.details,
                 "a cursor before the resume point is refused")
@@ -234,7 +239,7 @@ def leave(tmp):
     c.join("leave", 1, 2, host="node-a", pid=12)
     other = pb.JoinJobRequest(job="leave", rank=0, world_size=2,
                               holder=pb.Holder(host="node-b", pid=22))
-    r = c.leave("leave", 0, a.lease_id ^ 1)
+    r = c.leave("leave", 0, (a.lease_id, a.lease_id_hi ^ 1))
     bt.check(not r.released, "a wrong lease id releases nothing (released=false)")
     c.expect_error("JoinJob", other, grpc.StatusCode.ALREADY_EXISTS)
     bt.ok("and the rank stays held by its holder")
@@ -245,19 +250,19 @@ def leave(tmp):
     bt.ok("a leave of an unknown job is NOT_FOUND")
 
     t0 = time.monotonic()
-    r = c.leave("leave", 0, a.lease_id)
+    r = c.leave("leave", 0, a)
     bt.check(r.released, "the holder's leave releases its lease")
     bt.check(c.get("leave").ranks[0].lease == pb.LEASE_STATE_NONE, "GetJob shows no lease")
     b = c.call("JoinJob", other)
-    bt.check(b.lease_id != a.lease_id and time.monotonic() - t0 < 5,
+    bt.check(jr.lease(b) != jr.lease(a) and time.monotonic() - t0 < 5,
              "another holder takes the rank at once (%.2f s, lease 10 s)" % (time.monotonic() - t0))
-    r = c.leave("leave", 0, a.lease_id)
+    r = c.leave("leave", 0, a)
     bt.check(not r.released, "the old lease leaving again (a retry) succeeds and releases nothing")
     e = c.expect_error("LeaseHeartbeat", pb.LeaseHeartbeatRequest(job="leave", rank=0,
-                                                                 lease_id=a.lease_id), FP)
+                                                                 **jr.lease_fields(a)), FP)
     bt.check_in("node-b pid 22", e.details, "the new holder keeps the rank")
-    c.heartbeat("leave", 0, b.lease_id)
-    bt.check(c.leave("leave", 0, b.lease_id).released, "the new holder leaves too")
+    c.heartbeat("leave", 0, b)
+    bt.check(c.leave("leave", 0, b).released, "the new holder leaves too")
 
     c.close()
     bt.check(coord.stop() == 0, "SIGTERM stops the coordinator")
@@ -267,7 +272,7 @@ def leave(tmp):
     bt.check(g.ranks[0].lease == pb.LEASE_STATE_NONE and g.ranks[1].lease == pb.LEASE_STATE_LIVE,
              "after a restart the released lease stays released (the held one is renewed)")
     c.expect_error("LeaseHeartbeat", pb.LeaseHeartbeatRequest(job="leave", rank=0,
-                                                             lease_id=b.lease_id), FP)
+                                                             **jr.lease_fields(b)), FP)
     c.join("leave", 0, 2, host="node-c", pid=33)
     bt.ok("a released lease cannot heartbeat after the restart; a new holder joins at once")
 

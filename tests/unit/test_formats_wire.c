@@ -17,6 +17,7 @@
 
 #include "test_dir.h"
 #include "../../worker/datasets.c"
+#include "../../worker/metrics.c"
 #include "../../worker/placement_view.c"
 #include "../../worker/read_path.c"
 #include "../../worker/sample_stream.c"

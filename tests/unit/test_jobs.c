@@ -14,6 +14,8 @@
 
 #include "test_dir.h"
 #include "../../server/jobs_elastic.c"
+#include "../../server/jobs_lifecycle.c"
+#include "../../server/jobs_live.c"
 #include "../../server/jobs_ops.c"
 #include "../../server/jobs_state.c"
 #include "common/crc32c.h"
@@ -144,9 +146,13 @@ static void test_diff(void **state)
     assert_string_equal(out, "");
 }
 
+/* The caller of every operation: the anonymous principal of an open service. */
+static const bw_principal anyone = {BW_ROLE_OPEN, ""};
+#define ANY (&anyone)
+
 static bw_jobs *open_jobs(void)
 {
-    bw_jobs_opts o = {dir, NULL, 60000, 100, 1000};
+    bw_jobs_opts o = {dir, NULL, 60000, 100, 100, 1000};
     bw_jobs *s = NULL;
     bw_journal_report rep;
     char err[1024];
@@ -163,13 +169,13 @@ static size_t observe(bw_jobs *s, uint8_t *buf, size_t cap)
     Batchwire__V1__ListJobsResponse *l;
     uint64_t ws;
     char err[256];
-    assert_int_equal(bw__jobs_list(s, &a, &l, &ws, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__jobs_list(s, ANY, &a, &l, &ws, err, sizeof(err)), BW_OK);
     size_t used = batchwire__v1__list_jobs_response__pack(l, buf);
     for (size_t i = 0; i < l->n_jobs; i++) {
         Batchwire__V1__GetJobRequest g = BATCHWIRE__V1__GET_JOB_REQUEST__INIT;
         g.name = l->jobs[i]->name;
         Batchwire__V1__GetJobResponse *r;
-        assert_int_equal(bw__jobs_get(s, &g, &a, &r, &ws, err, sizeof(err)), BW_OK);
+        assert_int_equal(bw__jobs_get(s, ANY, &g, &a, &r, &ws, err, sizeof(err)), BW_OK);
         for (size_t k = 0; k < r->n_ranks; k++)
             r->ranks[k]->ms_since_heartbeat = 0;
         assert_true(used + batchwire__v1__get_job_response__get_packed_size(r) < cap);
@@ -179,18 +185,19 @@ static size_t observe(bw_jobs *s, uint8_t *buf, size_t cap)
     return used;
 }
 
-static int leave(bw_jobs *s, const char *job, uint32_t rank, uint64_t lease_id, bool *released)
+static int leave(bw_jobs *s, const char *job, uint32_t rank, bw_lease lease, bool *released)
 {
     bw_arena a;
     bw__arena_init(&a, 0);
     Batchwire__V1__LeaveJobRequest req = BATCHWIRE__V1__LEAVE_JOB_REQUEST__INIT;
     req.job = (char *)job;
     req.rank = rank;
-    req.lease_id = lease_id;
+    req.lease_id = lease.lo;
+    req.lease_id_hi = lease.hi;
     Batchwire__V1__LeaveJobResponse *resp = NULL;
     uint64_t ws;
     char err[512];
-    int rc = bw__jobs_leave(s, &req, &a, &resp, &ws, err, sizeof(err));
+    int rc = bw__jobs_leave(s, ANY, &req, &a, &resp, &ws, err, sizeof(err));
     *released = rc == BW_OK && resp->released;
     if (rc == BW_OK)
         assert_int_equal(bw__journal_sync(bw__jobs_journal(s), ws), BW_OK);
@@ -198,7 +205,7 @@ static int leave(bw_jobs *s, const char *job, uint32_t rank, uint64_t lease_id, 
     return rc;
 }
 
-static int join(bw_jobs *s, const char *job, uint32_t rank, uint32_t pid, uint64_t *lease_id)
+static int join(bw_jobs *s, const char *job, uint32_t rank, uint32_t pid, bw_lease *lease)
 {
     bw_arena a;
     bw__arena_init(&a, 0);
@@ -213,9 +220,9 @@ static int join(bw_jobs *s, const char *job, uint32_t rank, uint32_t pid, uint64
     Batchwire__V1__JoinJobResponse *resp = NULL;
     uint64_t ws;
     char err[1024];
-    int rc = bw__jobs_join(s, &req, &a, &resp, &ws, err, sizeof(err));
+    int rc = bw__jobs_join(s, ANY, &req, &a, &resp, &ws, err, sizeof(err));
     if (rc == BW_OK) {
-        *lease_id = resp->lease_id;
+        *lease = (bw_lease){resp->lease_id, resp->lease_id_hi};
         assert_int_equal(bw__journal_sync(bw__jobs_journal(s), ws), BW_OK);
     }
     bw__arena_reset(&a);
@@ -235,9 +242,9 @@ static int create(bw_jobs *s, const char *name, Batchwire__V1__JobConfig *cfg,
     Batchwire__V1__GetOrCreateJobResponse *cr;
     uint64_t ws;
     bool need = false;
-    int rc = bw__jobs_lookup(s, &req, &a, &cr, &need, &ws, err, errlen);
+    int rc = bw__jobs_lookup(s, ANY, &req, &a, &cr, &need, &ws, err, errlen);
     if (rc == BW_OK && need)
-        rc = bw__jobs_create(s, &req, info, &a, &cr, &ws, err, errlen);
+        rc = bw__jobs_create(s, ANY, &req, info, &a, &cr, &ws, err, errlen);
     bw__arena_reset(&a);
     return rc;
 }
@@ -263,11 +270,11 @@ static void build_state(bw_jobs *s)
             create(s, name, &cfg, bw__jobs_synthetic_info(&a, 1000), 4, err, sizeof(err)), BW_OK);
     }
     uint64_t fp = bw__jobs_find(s, "job2")->fingerprint;
-    uint64_t leases[4];
+    bw_lease leases[4];
     for (uint32_t r = 0; r < 4; r++)
         assert_int_equal(join(s, "job2", r, 10 + r, &leases[r]), BW_OK);
     /* job0: rank 0 held, rank 1 joined and left (RankLeft must replay too) */
-    uint64_t held, left;
+    bw_lease held, left;
     bool released = false;
     assert_int_equal(join(s, "job0", 0, 20, &held), BW_OK);
     assert_int_equal(join(s, "job0", 1, 21, &left), BW_OK);
@@ -287,11 +294,12 @@ static void build_state(bw_jobs *s)
             Batchwire__V1__CommitCursorRequest cc = BATCHWIRE__V1__COMMIT_CURSOR_REQUEST__INIT;
             cc.job = "job2";
             cc.rank = r;
-            cc.lease_id = leases[r];
+            cc.lease_id = leases[r].lo;
+            cc.lease_id_hi = leases[r].hi;
             cc.cursor.data = bin;
             cc.cursor.len = len;
             Batchwire__V1__CommitCursorResponse *resp;
-            assert_int_equal(bw__jobs_commit(s, &cc, &a, &resp, &ws, err, sizeof(err)), BW_OK);
+            assert_int_equal(bw__jobs_commit(s, ANY, &cc, &a, &resp, &ws, err, sizeof(err)), BW_OK);
             if (step == 5) {
                 curs[r] = bin;
                 cb[r].data = bin;
@@ -307,7 +315,7 @@ static void build_state(bw_jobs *s)
     rr.cursors = cb;
     rr.n_cursors = 4;
     Batchwire__V1__ResumeElasticResponse *rresp;
-    if (bw__jobs_resume(s, &rr, &a, &rresp, &ws, err, sizeof(err)) != BW_OK)
+    if (bw__jobs_resume(s, ANY, &rr, &a, &rresp, &ws, err, sizeof(err)) != BW_OK)
         fail_msg("resume: %s", err);
     assert_true(rresp->resumed);
     assert_int_equal(rresp->job->n_history, 2);
@@ -351,14 +359,14 @@ static void test_leave(void **state)
     fresh_dir();
     bw_jobs *s = open_jobs();
     build_state(s);
-    uint64_t a = 0, b = 0, c = 0;
+    bw_lease a = {0, 0}, b = {0, 0}, c = {0, 0}, none = {0, 0};
     bool released = true;
     assert_int_equal(join(s, "job1", 2, 100, &a), BW_OK);
     assert_int_equal(join(s, "job1", 2, 200, &b), BW_ALREADY_EXISTS);
-    assert_int_equal(leave(s, "job1", 2, a ^ 1, &released), BW_OK);
+    assert_int_equal(leave(s, "job1", 2, (bw_lease){a.lo, a.hi ^ 1}, &released), BW_OK);
     assert_false(released); /* someone else's lease id */
     assert_int_equal(join(s, "job1", 2, 200, &b), BW_ALREADY_EXISTS);
-    assert_int_equal(leave(s, "job1", 2, 0, &released), BW_INVALID_ARGUMENT);
+    assert_int_equal(leave(s, "job1", 2, none, &released), BW_INVALID_ARGUMENT);
     assert_int_equal(leave(s, "nosuch", 2, a, &released), BW_NOT_FOUND);
     assert_int_equal(leave(s, "job1", 9, a, &released), BW_OUT_OF_RANGE);
     assert_int_equal(leave(s, "job1", 2, a, &released), BW_OK);
@@ -366,7 +374,7 @@ static void test_leave(void **state)
     assert_int_equal(leave(s, "job1", 2, a, &released), BW_OK);
     assert_false(released);                               /* a retry */
     assert_int_equal(join(s, "job1", 2, 200, &b), BW_OK); /* at once, not after 60 s */
-    assert_true(b != a);
+    assert_false(bw__lease_eq(b, a));
     assert_int_equal(leave(s, "job1", 2, a, &released), BW_OK);
     assert_false(released); /* the old lease cannot release the new holder's */
     assert_int_equal(leave(s, "job1", 2, b, &released), BW_OK);
@@ -380,12 +388,12 @@ static void test_leave(void **state)
         assert_non_null(job);
         assert_false(job->ranks[2].leased);
         assert_true(job->ranks[3].leased);
-        assert_int_equal(job->ranks[3].lease_id, c);
+        assert_true(bw__lease_eq(job->ranks[3].lease, c));
         assert_false(bw__jobs_find(s, "job0")->ranks[1].leased);
         assert_true(bw__jobs_find(s, "job0")->ranks[0].leased);
         assert_int_equal(leave(s, "job1", 2, b, &released), BW_OK);
         assert_false(released);
-        uint64_t d = 0;
+        bw_lease d = {0, 0};
         assert_int_equal(join(s, "job1", 3, 400, &d), BW_ALREADY_EXISTS);
         if (round == 0) {
             char err[512];
@@ -397,7 +405,7 @@ static void test_leave(void **state)
 }
 
 /* Commits (epoch 0, step) for rank r of job `name` at world size `world`. */
-static int commit_step(bw_jobs *s, const char *name, uint32_t r, uint32_t world, uint64_t lease,
+static int commit_step(bw_jobs *s, const char *name, uint32_t r, uint32_t world, bw_lease lease,
                        uint64_t step, char *err, size_t errlen)
 {
     bw_arena a;
@@ -413,12 +421,13 @@ static int commit_step(bw_jobs *s, const char *name, uint32_t r, uint32_t world,
     Batchwire__V1__CommitCursorRequest cc = BATCHWIRE__V1__COMMIT_CURSOR_REQUEST__INIT;
     cc.job = (char *)name;
     cc.rank = r;
-    cc.lease_id = lease;
+    cc.lease_id = lease.lo;
+    cc.lease_id_hi = lease.hi;
     cc.cursor.data = bin;
     cc.cursor.len = len;
     Batchwire__V1__CommitCursorResponse *resp;
     uint64_t ws;
-    int rc = bw__jobs_commit(s, &cc, &a, &resp, &ws, err, errlen);
+    int rc = bw__jobs_commit(s, ANY, &cc, &a, &resp, &ws, err, errlen);
     free(bin);
     bw__arena_reset(&a);
     return rc;
@@ -465,7 +474,7 @@ static void test_plan_checks(void **state)
         fail_msg("create: %s", err);
     /* ceil(10 / 3) = 4 steps for every rank; the whole stream would give ceil(30 / 12) = 3. */
     for (uint32_t r = 0; r < 4; r++) {
-        uint64_t lease = 0;
+        bw_lease lease = {0, 0};
         assert_int_equal(join(s, "ps", r, 50 + r, &lease), BW_OK);
         assert_int_equal(commit_step(s, "ps", r, 4, lease, 4, err, sizeof(err)), BW_OK);
         assert_int_equal(commit_step(s, "ps", r, 4, lease, 5, err, sizeof(err)), BW_OUT_OF_RANGE);
@@ -474,7 +483,7 @@ static void test_plan_checks(void **state)
     sc.drop_last = true; /* floor(4 / 3) = 1 step for every rank */
     if (create(s, "ps-drop", &cfg, &info, 4, err, sizeof(err)) != BW_OK)
         fail_msg("create: %s", err);
-    uint64_t lease = 0;
+    bw_lease lease = {0, 0};
     assert_int_equal(join(s, "ps-drop", 2, 60, &lease), BW_OK);
     assert_int_equal(commit_step(s, "ps-drop", 2, 4, lease, 1, err, sizeof(err)), BW_OK);
     assert_int_equal(commit_step(s, "ps-drop", 2, 4, lease, 2, err, sizeof(err)), BW_OUT_OF_RANGE);
@@ -498,7 +507,7 @@ static void test_plan_checks(void **state)
     rr.n_cursors = 4;
     Batchwire__V1__ResumeElasticResponse *rresp;
     uint64_t ws;
-    assert_int_equal(bw__jobs_resume(s, &rr, &a, &rresp, &ws, err, sizeof(err)),
+    assert_int_equal(bw__jobs_resume(s, ANY, &rr, &a, &rresp, &ws, err, sizeof(err)),
                      BW_FAILED_PRECONDITION);
     assert_non_null(strstr(err, "one source per rank"));
     assert_int_equal(bw__jobs_find(s, "ps")->nhistory, 1);
@@ -582,7 +591,7 @@ static void test_snapshot_without_history(void **state)
     assert_int_equal(bw__journal_write_snapshot(j, seq, buf, len, err, sizeof(err)), BW_OK);
     bw__journal_close(j);
 
-    bw_jobs_opts o = {dir, NULL, 60000, 100, 1000};
+    bw_jobs_opts o = {dir, NULL, 60000, 100, 100, 1000};
     bw_jobs *s = (bw_jobs *)1;
     assert_int_equal(bw__jobs_open(&o, &s, &rep, err, sizeof(err)), BW_CORRUPT);
     assert_null(s);

@@ -76,13 +76,31 @@ static void free_result(plan_result *r)
 static void test_design_example(void **state)
 {
     (void)state;
+    /* One process: prepare_data_loader's plain BatchSampler (a short last batch), or with
+     * --pad-single-process BatchSamplerShard's padding. */
     plan_result r = run_plan("--mode", "accelerate", "--num-samples", "7", "--world-size", "1",
                              "--batch-size", "3", NULL);
     assert_int_equal(r.status, 0);
     assert_string_equal(
         r.out, "{\"rank\":0,\"step\":0,\"indices\":[0,1,2],\"real\":3,\"padding\":[0,0,0]}\n"
                "{\"rank\":0,\"step\":1,\"indices\":[3,4,5],\"real\":3,\"padding\":[0,0,0]}\n"
+               "{\"rank\":0,\"step\":2,\"indices\":[6],\"real\":1,\"padding\":[0]}\n");
+    free_result(&r);
+    r = run_plan("--mode", "accelerate", "--num-samples", "7", "--world-size", "1", "--batch-size",
+                 "3", "--pad-single-process", NULL);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(
+        r.out, "{\"rank\":0,\"step\":0,\"indices\":[0,1,2],\"real\":3,\"padding\":[0,0,0]}\n"
+               "{\"rank\":0,\"step\":1,\"indices\":[3,4,5],\"real\":3,\"padding\":[0,0,0]}\n"
                "{\"rank\":0,\"step\":2,\"indices\":[6,0,1],\"real\":1,\"padding\":[0,1,1]}\n");
+    free_result(&r);
+    /* DataLoaderDispatcher: the last global batch of 2 samples sliced over 3 ranks, padded
+     * from the epoch's start. */
+    r = run_plan("--mode", "accelerate", "--num-samples", "10", "--world-size", "3", "--batch-size",
+                 "4", "--dispatch-batches", "--rank", "2", NULL);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(
+        r.out, "{\"rank\":2,\"step\":0,\"indices\":[8,9,0,1],\"real\":2,\"padding\":[0,0,1,1]}\n");
     free_result(&r);
 }
 
@@ -153,6 +171,8 @@ static void test_random_plans_match_core(void **state)
             c.batch_size = c.world_size * (1 + rnd_below(3));
         if (c.shuffle && rnd_below(4) == 0)
             c.shuffle_algo = BW__SHUFFLE_FEISTEL;
+        c.dispatch_batches = c.mode == BW__MODE_ACCELERATE && c.even_batches && rnd_below(3) == 0;
+        c.shard_single_process = rnd_below(2);
         if (bw__sampler_cfg_check(&c, NULL, 0) != BW_OK)
             continue;
         bw__sampler *s;
@@ -199,6 +219,8 @@ static void test_random_plans_match_core(void **state)
         args[a++] = c.sampler_drop_last ? "--sampler-drop-last" : "--skip=0";
         args[a++] = c.split_batches ? "--split-batches" : "--skip=0";
         args[a++] = c.even_batches ? "--skip=0" : "--no-even-batches";
+        args[a++] = c.dispatch_batches ? "--dispatch-batches" : "--skip=0";
+        args[a++] = c.shard_single_process ? "--pad-single-process" : "--skip=0";
         args[a++] = "--skip";
         args[a++] = skip;
         if (only >= 0) {

@@ -51,8 +51,11 @@ static void random_cfg(bw__sampler_cfg *c, uint64_t max_n)
             c->sampler_drop_last = rnd_in(0, 3) == 0;
         else
             c->split_batches = rnd_in(0, 2) == 0;
-        if (c->mode == BW__MODE_ACCELERATE)
+        if (c->mode == BW__MODE_ACCELERATE) {
             c->even_batches = rnd_in(0, 2) != 0;
+            c->dispatch_batches = c->even_batches && rnd_in(0, 3) == 0;
+            c->shard_single_process = rnd_in(0, 1);
+        }
         if (c->split_batches)
             c->batch_size = c->world_size * rnd_in(1, 4);
         if (bw__sampler_cfg_check(c, NULL, 0) == BW_OK)
@@ -78,7 +81,7 @@ static int take(const bw__sampler *s, uint64_t rank, uint64_t step, tally *t, bw
     if (rc != BW_OK)
         return rc;
     size_t real = 0;
-    assert_true(b->count >= 1);
+    assert_true(b->count >= 1 || c->dispatch_batches); /* a dispatcher's slice may be empty */
     assert_true(b->count <= bw__sampler_max_batch(s));
     for (size_t j = 0; j < b->count; j++) {
         assert_true(b->indices[j] < c->num_samples);
@@ -139,7 +142,18 @@ static void test_epoch_coverage(void **state)
             for (uint64_t v = c.num_samples; v < per_rank * c.world_size; v++)
                 want_pad += v / c.world_size < kept;
             (void)total;
-        } else if (c.mode != BW__MODE_TORCH && !c.drop_last && (c.even_batches)) {
+        } else if (c.dispatch_batches && !c.drop_last) {
+            /* the leftover m samples in world slices of ceil(m / R), then up to min(R, n)
+             * positions from the epoch's start */
+            uint64_t g = c.split_batches ? c.batch_size : c.batch_size * c.world_size;
+            uint64_t m = c.num_samples % g, R = c.world_size;
+            if (m % R) {
+                uint64_t room = R * (m / R + 1), ext = m + (c.num_samples < R ? c.num_samples : R);
+                want_pad = (room < ext ? room : ext) - m;
+            }
+        } else if (c.mode != BW__MODE_TORCH && !c.drop_last && c.even_batches &&
+                   !(c.mode == BW__MODE_ACCELERATE && c.world_size == 1 &&
+                     !c.shard_single_process)) {
             uint64_t g = c.split_batches ? c.batch_size : c.batch_size * c.world_size;
             want_pad = steps0 * g - c.num_samples;
         }
@@ -328,6 +342,9 @@ static void test_refusals_name_the_parameter(void **state)
     REFUSE((c.mode = BW__MODE_ACCELERATE, c.shuffle = true, c.num_samples = 0), "num_samples");
     REFUSE(c.shuffle_algo = BW__SHUFFLE_FEISTEL, "feistel");
     REFUSE(c.num_samples = UINT64_MAX, "num_samples");
+    REFUSE(c.dispatch_batches = true, "dispatch_batches");
+    REFUSE((c.mode = BW__MODE_ACCELERATE, c.dispatch_batches = true, c.even_batches = false),
+           "even_batches");
     /* Elastic: split_batches needs the new world size to divide the batch too. */
     bw__sampler_cfg_init(&c);
     c.mode = BW__MODE_ACCELERATE;

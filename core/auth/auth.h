@@ -1,0 +1,87 @@
+/*
+ * Who may call what (docs/security.md): principals with a role, authenticated by a bearer
+ * token or by a client certificate, and the one authorization table that says which roles may
+ * call each RPC (and each data-channel request, which carries the same methods).
+ *
+ * The principals come from the file named by --auth-tokens, one a line:
+ *     ROLE NAME TOKEN
+ * ROLE is worker, trainer or admin; NAME the principal's name (also what a client
+ * certificate's subject common name must be to stand for it); TOKEN the bearer token itself
+ * (at least 16 characters), "sha256:" and its SHA-256 in hex, or "-" for a certificate-only
+ * principal. Blank lines and lines starting with '#' are ignored.
+ *
+ * Without a file the service is open: every caller is the anonymous principal, which may do
+ * everything (as before authentication existed); the daemons warn at start.
+ */
+#ifndef BW_AUTH_H
+#define BW_AUTH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "rpc/methods.h"
+
+typedef enum bw_role {
+    BW_ROLE_NONE = 0, /* not authenticated */
+    BW_ROLE_WORKER = 1,
+    BW_ROLE_TRAINER = 2,
+    BW_ROLE_ADMIN = 4,
+    BW_ROLE_OPEN = 8, /* the anonymous principal of a service without --auth-tokens */
+} bw_role;
+
+enum { BW_PRINCIPAL_NAME_MAX = 256, BW_TOKEN_MAX = 4096 };
+
+typedef struct bw_principal {
+    bw_role role;
+    char name[BW_PRINCIPAL_NAME_MAX]; /* "" for the anonymous principal */
+} bw_principal;
+
+/* The role's name ("worker", "trainer", "admin", "open", "none"). */
+const char *bw__role_name(bw_role role);
+
+typedef struct bw_auth bw_auth;
+
+/*
+ * Loads the principals of `tokens_path` (NULL: the service is open). BW_OK with *out, or
+ * BW_INVALID_ARGUMENT / BW_IO with a sentence naming the file and line. Free with
+ * bw__auth_free.
+ */
+int bw__auth_open(const char *tokens_path, bw_auth **out, char *err, size_t errlen);
+
+/* NULL is a no-op. */
+void bw__auth_free(bw_auth *a);
+
+/* Whether principals were loaded (false: open service, or a == NULL). */
+bool bw__auth_enabled(const bw_auth *a);
+
+/* Reads the file again (on SIGHUP). On error the principals loaded before stay in force and
+ * err says why. Thread-safe against concurrent checks. *count: principals now loaded. */
+int bw__auth_reload(bw_auth *a, size_t *count, char *err, size_t errlen);
+
+/*
+ * Who the caller is and whether it may call `method`. `token` is the bearer token the caller
+ * sent (NULL: none); `cert_name` the subject common name of its verified client certificate
+ * (NULL: none). BW_OK with *who filled; BW_UNAUTHENTICATED when neither credential names a
+ * principal (or they name two different ones); BW_PERMISSION_DENIED when the principal's role
+ * may not call the method. err says why, without repeating any token. Thread-safe.
+ * a == NULL or an open service: *who is the anonymous principal and everything is allowed.
+ */
+int bw__auth_check(bw_auth *a, bw_method_id method, const char *token, const char *cert_name,
+                   bw_principal *who, char *err, size_t errlen);
+
+/* The authorization table: whether `role` may call `method`. */
+bool bw__auth_allowed(bw_role role, bw_method_id method);
+
+/* Whether `who` may act on an object owned by principal `owner` (its job, its worker id):
+ * the owner itself, an admin, anyone on an open service, and anyone for an object without an
+ * owner (made while the service was open). */
+bool bw__auth_owns(const bw_principal *who, const char *owner);
+
+/*
+ * Reads a bearer token from `path` (--token-file): the file's first line, surrounding
+ * whitespace removed. *token is malloc'd (free it). BW_IO / BW_INVALID_ARGUMENT with a
+ * sentence naming the file.
+ */
+int bw__auth_read_token_file(const char *path, char **token, char *err, size_t errlen);
+
+#endif

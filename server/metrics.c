@@ -1,0 +1,214 @@
+/* The coordinator's metric families (metrics.h). Every name and label is listed with its
+ * meaning in docs/operating.md, "Metrics": change both together. */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "batchwire/batchwire.h"
+#include "common/util.h"
+#include "jobs_int.h"
+
+static const double FSYNC_S[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                 0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5};
+
+#define GAUGE(name, help, ...) {name, help, BW_GAUGE, {__VA_ARGS__}, NULL, 0, 0}
+#define COUNTER(name, help, ...) {name, help, BW_COUNTER, {__VA_ARGS__}, NULL, 0, 0}
+
+/* Families read at each scrape, in the order shown. Jobs are labelled job_name: Prometheus
+ * gives every series it scrapes a `job` label of its own. */
+enum {
+    WORKERS,
+    JOBS,
+    WORLD_SIZE,
+    RANKS,
+    COMMITS,
+    TAKEOVERS,
+    JOURNAL_BYTES,
+    RANK_EPOCH,
+    RANK_STEP,
+    RANK_BATCHES,
+    RANK_RATE,
+    RANK_COMMITTED_EPOCH,
+    RANK_COMMITTED_STEP,
+    RANK_COMMIT_AGE,
+    NCOLLECTED
+};
+
+static const bw_metric_def COLLECTED[NCOLLECTED] = {
+    [WORKERS] = GAUGE("batchwire_coordinator_workers",
+                      "Registered storage workers by state: alive (heartbeating) or dead (missed "
+                      "--dead-after heartbeats)",
+                      "state"),
+    [JOBS] = GAUGE("batchwire_coordinator_jobs", "Jobs the coordinator holds", NULL),
+    [WORLD_SIZE] = GAUGE("batchwire_coordinator_job_world_size", "A job's current world size",
+                         "job_name"),
+    [RANKS] = GAUGE("batchwire_coordinator_ranks",
+                    "A job's ranks by lease state: held (lease live), expired (the holder was "
+                    "not heard from within --lease-ms; another trainer may take it) or free "
+                    "(never joined, left, or revoked by an elastic resume)",
+                    "job_name", "state"),
+    [COMMITS] = COUNTER("batchwire_coordinator_commits_total",
+                        "Cursor commits accepted (journaled) since the coordinator started",
+                        NULL),
+    [TAKEOVERS] = COUNTER("batchwire_coordinator_lease_takeovers_total",
+                          "Joins that took a rank from another holder since the coordinator "
+                          "started: its lease had expired, or it had exited (reclaimed)",
+                          "reason"),
+    [JOURNAL_BYTES] = GAUGE("batchwire_coordinator_journal_bytes",
+                            "Record bytes in the journal files the next snapshot removes "
+                            "(compaction starts at --snapshot-bytes)",
+                            NULL),
+    [RANK_EPOCH] = GAUGE("batchwire_coordinator_rank_epoch",
+                         "The epoch the rank's holder last reported with its lease heartbeat",
+                         "job_name", "rank"),
+    [RANK_STEP] = GAUGE("batchwire_coordinator_rank_step",
+                        "The step (batches handed out in the epoch) the rank's holder last "
+                        "reported with its lease heartbeat",
+                        "job_name", "rank"),
+    [RANK_BATCHES] = COUNTER("batchwire_coordinator_rank_batches_total",
+                             "Batches the rank's current holder has handed out since it "
+                             "joined, as it last reported (starts over with a new holder)",
+                             "job_name", "rank"),
+    [RANK_RATE] = GAUGE("batchwire_coordinator_rank_batches_per_second",
+                        "Batches per second the rank's holder handed out over its last "
+                        "complete heartbeat window (at least 1 s)",
+                        "job_name", "rank"),
+    [RANK_COMMITTED_EPOCH] = GAUGE("batchwire_coordinator_rank_committed_epoch",
+                                   "The epoch of the rank's last committed cursor",
+                                   "job_name", "rank"),
+    [RANK_COMMITTED_STEP] = GAUGE("batchwire_coordinator_rank_committed_step",
+                                  "The step of the rank's last committed cursor", "job_name", "rank"),
+    [RANK_COMMIT_AGE] = GAUGE("batchwire_coordinator_rank_last_commit_age_seconds",
+                              "Seconds since the rank's last committed cursor was journaled "
+                              "(wall clock)",
+                              "job_name", "rank"),
+};
+
+static const bw_metric_def FSYNC = {
+    "batchwire_coordinator_journal_fsync_duration_seconds",
+    "Time of each fdatasync that made journal records durable (one per group commit; every "
+    "answer that changes state waits for one)",
+    BW_HISTOGRAM,
+    {NULL},
+    FSYNC_S,
+    sizeof(FSYNC_S) / sizeof(FSYNC_S[0]),
+    0};
+static const bw_metric_def SYNCED = {
+    "batchwire_coordinator_journal_synced_bytes_total",
+    "Record bytes the journal made durable since the coordinator started",
+    BW_COUNTER,
+    {NULL},
+    NULL,
+    0,
+    0};
+
+/* Quota use per principal (the jobs' owners against --max-jobs-per-principal) is to be
+ * emitted here, from the jobs under the same lock, with a family in COLLECTED. */
+
+struct bw__cm {
+    bw_coordinator *c;
+    bw_metric *f[NCOLLECTED];
+    bw_series *fsync, *synced;
+};
+
+static void on_sync(void *user, double seconds, uint64_t bytes)
+{
+    bw__cm *m = user;
+    bw__histogram_observe(m->fsync, seconds);
+    bw__counter_add(m->synced, bytes);
+}
+
+/* Under s->mu: one job's series. */
+static void collect_job(bw__cm *m, bw_metrics_sink *sink, const bw_jobs *s, const bw_job *job,
+                        uint64_t mono_ms, uint64_t unix_ms)
+{
+    const char *name = job->name;
+    size_t held = 0, expired = 0;
+    bw__metrics_emit(sink, m->f[WORLD_SIZE], (const char *[]){name}, job->world_size);
+    for (uint32_t k = 0; k < job->world_size; k++) {
+        const bw_rank_state *r = &job->ranks[k];
+        bool live = bw__jobs_lease_live(s, r, mono_ms);
+        held += live;
+        expired += r->leased && !live;
+        char rank[16];
+        snprintf(rank, sizeof(rank), "%" PRIu32, k);
+        const char *v[] = {name, rank};
+        /* Progress the current holder reported (jobs_live.c). */
+        const bw_rank_live *l = &r->live;
+        if (r->leased && bw__lease_eq(l->lease, r->lease) && l->rate.at_ms) {
+            bw__metrics_emit(sink, m->f[RANK_EPOCH], v, (double)l->epoch);
+            bw__metrics_emit(sink, m->f[RANK_STEP], v, (double)l->step);
+            bw__metrics_emit(sink, m->f[RANK_BATCHES], v, (double)l->rate.total[0]);
+            bw__metrics_emit(sink, m->f[RANK_RATE], v, l->rate.per_s[0]);
+        }
+        if (r->committed) {
+            bw__metrics_emit(sink, m->f[RANK_COMMITTED_EPOCH], v, (double)r->epoch);
+            bw__metrics_emit(sink, m->f[RANK_COMMITTED_STEP], v, (double)r->step);
+            bw__metrics_emit(sink, m->f[RANK_COMMIT_AGE], v,
+                             unix_ms > r->committed_unix_ms
+                                 ? (double)(unix_ms - r->committed_unix_ms) / 1000.0
+                                 : 0.0);
+        }
+    }
+    bw__metrics_emit(sink, m->f[RANKS], (const char *[]){name, "held"}, (double)held);
+    bw__metrics_emit(sink, m->f[RANKS], (const char *[]){name, "expired"}, (double)expired);
+    bw__metrics_emit(sink, m->f[RANKS], (const char *[]){name, "free"},
+                     (double)(job->world_size - held - expired));
+}
+
+static void collect(void *user, bw_metrics_sink *sink)
+{
+    bw__cm *m = user;
+    size_t alive = 0, dead = 0;
+    bw__membership_counts(m->c->members, &alive, &dead);
+    bw__metrics_emit(sink, m->f[WORKERS], (const char *[]){"alive"}, (double)alive);
+    bw__metrics_emit(sink, m->f[WORKERS], (const char *[]){"dead"}, (double)dead);
+    bw_jobs *s = m->c->jobs;
+    bw__metrics_emit(sink, m->f[JOURNAL_BYTES], NULL,
+                     (double)bw__journal_bytes_since_snapshot(bw__jobs_journal(s)));
+    uint64_t mono_ms = bw__mono_ms(), unix_ms = bw__unix_ms();
+    pthread_mutex_lock(&s->mu);
+    bw__metrics_emit(sink, m->f[JOBS], NULL, (double)s->njobs);
+    bw__metrics_emit(sink, m->f[COMMITS], NULL, (double)s->commits);
+    bw__metrics_emit(sink, m->f[TAKEOVERS], (const char *[]){"expired"},
+                     (double)s->takeovers_expired);
+    bw__metrics_emit(sink, m->f[TAKEOVERS], (const char *[]){"reclaimed"},
+                     (double)s->takeovers_reclaimed);
+    for (size_t i = 0; i < s->njobs; i++)
+        collect_job(m, sink, s, s->jobs[i], mono_ms, unix_ms);
+    pthread_mutex_unlock(&s->mu);
+}
+
+bw__cm *bw__cm_new(bw_metrics *reg, bw_coordinator *c, int *rc)
+{
+    *rc = BW_OK;
+    if (!reg)
+        return NULL;
+    bw__cm *m = calloc(1, sizeof(*m));
+    bool ok = m != NULL;
+    for (int i = 0; ok && i < NCOLLECTED; i++)
+        ok = (m->f[i] = bw__metrics_add_collected(reg, &COLLECTED[i])) != NULL;
+    if (ok) {
+        m->c = c;
+        m->fsync = bw__metric_series(bw__metrics_add(reg, &FSYNC), NULL);
+        m->synced = bw__metric_series(bw__metrics_add(reg, &SYNCED), NULL);
+        ok = m->fsync && m->synced && bw__metrics_add_collector(reg, collect, m, NULL) == BW_OK;
+    }
+    if (!ok) {
+        free(m); /* families already added stay in the registry, unused */
+        *rc = BW_NOMEM;
+        return NULL;
+    }
+    bw__journal_set_sync_hook(bw__jobs_journal(c->jobs), on_sync, m);
+    return m;
+}
+
+void bw__cm_free(bw__cm *m)
+{
+    if (!m)
+        return;
+    bw__journal_set_sync_hook(bw__jobs_journal(m->c->jobs), NULL, NULL);
+    free(m);
+}

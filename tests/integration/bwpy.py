@@ -1,0 +1,114 @@
+"""Helpers for the tests of the Python package (python/batchwire), not a test itself.
+
+* import_batchwire(): the package from the source tree with this build's libbatchwire (and,
+  for a sanitizer build, the test re-executed with the ASan runtime preloaded, or skipped);
+* cluster(): a coordinator and workers on loopback serving a data root;
+* gen_npy(): a float32 .npy dataset written by `batchwire gen`;
+* plan(): `batchwire plan` for every rank, {rank: [batch, ...]}.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import bwtest as bt
+
+
+def sanitize_flags():
+    """BW_SANITIZE of the build under test ("" for a plain build)."""
+    cache = os.path.join(bt.BUILD_DIR, "CMakeCache.txt")
+    try:
+        with open(cache) as f:
+            m = re.search(r"^BW_SANITIZE:STRING=(.*)$", f.read(), re.M)
+    except OSError:
+        return ""
+    return m.group(1).strip() if m else ""
+
+
+def _asan_loaded():
+    try:
+        with open("/proc/self/maps") as f:
+            return "libasan" in f.read()
+    except OSError:
+        return False
+
+
+def maybe_reexec_under_asan():
+    """In a sanitizer build, run again with the ASan runtime preloaded (or skip): a
+    libbatchwire built with AddressSanitizer cannot be loaded into a plain Python.
+    ASAN_OPTIONS gets detect_leaks=0 (the interpreter itself "leaks" at exit; the C tests
+    cover the library's leaks)."""
+    flags = sanitize_flags()
+    if "address" not in flags or _asan_loaded():
+        return
+    if os.environ.get("BW_PY_ASAN_REEXEC"):
+        print("FAIL: re-executed with LD_PRELOAD but libasan is still not loaded", flush=True)
+        sys.exit(1)
+    try:
+        rt = subprocess.run(["gcc", "-print-file-name=libasan.so"], stdout=subprocess.PIPE,
+                            text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rt = ""
+    if not rt or not os.path.isabs(rt) or not os.path.exists(rt):
+        print("SKIP: %s is a sanitizer build (BW_SANITIZE=%s): its libbatchwire.so needs the "
+              "AddressSanitizer runtime preloaded into python, and libasan.so was not found "
+              "(gcc -print-file-name=libasan.so)" % (bt.BUILD_DIR, flags), flush=True)
+        sys.exit(0)
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = (rt + " " + env.get("LD_PRELOAD", "")).strip()
+    # Last, so it wins over a detect_leaks=1 the caller set (scripts/test does).
+    env["ASAN_OPTIONS"] = ((env["ASAN_OPTIONS"] + ":") if env.get("ASAN_OPTIONS") else "") + \
+        "detect_leaks=0"
+    env["BW_PY_ASAN_REEXEC"] = "1"
+    print("sanitizer build (BW_SANITIZE=%s): re-running with LD_PRELOAD=%s "
+          "ASAN_OPTIONS=%s" % (flags, rt, env["ASAN_OPTIONS"]), flush=True)
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+def lib_path():
+    return os.path.join(bt.BUILD_DIR, "lib", "libbatchwire.so")
+
+
+def import_batchwire():
+    """The batchwire package of the source tree, loading this build's library."""
+    sys.path.insert(0, os.path.join(bt.SOURCE_DIR, "python"))
+    os.environ["BATCHWIRE_LIB"] = lib_path()
+    import batchwire
+    bt.check(batchwire.library_path() == os.environ["BATCHWIRE_LIB"],
+             "batchwire loads %s (version %s)" % (batchwire.library_path(), batchwire.version()))
+    return batchwire
+
+
+def gen_npy(root, name, n, shape=(3, 5), dtype="float32"):
+    """`batchwire gen` a .npy dataset of n samples under root/name; returns np.load of it."""
+    import numpy as np
+    r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, name), "--num-samples", n,
+               "--shape", ",".join(map(str, shape)), "--dtype", dtype, timeout=60)
+    bt.check(r.returncode == 0, "gen a %s .npy dataset of %d x %r" % (dtype, n, shape), r.stderr)
+    return np.load(os.path.join(root, name, "part-00000.npy"))
+
+
+def cluster(tmpdir, root, nworkers=2, worker_args=()):
+    """A coordinator and nworkers workers serving root; returns (coordinator, workers)."""
+    coord = bt.coordinator(tmpdir)
+    workers = [bt.worker(tmpdir, coord.addr, "w%d" % i, data_root=root, args=worker_args)
+               for i in range(nworkers)]
+    bt.poll(lambda: sum(w["state"] == "alive"
+                        for w in bt.status_json(coord.addr)["workers"]) == nworkers,
+            20, what="%d live workers" % nworkers)
+    return coord, workers
+
+
+def plan(*args):
+    """`batchwire plan ARGS...` as {rank: [{"step", "indices", "padding", "real"}, ...]}."""
+    r = bt.cli("plan", *args)
+    bt.check(r.returncode == 0, "batchwire plan %s" % " ".join(map(str, args)), r.stderr)
+    out = {}
+    for line in r.stdout.splitlines():
+        o = json.loads(line)
+        if "rank" in o:
+            out.setdefault(o["rank"], []).append(o)
+    return out

@@ -1,0 +1,292 @@
+/* Principals, tokens, the authorization table, names, and the request checker
+ * (core/auth/auth.c, core/common/text.c, core/rpc/proto_check.c). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "auth/auth.h"
+#include "batchwire/batchwire.h"
+#include "common/text.h"
+#include "rpc/proto_check.h"
+
+static char path[64];
+
+static void write_file(const char *text)
+{
+    snprintf(path, sizeof(path), "/tmp/bw-auth-test-%d", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void load_tokens(bw_auth **a)
+{
+    /* The hash form of a token: computed here the way an operator would (sha256sum). */
+    FILE *p = popen("printf %s 0123456789abcdef-worker0 | sha256sum | cut -c1-64", "r");
+    assert_non_null(p);
+    char hex[80] = "";
+    assert_non_null(fgets(hex, sizeof(hex), p));
+    pclose(p);
+    hex[64] = 0;
+    char text[1024];
+    snprintf(text, sizeof(text),
+             "# role name token\n"
+             "admin ops 0123456789abcdef-admin\n"
+             "trainer alice 0123456789abcdef-alice\n"
+             "\n"
+             "worker w0 sha256:%s\n"
+             "trainer certonly -\n",
+             hex);
+    write_file(text);
+    char err[256];
+    assert_int_equal(bw__auth_open(path, a, err, sizeof(err)), BW_OK);
+    assert_true(bw__auth_enabled(*a));
+}
+
+static void test_identify_and_authorize(void **state)
+{
+    (void)state;
+    bw_auth *a;
+    load_tokens(&a);
+    bw_principal who;
+    char err[256];
+    assert_int_equal(
+        bw__auth_check(a, BW_M_JOBS_JOIN, "0123456789abcdef-alice", NULL, &who, err, sizeof(err)),
+        BW_OK);
+    assert_string_equal(who.name, "alice");
+    assert_int_equal(who.role, BW_ROLE_TRAINER);
+    /* a trainer may not register workers */
+    assert_int_equal(bw__auth_check(a, BW_M_REGISTER_WORKER, "0123456789abcdef-alice", NULL, &who,
+                                    err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "RegisterWorker"));
+    /* the hashed token of a worker */
+    assert_int_equal(
+        bw__auth_check(a, BW_M_HEARTBEAT, "0123456789abcdef-worker0", NULL, &who, err, sizeof(err)),
+        BW_OK);
+    assert_string_equal(who.name, "w0");
+    /* a worker may not read samples or touch jobs */
+    assert_int_equal(bw__auth_check(a, BW_M_DATA_READ_SAMPLES, "0123456789abcdef-worker0", NULL,
+                                    &who, err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_int_equal(bw__auth_check(a, BW_M_JOBS_COMMIT_CURSOR, "0123456789abcdef-worker0", NULL,
+                                    &who, err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    /* an admin may do everything */
+    for (int m = 0; m < BW_M__COUNT; m++)
+        assert_int_equal(bw__auth_check(a, (bw_method_id)m, "0123456789abcdef-admin", NULL, &who,
+                                        err, sizeof(err)),
+                         BW_OK);
+    /* no credentials: only the health check answers */
+    assert_int_equal(bw__auth_check(a, BW_M_HEALTH_CHECK, NULL, NULL, &who, err, sizeof(err)),
+                     BW_OK);
+    assert_int_equal(bw__auth_check(a, BW_M_COORDINATOR_INFO, NULL, NULL, &who, err, sizeof(err)),
+                     BW_UNAUTHENTICATED);
+    assert_int_equal(
+        bw__auth_check(a, BW_M_JOBS_LIST, "wrong-token-0123456789", NULL, &who, err, sizeof(err)),
+        BW_UNAUTHENTICATED);
+    assert_null(strstr(err, "wrong-token")); /* a refusal never repeats a token */
+    /* certificates: by name; a token and a certificate of two principals are refused */
+    assert_int_equal(bw__auth_check(a, BW_M_JOBS_GET, NULL, "certonly", &who, err, sizeof(err)),
+                     BW_OK);
+    assert_string_equal(who.name, "certonly");
+    assert_int_equal(bw__auth_check(a, BW_M_JOBS_GET, NULL, "stranger", &who, err, sizeof(err)),
+                     BW_UNAUTHENTICATED);
+    assert_int_equal(bw__auth_check(a, BW_M_JOBS_GET, "0123456789abcdef-alice", "certonly", &who,
+                                    err, sizeof(err)),
+                     BW_UNAUTHENTICATED);
+    bw__auth_free(a);
+    unlink(path);
+}
+
+static void test_ownership(void **state)
+{
+    (void)state;
+    bw_principal alice = {BW_ROLE_TRAINER, "alice"}, bob = {BW_ROLE_TRAINER, "bob"};
+    bw_principal admin = {BW_ROLE_ADMIN, "ops"}, open = {BW_ROLE_OPEN, ""};
+    assert_true(bw__auth_owns(&alice, "alice"));
+    assert_false(bw__auth_owns(&bob, "alice"));
+    assert_true(bw__auth_owns(&admin, "alice"));
+    assert_true(bw__auth_owns(&open, "alice"));
+    assert_true(bw__auth_owns(&bob, "")); /* made while the service was open */
+}
+
+static void test_open_service(void **state)
+{
+    (void)state;
+    bw_auth *a;
+    char err[256];
+    assert_int_equal(bw__auth_open(NULL, &a, err, sizeof(err)), BW_OK);
+    assert_false(bw__auth_enabled(a));
+    bw_principal who;
+    assert_int_equal(bw__auth_check(a, BW_M_REGISTER_WORKER, NULL, NULL, &who, err, sizeof(err)),
+                     BW_OK);
+    assert_int_equal(who.role, BW_ROLE_OPEN);
+    bw__auth_free(a);
+}
+
+static void expect_bad_file(const char *text, const char *needle)
+{
+    write_file(text);
+    bw_auth *a = NULL;
+    char err[512] = "";
+    assert_int_equal(bw__auth_open(path, &a, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    assert_null(a);
+    if (!strstr(err, needle))
+        fail_msg("'%s' does not say '%s'", err, needle);
+    unlink(path);
+}
+
+static void test_bad_files(void **state)
+{
+    (void)state;
+    expect_bad_file("root ops 0123456789abcdef0\n", "role 'root'");
+    expect_bad_file("admin ops short\n", "at least 16");
+    expect_bad_file("admin ops\n", "three fields");
+    expect_bad_file("admin ops 0123456789abcdef0\ntrainer ops 0123456789abcdef1\n", "twice");
+    expect_bad_file("admin a 0123456789abcdef0\ntrainer b 0123456789abcdef0\n", "same token");
+    expect_bad_file("admin a sha256:1234\n", "64 hex");
+    expect_bad_file("# nothing\n", "no principal");
+    bw_auth *a = NULL;
+    char err[256];
+    assert_int_equal(bw__auth_open("/nonexistent/tokens", &a, err, sizeof(err)), BW_IO);
+    assert_non_null(strstr(err, "/nonexistent/tokens"));
+}
+
+static void test_reload(void **state)
+{
+    (void)state;
+    write_file("trainer alice 0123456789abcdef-alice\n");
+    bw_auth *a;
+    char err[256];
+    assert_int_equal(bw__auth_open(path, &a, err, sizeof(err)), BW_OK);
+    bw_principal who;
+    assert_int_equal(
+        bw__auth_check(a, BW_M_JOBS_GET, "0123456789abcdef-alice", NULL, &who, err, sizeof(err)),
+        BW_OK);
+    /* rotated: the old token stops working, the new one works */
+    write_file("trainer alice 0123456789abcdef-alice2\n");
+    size_t n;
+    assert_int_equal(bw__auth_reload(a, &n, err, sizeof(err)), BW_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(
+        bw__auth_check(a, BW_M_JOBS_GET, "0123456789abcdef-alice", NULL, &who, err, sizeof(err)),
+        BW_UNAUTHENTICATED);
+    assert_int_equal(
+        bw__auth_check(a, BW_M_JOBS_GET, "0123456789abcdef-alice2", NULL, &who, err, sizeof(err)),
+        BW_OK);
+    /* a broken file keeps what was loaded */
+    write_file("nonsense\n");
+    assert_int_not_equal(bw__auth_reload(a, &n, err, sizeof(err)), BW_OK);
+    assert_int_equal(
+        bw__auth_check(a, BW_M_JOBS_GET, "0123456789abcdef-alice2", NULL, &who, err, sizeof(err)),
+        BW_OK);
+    bw__auth_free(a);
+    unlink(path);
+}
+
+static void test_token_file(void **state)
+{
+    (void)state;
+    write_file("  0123456789abcdef-alice  \nsecond line ignored\n");
+    char *t = NULL;
+    char err[256];
+    assert_int_equal(bw__auth_read_token_file(path, &t, err, sizeof(err)), BW_OK);
+    assert_string_equal(t, "0123456789abcdef-alice");
+    free(t);
+    write_file("\n");
+    assert_int_equal(bw__auth_read_token_file(path, &t, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    write_file("two words\n");
+    assert_int_equal(bw__auth_read_token_file(path, &t, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    unlink(path);
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    char err[256];
+    assert_int_equal(bw__check_text("job", "run-17", 255, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__check_text("job", "Läufe/μ-ß", 255, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__check_text("job", "", 255, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    assert_int_equal(bw__check_text("job", "a\tb", 255, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "control character"));
+    assert_int_equal(bw__check_text("job", "a\xc2\x85z", 255, err, sizeof(err)),
+                     BW_INVALID_ARGUMENT); /* U+0085, a C1 control */
+    assert_int_equal(bw__check_text("job", "a\xff", 255, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "UTF-8"));
+    assert_int_equal(bw__check_text("job", "\xc0\xaf", 255, err, sizeof(err)),
+                     BW_INVALID_ARGUMENT); /* overlong '/' */
+    assert_int_equal(bw__check_text("job", "\xed\xa0\x80", 255, err, sizeof(err)),
+                     BW_INVALID_ARGUMENT); /* a surrogate */
+    char long_name[300];
+    memset(long_name, 'x', sizeof(long_name));
+    long_name[255] = 0;
+    assert_int_equal(bw__check_text("job", long_name, 255, err, sizeof(err)), BW_OK);
+    long_name[255] = 'x';
+    long_name[256] = 0;
+    assert_int_equal(bw__check_text("job", long_name, 255, err, sizeof(err)), BW_INVALID_ARGUMENT);
+}
+
+static void test_proto_check(void **state)
+{
+    (void)state;
+    char err[256];
+    /* JoinJobRequest{job = "ab\0cd"}: field 1, length 5 */
+    const uint8_t nul[] = {0x0a, 5, 'a', 'b', 0, 'c', 'd'};
+    assert_int_equal(bw__proto_check(&batchwire__v1__join_job_request__descriptor, nul, sizeof(nul),
+                                     err, sizeof(err)),
+                     BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "JoinJobRequest.job"));
+    assert_non_null(strstr(err, "NUL"));
+    const uint8_t bad_utf8[] = {0x0a, 2, 0xc3, 0x28};
+    assert_int_equal(bw__proto_check(&batchwire__v1__join_job_request__descriptor, bad_utf8,
+                                     sizeof(bad_utf8), err, sizeof(err)),
+                     BW_INVALID_ARGUMENT);
+    /* nested: JoinJobRequest.holder (field 4) = Holder{host = "\0"} */
+    const uint8_t nested[] = {0x22, 3, 0x0a, 1, 0};
+    assert_int_equal(bw__proto_check(&batchwire__v1__join_job_request__descriptor, nested,
+                                     sizeof(nested), err, sizeof(err)),
+                     BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "Holder.host"));
+    /* a fine one, with an unknown field 99 (skipped) */
+    const uint8_t fine[] = {0x0a, 3, 'j', 'o', 'b', 0x10, 2, 0x98, 0x06, 7};
+    assert_int_equal(bw__proto_check(&batchwire__v1__join_job_request__descriptor, fine,
+                                     sizeof(fine), err, sizeof(err)),
+                     BW_OK);
+    /* a string over the bound */
+    size_t n = BW_PROTO_STRING_MAX + 1;
+    uint8_t *big = malloc(n + 4);
+    assert_non_null(big);
+    big[0] = 0x0a;
+    big[1] = (uint8_t)(0x80 | (n & 0x7f));
+    big[2] = (uint8_t)(n >> 7);
+    memset(big + 3, 'x', n);
+    assert_int_equal(
+        bw__proto_check(&batchwire__v1__join_job_request__descriptor, big, n + 3, err, sizeof(err)),
+        BW_TOO_BIG);
+    assert_non_null(strstr(err, "JoinJobRequest.job"));
+    free(big);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_identify_and_authorize),
+        cmocka_unit_test(test_ownership),
+        cmocka_unit_test(test_open_service),
+        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_reload),
+        cmocka_unit_test(test_token_file),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_proto_check),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
