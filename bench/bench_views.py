@@ -3,8 +3,8 @@
 
   reuse    Loader(reuse_buffers=True): the loader reuses its buffers under live views (the
            unsafe opt-in); the baseline;
-  dropped  safe views (the default), each batch's tensor released before the next batch:
-           the hold is taken and given back, no buffer changes hands;
+  dropped  safe views (the default), each batch's tensor (and the Batch) released before the
+           next batch: the hold is taken and given back, no buffer changes hands;
   kept     safe views, the usual loop (`for b in lo: x = b.torch()`): the previous tensor is
            still alive when the next batch is taken, so every batch's buffer goes to its
            view and the slot continues with a spare one (no copy);
@@ -40,17 +40,17 @@ def run_epoch(batchwire, coord, job, dataset, batch, variant):
     with batchwire.Loader(coordinator=coord, job=job, dataset=dataset, batch_size=batch,
                           shuffle=True, seed=0, rank=0, world_size=1,
                           reuse_buffers=reuse) as lo:
-        x = None
+        x = flat = None
         for b in lo:
-            if variant == "dropped":
-                x = None
             x = b.torch()
             if variant == "copy":
                 x = x.clone()
             flat = x.view(-1)
             int(flat[::4096].sum())
             nbytes += flat.numel()
-        x = None
+            if variant == "dropped":
+                x = flat = b = None  # all released before the next batch is taken
+        x = flat = None
     return nbytes / MiB / (time.perf_counter() - t0)
 
 

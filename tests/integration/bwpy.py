@@ -112,3 +112,18 @@ def plan(*args):
         if "rank" in o:
             out.setdefault(o["rank"], []).append(o)
     return out
+
+
+NPY = "npy:ds/part-00000.npy"
+
+
+def npy_cluster(tmpdir, n, shape=(3, 5), nworkers=2):
+    """The usual start of a test: the package, a data root holding a float32 .npy dataset
+    "ds" of n samples (the dataset spec is NPY) and a cluster serving the root.
+    Returns (batchwire, root, np.load of the dataset, the coordinator)."""
+    batchwire = import_batchwire()
+    root = os.path.join(tmpdir, "data")
+    os.makedirs(root)
+    arr = gen_npy(root, "ds", n, shape)
+    coord, _ = cluster(tmpdir, root, nworkers)
+    return batchwire, root, arr, coord

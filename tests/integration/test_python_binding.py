@@ -207,7 +207,8 @@ def test(tmpdir):
              "sys.exit(1)\n" % (coord.addr, B, SEED, R))
     with batchwire.Loader(**opts):
         p = bt.run([sys.executable, "-c", probe],
-                   env={"PYTHONPATH": os.path.join(bt.SOURCE_DIR, "python")}, timeout=60)
+                   env=bt.child_env({"PYTHONPATH": os.path.join(bt.SOURCE_DIR, "python"),
+                                     "BATCHWIRE_LIB": bwpy.lib_path()}), timeout=60)
     bt.check(p.returncode == 0 and p.stdout.startswith("BW_ALREADY_EXISTS"),
              "another process's Loader on a held rank raises AlreadyExistsError: %s"
              % p.stdout.strip()[:160], p.stdout + p.stderr)
@@ -233,8 +234,8 @@ def test(tmpdir):
     x1 = b1.numpy().copy()
     b2 = lo.next_batch()
     lo.next_batch()
-    bt.check(np.array_equal(b1.numpy(), x1), "a batch viewed before the loader moved on still "
-             "gives its own bytes two batches later")
+    bt.check(b1.numpy().tobytes() == x1.tobytes(), "a batch viewed before the loader moved on "
+             "still gives its own bytes two batches later")
     expect_error(batchwire, batchwire.FailedPreconditionError, "numpy() of a batch never viewed "
                  "before the loader moved on", r"released", b2.numpy)
     lo.close()

@@ -15,7 +15,6 @@ epoch (one rank).
   other batches' bytes (what safety prevents), so the check above can fail.
 """
 
-import os
 
 
 
@@ -28,12 +27,8 @@ SHAPE = (4, 16)
 
 
 def test(tmpdir):
-    batchwire = bwpy.import_batchwire()
-    root = os.path.join(tmpdir, "data")
-    os.makedirs(root)
-    arr = bwpy.gen_npy(root, "ds", N, SHAPE)
-    coord, _ = bwpy.cluster(tmpdir, root)
-    opts = dict(coordinator=coord.addr, job="views", dataset="npy:ds/part-00000.npy",
+    batchwire, _root, arr, coord = bwpy.npy_cluster(tmpdir, N, SHAPE)
+    opts = dict(coordinator=coord.addr, job="views", dataset=bwpy.NPY,
                 batch_size=B, shuffle=True, seed=3, rank=0, world_size=1, prefetch=4)
 
     def same(x, idx):  # bytes, not values: random float32 bits include NaNs
