@@ -260,9 +260,9 @@ int bw__jobs_resume(bw_jobs *s, const bw_principal *who,
             goto out;
         *wait_seq = s->last_seq;
         out->resumed = true;
-        BW_INFO("job=%s resumed elastically at epoch %" PRIu64 " step %" PRIu64
-                ": world size %u -> %u",
-                job->name, epoch, step, old_world, req->world_size);
+        BW_INFO("job=%s resumed elastically world_size=%u old_world_size=%u epoch=%" PRIu64
+                " step=%" PRIu64,
+                job->name, req->world_size, old_world, epoch, step);
     }
     out->job = bw__jobs_summary(arena, job);
     if (!out->job) {

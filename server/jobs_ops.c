@@ -376,8 +376,9 @@ int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__Join
     bool reclaim = rc == BW_OK && !same && r->leased && req->reclaim_pid != 0 &&
                    r->pid == req->reclaim_pid && strcmp(r->host, req->holder->host) == 0;
     if (reclaim)
-        BW_INFO("job=%s rank=%u holder=%s:%u reclaims the rank from its exited pid %u", req->job,
-                req->rank, req->holder->host, req->holder->pid, r->pid);
+        BW_INFO(
+            "job=%s rank=%u holder=%s:%u reclaims the rank from its exited holder exited_pid=%u",
+            req->job, req->rank, req->holder->host, req->holder->pid, r->pid);
     if (rc == BW_OK && lease_live(s, r, now) && !same && !reclaim) {
         snprintf(err, errlen,
                  "rank %u of job '%s' is already held by host %s pid %u (heard from %.1f s ago; "
@@ -412,7 +413,7 @@ int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__Join
         if (rc == BW_OK && taken)
             (*(reclaim ? &s->takeovers_reclaimed : &s->takeovers_expired))++;
         if (rc == BW_OK)
-            BW_INFO("job=%s rank=%u holder=%s:%u joined (world size %u)%s", req->job, req->rank,
+            BW_INFO("job=%s rank=%u holder=%s:%u world_size=%u joined%s", req->job, req->rank,
                     req->holder->host, req->holder->pid, req->world_size,
                     same ? ", again: its previous lease ends" : "");
     }

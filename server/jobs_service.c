@@ -150,8 +150,8 @@ static void *create_thread(void *arg)
         rc = bw__jobs_create(t->c->jobs, bw__rpc_call_principal(t->call), t->req, info, a, &resp,
                              &wait_seq, err, sizeof(err));
     if (rc == BW_OK && resp->created)
-        BW_INFO("job=%s created: dataset of %llu samples described by a worker, world size %u, "
-                "fingerprint %016llx",
+        BW_INFO("job=%s created over a dataset a worker described samples=%llu world_size=%u "
+                "fingerprint=%016llx",
                 t->req->name, (unsigned long long)info->length, t->req->world_size,
                 (unsigned long long)resp->job->fingerprint);
     if (answer(t->c, t->call, "GetOrCreateJob", rc, resp ? &resp->base : NULL, wait_seq, err) !=
@@ -193,8 +193,8 @@ int bw__jobs_on_get_or_create(void *user, bw_rpc_call *call, const ProtobufCMess
         rc = info ? bw__jobs_create(c->jobs, who, r, info, a, &out, &wait_seq, err, sizeof(err))
                   : BW_NOMEM;
         if (rc == BW_OK && out->created)
-            BW_INFO("job=%s created: synthetic dataset of %llu samples, world size %u, "
-                    "fingerprint %016llx",
+            BW_INFO("job=%s created over a synthetic dataset samples=%llu world_size=%u "
+                    "fingerprint=%016llx",
                     r->name, (unsigned long long)info->length, r->world_size,
                     (unsigned long long)out->job->fingerprint);
     } else if (rc == BW_OK && need_describe) {

@@ -153,7 +153,7 @@ int main(int argc, char **argv)
                                   &srv, coord.bound, sizeof(coord.bound), err, sizeof(err));
     }
     if (rc != BW_OK) {
-        BW_ERROR("cannot start: %s", err);
+        BW_ERROR("cannot start err=%s", err);
         status = 1;
     } else {
         BW_INFO("listening on %s (%s%s) state-dir=%s heartbeat=%lldms dead-after=%lld", coord.bound,
@@ -174,7 +174,8 @@ int main(int argc, char **argv)
         if (start_compaction[0] && start_rc == BW_OK)
             BW_INFO("state: compacted at start: %s", start_compaction);
         else if (start_compaction[0])
-            BW_WARN("snapshot at start: %s; the journal keeps growing until one succeeds",
+            BW_WARN("snapshot at start failed; the journal keeps growing until one succeeds "
+                    "err=%s",
                     start_compaction);
         /* Liveness sweeps run here, between signal waits: a quarter interval keeps the
          * "marked dead" log line within 25% of the deadline. */
@@ -203,7 +204,8 @@ int main(int argc, char **argv)
                 if (compact(coord.jobs, why, done, sizeof(done), err, sizeof(err)) == BW_OK)
                     BW_INFO("state: compacted: %s", done);
                 else
-                    BW_WARN("snapshot: %s; the journal keeps growing until one succeeds", err);
+                    BW_WARN("snapshot failed; the journal keeps growing until one succeeds err=%s",
+                            err);
             }
         }
         if (sig)

@@ -37,8 +37,8 @@ int bw__membership_heartbeat(bw_membership *m, const bw_principal *who, const ch
 
 /* Records what worker `id` (this incarnation) has served so far, from its heartbeat: the
  * totals and rates ListWorkers reports. */
-void bw__membership_served(bw_membership *m, const char *id, uint64_t incarnation,
-                           uint64_t samples, uint64_t bytes);
+void bw__membership_served(bw_membership *m, const char *id, uint64_t incarnation, uint64_t samples,
+                           uint64_t bytes);
 
 /* How many workers are alive and dead now. */
 void bw__membership_counts(bw_membership *m, size_t *alive, size_t *dead);

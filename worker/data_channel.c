@@ -102,8 +102,8 @@ static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
     vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
     if (quiet)
-        BW_INFO("%s (and %llu more such connections before it, not logged)", line,
-                (unsigned long long)quiet);
+        BW_INFO("(%llu more such connections before this one not logged) %s",
+                (unsigned long long)quiet, line);
     else
         BW_INFO("%s", line);
 }
@@ -313,7 +313,7 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
          * and the connection takes the next request. */
         char msg[1500];
         snprintf(msg, sizeof(msg), "%s: %s", method, err);
-        BW_DEBUG("data channel peer=%s: %s", c->peer, msg);
+        BW_DEBUG("data channel: request not admitted peer=%s err=%s", c->peer, msg);
         int wr = discard(c, len);
         if (wr == BW_OK)
             wr = send_error(&c->sock, NULL, rc, hint, msg);
@@ -338,7 +338,7 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
     } else if ((rc = bw__dsock_read_all(&c->sock, body, (size_t)len,
                                         bw__mono_ms() + BODY_TIMEOUT_MS, &got, err, sizeof(err))) !=
                BW_OK) {
-        bad_conn_log(c->srv, "data channel peer=%s: request body: %zu of %llu bytes came: %s",
+        bad_conn_log(c->srv, "data channel: request body cut short peer=%s got=%zu of=%llu err=%s",
                      c->peer, got, (unsigned long long)len, err);
         status = rc;
         hang_up = true;
@@ -359,7 +359,8 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
             snprintf(err, sizeof(err),
                      "data channel: the %llu-byte request is not a %sRequest with a dataset",
                      (unsigned long long)len, method);
-            bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
+            bad_conn_log(c->srv, "data channel: closing the connection peer=%s err=%s", c->peer,
+                         err);
             send_error(&c->sock, NULL, status = BW_INVALID_ARGUMENT, 0, err);
             hang_up = true;
         } else if (rc != BW_OK) {
@@ -382,7 +383,7 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
                                 : send_error(&c->sock, NULL, ot.rc, 0, ot.err);
             hang_up = rc != BW_OK || ot.rc == BW_UNAVAILABLE;
             if (rc != BW_OK) {
-                BW_DEBUG("data channel peer=%s: %s", c->peer, o.err);
+                BW_DEBUG("data channel: request failed peer=%s err=%s", c->peer, o.err);
                 status = status == BW_OK ? rc : status; /* the connection failed meanwhile */
             }
         }
@@ -426,8 +427,8 @@ static int serve_auth(conn *c, uint64_t len)
     rc = bw__auth_check(w->auth, BW_M_DATA_READ_SAMPLES, c->token,
                         c->cert_cn[0] ? c->cert_cn : NULL, &who, err, sizeof(err));
     if (rc != BW_OK) {
-        bad_conn_log(c->srv, "data channel peer=%s: refused the hello: %s (%s)", c->peer, err,
-                     bw_err_name(rc));
+        bad_conn_log(c->srv, "data channel: refused the hello peer=%s code=%s err=%s", c->peer,
+                     bw_err_name(rc), err);
         char msg[600];
         snprintf(msg, sizeof(msg), "data channel hello: %s", err);
         send_error(&c->sock, NULL, rc, 0, msg);
@@ -455,8 +456,8 @@ static int authorize(conn *c, uint32_t kind, uint64_t len)
                             sizeof(err));
     if (rc == BW_OK)
         return BW_OK;
-    bad_conn_log(c->srv, "data channel peer=%s: refused %s: %s (%s)", c->peer, bw__req_method(kind),
-                 err, bw_err_name(rc));
+    bad_conn_log(c->srv, "data channel: refused a request peer=%s method=%s code=%s err=%s",
+                 c->peer, bw__req_method(kind), bw_err_name(rc), err);
     char msg[600];
     snprintf(msg, sizeof(msg), "%s: %s", bw__req_method(kind), err);
     if (discard(c, len) == BW_OK)
@@ -492,7 +493,7 @@ static void *serve(void *arg)
     bool ok = true;
     if (c->srv->tls && bw__dsock_tls(&c->sock, c->srv->tls, NULL, bw__mono_ms() + BODY_TIMEOUT_MS,
                                      err, sizeof(err)) != BW_OK) {
-        bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
+        bad_conn_log(c->srv, "data channel: closing the connection peer=%s err=%s", c->peer, err);
         ok = false;
     }
     if (ok)
@@ -508,11 +509,11 @@ static void *serve(void *arg)
                                     idle > 0 ? bw__mono_ms() + (uint64_t)idle : 0, &got, err,
                                     sizeof(err));
         if (rc == BW_TIMEOUT && !got)
-            BW_DEBUG("data channel peer=%s: closing a connection idle for %lld ms", c->peer,
+            BW_DEBUG("data channel: closing an idle connection peer=%s idle_ms=%lld", c->peer,
                      (long long)idle);
         if (rc != BW_OK) {
             if (got)
-                BW_DEBUG("data channel peer=%s: connection ended inside a request header", c->peer);
+                BW_DEBUG("data channel: connection ended inside a request header peer=%s", c->peer);
             break;
         }
         uint32_t kind;
@@ -520,7 +521,8 @@ static void *serve(void *arg)
         rc = bw__req_header(h, (uint64_t)w->cfg->max_request_bytes, "--max-request-bytes", &kind,
                             &len, err, sizeof(err));
         if (rc != BW_OK) {
-            bad_conn_log(c->srv, "data channel peer=%s: %s; closing the connection", c->peer, err);
+            bad_conn_log(c->srv, "data channel: closing the connection peer=%s err=%s", c->peer,
+                         err);
             send_error(&c->sock, NULL, rc, 0, err);
             break;
         }
@@ -613,9 +615,9 @@ static void *accept_loop(void *arg)
                      full ? "" : " (it cannot start another thread)");
             uint64_t now = bw__mono_ms();
             if (!s->refused_logged_ms || now - s->refused_logged_ms >= 10000) {
-                BW_WARN("data channel peer=%s refused: %s (%llu more refused since the last "
-                        "warning; such clients fetch over gRPC)",
-                        c->peer, msg, (unsigned long long)s->refused_quiet);
+                BW_WARN("data channel: connection refused; such clients fetch over gRPC peer=%s "
+                        "refused_since_last_warning=%llu err=%s",
+                        c->peer, (unsigned long long)s->refused_quiet, msg);
                 s->refused_logged_ms = now;
                 s->refused_quiet = 0;
             } else {

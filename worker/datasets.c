@@ -262,7 +262,7 @@ int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **ou
         e->checking = false;
         if (!changed)
             break;
-        BW_INFO("dataset %s over %s: a source changed on disk; reopening", spec->format,
+        BW_INFO("a source changed on disk; reopening the dataset dataset=%s:%s", spec->format,
                 spec->n_sources ? spec->sources[0] : "");
         drop(c, e);
         bw__ds_put(e); /* requests still using it keep it until they finish */

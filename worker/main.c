@@ -233,7 +233,7 @@ int main(int argc, char **argv)
         bw__rpc_server_stop(srv, 0);
     }
     if (rc != BW_OK) {
-        BW_ERROR("cannot start: %s", err);
+        BW_ERROR("cannot start err=%s", err);
         bw__worker_membership_stop(&w);
         bw__exec_stop(w.exec);
         bw__ds_cache_free(w.datasets);

@@ -81,8 +81,9 @@ static void refresh_placement(bw_worker *w, uint64_t version)
                         (unsigned long long)t->version);
         }
     } else {
-        BW_WARN("worker=%s cannot fetch placement version %llu (will retry): %s", w->id,
-                (unsigned long long)version, err);
+        BW_WARN("worker=%s cannot fetch the placement table (will retry) placement_version=%llu "
+                "err=%s",
+                w->id, (unsigned long long)version, err);
     }
     bw__arena_reset(&arena);
 }
@@ -145,7 +146,7 @@ static void *membership_thread(void *arg)
                 last_err[0] = '\0';
         }
         if (rc == BW_ALREADY_EXISTS) {
-            BW_ERROR("worker=%s stopping: %s", w->id, err);
+            BW_ERROR("worker=%s stopping err=%s", w->id, err);
             atomic_store(&w->fatal, 1);
             break;
         }
@@ -153,7 +154,7 @@ static void *membership_thread(void *arg)
             /* Say it once, then again only when it changes or every 10 s. */
             uint64_t now = bw__mono_ms();
             if (strcmp(err, last_err) != 0 || now - last_err_ms > 10000) {
-                BW_WARN("worker=%s %s failed (will retry): %s", w->id,
+                BW_WARN("worker=%s %s failed (will retry) err=%s", w->id,
                         registered ? "heartbeat" : "registration", err);
                 snprintf(last_err, sizeof(last_err), "%s", err);
                 last_err_ms = now;

@@ -235,7 +235,8 @@ int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
     }
     if (rc != BW_OK) {
         bw__ds_put(e);
-        BW_DEBUG("worker=%s %s from %s: %s: %s", w->id, method, peer, bw_err_name(rc), why);
+        BW_DEBUG("request refused worker=%s method=%s peer=%s code=%s err=%s", w->id, method, peer,
+                 bw_err_name(rc), why);
         snprintf(err, errlen, "%s: dataset %s %s%s: %s", method,
                  spec && spec->format ? spec->format : "?", first_source(spec),
                  spec && spec->n_sources > 1 ? ",..." : "", why);

@@ -257,9 +257,9 @@ static void dconn_suspend(bw__session *s, const char *address, const char *worke
     s->suspended[i].until = until;
     pthread_mutex_unlock(&s->mu);
     if (!was_active)
-        BW_WARN("worker=%s data channel %s: %s; fetching from this worker over gRPC for the next "
-                "%d s (docs/data-channel.md)",
-                worker, address, why, BW_DCONN_SUSPEND_MS / 1000);
+        BW_WARN("worker=%s data_channel=%s unusable; fetching from this worker over gRPC for the "
+                "next %d s (docs/data-channel.md) err=%s",
+                worker, address, BW_DCONN_SUSPEND_MS / 1000, why);
 }
 
 static bool dconn_suspended(bw__session *s, const char *address)
@@ -463,8 +463,8 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
                             sizeof(e));
             if (rc == BW_UNAVAILABLE && !x->any && x->hgot == 0 && c->reused && !x->retried) {
                 /* An idle connection the worker had closed: ask again on a new one. */
-                BW_DEBUG("worker=%s data channel %s: an idle connection was closed (%s); asking "
-                         "again on a new one",
+                BW_DEBUG("worker=%s data_channel=%s an idle connection was closed; asking again "
+                         "on a new one err=%s",
                          x->wid, x->address, e);
                 x->retried = true;
                 if ((rc = send_req(x, true, e, sizeof(e))) == BW_OK)

@@ -616,7 +616,7 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
     if (rc == BW_OK)
         rc = bw__fetch_items(ctx, &kind, items, n, &dest, b->err, sizeof(b->err));
     if (rc != BW_OK && rc != BW_NOMEM && b->err[0])
-        BW_DEBUG("step %" PRIu64 ": %s", b->step, b->err);
+        BW_DEBUG("batch fetch failed step=%" PRIu64 " err=%s", b->step, b->err);
     if (rc == BW_OK)
         rc = bw__fetch_pack(b, items, uid, &dest);
     bw__fetch_items_free(items, n);

@@ -340,8 +340,8 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         bw_loader_close(l);
         return BW_INTERNAL;
     }
-    BW_INFO("job=%s rank=%u/%u joined: %" PRIu64 " samples, epoch %" PRIu64 " step %" PRIu64
-            ", %zu batches in flight",
+    BW_INFO("job=%s rank=%u world_size=%u joined samples=%" PRIu64 " epoch=%" PRIu64
+            " step=%" PRIu64 " prefetch=%zu",
             job->name, l->rank, l->world, l->num_samples, epoch, step, l->nthreads);
     *out = l;
     return BW_OK;

@@ -180,8 +180,8 @@ static int coord_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMes
             return rc;
         }
         if (tries == 1)
-            BW_INFO("job=%s rank=%u: %s; retrying for up to %d ms", s->job, s->rank, err,
-                    s->retry_ms);
+            BW_INFO("job=%s rank=%u the coordinator is unreachable; retrying retry_ms=%d err=%s",
+                    s->job, s->rank, s->retry_ms, err);
         bw__rpc_channel_wait(s->coord, (int)pause); /* returns early once reconnected */
         backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
     }
@@ -229,14 +229,15 @@ static void *lease_thread(void *arg)
         pthread_mutex_lock(&s->mu);
         if (rc == BW_LEASE_LOST) {
             /* Fenced: another process holds the rank now. Stop renewing; the loader stops. */
-            BW_ERROR("job=%s rank=%u lost its lease: %s", s->job, s->rank, err);
+            BW_ERROR("job=%s rank=%u lost its lease err=%s", s->job, s->rank, err);
             snprintf(s->lost_err, sizeof(s->lost_err), "%s", err);
             atomic_store(&s->lease_lost, true);
             break;
         }
         if (rc != BW_OK && strcmp(err, s->hb_err) != 0) {
             /* Keep going: prefetched batches carry the trainer while the coordinator is away. */
-            BW_WARN("job=%s rank=%u lease heartbeat failed (will retry): %s", s->job, s->rank, err);
+            BW_WARN("job=%s rank=%u lease heartbeat failed (will retry) err=%s", s->job, s->rank,
+                    err);
             snprintf(s->hb_err, sizeof(s->hb_err), "%s", err);
         } else if (rc == BW_OK) {
             s->hb_err[0] = '\0';
@@ -380,7 +381,7 @@ static int resume_elastic(bw__session *s, const char *job, uint32_t world, const
     ProtobufCMessage *resp = NULL;
     rc = coord_call(s, BW_METHOD(BW_M_JOBS_RESUME_ELASTIC), &req.base, a, &resp, err, errlen);
     if (rc == BW_OK)
-        BW_INFO("job=%s rank=%u: elastic resume from %zu cursors of world size %u to %u (%s)", job,
+        BW_INFO("job=%s rank=%u elastic resume from %zu cursors of world size %u to %u (%s)", job,
                 s->rank, n, cur[0]->world_size, world,
                 ((const Batchwire__V1__ResumeElasticResponse *)resp)->resumed ? "recorded"
                                                                               : "recorded before");
@@ -467,8 +468,8 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     /* Held by a process of this host that has exited: a restart, which takes its rank back
      * at once instead of waiting for the old lease to expire. */
     if (rc == BW_ALREADY_EXISTS && (jreq.reclaim_pid = exited_holder(s, jr->name, host)) != 0) {
-        BW_INFO("job=%s rank=%u: its holder on this host (pid %u) has exited; reclaiming the "
-                "rank",
+        BW_INFO("job=%s rank=%u its holder on this host has exited; reclaiming the rank "
+                "exited_pid=%u",
                 jr->name, rank, jreq.reclaim_pid);
         rc =
             coord_call(s, BW_METHOD(BW_M_JOBS_JOIN), &jreq.base, &s->job_arena, &resp, err, errlen);
@@ -560,11 +561,11 @@ static void leave_job(bw__session *s)
                  ((const Batchwire__V1__LeaveJobResponse *)resp)->released ? "released"
                                                                            : "already gone");
     else if (rc == BW_UNIMPLEMENTED)
-        BW_DEBUG("job=%s rank=%u: the coordinator has no LeaveJob; the lease expires on its own",
+        BW_DEBUG("job=%s rank=%u the coordinator has no LeaveJob; the lease expires on its own",
                  s->job, s->rank);
     else
         BW_WARN("job=%s rank=%u could not leave the job (the rank stays claimed until its lease "
-                "expires): %s",
+                "expires) err=%s",
                 s->job, s->rank, err);
     bw__arena_reset(&a);
 }

@@ -65,7 +65,8 @@ void bw__config_usage(FILE *out, const char *prog, const char *synopsis, const c
 /*
  * For programs: parses argv, prints --help or --version (core/common/version.h) to stdout or
  * the error as "PROG: message" to stderr itself. Returns -1 when the program should run, else
- * the exit status (0 after --help or --version, 2 after a bad setting). `cfg` must be zeroed; free it with bw__config_free.
+ * the exit status (0 after --help or --version, 2 after a bad setting). `cfg` must be zeroed; free
+ * it with bw__config_free.
  */
 int bw__config_main(const char *prog, const char *synopsis, const char *description,
                     const bw_opt *opts, void *cfg, int argc, char **argv);

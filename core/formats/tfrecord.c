@@ -153,7 +153,8 @@ static bool load_sidecar(bw__source *s)
         if (m) {
             ok = bw__tfrecord_index_parse(s, m->base, m->len, why, sizeof(why)) == BW_OK;
             if (!ok)
-                BW_WARN("%s: ignoring index sidecar %s: %s; rebuilding it", s->path, path, why);
+                BW_WARN("ignoring the index sidecar; rebuilding it source=%s sidecar=%s err=%s",
+                        s->path, path, why);
             bw__mapping_unref(m);
         }
     }
@@ -185,7 +186,7 @@ static void save_sidecar(const bw__source *s)
         bool ok = write(fd, b, len) == (ssize_t)len;
         ok = close(fd) == 0 && ok;
         if (ok && rename(tmp, path) == 0)
-            BW_DEBUG("%s: wrote index sidecar %s (%llu records)", s->path, path,
+            BW_DEBUG("wrote the index sidecar source=%s sidecar=%s records=%llu", s->path, path,
                      (unsigned long long)st->n);
         else
             unlink(tmp);

@@ -479,11 +479,13 @@ static void *writer(void *arg)
         if (again && !j->full) {
             j->full = p.err;
             j->full_since_ms = bw__mono_ms();
-            BW_ERROR("journal %s: %s: %zu bytes of records wait to be written; nothing more is "
-                     "acknowledged until there is space (tried again every %d ms)",
-                     j->dir, strerror(p.err), j->plen, BW_JOURNAL_FULL_RETRY_MS);
+            BW_ERROR("journal full: %zu bytes of records wait to be written; nothing more is "
+                     "acknowledged until there is space (tried again every %d ms) journal=%s "
+                     "err=%s",
+                     j->plen, BW_JOURNAL_FULL_RETRY_MS, j->dir, strerror(p.err));
         } else if (!p.err && j->full) {
-            BW_INFO("journal %s: space again after %llu ms: the records that waited are durable",
+            BW_INFO("journal has space again: the records that waited are durable journal=%s "
+                    "waited_ms=%llu",
                     j->dir, (unsigned long long)(bw__mono_ms() - j->full_since_ms));
             j->full = 0;
         }
@@ -491,12 +493,13 @@ static void *writer(void *arg)
             j->failed = p.err;
             j->full = 0;
             if (p.retry && j->closing)
-                BW_ERROR("journal %s: %s while closing: %zu bytes of records were never written "
-                         "(none of them was acknowledged)",
-                         j->dir, strerror(p.err), len - p.done);
+                BW_ERROR("journal failed while closing: bytes of records were never written (none "
+                         "of them was acknowledged) journal=%s bytes=%zu err=%s",
+                         j->dir, len - p.done, strerror(p.err));
             else
-                BW_ERROR("journal %s: write or fsync failed: %s; nothing more will be "
-                         "acknowledged (restart the coordinator to recover from what is on disk)",
+                BW_ERROR("journal write or fsync failed; nothing more will be acknowledged "
+                         "(restart the coordinator to recover from what is on disk) journal=%s "
+                         "err=%s",
                          j->dir, strerror(p.err));
         }
         j->rotating = false;
@@ -627,8 +630,8 @@ int bw__journal_write_snapshot(bw_journal *j, uint64_t seq, const void *data, si
         char name[64];
         bw__journal_file_name(old[i], name, sizeof(name));
         if (unlinkat(j->dirfd, name, 0) != 0 && errno != ENOENT)
-            BW_WARN("journal %s: cannot remove %s after a snapshot: %s", j->dir, name,
-                    strerror(errno));
+            BW_WARN("cannot remove a journal file after a snapshot journal=%s file=%s err=%s",
+                    j->dir, name, strerror(errno));
     }
     free(old);
     if (n > 0)

@@ -279,8 +279,7 @@ static void call_sent(tag *t, bool ok)
 {
     bw_rpc_call *c = (bw_rpc_call *)t;
     if (!ok)
-        BW_DEBUG("%s: %s from %s: response not delivered", c->srv->role, c->method->name,
-                 bw__rpc_call_peer(c));
+        BW_DEBUG("response not delivered method=%s peer=%s", c->method->name, bw__rpc_call_peer(c));
     call_free(c);
 }
 
@@ -329,7 +328,7 @@ void bw__rpc_finish(bw_rpc_call *c, int rc, const ProtobufCMessage *resp)
         }
         st->data.send_status_from_server.trailing_metadata_count = ntrailers;
         st->data.send_status_from_server.trailing_metadata = c->trailers;
-        BW_DEBUG("%s: %s from %s failed: %s: %s", c->srv->role, c->method->name,
+        BW_DEBUG("call failed method=%s peer=%s code=%s err=%s", c->method->name,
                  bw__rpc_call_peer(c), bw_err_name(rc), c->message);
     }
     c->ops[nops].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -337,8 +336,7 @@ void bw__rpc_finish(bw_rpc_call *c, int rc, const ProtobufCMessage *resp)
     c->t.done = call_sent;
     grpc_call_error e = grpc_call_start_batch(c->call, c->ops, nops, &c->t, NULL);
     if (e != GRPC_CALL_OK) {
-        BW_ERROR("%s: %s: cannot send the response (grpc_call_start_batch error %d)", c->srv->role,
-                 c->method->name, (int)e);
+        BW_ERROR("cannot send the response method=%s grpc_call_error=%d", c->method->name, (int)e);
         call_free(c);
     }
 }
@@ -411,8 +409,8 @@ static void stream_pump(bw_rpc_call *c)
     c->t.done = stream_sent;
     grpc_call_error e = grpc_call_start_batch(c->call, c->ops, nops, &c->t, NULL);
     if (e != GRPC_CALL_OK) {
-        BW_ERROR("%s: %s: cannot send a stream message (grpc_call_start_batch error %d)",
-                 c->srv->role, c->method->name, (int)e);
+        BW_ERROR("cannot send a stream message method=%s grpc_call_error=%d", c->method->name,
+                 (int)e);
         call_free(c);
     }
 }
@@ -422,8 +420,7 @@ static void stream_sent(tag *t, bool ok)
     bw_rpc_call *c = (bw_rpc_call *)t;
     if (!ok) {
         /* The client went away or the deadline passed: close our side and clean up. */
-        BW_DEBUG("%s: %s stream to %s ended early", c->srv->role, c->method->name,
-                 bw__rpc_call_peer(c));
+        BW_DEBUG("stream ended early method=%s peer=%s", c->method->name, bw__rpc_call_peer(c));
         bw__rpc_fail(c, BW_CANCELLED, "stream cancelled");
         bw__rpc_finish(c, BW_CANCELLED, NULL);
         return;
@@ -462,7 +459,7 @@ static bw_rpc_call *call_new(bw_rpc_server *srv, grpc_call *call, size_t limit)
 {
     bw_rpc_call *c = calloc(1, sizeof(*c));
     if (!c) {
-        BW_WARN("%s: out of memory for a new call; refusing it", srv->role);
+        BW_WARN("out of memory for a new call; refusing it");
         grpc_call_cancel_with_status(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "server out of memory",
                                      NULL);
         grpc_call_unref(call);
@@ -600,7 +597,7 @@ static void unknown_arrived(tag *t, bool ok)
     bw_rpc_call *c = call_new(srv, call, 0);
     if (c) {
         snprintf(c->message, sizeof(c->message), "unknown method %s", method);
-        BW_INFO("%s: %s from %s", srv->role, c->message, bw__rpc_call_peer(c));
+        BW_INFO("call refused peer=%s err=%s", bw__rpc_call_peer(c), c->message);
         c->details = grpc_slice_from_copied_string(c->message);
         grpc_op *ops = c->ops;
         memset(ops, 0, sizeof(c->ops));
@@ -874,7 +871,7 @@ void bw__rpc_server_stop(bw_rpc_server *srv, int grace_ms)
     atomic_store(&srv->stopping, 1);
     grpc_server_shutdown_and_notify(srv->server, srv->queues[0].cq, &srv->shutdown_tag);
     if (!wait_shutdown(srv, grace_ms)) {
-        BW_WARN("%s: %ld calls still running after %d ms; cancelling them", srv->role,
+        BW_WARN("calls still running after the grace period; cancelling them calls=%ld grace_ms=%d",
                 atomic_load(&srv->live_calls), grace_ms);
         grpc_server_cancel_all_calls(srv->server);
         wait_shutdown(srv, -1);

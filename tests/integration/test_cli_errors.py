@@ -233,10 +233,10 @@ def check_state_dir_lock(tmp):
     c1 = bt.coordinator(tmp, name="coordinator-1", state_dir=sd)
     lock = os.path.join(sd, "LOCK")
     r = expect_exit([COORD, "--listen", "127.0.0.1:0", "--state-dir", sd], 1,
-                    ["cannot start: --state-dir %s is in use by another coordinator" % sd,
+                    ["cannot start err=--state-dir %s is in use by another coordinator" % sd,
                      "pid %d" % c1.pid, lock],
                     what="second coordinator on the same --state-dir")
-    bt.check(re.search(r"ERROR +coordinator\[\d+\]: cannot start: ", r.stderr),
+    bt.check(re.search(r"ERROR +coordinator\[\d+\]: cannot start err=", r.stderr),
              "the refusal is an ERROR log line", r.stderr)
     r = bt.cli("health", "--addr", c1.addr)
     bt.check(r.returncode == 0 and r.stdout.strip() == "SERVING",
@@ -335,8 +335,8 @@ def check_tls_files(tmp):
     for argv, needles in cases:
         r = expect_exit(argv, 1, needles, timeout=15)
         if argv[0] != CLI:
-            bt.check(re.search(r"ERROR +(coordinator|worker)\[\d+\]: cannot start: ", r.stderr),
-                     "  ... logged as 'ERROR ... cannot start: ...'", r.stderr)
+            bt.check(re.search(r"ERROR +(coordinator|worker)\[\d+\]: cannot start err=", r.stderr),
+                     "  ... logged as 'ERROR ... cannot start err=...'", r.stderr)
 
 
 def test(tmp):

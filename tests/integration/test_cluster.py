@@ -164,7 +164,7 @@ def scenario(tmp, mode, pki):
         refused = [nocert, rogue]
         stoppable += refused
         for w in refused:
-            m = w.wait_log(r"worker=%s registration failed \(will retry\): ([^\n]*)" %
+            m = w.wait_log(r"worker=%s registration failed \(will retry\) err=([^\n]*)" %
                            w.name[len("worker-"):])
             bt.ok("%s logged the failed registration: %s" % (w.name, m[0].group(1)[:120]))
             bt.check(w.running(), "%s keeps running and retrying" % w.name, w.log_text())
@@ -234,7 +234,7 @@ def scenario(tmp, mode, pki):
         rc = alpha.wait(10)
         bt.check(rc == 1, "the first alpha exits 1 after a second process took over its id "
                  "(got %s)" % rc, alpha.log_text())
-        alpha.wait_log(r"ERROR +worker\[%d\]: worker=alpha stopping: .*worker id 'alpha' is now "
+        alpha.wait_log(r"ERROR +worker\[%d\]: worker=alpha stopping err=.*worker id 'alpha' is now "
                        r"held by another process at %s" % (alpha.pid, re.escape(alpha2.addr)))
         bt.ok("the first alpha logged why it stopped")
         stoppable.remove(alpha)

@@ -593,7 +593,7 @@ def test(tmpdir):
     r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "dc-fallback", "--dataset",
                "npy:" + SMALL, "--rank", 0, "--world-size", 1, "--batch-size", 7, "--shuffle",
                "--seed", 11, "--epochs", 3, timeout=60)
-    warns = [x for x in r.stderr.splitlines() if "data channel 127.0.0.1:1" in x]
+    warns = [x for x in r.stderr.splitlines() if "data_channel=127.0.0.1:1 " in x]
     bt.check(r.returncode == 0 and
              [json.loads(x)["sha256"] for x in r.stdout.splitlines()[:-1]] == [b[4] for b in auto],
              "with w3's data port unreachable, batchwire fetch gives the same batches", r.stderr)
@@ -653,7 +653,7 @@ def test(tmpdir):
     bt.check(r.returncode == 0 and
              [json.loads(x)["sha256"] for x in r.stdout.splitlines()[:-1]] == [b[4] for b in auto],
              "with w4's data channel full, batchwire fetch gives the same batches", r.stderr)
-    bt.check("worker=w4 data channel" in r.stderr and "over gRPC" in r.stderr and
+    bt.check("worker=w4 data_channel=" in r.stderr and "over gRPC" in r.stderr and
              "failed while serving" not in r.stderr,
              "... asking w4 over gRPC (a warning), failing over to no other worker", r.stderr)
     for h in hold:
@@ -748,7 +748,8 @@ def test(tmpdir):
     bt.check(len(got) < 24 or got[0] == 0x15,
              "a plaintext request on t1's TLS data port gets no frame (%d bytes: a TLS alert at "
              "most) and the connection closed" % len(got), got[:64])
-    mt["t1"].wait_log(r"data channel peer=\S+: TLS handshake", timeout=10)
+    mt["t1"].wait_log(r"data channel: closing the connection peer=\S+ err=TLS handshake",
+                      timeout=10)
     # Without a client certificate the workers refuse the data channel (and gRPC): a clear
     # error, not a hang.
     r = tls_fetch("tls-nocert", "auto", ca, timeout_ms=2000)

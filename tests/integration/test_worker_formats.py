@@ -280,7 +280,8 @@ def check_tfrecord(c, root, worker):
         f.write(blob)
     rows = c.read("tfrecord", ["tfr/b.tfrecord"], list(range(len(recs))))
     bt.check([r["data"] for r in rows] == recs, "a corrupt sidecar does not change what is served")
-    worker.wait_log(r"ignoring index sidecar .*b\.tfrecord\.bwidx: CRC mismatch; rebuilding")
+    worker.wait_log(r"ignoring the index sidecar; rebuilding it source=\S*b\.tfrecord "
+                    r"sidecar=\S*b\.tfrecord\.bwidx err=CRC mismatch")
     bt.check(open(side, "rb").read() == open(path + ".bwidx", "rb").read(),
              "the worker logged it and rewrote the sidecar")
 
