@@ -13,8 +13,8 @@
 static const double FSYNC_S[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                                  0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5};
 
-#define GAUGE(name, help, ...) {name, help, BW_GAUGE, {__VA_ARGS__}, NULL, 0, 0}
-#define COUNTER(name, help, ...) {name, help, BW_COUNTER, {__VA_ARGS__}, NULL, 0, 0}
+#define GAUGE(name, help, ...) BW_METRIC_DEF(name, BW_GAUGE, help, __VA_ARGS__)
+#define COUNTER(name, help, ...) BW_METRIC_DEF(name, BW_COUNTER, help, __VA_ARGS__)
 
 /* Families read at each scrape, in the order shown. Jobs are labelled job_name: Prometheus
  * gives every series it scrapes a `job` label of its own. */
@@ -42,16 +42,15 @@ static const bw_metric_def COLLECTED[NCOLLECTED] = {
                       "--dead-after heartbeats)",
                       "state"),
     [JOBS] = GAUGE("batchwire_coordinator_jobs", "Jobs the coordinator holds", NULL),
-    [WORLD_SIZE] = GAUGE("batchwire_coordinator_job_world_size", "A job's current world size",
-                         "job_name"),
+    [WORLD_SIZE] =
+        GAUGE("batchwire_coordinator_job_world_size", "A job's current world size", "job_name"),
     [RANKS] = GAUGE("batchwire_coordinator_ranks",
                     "A job's ranks by lease state: held (lease live), expired (the holder was "
                     "not heard from within --lease-ms; another trainer may take it) or free "
                     "(never joined, left, or revoked by an elastic resume)",
                     "job_name", "state"),
     [COMMITS] = COUNTER("batchwire_coordinator_commits_total",
-                        "Cursor commits accepted (journaled) since the coordinator started",
-                        NULL),
+                        "Cursor commits accepted (journaled) since the coordinator started", NULL),
     [TAKEOVERS] = COUNTER("batchwire_coordinator_lease_takeovers_total",
                           "Joins that took a rank from another holder since the coordinator "
                           "started: its lease had expired, or it had exited (reclaimed)",
@@ -75,11 +74,12 @@ static const bw_metric_def COLLECTED[NCOLLECTED] = {
                         "Batches per second the rank's holder handed out over its last "
                         "complete heartbeat window (at least 1 s)",
                         "job_name", "rank"),
-    [RANK_COMMITTED_EPOCH] = GAUGE("batchwire_coordinator_rank_committed_epoch",
-                                   "The epoch of the rank's last committed cursor",
-                                   "job_name", "rank"),
-    [RANK_COMMITTED_STEP] = GAUGE("batchwire_coordinator_rank_committed_step",
-                                  "The step of the rank's last committed cursor", "job_name", "rank"),
+    [RANK_COMMITTED_EPOCH] =
+        GAUGE("batchwire_coordinator_rank_committed_epoch",
+              "The epoch of the rank's last committed cursor", "job_name", "rank"),
+    [RANK_COMMITTED_STEP] =
+        GAUGE("batchwire_coordinator_rank_committed_step",
+              "The step of the rank's last committed cursor", "job_name", "rank"),
     [RANK_COMMIT_AGE] = GAUGE("batchwire_coordinator_rank_last_commit_age_seconds",
                               "Seconds since the rank's last committed cursor was journaled "
                               "(wall clock)",
@@ -95,14 +95,9 @@ static const bw_metric_def FSYNC = {
     FSYNC_S,
     sizeof(FSYNC_S) / sizeof(FSYNC_S[0]),
     0};
-static const bw_metric_def SYNCED = {
-    "batchwire_coordinator_journal_synced_bytes_total",
-    "Record bytes the journal made durable since the coordinator started",
-    BW_COUNTER,
-    {NULL},
-    NULL,
-    0,
-    0};
+static const bw_metric_def SYNCED =
+    COUNTER("batchwire_coordinator_journal_synced_bytes_total",
+            "Record bytes the journal made durable since the coordinator started", NULL);
 
 /* Quota use per principal (the jobs' owners against --max-jobs-per-principal) is to be
  * emitted here, from the jobs under the same lock, with a family in COLLECTED. */

@@ -30,11 +30,11 @@ struct bw__wds {
     size_t keylen;
     uint64_t checked_ms, used_ms;
     wds_state state;
-    bool checking;     /* a request is comparing it with its files, unlocked */
-    atomic_bool stale; /* a read found a file changed: compare at the next request */
+    bool checking;           /* a request is comparing it with its files, unlocked */
+    atomic_bool stale;       /* a read found a file changed: compare at the next request */
     atomic_bool index_timed; /* bw__ds_index: the first call is timed */
     bw__wm *metrics;         /* the cache's */
-    int rc;            /* FAILED: the open's error, for the requests that waited for it */
+    int rc;                  /* FAILED: the open's error, for the requests that waited for it */
     char err[1024];
 };
 

@@ -13,7 +13,7 @@
 static const char *const TRANSPORT[BW_WM_TRANSPORTS] = {"grpc", "data_channel"};
 
 static const double LATENCY_S[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                   0.25,   0.5,   1,      2.5,   5,    10,   30};
+                                   0.25,   0.5,   1,      2.5,   5,    10,    30};
 static const double OPEN_S[] = {0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300};
 
 #define N(a) (sizeof(a) / sizeof((a)[0]))
@@ -44,60 +44,30 @@ static const bw_metric_def LATENCY = {
     LATENCY_S,
     N(LATENCY_S),
     0};
-static const bw_metric_def IN_FLIGHT = {
-    "batchwire_worker_requests_in_flight",
+static const bw_metric_def IN_FLIGHT = BW_METRIC_DEF(
+    "batchwire_worker_requests_in_flight", BW_GAUGE,
     "ReadSamples and ReadStream requests being served now (admitted or waiting), by transport",
-    BW_GAUGE,
-    {"transport"},
-    NULL,
-    0,
-    0};
-static const bw_metric_def ERRORS = {
-    "batchwire_worker_request_errors_total",
+    "transport");
+static const bw_metric_def ERRORS = BW_METRIC_DEF(
+    "batchwire_worker_request_errors_total", BW_COUNTER,
     "ReadSamples and ReadStream requests that ended with an error, by transport and batchwire "
     "error code (BW_BUSY: over the in-flight budget; BW_CANCELLED: the client went away)",
-    BW_COUNTER,
-    {"transport", "code"},
-    NULL,
-    0,
-    0};
-static const bw_metric_def IN_FLIGHT_BYTES = {
-    "batchwire_worker_in_flight_bytes",
-    "Bytes the requests in progress hold against the in-flight budget (--inflight-bytes)",
-    BW_GAUGE,
-    {NULL},
-    NULL,
-    0,
-    0};
-static const bw_metric_def BUDGET_BYTES = {"batchwire_worker_in_flight_budget_bytes",
-                                           "The in-flight budget (--inflight-bytes)",
-                                           BW_GAUGE,
-                                           {NULL},
-                                           NULL,
-                                           0,
-                                           0};
-static const bw_metric_def DATASETS = {"batchwire_worker_open_datasets",
-                                       "Datasets open in the worker's dataset cache",
-                                       BW_GAUGE,
-                                       {NULL},
-                                       NULL,
-                                       0,
-                                       0};
-static const bw_metric_def FILES = {
-    "batchwire_worker_open_files",
-    "Files of the datasets open in the cache, each held open and mapped",
-    BW_GAUGE,
-    {NULL},
-    NULL,
-    0,
-    0};
-static const bw_metric_def CONNECTIONS = {"batchwire_worker_data_channel_connections",
-                                          "Data-channel connections open now",
-                                          BW_GAUGE,
-                                          {NULL},
-                                          NULL,
-                                          0,
-                                          0};
+    "transport", "code");
+static const bw_metric_def IN_FLIGHT_BYTES = BW_METRIC_DEF(
+    "batchwire_worker_in_flight_bytes", BW_GAUGE,
+    "Bytes the requests in progress hold against the in-flight budget (--inflight-bytes)", NULL);
+static const bw_metric_def BUDGET_BYTES =
+    BW_METRIC_DEF("batchwire_worker_in_flight_budget_bytes", BW_GAUGE,
+                  "The in-flight budget (--inflight-bytes)", NULL);
+static const bw_metric_def DATASETS =
+    BW_METRIC_DEF("batchwire_worker_open_datasets", BW_GAUGE,
+                  "Datasets open in the worker's dataset cache", NULL);
+static const bw_metric_def FILES =
+    BW_METRIC_DEF("batchwire_worker_open_files", BW_GAUGE,
+                  "Files of the datasets open in the cache, each held open and mapped", NULL);
+static const bw_metric_def CONNECTIONS =
+    BW_METRIC_DEF("batchwire_worker_data_channel_connections", BW_GAUGE,
+                  "Data-channel connections open now", NULL);
 static const bw_metric_def OPENED = {
     "batchwire_worker_dataset_open_duration_seconds",
     "Time to open a dataset (read its headers, map its files), by format; again when a file "
@@ -211,8 +181,8 @@ bw__wm_served bw__wm_served_for(bw__wm *m, bw__wm_transport t, const Batchwire__
         return s;
     /* FORMAT:FIRST_SOURCE, ",..." when there are more: as requests name it in messages. */
     char name[512];
-    snprintf(name, sizeof(name), "%s:%s%s", spec->format,
-             spec->n_sources ? spec->sources[0] : "", spec->n_sources > 1 ? ",..." : "");
+    snprintf(name, sizeof(name), "%s:%s%s", spec->format, spec->n_sources ? spec->sources[0] : "",
+             spec->n_sources > 1 ? ",..." : "");
     const char *v[] = {name, TRANSPORT[t]};
     s.samples = bw__metric_series(m->samples, v);
     s.bytes = bw__metric_series(m->bytes, v);

@@ -61,7 +61,7 @@ struct bw_worker {
     bw__pview placement;
     bw__data_stats stats; /* Data.Stats */
     bw__dchan_server *dchan;
-    bw__exec *exec; /* opens datasets and admits requests by bytes, for both transports */
+    bw__exec *exec;  /* opens datasets and admits requests by bytes, for both transports */
     bw__wm *metrics; /* metrics.h; NULL: --metrics-listen unset */
 };
 

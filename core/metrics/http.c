@@ -122,12 +122,12 @@ int bw__metrics_http_start(bw_metrics *m, const char *listen, bw_metrics_http **
         free(h);
         return rc;
     }
-    h->d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, 0, NULL, NULL, handle, h,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, /* first, or the library logs to stderr */
-        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned int)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)IDLE_TIMEOUT_S,
-        MHD_OPTION_END);
+    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, 0,
+                            NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+                            NULL, /* first, or the library logs to stderr */
+                            MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned int)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned int)IDLE_TIMEOUT_S, MHD_OPTION_END);
     if (!h->d) {
         if (fcntl(fd, F_GETFD) != -1) /* the library may have closed it already */
             close(fd);

@@ -70,8 +70,8 @@ static bool name_ok(const char *s, bool metric)
         return false;
     for (const char *p = s; *p; p++) {
         char c = *p;
-        bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-                     (metric && c == ':');
+        bool alpha =
+            (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (metric && c == ':');
         if (!alpha && !(p > s && c >= '0' && c <= '9'))
             return false;
     }

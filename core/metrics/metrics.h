@@ -51,6 +51,13 @@ typedef struct bw_metric_def {
     size_t max_series; /* 0: BW_METRIC_MAX_SERIES */
 } bw_metric_def;
 
+/* A counter or gauge definition with the label names given (NULL for none) and the default
+ * series bound: BW_METRIC_DEF("x_total", BW_COUNTER, "What it counts", "a", "b"). */
+#define BW_METRIC_DEF(name, type, help, ...)                                                       \
+    {                                                                                              \
+        name, help, type, {__VA_ARGS__}, NULL, 0, 0                                                \
+    }
+
 /* A new, empty registry; NULL when out of memory. */
 bw_metrics *bw__metrics_new(void);
 

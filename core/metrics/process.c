@@ -11,17 +11,17 @@
 #include "metrics/metrics.h"
 
 static const bw_metric_def DEFS[] = {
-    {"process_cpu_seconds_total", "User and system CPU time of the process, in seconds",
-     BW_COUNTER, {NULL}, NULL, 0, 0},
-    {"process_resident_memory_bytes", "Resident memory of the process, in bytes", BW_GAUGE,
-     {NULL}, NULL, 0, 0},
-    {"process_virtual_memory_bytes", "Virtual memory of the process, in bytes", BW_GAUGE, {NULL},
-     NULL, 0, 0},
-    {"process_open_fds", "File descriptors the process has open", BW_GAUGE, {NULL}, NULL, 0, 0},
-    {"process_max_fds", "The process's limit on open file descriptors", BW_GAUGE, {NULL}, NULL,
-     0, 0},
-    {"process_start_time_seconds", "When the process started, in seconds since the Unix epoch",
-     BW_GAUGE, {NULL}, NULL, 0, 0},
+    BW_METRIC_DEF("process_cpu_seconds_total", BW_COUNTER,
+                  "User and system CPU time of the process, in seconds", NULL),
+    BW_METRIC_DEF("process_resident_memory_bytes", BW_GAUGE,
+                  "Resident memory of the process, in bytes", NULL),
+    BW_METRIC_DEF("process_virtual_memory_bytes", BW_GAUGE,
+                  "Virtual memory of the process, in bytes", NULL),
+    BW_METRIC_DEF("process_open_fds", BW_GAUGE, "File descriptors the process has open", NULL),
+    BW_METRIC_DEF("process_max_fds", BW_GAUGE, "The process's limit on open file descriptors",
+                  NULL),
+    BW_METRIC_DEF("process_start_time_seconds", BW_GAUGE,
+                  "When the process started, in seconds since the Unix epoch", NULL),
 };
 enum { CPU, RSS, VSZ, FDS, MAX_FDS, START, NDEFS };
 

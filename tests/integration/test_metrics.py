@@ -8,14 +8,17 @@ scrape, during the fetch (the ranks held back by their stdout mid-epoch) and aft
 pass `promtool check metrics` (Debian's prometheus package) and:
 
 * during: every rank holds its lease (`batchwire_coordinator_ranks{state="held"}` is 4), the
-  workers are alive, the workers have served some samples but not all, and counters never go
-  down between two scrapes;
+  workers are alive, each rank's reported epoch, step and batches handed out (its lease
+  heartbeats) match where its output stands, the workers have served some samples but not
+  all, and counters never go down between two scrapes;
 * after: the bytes the workers served (`batchwire_worker_bytes_served_total`, summed over both
   workers) equal the bytes the ranks received, per transport; the samples served equal the
   distinct samples in the ranks' batches; no request failed; nothing is in flight; every
   request's latency was observed; the coordinator counted the four commits and journaled
   them (fsync histogram, synced bytes); every rank's committed epoch and step are the ones
-  its last batch says; per-job series exist exactly for the jobs `batchwire status` lists.
+  its last batch says; per-job series exist exactly for the jobs `batchwire status` lists;
+* errors: a ReadSamples of an index past the end, once over gRPC and once over the data
+  channel, is counted once each under `code="BW_OUT_OF_RANGE"` and its transport.
 
 Also: `/metrics` is plain HTTP served by libmicrohttpd (404 elsewhere), and a second daemon
 given the same metrics port refuses to start with a message naming --metrics-listen.
@@ -31,13 +34,17 @@ import sys
 import urllib.error
 import urllib.request
 
+import grpc
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bwdata as bd  # noqa: E402
 import bwtest as bt  # noqa: E402
 import test_client_e2e as e2e  # noqa: E402
+import test_data_channel as dc  # noqa: E402
 
 WORLD = 4
 EPOCHS = 2
-N = 4096            # samples; a multiple of WORLD * B: no padding
+N = 8192            # samples; a multiple of WORLD * B: no padding
 SHAPE = 256         # float32: 1 KiB per sample
 B = 16
 CFG = {"mode": "torch", "B": B, "shuffle": True, "seed": 5}
@@ -177,6 +184,24 @@ def test(tmpdir):
     bt.check(total(c, "batchwire_coordinator_workers", state="alive") == 2 and
              total(c, "batchwire_coordinator_workers", state="dead") == 0,
              "during: 2 workers alive, none dead")
+    # Each rank's progress, as its holder reports with its lease heartbeats (every --lease-ms / 3).
+    def reported():
+        got = scr.scrape("coordinator", caddr)
+        steps = {l["rank"]: v for l, v in series(got, "batchwire_coordinator_rank_step")
+                 if l.get("job_name") == "metrics"}
+        return got if len(steps) == WORLD else None
+    c = bt.poll(reported, 15, interval=0.3, what="every rank's progress in the coordinator's scrape")
+    for f in ranks:
+        k = str(f.rank)
+        ep = total(c, "batchwire_coordinator_rank_epoch", job_name="metrics", rank=k)
+        sp = total(c, "batchwire_coordinator_rank_step", job_name="metrics", rank=k)
+        nb = total(c, "batchwire_coordinator_rank_batches_total", job_name="metrics", rank=k)
+        rate = series(c, "batchwire_coordinator_rank_batches_per_second")
+        bt.check(ep == 0 and f.batches_seen() <= sp <= steps and nb == sp and
+                 any(l == {"job_name": "metrics", "rank": k} and v >= 0 for l, v in rate),
+                 "during: rank %s reported epoch 0, step %d (it printed %d batches so far, "
+                 "the epoch has %d), %d batches handed out, a batches/s gauge" %
+                 (k, sp, f.batches_seen(), steps, nb))
     served_during = 0
     for w in workers:
         during[w] = scr.scrape(w, waddr[w])
@@ -244,6 +269,23 @@ def test(tmpdir):
     bt.check(samples == got_samples,
              "samples served (%d) = distinct samples in the ranks' batches (%d)" %
              (samples, got_samples))
+
+    # Errors by code, one a transport: an index past the end, over gRPC and the data channel.
+    bad = [N + 5]
+    client = bd.DataClient(tmpdir, workers["w1"].addr)
+    bd.expect_error(lambda: client.read("npy", ["m/part-*.npy"], bad), grpc.StatusCode.OUT_OF_RANGE)
+    client.close()
+    daddr = bt.workers_by_id(bt.status_json(coord.addr))["w1"]["data_address"]
+    sock = dc.connect(daddr)
+    sock.sendall(dc.frame(dc.request(bd.pb(tmpdir), ["m/part-*.npy"], bad)))
+    dc.expect_error(sock, dc.BW_OUT_OF_RANGE, ["index %d" % bad[0]], "data channel, index past the end")
+    sock.close()
+    s = scr.scrape("w1", waddr["w1"])
+    for t in ("grpc", "data_channel"):
+        bt.check(total(s, "batchwire_worker_request_errors_total", transport=t,
+                       code="BW_OUT_OF_RANGE") == 1,
+                 "w1: the refused %s request is counted once under code BW_OUT_OF_RANGE" % t)
+    bt.check(total(s, "batchwire_worker_request_errors_total") == 2, "w1: and nothing else failed")
 
     c = after["coordinator"]
     check_monotonic(counters(during["coordinator"]), counters(c), "coordinator")

@@ -135,8 +135,8 @@ static void test_histogram_cumulative(void **state)
 }
 
 static const bw_metric_def LEVEL = {"test_level", "A gauge", BW_GAUGE, {NULL}, NULL, 0, 0};
-static const bw_metric_def TEMPS = {"test_temperature_celsius", "Gauges", BW_GAUGE, {"where"},
-                                    NULL, 0, 0};
+static const bw_metric_def TEMPS = {
+    "test_temperature_celsius", "Gauges", BW_GAUGE, {"where"}, NULL, 0, 0};
 
 static void test_gauge_numbers(void **state)
 {
@@ -342,15 +342,14 @@ static void test_http_endpoint(void **state)
                     5);
     bw_metrics_http *h = NULL;
     char bound[300], err[512];
-    assert_int_equal(bw__metrics_http_start(m, "127.0.0.1:0", &h, bound, sizeof(bound), err,
-                                            sizeof(err)),
-                     BW_OK);
+    assert_int_equal(
+        bw__metrics_http_start(m, "127.0.0.1:0", &h, bound, sizeof(bound), err, sizeof(err)),
+        BW_OK);
     assert_int_equal(strncmp(bound, "127.0.0.1:", 10), 0);
-    assert_true(atoi(bound + 10) > 0);
+    assert_true(strtol(bound + 10, NULL, 10) > 0);
 
     char *r = http(bound, "GET /metrics HTTP/1.0\r\n\r\n");
-    assert_int_equal(strncmp(r, "HTTP/1.0 200", 12) == 0 || strncmp(r, "HTTP/1.1 200", 12) == 0,
-                     1);
+    assert_int_equal(strncmp(r, "HTTP/1.0 200", 12) == 0 || strncmp(r, "HTTP/1.1 200", 12) == 0, 1);
     assert_non_null(strstr(r, "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
     char *body = strstr(r, "\r\n\r\n");
     assert_non_null(body);
@@ -374,9 +373,8 @@ static void test_http_endpoint(void **state)
         bw__metrics_http_start(m, bound, &h2, bound2, sizeof(bound2), err, sizeof(err)), BW_OK);
     assert_null(h2);
     assert_non_null(strstr(err, "--metrics-listen"));
-    assert_int_not_equal(bw__metrics_http_start(m, "no-port", &h2, bound2, sizeof(bound2), err,
-                                                sizeof(err)),
-                         BW_OK);
+    assert_int_not_equal(
+        bw__metrics_http_start(m, "no-port", &h2, bound2, sizeof(bound2), err, sizeof(err)), BW_OK);
     assert_non_null(strstr(err, "--metrics-listen no-port"));
     bw__metrics_http_stop(h);
     bw__metrics_free(m);
