@@ -91,6 +91,16 @@ class Scraper:
             bt.log("SKIP promtool check: promtool not found (Debian package prometheus; "
                    "scripts/lib.sh installs it with the test packages)")
 
+    def documented(self, text, name):
+        """Every family in a scrape is listed in docs/operating.md, "Metrics"."""
+        with open(os.path.join(bt.SOURCE_DIR, "docs", "operating.md")) as f:
+            doc = f.read()
+        doc = doc[doc.index("## Metrics"):]
+        families = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+        missing = sorted(f for f in families if "`%s`" % f not in doc)
+        bt.check(not missing, "%s: its %d metric families are listed in docs/operating.md"
+                 % (name, len(families)), missing)
+
     def scrape(self, name, addr):
         url = "http://%s/metrics" % addr
         with urllib.request.urlopen(url, timeout=10) as r:
@@ -99,6 +109,8 @@ class Scraper:
         bt.check(ctype == "text/plain; version=0.0.4; charset=utf-8",
                  "%s: /metrics is the text exposition format (%s)" % (name, ctype))
         self.count += 1
+        if self.count <= 3:
+            self.documented(text, name)
         if PROMTOOL:
             path = os.path.join(self.tmpdir, "scrape-%d-%s.txt" % (self.count, name))
             with open(path, "w") as f:
