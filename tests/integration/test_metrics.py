@@ -18,7 +18,9 @@ pass `promtool check metrics` (Debian's prometheus package) and:
   them (fsync histogram, synced bytes); every rank's committed epoch and step are the ones
   its last batch says; per-job series exist exactly for the jobs `batchwire status` lists;
 * errors: a ReadSamples of an index past the end, once over gRPC and once over the data
-  channel, is counted once each under `code="BW_OUT_OF_RANGE"` and its transport.
+  channel, is counted once each under `code="BW_OUT_OF_RANGE"` and its transport;
+* lease takeovers: a trainer SIGKILLed and restarted on this host (the rank reclaimed), and one
+  paused past its lease while another takes the rank, count one `reclaimed` and one `expired`.
 
 Also: `/metrics` is plain HTTP served by libmicrohttpd (404 elsewhere), and a second daemon
 given the same metrics port refuses to start with a message naming --metrics-listen.
@@ -31,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -50,6 +53,7 @@ B = 16
 CFG = {"mode": "torch", "B": B, "shuffle": True, "seed": 5}
 GRPC_RANKS = (2, 3)
 DATASET = "npy:m/part-*.npy"
+LEASE_MS = 3000     # trainers heartbeat every third of it
 METRICS_RE = r"metrics on http://(\S+)/metrics"
 SAMPLE_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$')
 LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -144,7 +148,7 @@ def test(tmpdir):
     root = os.path.join(tmpdir, "data")
     os.makedirs(root)
     margs = ["--metrics-listen", "127.0.0.1:0"]
-    coord = bt.coordinator(tmpdir, args=margs + ["--heartbeat-ms", 200, "--lease-ms", 3000])
+    coord = bt.coordinator(tmpdir, args=margs + ["--heartbeat-ms", 200, "--lease-ms", LEASE_MS])
     caddr = metrics_addr(coord)
     workers = {w: bt.worker(tmpdir, coord.addr, w, args=margs, data_root=root)
                for w in ("w1", "w2")}
@@ -321,6 +325,42 @@ def test(tmpdir):
             sp = total(c, "batchwire_coordinator_rank_committed_step", job_name="metrics", rank=str(k))
             bt.check((ep, sp) == (b["epoch"], b["step"] + 1),
                      "rank %d: committed epoch %d step %d, after its last batch" % (k, ep, sp))
+    # Lease takeovers, on rank 0 of a second job: a trainer SIGKILLed, whose restart on this
+    # host reclaims the rank at once; then a trainer paused past its lease, whose rank another
+    # one takes.
+    def holder(extra=()):
+        f = e2e.Fetch(coord.addr, "metrics-b", DATASET, CFG, 0, world=1, extra=extra,
+                      gate_after=1)
+        bt.poll(lambda: any(j["name"] == "metrics-b" and j["ranks"][0].get("pid") == f.pid and
+                            j["ranks"][0].get("lease") == "live"
+                            for j in bt.status_json(coord.addr)["jobs"]),
+                15, what="pid %d holding rank 0 of metrics-b" % f.pid)
+        return f
+
+    def rank0(*extra):
+        r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "metrics-b", "--dataset",
+                   DATASET, "--rank", 0, "--world-size", 1, *e2e.cfg_flags(CFG), "--max-steps", 3,
+                   "--log-level", "info", *extra, timeout=60)
+        bt.check(r.returncode == 0, "a trainer took rank 0 of metrics-b", r.stderr)
+        return r
+
+    a = holder()
+    a.proc.send_signal(signal.SIGKILL)
+    a.wait(10)
+    bt.check_in("reclaiming the rank", rank0().stderr, "the restarted trainer reclaimed rank 0")
+    b = holder()
+    b.proc.send_signal(signal.SIGSTOP)
+    time.sleep(LEASE_MS / 1000 + 0.5)
+    rank0()
+    b.proc.send_signal(signal.SIGKILL)
+    b.wait(10)
+    c = scr.scrape("coordinator", caddr)
+    bt.check(total(c, "batchwire_coordinator_lease_takeovers_total", reason="reclaimed") == 1 and
+             total(c, "batchwire_coordinator_lease_takeovers_total", reason="expired") == 1,
+             "one takeover of each kind counted: reclaimed, expired")
+    bt.check(total(c, "batchwire_coordinator_ranks", job_name="metrics-b", state="free") == 1,
+             "metrics-b's rank 0 is free again once its last trainer left")
+
     daemons = [coord] + list(workers.values())
     for d in daemons:
         d.proc.send_signal(signal.SIGTERM)
