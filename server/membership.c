@@ -25,6 +25,7 @@ typedef struct worker {
     bool alive;
     char version[32];
     char commit[64];
+    bool auth_enabled; /* it authenticates its callers (docs/security.md) */
     bw__rate served; /* samples, bytes (heartbeats; core/common/rate.h) */
     uint32_t max_message_bytes;
     size_t nformats;
@@ -168,6 +169,7 @@ int bw__membership_register(bw_membership *m, const bw_principal *who,
     w->max_message_bytes = caps ? caps->max_message_bytes : 0;
     snprintf(w->version, sizeof(w->version), "%s", caps && caps->version ? caps->version : "");
     snprintf(w->commit, sizeof(w->commit), "%s", caps && caps->commit ? caps->commit : "");
+    w->auth_enabled = caps && caps->auth_enabled;
     if (restarted)
         memset(&w->served, 0, sizeof(w->served)); /* the new process counts from 0 */
     for (size_t i = 0; caps && i < caps->n_formats; i++)
@@ -308,6 +310,7 @@ int bw__membership_list(bw_membership *m, bw_arena *arena, Batchwire__V1__ListWo
         wi->restarts = w->restarts;
         caps[i].version = bw__arena_strdup(arena, w->version);
         caps[i].commit = bw__arena_strdup(arena, w->commit);
+        caps[i].auth_enabled = w->auth_enabled;
         wi->served_samples = w->served.total[0];
         wi->served_bytes = w->served.total[1];
         wi->samples_per_s = alive ? w->served.per_s[0] : 0;

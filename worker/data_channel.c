@@ -356,9 +356,10 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
                                     : ((const Batchwire__V1__ReadSamplesRequest *)req.msg)->dataset;
         if (rc == BW_INVALID_ARGUMENT || (rc == BW_OK && !ds)) {
             /* Not the message the header announced: a confused or hostile peer. */
-            snprintf(err, sizeof(err),
-                     "data channel: the %llu-byte request is not a %sRequest with a dataset",
-                     (unsigned long long)len, method);
+            if (rc == BW_OK)
+                snprintf(err, sizeof(err),
+                         "data channel: the %llu-byte request is not a %sRequest with a dataset",
+                         (unsigned long long)len, method);
             bad_conn_log(c->srv, "data channel: closing the connection peer=%s err=%s", c->peer,
                          err);
             send_error(&c->sock, NULL, status = BW_INVALID_ARGUMENT, 0, err);

@@ -31,6 +31,7 @@ static int do_register(bw_worker *w, uint32_t *interval_ms, char *err, size_t er
     caps.max_message_bytes = (uint32_t)w->cfg->common.max_message_bytes;
     caps.version = (char *)bw_version();
     caps.commit = (char *)bw__build_commit();
+    caps.auth_enabled = bw__auth_enabled(w->auth);
     Batchwire__V1__RegisterWorkerRequest req = BATCHWIRE__V1__REGISTER_WORKER_REQUEST__INIT;
     req.id = w->id;
     req.address = w->advertise;

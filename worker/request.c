@@ -1,6 +1,8 @@
 /* Request limits, charges and bounded decoding (request.h). */
 #include "request.h"
 
+#include "rpc/proto_check.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +142,12 @@ int bw__req_decode(bw__req *r, uint32_t kind, const uint8_t *body, size_t len, c
     r->pb.free = count_free;
     r->pb.allocator_data = r;
     const ProtobufCMessageDescriptor *d = bw__req_descriptor(kind);
+    char why[384];
+    int rc = bw__proto_check(d, body, len, why, sizeof(why));
+    if (rc != BW_OK) {
+        snprintf(err, errlen, "%s: %s", bw__req_method(kind), why);
+        return rc;
+    }
     r->msg = protobuf_c_message_unpack(d, &r->pb, len, body);
     if (r->msg)
         return BW_OK;

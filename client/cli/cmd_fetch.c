@@ -22,6 +22,7 @@ typedef struct fetch_cfg {
     int64_t rank, world_size;
     int mode, shuffle_algo;
     int64_t batch_size, epochs, max_steps, prefetch, timeout_ms, retry_ms;
+    int64_t job_epochs;
     int transport;
     int log_level;
     uint64_t seed;
@@ -91,6 +92,9 @@ static const bw_opt options[] = {
      "batches fetched ahead"},
     {"timeout-ms", BW_OPT_INT, offsetof(fetch_cfg, timeout_ms), "10000", 1, 3600000, NULL, 0, "MS",
      "deadline of each call"},
+    {"job-epochs", BW_OPT_INT, offsetof(fetch_cfg, job_epochs), "0", 0, 1000000, NULL, 0, "N",
+     "the job's total number of epochs: a rank that delivers the end of epoch N-1 tells the "
+     "coordinator it is finished, and the job is removed once every rank is (0: unknown)"},
     {"retry-ms", BW_OPT_INT, offsetof(fetch_cfg, retry_ms), "60000", 0, 86400000, NULL, 0, "MS",
      "how long joining and committing retry while the coordinator is unreachable (0: never)"},
     {"transport", BW_OPT_ENUM, offsetof(fetch_cfg, transport), "auto", 0, 0, "auto|grpc", 0, NULL,
@@ -257,6 +261,8 @@ int bw__cmd_fetch(int argc, char **argv)
     o.prefetch_batches = (unsigned)cfg.prefetch;
     o.timeout_ms = (int)cfg.timeout_ms;
     o.retry_ms = (int)cfg.retry_ms;
+    o.token_file = cfg.tls.token_file;
+    o.epochs = (uint64_t)cfg.job_epochs;
     o.transport = cfg.transport ? "grpc" : "auto";
     if (parse_device(cfg.device, &o.device) != BW_OK) {
         fprintf(stderr, "batchwire fetch: --device: invalid value '%s': expected cuda:N\n",

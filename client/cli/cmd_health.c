@@ -36,8 +36,13 @@ int bw__cmd_health(int argc, char **argv)
     }
     char err[1024];
     bw_rpc_channel_opts co;
-    bw__cli_channel_opts(&cfg.tls, cfg.addr, &co);
     bw_rpc_channel *ch = NULL;
+    int crc = bw__cli_channel_opts(&cfg.tls, cfg.addr, &co, err, sizeof(err));
+    if (crc != BW_OK) {
+        fprintf(stderr, "batchwire health: %s\n", err);
+        bw__config_free(options, &cfg);
+        return 2;
+    }
     bw_arena arena;
     bw__arena_init(&arena, 0);
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;

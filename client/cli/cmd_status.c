@@ -104,7 +104,8 @@ static void print_json(const Batchwire__V1__InfoResponse *info,
     }
     printf("],\"hostname\":");
     bw__json_string(stdout, info->hostname);
-    printf(",\"pid\":%" PRIu32 ",\"uptime_ms\":%" PRIu64 "}", info->pid, info->uptime_ms);
+    printf(",\"pid\":%" PRIu32 ",\"uptime_ms\":%" PRIu64 ",\"auth\":\"%s\"}", info->pid,
+           info->uptime_ms, info->auth_enabled ? "on" : "off");
     printf(",\"heartbeat_interval_ms\":%" PRIu32 ",\"missed_heartbeats_dead\":%" PRIu32,
            lw->heartbeat_interval_ms, lw->missed_heartbeats_dead);
     printf(",\"mixed_versions\":%s", mixed_versions(info, lw) ? "true" : "false");
@@ -160,6 +161,20 @@ static void print_table(const Batchwire__V1__InfoResponse *info,
            " ms, dead after %" PRIu32 " missed\n",
            target, info->version, info->commit && info->commit[0] ? info->commit : "unknown",
            (double)info->uptime_ms / 1000.0, lw->heartbeat_interval_ms, lw->missed_heartbeats_dead);
+    size_t open = 0;
+    for (size_t i = 0; i < lw->n_workers; i++)
+        open += alive(lw->workers[i]) &&
+                !(lw->workers[i]->capabilities && lw->workers[i]->capabilities->auth_enabled);
+    /* docs/security.md: a daemon without --auth-tokens lets anyone do anything. */
+    if (info->auth_enabled && !open)
+        printf("auth: on\n");
+    else if (info->auth_enabled)
+        printf("auth: on at the coordinator, OFF at %zu live worker(s) (anyone may read their "
+               "data)\n",
+               open);
+    else
+        printf("auth: off (anyone who reaches the coordinator may do anything; "
+               "docs/security.md)\n");
     printf("workers: %zu alive, %zu dead; serving %.0f samples/s, %.1f MiB/s\n\n", nalive,
            lw->n_workers - nalive, samples, bytes / (1 << 20));
     if (lw->n_workers == 0) {
@@ -277,9 +292,10 @@ int bw__cmd_status(int argc, char **argv)
     }
     char err[1024];
     bw_rpc_channel_opts co;
-    bw__cli_channel_opts(&cfg.tls, cfg.coordinator, &co);
     bw_rpc_channel *ch = NULL;
-    int rc = bw__rpc_channel_open(&co, &ch, err, sizeof(err));
+    int rc = bw__cli_channel_opts(&cfg.tls, cfg.coordinator, &co, err, sizeof(err));
+    if (rc == BW_OK)
+        rc = bw__rpc_channel_open(&co, &ch, err, sizeof(err));
     if (rc == BW_OK && cfg.watch) {
         signal(SIGINT, on_interrupt);
         signal(SIGTERM, on_interrupt);

@@ -14,6 +14,7 @@ int bw__cmd_health(int argc, char **argv);
 int bw__cmd_plan(int argc, char **argv);
 int bw__cmd_fetch(int argc, char **argv);
 int bw__cmd_gen(int argc, char **argv);
+int bw__cmd_job(int argc, char **argv);
 
 /* Client-side TLS settings shared by every subcommand that talks to a daemon. */
 typedef struct bw_cli_tls {
@@ -22,6 +23,7 @@ typedef struct bw_cli_tls {
     char *tls_key;
     char *tls_server_name;
     bool tls;
+    char *token_file; /* bearer token to present (docs/security.md) */
 } bw_cli_tls;
 
 #define BW_CLI_TLS_OPTS(T, F)                                                                      \
@@ -57,12 +59,24 @@ typedef struct bw_cli_tls {
          0,                                                                                        \
          "NAME",                                                                                   \
          "name to verify in the server's certificate instead of its host"},                        \
+        {"token-file",                                                                             \
+         BW_OPT_PATH,                                                                              \
+         offsetof(T, F.token_file),                                                                \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "FILE",                                                                                   \
+         "bearer token (first line of FILE) for daemons started with --auth-tokens"},              \
     {                                                                                              \
         "tls", BW_OPT_BOOL, offsetof(T, F.tls), "false", 0, 0, NULL, 0, NULL,                      \
             "use TLS with the system's roots (implied by --tls-ca)"                                \
     }
 
-/* Channel options from the shared TLS settings. */
-void bw__cli_channel_opts(const bw_cli_tls *t, const char *target, bw_rpc_channel_opts *o);
+/* Channel options from the shared TLS and token settings. BW_OK, or an error reading
+ * --token-file with a sentence in err. */
+int bw__cli_channel_opts(const bw_cli_tls *t, const char *target, bw_rpc_channel_opts *o, char *err,
+                         size_t errlen);
 
 #endif

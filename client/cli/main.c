@@ -17,6 +17,7 @@ static const struct {
     {"fetch", bw__cmd_fetch, "pull one rank's batches from a running cluster (JSON lines)"},
     {"plan", bw__cmd_plan, "print the batches each rank gets, offline (JSON lines)"},
     {"gen", bw__cmd_gen, "write a synthetic dataset (npy, tfrecord, jsonl, tar, files)"},
+    {"job", bw__cmd_job, "manage jobs on the coordinator: job delete --job NAME"},
 };
 
 static void usage(FILE *out)

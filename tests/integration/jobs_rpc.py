@@ -54,9 +54,11 @@ _RESP = {
 
 
 class Jobs:
-    def __init__(self, addr, timeout=10.0):
+    def __init__(self, addr, timeout=10.0, token=None):
         self.addr = addr
         self.timeout = timeout
+        # a bearer token for a coordinator with --auth-tokens (docs/security.md)
+        self.metadata = [("authorization", "Bearer " + token)] if token else None
         self.channel = grpc.insecure_channel(addr)
         self._stubs = {
             m: self.channel.unary_unary("/batchwire.v1.Jobs/" + m,
@@ -70,7 +72,8 @@ class Jobs:
 
     def call(self, method, req, timeout=None):
         try:
-            return self._stubs[method](req, timeout=timeout or self.timeout)
+            return self._stubs[method](req, timeout=timeout or self.timeout,
+                                       metadata=self.metadata)
         except grpc.RpcError as e:
             raise CallError(e) from None
 
