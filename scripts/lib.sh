@@ -13,9 +13,11 @@ BW_DEMO_PACKAGES=(python3 python3-numpy)
 # protoc builds the Python stubs the interop tests use; python3-torch is the reference the
 # sampler and binding tests compare with; iproute2's ss shows which worker served a batch;
 # prometheus brings promtool, which lints every /metrics scrape the tests take (the package
-# also installs Prometheus's server, which the tests do not use).
+# also installs Prometheus's server, which the tests do not use); python3-venv, -setuptools,
+# -wheel and -pip install the Python package offline into a venv (test_pip_install.py).
 BW_TEST_PACKAGES=(python3 python3-grpcio python3-protobuf protobuf-compiler python3-numpy
-    python3-yaml python3-torch clang-format iproute2 procps nftables iptables prometheus)
+    python3-yaml python3-torch clang-format iproute2 procps nftables iptables prometheus
+    python3-venv python3-setuptools python3-wheel python3-pip)
 
 bw_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 

@@ -19,24 +19,31 @@ import ctypes
 import logging
 
 from . import _lib
+from ._version import __version__
 from .errors import *  # noqa: F401,F403  (the exception classes)
 from .errors import Error, __all__ as _error_names
 from .loader import Batch, Loader, job_checkpoint
 from .state import job_checkpoint_from
 
-__all__ = ["Loader", "Batch", "Error", "library_path", "version", "log_to_python",
+__all__ = ["Loader", "Batch", "Error", "library_path", "version", "build_info", "log_to_python",
            "job_checkpoint", "job_checkpoint_from"] + \
     [n for n in _error_names if n != "Error"]
 
 
-def library_path():
+def library_path() -> str:
     """Where libbatchwire was loaded from (loads it if needed)."""
     return _lib.path()
 
 
-def version():
-    """libbatchwire's version, "MAJOR.MINOR.PATCH"."""
+def version() -> str:
+    """libbatchwire's version, "MAJOR.MINOR.PATCH" (the package's is __version__)."""
     return _lib.lib().bw_version().decode()
+
+
+def build_info() -> str:
+    """What the loaded libbatchwire is: version, commit, build type, TLS and CUDA, e.g.
+    "0.1.0 commit=2bfd0fe build=RelWithDebInfo tls=yes cuda=no"."""
+    return _lib.lib().bw_build_info().decode()
 
 
 _log_cb = None

@@ -119,6 +119,7 @@ def _declare(lib):
     P = c_void_p
     sig = {
         "bw_version": (c_char_p, []),
+        "bw_build_info": (c_char_p, []),
         "bw_strerror": (c_char_p, [c_int]),
         "bw_err_name": (c_char_p, [c_int]),
         "bw_set_log_callback": (None, [_LOG_FN, c_void_p, c_int]),

@@ -3,6 +3,7 @@
 import ctypes
 import os
 import threading
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _lib
 from . import errors
@@ -135,11 +136,11 @@ class Batch:
         buf._bw_owner = owner
         return buf
 
-    def memoryview(self):
+    def memoryview(self) -> memoryview:
         """The batch's bytes (host memory) as a read-only memoryview, in batch order."""
         return memoryview(self._host_buffer()).cast("B").toreadonly()
 
-    def numpy(self):
+    def numpy(self) -> Any:
         """.npy datasets: a numpy array [count, ...] with the dataset's dtype, viewing the
         batch's buffer (valid while referenced; with reuse_buffers only until the next
         batch). Other formats: the list of samples' bytes (copies)."""
@@ -150,7 +151,7 @@ class Batch:
         arr = np.frombuffer(self._host_buffer(), dtype=self.dtype)
         return arr.reshape(self.shape)
 
-    def samples(self):
+    def samples(self) -> List[bytes]:
         """Every sample's bytes (copies), in batch order."""
         self._check()
         L = _lib.lib()
@@ -176,7 +177,7 @@ class Batch:
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (ptr, False),
                 "version": 2, "strides": None}
 
-    def torch(self):
+    def torch(self) -> Any:
         """.npy datasets: a torch.Tensor [count, ...]. On the CPU (loader without device) it
         shares the batch's held buffer through torch.from_numpy (valid while referenced; see
         the class docstring). With the loader's device set, a tensor on that GPU: a copy of
@@ -203,7 +204,8 @@ class Batch:
 
 
 def job_checkpoint(coordinator=None, job=None, tls_ca=None, tls_cert=None, tls_key=None,
-                   tls_server_name=None, token_file=None, timeout=10.0, retry=60.0):
+                   tls_server_name=None, token_file=None, timeout=10.0,
+                   retry=60.0) -> Dict[str, Any]:
     """The job-level checkpoint from the coordinator: every rank's committed cursor
     (Loader.commit()), as {"batchwire_job": 1, "job", "world_size", "cursors": [...]}
     (batchwire.state). For launchers: store it, and resume the job from it at any world size
@@ -422,7 +424,7 @@ class Loader:
 
     # ---- lifetime
 
-    def close(self):
+    def close(self) -> None:
         """Leaves the job (releases the rank) and frees every buffer; batches become invalid.
         Idempotent."""
         with self._lock:
@@ -456,7 +458,7 @@ class Loader:
 
     # ---- batches
 
-    def next_batch(self):
+    def next_batch(self) -> Optional["Batch"]:
         """The next batch of the current epoch, or None at the end of the epoch. The previous
         batch's data views become invalid."""
         with self._lock:
@@ -470,7 +472,7 @@ class Loader:
                 self._raise(rc)
             return Batch(self, out.value, self._gen)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator["Batch"]:
         """The rest of the current epoch."""
         while True:
             b = self.next_batch()
@@ -478,7 +480,7 @@ class Loader:
                 return
             yield b
 
-    def next_epoch(self):
+    def next_epoch(self) -> None:
         """Starts the next epoch at step 0 (also when the current one was left unfinished)."""
         with self._lock:
             h = self._h()
@@ -487,7 +489,7 @@ class Loader:
             if rc != _BW_OK:
                 self._raise(rc)
 
-    def epochs(self, n):
+    def epochs(self, n: int) -> Iterator[int]:
         """Yields n epoch numbers, the first being the current epoch (which may be resumed
         mid-way), starting each further one with next_epoch(); iterate the loader inside:
         ``for epoch in loader.epochs(3): for batch in loader: ...``."""
@@ -498,7 +500,7 @@ class Loader:
 
     # ---- cursors
 
-    def cursor_bytes(self):
+    def cursor_bytes(self) -> bytes:
         """The cursor after the last batch handed out (binary form)."""
         with self._lock:
             h = self._h()
@@ -512,7 +514,7 @@ class Loader:
                 if rc != -9:  # BW_TOO_BIG: n is now the size needed
                     self._raise(rc)
 
-    def cursor(self):
+    def cursor(self) -> str:
         """The cursor after the last batch handed out, as text ("bwc1:..."): store it in the
         checkpoint and pass it back as Loader(resume=...)."""
         with self._lock:
@@ -523,23 +525,23 @@ class Loader:
                 self._raise(rc)
             return buf.value.decode()
 
-    def position(self):
+    def position(self) -> Tuple[int, int]:
         """(epoch, step) of the next batch to be handed out."""
         f = _state.fields(self.cursor_bytes())
         return f.get(6, 0), f.get(7, 0)
 
-    def epoch_steps(self):
+    def epoch_steps(self) -> int:
         """One past the last step of this rank in the current epoch (its batches this epoch
         are numbered up to it), known before the first batch. Equal on every rank except with
         allow_uneven."""
         with self._lock:
             return int(_lib.lib().bw_loader_epoch_steps(self._h()))
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Batches of this rank in the current epoch (epoch_steps())."""
         return self.epoch_steps()
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """This rank's position as a plain dict (torchdata StatefulDataLoader style): store it
         with torch.save or Accelerate's register_for_checkpointing, restore it with
         load_state_dict() or Loader(resume=...). See batchwire.state."""
@@ -548,7 +550,7 @@ class Loader:
         return _state.rank_state(self.job, self.rank, self.world_size, info["epoch"],
                                  info["step"], cur)
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Continues after the batch a state_dict() of this job's same rank describes (the
         next batch is the one after it; prefetched batches are discarded). A state of another
         world size is refused: resume those with Loader(elastic=True, resume=...)."""
@@ -586,7 +588,7 @@ class Loader:
         out["wait_seconds"] = out.pop("wait_ns") / 1e9
         return out
 
-    def commit(self):
+    def commit(self) -> None:
         """Records the cursor with the coordinator (durably) for this rank: a restarted
         Loader without ``resume`` continues from it."""
         with self._lock:
