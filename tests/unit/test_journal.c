@@ -1,7 +1,8 @@
 /* The journal: round trip, group commit, a torn tail at every byte offset of the last record,
  * a flipped bit anywhere in a middle record, a record the state rejects or cannot apply for
  * want of memory, truncation on request, snapshot plus tail,
- * interrupted compaction, compaction limits across reopens, and the state directory's lock. */
+ * interrupted compaction, compaction limits across reopens, a full disk (records and a
+ * rotation wait, nothing acknowledged is lost), and the state directory's lock. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -603,6 +605,168 @@ static void test_compaction_due_across_reopens(void **state)
     rm_dir();
 }
 
+/* ---- a full disk: the directory is a small tmpfs, filled up by another file ---- */
+
+static char filler[600];
+
+/* Mounts a 64 KiB tmpfs on a fresh `dir` and opens a journal there (the test is skipped
+ * where mounting is not allowed: not root). */
+static bw_journal *open_on_tmpfs(seen *s, bw_journal_report *rep)
+{
+    fresh_dir();
+    if (mount("tmpfs", dir, "tmpfs", 0, "size=64k") != 0) {
+        rm_dir();
+        skip();
+    }
+    snprintf(filler, sizeof(filler), "%s/filler", dir);
+    return open_ok(s, NULL, rep);
+}
+
+static void fill(void)
+{
+    int fd = open(filler, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    assert_true(fd >= 0);
+    char page[4096];
+    memset(page, 'f', sizeof(page));
+    while (write(fd, page, sizeof(page)) > 0)
+        ;
+    assert_int_equal(errno, ENOSPC);
+    close(fd);
+}
+
+static void unmount_dir(void)
+{
+    assert_int_equal(umount2(dir, MNT_DETACH), 0);
+    rm_dir();
+}
+
+static int full_rc = 1;
+static void full_done(void *arg, int rc)
+{
+    (void)arg;
+    full_rc = rc;
+}
+
+/* Waits up to 5 s for the journal to find space again. */
+static void wait_space(bw_journal *j)
+{
+    for (int i = 0; i < 500 && bw__journal_full(j, NULL, 0); i++)
+        usleep(10000);
+    assert_int_equal(bw__journal_full(j, NULL, 0), 0);
+}
+
+/* Records of 900 bytes until one finds the disk full: those acknowledged before stay, the one
+ * that found no space waits (its wait ends with BW_UNAVAILABLE, later appends are refused)
+ * and becomes durable once the filler is gone; after a reopen every record is there, in
+ * order, once. */
+static void test_disk_full(void **state)
+{
+    (void)state;
+    seen s;
+    bw_journal_report rep;
+    bw_journal *j = open_on_tmpfs(&s, &rep);
+    append_str(j, "before");
+    fill();
+    char rec[900];
+    int acked = 0, rc = BW_OK;
+    uint64_t seq = 0;
+    while (rc == BW_OK && acked < 100) {
+        memset(rec, 'x', sizeof(rec));
+        int n = snprintf(rec, sizeof(rec), "full-%03d", acked + 1);
+        rec[n] = '.';
+        assert_int_equal(bw__journal_append(j, rec, sizeof(rec), &seq), BW_OK);
+        rc = bw__journal_sync(j, seq);
+        acked += rc == BW_OK;
+    }
+    assert_int_equal(rc, BW_UNAVAILABLE); /* a page holds at most 4 of them */
+    char why[1024];
+    assert_int_equal(bw__journal_full(j, why, sizeof(why)), ENOSPC);
+    assert_non_null(strstr(why, dir));
+    assert_non_null(strstr(why, "No space left on device"));
+    assert_non_null(strstr(why, "908 bytes of records wait"));
+    assert_int_equal(bw__journal_failed(j), 0);
+    assert_int_equal(bw__journal_durable_seq(j), seq - 1);
+    uint64_t other;
+    assert_int_equal(bw__journal_append(j, "refused", 7, &other), BW_UNAVAILABLE);
+    assert_int_equal(bw__journal_next_seq(j), seq + 1);
+    full_rc = 1;
+    bw__journal_when_durable(j, seq, full_done, NULL);
+    assert_int_equal(full_rc, BW_UNAVAILABLE);
+    full_rc = 1;
+    bw__journal_when_durable(j, seq - 1, full_done, NULL);
+    assert_int_equal(full_rc, BW_OK);
+    assert_false(bw__journal_compaction_due(j, &(bw_journal_policy){1, 1, 1}, NULL, 0));
+    assert_int_equal(bw__journal_rotate(j, &other), BW_UNAVAILABLE);
+    usleep(450 * 1000); /* two more tries find no space either */
+    assert_int_equal(bw__journal_full(j, NULL, 0), ENOSPC);
+
+    assert_int_equal(unlink(filler), 0);
+    wait_space(j);
+    assert_int_equal(bw__journal_sync(j, seq), BW_OK);
+    append_str(j, "after");
+    bw__journal_close(j);
+
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.n, (size_t)acked + 3);
+    assert_string_equal(s.recs[0], "before");
+    for (int i = 1; i <= acked + 1; i++) {
+        char want[32];
+        snprintf(want, sizeof(want), "full-%03d.", i);
+        assert_memory_equal(s.recs[i], want, strlen(want));
+        assert_int_equal(s.seqs[i], (uint64_t)i + 1);
+    }
+    assert_string_equal(s.recs[acked + 2], "after");
+    assert_string_equal(rep.notes, "");
+    bw__journal_close(j);
+    unmount_dir();
+}
+
+/* A rotation (the first step of a compaction) that finds no room for its new file waits as
+ * records do: the snapshot is refused meanwhile, and the rotation and the records behind it
+ * are done once there is space. */
+static void test_disk_full_rotation(void **state)
+{
+    (void)state;
+    seen s;
+    bw_journal_report rep;
+    bw_journal *j = open_on_tmpfs(&s, &rep);
+    append_str(j, "one");
+    append_str(j, "two");
+    fill();
+    uint64_t snap = 0;
+    assert_int_equal(bw__journal_rotate(j, &snap), BW_OK);
+    assert_int_equal(snap, 2);
+    char err[512];
+    /* The writer cannot create journal-3 (no page for it): the snapshot is refused. */
+    assert_int_equal(bw__journal_write_snapshot(j, snap, "S2", 2, err, sizeof(err)),
+                     BW_UNAVAILABLE);
+    assert_non_null(strstr(err, "No space left on device"));
+    assert_int_equal(bw__journal_full(j, NULL, 0), ENOSPC);
+    uint64_t seq;
+    assert_int_equal(bw__journal_append(j, "three", 5, &seq), BW_UNAVAILABLE);
+    char path[600];
+    path_of(3, path, sizeof(path));
+    assert_int_equal(file_size(path), -1);
+
+    assert_int_equal(unlink(filler), 0);
+    wait_space(j);
+    assert_int_equal(file_size(path), 16);
+    append_str(j, "three");
+    assert_int_equal(bw__journal_write_snapshot(j, snap, "S2", 2, err, sizeof(err)), BW_OK);
+    bw__journal_close(j);
+    path_of(1, path, sizeof(path));
+    assert_int_equal(file_size(path), -1); /* covered by the snapshot, removed */
+
+    j = open_ok(&s, NULL, &rep);
+    assert_int_equal(s.snap_seq, 2);
+    assert_string_equal(s.snap, "S2");
+    assert_int_equal(s.n, 1);
+    assert_string_equal(s.recs[0], "three");
+    assert_int_equal(s.seqs[0], 3);
+    bw__journal_close(j);
+    unmount_dir();
+}
+
 /* The state directory's lock: a second holder is refused (naming the first), and a holder
  * that dies, even by SIGKILL, releases it. */
 static void test_state_dir_lock(void **state)
@@ -665,6 +829,8 @@ int main(void)
         cmocka_unit_test(test_snapshot_and_tail),
         cmocka_unit_test(test_interrupted_compaction),
         cmocka_unit_test(test_compaction_due_across_reopens),
+        cmocka_unit_test(test_disk_full),
+        cmocka_unit_test(test_disk_full_rotation),
         cmocka_unit_test(test_state_dir_lock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
