@@ -66,7 +66,7 @@ def have_privileges():
         return False, "not root"
     import shutil
     path = os.environ.get("PATH", "/usr/bin") + ":/usr/sbin:/sbin"
-    for tool in ("ip", "nft", "stdbuf"):
+    for tool in ("ip", "nft", "stdbuf", "mount", "umount"):
         if not shutil.which(tool, path=path):
             return False, "%s is not installed (scripts/lib.sh BW_TEST_PACKAGES)" % tool
     return True, ""
