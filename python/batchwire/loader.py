@@ -10,6 +10,8 @@ from . import errors
 from . import state as _state
 
 _BW_OK = 0
+_open = {"pid": 0, "count": 0}  # loaders open in this process (inherited by forked children)
+_open_lock = threading.Lock()
 _BW_END_OF_EPOCH = -22
 _CURSOR_TEXT_MAX = 1 << 16
 
@@ -203,6 +205,19 @@ class Batch:
         return torch.from_numpy(arr)
 
 
+def check_fork_safe(what: str) -> None:
+    """Raises FailedPreconditionError when this process was forked while its parent had
+    loaders open: the library's network runtime (gRPC) was running then, and a forked child
+    cannot use it. A parent with none open (all closed) forks cleanly."""
+    if _open["count"] > 0 and _open["pid"] != os.getpid():
+        raise errors.FailedPreconditionError(
+            "%s: this process was forked (pid %d) while its parent (pid %d) had %d batchwire "
+            "Loader(s) open, whose network runtime cannot work in a forked child; close them "
+            "before the DataLoader starts its workers, or give the DataLoader "
+            "multiprocessing_context='forkserver' (or 'spawn')" % (what, os.getpid(),
+                                                                  _open["pid"], _open["count"]))
+
+
 def job_checkpoint(coordinator=None, job=None, tls_ca=None, tls_cert=None, tls_key=None,
                    tls_server_name=None, token_file=None, timeout=10.0,
                    retry=60.0) -> Dict[str, Any]:
@@ -215,6 +230,7 @@ def job_checkpoint(coordinator=None, job=None, tls_ca=None, tls_cert=None, tls_k
     coordinator = coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
     if not coordinator or not job:
         raise errors.InvalidArgumentError("job_checkpoint: coordinator and job are required")
+    check_fork_safe("job_checkpoint")
     L = _lib.lib()
     raw = ctypes.create_string_buffer(_lib.OPTIONS_ALLOC)
     L.bw_loader_options_init(raw)
@@ -319,6 +335,7 @@ class Loader:
         self._handle = None
         self._gen = 0
         self._reuse_buffers = bool(reuse_buffers)
+        check_fork_safe("Loader")
         self._lock = threading.RLock()
         L = _lib.lib()
         coordinator = coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
@@ -416,6 +433,11 @@ class Loader:
         if rc != _BW_OK:
             raise _lib.error(rc, err.value.decode("utf-8", "replace"))
         self._handle = handle
+        self._pid = os.getpid()
+        with _open_lock:
+            if _open["pid"] != self._pid:
+                _open["pid"], _open["count"] = self._pid, 0
+            _open["count"] += 1
         self.rank = int(L.bw_loader_rank(handle))
         self.world_size = int(L.bw_loader_world_size(handle))
         self.num_samples = int(L.bw_loader_num_samples(handle))
@@ -430,8 +452,11 @@ class Loader:
         with self._lock:
             h, self._handle = self._handle, None
             self._gen += 1
-            if h is not None:
+            # In a forked child the loader (its threads, its lease) is the parent's: leave it.
+            if h is not None and os.getpid() == self._pid:
                 _lib.lib().bw_loader_close(h)
+                with _open_lock:
+                    _open["count"] -= 1
 
     def __enter__(self):
         return self
@@ -450,6 +475,12 @@ class Loader:
     def _h(self):
         if self._handle is None:
             raise errors.FailedPreconditionError("the loader is closed")
+        if os.getpid() != self._pid:
+            # A forked child (a DataLoader worker) has the handle but not the loader's threads.
+            raise errors.FailedPreconditionError(
+                "this Loader was opened by process %d and cannot be used in process %d (a "
+                "DataLoader worker?): give the DataLoader a batchwire.torch.BatchDataset, "
+                "whose workers each read a share of the rank" % (self._pid, os.getpid()))
         return self._handle
 
     def _raise(self, rc):
