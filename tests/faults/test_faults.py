@@ -374,7 +374,8 @@ def trainer_partition_30s(ctx):
         raise bt.TestFailure("trainer_partition_30s: rank 1 exited %d without saying why: %s" %
                              (rc, err[-600:]))
     bt.log("trainer_partition_30s: rank 1 stopped %.1f s into the partition with a clear "
-           "error: %s" % (t_exit, err.strip().splitlines()[-1][:200]))
+           "error: %s" % (t_exit, next(x for x in err.splitlines()
+                                       if "could not be fetched" in x)[:300]))
     others = [p for p in ranks if p is not cut]
     m = finish(ctx, "trainer_partition_30s", others, t0, t1)
     m["exit_lag"] = 0.0
