@@ -89,7 +89,7 @@ static int check_id(const char *id, char *err, size_t errlen)
 
 /* Under m->mu: whether `who` may act as worker `w` (docs/security.md, "Workers"): the id is
  * bound to the principal that registered it. */
-static int check_owner(const worker *w, const bw_principal *who, char *err, size_t errlen)
+static int check_worker_owner(const worker *w, const bw_principal *who, char *err, size_t errlen)
 {
     if (bw__auth_owns(who, w->owner))
         return BW_OK;
@@ -130,7 +130,7 @@ int bw__membership_register(bw_membership *m, const bw_principal *who,
     pthread_mutex_lock(&m->mu);
     worker *w = find(m, req->id);
     bool is_new = w == NULL;
-    if (w && (rc = check_owner(w, who, err, errlen)) != BW_OK) {
+    if (w && (rc = check_worker_owner(w, who, err, errlen)) != BW_OK) {
         pthread_mutex_unlock(&m->mu);
         return rc; /* the live worker keeps its id and keeps serving */
     }
@@ -194,7 +194,7 @@ int bw__membership_heartbeat(bw_membership *m, const bw_principal *who, const ch
     *known = false;
     pthread_mutex_lock(&m->mu);
     worker *w = find(m, id);
-    if (w && (rc = check_owner(w, who, err, errlen)) != BW_OK) {
+    if (w && (rc = check_worker_owner(w, who, err, errlen)) != BW_OK) {
         ;
     } else if (w && w->incarnation != incarnation) {
         snprintf(err, errlen,
