@@ -13,8 +13,8 @@ static int on_info(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
 {
     (void)req;
     bw_coordinator *c = user;
-    int rc = bw__rpc_info(call, BATCHWIRE__V1__ROLE__ROLE_COORDINATOR, "", c->bound, c->start_ms,
-                          resp);
+    int rc =
+        bw__rpc_info(call, BATCHWIRE__V1__ROLE__ROLE_COORDINATOR, "", c->bound, c->start_ms, resp);
     if (rc == BW_OK)
         ((Batchwire__V1__InfoResponse *)*resp)->auth_enabled = bw__auth_enabled(c->auth);
     return rc;

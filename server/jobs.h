@@ -80,9 +80,8 @@ int bw__jobs_create(bw_jobs *s, const bw_principal *who,
 Batchwire__V1__DatasetInfo *bw__jobs_synthetic_info(bw_arena *arena, uint64_t samples);
 
 int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__JoinJobRequest *req,
-                  bw_arena *arena,
-                  Batchwire__V1__JoinJobResponse **resp, uint64_t *wait_seq, char *err,
-                  size_t errlen);
+                  bw_arena *arena, Batchwire__V1__JoinJobResponse **resp, uint64_t *wait_seq,
+                  char *err, size_t errlen);
 int bw__jobs_heartbeat(bw_jobs *s, const bw_principal *who,
                        const Batchwire__V1__LeaseHeartbeatRequest *req, bw_arena *arena,
                        Batchwire__V1__LeaseHeartbeatResponse **resp, uint64_t *wait_seq, char *err,
@@ -92,20 +91,18 @@ int bw__jobs_heartbeat(bw_jobs *s, const bw_principal *who,
  * and answers released = false, so a retried leave succeeds and cannot release anyone
  * else's lease. */
 int bw__jobs_leave(bw_jobs *s, const bw_principal *who, const Batchwire__V1__LeaveJobRequest *req,
-                   bw_arena *arena,
-                   Batchwire__V1__LeaveJobResponse **resp, uint64_t *wait_seq, char *err,
-                   size_t errlen);
+                   bw_arena *arena, Batchwire__V1__LeaveJobResponse **resp, uint64_t *wait_seq,
+                   char *err, size_t errlen);
 int bw__jobs_commit(bw_jobs *s, const bw_principal *who,
                     const Batchwire__V1__CommitCursorRequest *req, bw_arena *arena,
                     Batchwire__V1__CommitCursorResponse **resp, uint64_t *wait_seq, char *err,
                     size_t errlen);
 int bw__jobs_get(bw_jobs *s, const bw_principal *who, const Batchwire__V1__GetJobRequest *req,
-                 bw_arena *arena,
-                 Batchwire__V1__GetJobResponse **resp, uint64_t *wait_seq, char *err,
-                 size_t errlen);
+                 bw_arena *arena, Batchwire__V1__GetJobResponse **resp, uint64_t *wait_seq,
+                 char *err, size_t errlen);
 int bw__jobs_list(bw_jobs *s, const bw_principal *who, bw_arena *arena,
-                  Batchwire__V1__ListJobsResponse **resp,
-                  uint64_t *wait_seq, char *err, size_t errlen);
+                  Batchwire__V1__ListJobsResponse **resp, uint64_t *wait_seq, char *err,
+                  size_t errlen);
 int bw__jobs_resume(bw_jobs *s, const bw_principal *who,
                     const Batchwire__V1__ResumeElasticRequest *req, bw_arena *arena,
                     Batchwire__V1__ResumeElasticResponse **resp, uint64_t *wait_seq, char *err,

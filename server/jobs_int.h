@@ -118,8 +118,7 @@ int bw__jobs_fingerprint(const char *name, const Batchwire__V1__JobConfig *cfg,
 
 /* Under s->mu, after a rank left: removes the job (journaled) when every rank has left after
  * its last epoch; *wait_seq is then the removal's record. */
-int bw__jobs_finish_if_done(bw_jobs *s, bw_job *job, uint64_t *wait_seq, char *err,
-                            size_t errlen);
+int bw__jobs_finish_if_done(bw_jobs *s, bw_job *job, uint64_t *wait_seq, char *err, size_t errlen);
 
 /* Under s->mu: how many jobs `owner` owns. */
 size_t bw__jobs_owned(const bw_jobs *s, const char *owner);

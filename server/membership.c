@@ -26,7 +26,7 @@ typedef struct worker {
     char version[32];
     char commit[64];
     bool auth_enabled; /* it authenticates its callers (docs/security.md) */
-    bw__rate served; /* samples, bytes (heartbeats; core/common/rate.h) */
+    bw__rate served;   /* samples, bytes (heartbeats; core/common/rate.h) */
     uint32_t max_message_bytes;
     size_t nformats;
     char formats[FORMATS_MAX][16];

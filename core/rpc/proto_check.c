@@ -79,8 +79,8 @@ static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n
             uint64_t total = counts[fi] + elems;
             counts[fi] = total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
             if (total > BW_PROTO_REPEATED_MAX) {
-                snprintf(err, errlen, "%s.%s: more than %d elements", d->name, f->name,
-                         BW_PROTO_REPEATED_MAX);
+                snprintf(err, errlen, "%s.%s: %llu %s, more than the limit of %d", d->name, f->name,
+                         (unsigned long long)total, f->name, BW_PROTO_REPEATED_MAX);
                 rc = BW_TOO_BIG;
                 break;
             }

@@ -92,10 +92,9 @@ static void test_cursor_codec(void **state)
         {"\x08\x01\x19\x01\x00\x00\x00\x00\x00\x00\x00\x20\x05\x28\x02", 15, "not below", 1},
         /* Canonical form only (docs/security.md): an unknown field 0 in a non-minimal varint
          * key, found by fuzzing, and a field given twice, both with valid checksums. */
-        {"\x08\x01\x19\x01\x19\xef\x01\x80\x20\x20\x20\x28\x42\x80\x00\x01", 16,
-         "does not have", 1},
-        {"\x08\x01\x19\x01\x00\x00\x00\x00\x00\x00\x00\x28\x02\x28\x02", 15,
-         "not in the form", 1},
+        {"\x08\x01\x19\x01\x19\xef\x01\x80\x20\x20\x20\x28\x42\x80\x00\x01", 16, "does not have",
+         1},
+        {"\x08\x01\x19\x01\x00\x00\x00\x00\x00\x00\x00\x28\x02\x28\x02", 15, "not in the form", 1},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         uint8_t sealed[64];

@@ -139,8 +139,8 @@ static int server(const char *cert, const char *key, const char *ca)
 
 static int client(const char *ca, const char *cert, const char *key)
 {
-    bw_tls_client_files f = {ca ? path(ca) : NULL, cert ? path(cert) : NULL, key ? path(key) : NULL,
-                             NULL, 0, NULL};
+    bw_tls_client_files f = {
+        ca ? path(ca) : NULL, cert ? path(cert) : NULL, key ? path(key) : NULL, NULL, 0, NULL};
     grpc_channel_credentials *creds = NULL;
     err[0] = '\0';
     int rc = bw__tls_client_credentials(&f, &creds, err, sizeof(err));
