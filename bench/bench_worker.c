@@ -13,7 +13,9 @@
  *
  * --metrics compares the worker with its metrics on (worker/metrics.h, as --metrics-listen
  * turns them on) and off instead of with pread: the two alternate within every repetition,
- * and the counters are checked against what was served.
+ * and the counters are checked against what was served. Besides throughput it shows the CPU
+ * time this process (clients and worker) spent per sample, which other load on the machine
+ * disturbs less.
  *
  * Prints a Markdown table (median of --reps runs each) and writes the dataset under DIR
  * (default /tmp), removed at the end.
@@ -24,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -156,6 +159,17 @@ static void *client_thread(void *arg)
 static uint32_t msg_limit;
 static size_t per_req_opt; /* --per-req; 0: about 64 MiB per request */
 
+/* CPU seconds (user + system) this process has used: clients and worker together. */
+static double cpu_now(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+static double last_cpu; /* CPU seconds of the last run_rpc */
+
 static double run_rpc(const char *target, const char *source, const uint64_t *idx, size_t n,
                       uint64_t size, int clients)
 {
@@ -168,6 +182,7 @@ static double run_rpc(const char *target, const char *source, const uint64_t *id
         per_req = 65536;
     if (per_req_opt)
         per_req = per_req_opt;
+    double c0 = cpu_now();
     double t0 = now();
     for (int c = 0; c < clients; c++) {
         memset(&jobs[c], 0, sizeof(jobs[c]));
@@ -188,6 +203,7 @@ static double run_rpc(const char *target, const char *source, const uint64_t *id
         samples += jobs[c].samples;
     }
     double t = now() - t0;
+    last_cpu = cpu_now() - c0;
     if (samples != n)
         die("ReadSamples", "missing samples");
     return t;
@@ -323,7 +339,8 @@ int main(int argc, char **argv)
 
     if (cmp_metrics)
         printf("| sample | samples/s metrics off | MiB/s off | samples/s metrics on | MiB/s on | "
-               "on / off |\n|---|---|---|---|---|---|\n");
+               "on / off | CPU µs/sample off | on | on / off |\n"
+               "|---|---|---|---|---|---|---|---|---|\n");
     else
         printf("| sample | samples/s gRPC | MiB/s gRPC | samples/s pread | MiB/s pread | gRPC / "
                "pread |\n|---|---|---|---|---|---|\n");
@@ -348,7 +365,7 @@ int main(int argc, char **argv)
         /* warm the page cache and the worker's dataset cache */
         run_pread(path, idx, n, size, data_off);
         run_rpc(bound, rel, idx, n < 1000 ? n : 1000, size, 1);
-        double tr[15], tp[15];
+        double tr[15], tp[15], cr[15], cp[15]; /* wall; CPU (--metrics) */
         for (int r = 0; r < reps; r++) {
             if (!cmp_metrics) {
                 tr[r] = run_rpc(bound, rel, idx, n, size, clients);
@@ -359,6 +376,7 @@ int main(int argc, char **argv)
                 bool on = (h + r) % 2 == 0;
                 w.metrics = on ? wm : NULL; /* no request is running */
                 (on ? tr : tp)[r] = run_rpc(bound, rel, idx, n, size, clients);
+                (on ? cr : cp)[r] = last_cpu;
             }
             w.metrics = NULL;
         }
@@ -366,6 +384,8 @@ int main(int argc, char **argv)
             check_counted(reg, rel, (uint64_t)reps * n, size);
         qsort(tr, (size_t)reps, sizeof(double), cmp_double);
         qsort(tp, (size_t)reps, sizeof(double), cmp_double);
+        qsort(cr, (size_t)reps, sizeof(double), cmp_double);
+        qsort(cp, (size_t)reps, sizeof(double), cmp_double);
         double r = tr[reps / 2], p = tp[reps / 2], mibs = (double)(n * size) / (1 << 20);
         char label[32];
         if (size >= (1 << 20))
@@ -375,8 +395,10 @@ int main(int argc, char **argv)
         else
             snprintf(label, sizeof(label), "%llu B", (unsigned long long)size);
         if (cmp_metrics) /* the baseline (p) is metrics off */
-            printf("| %s | %.0f | %.0f | %.0f | %.0f | %.3f |\n", label, (double)n / p, mibs / p,
-                   (double)n / r, mibs / r, p / r);
+            printf("| %s | %.0f | %.0f | %.0f | %.0f | %.3f | %.3f | %.3f | %.3f |\n", label,
+                   (double)n / p, mibs / p, (double)n / r, mibs / r, p / r,
+                   cp[reps / 2] * 1e6 / (double)n, cr[reps / 2] * 1e6 / (double)n,
+                   cr[reps / 2] / cp[reps / 2]);
         else
             printf("| %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", label, (double)n / r, mibs / r,
                    (double)n / p, mibs / p, p / r);

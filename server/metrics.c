@@ -5,8 +5,10 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "batchwire/batchwire.h"
+#include "common/log.h"
 #include "common/util.h"
 #include "jobs_int.h"
 
@@ -115,42 +117,135 @@ static void on_sync(void *user, double seconds, uint64_t bytes)
     bw__counter_add(m->synced, bytes);
 }
 
-/* Under s->mu: one job's series. */
-static void collect_job(bw__cm *m, bw_metrics_sink *sink, const bw_jobs *s, const bw_job *job,
-                        uint64_t mono_ms, uint64_t unix_ms)
+/* What a scrape shows of the jobs, copied under the jobs' lock and rendered after it is
+ * released: formatting 7 series a rank for 100,000 ranks takes about a second
+ * (bench/bench_metrics.c), copying them a few milliseconds. */
+typedef struct job_row {
+    char *name;
+    uint32_t world, held, expired;
+} job_row;
+
+typedef struct rank_row {
+    size_t job; /* index into the job rows */
+    uint32_t rank;
+    bool reported, committed;
+    uint64_t epoch, step, batches; /* reported by the holder */
+    double per_s;
+    uint64_t committed_epoch, committed_step;
+    double commit_age_s;
+} rank_row;
+
+typedef struct snapshot {
+    uint64_t njobs, commits, takeovers_expired, takeovers_reclaimed;
+    job_row *jobs;
+    size_t nj;
+    rank_row *ranks;
+    size_t nr, rcap;
+} snapshot;
+
+static bool add_rank(snapshot *sn, const rank_row *row)
 {
-    const char *name = job->name;
-    size_t held = 0, expired = 0;
-    bw__metrics_emit(sink, m->f[WORLD_SIZE], (const char *[]){name}, job->world_size);
+    if (sn->nr == sn->rcap) {
+        size_t cap = sn->rcap ? sn->rcap * 2 : 256;
+        rank_row *nr = realloc(sn->ranks, cap * sizeof(*nr));
+        if (!nr)
+            return false;
+        sn->ranks = nr;
+        sn->rcap = cap;
+    }
+    sn->ranks[sn->nr++] = *row;
+    return true;
+}
+
+/* Under s->mu: one job's row and the rows of its ranks that committed or whose holder
+ * reported. False when out of memory. */
+static bool copy_job(snapshot *sn, const bw_jobs *s, const bw_job *job, uint64_t mono_ms,
+                     uint64_t unix_ms)
+{
+    job_row *j = &sn->jobs[sn->nj];
+    if (!(j->name = strdup(job->name)))
+        return false;
+    j->world = job->world_size;
+    j->held = j->expired = 0;
     for (uint32_t k = 0; k < job->world_size; k++) {
         const bw_rank_state *r = &job->ranks[k];
         bool live = bw__jobs_lease_live(s, r, mono_ms);
-        held += live;
-        expired += r->leased && !live;
-        char rank[16];
-        snprintf(rank, sizeof(rank), "%" PRIu32, k);
-        const char *v[] = {name, rank};
-        /* Progress the current holder reported (jobs_live.c). */
-        const bw_rank_live *l = &r->live;
-        if (r->leased && bw__lease_eq(l->lease, r->lease) && l->rate.at_ms) {
-            bw__metrics_emit(sink, m->f[RANK_EPOCH], v, (double)l->epoch);
-            bw__metrics_emit(sink, m->f[RANK_STEP], v, (double)l->step);
-            bw__metrics_emit(sink, m->f[RANK_BATCHES], v, (double)l->rate.total[0]);
-            bw__metrics_emit(sink, m->f[RANK_RATE], v, l->rate.per_s[0]);
-        }
-        if (r->committed) {
-            bw__metrics_emit(sink, m->f[RANK_COMMITTED_EPOCH], v, (double)r->epoch);
-            bw__metrics_emit(sink, m->f[RANK_COMMITTED_STEP], v, (double)r->step);
-            bw__metrics_emit(sink, m->f[RANK_COMMIT_AGE], v,
-                             unix_ms > r->committed_unix_ms
-                                 ? (double)(unix_ms - r->committed_unix_ms) / 1000.0
-                                 : 0.0);
+        j->held += live;
+        j->expired += r->leased && !live;
+        const bw_rank_live *l = &r->live; /* what the current holder reported (jobs_live.c) */
+        rank_row row = {sn->nj,
+                        k,
+                        r->leased && bw__lease_eq(l->lease, r->lease) && l->rate.at_ms,
+                        r->committed,
+                        l->epoch,
+                        l->step,
+                        l->rate.total[0],
+                        l->rate.per_s[0],
+                        r->epoch,
+                        r->step,
+                        unix_ms > r->committed_unix_ms
+                            ? (double)(unix_ms - r->committed_unix_ms) / 1000.0
+                            : 0.0};
+        if ((row.reported || row.committed) && !add_rank(sn, &row)) {
+            free(j->name);
+            return false;
         }
     }
-    bw__metrics_emit(sink, m->f[RANKS], (const char *[]){name, "held"}, (double)held);
-    bw__metrics_emit(sink, m->f[RANKS], (const char *[]){name, "expired"}, (double)expired);
-    bw__metrics_emit(sink, m->f[RANKS], (const char *[]){name, "free"},
-                     (double)(job->world_size - held - expired));
+    sn->nj++;
+    return true;
+}
+
+/* The jobs' state into sn. False when out of memory (sn holds what was copied). */
+static bool copy_jobs(bw_jobs *s, snapshot *sn)
+{
+    uint64_t mono_ms = bw__mono_ms(), unix_ms = bw__unix_ms();
+    bool ok = true;
+    pthread_mutex_lock(&s->mu);
+    sn->njobs = s->njobs;
+    sn->commits = s->commits;
+    sn->takeovers_expired = s->takeovers_expired;
+    sn->takeovers_reclaimed = s->takeovers_reclaimed;
+    sn->jobs = calloc(s->njobs + 1, sizeof(*sn->jobs));
+    ok = sn->jobs != NULL;
+    for (size_t i = 0; ok && i < s->njobs; i++)
+        ok = copy_job(sn, s, s->jobs[i], mono_ms, unix_ms);
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+static void emit_jobs(bw__cm *m, bw_metrics_sink *sink, const snapshot *sn)
+{
+    bw__metrics_emit(sink, m->f[JOBS], NULL, (double)sn->njobs);
+    bw__metrics_emit(sink, m->f[COMMITS], NULL, (double)sn->commits);
+    bw__metrics_emit(sink, m->f[TAKEOVERS], (const char *[]){"expired"},
+                     (double)sn->takeovers_expired);
+    bw__metrics_emit(sink, m->f[TAKEOVERS], (const char *[]){"reclaimed"},
+                     (double)sn->takeovers_reclaimed);
+    for (size_t i = 0; i < sn->nj; i++) {
+        const job_row *j = &sn->jobs[i];
+        bw__metrics_emit(sink, m->f[WORLD_SIZE], (const char *[]){j->name}, j->world);
+        bw__metrics_emit(sink, m->f[RANKS], (const char *[]){j->name, "held"}, j->held);
+        bw__metrics_emit(sink, m->f[RANKS], (const char *[]){j->name, "expired"}, j->expired);
+        bw__metrics_emit(sink, m->f[RANKS], (const char *[]){j->name, "free"},
+                         j->world - j->held - j->expired);
+    }
+    for (size_t i = 0; i < sn->nr; i++) {
+        const rank_row *r = &sn->ranks[i];
+        char rank[16];
+        snprintf(rank, sizeof(rank), "%" PRIu32, r->rank);
+        const char *v[] = {sn->jobs[r->job].name, rank};
+        if (r->reported) {
+            bw__metrics_emit(sink, m->f[RANK_EPOCH], v, (double)r->epoch);
+            bw__metrics_emit(sink, m->f[RANK_STEP], v, (double)r->step);
+            bw__metrics_emit(sink, m->f[RANK_BATCHES], v, (double)r->batches);
+            bw__metrics_emit(sink, m->f[RANK_RATE], v, r->per_s);
+        }
+        if (r->committed) {
+            bw__metrics_emit(sink, m->f[RANK_COMMITTED_EPOCH], v, (double)r->committed_epoch);
+            bw__metrics_emit(sink, m->f[RANK_COMMITTED_STEP], v, (double)r->committed_step);
+            bw__metrics_emit(sink, m->f[RANK_COMMIT_AGE], v, r->commit_age_s);
+        }
+    }
 }
 
 static void collect(void *user, bw_metrics_sink *sink)
@@ -163,17 +258,18 @@ static void collect(void *user, bw_metrics_sink *sink)
     bw_jobs *s = m->c->jobs;
     bw__metrics_emit(sink, m->f[JOURNAL_BYTES], NULL,
                      (double)bw__journal_bytes_since_snapshot(bw__jobs_journal(s)));
-    uint64_t mono_ms = bw__mono_ms(), unix_ms = bw__unix_ms();
-    pthread_mutex_lock(&s->mu);
-    bw__metrics_emit(sink, m->f[JOBS], NULL, (double)s->njobs);
-    bw__metrics_emit(sink, m->f[COMMITS], NULL, (double)s->commits);
-    bw__metrics_emit(sink, m->f[TAKEOVERS], (const char *[]){"expired"},
-                     (double)s->takeovers_expired);
-    bw__metrics_emit(sink, m->f[TAKEOVERS], (const char *[]){"reclaimed"},
-                     (double)s->takeovers_reclaimed);
-    for (size_t i = 0; i < s->njobs; i++)
-        collect_job(m, sink, s, s->jobs[i], mono_ms, unix_ms);
-    pthread_mutex_unlock(&s->mu);
+    snapshot sn;
+    memset(&sn, 0, sizeof(sn));
+    if (copy_jobs(s, &sn))
+        emit_jobs(m, sink, &sn);
+    else /* a scrape without the jobs' series; the next one tries again */
+        BW_WARN("metrics: out of memory copying %llu jobs for a scrape: their series are left "
+                "out of this one",
+                (unsigned long long)sn.njobs);
+    for (size_t i = 0; i < sn.nj; i++)
+        free(sn.jobs[i].name);
+    free(sn.jobs);
+    free(sn.ranks);
 }
 
 bw__cm *bw__cm_new(bw_metrics *reg, bw_coordinator *c, int *rc)
