@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "formats/field_table.h"
 #include "placement/placement.h"
 #include "worker.h"
 
@@ -18,6 +19,7 @@ struct bw__rp {
     bw__wm_served served;                /* bw__rp_meter */
     uint64_t unmetered, unmetered_bytes; /* served, not yet added to `served` */
     bool stream, locate_only, at_end;
+    bool field_table; /* tar samples start with their field table (field_table.h) */
     /* ReadSamples */
     const uint64_t *indices;
     size_t n;
@@ -223,6 +225,11 @@ int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
         atomic_fetch_add(&rp->stats->records_read, 1);
         atomic_fetch_add(&rp->stats->record_bytes_read, out->rec.size);
     }
+    if (rp->field_table && (rc = bw__field_table_prepend(&out->rec, why, sizeof(why))) != BW_OK) {
+        snprintf(err, errlen, "%s: %s", rp->stream ? "ReadStream" : "ReadSamples", why);
+        bw__record_release(&out->rec);
+        return rc;
+    }
     rp->unmetered_bytes += out->rec.size;
     if (++rp->unmetered >= METER_EVERY)
         meter(rp);
@@ -314,6 +321,7 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
     if (!rp)
         return no_memory("ReadSamples", err, errlen);
     rp->spec = r->dataset;
+    rp->field_table = r->field_table;
     const bw__dataset *d = rp->d;
     for (size_t i = 0; i < r->n_indices && rc == BW_OK; i++)
         if (r->indices[i] >= d->length) {
@@ -358,6 +366,7 @@ static int open_stream(bw_worker *w, const char *peer, const Batchwire__V1__Read
     bw__dataset *d = rp->d;
     const Batchwire__V1__Routing *rt = r->routing;
     rp->locate_only = r->locate_only;
+    rp->field_table = r->field_table;
     if (!d->ops->next) {
         snprintf(err, errlen, "ReadStream: format %s is not a stream: use ReadSamples",
                  d->ops->name);

@@ -34,6 +34,7 @@ void bw__batch_free(bw_batch *b)
     bw__gpu_host_free(b->data, b->pinned);
     bw__gpu_free(b->gpu, b->dev);
     bw__gpu_stream_free(b->gpu);
+    bw__batch_fields_free(b);
     memset(b, 0, sizeof(*b));
 }
 

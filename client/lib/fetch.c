@@ -542,6 +542,7 @@ static int samples_message(void *kctx, bw__fetch_item *const *items, size_t n,
     req->routing = rt;
     req->fingerprint = (char *)ctx->fingerprint;
     req->max_message_bytes = ctx->max_message_bytes;
+    req->field_table = ctx->field_table;
     *out = &req->base;
     return BW_OK;
 }

@@ -76,6 +76,7 @@ typedef struct bw__fetch_ctx {
      * of timeout_ms, at least 1000. */
     int attempt_ms;
     bw__fetch_stats *stats; /* counted into when not NULL */
+    bool field_table;       /* tar: ask for each sample's field table (formats/field_table.h) */
 } bw__fetch_ctx;
 
 /*

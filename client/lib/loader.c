@@ -40,7 +40,8 @@ struct bw_loader {
     /* A share of the rank (bw_loader_options.share_index/share_count): steps first + index,
      * + stride, ...; slot of step s: (s / stride) % nslots. Else index 0, stride 1. */
     uint32_t share_index, stride;
-    bool claimed;   /* this loader holds the rank's lease (not a share other than 0) */
+    bool claimed;                /* this loader holds the rank's lease (not a share other than 0) */
+    enum bw__fields_kind fields; /* bw_batch_fields: how samples' fields are found */
     uint64_t after; /* the cursor's step: one past the batch handed out last, or the start */
     size_t nslots;
     bw_batch *slots;
@@ -98,8 +99,9 @@ static int fetch(bw_loader *l, bw_batch *b)
     int rc = bw__session_lease_check(&l->session, b->err, sizeof(b->err));
     if (rc != BW_OK)
         return b->rc = rc; /* fenced: no more reads for a rank another process holds */
-    return l->stream ? bw__stream_fetch_batch(&l->fctx, l->stream, l->plan, b)
-                     : bw__fetch_batch(&l->fctx, b);
+    rc = l->stream ? bw__stream_fetch_batch(&l->fctx, l->stream, l->plan, b)
+                   : bw__fetch_batch(&l->fctx, b);
+    return rc == BW_OK ? bw__batch_split_fields(b, l->fields) : rc;
 }
 
 static void *fetch_thread(void *arg)
@@ -230,6 +232,8 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     int rc = bw__loader_parse_options(o, &l->jr, &rank, &world, err, errlen);
     if (rc == BW_OK)
         rc = bw__loader_transport(o, &l->data_channel, err, errlen);
+    if (rc == BW_OK)
+        rc = bw__fields_kind_of(l->jr.format, o->fields != 0, &l->fields, err, errlen);
     /* A malformed cursor or an unusable device is refused before anything is claimed. */
     if (rc == BW_OK && o->device >= 0 &&
         (rc = bw__gpu_check(o->device, l->err, sizeof(l->err))) != BW_OK)
@@ -275,6 +279,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->fctx.max_sample_bytes = job->dataset->total_bytes;
     l->fctx.max_message_bytes = 4u << 20;
     l->fctx.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
+    l->fctx.field_table = l->fields == BW_FIELDS_TABLE;
 
     /* Start where the caller's cursor says, else at the position the options give, else
      * where the coordinator says this rank resumes (its committed cursor, an elastic resume

@@ -102,6 +102,12 @@ typedef struct bw__session {
      * set once, by the heartbeat thread; lost_err (under mu) says who holds it now. */
     atomic_bool lease_lost;
     char lost_err[BW_LOADER_ERRLEN];
+    /* The lease's length, and when a heartbeat last succeeded (monotonic ms): a loader that has
+     * not heard from the coordinator for longer than the lease (paused, cut off) confirms its
+     * lease before handing out another batch (bw__session_lease_check). */
+    uint32_t lease_ms;
+    atomic_uint_fast64_t hb_ok_ms, confirm_ms;
+    pthread_mutex_t confirm_mu; /* one confirmation at a time; the others wait for it */
 } bw__session;
 
 /* How a loader joins its job. */
@@ -165,6 +171,14 @@ struct bw_batch {
     uint64_t shape[BW_LOADER_MAX_NDIM];
     int rc; /* fetch result */
     char err[BW_LOADER_ERRLEN];
+    /* bw_batch_fields (fields.c), with bw_loader_options.fields: sample i's fields are
+     * fields[field_first[i] .. field_first[i + 1]); names point into field_names. */
+    bool has_fields;
+    bw_field *fields;
+    size_t *field_first;
+    size_t nfields, capfields;
+    char *field_names;
+    size_t names_len, names_cap;
 };
 
 /* Sizes the per-sample arrays for up to max_count samples; with data_bytes > 0 and
@@ -175,6 +189,21 @@ void bw__batch_free(bw_batch *b);
 int bw__batch_reserve(bw_batch *b, size_t nbytes);
 /* Copies the batch's data to its device (when it has one). */
 int bw__batch_to_device(bw_batch *b);
+
+/* ---- fields.c: the fields of tar and JSON Lines samples (bw_batch_fields) ---- */
+
+enum bw__fields_kind { BW_FIELDS_NONE, BW_FIELDS_TABLE, BW_FIELDS_JSON };
+
+/* The fields kind of a dataset format when `wanted`: tar samples come with field tables,
+ * JSON Lines samples are scanned; BW_INVALID_ARGUMENT for a format without fields. */
+int bw__fields_kind_of(const char *format, bool wanted, enum bw__fields_kind *kind, char *err,
+                       size_t errlen);
+/* After a fetch: records every sample's fields -- for tables, strips each sample's table
+ * from the batch's bytes. BW_CORRUPT (with b->err) for a malformed table or a JSON Lines
+ * sample that is not an object. */
+int bw__batch_split_fields(bw_batch *b, enum bw__fields_kind kind);
+/* Frees the field arrays. */
+void bw__batch_fields_free(bw_batch *b);
 
 /* ---- hold.c: batch bytes kept past the loader's next batch (bw_loader_hold) ---- */
 

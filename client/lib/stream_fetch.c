@@ -155,6 +155,7 @@ static int stream_message(void *kctx, bw__fetch_item *const *items, size_t n,
     req->routing = rt;
     req->fingerprint = (char *)k->ctx->fingerprint;
     req->max_message_bytes = k->ctx->max_message_bytes;
+    req->field_table = k->ctx->field_table && !req->locate_only;
     *out = &req->base;
     return BW_OK;
 }

@@ -62,8 +62,8 @@ enum { BW_FMT_MAX_FIELDS = 64, BW_FMT_MAX_DIMS = 32, BW_FMT_END = 1 };
  * the source's life). */
 typedef struct bw__record {
     size_t nparts;
-    bw__span parts[BW_FMT_MAX_FIELDS];
-    uint64_t size; /* sum of the parts' lengths */
+    bw__span parts[BW_FMT_MAX_FIELDS + 1]; /* + 1: a field table in front (field_table.h) */
+    uint64_t size;                         /* sum of the parts' lengths */
     bw__mapping *owner;
     bool owner_is_own; /* files: owner was created for this record; release it */
     /* tar: the sample key and each field's name, NUL-terminated, at these offsets of text */

@@ -120,6 +120,10 @@ typedef struct bw_loader_options {
      * read without claiming it and cannot commit. Default: share 0 of 1 (every step). */
     uint32_t share_index;
     uint32_t share_count;
+
+    /* Samples as named fields (bw_batch_fields): tar (WebDataset) samples' members, JSON
+     * Lines samples' top-level keys. Refused for other formats. Default 0. */
+    int fields;
 } bw_loader_options;
 
 /* Fills `o` with the defaults above. */
@@ -290,6 +294,22 @@ BW_EXTERN int bw_loader_to_device(bw_loader *l, const bw_batch *b, int device, v
 
 /* Sample i's bytes (host memory) and size. */
 BW_EXTERN int bw_batch_sample(const bw_batch *b, size_t i, const void **data, size_t *size);
+
+/* A named part of a sample (bw_batch_fields). */
+typedef struct bw_field {
+    const char *name; /* NUL-terminated; tar: the member's extension ("jpg", "seg.png");
+                       * JSON Lines: the key as written between its quotes (escapes kept) */
+    size_t offset;    /* from the start of the sample's bytes (bw_batch_sample) */
+    size_t size;      /* tar: the member's bytes; JSON Lines: the value's JSON text */
+} bw_field;
+
+/*
+ * Sample i's fields, for a loader opened with `fields`: *fields points at *n of them, in the
+ * order of the archive or the line (borrowed from the batch: valid as bw_batch_sample's bytes).
+ * The sample's bytes are the fields' bytes (tar: concatenated; JSON Lines: the line itself).
+ * BW_FAILED_PRECONDITION without `fields`, BW_OUT_OF_RANGE for i.
+ */
+BW_EXTERN int bw_batch_fields(const bw_batch *b, size_t i, const bw_field **fields, size_t *n);
 
 /* ---- keeping a batch's bytes past the next batch ---- */
 

@@ -60,7 +60,14 @@ class Options(ctypes.Structure):
         ("start_step", c_uint64),
         ("share_index", ctypes.c_uint32),
         ("share_count", ctypes.c_uint32),
+        ("fields", c_int),
     ]
+
+
+class Field(ctypes.Structure):
+    """bw_field (include/batchwire/loader.h)."""
+
+    _fields_ = [("name", c_char_p), ("offset", c_size_t), ("size", c_size_t)]
 
 
 class Stats(ctypes.Structure):
@@ -160,6 +167,8 @@ def _declare(lib):
                                            c_size_t]),
         "bw_job_checkpoint": (c_int, [P, ctypes.c_char_p, c_size_t, ctypes.c_char_p, c_size_t]),
         "bw_loader_hold": (c_int, [P, P, ctypes.POINTER(P)]),
+        "bw_batch_fields": (c_int, [P, c_size_t, ctypes.POINTER(ctypes.POINTER(Field)),
+                                    ctypes.POINTER(c_size_t)]),
         "bw_hold_data": (c_void_p, [P]),
         "bw_hold_nbytes": (c_size_t, [P]),
         "bw_hold_release": (None, [P]),

@@ -1,6 +1,7 @@
 """The Loader and its batches: libbatchwire's bw_loader through ctypes."""
 
 import ctypes
+import json
 import os
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -152,6 +153,46 @@ class Batch:
             return self.samples()
         arr = np.frombuffer(self._host_buffer(), dtype=self.dtype)
         return arr.reshape(self.shape)
+
+    def fields(self, keys=None) -> List[Dict[str, Any]]:
+        """Each sample as a dict of its fields (a loader with fields, the default for tar and
+        jsonl datasets): tar (WebDataset) members by extension ({"jpg": b"...", "cls":
+        b"3"}), bytes; JSON Lines top-level keys, decoded values. `keys` keeps only those
+        (only they are copied or decoded); a sample without one of them raises
+        NotFoundError."""
+        self._check()
+        L = _lib.lib()
+        want = None if keys is None else list(keys)
+        jsonl = self._loader._format == "jsonl"
+        f = ctypes.POINTER(_lib.Field)()
+        n = ctypes.c_size_t()
+        p = ctypes.c_void_p()
+        size = ctypes.c_size_t()
+        out = []
+        for i in range(self.count):
+            rc = L.bw_batch_fields(self._ptr, i, ctypes.byref(f), ctypes.byref(n))
+            if rc != _BW_OK:
+                if rc == -13:  # BW_FAILED_PRECONDITION
+                    raise errors.FailedPreconditionError(
+                        "fields(): the loader was opened with fields=False (or the dataset's "
+                        "format has no fields)")
+                raise _lib.error(rc, "fields of sample %d of the batch of step %d" %
+                                 (i, self.step))
+            L.bw_batch_sample(self._ptr, i, ctypes.byref(p), ctypes.byref(size))
+            spans = {f[j].name.decode("utf-8", "replace"): (f[j].offset, f[j].size)
+                     for j in range(n.value)}
+            names = spans if want is None else want
+            d = {}
+            for k in names:
+                if k not in spans:
+                    raise errors.NotFoundError(
+                        "sample %d (index %d) has no field %r; it has %s" %
+                        (i, int(self.indices[i]), k, sorted(spans)))
+                off, sz = spans[k]
+                raw = ctypes.string_at(p.value + off, sz) if sz else b""
+                d[k] = json.loads(raw) if jsonl else raw
+            out.append(d)
+        return out
 
     def samples(self) -> List[bytes]:
         """Every sample's bytes (copies), in batch order."""
@@ -311,6 +352,8 @@ class Loader:
     start         (epoch, step) to start at when no cursor is given
     share         (index, count): read one share of the rank's batches from one of `count`
                   processes (batchwire.torch's DataLoader workers); see python/README.md
+    fields        samples as named fields (Batch.fields): tar (WebDataset) members, JSON Lines
+                  keys; None (default): on for tar and jsonl datasets
     tls_ca, tls_cert, tls_key, tls_server_name   TLS to the coordinator and workers
     transport     "auto" (default, or $BATCHWIRE_TRANSPORT): the workers' data channel where
                   offered (TLS with the tls_* settings), else gRPC; "grpc": always gRPC
@@ -331,7 +374,7 @@ class Loader:
                  timeout=10.0, device=None, tls_ca=None, tls_cert=None, tls_key=None,
                  tls_server_name=None, transport=None, retry=60.0, reuse_buffers=False,
                  allow_uneven=False, dispatch_batches=False, pad_single_process=False,
-                 elastic=False, start=None, share=None):
+                 elastic=False, start=None, share=None, fields=None):
         self._handle = None
         self._gen = 0
         self._reuse_buffers = bool(reuse_buffers)
@@ -389,6 +432,12 @@ class Loader:
         o.allow_uneven = 1 if allow_uneven else 0
         o.dispatch_batches = 1 if dispatch_batches else 0
         o.pad_single_process = 1 if pad_single_process else 0
+        fmt = str(dataset).split(":", 2)
+        fmt = fmt[1] if fmt[0] == "pre_sharded" and len(fmt) > 1 else fmt[0]
+        if fields is None:
+            fields = fmt in ("tar", "jsonl")
+        o.fields = 1 if fields else 0
+        self._format = fmt
         if isinstance(resume, dict) and not elastic:
             sd = _state.check_state(resume, "resume")
             resume = sd.get("cursor")

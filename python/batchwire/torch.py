@@ -66,10 +66,14 @@ class BatchDataset(torch.utils.data.IterableDataset):
                     (transformed) samples; default torch's default_collate with a transform,
                     else the list as it is
     decode_threads  run transform in this many threads per process (order kept); 0: inline
+    keys            tar (WebDataset) and JSON Lines datasets: each sample is a dict of its
+                    fields (Batch.fields) -- True: all of them, a list: only those keys;
+                    None (default): the sample's bytes
     """
 
     def __init__(self, samples: bool = False, transform: Optional[Callable] = None,
-                 collate_fn: Optional[Callable] = None, decode_threads: int = 0, **loader_kw):
+                 collate_fn: Optional[Callable] = None, decode_threads: int = 0,
+                 keys=None, **loader_kw):
         super().__init__()
         bad = [k for k in _MANAGED if k in loader_kw]
         if bad:
@@ -84,6 +88,7 @@ class BatchDataset(torch.utils.data.IterableDataset):
         self.transform = transform
         self.collate_fn = collate_fn
         self.decode_threads = int(decode_threads)
+        self.keys = keys
         self.loader_kw = loader_kw
         self.epoch = 0
         self._resume = None  # a state_dict to start from (its epoch), or None
@@ -149,6 +154,8 @@ class BatchDataset(torch.utils.data.IterableDataset):
     def _sample_values(self, batch):
         if batch.shape is not None:
             return list(batch.torch())  # rows of the held batch tensor
+        if self.keys is not None:
+            return batch.fields(None if self.keys is True else self.keys)
         return batch.samples()
 
     def _decode(self, values, pool):
