@@ -182,9 +182,57 @@ static int coord_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMes
         if (tries == 1)
             BW_INFO("job=%s rank=%u the coordinator is unreachable; retrying retry_ms=%d err=%s",
                     s->job, s->rank, s->retry_ms, err);
-        bw__rpc_channel_wait(s->coord, (int)pause); /* returns early once reconnected */
+        /* Returns early once reconnected; a coordinator that answers UNAVAILABLE itself (its
+         * disk is full, it is shutting down) leaves the channel connected: then wait the whole
+         * pause, or this loop would spin. */
+        uint64_t w0 = bw__mono_ms();
+        if (bw__rpc_channel_wait(s->coord, (int)pause) && bw__mono_ms() - w0 < 2)
+            usleep((useconds_t)(pause * 1000));
         backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
     }
+}
+
+/* One lease heartbeat (with this rank's live counters). On BW_OK the placement version it
+ * announces is noted; on BW_LEASE_LOST the session is fenced. Any thread. */
+static int heartbeat_once(bw__session *s, int timeout_ms, char *err, size_t errlen)
+{
+    Batchwire__V1__LeaseHeartbeatRequest req = BATCHWIRE__V1__LEASE_HEARTBEAT_REQUEST__INIT;
+    req.job = s->job;
+    req.rank = s->rank;
+    req.lease_id = s->lease_id;
+    req.lease_id_hi = s->lease_id_hi;
+    Batchwire__V1__RankLive live = BATCHWIRE__V1__RANK_LIVE__INIT;
+    live.epoch = atomic_load(&s->live.epoch);
+    live.step = atomic_load(&s->live.step);
+    live.epoch_steps = atomic_load(&s->live.epoch_steps);
+    live.batches = atomic_load(&s->live.batches);
+    live.samples = atomic_load(&s->live.samples);
+    live.bytes = atomic_load(&s->live.bytes);
+    live.wait_ms = atomic_load(&s->live.wait_ns) / 1000000;
+    req.live = &live;
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    ProtobufCMessage *resp = NULL;
+    int rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), &req.base, &a, &resp,
+                          timeout_ms, err, errlen);
+    if (rc == BW_OK) {
+        const Batchwire__V1__LeaseHeartbeatResponse *r = (const void *)resp;
+        uint64_t seen = atomic_load(&s->seen_version);
+        while (r->placement_version > seen &&
+               !atomic_compare_exchange_weak(&s->seen_version, &seen, r->placement_version))
+            ;
+        atomic_store(&s->hb_ok_ms, bw__mono_ms());
+    }
+    bw__arena_reset(&a);
+    if (rc == BW_LEASE_LOST && !atomic_load(&s->lease_lost)) {
+        /* Fenced: another process holds the rank now. Stop renewing; the loader stops. */
+        BW_ERROR("job=%s rank=%u lost its lease err=%s", s->job, s->rank, err);
+        pthread_mutex_lock(&s->mu);
+        snprintf(s->lost_err, sizeof(s->lost_err), "%s", err);
+        pthread_mutex_unlock(&s->mu);
+        atomic_store(&s->lease_lost, true);
+    }
+    return rc;
 }
 
 static void *lease_thread(void *arg)
@@ -199,41 +247,10 @@ static void *lease_thread(void *arg)
         if (s->stopping)
             break;
         pthread_mutex_unlock(&s->mu);
-        Batchwire__V1__LeaseHeartbeatRequest req = BATCHWIRE__V1__LEASE_HEARTBEAT_REQUEST__INIT;
-        req.job = s->job;
-        req.rank = s->rank;
-        req.lease_id = s->lease_id;
-        req.lease_id_hi = s->lease_id_hi;
-        Batchwire__V1__RankLive live = BATCHWIRE__V1__RANK_LIVE__INIT;
-        live.epoch = atomic_load(&s->live.epoch);
-        live.step = atomic_load(&s->live.step);
-        live.epoch_steps = atomic_load(&s->live.epoch_steps);
-        live.batches = atomic_load(&s->live.batches);
-        live.samples = atomic_load(&s->live.samples);
-        live.bytes = atomic_load(&s->live.bytes);
-        live.wait_ms = atomic_load(&s->live.wait_ns) / 1000000;
-        req.live = &live;
-        bw_arena a;
-        bw__arena_init(&a, 0);
-        ProtobufCMessage *resp = NULL;
-        int rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), &req.base, &a, &resp,
-                              s->timeout_ms, err, sizeof(err));
-        if (rc == BW_OK) {
-            const Batchwire__V1__LeaseHeartbeatResponse *r = (const void *)resp;
-            uint64_t seen = atomic_load(&s->seen_version);
-            while (r->placement_version > seen &&
-                   !atomic_compare_exchange_weak(&s->seen_version, &seen, r->placement_version))
-                ;
-        }
-        bw__arena_reset(&a);
+        int rc = heartbeat_once(s, s->timeout_ms, err, sizeof(err));
         pthread_mutex_lock(&s->mu);
-        if (rc == BW_LEASE_LOST) {
-            /* Fenced: another process holds the rank now. Stop renewing; the loader stops. */
-            BW_ERROR("job=%s rank=%u lost its lease err=%s", s->job, s->rank, err);
-            snprintf(s->lost_err, sizeof(s->lost_err), "%s", err);
-            atomic_store(&s->lease_lost, true);
+        if (rc == BW_LEASE_LOST)
             break;
-        }
         if (rc != BW_OK && strcmp(err, s->hb_err) != 0) {
             /* Keep going: prefetched batches carry the trainer while the coordinator is away. */
             BW_WARN("job=%s rank=%u lease heartbeat failed (will retry) err=%s", s->job, s->rank,
@@ -393,6 +410,7 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
 {
     memset(s, 0, sizeof(*s));
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->confirm_mu, NULL);
     bw__cond_init_mono(&s->cv);
     bw__arena_init(&s->job_arena, 0);
     s->rank = rank;
@@ -488,6 +506,8 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     s->lease_id = jresp->lease_id;
     s->lease_id_hi = jresp->lease_id_hi;
     s->heartbeat_ms = jresp->heartbeat_ms ? jresp->heartbeat_ms : 1000;
+    s->lease_ms = jresp->lease_ms;
+    atomic_store(&s->hb_ok_ms, bw__mono_ms());
     atomic_store(&s->seen_version, jresp->placement_version);
 
     bw__placement *p = bw__session_placement(s, true, err, errlen);
@@ -504,6 +524,29 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
 
 int bw__session_lease_check(bw__session *s, char *err, size_t errlen)
 {
+    /* Not heard from the coordinator for longer than the lease (this process was paused, or
+     * cut off): the rank may have been taken over meanwhile, so confirm before another batch
+     * is handed out (docs/client.md, "Fails over"). One caller confirms at a time, at most
+     * once per heartbeat interval; if the coordinator cannot be reached the loader goes on
+     * (the heartbeat thread keeps trying, and a commit is refused if the lease is gone). */
+    uint64_t ok = atomic_load(&s->hb_ok_ms);
+    if (!atomic_load(&s->lease_lost) && s->lease_ms && ok && bw__mono_ms() - ok > s->lease_ms) {
+        pthread_mutex_lock(&s->confirm_mu);
+        uint64_t now = bw__mono_ms();
+        ok = atomic_load(&s->hb_ok_ms); /* another caller may have confirmed meanwhile */
+        if (!atomic_load(&s->lease_lost) && now - ok > s->lease_ms &&
+            now - atomic_load(&s->confirm_ms) >= s->heartbeat_ms) {
+            atomic_store(&s->confirm_ms, now);
+            char why[BW_LOADER_ERRLEN];
+            int timeout = s->timeout_ms < 2000 ? s->timeout_ms : 2000;
+            if (heartbeat_once(s, timeout, why, sizeof(why)) != BW_OK &&
+                !atomic_load(&s->lease_lost))
+                BW_DEBUG("job=%s rank=%u could not confirm its lease after %llu ms without a "
+                         "heartbeat err=%s",
+                         s->job, s->rank, (unsigned long long)(now - ok), why);
+        }
+        pthread_mutex_unlock(&s->confirm_mu);
+    }
     if (!atomic_load(&s->lease_lost))
         return BW_OK;
     pthread_mutex_lock(&s->mu);
@@ -599,6 +642,7 @@ void bw__session_close(bw__session *s)
     free(s->token);
     free(s->job);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->confirm_mu);
     pthread_cond_destroy(&s->cv);
     memset(s, 0, sizeof(*s));
 }
