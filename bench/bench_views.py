@@ -11,7 +11,8 @@
   copy     the other way to be safe: reuse_buffers=True and `b.torch().clone()` per batch.
 
 Every variant reads one byte of every 4 KiB page of each batch (so a fresh buffer's page
-faults are paid). One rank, world size 1, shuffled, a uint8 .npy dataset per sample size.
+faults are paid). Also measured: the time of the batch.torch() call itself, with a hold
+(safe) and without (reuse), over 4096 small batches -- what safety adds per batch in Python. One rank, world size 1, shuffled, a uint8 .npy dataset per sample size.
 Medians of --repeat interleaved runs. Usage (after the README's build):
     /usr/bin/python3 bench/bench_views.py [--build build] [--repeat 5] [--mib 256]
 """
@@ -54,6 +55,20 @@ def run_epoch(batchwire, coord, job, dataset, batch, variant):
     return nbytes / MiB / (time.perf_counter() - t0)
 
 
+def torch_call_us(batchwire, coord, job, dataset, reuse):
+    """Mean time of batch.torch() in microseconds over one epoch."""
+    spent = n = 0
+    with batchwire.Loader(coordinator=coord, job=job, dataset=dataset, batch_size=16, rank=0,
+                          world_size=1, reuse_buffers=reuse, prefetch=8) as lo:
+        for b in lo:
+            t0 = time.perf_counter()
+            x = b.torch()
+            spent += time.perf_counter() - t0
+            n += 1
+        del x
+    return spent / n * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(SRC, "build"))
@@ -68,7 +83,7 @@ def main():
     import batchwire
     import torch  # noqa: F401  (imported before timing)
 
-    rows = []
+    rows, calls = [], {True: [], False: []}
     with tempfile.TemporaryDirectory(prefix="bench-views-") as tmp:
         root = os.path.join(tmp, "data")
         os.makedirs(root)
@@ -99,6 +114,15 @@ def main():
                 print("sample %d B, batch %d: %s" % (sample, batch, ", ".join(
                     "%s %.0f MiB/s" % (v, med[v]) for v in VARIANTS)), file=sys.stderr,
                     flush=True)
+            r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, "small"),
+                       "--num-samples", 4096 * 16, "--shape", "64", "--dtype", "uint8",
+                       timeout=600)
+            if r.returncode != 0:
+                raise RuntimeError(r.stderr)
+            for i in range(args.repeat):
+                for reuse in (True, False):
+                    calls[reuse].append(torch_call_us(batchwire, coord.addr, "call-%d-%d" % (
+                        i, reuse), "npy:small/part-00000.npy", reuse))
         finally:
             for w in workers:
                 w.stop()
@@ -111,6 +135,8 @@ def main():
             "%d KiB" % (sample // KiB) if sample < MiB else "%d MiB" % (sample // MiB), batch,
             nb, base, med["dropped"], med["dropped"] / base, med["kept"], med["kept"] / base,
             med["copy"], med["copy"] / base))
+    print("\nbatch.torch(): %.1f us with a hold (safe), %.1f us without (reuse_buffers=True)" % (
+        statistics.median(calls[False]), statistics.median(calls[True])))
 
 
 if __name__ == "__main__":
