@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/version.h"
 #include "../worker/metrics.c"
 
 enum { REQUESTS = 1000000, SAMPLES_PER_REQUEST = 64, SAMPLE_BYTES = 256 };
@@ -111,6 +112,8 @@ static const char *const RANK_NAMES[7] = {"bench_rank_epoch",
 
 int main(int argc, char **argv)
 {
+    if (bw__version_flag(argc, argv, "bench_metrics"))
+        return 0;
     int reps = 5, threads = 2;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--reps") == 0)
