@@ -184,8 +184,8 @@ static int load(const char *path, entry **out, size_t *nout, char *err, size_t e
     }
     struct stat st;
     if (fstat(fileno(f), &st) == 0 && (st.st_mode & 0077))
-        BW_WARN("auth: %s can be read by other users (mode %03o); it holds credentials: chmod "
-                "600 it",
+        BW_WARN("auth: the principals file can be read by other users; it holds credentials: "
+                "chmod 600 it file=%s mode=%03o",
                 path, (unsigned)(st.st_mode & 0777));
     entry *v = NULL;
     size_t n = 0, cap = 0;

@@ -97,9 +97,11 @@ void bw__daemon_auth_reload(bw_auth *auth)
     char err[512];
     size_t n = 0;
     if (bw__auth_reload(auth, &n, err, sizeof(err)) == BW_OK)
-        BW_INFO("received SIGHUP: reloaded --auth-tokens: %zu principal(s)", n);
+        BW_INFO("received SIGHUP: reloaded --auth-tokens principals=%zu", n);
     else
-        BW_WARN("received SIGHUP: %s; the principals loaded before stay in force", err);
+        BW_WARN("received SIGHUP: --auth-tokens refused; the principals loaded before stay in "
+                "force err=%s",
+                err);
 }
 
 void bw__daemon_auth_announce(const bw_daemon_common *c, const char *role, const bw_auth *auth)

@@ -201,8 +201,8 @@ static int authorize(bw_rpc_call *c, const char *token)
                             &c->principal, why, sizeof(why));
     if (rc == BW_OK)
         return BW_OK;
-    BW_WARN("%s: refused %s from %s: %s (%s)", c->srv->role, c->method->name, bw__rpc_call_peer(c),
-            why, bw_err_name(rc));
+    BW_WARN("request refused role=%s method=%s peer=%s code=%s err=%s", c->srv->role,
+            c->method->name, bw__rpc_call_peer(c), bw_err_name(rc), why);
     return bw__rpc_fail(c, rc, "%s: %s", c->method->name, why);
 }
 
