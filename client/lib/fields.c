@@ -222,7 +222,7 @@ int bw_batch_fields(const bw_batch *b, size_t i, const bw_field **fields, size_t
         return BW_FAILED_PRECONDITION;
     if (i >= b->count)
         return BW_OUT_OF_RANGE;
-    *fields = b->fields + b->field_first[i];
     *n = b->field_first[i + 1] - b->field_first[i];
+    *fields = *n ? b->fields + b->field_first[i] : NULL; /* none at all: no array */
     return BW_OK;
 }
