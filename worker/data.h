@@ -34,6 +34,8 @@ void bw__ds_cache_free(bw__ds_cache *c);
 int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **out, char *err,
                size_t errlen);
 bw__dataset *bw__ds_dataset(bw__wds *e);
+/* Why e was opened again ("source x.npy changed size from ..."), or "" when it was not. */
+const char *bw__ds_changed(const bw__wds *e);
 void bw__ds_put(bw__wds *e);
 /* A read found a file of e's dataset changed (bw__dataset_check): the next bw__ds_get for it
  * compares it with its files at once instead of within the second. Thread-safe. */

@@ -36,6 +36,7 @@ struct bw__wds {
     bw__wm *metrics;         /* the cache's */
     int rc;                  /* FAILED: the open's error, for the requests that waited for it */
     char err[1024];
+    char changed[512]; /* reopened because a source changed: which and how ("" otherwise) */
 };
 
 struct bw__ds_cache {
@@ -119,6 +120,11 @@ void bw__ds_stale(bw__wds *e)
 bw__dataset *bw__ds_dataset(bw__wds *e)
 {
     return e->d;
+}
+
+const char *bw__ds_changed(const bw__wds *e)
+{
+    return e->changed;
 }
 
 /* format NUL source NUL source NUL ...; NULL when out of memory. */
@@ -239,6 +245,7 @@ int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **ou
     uint64_t now = bw__mono_ms();
     pthread_mutex_lock(&c->mu);
     bw__wds *e;
+    char changed_why[512] = "";
     while ((e = find(c, key, keylen)) != NULL) {
         atomic_fetch_add(&e->refs, 1);
         while (e->state == OPENING)
@@ -257,13 +264,13 @@ int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **ou
         atomic_store(&e->stale, false);
         e->checked_ms = now;
         pthread_mutex_unlock(&c->mu);
-        bool changed = bw__dataset_changed(e->d);
+        bool changed = bw__dataset_changed(e->d, changed_why, sizeof(changed_why));
         pthread_mutex_lock(&c->mu);
         e->checking = false;
         if (!changed)
             break;
-        BW_INFO("a source changed on disk; reopening the dataset dataset=%s:%s", spec->format,
-                spec->n_sources ? spec->sources[0] : "");
+        BW_INFO("a source changed on disk; reopening the dataset dataset=%s:%s err=%s",
+                spec->format, spec->n_sources ? spec->sources[0] : "", changed_why);
         drop(c, e);
         bw__ds_put(e); /* requests still using it keep it until they finish */
     }
@@ -282,6 +289,7 @@ int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **ou
         return BW_NOMEM;
     }
     e->metrics = c->metrics;
+    snprintf(e->changed, sizeof(e->changed), "%s", changed_why);
     pthread_mutex_unlock(&c->mu);
 
     bw__dataset *d = NULL;

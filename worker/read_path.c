@@ -249,10 +249,11 @@ int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
         rc = bw__ds_index(e, why, sizeof(why));
     if (rc == BW_OK && fingerprint && fingerprint[0] &&
         strcmp(fingerprint, bw__ds_dataset(e)->fingerprint) != 0) {
+        const char *what = bw__ds_changed(e);
         snprintf(why, sizeof(why),
                  "dataset fingerprint is %s, the request expects %s: the files changed since the "
-                 "job described them",
-                 bw__ds_dataset(e)->fingerprint, fingerprint);
+                 "job described them%s%s",
+                 bw__ds_dataset(e)->fingerprint, fingerprint, what[0] ? ": " : "", what);
         rc = BW_MISMATCH;
     }
     if (rc != BW_OK) {

@@ -294,6 +294,7 @@ typedef struct verdict {
     bool no_wait;     /* retry at once (a transport changed) */
     uint32_t wait_ms; /* a busy worker's hint */
     char err[BW_XFER_ERRLEN];
+    char fatal_err[BW_XFER_ERRLEN]; /* the message of `fatal` (e.g. the changed file's name) */
 } verdict;
 
 static void judge(const bw__placement *p, fetch_req *r, bw__suspects *suspects, verdict *v)
@@ -328,8 +329,10 @@ static void judge(const bw__placement *p, fetch_req *r, bw__suspects *suspects, 
         return;
     }
     if (!retryable(rc)) {
-        if (!v->fatal)
+        if (!v->fatal) {
             v->fatal = rc;
+            snprintf(v->fatal_err, sizeof(v->fatal_err), "%s", r->res.err);
+        }
         return;
     }
     v->refresh = true;
@@ -425,7 +428,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
         bw__placement_put(p);
         if (v.fatal) {
             rc = v.fatal;
-            snprintf(err, errlen, "%s", last);
+            snprintf(err, errlen, "%s", v.fatal_err);
             break;
         }
         size_t before = remaining;

@@ -451,6 +451,8 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
         /* Try once more now (placement may have changed); keep the step on failure so the
          * caller can call again. */
         l->state[slot] = SLOT_FETCHING;
+        char first[sizeof(b->err)];
+        snprintf(first, sizeof(first), "%s", b->err);
         pthread_mutex_unlock(&l->mu);
         int rc = fetch(l, b);
         if (rc == BW_OK)
@@ -458,7 +460,12 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
         pthread_mutex_lock(&l->mu);
         l->state[slot] = SLOT_READY;
         if (rc != BW_OK) {
-            snprintf(l->err, sizeof(l->err), "%s", b->err);
+            /* Both failures: the first may name what the second cannot (a file that changed,
+             * then the dataset's new fingerprint). */
+            if (strcmp(first, b->err) != 0)
+                snprintf(l->err, sizeof(l->err), "%.600s (before that: %.380s)", b->err, first);
+            else
+                snprintf(l->err, sizeof(l->err), "%s", b->err);
             pthread_mutex_unlock(&l->mu);
             waited(l, t0);
             return rc;

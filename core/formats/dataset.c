@@ -426,19 +426,39 @@ int bw__dataset_next(bw__dataset *d, uint32_t src, uint64_t off, bw__record *r, 
     return s->ops->next(s, off, r, next, err, errlen);
 }
 
-bool bw__dataset_changed(const bw__dataset *d)
+bool bw__dataset_changed(const bw__dataset *d, char *why, size_t whylen)
 {
+    char none[8];
+    if (!why) {
+        why = none;
+        whylen = sizeof(none);
+    }
     for (size_t i = 0; i < d->nsources; i++) {
         const bw__source *s = d->sources[i];
         struct stat st;
-        if (stat(s->abspath, &st) != 0)
+        if (stat(s->abspath, &st) != 0) {
+            snprintf(why, whylen, "source %s is gone (%s)", s->path, strerror(errno));
             return true;
-        if (!s->ops->is_dir && ((uint64_t)st.st_size != s->size || mtime_ns(&st) != s->mtime_ns ||
-                                ctime_ns(&st) != s->ctime_ns || (uint64_t)st.st_dev != s->dev ||
-                                (uint64_t)st.st_ino != s->ino))
+        }
+        if (s->ops->is_dir)
+            continue;
+        if ((uint64_t)st.st_dev != s->dev || (uint64_t)st.st_ino != s->ino) {
+            snprintf(why, whylen, "source %s was replaced by another file", s->path);
             return true;
-        if (s->map && atomic_load(&s->map->faulted))
+        }
+        if ((uint64_t)st.st_size != s->size) {
+            snprintf(why, whylen, "source %s changed size from %llu to %llu bytes", s->path,
+                     (unsigned long long)s->size, (unsigned long long)st.st_size);
             return true;
+        }
+        if (mtime_ns(&st) != s->mtime_ns || ctime_ns(&st) != s->ctime_ns) {
+            snprintf(why, whylen, "source %s was modified (mtime or ctime changed)", s->path);
+            return true;
+        }
+        if (s->map && atomic_load(&s->map->faulted)) {
+            snprintf(why, whylen, "a read of source %s faulted (the file shrank)", s->path);
+            return true;
+        }
     }
     return false;
 }

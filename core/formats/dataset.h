@@ -63,8 +63,9 @@ int bw__dataset_locate(bw__dataset *d, uint32_t src, uint64_t rec, uint64_t *off
                        size_t errlen);
 
 /* True when a source's path now names another file or a changed one (device, inode, size,
- * mtime or ctime differ from what was opened, or it is gone), or a read of it faulted. */
-bool bw__dataset_changed(const bw__dataset *d);
+ * mtime or ctime differ from what was opened, or it is gone), or a read of it faulted. `why`
+ * (may be NULL) then names the first such source and what changed. */
+bool bw__dataset_changed(const bw__dataset *d, char *why, size_t whylen);
 
 /* Whether source src is still the file opened (bw__source_check): BW_OK, or
  * BW_FAILED_PRECONDITION with a sentence naming the file. Thread-safe; one fstat. */

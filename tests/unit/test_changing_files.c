@@ -44,7 +44,7 @@ static bw__dataset *open_text(void)
     assert_int_equal(bw__dataset_index(d, err, sizeof(err)), BW_OK);
     assert_int_equal(d->length, LINES);
     assert_int_equal(bw__dataset_check(d, 0, err, sizeof(err)), BW_OK);
-    assert_false(bw__dataset_changed(d));
+    assert_false(bw__dataset_changed(d, NULL, 0));
     return d;
 }
 
@@ -61,7 +61,7 @@ static void expect_changed(bw__dataset *d, const char *needle)
     assert_int_equal(bw__dataset_check(d, 0, err, sizeof(err)), BW_FAILED_PRECONDITION);
     if (!strstr(err, "t.txt changed on disk") || !strstr(err, needle))
         fail_msg("check said: %s (wanted '%s')", err, needle);
-    assert_true(bw__dataset_changed(d));
+    assert_true(bw__dataset_changed(d, NULL, 0));
 }
 
 static void truncated_reads_zeros_not_sigbus(void **state)

@@ -351,7 +351,7 @@ static void test_dataset(void **state)
     }
     bw__record r;
     assert_int_equal(bw__dataset_get(d, 5, &r, err, sizeof(err)), BW_OUT_OF_RANGE);
-    assert_false(bw__dataset_changed(d));
+    assert_false(bw__dataset_changed(d, NULL, 0));
     char fp[33];
     memcpy(fp, d->fingerprint, sizeof(fp));
     bw__dataset_free(d);
