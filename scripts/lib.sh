@@ -14,10 +14,13 @@ BW_DEMO_PACKAGES=(python3 python3-numpy)
 # sampler and binding tests compare with; iproute2's ss shows which worker served a batch;
 # prometheus brings promtool, which lints every /metrics scrape the tests take (the package
 # also installs Prometheus's server, which the tests do not use); python3-venv, -setuptools,
-# -wheel and -pip install the Python package offline into a venv (test_pip_install.py).
+# -wheel and -pip install the Python package offline into a venv (test_pip_install.py);
+# slurmctld, slurmd, slurm-client and munge run a real single-node Slurm for the launcher's
+# test (tests/slurm/).
 BW_TEST_PACKAGES=(python3 python3-grpcio python3-protobuf protobuf-compiler python3-numpy
     python3-yaml python3-torch clang-format iproute2 procps nftables iptables prometheus
-    python3-venv python3-setuptools python3-wheel python3-pip)
+    python3-venv python3-setuptools python3-wheel python3-pip slurmctld slurmd slurm-client
+    munge)
 
 bw_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
