@@ -21,7 +21,7 @@ import threading
 import time
 
 import bwtest as bt
-from test_python_binding import maybe_reexec_under_asan
+from bwpy import maybe_reexec_under_asan
 
 N, B, SEED = 600, 4, 11
 RESTARTS = int(os.environ.get("BW_COMMIT_RESTARTS", "20"))
