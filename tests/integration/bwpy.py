@@ -127,3 +127,35 @@ def npy_cluster(tmpdir, n, shape=(3, 5), nworkers=2):
     arr = gen_npy(root, "ds", n, shape)
     coord, _ = cluster(tmpdir, root, nworkers)
     return batchwire, root, arr, coord
+
+
+def gen(root, fmt, name, n, lo, hi, files=1):
+    """`batchwire gen` a dataset of n samples of lo..hi bytes in `files` files under
+    root/name."""
+    r = bt.cli("gen", "--format", fmt, "--out", os.path.join(root, name), "--num-samples", n,
+               "--files", files, "--sample-bytes", lo, "--sample-bytes-max", hi, timeout=60)
+    bt.check(r.returncode == 0, "gen a %s dataset of %d samples in %d file(s)" % (fmt, n, files),
+             r.stderr)
+
+
+def in_threads(fn, items, timeout=120):
+    """fn(item) for every item, each in its own thread (ranks of one job); returns
+    {item: result}, or raises the first failure."""
+    import threading
+    results, failures = {}, []
+
+    def one(item):
+        try:
+            results[item] = fn(item)
+        except BaseException as e:  # raised in the caller's thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if failures:
+        raise failures[0]
+    bt.check(len(results) == len(items), "%d threads finished" % len(items))
+    return results

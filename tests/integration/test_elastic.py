@@ -22,7 +22,6 @@ A coordinator and two workers on loopback serve a float32 .npy dataset.
 import hashlib
 import json
 import os
-import threading
 
 import bwpy
 import bwtest as bt
@@ -117,28 +116,17 @@ def test(tmpdir):
     ck = batchwire.job_checkpoint(coordinator=coord.addr, job="el25")
     bt.check(ck["world_size"] == 2 and len(ck["cursors"]) == 2,
              "job_checkpoint(): the two ranks' committed cursors")
-    results, failures = {}, []
-
     def new_rank(rank):
-        try:
-            with batchwire.Loader(job="el25", rank=rank, world_size=5, elastic=True, resume=ck,
-                                  **opts) as lo:
-                steps = lo.epoch_steps()
-                got = [(b.step, b.indices.tolist(), b.padding.tolist(), b.numpy().tobytes())
-                       for b in lo]
-                lo.next_epoch()
-                second = [b.indices.tolist() for b in lo]
-                results[rank] = (steps, got, second)
-        except BaseException as e:
-            failures.append((rank, e))
+        with batchwire.Loader(job="el25", rank=rank, world_size=5, elastic=True, resume=ck,
+                              **opts) as lo:
+            steps = lo.epoch_steps()
+            got = [(b.step, b.indices.tolist(), b.padding.tolist(), b.numpy().tobytes())
+                   for b in lo]
+            lo.next_epoch()
+            return steps, got, [b.indices.tolist() for b in lo]
 
-    threads = [threading.Thread(target=new_rank, args=(r,)) for r in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    bt.check(not failures and len(results) == 5, "five Loader(elastic=True, resume=checkpoint) "
-             "ranks ran in threads", failures)
+    results = bwpy.in_threads(new_rank, range(5))
+    bt.ok("five Loader(elastic=True, resume=checkpoint) ranks ran in threads")
     plan = bwpy.plan(*plan_args("accelerate", 2, K, 5))
     for rank in range(5):
         steps, got, _ = results[rank]

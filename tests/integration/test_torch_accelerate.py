@@ -23,8 +23,6 @@ in threads of this process.
   dispatch_batches.
 """
 
-import threading
-
 import bwpy
 import bwtest as bt
 
@@ -34,25 +32,12 @@ SHAPE = (2,)
 
 def run_ranks(batchwire, world, **opts):
     """Every rank's epoch in threads: {rank: (epoch_steps, [(step, indices, padding, bytes)])}."""
-    out, failures = {}, []
-
     def one(rank):
-        try:
-            with batchwire.Loader(rank=rank, world_size=world, **opts) as lo:
-                steps = lo.epoch_steps()
-                out[rank] = (steps, [(b.step, b.indices.tolist(), b.padding.tolist(),
-                                      b.numpy().tobytes()) for b in lo])
-        except BaseException as e:
-            failures.append((rank, e))
+        with batchwire.Loader(rank=rank, world_size=world, **opts) as lo:
+            return lo.epoch_steps(), [(b.step, b.indices.tolist(), b.padding.tolist(),
+                                       b.numpy().tobytes()) for b in lo]
 
-    threads = [threading.Thread(target=one, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if failures:
-        raise failures[0][1]
-    return out
+    return bwpy.in_threads(one, range(world))
 
 
 def dispatcher(order, B, R, split, drop_last):

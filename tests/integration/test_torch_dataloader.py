@@ -40,9 +40,7 @@ def test(tmpdir):
     from torch.utils.data import DataLoader
     batchwire, root, arr, coord = bwpy.npy_cluster(tmpdir, N, SHAPE)
     import batchwire.torch as bwt
-    r = bt.cli("gen", "--format", "jsonl", "--out", os.path.join(root, "lines"), "--num-samples",
-               23, "--sample-bytes", 4, "--sample-bytes-max", 20, timeout=60)
-    bt.check(r.returncode == 0, "gen a JSON Lines dataset", r.stderr)
+    bwpy.gen(root, "jsonl", "lines", 23, 4, 20)
 
     def ds(job, rank, **kw):
         o = dict(coordinator=coord.addr, job=job, dataset=bwpy.NPY, batch_size=B, shuffle=True,

@@ -18,7 +18,6 @@ bytes the test computes itself (bwdata, independent of the C generator).
 * fields=True on an .npy dataset is refused, naming the formats that have fields.
 """
 
-import os
 
 import bwdata
 import bwpy
@@ -31,10 +30,7 @@ LO, HI = 5, 40
 def test(tmpdir):
     batchwire, root, _arr, coord = bwpy.npy_cluster(tmpdir, 8, (2,))
     for fmt, files in (("tar", 2), ("jsonl", 1)):
-        r = bt.cli("gen", "--format", fmt, "--out", os.path.join(root, fmt), "--num-samples", N,
-                   "--files", files, "--sample-bytes", LO, "--sample-bytes-max", HI, timeout=60)
-        bt.check(r.returncode == 0, "gen a %s dataset of %d samples in %d files"
-                 % (fmt, N, files), r.stderr)
+        bwpy.gen(root, fmt, fmt, N, LO, HI, files)
 
     def want_tar(i):
         data, fields = bwdata.expected_sample("tar", i, LO, HI)

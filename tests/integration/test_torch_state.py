@@ -35,9 +35,7 @@ SHAPE = (2, 3)
 def test(tmpdir):
     import torch
     batchwire, root, arr, coord = bwpy.npy_cluster(tmpdir, N, SHAPE)
-    r = bt.cli("gen", "--format", "jsonl", "--out", os.path.join(root, "lines"), "--num-samples",
-               90, "--files", 3, "--sample-bytes", 8, "--sample-bytes-max", 30, timeout=60)
-    bt.check(r.returncode == 0, "gen a JSON Lines stream of 3 files", r.stderr)
+    bwpy.gen(root, "jsonl", "lines", 90, 8, 30, files=3)
     rng = random.Random(5)
 
     def opts(job, rank, **kw):
