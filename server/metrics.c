@@ -35,6 +35,8 @@ enum {
     RANK_COMMITTED_EPOCH,
     RANK_COMMITTED_STEP,
     RANK_COMMIT_AGE,
+    PRINCIPAL_JOBS,
+    JOBS_LIMIT,
     NCOLLECTED
 };
 
@@ -86,6 +88,14 @@ static const bw_metric_def COLLECTED[NCOLLECTED] = {
                               "Seconds since the rank's last committed cursor was journaled "
                               "(wall clock)",
                               "job_name", "rank"),
+    [PRINCIPAL_JOBS] = GAUGE("batchwire_coordinator_principal_jobs",
+                             "Jobs each principal owns, against its quota (docs/security.md); "
+                             "principal \"\" holds the jobs made while the service was open",
+                             "principal"),
+    [JOBS_LIMIT] = GAUGE("batchwire_coordinator_jobs_limit",
+                         "The job quotas: global (--max-jobs) and per_principal "
+                         "(--max-jobs-per-principal, for trainer principals)",
+                         "quota"),
 };
 
 static const bw_metric_def FSYNC = {
@@ -100,9 +110,6 @@ static const bw_metric_def FSYNC = {
 static const bw_metric_def SYNCED =
     COUNTER("batchwire_coordinator_journal_synced_bytes_total",
             "Record bytes the journal made durable since the coordinator started", NULL);
-
-/* Quota use per principal (the jobs' owners against --max-jobs-per-principal) is to be
- * emitted here, from the jobs under the same lock, with a family in COLLECTED. */
 
 struct bw__cm {
     bw_coordinator *c;
@@ -122,6 +129,7 @@ static void on_sync(void *user, double seconds, uint64_t bytes)
  * (bench/bench_metrics.c), copying them a few milliseconds. */
 typedef struct job_row {
     char *name;
+    char *owner; /* the principal that created it (quota use) */
     uint32_t world, held, expired;
 } job_row;
 
@@ -137,6 +145,7 @@ typedef struct rank_row {
 
 typedef struct snapshot {
     uint64_t njobs, commits, takeovers_expired, takeovers_reclaimed;
+    uint32_t max_jobs, max_jobs_per_principal;
     job_row *jobs;
     size_t nj;
     rank_row *ranks;
@@ -165,6 +174,10 @@ static bool copy_job(snapshot *sn, const bw_jobs *s, const bw_job *job, uint64_t
     job_row *j = &sn->jobs[sn->nj];
     if (!(j->name = strdup(job->name)))
         return false;
+    if (!(j->owner = strdup(job->owner))) {
+        free(j->name);
+        return false;
+    }
     j->world = job->world_size;
     j->held = j->expired = 0;
     for (uint32_t k = 0; k < job->world_size; k++) {
@@ -188,6 +201,7 @@ static bool copy_job(snapshot *sn, const bw_jobs *s, const bw_job *job, uint64_t
                             : 0.0};
         if ((row.reported || row.committed) && !add_rank(sn, &row)) {
             free(j->name);
+            free(j->owner);
             return false;
         }
     }
@@ -205,12 +219,40 @@ static bool copy_jobs(bw_jobs *s, snapshot *sn)
     sn->commits = s->commits;
     sn->takeovers_expired = s->takeovers_expired;
     sn->takeovers_reclaimed = s->takeovers_reclaimed;
+    sn->max_jobs = s->opts.max_jobs;
+    sn->max_jobs_per_principal = s->opts.max_jobs_per_principal;
     sn->jobs = calloc(s->njobs + 1, sizeof(*sn->jobs));
     ok = sn->jobs != NULL;
     for (size_t i = 0; ok && i < s->njobs; i++)
         ok = copy_job(sn, s, s->jobs[i], mono_ms, unix_ms);
     pthread_mutex_unlock(&s->mu);
     return ok;
+}
+
+static int by_owner(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Jobs per owner: the job rows' owners sorted, counted in runs. */
+static void emit_quotas(bw__cm *m, bw_metrics_sink *sink, const snapshot *sn)
+{
+    bw__metrics_emit(sink, m->f[JOBS_LIMIT], (const char *[]){"global"}, sn->max_jobs);
+    bw__metrics_emit(sink, m->f[JOBS_LIMIT], (const char *[]){"per_principal"},
+                     sn->max_jobs_per_principal);
+    char **owners = malloc((sn->nj + 1) * sizeof(*owners));
+    if (!owners)
+        return; /* this scrape without them */
+    for (size_t i = 0; i < sn->nj; i++)
+        owners[i] = sn->jobs[i].owner;
+    qsort(owners, sn->nj, sizeof(*owners), by_owner);
+    for (size_t i = 0, run = 1; i < sn->nj; i++, run++) {
+        if (i + 1 < sn->nj && strcmp(owners[i], owners[i + 1]) == 0)
+            continue;
+        bw__metrics_emit(sink, m->f[PRINCIPAL_JOBS], (const char *[]){owners[i]}, (double)run);
+        run = 0;
+    }
+    free(owners);
 }
 
 static void emit_jobs(bw__cm *m, bw_metrics_sink *sink, const snapshot *sn)
@@ -260,14 +302,17 @@ static void collect(void *user, bw_metrics_sink *sink)
                      (double)bw__journal_bytes_since_snapshot(bw__jobs_journal(s)));
     snapshot sn;
     memset(&sn, 0, sizeof(sn));
-    if (copy_jobs(s, &sn))
+    if (copy_jobs(s, &sn)) {
         emit_jobs(m, sink, &sn);
-    else /* a scrape without the jobs' series; the next one tries again */
+        emit_quotas(m, sink, &sn);
+    } else /* a scrape without the jobs' series; the next one tries again */
         BW_WARN("metrics: out of memory copying %llu jobs for a scrape: their series are left "
                 "out of this one",
                 (unsigned long long)sn.njobs);
-    for (size_t i = 0; i < sn.nj; i++)
+    for (size_t i = 0; i < sn.nj; i++) {
         free(sn.jobs[i].name);
+        free(sn.jobs[i].owner);
+    }
     free(sn.jobs);
     free(sn.ranks);
 }

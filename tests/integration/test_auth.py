@@ -467,6 +467,21 @@ def quotas(tmp, coord):
     carol.close()
 
 
+def quota_metrics(coord):
+    bt.log("===== quota use in /metrics =====")
+    import re
+    import urllib.request
+    url = bt.poll(lambda: re.search(r"metrics on (http://\S+/metrics)",
+                                    open(coord.log_path).read()), 5, what="the metrics address")
+    text = urllib.request.urlopen(url.group(1), timeout=5).read().decode()
+    got = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^batchwire_coordinator_principal_jobs\{principal="([^"]*)"\} (\S+)$', text, re.M)}
+    bt.check(got.get("carol") == 4 and got.get("alice") == 4,
+             "batchwire_coordinator_principal_jobs shows each principal's jobs (4 each)", got)
+    bt.check(re.search(r'^batchwire_coordinator_jobs_limit\{quota="per_principal"\} 5$', text,
+                       re.M), "and the per-principal quota (5)")
+
+
 def rotation(tmp, coord):
     bt.log("===== rotating a token (SIGHUP) =====")
     path = coord.auth_path
@@ -541,7 +556,8 @@ def test(tmp):
     tokens = os.path.join(tmp, "tokens")
     write_tokens(tokens, TOKENS)
     coord = bt.coordinator(tmp, args=["--auth-tokens", tokens, "--max-jobs-per-principal", "5",
-                                      "--token-file", token_file(tmp, "coord")])
+                                      "--token-file", token_file(tmp, "coord"),
+                                      "--metrics-listen", "127.0.0.1:0"])
     coord.auth_path = tokens
     bt.check("auth: on" in open(coord.log_path).read(), "the coordinator says auth is on")
     data = os.path.join(tmp, "data")
@@ -563,6 +579,7 @@ def test(tmp):
     malformed(coord, worker, fp, lease)
     data_channel(tmp, coord, worker)
     quotas(tmp, coord)
+    quota_metrics(coord)
     rotation(tmp, coord)
 
     bt.log("===== afterwards =====")
