@@ -18,7 +18,6 @@ bytes the test computes itself (bwdata, independent of the C generator).
 * fields=True on an .npy dataset is refused, naming the formats that have fields.
 """
 
-
 import bwdata
 import bwpy
 import bwtest as bt

@@ -15,9 +15,6 @@ epoch (one rank).
   other batches' bytes (what safety prevents), so the check above can fail.
 """
 
-
-
-
 import bwpy
 import bwtest as bt
 
