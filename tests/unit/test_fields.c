@@ -21,11 +21,11 @@ static void make_record(bw__record *r, const char *key, const char *const *names
     bw__record_init(r);
     r->has_names = true;
     r->key = 0;
-    strcpy(r->text, key);
+    memcpy(r->text, key, strlen(key) + 1);
     r->textlen = (uint32_t)strlen(key) + 1;
     for (size_t i = 0; i < n; i++) {
         r->names[i] = r->textlen;
-        strcpy(r->text + r->textlen, names[i]);
+        memcpy(r->text + r->textlen, names[i], strlen(names[i]) + 1);
         r->textlen += (uint32_t)strlen(names[i]) + 1;
         r->parts[i].p = (const uint8_t *)datas[i];
         r->parts[i].len = strlen(datas[i]);
