@@ -355,6 +355,11 @@ class Loader:
     fields        samples as named fields (Batch.fields): tar (WebDataset) members, JSON Lines
                   keys; None (default): on for tar and jsonl datasets
     tls_ca, tls_cert, tls_key, tls_server_name   TLS to the coordinator and workers
+    token_file    a file whose first line is the bearer token for a service started with
+                  --auth-tokens (default: $BATCHWIRE_TOKEN_FILE; docs/security.md)
+    job_epochs    the job's total number of epochs, when known: a rank that delivered the
+                  last one says so when it closes, and once every rank has, the coordinator
+                  removes the job (its cursors stay valid); None: unknown
     transport     "auto" (default, or $BATCHWIRE_TRANSPORT): the workers' data channel where
                   offered (TLS with the tls_* settings), else gRPC; "grpc": always gRPC
     reuse_buffers False (default): a batch's views keep its bytes for as long as they live.
@@ -374,7 +379,8 @@ class Loader:
                  timeout=10.0, device=None, tls_ca=None, tls_cert=None, tls_key=None,
                  tls_server_name=None, transport=None, retry=60.0, reuse_buffers=False,
                  allow_uneven=False, dispatch_batches=False, pad_single_process=False,
-                 elastic=False, start=None, share=None, fields=None):
+                 elastic=False, start=None, share=None, fields=None, token_file=None,
+                 job_epochs=None):
         self._handle = None
         self._gen = 0
         self._reuse_buffers = bool(reuse_buffers)
@@ -408,6 +414,12 @@ class Loader:
         o.coordinator = s(coordinator)
         o.tls_ca, o.tls_cert, o.tls_key = s(tls_ca), s(tls_cert), s(tls_key)
         o.tls_server_name = s(tls_server_name)
+        o.token_file = s(token_file)
+        if job_epochs is not None:
+            if isinstance(job_epochs, bool) or int(job_epochs) < 1:
+                raise errors.InvalidArgumentError("job_epochs: %r is not a positive integer" %
+                                                  (job_epochs,))
+            o.epochs = int(job_epochs)
         o.job = s(job)
         o.dataset = s(dataset)
         o.rank = -1 if rank is None else int(rank)

@@ -20,6 +20,7 @@ import time
 
 import grpc
 
+import bwpy
 import bwtest as bt
 import jobs_rpc as jr
 
@@ -467,6 +468,28 @@ def quotas(tmp, coord):
     carol.close()
 
 
+def python_loader(tmp, coord):
+    bt.log("===== the Python loader with token_file= =====")
+    batchwire = bwpy.import_batchwire()
+    args = dict(coordinator=coord.addr, dataset="npy:d/*.npy", batch_size=8, rank=0,
+                world_size=1)
+    try:
+        batchwire.Loader(job="py-open", **args)
+    except batchwire.UnauthenticatedError as e:
+        bt.ok("without a token: UnauthenticatedError (%s)" % str(e)[:100])
+    else:
+        raise bt.TestFailure("a Loader without a token was let in")
+    loader = batchwire.Loader(job="py-auth", token_file=token_file(tmp, "alice"), job_epochs=1,
+                              **args)
+    n = sum(1 for _ in loader)
+    loader.close()
+    bt.check(n == 8, "token_file=: one epoch of 8 batches")
+    c = jr.Jobs(coord.addr, token=TOKENS["alice"][1])
+    e = c.expect_error("GetJob", pb.GetJobRequest(name="py-auth"))
+    bt.check(e.code == S.NOT_FOUND, "job_epochs=1: after its last epoch the job is removed")
+    c.close()
+
+
 def quota_metrics(coord):
     bt.log("===== quota use in /metrics =====")
     import re
@@ -578,6 +601,7 @@ def test(tmp):
     worker_ids(coord, worker)
     malformed(coord, worker, fp, lease)
     data_channel(tmp, coord, worker)
+    python_loader(tmp, coord)
     quotas(tmp, coord)
     quota_metrics(coord)
     rotation(tmp, coord)
@@ -601,4 +625,5 @@ def test(tmp):
 
 
 if __name__ == "__main__":
+    bwpy.maybe_reexec_under_asan()
     bt.main(test, timeout=240)
