@@ -21,6 +21,11 @@ BW_TEST_PACKAGES=(python3 python3-grpcio python3-protobuf protobuf-compiler pyth
     python3-yaml python3-torch clang-format iproute2 procps nftables iptables prometheus
     python3-venv python3-setuptools python3-wheel python3-pip slurmctld slurmd slurm-client
     munge)
+# test_k8s_manifests.py renders k8s/ with kubectl's kustomize and validates it with Node.js
+# (npm's kubernetes-models, tests/k8s/package.json): Debian's kubernetes-client, nodejs and
+# npm, unless a kubectl or an npm of another origin is installed (their files would clash).
+command -v kubectl >/dev/null 2>&1 || BW_TEST_PACKAGES+=(kubernetes-client)
+command -v npm >/dev/null 2>&1 || BW_TEST_PACKAGES+=(nodejs npm)
 
 bw_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -38,6 +43,15 @@ bw_install() {
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing[@]}"
+}
+
+# bw_npm_test_deps: the manifest test's npm packages into tests/k8s/node_modules, exactly as
+# tests/k8s/package-lock.json pins them (npm ci; again only when the lock file changes).
+bw_npm_test_deps() {
+    local dir=$BW_ROOT/tests/k8s
+    [ "$dir/node_modules/.package-lock.json" -nt "$dir/package-lock.json" ] && return 0
+    bw_log "installing the manifest test's npm packages into tests/k8s/node_modules"
+    npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error
 }
 
 # bw_build DIR [CMAKE_ARGS...]: configures (once) and builds into DIR.

@@ -44,7 +44,10 @@ def trainer_argv(tmpdir, name):
     flags = bwpy.sanitize_flags()
     if "address" in flags:  # the trainer loads an ASan libbatchwire into Python
         rt = bt.run(["gcc", "-print-file-name=libasan.so"]).stdout.strip()
-        argv = ["env", "LD_PRELOAD=" + rt, "ASAN_OPTIONS=detect_leaks=0"]
+        # libstdc++ too: ASan finds the C++ runtime's __cxa_throw when it starts, and torch's
+        # threads throw (at exit) although python itself does not link libstdc++.
+        cxx = bt.run(["gcc", "-print-file-name=libstdc++.so.6"]).stdout.strip()
+        argv = ["env", "LD_PRELOAD=%s %s" % (rt, cxx), "ASAN_OPTIONS=detect_leaks=0"]
     return argv + [
         "/usr/bin/python3", os.path.join(bt.SOURCE_DIR, "examples", "ddp_train.py"),
         "--dataset", "npy:regress/*.npy", "--epochs", EPOCHS, "--batch-size", BATCH,
