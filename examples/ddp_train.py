@@ -18,8 +18,8 @@ agree, with a checkpoint; the process then exits 0.
 
 Environment (set by slurm/batchwire.sbatch, torchrun or k8s/): RANK, WORLD_SIZE, LOCAL_RANK
 (else SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID), MASTER_ADDR, MASTER_PORT,
-BATCHWIRE_COORDINATOR, BATCHWIRE_TOKEN_FILE (with authentication), BATCHWIRE_RUN_DIR (the
-default checkpoint directory).
+BATCHWIRE_COORDINATOR, BATCHWIRE_TOKEN_FILE (with authentication), BATCHWIRE_TLS_CA (with
+TLS), BATCHWIRE_RUN_DIR (the default checkpoint directory).
 
     srun python3 examples/ddp_train.py --dataset npy:regress/*.npy --epochs 3
 """
@@ -77,7 +77,8 @@ def parse_args():
 
 def open_loader(args, rank, world_size, ckpt):
     opts = dict(job=args.job, dataset=args.dataset, batch_size=args.batch_size, shuffle=True,
-                seed=args.seed, rank=rank, world_size=world_size)
+                seed=args.seed, rank=rank, world_size=world_size,
+                tls_ca=os.environ.get("BATCHWIRE_TLS_CA"))  # None: plaintext
     if ckpt is None:
         opts["start"] = (0, 0)  # a new model starts the data from the beginning too
     elif ckpt["world_size"] == world_size:
