@@ -18,7 +18,12 @@ with authentication on.
   from their checkpoint.
 * The final parameters of both jobs are bit-identical; each stop was mid-epoch on both
   ranks; every daemon of every run logged SIGTERM and stopped (none was killed); the tokens
-  were 0600 in a 0700 directory; the restarted coordinators found the journaled job.
+  were 0600 in a 0700 directory; the restarted coordinators found the journaled job. This
+  job runs with BW_BIND=@lo and BW_METRICS_PORT=0: the daemons bind and advertise lo's
+  address on free ports and serve metrics.
+* A third job is stopped with `scancel --batch --signal=TERM` (a graceful cancel): the
+  trainers checkpoint mid-epoch, the daemons stop, the job ends with status 143 and is not
+  requeued.
 """
 
 import glob
@@ -55,15 +60,16 @@ def trainer_argv(tmpdir, name):
         "--out", os.path.join(tmpdir, name + ".final.pt")]
 
 
-def submit(sc, tmpdir, name):
+def submit(sc, tmpdir, name, **settings):
     data_root = os.path.join(tmpdir, "data")
+    env = {"BW_BIN": bt.BIN_DIR, "BW_PYTHON": "/usr/bin/python3",
+           "PYTHONPATH": os.path.join(bt.SOURCE_DIR, "python"),
+           "BATCHWIRE_LIB": bwpy.lib_path(), "OMP_NUM_THREADS": "1",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    env.update(settings)
     return sc.sbatch(["-N1", "-n2", "-J", name, "-o", os.path.join(tmpdir, name + ".out"),
                       os.path.join(bt.SOURCE_DIR, "slurm", "batchwire.sbatch"), data_root] +
-                     trainer_argv(tmpdir, name), cwd=tmpdir, env={
-                         "BW_BIN": bt.BIN_DIR, "BW_PYTHON": "/usr/bin/python3",
-                         "PYTHONPATH": os.path.join(bt.SOURCE_DIR, "python"),
-                         "BATCHWIRE_LIB": bwpy.lib_path(), "OMP_NUM_THREADS": "1",
-                         "PYTHONDONTWRITEBYTECODE": "1"})
+                     trainer_argv(tmpdir, name), cwd=tmpdir, env=env)
 
 
 def output(tmpdir, name):
@@ -125,7 +131,8 @@ def test(tmpdir):
         bt.check_in("done: %d epochs, global step %d" % (EPOCHS, EPOCHS * STEPS_PER_EPOCH), ref_out,
                     "the reference trained every step")
 
-        job = submit(sc, tmpdir, "int")
+        # The interrupted job also binds an interface's address and serves metrics.
+        job = submit(sc, tmpdir, "int", BW_BIND="@lo", BW_METRICS_PORT="0")
         run_dir = os.path.join(tmpdir, "batchwire-%s" % job)
         # 1. The time-limit warning (--signal=B:USR1@...), delivered now, in epoch 0.
         bt.poll(lambda: global_step(tmpdir, "int") >= STEPS_PER_EPOCH // 3, 90,
@@ -133,6 +140,12 @@ def test(tmpdir):
         sc.cmd("scancel", "--batch", "--signal=USR1", job)
         sc.wait_state(job, "PENDING", 60, restarts=1)
         out = output(tmpdir, "int")
+        bt.check(re.search(r"coordinator listening on 127\.0\.0\.1:\d+ .*reached as "
+                           r"127\.0\.0\.1:\d+", out) and
+                 re.search(r"worker-\S+\s+127\.0\.0\.1:\d+\s+127\.0\.0\.1:\d+\s+alive", out) and
+                 len(re.findall(r"metrics on http://127\.0\.0\.1:\d+/metrics", out)) == 2,
+                 "BW_BIND=@lo: both daemons bound and advertised lo's address on free "
+                 "ports, with metrics", out[:3000])
         bt.check_in("stopped (SIGUSR1)", out, "the trainers stopped on the launcher's SIGUSR1")
         bt.check_in("requeueing job %s" % job, out, "the launcher requeued the job itself")
         check_mid_epoch(checkpoint(run_dir), 0, "after SIGUSR1")
@@ -175,6 +188,23 @@ def test(tmpdir):
             bt.check_in("auth: on", text, "run %d: the coordinator ran with tokens" % restart)
         bt.check_in("done: %d epochs, global step %d" % (EPOCHS, EPOCHS * STEPS_PER_EPOCH), out,
                     "the requeued job finished every step")
+
+        # A graceful cancel without requeue: what the time limit does with BW_REQUEUE=0.
+        job = submit(sc, tmpdir, "cancel")
+        run_dir = os.path.join(tmpdir, "batchwire-%s" % job)
+        bt.poll(lambda: global_step(tmpdir, "cancel") >= STEPS_PER_EPOCH // 3, 90,
+                what="the third job to train a third of epoch 0")
+        sc.cmd("scancel", "--batch", "--signal=TERM", job)
+        j = sc.wait_state(job, ("FAILED", "COMPLETED"), 60)
+        out = output(tmpdir, "cancel")
+        bt.check(j["JobState"] == "FAILED" and j["ExitCode"] == "143:0" and
+                 j["Restarts"] == "0" and out.count("stopped (SIGUSR1)") == 2 and
+                 "requeueing" not in out,
+                 "scancel --batch --signal=TERM: both trainers checkpointed, the job ended "
+                 "with status 143 and was not requeued (%s %s)" % (j["JobState"], j["ExitCode"]),
+                 out[-3000:])
+        check_mid_epoch(checkpoint(run_dir), 0, "after scancel --batch --signal=TERM")
+        check_daemons_stopped(run_dir, 0)
 
     a = torch.load(os.path.join(tmpdir, "ref.final.pt"), weights_only=True)
     b = torch.load(os.path.join(tmpdir, "int.final.pt"), weights_only=True)
