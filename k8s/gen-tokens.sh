@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Writes the bearer tokens that k8s/kustomization.yaml turns into Secrets (docs/security.md,
-# docs/deploy.md): k8s/auth/tokens (the principals file, `ROLE NAME TOKEN`), and the tokens
-# of the admin ("ops"), worker ("storage") and trainer ("trainer") principals, each 32 random
-# bytes in hex, in files readable by you only. An existing k8s/auth/ is kept unless --force.
-#   k8s/gen-tokens.sh [--force] [DIR]      (DIR: default k8s/auth)
+# Writes the bearer tokens that k8s/base/kustomization.yaml turns into Secrets
+# (docs/security.md, docs/deploy.md): k8s/base/auth/tokens (the principals file,
+# `ROLE NAME TOKEN`), and the tokens of the admin ("ops"), worker ("storage") and trainer
+# ("trainer") principals, each 32 random bytes in hex, in files readable by you only. An
+# existing k8s/base/auth/ is kept unless --force.
+#   k8s/gen-tokens.sh [--force] [DIR]      (DIR: default k8s/base/auth)
 set -euo pipefail
 force=0
 [ "${1:-}" = --force ] && force=1 && shift
-dir=${1:-$(cd "$(dirname "$0")" && pwd)/auth}
+dir=${1:-$(cd "$(dirname "$0")" && pwd)/base/auth}
 if [ -e "$dir/tokens" ] && [ $force -eq 0 ]; then
     echo "gen-tokens.sh: $dir/tokens exists; keeping it (--force writes new tokens: then" \
         "kubectl apply -k again, which restarts the pods with them)" >&2

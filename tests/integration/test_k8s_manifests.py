@@ -94,23 +94,34 @@ def quantity(q):
 
 # ---------------------------------------------------------------------------- rendering
 
-def render(tmpdir):
+def prepare(tmpdir):
+    """A copy of k8s/ with tokens (k8s/gen-tokens.sh) and certificates for the namespace
+    "test" (k8s/overlays/tls/gen-certs.sh), as a user makes them."""
+    copy = os.path.join(tmpdir, "k8s")
+    shutil.copytree(K8S, copy, ignore=shutil.ignore_patterns("auth", "certs"))
+    r = bt.run(["bash", os.path.join(copy, "gen-tokens.sh")], timeout=30)
+    bt.check(r.returncode == 0, "k8s/gen-tokens.sh wrote the tokens", r.stderr)
+    auth = os.path.join(copy, "base", "auth")
+    bt.check(oct(os.stat(auth).st_mode & 0o777) == "0o700" and
+             all(os.stat(os.path.join(auth, f)).st_mode & 0o077 == 0 for f in os.listdir(auth)),
+             "the token files are readable by their owner only")
+    r = bt.run(["bash", os.path.join(copy, "overlays", "tls", "gen-certs.sh"), "test"],
+               timeout=60)
+    bt.check(r.returncode == 0, "k8s/overlays/tls/gen-certs.sh wrote the certificates",
+             r.stderr)
+    return copy
+
+
+def render(tmpdir, copy, target):
     kubectl = shutil.which("kubectl")
     if not kubectl:
         raise bt.TestFailure("kubectl is needed to render k8s/ (kustomize): scripts/lib.sh "
                              "installs Debian's kubernetes-client when no kubectl is there")
-    copy = os.path.join(tmpdir, "k8s")
-    shutil.copytree(K8S, copy, ignore=shutil.ignore_patterns("auth"))
-    r = bt.run(["bash", os.path.join(copy, "gen-tokens.sh")], timeout=30)
-    bt.check(r.returncode == 0, "k8s/gen-tokens.sh wrote the tokens", r.stderr)
-    auth = os.path.join(copy, "auth")
-    bt.check(oct(os.stat(auth).st_mode & 0o777) == "0o700" and
-             all(os.stat(os.path.join(auth, f)).st_mode & 0o077 == 0 for f in os.listdir(auth)),
-             "the token files are readable by their owner only")
-    r = bt.run([kubectl, "kustomize", copy], timeout=60)
-    bt.check(r.returncode == 0, "kubectl kustomize k8s/ renders (%s)" %
-             bt.run([kubectl, "version", "--client"]).stdout.strip().splitlines()[0], r.stderr)
-    path = os.path.join(tmpdir, "rendered.yaml")
+    r = bt.run([kubectl, "kustomize", os.path.join(copy, target)], timeout=60)
+    bt.check(r.returncode == 0, "kubectl kustomize k8s/%s renders (%s)" % (
+        target, bt.run([kubectl, "version", "--client"]).stdout.strip().splitlines()[0]),
+        r.stderr)
+    path = os.path.join(tmpdir, target.replace("/", "-") + ".yaml")
     with open(path, "w") as f:
         f.write(r.stdout)
     docs = [d for d in yaml.safe_load_all(r.stdout) if d is not None]
@@ -258,12 +269,29 @@ def check_workload(doc, by_kind):
             if path:
                 check(any(path.startswith(mp.rstrip("/") + "/") for mp in mounts),
                       "%s: %s %s is in a mounted volume" % (cn, f, path))
+        # Files named by environment variables (BATCHWIRE_TLS_CERT...) are mounted too.
+        for e in env.values():
+            if re.search(r"_(CERT|KEY|CA|FILE|TOKENS)$", e["name"]) and "value" in e:
+                check(any(e["value"].startswith(mp.rstrip("/") + "/") for mp in mounts),
+                      "%s: %s=%s is in a mounted volume" % (cn, e["name"], e["value"]))
         listen = flag(args, "--listen")
         lport = int(listen.rsplit(":", 1)[1]) if listen else None
         check(lport in ports.values(), "%s: --listen %s is a declared container port" % (cn, listen))
+        tls = "BATCHWIRE_TLS_CERT" in env or "--tls-cert" in args
         for probe in ("readinessProbe", "livenessProbe"):
-            check(typed(c, probe + ".grpc.port", int) == lport,
-                  "%s: %s is the gRPC health check on the --listen port %s" % (cn, probe, lport))
+            pr = c.get(probe) or {}
+            if not tls:  # Kubernetes' own gRPC probe (plaintext)
+                check(typed(pr, "grpc.port", int) == lport,
+                      "%s: %s is the gRPC health check on the --listen port %s" %
+                      (cn, probe, lport))
+                continue
+            # A TLS listener: kubelet's gRPC probe cannot speak TLS, so batchwire health does.
+            cmd_ = typed(pr, "exec.command", list) or []
+            check("grpc" not in pr and cmd_[:4] == ["/usr/local/bin/batchwire", "health", "--addr",
+                                                  "127.0.0.1:%d" % lport] and
+                  any(flag(cmd_, "--tls-ca") == (mp.rstrip("/") + "/ca.crt") for mp in mounts),
+                  "%s: %s is the gRPC health check over TLS on the --listen port %s" %
+                  (cn, probe, lport))
         metrics = flag(args, "--metrics-listen")
         mport = int(metrics.rsplit(":", 1)[1]) if metrics else None
         ann = typed(doc, "spec.template.metadata.annotations", dict) or {}
@@ -389,33 +417,86 @@ def check_credentials(tmpdir, by_kind):
     return daemon, trainer
 
 
-def run_rendered_daemons(tmpdir, by_kind, daemon_files):
-    """Starts a coordinator and a worker with the rendered arguments and environment (paths
-    of mounted volumes moved under tmpdir, addresses onto loopback)."""
-    auth = os.path.join(tmpdir, "mnt", "auth")
-    os.makedirs(auth)
-    for k, v in daemon_files.items():
-        with open(os.path.join(auth, k), "w") as f:
+def check_tls(tmpdir, by_kind):
+    """The TLS overlay's Secrets: a certificate the CA signed, naming what clients dial; the
+    trainer pods get the CA only, never the key."""
+    secrets = {typed(d, "metadata.name", str): d for d in by_kind.get("Secret", [])}
+    tls = next((secret_files(d) for n, d in secrets.items() if re.match(r"batchwire-tls-\w+$", n)
+                and "tls.key" in d["data"]), None)
+    ca = next(((n, secret_files(d)) for n, d in secrets.items()
+               if n.startswith("batchwire-tls-ca")), None)
+    bt.check(tls is not None and ca is not None and sorted(ca[1]) == ["ca.crt"] and
+             ca[1]["ca.crt"] == tls["ca.crt"],
+             "the TLS Secrets: certificate, key and CA for the daemons; the CA alone for trainers")
+    d = os.path.join(tmpdir, "tls-check")
+    os.makedirs(d)
+    for k, v in tls.items():
+        with open(os.path.join(d, k), "w") as f:
             f.write(v)
-        os.chmod(os.path.join(auth, k), 0o440)
-    data = os.path.join(tmpdir, "mnt", "data")
-    os.makedirs(data)
+    r = bt.run(["openssl", "verify", "-CAfile", os.path.join(d, "ca.crt"),
+                os.path.join(d, "tls.crt")])
+    check(r.returncode == 0, "tls.crt is signed by ca.crt")
+    r = bt.run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in",
+                os.path.join(d, "tls.crt")])
+    for name in ("batchwire-coordinator", "*.batchwire-worker.test.svc", "batchwire-worker"):
+        check("DNS:%s," % name in r.stdout + ",",
+              "the certificate names %s (%s)" % (name, r.stdout.strip().splitlines()[-1]))
+    for job in by_kind.get("Job", []):
+        vols = [v.get("secret", {}).get("secretName", "") for v in pod_spec(job).get("volumes", [])]
+        check(not any(re.match(r"batchwire-tls-(?!ca)", v) for v in vols) and
+              any(v == ca[0] for v in vols),
+              "%s: mounts the CA Secret, not the daemons' key" % name_of(job))
+    return tls
 
-    def argv_env(program):
+
+def run_rendered_daemons(tmpdir, by_kind, daemon_files, tls_files=None):
+    """Starts a coordinator and a worker with the rendered arguments and environment (paths
+    of mounted volumes moved under tmpdir, addresses onto loopback), then runs what an
+    operator and the probes run against them."""
+    what = "TLS" if tls_files else "plaintext"
+    mnt = os.path.join(tmpdir, "mnt-" + what)
+    dirs = {"/etc/batchwire/auth": os.path.join(mnt, "auth"),
+            "/etc/batchwire/tls": os.path.join(mnt, "tls"),
+            "/data": os.path.join(mnt, "data"),
+            "/var/lib/batchwire": os.path.join(mnt, "state")}
+    for d in dirs.values():
+        os.makedirs(d)
+    for sub, files in (("auth", daemon_files), ("tls", tls_files or {})):
+        for k, v in files.items():
+            with open(os.path.join(mnt, sub, k), "w") as f:
+                f.write(v)
+            os.chmod(os.path.join(mnt, sub, k), 0o440)  # as Kubernetes mounts them
+
+    def local(text, env):
+        text = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], text)
+        for path, here in dirs.items():
+            text = re.sub(r"^%s(?=/|$)" % re.escape(path), here, text)
+        return re.sub(r"^0\.0\.0\.0:\d+$", "127.0.0.1:0", text)
+
+    def container(program):
         for doc in by_kind.get("StatefulSet", []):
             for c in pod_spec(doc).get("containers", []):
                 if c.get("command") == ["/usr/local/bin/" + program]:
-                    env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
-                    env.update(POD_NAME="w-0", POD_NAMESPACE="test")
-                    args = []
-                    for a in c["args"]:
-                        a = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a)
-                        a = a.replace("/etc/batchwire/auth", auth).replace("/data", data)
-                        a = a.replace("/var/lib/batchwire", os.path.join(tmpdir, "state"))
-                        a = re.sub(r"^0\.0\.0\.0:\d+$", "127.0.0.1:0", a)
-                        args.append(a)
-                    return args, {k: v for k, v in env.items() if k.startswith("BATCHWIRE_")}
+                    return c
         raise bt.TestFailure("no container runs " + program)
+
+    def argv_env(program):
+        c = container(program)
+        env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+        env.update(POD_NAME="w-0", POD_NAMESPACE="test")
+        args = [local(a, env) for a in c["args"]]
+        return args, {k: local(v, env) for k, v in env.items() if k.startswith("BATCHWIRE_")}
+
+    def probe(program, addr):
+        """The container's readiness probe as it runs there (TLS: batchwire health)."""
+        c = container(program)
+        cmd = typed(c, "readinessProbe.exec.command", list)
+        if cmd is None:  # kubelet's gRPC probe: the plaintext health check
+            return [bt.CLI, "health", "--addr", addr]
+        cmd = [local(a, {}) for a in cmd]
+        cmd[0] = bt.CLI
+        cmd[cmd.index("--addr") + 1] = addr
+        return cmd
 
     args, env = argv_env("batchwire-coordinator")
     coord = bt.Daemon("coordinator", [bt.COORDINATOR] + args, tmpdir, env=env)
@@ -425,19 +506,37 @@ def run_rendered_daemons(tmpdir, by_kind, daemon_files):
     coord.wait_log(r"auth: on")
     args, env = argv_env("batchwire-worker")
     args[args.index("--coordinator") + 1] = addr
-    args[args.index("--advertise") + 1] = "127.0.0.1:0"
+    i = args.index("--advertise")  # the pod's DNS name: here, what it binds
+    del args[i:i + 2]
+    tls_client = []
+    if tls_files:
+        # In the cluster the worker dials the name the certificate carries; here an address.
+        env["BATCHWIRE_TLS_SERVER_NAME"] = "batchwire-coordinator"
+        tls_client = ["--tls-ca", os.path.join(dirs["/etc/batchwire/tls"], "ca.crt"),
+                      "--tls-server-name", "batchwire-coordinator"]
     worker = bt.Daemon("worker", [bt.WORKER] + args, tmpdir, env=env)
+    waddr = worker.wait_log(r'listening on ([^\s"]+)')[0].group(1)
     worker.wait_log(r"registered with coordinator")
-    bt.ok("a coordinator and a worker run with the rendered arguments and token files")
-    r = bt.cli("status", "--coordinator", addr, "--json", "--token-file",
-               os.path.join(auth, "admin.token"))
+    bt.ok("%s: a coordinator and a worker run with the rendered arguments and files" % what)
+    admin = ["--token-file", os.path.join(dirs["/etc/batchwire/auth"], "admin.token")]
+    r = bt.cli("status", "--coordinator", addr, "--json", *(admin + tls_client))
     st = json.loads(r.stdout) if r.returncode == 0 else {}
     check(st.get("coordinator", {}).get("auth") == "on" and
           [w["id"] for w in st.get("workers", [])] == ["w-0"],
-          "status with the admin token: auth on, the worker registered under its pod name")
-    r = bt.cli("status", "--coordinator", addr)
+          "%s: status with the admin token: auth on, the worker registered under its pod name"
+          % what)
+    r = bt.cli("status", "--coordinator", addr, *tls_client)
     check(r.returncode != 0 and "UNAUTHENTICATED" in (r.stdout + r.stderr).upper(),
-          "status without a token is refused (%s)" % (r.stderr.strip().splitlines() or [""])[-1])
+          "%s: status without a token is refused (%s)" %
+          (what, (r.stderr.strip().splitlines() or [""])[-1]))
+    for program, a in (("batchwire-coordinator", addr), ("batchwire-worker", waddr)):
+        r = bt.run(probe(program, a), timeout=30)
+        check(r.returncode == 0 and "SERVING" in r.stdout,
+              "%s: %s's readiness probe command answers SERVING" % (what, program))
+    if tls_files:
+        r = bt.cli("health", "--addr", addr, "--timeout-ms", 2000)
+        check(r.returncode != 0, "TLS: a plaintext gRPC health check (kubelet's) fails: why "
+              "the probes run batchwire health")
     worker.stop()
     coord.stop()
 
@@ -487,18 +586,20 @@ def check_dockerfile():
           "Dockerfile: the trainer image has the Python package installed")
     with open(os.path.join(SRC, ".dockerignore")) as f:
         ignored = set(f.read().split())
-    check({".git", "build", "build-*", "k8s/auth"} <= ignored,
-          ".dockerignore keeps git, build trees and tokens out of the build context")
+    check({".git", "build", "build-*", "k8s/base/auth", "k8s/overlays/tls/certs"} <= ignored,
+          ".dockerignore keeps git, build trees, tokens and keys out of the build context")
 
 
-def test(tmpdir):
-    path, docs = render(tmpdir)
+def check_target(tmpdir, copy, target):
+    """Renders k8s/TARGET and runs every check on it."""
+    path, docs = render(tmpdir, copy, target)
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d.get("kind"), []).append(d)
     kinds = sorted(by_kind)
     check({"StatefulSet", "Job", "Service", "Secret", "NetworkPolicy", "PodDisruptionBudget",
-           "PersistentVolumeClaim"} <= set(kinds), "rendered kinds: %s" % ", ".join(kinds))
+           "PersistentVolumeClaim"} <= set(kinds), "%s: rendered kinds: %s" %
+          (target, ", ".join(kinds)))
     validate_schemas(path, docs)
     pods = {}
     for d in docs:
@@ -509,7 +610,14 @@ def test(tmpdir):
     check_disruption_and_network(by_kind, pods)
     check_trainer(by_kind, pods)
     daemon_files, _ = check_credentials(tmpdir, by_kind)
-    run_rendered_daemons(tmpdir, by_kind, daemon_files)
+    tls_files = check_tls(tmpdir, by_kind) if target == "overlays/tls" else None
+    run_rendered_daemons(tmpdir, by_kind, daemon_files, tls_files)
+
+
+def test(tmpdir):
+    copy = prepare(tmpdir)
+    for target in ("base", "overlays/tls"):
+        check_target(tmpdir, copy, target)
     check_dockerfile()
     if failures:
         raise bt.TestFailure("%d check(s) failed:\n  %s" % (len(failures), "\n  ".join(failures)))
