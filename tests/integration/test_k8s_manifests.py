@@ -1,7 +1,8 @@
 """Offline checks of the Kubernetes deployment in k8s/ and of its image (no cluster runs here).
 
-k8s/ is rendered as a user would, `kubectl kustomize` of a copy with tokens from
-k8s/gen-tokens.sh, and every rendered object is checked:
+k8s/base and k8s/overlays/tls are rendered as a user would, `kubectl kustomize` of a copy
+with tokens from k8s/gen-tokens.sh and certificates from k8s/overlays/tls/gen-certs.sh, and
+every rendered object is checked:
 
 * against the Kubernetes OpenAPI schemas (npm kubernetes-models, tests/k8s/validate.mjs),
   with a strict pass that refuses fields the API does not define;
@@ -18,10 +19,12 @@ k8s/gen-tokens.sh, and every rendered object is checked:
   --data-root read-only; the trainer is an Indexed Job whose rank is the completion index,
   WORLD_SIZE = completions = parallelism, MASTER_ADDR the index-0 pod's DNS name;
 * credentials: the rendered Secrets hold a principals file with admin, worker and trainer
-  lines whose tokens are the token files given to each daemon and to the trainer; a real
-  coordinator and worker started with the rendered arguments, token files and environment
-  accept them (health, status with the admin token, a worker registered) and refuse a call
-  without a token;
+  lines whose tokens are the token files given to each daemon and to the trainer; with TLS,
+  a certificate the CA signed that names what clients dial, and trainer pods get the CA but
+  no key. A real coordinator and worker started with the rendered arguments, files and
+  environment accept them (status with the admin token, the worker registered), refuse a
+  call without a token, and answer the readiness probes' commands (with TLS, batchwire
+  health over TLS; a plaintext check such as kubelet's gRPC probe fails);
 * k8s/Dockerfile, statically: multi-stage, every base pinned to an exact tag or a digest,
   the images end as a non-root USER, runtime stages install no compiler or -dev package, and
   .dockerignore keeps build trees and tokens out of the context.
@@ -32,7 +35,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import yaml
 
