@@ -70,23 +70,9 @@ struct bw__dchan_server {
     pthread_mutex_t mu;
     conn *conns;
     size_t nconns;
-    uint64_t refused_logged_ms, refused_quiet;     /* one warning per 10 s about refusals */
-    atomic_uint_fast64_t bad_logged_ms, bad_quiet; /* malformed connections: one line a second */
+    uint64_t refused_logged_ms, refused_quiet; /* one warning per 10 s about refusals */
+    bw_log_limit bad_log; /* malformed or refused connections: a port scanner cannot flood */
 };
-
-/* Whether a malformed connection may be logged now: at most one line a second, so that a
- * port scanner cannot flood the log; *quiet is how many were not logged before it. */
-static bool bad_log_allowed(bw__dchan_server *s, uint64_t *quiet)
-{
-    uint64_t now = bw__mono_ms(), last = atomic_load(&s->bad_logged_ms);
-    if ((last && now - last < 1000) ||
-        !atomic_compare_exchange_strong(&s->bad_logged_ms, &last, now)) {
-        atomic_fetch_add(&s->bad_quiet, 1);
-        return false;
-    }
-    *quiet = atomic_exchange(&s->bad_quiet, 0);
-    return true;
-}
 
 static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -94,7 +80,7 @@ static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
 static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
 {
     uint64_t quiet;
-    if (!bad_log_allowed(s, &quiet))
+    if (!bw__log_limit_allow(&s->bad_log, &quiet))
         return;
     char line[1800];
     va_list ap;

@@ -287,3 +287,17 @@ void bw__invariant_broken(const char *what, const char *file, int line)
     fflush(stderr);
     abort();
 }
+
+bool bw__log_limit_allow(bw_log_limit *l, uint64_t *quiet)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    uint64_t last = atomic_load(&l->logged_ms);
+    if ((last && now - last < 1000) || !atomic_compare_exchange_strong(&l->logged_ms, &last, now)) {
+        atomic_fetch_add(&l->quiet, 1);
+        return false;
+    }
+    *quiet = atomic_exchange(&l->quiet, 0);
+    return true;
+}

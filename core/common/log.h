@@ -4,7 +4,9 @@
 #ifndef BW_COMMON_LOG_H
 #define BW_COMMON_LOG_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "batchwire/batchwire.h"
 
@@ -65,6 +67,17 @@ void bw__log_set_format(bw__log_format format);
  */
 bool bw__log_has_status_line(void);
 void bw__log_status_line(const char *text);
+
+/*
+ * A limit for lines about events a peer can cause at will (refused requests, malformed
+ * connections): at most one line a second from one limit, so that a hostile client cannot
+ * flood the log. bw__log_limit_allow says whether a line may be written now, and *quiet how
+ * many were left out since the last one (say so in the line). Zero-initialised; thread-safe.
+ */
+typedef struct bw_log_limit {
+    atomic_uint_fast64_t logged_ms, quiet;
+} bw_log_limit;
+bool bw__log_limit_allow(bw_log_limit *l, uint64_t *quiet);
 
 /* Parses "error", "warn", "info", "debug"; returns BW_OK or BW_INVALID_ARGUMENT. */
 int bw__log_level_parse(const char *text, bw_log_level *out);

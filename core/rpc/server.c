@@ -48,6 +48,7 @@ struct bw_rpc_server {
     size_t call_memory_limit;
     const char *role;
     bw_auth *auth;
+    bw_log_limit refusals; /* refused calls are logged at most once a second */
     atomic_int stopping;
     atomic_long live_calls;
 
@@ -201,8 +202,11 @@ static int authorize(bw_rpc_call *c, const char *token)
                             &c->principal, why, sizeof(why));
     if (rc == BW_OK)
         return BW_OK;
-    BW_WARN("request refused role=%s method=%s peer=%s code=%s err=%s", c->srv->role,
-            c->method->name, bw__rpc_call_peer(c), bw_err_name(rc), why);
+    uint64_t quiet;
+    if (bw__log_limit_allow(&c->srv->refusals, &quiet))
+        BW_WARN("request refused role=%s method=%s peer=%s code=%s not_logged_before=%llu err=%s",
+                c->srv->role, c->method->name, bw__rpc_call_peer(c), bw_err_name(rc),
+                (unsigned long long)quiet, why);
     return bw__rpc_fail(c, rc, "%s: %s", c->method->name, why);
 }
 
