@@ -208,10 +208,27 @@ class SlurmCluster:
         return bt.poll(reached, timeout, interval=0.2,
                        what="job %s to be %s" % (job_id, "/".join(states)))
 
-    def release_now(self, job_id):
+    def release_now(self, job_id, timeout=60):
         """A requeued job waits about two minutes (its begin time) before it may start again;
-        make it eligible at once, as an operator can."""
-        self.cmd("scontrol", "update", "JobId=%s" % job_id, "StartTime=now")
+        release it, as an operator can, until it runs. Not at once: a run launched within the
+        second its predecessor's credential was revoked is refused by slurmd ("Job credential
+        revoked"), so 2 s after the requeue; and with StartTime=now, whose update also makes
+        the scheduler run (a begin time merely passing waits for its next periodic pass).
+        Slurm sets the begin time when the requeued run has ended, which may come after an
+        update: then it is updated again."""
+        held_since = {}
+
+        def running():
+            j = self.job(job_id)
+            if j["JobState"] == "RUNNING":
+                return j
+            if j["JobState"] == "PENDING" and j.get("Reason") == "BeginTime":
+                eligible = time.mktime(time.strptime(j["EligibleTime"], "%Y-%m-%dT%H:%M:%S"))
+                t0 = held_since.setdefault("t", time.monotonic())
+                if eligible > time.time() + 10 and time.monotonic() - t0 >= 2:
+                    self.cmd("scontrol", "update", "JobId=%s" % job_id, "StartTime=now")
+            return None
+        return bt.poll(running, timeout, interval=0.3, what="requeued job %s to run" % job_id)
 
     def _cancel_all(self):
         r = bt.run(["squeue", "-h", "-o", "%i"], env=self.env(), timeout=10)

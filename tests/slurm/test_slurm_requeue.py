@@ -85,6 +85,18 @@ def global_step(tmpdir, name):
     return int(steps[-1]) if steps else 0
 
 
+def wait_step(sc, tmpdir, name, job, step, what):
+    """Waits until the job's trainer logged global step `step`; on a timeout, says where the
+    job is and what it printed last."""
+    try:
+        bt.poll(lambda: global_step(tmpdir, name) >= step, 90, what=what)
+    except bt.TestFailure as e:
+        j = sc.job(job)
+        raise bt.TestFailure("%s; job %s is %s (%s), restarts %s; its output ends:\n%s" %
+                             (e, job, j.get("JobState"), j.get("Reason"), j.get("Restarts"),
+                              output(tmpdir, name)[-3000:]))
+
+
 def checkpoint(run_dir):
     import torch
     return torch.load(os.path.join(run_dir, "ddp_checkpoint.pt"), weights_only=False)
@@ -135,8 +147,8 @@ def test(tmpdir):
         job = submit(sc, tmpdir, "int", BW_BIND="@lo", BW_METRICS_PORT="0")
         run_dir = os.path.join(tmpdir, "batchwire-%s" % job)
         # 1. The time-limit warning (--signal=B:USR1@...), delivered now, in epoch 0.
-        bt.poll(lambda: global_step(tmpdir, "int") >= STEPS_PER_EPOCH // 3, 90,
-                what="the job to train a third of epoch 0")
+        wait_step(sc, tmpdir, "int", job, STEPS_PER_EPOCH // 3,
+                  "the job to train a third of epoch 0")
         sc.cmd("scancel", "--batch", "--signal=USR1", job)
         sc.wait_state(job, "PENDING", 60, restarts=1)
         out = output(tmpdir, "int")
@@ -160,8 +172,7 @@ def test(tmpdir):
 
         # 2. Requeued by Slurm itself in epoch 1 (SIGTERM to every step, like scancel).
         first = STEPS_PER_EPOCH + STEPS_PER_EPOCH // 3
-        bt.poll(lambda: global_step(tmpdir, "int") >= first, 90,
-                what="the resumed job to train a third of epoch 1")
+        wait_step(sc, tmpdir, "int", job, first, "the resumed job to train a third of epoch 1")
         sc.cmd("scontrol", "requeue", job)
         sc.wait_state(job, "PENDING", 60, restarts=2)
         # Slurm sends SIGTERM to every step at once, the daemons' too: the trainers stop with
@@ -192,8 +203,8 @@ def test(tmpdir):
         # A graceful cancel without requeue: what the time limit does with BW_REQUEUE=0.
         job = submit(sc, tmpdir, "cancel")
         run_dir = os.path.join(tmpdir, "batchwire-%s" % job)
-        bt.poll(lambda: global_step(tmpdir, "cancel") >= STEPS_PER_EPOCH // 3, 90,
-                what="the third job to train a third of epoch 0")
+        wait_step(sc, tmpdir, "cancel", job, STEPS_PER_EPOCH // 3,
+                  "the third job to train a third of epoch 0")
         sc.cmd("scancel", "--batch", "--signal=TERM", job)
         j = sc.wait_state(job, ("FAILED", "COMPLETED"), 60)
         out = output(tmpdir, "cancel")
