@@ -183,8 +183,8 @@ static int load(const char *path, entry **out, size_t *nout, char *err, size_t e
         return BW_IO;
     }
     struct stat st;
-    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 0077))
-        BW_WARN("auth: the principals file can be read by other users; it holds credentials: "
+    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 0007))
+        BW_WARN("auth: the principals file can be read by every user; it holds credentials: "
                 "chmod 600 it file=%s mode=%03o",
                 path, (unsigned)(st.st_mode & 0777));
     entry *v = NULL;
