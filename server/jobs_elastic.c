@@ -102,12 +102,8 @@ int bw__jobs_resume(bw_jobs *s, const bw_principal *who,
         rc = BW_NOT_FOUND;
         goto out;
     }
-    if (!bw__auth_owns(who, job->owner)) {
-        snprintf(err, errlen, "job '%s' belongs to another principal; '%s' may not use it",
-                 req->job, who->name);
-        rc = BW_PERMISSION_DENIED;
+    if ((rc = bw__jobs_check_owner(job, who, err, errlen)) != BW_OK)
         goto out;
-    }
     uint32_t old_world = cur[0]->world_size;
     for (size_t i = 0; i < req->n_cursors; i++) {
         const Batchwire__V1__Cursor *c = cur[i];

@@ -120,6 +120,11 @@ int bw__jobs_fingerprint(const char *name, const Batchwire__V1__JobConfig *cfg,
  * its last epoch; *wait_seq is then the removal's record. */
 int bw__jobs_finish_if_done(bw_jobs *s, bw_job *job, uint64_t *wait_seq, char *err, size_t errlen);
 
+/* Under s->mu: whether `who` may use `job` (its owner, an admin, an open service;
+ * core/auth/auth.h, bw__auth_owns): BW_OK, or BW_PERMISSION_DENIED with a sentence that does
+ * not say who owns the job. */
+int bw__jobs_check_owner(const bw_job *job, const bw_principal *who, char *err, size_t errlen);
+
 /* Under s->mu: how many jobs `owner` owns. */
 size_t bw__jobs_owned(const bw_jobs *s, const char *owner);
 

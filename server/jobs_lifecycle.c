@@ -57,13 +57,7 @@ int bw__jobs_delete(bw_jobs *s, const bw_principal *who, const Batchwire__V1__De
     if (!job) {
         snprintf(err, errlen, "no job named '%s'", req->job);
         rc = BW_NOT_FOUND;
-    } else if (!bw__auth_owns(who, job->owner)) {
-        snprintf(err, errlen,
-                 "job '%s' belongs to another principal; only it or an admin may "
-                 "delete it",
-                 req->job);
-        rc = BW_PERMISSION_DENIED;
-    } else {
+    } else if ((rc = bw__jobs_check_owner(job, who, err, errlen)) == BW_OK) {
         char reason[BW_PRINCIPAL_NAME_MAX + 64];
         snprintf(reason, sizeof(reason), "deleted by %s%s%s", bw__role_name(who->role),
                  who->name[0] ? " " : "", who->name);

@@ -120,9 +120,7 @@ static int check_quota(bw_jobs *s, const bw_principal *who, char *err, size_t er
     return BW_OK;
 }
 
-/* Under s->mu: whether `who` may use `job` (its owner, an admin, an open service). The
- * refusal does not say who owns the job. */
-static int check_owner(const bw_job *job, const bw_principal *who, char *err, size_t errlen)
+int bw__jobs_check_owner(const bw_job *job, const bw_principal *who, char *err, size_t errlen)
 {
     if (bw__auth_owns(who, job->owner))
         return BW_OK;
@@ -186,7 +184,7 @@ int bw__jobs_lookup(bw_jobs *s, const bw_principal *who,
     *wait_seq = s->last_seq;
     bw_job *job = bw__jobs_find(s, req->name);
     if (job) {
-        rc = check_owner(job, who, err, errlen);
+        rc = bw__jobs_check_owner(job, who, err, errlen);
         if (rc == BW_OK)
             rc = existing(job, req, arena, resp, err, errlen);
     } else {
@@ -235,7 +233,7 @@ int bw__jobs_create(bw_jobs *s, const bw_principal *who,
     *wait_seq = s->last_seq;
     bw_job *job = bw__jobs_find(s, req->name);
     if (job) { /* created by another caller while the dataset was being described */
-        rc = check_owner(job, who, err, errlen);
+        rc = bw__jobs_check_owner(job, who, err, errlen);
         if (rc == BW_OK)
             rc = existing(job, req, arena, resp, err, errlen);
         pthread_mutex_unlock(&s->mu);
@@ -294,7 +292,7 @@ static int locate(bw_jobs *s, const bw_principal *who, const char *name, uint32_
         snprintf(err, errlen, "no job named '%s' (create it with GetOrCreateJob first)", name);
         return BW_NOT_FOUND;
     }
-    int rc = check_owner(*job, who, err, errlen);
+    int rc = bw__jobs_check_owner(*job, who, err, errlen);
     if (rc != BW_OK)
         return rc;
     if (rank >= (*job)->world_size) {
@@ -359,7 +357,7 @@ int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__Join
     bw_rank_state *r;
     uint64_t now = bw__mono_ms();
     job = bw__jobs_find(s, req->job);
-    if (job && (rc = check_owner(job, who, err, errlen)) != BW_OK) {
+    if (job && (rc = bw__jobs_check_owner(job, who, err, errlen)) != BW_OK) {
         ; /* refused before anything about the job is said */
     } else if (job && req->world_size != job->world_size) {
         snprintf(err, errlen,
@@ -666,7 +664,7 @@ int bw__jobs_get(bw_jobs *s, const bw_principal *who, const Batchwire__V1__GetJo
         rc = BW_NOT_FOUND;
         goto out;
     }
-    if ((rc = check_owner(job, who, err, errlen)) != BW_OK)
+    if ((rc = bw__jobs_check_owner(job, who, err, errlen)) != BW_OK)
         goto out;
     out->job = bw__jobs_summary(arena, job);
     out->ranks = bw__arena_alloc(arena, (job->world_size + 1) * sizeof(*out->ranks));

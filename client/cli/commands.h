@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 
+#include "auth/auth.h"
 #include "batchwire/batchwire.h"
 #include "common/config.h"
 #include "rpc/client.h"
@@ -59,16 +60,7 @@ typedef struct bw_cli_tls {
          0,                                                                                        \
          "NAME",                                                                                   \
          "name to verify in the server's certificate instead of its host"},                        \
-        {"token-file",                                                                             \
-         BW_OPT_PATH,                                                                              \
-         offsetof(T, F.token_file),                                                                \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         0,                                                                                        \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "FILE",                                                                                   \
-         "bearer token (first line of FILE) for daemons started with --auth-tokens"},              \
+        BW_OPT_TOKEN_FILE(T, F.token_file),                                                        \
     {                                                                                              \
         "tls", BW_OPT_BOOL, offsetof(T, F.tls), "false", 0, 0, NULL, 0, NULL,                      \
             "use TLS with the system's roots (implied by --tls-ca)"                                \

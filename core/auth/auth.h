@@ -77,6 +77,15 @@ bool bw__auth_allowed(bw_role role, bw_method_id method);
  * owner (made while the service was open). */
 bool bw__auth_owns(const bw_principal *who, const char *owner);
 
+/* The option-table row (common/config.h) of --token-file, for the char * field F of struct T:
+ * one row for the daemons (their calls to each other) and every command-line tool. */
+#define BW_OPT_TOKEN_FILE(T, F)                                                                    \
+    {                                                                                              \
+        "token-file", BW_OPT_PATH, offsetof(T, F), NULL, 0, 0, NULL, 0, "FILE",                    \
+            "bearer token (first line of FILE) presented to daemons started with --auth-tokens "   \
+            "(docs/security.md)"                                                                   \
+    }
+
 /*
  * Reads a bearer token from `path` (--token-file): the file's first line, surrounding
  * whitespace removed. *token is malloc'd (free it). BW_IO / BW_INVALID_ARGUMENT with a

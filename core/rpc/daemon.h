@@ -100,16 +100,7 @@ typedef struct bw_daemon_common {
          "FILE",                                                                                   \
          "principals allowed to call, one a line: ROLE NAME TOKEN (docs/security.md); reloaded "   \
          "on SIGHUP. Unset: anyone who reaches the daemon may do anything"},                       \
-        {"token-file",                                                                             \
-         BW_OPT_PATH,                                                                              \
-         offsetof(T, F.token_file),                                                                \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         0,                                                                                        \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "FILE",                                                                                   \
-         "bearer token this daemon presents when it calls another one (first line of FILE)"},      \
+        BW_OPT_TOKEN_FILE(T, F.token_file),                                                        \
         {"threads", BW_OPT_INT, offsetof(T, F.threads),         "2", 1, 64, NULL,                  \
          0,         "N",        "gRPC completion-queue threads"},                                  \
         {"max-message-bytes",                                                                      \
