@@ -35,9 +35,28 @@ R = 2
 SHAPE = (3, 2)
 
 
+# Transforms are module functions, not lambdas, so that DataLoader workers started by a
+# forkserver (the sanitizer build, below) can unpickle them.
+def double_plus_one(t):
+    return t * 2 + 1
+
+
+def record_index(raw):
+    return json.loads(raw)["index"]
+
+
 def test(tmpdir):
+    import multiprocessing
+
     import torch
     from torch.utils.data import DataLoader
+    # A plain fork of this multi-threaded process under AddressSanitizer can deadlock the child
+    # inside the ASan runtime before Python runs (fresh-clone CI runs hung here twice): in the
+    # sanitizer build every DataLoader's workers come from a forkserver; the plain build forks.
+    forks = "address" not in bwpy.sanitize_flags()
+    if not forks:
+        multiprocessing.set_start_method("forkserver", force=True)
+        bt.log("sanitizer build: DataLoader workers start from a forkserver")
     batchwire, root, arr, coord = bwpy.npy_cluster(tmpdir, N, SHAPE)
     import batchwire.torch as bwt
     bwpy.gen(root, "jsonl", "lines", 23, 4, 20)
@@ -105,7 +124,7 @@ def test(tmpdir):
                  "DataLoader continues with step %d and then runs epoch 1" % (k, workers, k))
 
     # --- samples, a transform in decode threads, the DataLoader's own batching.
-    d = ds("samples", 0, samples=True, transform=lambda t: t * 2 + 1, decode_threads=3)
+    d = ds("samples", 0, samples=True, transform=double_plus_one, decode_threads=3)
     dl = DataLoader(d, batch_size=B, num_workers=2)
     got = [b for b in dl]
     plan0 = plans[0][0]
@@ -120,7 +139,7 @@ def test(tmpdir):
     # --- another format: decoded records.
     d = bwt.BatchDataset(coordinator=coord.addr, job="lines", dataset="jsonl:lines/*",
                          batch_size=4, rank=0, world_size=1,
-                         transform=lambda raw: json.loads(raw)["index"], collate_fn=list)
+                         transform=record_index, collate_fn=list)
     got = [(it["indices"].tolist(), it["data"]) for it in DataLoader(d, batch_size=None,
                                                                     num_workers=2)]
     ok = [bwdata.expected_sample("jsonl", i, 4, 20)[0] for i in range(23)]
@@ -137,13 +156,8 @@ def test(tmpdir):
         def __iter__(self):
             yield self.lo.next_batch()
 
-    # Plain fork of this multi-threaded process: under AddressSanitizer the child can
-    # deadlock inside the ASan runtime before Python runs (a fresh-clone CI run hung here for
-    # 300 s), so the fork checks run in the plain build; the forkserver case runs in both.
+    # The plain-fork checks run in the plain build (see above); the forkserver case in both.
     # Every DataLoader here has a timeout: a hung worker is an error, not a hang.
-    forks = "address" not in bwpy.sanitize_flags()
-    if not forks:
-        bt.log("sanitizer build: the plain-fork checks are left to the plain build")
     def refused(loader_args, what, *needles):
         """Runs a DataLoader that must fail; checks its error names `needles`."""
         try:
