@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "cursor/cursor.h"
+#include "formats/formats.h"
 
 enum { MAX_SOURCES = 4096, MAX_BATCH = 1 << 24 };
 
@@ -29,6 +30,64 @@ static uint64_t placement_version(bw_jobs *s, bw_arena *arena,
     return t ? t->version : 0;
 }
 
+/* A list of 1 to MAX_SOURCES paths, each text (`what`: the message's place). */
+static int check_sources(const char *what, char *const *sources, size_t n, char *err, size_t errlen)
+{
+    if (n == 0 || n > MAX_SOURCES) {
+        snprintf(err, errlen, "%s.sources must list 1 to %d paths (got %zu)", what, MAX_SOURCES, n);
+        return BW_INVALID_ARGUMENT;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char where[160];
+        snprintf(where, sizeof(where), "%s.sources[%zu]", what, i);
+        int rc = bw__check_text(where, sources[i], BW_NAME_MAX, err, errlen);
+        if (rc != BW_OK)
+            return rc;
+    }
+    return BW_OK;
+}
+
+/* Named arrays (format "fields", docs/formats.md): no sources of its own, 1 to
+ * BW_FMT_MAX_FIELDS fields with valid, distinct names, each npy over its own sources. Whether
+ * the arrays agree (lengths, splits) is the describing worker's to say. */
+static int check_fields(const Batchwire__V1__Dataset *d, char *err, size_t errlen)
+{
+    if (d->n_sources) {
+        snprintf(err, errlen,
+                 "config.dataset.sources must be empty for format fields (each "
+                 "field lists its own)");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (d->n_fields == 0 || d->n_fields > BW_FMT_MAX_FIELDS) {
+        snprintf(err, errlen, "config.dataset.fields must list 1 to %d named arrays (got %zu)",
+                 BW_FMT_MAX_FIELDS, d->n_fields);
+        return BW_INVALID_ARGUMENT;
+    }
+    for (size_t k = 0; k < d->n_fields; k++) {
+        const Batchwire__V1__DatasetField *f = d->fields[k];
+        char what[128];
+        snprintf(what, sizeof(what), "config.dataset.fields[%zu]", k);
+        int rc = bw__check_field_name(f->name, err, errlen);
+        for (size_t j = 0; rc == BW_OK && j < k; j++)
+            if (strcmp(d->fields[j]->name, f->name) == 0) {
+                snprintf(err, errlen, "%s: field '%s' is named twice", what, f->name);
+                rc = BW_INVALID_ARGUMENT;
+            }
+        if (rc == BW_OK && (!f->format || strcmp(f->format, "npy") != 0)) {
+            snprintf(err, errlen,
+                     "%s (field '%s'): format '%.32s' cannot be a field: fields are "
+                     "npy arrays",
+                     what, f->name, f->format ? f->format : "");
+            rc = BW_INVALID_ARGUMENT;
+        }
+        if (rc == BW_OK)
+            rc = check_sources(what, f->sources, f->n_sources, err, errlen);
+        if (rc != BW_OK)
+            return rc;
+    }
+    return BW_OK;
+}
+
 static int check_config(const Batchwire__V1__JobConfig *c, char *err, size_t errlen)
 {
     if (!c) {
@@ -36,33 +95,33 @@ static int check_config(const Batchwire__V1__JobConfig *c, char *err, size_t err
         return BW_INVALID_ARGUMENT;
     }
     const Batchwire__V1__Dataset *d = c->dataset;
-    bool has_dataset = d && ((d->format && *d->format) || d->n_sources > 0);
+    bool has_dataset = d && ((d->format && *d->format) || d->n_sources > 0 || d->n_fields > 0);
     if (c->synthetic_samples > 0 && has_dataset) {
         snprintf(err, errlen, "config.dataset and config.synthetic_samples exclude each other");
         return BW_INVALID_ARGUMENT;
     }
     if (c->synthetic_samples == 0) {
         if (!d || !d->format || !*d->format) {
-            snprintf(err, errlen,
-                     "config.dataset.format is required (npy, tfrecord, files, jsonl, text, tar)");
+            snprintf(
+                err, errlen,
+                "config.dataset.format is required (npy, npz, tfrecord, files, jsonl, text, tar, "
+                "fields)");
             return BW_INVALID_ARGUMENT;
         }
         if (strlen(d->format) > 32) {
             snprintf(err, errlen, "config.dataset.format '%.40s...' is too long", d->format);
             return BW_INVALID_ARGUMENT;
         }
-        if (d->n_sources == 0 || d->n_sources > MAX_SOURCES) {
-            snprintf(err, errlen, "config.dataset.sources must list 1 to %d paths (got %zu)",
-                     MAX_SOURCES, d->n_sources);
-            return BW_INVALID_ARGUMENT;
+        int rc = strcmp(d->format, "fields") == 0
+                     ? check_fields(d, err, errlen)
+                     : check_sources("config.dataset", d->sources, d->n_sources, err, errlen);
+        if (rc == BW_OK && d->n_fields && strcmp(d->format, "fields") != 0) {
+            snprintf(err, errlen, "config.dataset.fields is for format fields, not '%s'",
+                     d->format);
+            rc = BW_INVALID_ARGUMENT;
         }
-        for (size_t i = 0; i < d->n_sources; i++) {
-            char what[64];
-            snprintf(what, sizeof(what), "config.dataset.sources[%zu]", i);
-            int rc = bw__check_text(what, d->sources[i], BW_NAME_MAX, err, errlen);
-            if (rc != BW_OK)
-                return rc;
-        }
+        if (rc != BW_OK)
+            return rc;
     }
     const Batchwire__V1__SamplerConfig *sc = c->sampler;
     if (!sc || sc->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_UNSPECIFIED) {

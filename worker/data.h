@@ -34,6 +34,16 @@ void bw__ds_cache_free(bw__ds_cache *c);
 int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **out, char *err,
                size_t errlen);
 bw__dataset *bw__ds_dataset(bw__wds *e);
+/* The first source a dataset request names (named arrays: the first field's), "" when none:
+ * how messages and metrics name a dataset ("FORMAT:FIRST_SOURCE"). */
+static inline const char *bw__ds_spec_first(const Batchwire__V1__Dataset *spec)
+{
+    if (spec && spec->n_sources)
+        return spec->sources[0];
+    if (spec && spec->n_fields && spec->fields[0]->n_sources)
+        return spec->fields[0]->sources[0];
+    return "";
+}
 /* Why e was opened again ("source x.npy changed size from ..."), or "" when it was not. */
 const char *bw__ds_changed(const bw__wds *e);
 void bw__ds_put(bw__wds *e);

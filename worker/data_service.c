@@ -41,6 +41,66 @@ static void refuse(bw_rpc_call *call, const char *method, int rc, const bw__exec
 
 /* ---- Describe ---- */
 
+/* d's sources as SourceInfo (in arena a), or NULL when out of memory. */
+static Batchwire__V1__SourceInfo **source_infos(bw_arena *a, const bw__dataset *d)
+{
+    Batchwire__V1__SourceInfo *srcs = bw__arena_alloc(a, (d->nsources + 1) * sizeof(*srcs));
+    Batchwire__V1__SourceInfo **sp = bw__arena_alloc(a, (d->nsources + 1) * sizeof(*sp));
+    for (size_t i = 0; srcs && sp && i < d->nsources; i++) {
+        const bw__source *s = d->sources[i];
+        batchwire__v1__source_info__init(&srcs[i]);
+        srcs[i].path = bw__arena_strdup(a, s->path);
+        srcs[i].size_bytes = s->size;
+        srcs[i].records = s->count;
+        srcs[i].first_index = d->first[i];
+        srcs[i].mtime_ns = s->mtime_ns;
+        if (!srcs[i].path)
+            return NULL;
+        sp[i] = &srcs[i];
+    }
+    return srcs && sp ? sp : NULL;
+}
+
+/* d's layout (in arena a), or NULL when out of memory. */
+static Batchwire__V1__SampleLayout *layout_info(bw_arena *a, const bw__dataset *d)
+{
+    Batchwire__V1__SampleLayout *lay = bw__arena_alloc(a, sizeof(*lay));
+    uint64_t *shape = bw__arena_alloc(a, (BW_FMT_MAX_DIMS + 1) * sizeof(*shape));
+    if (!lay || !shape)
+        return NULL;
+    batchwire__v1__sample_layout__init(lay);
+    lay->dtype = bw__arena_strdup(a, d->layout.dtype);
+    lay->n_shape = (size_t)d->layout.ndim;
+    memcpy(shape, d->layout.shape, sizeof(uint64_t) * (size_t)d->layout.ndim);
+    lay->shape = shape;
+    lay->sample_bytes = d->layout.sample_bytes;
+    return lay->dtype ? lay : NULL;
+}
+
+/* Named arrays: each field's name, layout and files; false when out of memory. */
+static bool field_infos(bw_arena *a, const bw__dataset *d, Batchwire__V1__DatasetInfo *info)
+{
+    if (!d->nfields)
+        return true;
+    Batchwire__V1__FieldInfo *fi = bw__arena_alloc(a, d->nfields * sizeof(*fi));
+    Batchwire__V1__FieldInfo **fp = bw__arena_alloc(a, d->nfields * sizeof(*fp));
+    if (!fi || !fp)
+        return false;
+    for (size_t k = 0; k < d->nfields; k++) {
+        batchwire__v1__field_info__init(&fi[k]);
+        fi[k].name = bw__arena_strdup(a, d->field_names[k]);
+        fi[k].layout = layout_info(a, d->fields[k]);
+        fi[k].n_sources = d->fields[k]->nsources;
+        fi[k].sources = source_infos(a, d->fields[k]);
+        if (!fi[k].name || !fi[k].layout || !fi[k].sources)
+            return false;
+        fp[k] = &fi[k];
+    }
+    info->n_fields = d->nfields;
+    info->fields = fp;
+    return true;
+}
+
 /* Opens, indexes and describes the dataset: may read whole files (building a record index). */
 static int describe(bw_worker *w, bw_rpc_call *call, const Batchwire__V1__DescribeRequest *r,
                     ProtobufCMessage **resp)
@@ -55,44 +115,22 @@ static int describe(bw_worker *w, bw_rpc_call *call, const Batchwire__V1__Descri
     bw_arena *a = bw__rpc_call_arena(call);
     Batchwire__V1__DescribeResponse *out = bw__arena_alloc(a, sizeof(*out));
     Batchwire__V1__DatasetInfo *info = bw__arena_alloc(a, sizeof(*info));
-    Batchwire__V1__SampleLayout *lay = bw__arena_alloc(a, sizeof(*lay));
-    Batchwire__V1__SourceInfo *srcs = bw__arena_alloc(a, (d->nsources + 1) * sizeof(*srcs));
-    Batchwire__V1__SourceInfo **sp = bw__arena_alloc(a, (d->nsources + 1) * sizeof(*sp));
-    uint64_t *shape = bw__arena_alloc(a, (BW_FMT_MAX_DIMS + 1) * sizeof(*shape));
-    if (!out || !info || !lay || !srcs || !sp || !shape) {
+    if (out && info) {
+        batchwire__v1__describe_response__init(out);
+        batchwire__v1__dataset_info__init(info);
+        out->info = info;
+        info->format = (char *)d->ops->name;
+        info->length = d->length;
+        info->fingerprint = bw__arena_strdup(a, d->fingerprint);
+        info->total_bytes = d->total_bytes;
+        info->layout = layout_info(a, d);
+        info->n_sources = d->nsources;
+        info->sources = source_infos(a, d);
+    }
+    if (!out || !info || !info->fingerprint || !info->layout || !info->sources ||
+        !field_infos(a, d, info))
         rc = bw__rpc_fail(call, BW_TOO_BIG, "Describe: the description of %zu sources is too big",
                           d->nsources);
-        bw__ds_put(e);
-        return rc;
-    }
-    batchwire__v1__describe_response__init(out);
-    batchwire__v1__dataset_info__init(info);
-    batchwire__v1__sample_layout__init(lay);
-    out->info = info;
-    info->format = (char *)d->ops->name;
-    info->length = d->length;
-    info->fingerprint = bw__arena_strdup(a, d->fingerprint);
-    info->total_bytes = d->total_bytes;
-    info->layout = lay;
-    lay->dtype = bw__arena_strdup(a, d->layout.dtype);
-    lay->n_shape = (size_t)d->layout.ndim;
-    memcpy(shape, d->layout.shape, sizeof(uint64_t) * (size_t)d->layout.ndim);
-    lay->shape = shape;
-    lay->sample_bytes = d->layout.sample_bytes;
-    info->n_sources = d->nsources;
-    info->sources = sp;
-    for (size_t i = 0; i < d->nsources && rc == BW_OK; i++) {
-        const bw__source *s = d->sources[i];
-        batchwire__v1__source_info__init(&srcs[i]);
-        srcs[i].path = bw__arena_strdup(a, s->path);
-        srcs[i].size_bytes = s->size;
-        srcs[i].records = s->count;
-        srcs[i].first_index = d->first[i];
-        srcs[i].mtime_ns = s->mtime_ns;
-        if (!srcs[i].path)
-            rc = bw__rpc_fail(call, BW_TOO_BIG, "Describe: the description is too big");
-        sp[i] = &srcs[i];
-    }
     bw__ds_put(e); /* the strings live in the arena; format names are static */
     if (rc == BW_OK)
         *resp = &out->base;

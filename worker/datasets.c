@@ -127,26 +127,72 @@ const char *bw__ds_changed(const bw__wds *e)
     return e->changed;
 }
 
-/* format NUL source NUL source NUL ...; NULL when out of memory. */
+/* Appends the strings v[0..n) with their NULs to k (at *off; k NULL: only counts). */
+static void key_add(char *k, size_t *off, char *const *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strlen(v[i]) + 1;
+        if (k)
+            memcpy(k + *off, v[i], l);
+        *off += l;
+    }
+}
+
+/* format NUL source NUL source NUL ..., then for each field (named arrays) "\x01" NUL name NUL
+ * format NUL its sources (names and paths hold no control character: checked at creation);
+ * NULL when out of memory. */
 static char *make_key(const Batchwire__V1__Dataset *spec, size_t *len)
 {
-    size_t n = strlen(spec->format) + 1;
-    for (size_t i = 0; i < spec->n_sources; i++)
-        n += strlen(spec->sources[i]) + 1;
-    char *k = malloc(n);
-    if (!k)
-        return NULL;
-    size_t off = 0;
-    size_t l = strlen(spec->format) + 1;
-    memcpy(k, spec->format, l);
-    off += l;
-    for (size_t i = 0; i < spec->n_sources; i++) {
-        l = strlen(spec->sources[i]) + 1;
-        memcpy(k + off, spec->sources[i], l);
-        off += l;
+    static char *const mark[] = {"\x01"};
+    char *k = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t off = 0;
+        key_add(k, &off, &spec->format, 1);
+        key_add(k, &off, spec->sources, spec->n_sources);
+        for (size_t f = 0; f < spec->n_fields; f++) {
+            const Batchwire__V1__DatasetField *df = spec->fields[f];
+            key_add(k, &off, mark, 1);
+            key_add(k, &off, &df->name, 1);
+            key_add(k, &off, &df->format, 1);
+            key_add(k, &off, df->sources, df->n_sources);
+        }
+        if (pass == 0 && !(k = malloc(off)))
+            return NULL;
+        *len = off;
     }
-    *len = n;
     return k;
+}
+
+/* Opens the dataset spec describes: plain, or named arrays (format "fields"). */
+static int open_spec(const char *root, const Batchwire__V1__Dataset *spec, bw__dataset **d,
+                     char *err, size_t errlen)
+{
+    if (strcmp(spec->format, "fields") != 0 || spec->n_sources) {
+        if (spec->n_fields) {
+            snprintf(err, errlen, "the dataset lists fields but its format is '%.32s', not fields",
+                     spec->format);
+            return BW_INVALID_ARGUMENT;
+        }
+        return bw__dataset_open(root, spec->format, (const char *const *)spec->sources,
+                                spec->n_sources, d, err, errlen);
+    }
+    if (spec->n_fields == 0 || spec->n_fields > BW_FMT_MAX_FIELDS) {
+        snprintf(err, errlen, "a dataset of named arrays has 1 to %d fields (got %zu)",
+                 BW_FMT_MAX_FIELDS, spec->n_fields);
+        return BW_INVALID_ARGUMENT;
+    }
+    bw__field_spec f[BW_FMT_MAX_FIELDS];
+    for (size_t i = 0; i < spec->n_fields; i++) {
+        const Batchwire__V1__DatasetField *df = spec->fields[i];
+        if (df->n_sources > BW_DATASET_MAX_SOURCES) {
+            snprintf(err, errlen, "field '%.64s': %zu sources is more than the limit of %d",
+                     df->name, df->n_sources, BW_DATASET_MAX_SOURCES);
+            return BW_TOO_BIG;
+        }
+        f[i] =
+            (bw__field_spec){df->name, df->format, (const char *const *)df->sources, df->n_sources};
+    }
+    return bw__dataset_open_fields(root, f, spec->n_fields, d, err, errlen);
 }
 
 static bw__wds *find(bw__ds_cache *c, const char *key, size_t keylen)
@@ -270,7 +316,7 @@ int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **ou
         if (!changed)
             break;
         BW_INFO("a source changed on disk; reopening the dataset dataset=%s:%s err=%s",
-                spec->format, spec->n_sources ? spec->sources[0] : "", changed_why);
+                spec->format, bw__ds_spec_first(spec), changed_why);
         drop(c, e);
         bw__ds_put(e); /* requests still using it keep it until they finish */
     }
@@ -294,8 +340,7 @@ int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **ou
 
     bw__dataset *d = NULL;
     uint64_t t0 = bw__mono_ns();
-    int rc = bw__dataset_open(c->root, spec->format, (const char *const *)spec->sources,
-                              spec->n_sources, &d, err, errlen);
+    int rc = open_spec(c->root, spec, &d, err, errlen);
     if (rc == BW_OK)
         bw__wm_opened(c->metrics, d->ops->name, t0);
 

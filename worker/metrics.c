@@ -8,6 +8,7 @@
 
 #include "batchwire/batchwire.h"
 #include "common/util.h"
+#include "data.h"
 #include "request.h"
 
 static const char *const TRANSPORT[BW_WM_TRANSPORTS] = {"grpc", "data_channel"};
@@ -181,8 +182,8 @@ bw__wm_served bw__wm_served_for(bw__wm *m, bw__wm_transport t, const Batchwire__
         return s;
     /* FORMAT:FIRST_SOURCE, ",..." when there are more: as requests name it in messages. */
     char name[512];
-    snprintf(name, sizeof(name), "%s:%s%s", spec->format, spec->n_sources ? spec->sources[0] : "",
-             spec->n_sources > 1 ? ",..." : "");
+    snprintf(name, sizeof(name), "%s:%s%s", spec->format, bw__ds_spec_first(spec),
+             spec->n_sources > 1 || spec->n_fields > 1 ? ",..." : "");
     const char *v[] = {name, TRANSPORT[t]};
     s.samples = bw__metric_series(m->samples, v);
     s.bytes = bw__metric_series(m->bytes, v);

@@ -52,11 +52,6 @@ static void meter(bw__rp *rp)
     rp->unmetered = rp->unmetered_bytes = 0;
 }
 
-static const char *first_source(const Batchwire__V1__Dataset *spec)
-{
-    return spec && spec->n_sources ? spec->sources[0] : "";
-}
-
 static bw__rp *rp_new(bw__wds *e, bw__data_stats *stats)
 {
     bw__rp *rp = calloc(1, sizeof(*rp));
@@ -261,7 +256,7 @@ int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
         BW_DEBUG("request refused worker=%s method=%s peer=%s code=%s err=%s", w->id, method, peer,
                  bw_err_name(rc), why);
         snprintf(err, errlen, "%s: dataset %s %s%s: %s", method,
-                 spec && spec->format ? spec->format : "?", first_source(spec),
+                 spec && spec->format ? spec->format : "?", bw__ds_spec_first(spec),
                  spec && spec->n_sources > 1 ? ",..." : "", why);
         return rc;
     }
@@ -329,7 +324,7 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
             snprintf(err, errlen,
                      "ReadSamples: dataset %s %s: index %llu requested (position %zu) but the "
                      "dataset has %llu samples",
-                     r->dataset->format, first_source(r->dataset),
+                     r->dataset->format, bw__ds_spec_first(r->dataset),
                      (unsigned long long)r->indices[i], i, (unsigned long long)d->length);
             rc = BW_OUT_OF_RANGE;
         }
@@ -374,7 +369,7 @@ static int open_stream(bw_worker *w, const char *peer, const Batchwire__V1__Read
         rc = BW_UNIMPLEMENTED;
     } else if (r->source >= d->nsources) {
         snprintf(err, errlen, "ReadStream: source %u requested but dataset %s %s has %zu sources",
-                 r->source, r->dataset->format, first_source(r->dataset), d->nsources);
+                 r->source, r->dataset->format, bw__ds_spec_first(r->dataset), d->nsources);
         rc = BW_OUT_OF_RANGE;
     } else if (rt && rt->placement_version) {
         uint32_t shard = bw__placement_stream_shard(r->source, d->sources[r->source]->path,
@@ -388,7 +383,7 @@ static int open_stream(bw_worker *w, const char *peer, const Batchwire__V1__Read
         rc = bw__dataset_locate(d, r->source, r->first_record, &rp->off, why, sizeof(why));
         if (rc != BW_OK)
             snprintf(err, errlen, "ReadStream: dataset %s %s: %s", r->dataset->format,
-                     first_source(r->dataset), why);
+                     bw__ds_spec_first(r->dataset), why);
         else
             atomic_fetch_add(&w->stats.records_located, 1);
     }

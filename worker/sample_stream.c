@@ -195,7 +195,7 @@ static void put_data_range(wire *w, const bw__record *r, uint64_t from, size_t l
         }
         size_t take = p->len - from < len ? (size_t)(p->len - from) : len;
         if (take >= REF_MIN)
-            put_ref(w, r->owner, p->p + from, take);
+            put_ref(w, bw__record_owner(r, i), p->p + from, take);
         else
             put_bytes(w, p->p + from, take);
         len -= take;

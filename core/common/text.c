@@ -94,3 +94,15 @@ int bw__check_name(const char *what, const char *v, size_t max, char *err, size_
     }
     return rc;
 }
+
+int bw__check_field_name(const char *v, char *err, size_t errlen)
+{
+    int rc = bw__check_name("a field name", v, BW_FIELD_NAME_MAX, err, errlen);
+    const char *bad = rc == BW_OK ? strpbrk(v, "=,") : NULL;
+    if (bad) {
+        snprintf(err, errlen, "field name '%.64s': character %zu ('%c') separates fields", v,
+                 (size_t)(bad - v) + 1, *bad);
+        rc = BW_INVALID_ARGUMENT;
+    }
+    return rc;
+}

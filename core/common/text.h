@@ -19,6 +19,11 @@ int bw__check_text(const char *what, const char *v, size_t max, char *err, size_
  * names appear in "key=value" log lines and as command-line words. */
 int bw__check_name(const char *what, const char *v, size_t max, char *err, size_t errlen);
 
-enum { BW_NAME_MAX = 255 }; /* job names, worker ids, dataset paths (bytes) */
+/* The name of a dataset's field (a named array, docs/formats.md): a name as bw__check_name, of
+ * at most BW_FIELD_NAME_MAX bytes, without '=' or ',' (they separate fields on command
+ * lines). */
+int bw__check_field_name(const char *v, char *err, size_t errlen);
+
+enum { BW_NAME_MAX = 255, BW_FIELD_NAME_MAX = 64 }; /* job names, worker ids, dataset paths (bytes) */
 
 #endif

@@ -1,3 +1,6 @@
+/* Datasets (dataset.h): sources below a data root opened, fingerprinted and indexed as one
+ * list of samples, and datasets of named arrays (fields, npz) assembled from one-array
+ * datasets. */
 #include "formats/dataset.h"
 
 #include <errno.h>
@@ -84,8 +87,8 @@ static void raise_nofile(void)
 }
 
 /* Opens one resolved path as a source. `rel` is what people see. */
-static int open_source(const char *root, const bw__format_ops *ops, const char *rel,
-                       bw__source **out, char *err, size_t errlen)
+static int open_source(const char *root, const bw__format_ops *ops, const char *member,
+                       const char *rel, bw__source **out, char *err, size_t errlen)
 {
     char full[PATH_MAX + 64], real[PATH_MAX];
     snprintf(full, sizeof(full), "%s/%s", root, rel);
@@ -105,6 +108,7 @@ static int open_source(const char *root, const bw__format_ops *ops, const char *
     s->fd = -1;
     s->root = root;
     snprintf(s->path, sizeof(s->path), "%s", rel);
+    snprintf(s->member, sizeof(s->member), "%s", member);
     snprintf(s->abspath, sizeof(s->abspath), "%s", real);
     struct stat st;
     int rc = BW_OK;
@@ -237,7 +241,11 @@ static int fingerprint(bw__dataset *d, char *err, size_t errlen)
     }
     EVP_DigestInit_ex(h, EVP_sha256(), NULL);
     EVP_DigestUpdate(h, d->ops->name, strlen(d->ops->name) + 1);
-    for (size_t i = 0; i < d->nsources; i++) {
+    for (size_t k = 0; k < d->nfields; k++) { /* named arrays: each field's name and digest */
+        EVP_DigestUpdate(h, d->field_names[k], strlen(d->field_names[k]) + 1);
+        EVP_DigestUpdate(h, d->fields[k]->fingerprint, strlen(d->fields[k]->fingerprint) + 1);
+    }
+    for (size_t i = 0; i < d->nsources && !d->nfields; i++) {
         const bw__source *s = d->sources[i];
         EVP_DigestUpdate(h, s->path, strlen(s->path) + 1);
         EVP_DigestUpdate(h, &s->size, sizeof(s->size));
@@ -256,20 +264,15 @@ static int fingerprint(bw__dataset *d, char *err, size_t errlen)
     return BW_OK;
 }
 
-int bw__dataset_open(const char *root, const char *format, const char *const *patterns,
-                     size_t npatterns, bw__dataset **out, char *err, size_t errlen)
+static int open_npz(const char *root, const char *const *patterns, size_t npatterns,
+                    bw__dataset **out, char *err, size_t errlen);
+
+/* Opens ops over patterns (npz: the array `member` of each archive; "" otherwise). */
+static int open_plain(const char *root, const bw__format_ops *ops, const char *member,
+                      const char *const *patterns, size_t npatterns, bw__dataset **out, char *err,
+                      size_t errlen)
 {
-    const bw__format_ops *ops = bw__format_find(format);
-    if (!ops) {
-        size_t n;
-        const char *const *names = bw__format_names(&n);
-        char list[128] = "";
-        for (size_t i = 0, off = 0; i < n && off < sizeof(list); i++)
-            off +=
-                (size_t)snprintf(list + off, sizeof(list) - off, "%s%s", i ? ", " : "", names[i]);
-        snprintf(err, errlen, "unknown dataset format '%s' (known: %s)", format, list);
-        return BW_INVALID_ARGUMENT;
-    }
+    const char *format = ops->name;
     if (npatterns == 0) {
         snprintf(err, errlen, "the dataset lists no sources");
         return BW_INVALID_ARGUMENT;
@@ -310,7 +313,7 @@ int bw__dataset_open(const char *root, const char *format, const char *const *pa
             }
             bw__source *s = NULL;
             if (rc == BW_OK)
-                rc = open_source(root, ops, paths[i], &s, err, errlen);
+                rc = open_source(root, ops, member, paths[i], &s, err, errlen);
             if (rc == BW_OK) {
                 d->sources[d->nsources++] = s;
                 d->total_bytes += s->size;
@@ -330,6 +333,274 @@ int bw__dataset_open(const char *root, const char *format, const char *const *pa
         return rc;
     }
     *out = d;
+    return BW_OK;
+}
+
+int bw__dataset_open(const char *root, const char *format, const char *const *patterns,
+                     size_t npatterns, bw__dataset **out, char *err, size_t errlen)
+{
+    const bw__format_ops *ops = bw__format_find(format);
+    if (!ops) {
+        size_t n;
+        const char *const *names = bw__format_names(&n);
+        char list[128] = "";
+        for (size_t i = 0, off = 0; i < n && off < sizeof(list); i++)
+            off +=
+                (size_t)snprintf(list + off, sizeof(list) - off, "%s%s", i ? ", " : "", names[i]);
+        snprintf(err, errlen, "unknown dataset format '%s' (known: %s, or named arrays)", format,
+                 list);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (ops == &bw__fmt_npz)
+        return open_npz(root, patterns, npatterns, out, err, errlen);
+    return open_plain(root, ops, "", patterns, npatterns, out, err, errlen);
+}
+
+/* ---- named arrays ---- */
+
+/* A dataset of named arrays is no reader of its own: its samples are assembled here. */
+static const bw__format_ops fields_ops = {.name = "fields"};
+
+/* Prefixes err (which holds a sentence) with "field 'NAME': ". */
+static int field_fail(const char *name, int rc, char *err, size_t errlen)
+{
+    char why[768];
+    snprintf(why, sizeof(why), "%s", err);
+    snprintf(err, errlen, "field '%s': %s", name, why);
+    return rc;
+}
+
+/* Makes d (ops and nothing else set) the dataset of the opened one-array datasets f[0..n)
+ * (taken over, freed on failure with d) named names[0..n) (copied). */
+static int assemble(bw__dataset *d, bw__dataset **f, const char *const *names, size_t n, char *err,
+                    size_t errlen)
+{
+    d->fields = calloc(n, sizeof(*d->fields));
+    d->field_names = calloc(n, sizeof(*d->field_names));
+    if (!d->fields || !d->field_names) {
+        for (size_t k = 0; k < n; k++)
+            bw__dataset_free(f[k]);
+        snprintf(err, errlen, "out of memory opening %zu fields", n);
+        return BW_NOMEM;
+    }
+    d->nfields = n;
+    int rc = BW_OK;
+    for (size_t k = 0; k < n; k++) {
+        d->fields[k] = f[k];
+        if (!(d->field_names[k] = strdup(names[k])) && rc == BW_OK) {
+            snprintf(err, errlen, "out of memory opening %zu fields", n);
+            rc = BW_NOMEM;
+        }
+    }
+    const bw__dataset *a = f[0];
+    for (size_t k = 0; k < n && rc == BW_OK; k++) {
+        const bw__dataset *b = f[k];
+        if ((rc = bw__dataset_index(f[k], err, errlen)) != BW_OK)
+            return field_fail(names[k], rc, err, errlen);
+        if (b->layout.sample_bytes == 0) {
+            snprintf(err, errlen,
+                     "field '%s': its rows (dtype '%s', %d sample dims) hold no bytes or differ "
+                     "in size between its files",
+                     names[k], b->layout.dtype, b->layout.ndim);
+            return BW_INVALID_ARGUMENT;
+        }
+        if (k == 0)
+            continue;
+        if (b->length != a->length) {
+            snprintf(err, errlen,
+                     "field '%s' has %llu samples (rows) and field '%s' has %llu: every field "
+                     "of a dataset must have the same length",
+                     names[k], (unsigned long long)b->length, names[0],
+                     (unsigned long long)a->length);
+            return BW_MISMATCH;
+        }
+        if (b->nsources != a->nsources) {
+            snprintf(err, errlen,
+                     "field '%s' is split over %zu files and field '%s' over %zu: every field "
+                     "must be split over its files the same way (file k of each holding the "
+                     "same rows)",
+                     names[k], b->nsources, names[0], a->nsources);
+            return BW_MISMATCH;
+        }
+        for (size_t i = 0; i < b->nsources; i++)
+            if (b->sources[i]->count != a->sources[i]->count) {
+                snprintf(err, errlen,
+                         "field '%s': file %s holds %llu rows where field '%s''s file %s holds "
+                         "%llu: every field must be split over its files the same way",
+                         names[k], b->sources[i]->path, (unsigned long long)b->sources[i]->count,
+                         names[0], a->sources[i]->path, (unsigned long long)a->sources[i]->count);
+                return BW_MISMATCH;
+            }
+    }
+    if (rc != BW_OK)
+        return rc;
+    d->nsources = a->nsources;
+    d->sources = a->sources;
+    d->first = a->first;
+    d->length = a->length;
+    d->indexed = true;
+    d->total_bytes = 0;
+    for (size_t k = 0; k < n; k++) {
+        d->layout.sample_bytes += f[k]->layout.sample_bytes;
+        /* npz: every field is in the same archives */
+        d->total_bytes += d->ops == &bw__fmt_npz && k ? 0 : f[k]->total_bytes;
+    }
+    return fingerprint(d, err, errlen);
+}
+
+static bw__dataset *new_fields(const bw__format_ops *ops, char *err, size_t errlen)
+{
+    bw__dataset *d = calloc(1, sizeof(*d));
+    if (!d) {
+        snprintf(err, errlen, "out of memory opening a dataset of fields");
+        return NULL;
+    }
+    d->ops = ops;
+    pthread_mutex_init(&d->mu, NULL);
+    return d;
+}
+
+int bw__dataset_open_fields(const char *root, const bw__field_spec *fields, size_t n,
+                            bw__dataset **out, char *err, size_t errlen)
+{
+    if (n == 0 || n > BW_FMT_MAX_FIELDS) {
+        snprintf(err, errlen, "a dataset of named arrays has 1 to %d fields (got %zu)",
+                 BW_FMT_MAX_FIELDS, n);
+        return BW_INVALID_ARGUMENT;
+    }
+    for (size_t k = 0; k < n; k++) {
+        int rc = bw__check_field_name(fields[k].name, err, errlen);
+        if (rc != BW_OK)
+            return rc;
+        for (size_t j = 0; j < k; j++)
+            if (strcmp(fields[j].name, fields[k].name) == 0) {
+                snprintf(err, errlen, "field '%s' is named twice", fields[k].name);
+                return BW_INVALID_ARGUMENT;
+            }
+        if (!fields[k].format || strcmp(fields[k].format, "npy") != 0) {
+            snprintf(err, errlen,
+                     "field '%s': format '%.32s' cannot be a field: fields are .npy arrays "
+                     "(npy:PATH[,PATH...]); an .npz archive is a dataset of fields by itself "
+                     "(npz:PATH)",
+                     fields[k].name, fields[k].format ? fields[k].format : "");
+            return BW_INVALID_ARGUMENT;
+        }
+    }
+    bw__dataset **f = calloc(n, sizeof(*f));
+    const char **names = calloc(n, sizeof(*names));
+    bw__dataset *d = f && names ? new_fields(&fields_ops, err, errlen) : NULL;
+    int rc = d ? BW_OK : BW_NOMEM;
+    if (rc == BW_NOMEM && (!f || !names))
+        snprintf(err, errlen, "out of memory opening %zu fields", n);
+    for (size_t k = 0; k < n && rc == BW_OK; k++) {
+        names[k] = fields[k].name;
+        rc = open_plain(root, &bw__fmt_npy, "", fields[k].patterns, fields[k].npatterns, &f[k], err,
+                        errlen);
+        if (rc != BW_OK) {
+            field_fail(fields[k].name, rc, err, errlen);
+            while (k-- > 0)
+                bw__dataset_free(f[k]);
+        }
+    }
+    if (rc == BW_OK)
+        rc = assemble(d, f, names, n, err, errlen);
+    free(f);
+    free(names);
+    if (rc != BW_OK) {
+        bw__dataset_free(d);
+        return rc;
+    }
+    *out = d;
+    return BW_OK;
+}
+
+/* npz: every array of the archives is a field, in the first archive's order; every archive
+ * must hold the same arrays. */
+static int open_npz(const char *root, const char *const *patterns, size_t npatterns,
+                    bw__dataset **out, char *err, size_t errlen)
+{
+    bw__dataset *list = NULL; /* the archives, opened to list their members */
+    int rc = open_plain(root, &bw__fmt_npz, "", patterns, npatterns, &list, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    char first[4096], other[4096];
+    size_t n = 0, m = 0;
+    rc = bw__npz_members(list->sources[0], first, sizeof(first), &n, err, errlen);
+    for (size_t i = 1; i < list->nsources && rc == BW_OK; i++) {
+        size_t len0 = 0, len1 = 0;
+        rc = bw__npz_members(list->sources[i], other, sizeof(other), &m, err, errlen);
+        for (size_t k = 0; k < n; k++)
+            len0 += strlen(first + len0) + 1;
+        for (size_t k = 0; k < m; k++)
+            len1 += strlen(other + len1) + 1;
+        if (rc == BW_OK && (m != n || len0 != len1 || memcmp(first, other, len0) != 0)) {
+            snprintf(err, errlen,
+                     "archive %s holds %zu arrays and %s holds %zu, or other names or another "
+                     "order: every archive of a dataset must hold the same arrays",
+                     list->sources[i]->path, m, list->sources[0]->path, n);
+            rc = BW_MISMATCH;
+        }
+    }
+    /* the archives' paths (globs expanded), for each field */
+    const char **paths = rc == BW_OK ? calloc(list->nsources, sizeof(*paths)) : NULL;
+    if (rc == BW_OK && !paths) {
+        snprintf(err, errlen, "out of memory opening %zu archives", list->nsources);
+        rc = BW_NOMEM;
+    }
+    for (size_t i = 0; paths && i < list->nsources; i++)
+        paths[i] = list->sources[i]->path;
+    bw__dataset *f[BW_FMT_MAX_FIELDS];
+    const char *names[BW_FMT_MAX_FIELDS];
+    bw__dataset *d = rc == BW_OK ? new_fields(&bw__fmt_npz, err, errlen) : NULL;
+    if (rc == BW_OK && !d)
+        rc = BW_NOMEM;
+    size_t opened = 0;
+    for (size_t k = 0, off = 0; k < n && rc == BW_OK; k++) {
+        names[k] = first + off;
+        off += strlen(first + off) + 1;
+        char member[BW_FIELD_NAME_MAX + 8];
+        if ((rc = bw__check_field_name(names[k], err, errlen)) != BW_OK) {
+            field_fail(names[k], rc, err, errlen);
+            break;
+        }
+        snprintf(member, sizeof(member), "%s.npy", names[k]);
+        rc = open_plain(root, &bw__fmt_npz, member, paths, list->nsources, &f[k], err, errlen);
+        if (rc != BW_OK)
+            field_fail(names[k], rc, err, errlen);
+        else
+            opened++;
+    }
+    if (rc == BW_OK)
+        rc = assemble(d, f, names, n, err, errlen);
+    else
+        for (size_t k = 0; k < opened; k++)
+            bw__dataset_free(f[k]);
+    free(paths);
+    bw__dataset_free(list);
+    if (rc != BW_OK) {
+        bw__dataset_free(d);
+        return rc;
+    }
+    *out = d;
+    return BW_OK;
+}
+
+/* A sample of named arrays: row `index` of every field, one part each. */
+static int get_fields(bw__dataset *d, uint64_t index, bw__record *r, char *err, size_t errlen)
+{
+    bw__record_init(r);
+    r->per_part_owner = true;
+    for (size_t k = 0; k < d->nfields; k++) {
+        bw__record one;
+        int rc = bw__dataset_get(d->fields[k], index, &one, err, errlen);
+        if (rc != BW_OK)
+            return field_fail(d->field_names[k], rc, err, errlen);
+        r->parts[k] = one.parts[0]; /* npy records are one part and own nothing */
+        r->owners[k] = one.owner;
+        r->size += one.size;
+    }
+    r->nparts = d->nfields;
+    r->owner = r->owners[0];
     return BW_OK;
 }
 
@@ -406,6 +677,8 @@ int bw__dataset_get(bw__dataset *d, uint64_t index, bw__record *r, char *err, si
                  (unsigned long long)index, (unsigned long long)d->length);
         return BW_OUT_OF_RANGE;
     }
+    if (d->nfields)
+        return get_fields(d, index, r, err, errlen);
     size_t lo = bw__dataset_source_of(d, index);
     bw__source *s = d->sources[lo];
     return s->ops->get(s, index - d->first[lo], r, err, errlen);
@@ -433,7 +706,10 @@ bool bw__dataset_changed(const bw__dataset *d, char *why, size_t whylen)
         why = none;
         whylen = sizeof(none);
     }
-    for (size_t i = 0; i < d->nsources; i++) {
+    for (size_t k = 0; k < d->nfields; k++)
+        if (bw__dataset_changed(d->fields[k], why, whylen))
+            return true;
+    for (size_t i = 0; i < d->nsources && !d->nfields; i++) {
         const bw__source *s = d->sources[i];
         struct stat st;
         if (stat(s->abspath, &st) != 0) {
@@ -465,6 +741,13 @@ bool bw__dataset_changed(const bw__dataset *d, char *why, size_t whylen)
 
 int bw__dataset_check(const bw__dataset *d, size_t src, char *err, size_t errlen)
 {
+    for (size_t k = 0; k < d->nfields; k++) {
+        int rc = bw__dataset_check(d->fields[k], src, err, errlen);
+        if (rc != BW_OK)
+            return rc;
+    }
+    if (d->nfields)
+        return BW_OK;
     return src < d->nsources ? bw__source_check(d->sources[src], err, errlen) : BW_OK;
 }
 
@@ -472,6 +755,17 @@ void bw__dataset_free(bw__dataset *d)
 {
     if (!d)
         return;
+    if (d->nfields) { /* sources and first are field 0's */
+        d->nsources = 0;
+        d->sources = NULL;
+        d->first = NULL;
+    }
+    for (size_t k = 0; k < d->nfields; k++) {
+        bw__dataset_free(d->fields[k]);
+        free(d->field_names[k]);
+    }
+    free(d->fields);
+    free(d->field_names);
     for (size_t i = 0; i < d->nsources; i++)
         bw__source_free(d->sources[i]);
     free(d->sources);

@@ -5,6 +5,12 @@
  * outside the root ("..", symlinks, absolute paths); it parses headers and computes the
  * fingerprint, but builds no record index (bw__dataset_index does, once).
  *
+ * A dataset of named arrays (docs/formats.md, "Named arrays"; bw__dataset_open_fields, and
+ * format npz) is a list of fields, each a one-array dataset of its own, all of the same length
+ * and split over their files the same way: sample i is row i of every field, its record one
+ * part per field in field order. Its sources and index are field 0's (borrowed); a check of
+ * source k checks file k of every field.
+ *
  * Thread-safety: open and free are single-threaded; bw__dataset_index may be called from any
  * thread (the first caller builds, others wait); get/next are thread-safe once indexed.
  */
@@ -33,12 +39,32 @@ typedef struct bw__dataset {
     bool indexed;
     int index_rc; /* the first index attempt's result, repeated to later callers */
     char index_err[512];
+    /* named arrays: the fields and their names; sources and first are field 0's */
+    size_t nfields;
+    struct bw__dataset **fields;
+    char **field_names;
 } bw__dataset;
+
+/* One named array of a dataset of fields: a format (npy) over patterns, as bw__dataset_open. */
+typedef struct bw__field_spec {
+    const char *name;
+    const char *format;
+    const char *const *patterns;
+    size_t npatterns;
+} bw__field_spec;
 
 /* Opens `format` over `patterns` below `root` (a resolved directory). On failure returns a
  * code with a sentence naming the source and the reason; nothing is left open. */
 int bw__dataset_open(const char *root, const char *format, const char *const *patterns,
                      size_t npatterns, bw__dataset **out, char *err, size_t errlen);
+
+/* Opens a dataset of the named arrays fields[0..n) (1 to BW_FMT_MAX_FIELDS, names checked by
+ * bw__check_field_name and unique, format npy) and indexes it. Refuses, naming the field, a
+ * field that cannot be opened, whose rows are empty, whose length differs from field 0's, or
+ * that is split over its files otherwise than field 0 (another number of files, or file k
+ * holding another number of rows). */
+int bw__dataset_open_fields(const char *root, const bw__field_spec *fields, size_t n,
+                            bw__dataset **out, char *err, size_t errlen);
 
 /* Builds every source's record index (idempotent; the result, good or bad, is kept). */
 int bw__dataset_index(bw__dataset *d, char *err, size_t errlen);

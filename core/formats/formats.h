@@ -66,6 +66,10 @@ typedef struct bw__record {
     uint64_t size;                         /* sum of the parts' lengths */
     bw__mapping *owner;
     bool owner_is_own; /* files: owner was created for this record; release it */
+    /* Named arrays (dataset.h, fields): part i lies in owners[i]'s memory (the fields' files
+     * differ); otherwise every part lies in owner's. See bw__record_owner. */
+    bool per_part_owner;
+    bw__mapping *owners[BW_FMT_MAX_FIELDS + 1];
     /* tar: the sample key and each field's name, NUL-terminated, at these offsets of text */
     bool has_names;
     uint32_t key;
@@ -81,9 +85,16 @@ static inline void bw__record_init(bw__record *r)
     r->size = 0;
     r->owner = NULL;
     r->owner_is_own = false;
+    r->per_part_owner = false;
     r->has_names = false;
     r->key = 0;
     r->textlen = 0;
+}
+
+/* The mapping that holds part i of r (keep it alive with bw__mapping_ref). */
+static inline bw__mapping *bw__record_owner(const bw__record *r, size_t i)
+{
+    return r->per_part_owner ? r->owners[i] : r->owner;
 }
 
 /* Releases what a record owns (only "files" records own anything). */
@@ -122,6 +133,7 @@ struct bw__source {
     const bw__format_ops *ops;
     char path[1024];    /* as shown to people: relative to the data root */
     char abspath[4096]; /* resolved */
+    char member[256];   /* npz: the archive member read ("x.npy"); "" otherwise */
     const char *root;   /* the data root (resolved), for checks on paths found inside */
     bw__mapping *map;   /* whole file; NULL for directories */
     uint64_t size;
@@ -153,6 +165,21 @@ extern const bw__format_ops bw__fmt_jsonl;
 extern const bw__format_ops bw__fmt_text;
 extern const bw__format_ops bw__fmt_tar;
 extern const bw__format_ops bw__fmt_files;
+extern const bw__format_ops bw__fmt_npz; /* one array (s->member) of an uncompressed .npz */
+
+/* npy and npz: parse the .npy array whose bytes are [start, start + len) of s's file, and make
+ * its rows s's records (index, get and close below serve both formats). */
+int bw__npy_open_at(bw__source *s, uint64_t start, uint64_t len, char *err, size_t errlen);
+int bw__npy_index(bw__source *s, char *err, size_t errlen);
+int bw__npy_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t errlen);
+void bw__npy_close(bw__source *s);
+
+/* npz: the names of the archive members of s's file (an open source of any format), in the
+ * archive's order, NUL-separated into names[0..cap) with *n of them. BW_UNIMPLEMENTED (saying
+ * to write it with np.savez) when a member is compressed, BW_CORRUPT for a malformed
+ * archive. */
+int bw__npz_members(const bw__source *s, char *names, size_t cap, size_t *n, char *err,
+                    size_t errlen);
 
 /* The reader named `name`, or NULL. */
 const bw__format_ops *bw__format_find(const char *name);

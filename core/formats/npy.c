@@ -1,6 +1,8 @@
 /* NumPy .npy (format versions 1.0, 2.0 and 3.0): the header is a Python dict literal with
  * 'descr', 'fortran_order' and 'shape'; sample i is row i along axis 0. Bytes are served as
- * stored: the dtype string (with its byte order) travels in the layout, nothing is swapped. */
+ * stored: the dtype string (with its byte order) travels in the layout, nothing is swapped.
+ * The array may start anywhere in its file (bw__npy_open_at): npz.c serves an archive's
+ * stored members with the same code. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,10 +131,15 @@ static uint64_t item_size(const char *d, const char **why)
 
 static int npy_open(bw__source *s, char *err, size_t errlen)
 {
-    const uint8_t *b = s->map->base;
-    uint64_t len = s->size;
+    return bw__npy_open_at(s, 0, s->size, err, errlen);
+}
+
+/* Offsets in messages and in the state are the file's; b and len are the array's. */
+int bw__npy_open_at(bw__source *s, uint64_t start, uint64_t len, char *err, size_t errlen)
+{
+    const uint8_t *b = len ? s->map->base + start : NULL; /* no arithmetic on NULL */
     if (len < 10 || memcmp(b, "\x93NUMPY", 6) != 0)
-        return bw__fmt_fail(s, BW_CORRUPT, 0, err, errlen,
+        return bw__fmt_fail(s, BW_CORRUPT, start, err, errlen,
                             "not a .npy file (missing the \\x93NUMPY magic)");
     unsigned major = b[6], minor = b[7];
     uint64_t hlen, hstart;
@@ -141,18 +148,19 @@ static int npy_open(bw__source *s, char *err, size_t errlen)
         hstart = 10;
     } else if (major == 2 || major == 3) {
         if (len < 12)
-            return bw__fmt_fail(s, BW_CORRUPT, 8, err, errlen, "truncated .npy header length");
+            return bw__fmt_fail(s, BW_CORRUPT, start + 8, err, errlen,
+                                "truncated .npy header length");
         hlen = (uint64_t)b[8] | (uint64_t)b[9] << 8 | (uint64_t)b[10] << 16 | (uint64_t)b[11] << 24;
         hstart = 12;
     } else {
-        return bw__fmt_fail(s, BW_CORRUPT, 6, err, errlen,
+        return bw__fmt_fail(s, BW_CORRUPT, start + 6, err, errlen,
                             ".npy format version %u.%u is not 1.0, 2.0 or 3.0", major, minor);
     }
     if (minor != 0)
-        return bw__fmt_fail(s, BW_CORRUPT, 7, err, errlen,
+        return bw__fmt_fail(s, BW_CORRUPT, start + 7, err, errlen,
                             ".npy format version %u.%u is not 1.0, 2.0 or 3.0", major, minor);
     if (hstart + hlen > len)
-        return bw__fmt_fail(s, BW_CORRUPT, hstart, err, errlen,
+        return bw__fmt_fail(s, BW_CORRUPT, start + hstart, err, errlen,
                             "truncated .npy header: %llu bytes announced, %llu in the file",
                             (unsigned long long)hlen, (unsigned long long)(len - hstart));
     parser ps = {(const char *)b + hstart, (const char *)b + hstart + hlen};
@@ -217,43 +225,43 @@ static int npy_open(bw__source *s, char *err, size_t errlen)
     if (!bad && (!have_descr || fortran < 0 || !have_shape))
         bad = "header lacks one of 'descr', 'fortran_order', 'shape'";
     if (bad)
-        return bw__fmt_fail(s, BW_CORRUPT, hstart + (uint64_t)(ps.p - (const char *)b - hstart),
-                            err, errlen, "bad .npy header: %s", bad);
+        return bw__fmt_fail(s, BW_CORRUPT, start + (uint64_t)(ps.p - (const char *)b), err, errlen,
+                            "bad .npy header: %s", bad);
     const char *why = NULL;
     uint64_t isz = item_size(descr, &why);
     if (isz == 0)
-        return bw__fmt_fail(s, BW_UNIMPLEMENTED, hstart, err, errlen,
+        return bw__fmt_fail(s, BW_UNIMPLEMENTED, start + hstart, err, errlen,
                             "dtype '%s' is not supported: %s", descr, why);
     if (ndim == 0)
-        return bw__fmt_fail(s, BW_UNIMPLEMENTED, hstart, err, errlen,
+        return bw__fmt_fail(s, BW_UNIMPLEMENTED, start + hstart, err, errlen,
                             "a 0-d array (shape ()) has no axis 0 to take samples along");
     if (fortran && ndim > 1)
-        return bw__fmt_fail(s, BW_UNIMPLEMENTED, hstart, err, errlen,
+        return bw__fmt_fail(s, BW_UNIMPLEMENTED, start + hstart, err, errlen,
                             "Fortran-order arrays are not supported (samples would not be "
                             "contiguous); rewrite it with np.save(path, np.ascontiguousarray(a))");
     uint64_t row = isz;
     for (int d = 1; d < ndim; d++) {
         if (shape[d] && row > UINT64_MAX / shape[d])
-            return bw__fmt_fail(s, BW_CORRUPT, hstart, err, errlen, "shape overflows");
+            return bw__fmt_fail(s, BW_CORRUPT, start + hstart, err, errlen, "shape overflows");
         row *= shape[d];
     }
     uint64_t data_off = hstart + hlen;
     uint64_t avail = len - data_off;
     if (row && shape[0] > avail / row)
-        return bw__fmt_fail(s, BW_CORRUPT, data_off, err, errlen,
+        return bw__fmt_fail(s, BW_CORRUPT, start + data_off, err, errlen,
                             "truncated: shape[0]=%llu rows of %llu bytes need %llu bytes after "
                             "the header, the file has %llu",
                             (unsigned long long)shape[0], (unsigned long long)row,
                             (unsigned long long)(shape[0] * (row ? row : 1)),
                             (unsigned long long)avail);
     if (avail != shape[0] * row)
-        return bw__fmt_fail(s, BW_CORRUPT, data_off + shape[0] * row, err, errlen,
+        return bw__fmt_fail(s, BW_CORRUPT, start + data_off + shape[0] * row, err, errlen,
                             "%llu unexpected bytes after the array's data (wrong shape?)",
                             (unsigned long long)(avail - shape[0] * row));
     npy *st = calloc(1, sizeof(*st));
     if (!st)
         return BW_NOMEM;
-    st->data_off = data_off;
+    st->data_off = start + data_off;
     st->rows = shape[0];
     st->row_bytes = row;
     s->state = st;
@@ -265,7 +273,7 @@ static int npy_open(bw__source *s, char *err, size_t errlen)
     return BW_OK;
 }
 
-static int npy_index(bw__source *s, char *err, size_t errlen)
+int bw__npy_index(bw__source *s, char *err, size_t errlen)
 {
     (void)err;
     (void)errlen;
@@ -274,7 +282,7 @@ static int npy_index(bw__source *s, char *err, size_t errlen)
     return BW_OK;
 }
 
-static int npy_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t errlen)
+int bw__npy_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t errlen)
 {
     bw__record_init(r);
     const npy *st = s->state;
@@ -290,7 +298,7 @@ static int npy_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t e
     return BW_OK;
 }
 
-static void npy_close(bw__source *s)
+void bw__npy_close(bw__source *s)
 {
     free(s->state);
     s->state = NULL;
@@ -299,8 +307,8 @@ static void npy_close(bw__source *s)
 const bw__format_ops bw__fmt_npy = {
     .name = "npy",
     .open = npy_open,
-    .index = npy_index,
-    .get = npy_get,
+    .index = bw__npy_index,
+    .get = bw__npy_get,
     .next = NULL,
-    .close = npy_close,
+    .close = bw__npy_close,
 };

@@ -238,7 +238,8 @@ void bw__record_release(bw__record *r)
 }
 
 static const bw__format_ops *const formats[] = {
-    &bw__fmt_npy, &bw__fmt_tfrecord, &bw__fmt_files, &bw__fmt_jsonl, &bw__fmt_text, &bw__fmt_tar,
+    &bw__fmt_npy,  &bw__fmt_tfrecord, &bw__fmt_files, &bw__fmt_jsonl,
+    &bw__fmt_text, &bw__fmt_tar,      &bw__fmt_npz,
 };
 enum { NFORMATS = sizeof(formats) / sizeof(formats[0]) };
 
@@ -252,7 +253,7 @@ const bw__format_ops *bw__format_find(const char *name)
 
 const char *const *bw__format_names(size_t *n)
 {
-    static const char *const names[] = {"npy", "tfrecord", "files", "jsonl", "text", "tar"};
+    static const char *const names[] = {"npy", "tfrecord", "files", "jsonl", "text", "tar", "npz"};
     _Static_assert(sizeof(names) / sizeof(names[0]) == NFORMATS, "one name per format");
     *n = NFORMATS;
     return names;
