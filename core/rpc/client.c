@@ -13,6 +13,8 @@
 #include <grpc/support/time.h>
 
 #include "common/errors.h"
+#include "common/interrupt.h"
+#include "common/util.h"
 
 enum { BW_CHANNEL_METHODS_MAX = 64 };
 
@@ -237,24 +239,64 @@ static gpr_timespec deadline_in(int timeout_ms)
 
 bool bw__rpc_channel_wait(bw_rpc_channel *ch, int timeout_ms)
 {
-    gpr_timespec deadline = deadline_in(timeout_ms);
+    uint64_t end = bw__mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
     grpc_connectivity_state st = grpc_channel_check_connectivity_state(ch->channel, 1);
-    while (st != GRPC_CHANNEL_READY && st != GRPC_CHANNEL_SHUTDOWN) {
-        grpc_channel_watch_connectivity_state(ch->channel, st, deadline, cq, NULL);
-        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-        if (ev.type != GRPC_OP_COMPLETE || !ev.success)
-            break; /* the deadline passed */
+    /* Watched a slice at a time, so that an interrupt (bw_interrupt) ends the wait. */
+    uint64_t now;
+    while (st != GRPC_CHANNEL_READY && st != GRPC_CHANNEL_SHUTDOWN && !bw__interrupted() &&
+           (now = bw__mono_ms()) < end) {
+        grpc_channel_watch_connectivity_state(
+            ch->channel, st, deadline_in(bw__interrupt_slice((int)(end - now))), cq, NULL);
+        grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         st = grpc_channel_check_connectivity_state(ch->channel, 1);
     }
     queue_destroy(cq);
     return st == GRPC_CHANNEL_READY;
 }
 
-int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMessage *req,
-                 bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, char *err, size_t errlen)
+/* Waits for the one batch outstanding on cq. When interrupted (and `interruptible`), cancels
+ * the call -- its batch then completes at once -- and says so. */
+static bool wait_batch(grpc_completion_queue *cq, grpc_call *call, bool interruptible)
+{
+    bool cancelled = false;
+    for (;;) {
+        gpr_timespec until = interruptible && !cancelled ? deadline_in(bw__interrupt_slice(-1))
+                                                         : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+        grpc_event ev = grpc_completion_queue_next(cq, until, NULL);
+        if (ev.type == GRPC_OP_COMPLETE)
+            return cancelled;
+        if (ev.type == GRPC_QUEUE_TIMEOUT && bw__interrupted()) {
+            grpc_call_cancel(call, NULL);
+            cancelled = true;
+        }
+    }
+}
+
+static int interrupted_error(const bw_rpc_channel *ch, const bw_rpc_method *m, char *err,
+                             size_t errlen)
+{
+    snprintf(err, errlen, "%s to %s: %s", m->name, ch->target, bw_strerror(BW_INTERRUPTED));
+    return BW_INTERRUPTED;
+}
+
+bool bw__rpc_unknown_host(const char *err)
+{
+    /* gRPC's resolvers: c-ares says "Domain name not found" (ARES_ENOTFOUND), the native one
+     * getaddrinfo's "Name or service not known"; a resolver that cannot be reached says
+     * neither (that is an outage, retried). */
+    return strstr(err, "DNS resolution failed") &&
+           (strstr(err, "Domain name not found") || strstr(err, "Name or service not known") ||
+            strstr(err, "No address associated with hostname"));
+}
+
+static int unary_call(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMessage *req,
+                      bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, bool interruptible,
+                      char *err, size_t errlen)
 {
     *resp = NULL;
+    if (interruptible && bw__interrupted())
+        return interrupted_error(ch, m, err, errlen);
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
     grpc_call *call =
         grpc_channel_create_registered_call(ch->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
@@ -294,8 +336,10 @@ int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMess
         rc = BW_INTERNAL;
     } else {
         /* The call's deadline bounds the wait; the batch always completes. */
-        grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-        if (status != GRPC_STATUS_OK) {
+        bool cancelled = wait_batch(cq, call, interruptible);
+        if (status != GRPC_STATUS_OK && cancelled) {
+            rc = interrupted_error(ch, m, err, errlen);
+        } else if (status != GRPC_STATUS_OK) {
             rc = call_error(ch, m, status, details, &trailing_md, err, errlen);
         } else if (!recv) {
             snprintf(err, errlen, "%s to %s: the response carried no message", m->name, ch->target);
@@ -317,6 +361,19 @@ int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMess
     return rc;
 }
 
+int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMessage *req,
+                 bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, char *err, size_t errlen)
+{
+    return unary_call(ch, m, req, arena, resp, timeout_ms, true, err, errlen);
+}
+
+int bw__rpc_call_uninterrupted(bw_rpc_channel *ch, const bw_rpc_method *m,
+                               const ProtobufCMessage *req, bw_arena *arena,
+                               ProtobufCMessage **resp, int timeout_ms, char *err, size_t errlen)
+{
+    return unary_call(ch, m, req, arena, resp, timeout_ms, false, err, errlen);
+}
+
 /* Tags of a stream's batches. */
 enum { ST_START = 1, ST_STATUS, ST_MESSAGE };
 
@@ -333,6 +390,7 @@ struct bw_rpc_stream {
     grpc_byte_buffer *recv;
     int pending; /* batches started and not yet completed */
     int status_done, ended;
+    bool cancelled; /* by an interrupt (bw_interrupt) */
     grpc_op ops[4];
     grpc_op status_op;
     grpc_op recv_op;
@@ -358,7 +416,18 @@ uint32_t bw__rpc_stream_retry_after_ms(const bw_rpc_stream *st)
 /* Takes one completion off the stream's queue; returns its tag (0 when the queue is done). */
 static intptr_t stream_wait_one(bw_rpc_stream *st)
 {
-    grpc_event ev = grpc_completion_queue_next(st->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    grpc_event ev;
+    for (;;) {
+        gpr_timespec until = st->cancelled ? gpr_inf_future(GPR_CLOCK_MONOTONIC)
+                                           : deadline_in(bw__interrupt_slice(-1));
+        ev = grpc_completion_queue_next(st->cq, until, NULL);
+        if (ev.type != GRPC_QUEUE_TIMEOUT)
+            break;
+        if (bw__interrupted() && !st->status_done) {
+            grpc_call_cancel(st->call, NULL); /* its batches complete at once */
+            st->cancelled = true;
+        }
+    }
     if (ev.type != GRPC_OP_COMPLETE)
         return 0;
     st->pending--;
@@ -379,6 +448,8 @@ int bw__rpc_stream_open(bw_rpc_channel *ch, const bw_rpc_method *m, const Protob
                         int timeout_ms, bw_rpc_stream **out, char *err, size_t errlen)
 {
     *out = NULL;
+    if (bw__interrupted())
+        return interrupted_error(ch, m, err, errlen);
     bw_rpc_stream *st = calloc(1, sizeof(*st));
     if (!st)
         return BW_NOMEM;
@@ -447,6 +518,8 @@ int bw__rpc_stream_next_raw(bw_rpc_stream *st, grpc_byte_buffer **msg, char *err
     }
     while (!st->status_done)
         stream_wait(st, ST_STATUS);
+    if (st->status != GRPC_STATUS_OK && st->cancelled)
+        return interrupted_error(st->ch, st->m, err, errlen);
     if (st->status != GRPC_STATUS_OK)
         return call_error(st->ch, st->m, st->status, st->details, &st->trailing_md, err, errlen);
     return BW_RPC_STREAM_END;

@@ -37,16 +37,29 @@ const char *bw__rpc_channel_target(const bw_rpc_channel *ch);
  * One unary call: sends `req`, waits up to timeout_ms, and unpacks the response into `arena`
  * (*resp lives until the arena is reset). Returns BW_OK, or the peer's batchwire code (or one
  * derived from the gRPC status) with "Method to TARGET: STATUS: details" in err. Thread-safe:
- * several threads may call on one channel.
+ * several threads may call on one channel. An interrupt (bw_interrupt) cancels the call and
+ * returns BW_INTERRUPTED within a slice (common/interrupt.h); so does a call made while the
+ * interrupt is raised, at once. Streams below behave the same.
  */
 int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *method, const ProtobufCMessage *req,
                  bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, char *err,
                  size_t errlen);
 
+/* As bw__rpc_call, but not cut short by bw_interrupt: a last best-effort call under a short
+ * deadline (LeaveJob while a loader closes). */
+int bw__rpc_call_uninterrupted(bw_rpc_channel *ch, const bw_rpc_method *method,
+                               const ProtobufCMessage *req, bw_arena *arena,
+                               ProtobufCMessage **resp, int timeout_ms, char *err, size_t errlen);
+
+/* Whether a call's error sentence says that the target's host name does not exist (as
+ * opposed to a resolver that could not be reached). */
+bool bw__rpc_unknown_host(const char *err);
+
 /* Waits up to timeout_ms for the channel to be connected, driving its connection attempts
- * meanwhile; true when it is. A retry loop pauses with this instead of sleeping: gRPC makes
- * progress on a connection only while some thread polls for it, and a call that failed fast
- * leaves none (the next attempt would then wait for gRPC's 5 s backup poller). */
+ * meanwhile; true when it is (false at once when interrupted). A retry loop pauses with this
+ * instead of sleeping: gRPC makes progress on a connection only while some thread polls for it, and
+ * a call that failed fast leaves none (the next attempt would then wait for gRPC's 5 s backup
+ * poller). */
 bool bw__rpc_channel_wait(bw_rpc_channel *ch, int timeout_ms);
 
 /* gRPC keepalive (client pings, server acceptance): a silent peer is found dead within

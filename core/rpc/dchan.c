@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "batchwire/batchwire.h"
+#include "common/interrupt.h"
 #include "common/util.h"
 #include "rpc/tls.h"
 
@@ -170,14 +171,22 @@ static int wait_fd(int fd, short events, uint64_t deadline_ms)
             timeout = (int)(deadline_ms - now);
         }
         struct pollfd p = {fd, events, 0};
-        int n = poll(&p, 1, timeout);
+        int n = bw__poll(&p, 1, timeout);
         if (n > 0)
             return BW_OK;
         if (n == 0)
             return BW_TIMEOUT;
+        if (bw__interrupted())
+            return BW_INTERRUPTED;
         if (errno != EINTR)
             return BW_UNAVAILABLE;
     }
+}
+
+/* The sentence for a failed wait_fd: its timeout's, an interrupt's, or the other one. */
+static const char *wait_failed(int rc, const char *on_timeout, const char *otherwise)
+{
+    return rc == BW_TIMEOUT ? on_timeout : rc == BW_INTERRUPTED ? bw_strerror(rc) : otherwise;
 }
 
 int bw__sock_connect(const char *addr, int timeout_ms, int *fd, char *err, size_t errlen)
@@ -194,15 +203,15 @@ int bw__sock_connect(const char *addr, int timeout_ms, int *fd, char *err, size_
             saved = errno;
             continue;
         }
-        int ok = connect(s, ai->ai_addr, ai->ai_addrlen) == 0;
-        if (!ok && errno == EINPROGRESS && wait_fd(s, POLLOUT, deadline) == BW_OK) {
+        int ok = connect(s, ai->ai_addr, ai->ai_addrlen) == 0, wrc = BW_TIMEOUT;
+        if (!ok && errno == EINPROGRESS && (wrc = wait_fd(s, POLLOUT, deadline)) == BW_OK) {
             int e = 0;
             socklen_t el = sizeof(e);
             getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &el);
             ok = e == 0;
             errno = e ? e : ETIMEDOUT;
         } else if (!ok && errno == EINPROGRESS) {
-            errno = ETIMEDOUT;
+            errno = wrc == BW_INTERRUPTED ? EINTR : ETIMEDOUT;
         }
         if (!ok) {
             saved = errno;
@@ -211,6 +220,10 @@ int bw__sock_connect(const char *addr, int timeout_ms, int *fd, char *err, size_
         }
     }
     freeaddrinfo(res);
+    if (s < 0 && saved == EINTR) {
+        snprintf(err, errlen, "connecting to %s: %s", addr, bw_strerror(BW_INTERRUPTED));
+        return BW_INTERRUPTED;
+    }
     if (s < 0) {
         snprintf(err, errlen, "cannot connect to %s: %s", addr, strerror(saved));
         return saved == ETIMEDOUT ? BW_TIMEOUT : BW_UNAVAILABLE;
@@ -269,8 +282,8 @@ static int readv_min(int fd, struct iovec *iov, size_t n, size_t min, uint64_t d
             rc = wait_fd(fd, POLLIN, deadline_ms);
             if (rc == BW_OK)
                 continue;
-            snprintf(err, errlen,
-                     rc == BW_TIMEOUT ? "no data before the deadline" : "waiting for data failed");
+            snprintf(err, errlen, "%s",
+                     wait_failed(rc, "no data before the deadline", "waiting for data failed"));
             break;
         }
         snprintf(err, errlen, "receive failed: %s", strerror(errno));
@@ -316,9 +329,9 @@ int bw__sock_writev_all(int fd, struct iovec *iov, size_t n, uint64_t deadline_m
                 int rc = wait_fd(fd, POLLOUT, deadline_ms);
                 if (rc == BW_OK)
                     continue;
-                snprintf(err, errlen,
-                         rc == BW_TIMEOUT ? "the peer did not read before the deadline"
-                                          : "waiting to send failed");
+                snprintf(err, errlen, "%s",
+                         wait_failed(rc, "the peer did not read before the deadline",
+                                     "waiting to send failed"));
                 return rc;
             }
             snprintf(err, errlen, "send failed: %s", strerror(errno));
@@ -484,9 +497,9 @@ static int ssl_wait(bw_dsock *s, int r, uint64_t deadline_ms, char *err, size_t 
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
         int rc = wait_fd(s->fd, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline_ms);
         if (rc != BW_OK)
-            snprintf(err, errlen,
-                     rc == BW_TIMEOUT ? "no progress before the deadline"
-                                      : "waiting for the peer failed");
+            snprintf(
+                err, errlen, "%s",
+                wait_failed(rc, "no progress before the deadline", "waiting for the peer failed"));
         return rc;
     }
     if (e == SSL_ERROR_ZERO_RETURN) {
@@ -593,8 +606,8 @@ int bw__dsock_read_all(bw_dsock *s, void *buf, size_t len, uint64_t deadline_ms,
             break;
         done += n;
         if (n == 0 && (rc = wait_fd(s->fd, POLLIN, deadline_ms)) != BW_OK) {
-            snprintf(err, errlen,
-                     rc == BW_TIMEOUT ? "no data before the deadline" : "waiting for data failed");
+            snprintf(err, errlen, "%s",
+                     wait_failed(rc, "no data before the deadline", "waiting for data failed"));
             break;
         }
     }

@@ -67,7 +67,9 @@ BW_EXTERN const char *bw_build_info(void);
     X(INTERNAL, -23, INTERNAL, "internal error")                                                   \
     X(BUSY, -24, RESOURCE_EXHAUSTED,                                                               \
       "server busy: over its in-flight budget, retry after a pause")                               \
-    X(LEASE_LOST, -25, FAILED_PRECONDITION, "this rank's lease was lost: another process holds it")
+    X(LEASE_LOST, -25, FAILED_PRECONDITION,                                                        \
+      "this rank's lease was lost: another process holds it")                                      \
+    X(INTERRUPTED, -26, CANCELLED, "interrupted by a signal (bw_interrupt)")
 
 typedef enum bw_err {
 #define BW__ERR_ENUM(name, num, grpc, msg) BW_##name = (num),
@@ -97,6 +99,58 @@ typedef enum bw_log_level {
  */
 typedef void (*bw_log_fn)(void *user, bw_log_level level, const char *line);
 BW_EXTERN void bw_set_log_callback(bw_log_fn fn, void *user, bw_log_level max_level);
+
+/*
+ * Interrupting the library (a signal, Ctrl-C, a launcher's SIGTERM).
+ *
+ * bw_interrupt() raises a process-wide flag. It is async-signal-safe: call it from a signal
+ * handler. While the flag is raised, every blocking call of the library returns
+ * BW_INTERRUPTED, in any thread: a call already waiting returns within 200 ms (calls in flight
+ * to the coordinator or a worker are cancelled, not waited out), and a call made while the
+ * flag is raised returns at once, before it does anything. That covers bw_loader_open,
+ * bw_loader_open_at and bw_loader_open_elastic (joining, retrying), bw_loader_next (waiting for
+ * a batch or a worker, in the middle of a fetch), bw_loader_next_epoch, bw_loader_set_epoch,
+ * bw_loader_seek, bw_loader_commit, bw_job_checkpoint and bw_loader_rank_steps. A call that
+ * had already done its work when the flag rose may still return its own result; the next call
+ * then returns BW_INTERRUPTED. bw_interrupt_clear() lowers the flag.
+ *
+ * An interrupted call changes nothing that matters: bw_loader_next hands out no batch (the
+ * one it was waiting for is handed out by the next call), an interrupted open creates no
+ * loader (nothing is claimed, or the claim is released), an interrupted commit may or may not
+ * have reached the coordinator (committing again is harmless). After bw_interrupt_clear() the
+ * call can simply be repeated. bw_loader_close works while the flag is raised: it frees
+ * everything and gives the rank back (LeaveJob) with a short deadline, returning within about
+ * 250 ms.
+ *
+ * Typical use: a program's own signal handler calls bw_interrupt() and notes the signal; the
+ * loop sees BW_INTERRUPTED, saves its cursor (bw_loader_cursor is never interrupted for
+ * map-style jobs), clears or not, and closes. Or bw_interrupt_on_signals() below.
+ */
+BW_EXTERN void bw_interrupt(void);
+BW_EXTERN void bw_interrupt_clear(void);
+
+/* Whether the flag is raised. Async-signal-safe. */
+BW_EXTERN int bw_interrupted(void);
+
+/*
+ * Installs handlers for SIGINT and SIGTERM that call bw_interrupt() and then pass the signal
+ * on to what was there before: a previous handler function is called with the same
+ * arguments (e.g. Python's own C-level handler, which then raises KeyboardInterrupt in the
+ * main thread); for the default disposition the default is restored and the signal raised
+ * again (the process ends as it would have; SA_RESETHAND of a previous handler is honoured
+ * the same way). A signal whose disposition is SIG_IGN is left ignored: no handler is
+ * installed for it, and it interrupts nothing. The handler keeps the previous handler's
+ * flags (SA_RESTART, SA_ONSTACK) and mask.
+ *
+ * Idempotent: calling it again while its handlers are in place changes nothing; when
+ * someone replaced a handler since (Python's signal.signal), it installs itself again on top,
+ * passing signals on to the new handler. Returns BW_OK, or BW_INTERNAL when sigaction fails.
+ *
+ * This is how a binding makes its blocking calls interruptible: on BW_INTERRUPTED it calls
+ * bw_interrupt_clear(), lets its own signal handling run (Python: KeyboardInterrupt, or the
+ * program's SIGTERM handler), and if that returns, repeats the call.
+ */
+BW_EXTERN int bw_interrupt_on_signals(void);
 
 #ifdef __cplusplus
 }
