@@ -96,9 +96,11 @@ static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
 /* Reads a planned batch: by index (map-style) or as runs of stream records (iterable). */
 static int fetch(bw_loader *l, bw_batch *b)
 {
-    int rc = bw__session_lease_check(&l->session, b->err, sizeof(b->err));
+    /* No read starts while the lease may have lapsed (docs/client.md, "Fencing"), and none
+     * once it is lost. */
+    int rc = bw__session_lease_wait(&l->session, b->err, sizeof(b->err));
     if (rc != BW_OK)
-        return b->rc = rc; /* fenced: no more reads for a rank another process holds */
+        return b->rc = rc;
     rc = l->stream ? bw__stream_fetch_batch(&l->fctx, l->stream, l->plan, b)
                    : bw__fetch_batch(&l->fctx, b);
     return rc == BW_OK ? bw__batch_split_fields(b, l->fields) : rc;
@@ -444,8 +446,16 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
         return BW_END_OF_EPOCH;
     }
     size_t slot = (size_t)(l->next_deliver / l->stride % l->nslots);
-    while (l->state[slot] != SLOT_READY)
-        pthread_cond_wait(&l->ready_cv, &l->mu);
+    /* Polled: a lease lost meanwhile ends the wait at once, whatever the fetch is doing. */
+    while (l->state[slot] != SLOT_READY && !atomic_load(&l->session.lease_lost)) {
+        struct timespec until = bw__mono_deadline(100);
+        pthread_cond_timedwait(&l->ready_cv, &l->mu, &until);
+    }
+    if (l->state[slot] != SLOT_READY) {
+        pthread_mutex_unlock(&l->mu);
+        waited(l, t0);
+        return bw__session_lease_check(&l->session, l->err, sizeof(l->err));
+    }
     bw_batch *b = &l->slots[slot];
     if (b->rc != BW_OK) {
         /* Try once more now (placement may have changed); keep the step on failure so the
@@ -466,6 +476,17 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
                 snprintf(l->err, sizeof(l->err), "%.600s (before that: %.380s)", b->err, first);
             else
                 snprintf(l->err, sizeof(l->err), "%s", b->err);
+            pthread_mutex_unlock(&l->mu);
+            waited(l, t0);
+            return rc;
+        }
+    }
+    /* The hand-out itself: the lease must be proven now, after every wait above. */
+    if (!bw__session_lease_fresh(&l->session)) {
+        pthread_mutex_unlock(&l->mu);
+        int rc = bw__session_lease_wait(&l->session, l->err, sizeof(l->err));
+        pthread_mutex_lock(&l->mu);
+        if (rc != BW_OK) { /* the batch stays in its slot for a call that may repeat this */
             pthread_mutex_unlock(&l->mu);
             waited(l, t0);
             return rc;
@@ -669,6 +690,11 @@ int bw_loader_commit(bw_loader *l)
     return rc;
 }
 
+int bw_loader_lease(bw_loader *l, char *buf, size_t buflen)
+{
+    return bw__session_lease_text(&l->session, buf, buflen, l->err, sizeof(l->err));
+}
+
 int bw_loader_to_device(bw_loader *l, const bw_batch *b, int device, void *dst, size_t cap)
 {
     if (cap < b->nbytes)
@@ -714,6 +740,8 @@ void bw_loader_close(bw_loader *l)
     pthread_cond_broadcast(&l->work_cv);
     pthread_cond_broadcast(&l->ready_cv);
     pthread_mutex_unlock(&l->mu);
+    if (l->nthreads) /* fetch threads waiting for the lease's confirmation */
+        bw__session_cancel(&l->session);
     for (size_t i = 0; i < l->nthreads; i++)
         pthread_join(l->threads[i], NULL);
     free(l->threads);

@@ -94,20 +94,30 @@ typedef struct bw__session {
         uint64_t until;
     } suspended[BW_DCONN_SUSPENDED_MAX];
 
-    bw__live live; /* reported with each heartbeat */
+    bw__live live;       /* reported with each heartbeat */
+    uint32_t holder_pid; /* the trainer process named as the lease's holder */
+    /* Fencing (docs/client.md, "Fencing"). `claimed`: this session joined the rank (it reports
+     * live counters and leaves on close); a share given the rank's lease (bw_loader_options.
+     * lease) only confirms it. `confirms`: there is a lease to confirm (either case); the
+     * heartbeat thread runs. */
+    bool claimed, confirms;
     pthread_t hb_thread;
-    bool hb_started, stopping;
+    bool hb_started, stopping; /* under mu */
+    /* Heartbeats begun and ended, and the newest one's outcome (under mu; cv announces each). */
+    uint64_t hb_begun, hb_ended;
+    int hb_rc;
     char hb_err[BW_LOADER_ERRLEN];
     /* The coordinator said the lease is no longer ours (another process took the rank over):
-     * set once, by the heartbeat thread; lost_err (under mu) says who holds it now. */
+     * set once, by whichever thread heard it; lost_err (under mu) says who holds it now. */
     atomic_bool lease_lost;
     char lost_err[BW_LOADER_ERRLEN];
-    /* The lease's length, and when a heartbeat last succeeded (monotonic ms): a loader that has
-     * not heard from the coordinator for longer than the lease (paused, cut off) confirms its
-     * lease before handing out another batch (bw__session_lease_check). */
-    uint32_t lease_ms;
-    atomic_uint_fast64_t hb_ok_ms, confirm_ms;
-    pthread_mutex_t confirm_mu; /* one confirmation at a time; the others wait for it */
+    /* The lease's length (from the coordinator's last answer), and when the newest request the
+     * coordinator answered with a renewal was *sent* (monotonic ms): the lease is proven until
+     * vouched_ms + lease_ms, less a margin; past that, nothing is handed out until the
+     * coordinator confirms it (bw__session_lease_wait). */
+    atomic_uint_least32_t lease_ms;
+    atomic_uint_fast64_t vouched_ms;
+    atomic_bool cancelled; /* the loader is closing: waits for the lease end (BW_CANCELLED) */
 } bw__session;
 
 /* How a loader joins its job. */
@@ -145,8 +155,28 @@ bw_rpc_channel *bw__session_worker_channel(bw__session *s, const char *address, 
 void bw__dconn_close_idle(bw__session *s);
 
 /* BW_LEASE_LOST with the coordinator's sentence in err once the lease was taken over, else
- * BW_OK: a loader that lost its rank hands out no more batches and commits nothing. */
+ * BW_OK: a loader that lost its rank hands out no more batches and commits nothing. Does not
+ * wait. */
 int bw__session_lease_check(bw__session *s, char *err, size_t errlen);
+
+/* Whether the coordinator has vouched for the lease within the last lease period (less a
+ * margin), measured from when the vouching request was sent; always true without a lease to
+ * confirm. False once the lease is lost. */
+bool bw__session_lease_fresh(bw__session *s);
+
+/* Returns BW_OK at once while the lease is fresh; else waits (polling every 100 ms at most)
+ * until the coordinator confirms it (BW_OK), refuses it (BW_LEASE_LOST, for good), the loader
+ * closes (BW_CANCELLED), or confirming has failed for the session's retry_ms with at least
+ * one attempt since the call (the last error: BW_UNAVAILABLE while the coordinator is
+ * unreachable); err says why. Any thread. */
+int bw__session_lease_wait(bw__session *s, char *err, size_t errlen);
+
+/* Ends every bw__session_lease_wait with BW_CANCELLED (the loader is closing). */
+void bw__session_cancel(bw__session *s);
+
+/* The lease as text ("bwl1:" and 32 hex digits) for the session that claimed the rank:
+ * BW_FAILED_PRECONDITION without one, BW_LEASE_LOST once lost, BW_TOO_BIG. */
+int bw__session_lease_text(bw__session *s, char *buf, size_t buflen, char *err, size_t errlen);
 
 /* Records a cursor durably with the coordinator. */
 int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen);

@@ -1,6 +1,7 @@
 /* The loader's side of the coordinator: create or join the job, hold the rank's lease with
  * heartbeats, fetch placement, commit cursors. */
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,6 +157,14 @@ bw__placement *bw__session_placement(bw__session *s, bool refresh, char *err, si
     return cur;
 }
 
+/* Coordinator answers worth asking again after a pause: it is unreachable or restarting
+ * (BW_UNAVAILABLE; BW_CANCELLED from a coordinator shutting down with the call in flight; a
+ * call's deadline). Anything else -- BW_LEASE_LOST above all -- is the answer. */
+static bool transient(int rc)
+{
+    return rc == BW_UNAVAILABLE || rc == BW_TIMEOUT || rc == BW_CANCELLED;
+}
+
 /* A call to the coordinator, tried again with jittered exponential backoff (50 ms doubling
  * to 1 s, each pause drawn from its upper half) while the answer says the coordinator is
  * unreachable or restarting (BW_UNAVAILABLE; BW_CANCELLED from a coordinator shutting down
@@ -170,7 +179,7 @@ static int coord_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMes
     for (unsigned tries = 1;; tries++) {
         int rc = bw__rpc_call(s->coord, m, req, a, resp, s->timeout_ms, err, errlen);
         uint64_t pause = backoff / 2 + (uint64_t)rand_r(&seed) % (backoff / 2 + 1);
-        if ((rc != BW_UNAVAILABLE && rc != BW_TIMEOUT && rc != BW_CANCELLED) ||
+        if (!transient(rc) ||
             bw__mono_ms() - t0 + pause > (uint64_t)(s->retry_ms > 0 ? s->retry_ms : 0)) {
             if (rc != BW_OK && tries > 1) {
                 size_t n = strlen(err);
@@ -192,9 +201,37 @@ static int coord_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMes
     }
 }
 
-/* One lease heartbeat (with this rank's live counters). On BW_OK the placement version it
- * announces is noted; on BW_LEASE_LOST the session is fenced. Any thread. */
-static int heartbeat_once(bw__session *s, int timeout_ms, char *err, size_t errlen)
+/* The lease was refused (another process holds the rank now): from here on the session hands
+ * out and commits nothing, and the heartbeat thread stops. Whichever thread heard it first
+ * says so; every wait for the lease wakes. */
+static void fence(bw__session *s, const char *why)
+{
+    pthread_mutex_lock(&s->mu);
+    if (!atomic_load(&s->lease_lost)) {
+        BW_ERROR("job=%s rank=%u lost its lease err=%s", s->job, s->rank, why);
+        snprintf(s->lost_err, sizeof(s->lost_err), "%s", why);
+        atomic_store(&s->lease_lost, true);
+    }
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The coordinator renewed the lease on a request sent at `sent` (monotonic ms): it is ours
+ * until at least sent + lease_ms by the coordinator's clock. lease_ms 0: unchanged. */
+static void vouch(bw__session *s, uint64_t sent, uint32_t lease_ms)
+{
+    if (lease_ms)
+        atomic_store(&s->lease_ms, lease_ms);
+    uint64_t v = atomic_load(&s->vouched_ms);
+    while (sent > v && !atomic_compare_exchange_weak(&s->vouched_ms, &v, sent))
+        ;
+}
+
+/* One lease heartbeat (with this rank's live counters when this session claimed the rank; a
+ * share only confirms the lease). On BW_OK the lease is vouched for from when the request was
+ * sent, and the placement version it announces is noted; on BW_LEASE_LOST the session is
+ * fenced. `retry`: through coord_call (then vouched from before the first try). Any thread. */
+static int heartbeat_once(bw__session *s, bool retry, char *err, size_t errlen)
 {
     Batchwire__V1__LeaseHeartbeatRequest req = BATCHWIRE__V1__LEASE_HEARTBEAT_REQUEST__INIT;
     req.job = s->job;
@@ -209,65 +246,94 @@ static int heartbeat_once(bw__session *s, int timeout_ms, char *err, size_t errl
     live.samples = atomic_load(&s->live.samples);
     live.bytes = atomic_load(&s->live.bytes);
     live.wait_ms = atomic_load(&s->live.wait_ns) / 1000000;
-    req.live = &live;
+    req.live = s->claimed ? &live : NULL;
     bw_arena a;
     bw__arena_init(&a, 0);
     ProtobufCMessage *resp = NULL;
-    int rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), &req.base, &a, &resp,
-                          timeout_ms, err, errlen);
+    uint64_t sent = bw__mono_ms();
+    int rc = retry ? coord_call(s, BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), &req.base, &a, &resp, err,
+                                errlen)
+                   : bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), &req.base, &a,
+                                  &resp, s->timeout_ms, err, errlen);
     if (rc == BW_OK) {
         const Batchwire__V1__LeaseHeartbeatResponse *r = (const void *)resp;
         uint64_t seen = atomic_load(&s->seen_version);
         while (r->placement_version > seen &&
                !atomic_compare_exchange_weak(&s->seen_version, &seen, r->placement_version))
             ;
-        atomic_store(&s->hb_ok_ms, bw__mono_ms());
+        vouch(s, sent, r->lease_ms);
     }
     bw__arena_reset(&a);
-    if (rc == BW_LEASE_LOST && !atomic_load(&s->lease_lost)) {
-        /* Fenced: another process holds the rank now. Stop renewing; the loader stops. */
-        BW_ERROR("job=%s rank=%u lost its lease err=%s", s->job, s->rank, err);
-        pthread_mutex_lock(&s->mu);
-        snprintf(s->lost_err, sizeof(s->lost_err), "%s", err);
-        pthread_mutex_unlock(&s->mu);
-        atomic_store(&s->lease_lost, true);
-    }
+    if (rc == BW_LEASE_LOST)
+        fence(s, err);
     return rc;
 }
 
+/* Renews the lease every heartbeat interval after the newest renewal's sending, so that it is
+ * confirmed at once when that moment has passed unnoticed (the process was paused); after a
+ * failure, again after a backoff (50 ms doubling to the interval) instead. Each heartbeat's
+ * outcome is announced on cv for bw__session_lease_wait. Ends when the session closes or the
+ * lease is lost. */
 static void *lease_thread(void *arg)
 {
     bw__session *s = arg;
     char err[BW_LOADER_ERRLEN];
+    uint64_t backoff = 0, failed_at = 0;
     pthread_mutex_lock(&s->mu);
-    while (!s->stopping) {
-        struct timespec until = bw__mono_deadline(s->heartbeat_ms);
-        while (!s->stopping && pthread_cond_timedwait(&s->cv, &s->mu, &until) == 0)
-            ;
-        if (s->stopping)
-            break;
-        pthread_mutex_unlock(&s->mu);
-        int rc = heartbeat_once(s, s->timeout_ms, err, sizeof(err));
-        pthread_mutex_lock(&s->mu);
-        if (rc == BW_LEASE_LOST)
-            break;
-        if (rc != BW_OK && strcmp(err, s->hb_err) != 0) {
-            /* Keep going: prefetched batches carry the trainer while the coordinator is away. */
-            BW_WARN("job=%s rank=%u lease heartbeat failed (will retry) err=%s", s->job, s->rank,
-                    err);
-            snprintf(s->hb_err, sizeof(s->hb_err), "%s", err);
-        } else if (rc == BW_OK) {
-            s->hb_err[0] = '\0';
-        }
-        if (rc != BW_OK) { /* reconnect while waiting for the next heartbeat */
-            pthread_mutex_unlock(&s->mu);
-            bw__rpc_channel_wait(s->coord, (int)s->heartbeat_ms);
-            pthread_mutex_lock(&s->mu);
+    while (!s->stopping && !atomic_load(&s->lease_lost)) {
+        uint64_t due =
+            backoff ? failed_at + backoff : atomic_load(&s->vouched_ms) + s->heartbeat_ms;
+        uint64_t now = bw__mono_ms();
+        if (now < due) {
+            struct timespec until = bw__mono_deadline((int)(due - now));
+            pthread_cond_timedwait(&s->cv, &s->mu, &until);
             continue;
         }
+        s->hb_begun++;
+        pthread_mutex_unlock(&s->mu);
+        int rc = heartbeat_once(s, false, err, sizeof(err));
+        pthread_mutex_lock(&s->mu);
+        s->hb_rc = rc;
+        s->hb_ended++;
+        if (rc == BW_OK) {
+            backoff = 0;
+            s->hb_err[0] = '\0';
+        } else if (rc != BW_LEASE_LOST) {
+            /* Keep going: prefetched batches carry the trainer while the lease is fresh. */
+            if (strcmp(err, s->hb_err) != 0)
+                BW_WARN("job=%s rank=%u lease heartbeat failed (will retry) err=%s", s->job,
+                        s->rank, err);
+            snprintf(s->hb_err, sizeof(s->hb_err), "%s", err);
+            failed_at = bw__mono_ms();
+            backoff = backoff ? backoff * 2 : 50;
+            if (backoff > s->heartbeat_ms)
+                backoff = s->heartbeat_ms;
+        }
+        pthread_cond_broadcast(&s->cv);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+/* Whether process `pid` of this host has exited: no such process, or one that has exited and
+ * is not reaped yet (a zombie, state Z or X in /proc/PID/stat -- an orphan stays one until
+ * init reaps it, which takes seconds on some hosts). A process that cannot be probed counts
+ * as alive. */
+static bool pid_exited(uint32_t pid)
+{
+    if (kill((pid_t)pid, 0) != 0)
+        return errno == ESRCH;
+    char path[64], line[512];
+    snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return errno == ENOENT; /* reaped since */
+    size_t n = fread(line, 1, sizeof(line) - 1, f);
+    fclose(f);
+    line[n] = '\0';
+    /* "PID (COMM) STATE ...": COMM may hold spaces and parentheses; the last ')' ends it. */
+    const char *p = strrchr(line, ')');
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
 }
 
 /* The pid of the process on this host that holds `rank` of `job` and has exited, or 0: a
@@ -290,9 +356,9 @@ static uint32_t exited_holder(bw__session *s, const char *job, const char *host)
             const Batchwire__V1__RankProgress *p = r->ranks[i];
             if (p->rank != s->rank || !p->holder || !p->holder->host ||
                 strcmp(p->holder->host, host) != 0 || p->holder->pid == 0 ||
-                p->holder->pid == (uint32_t)getpid())
+                p->holder->pid == s->holder_pid)
                 continue;
-            if (kill((pid_t)p->holder->pid, 0) != 0 && errno == ESRCH)
+            if (pid_exited(p->holder->pid))
                 pid = p->holder->pid;
         }
     }
@@ -405,19 +471,90 @@ static int resume_elastic(bw__session *s, const char *job, uint32_t world, const
     return rc;
 }
 
+enum { LEASE_TEXT_LEN = 5 + 32 }; /* "bwl1:" and the 128-bit lease id in hex, high half first */
+
+/* The lease id in bw_loader_lease's text, refused unless it is exactly that. The text is a
+ * secret: no part of it goes into the message. */
+static int parse_lease(const char *text, uint64_t *lo, uint64_t *hi, char *err, size_t errlen)
+{
+    size_t n = strnlen(text, LEASE_TEXT_LEN + 1);
+    bool ok = n == LEASE_TEXT_LEN && memcmp(text, "bwl1:", 5) == 0;
+    uint64_t v[2] = {0, 0};
+    for (size_t i = 0; ok && i < 32; i++) {
+        char c = text[5 + i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        ok = d >= 0;
+        v[i / 16] = v[i / 16] << 4 | (uint64_t)(d & 15);
+    }
+    if (!ok || (v[0] == 0 && v[1] == 0)) {
+        snprintf(err, errlen,
+                 "lease: not a lease as bw_loader_lease writes it (\"bwl1:\" and 32 lowercase hex "
+                 "digits, not all zero); the text given has %s%zu characters%s",
+                 n > LEASE_TEXT_LEN ? "more than " : "", n > LEASE_TEXT_LEN ? LEASE_TEXT_LEN : n,
+                 n >= 5 && memcmp(text, "bwl1:", 5) != 0 ? " and another prefix" : "");
+        return BW_INVALID_ARGUMENT;
+    }
+    *hi = v[0];
+    *lo = v[1];
+    return BW_OK;
+}
+
+int bw__session_lease_text(bw__session *s, char *buf, size_t buflen, char *err, size_t errlen)
+{
+    if (!s->claimed) {
+        snprintf(err, errlen,
+                 "this loader holds no lease: only the loader that claimed rank %u (share 0) "
+                 "has one",
+                 s->rank);
+        return BW_FAILED_PRECONDITION;
+    }
+    int rc = bw__session_lease_check(s, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    if (buflen < LEASE_TEXT_LEN + 1) {
+        snprintf(err, errlen, "the lease's text needs %d bytes; the buffer has %zu",
+                 LEASE_TEXT_LEN + 1, buflen);
+        return BW_TOO_BIG;
+    }
+    snprintf(buf, buflen, "bwl1:%016" PRIx64 "%016" PRIx64, s->lease_id_hi, s->lease_id);
+    return BW_OK;
+}
+
+static int start_heartbeats(bw__session *s, char *err, size_t errlen)
+{
+    if (pthread_create(&s->hb_thread, NULL, lease_thread, s) != 0) {
+        snprintf(err, errlen, "cannot start the lease heartbeat thread");
+        return BW_INTERNAL;
+    }
+    s->hb_started = true;
+    return BW_OK;
+}
+
 int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_request *jr,
                      uint32_t rank, uint32_t world, const bw__join *how, char *err, size_t errlen)
 {
     memset(s, 0, sizeof(*s));
     pthread_mutex_init(&s->mu, NULL);
-    pthread_mutex_init(&s->confirm_mu, NULL);
     bw__cond_init_mono(&s->cv);
     bw__arena_init(&s->job_arena, 0);
     s->rank = rank;
     s->world = world;
     s->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
     s->retry_ms = o->retry_ms;
+    s->holder_pid = o->holder_pid ? o->holder_pid : (uint32_t)getpid();
     s->job = strdup(jr ? jr->name : o->job);
+    if (jr && o->lease) {
+        if (!how || how->claim) {
+            snprintf(err, errlen,
+                     "lease: given to share 0 of rank %u, which claims the rank itself; the "
+                     "lease is for the other shares (share_index 1 .. share_count - 1)",
+                     rank);
+            return BW_INVALID_ARGUMENT;
+        }
+        int lrc = parse_lease(o->lease, &s->lease_id, &s->lease_id_hi, err, errlen);
+        if (lrc != BW_OK)
+            return lrc;
+    }
     /* Copies: the caller's strings are borrowed for bw_loader_open only, and worker channels
      * open later. Workers are verified by their own names (no server-name override). */
     s->chopts.tls.ca = o->tls_ca ? strdup(o->tls_ca) : NULL;
@@ -469,19 +606,36 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
         s->summary = cr->job;
         bw__placement *p = bw__session_placement(s, true, err, errlen);
         bw__placement_put(p);
-        return p ? BW_OK : BW_UNAVAILABLE;
+        if (!p)
+            return BW_UNAVAILABLE;
+        if (!o->lease)
+            return BW_OK;
+        /* Given the rank's lease: confirm it now (a lease already lost is refused here), then
+         * keep confirming it like share 0, without live counters. */
+        s->confirms = true;
+        char why[BW_LOADER_ERRLEN];
+        rc = heartbeat_once(s, true, why, sizeof(why));
+        if (rc != BW_OK) {
+            snprintf(err, errlen, "lease: share %u of rank %u could not confirm it: %s",
+                     o->share_index, rank, why);
+            return rc;
+        }
+        uint32_t lease = atomic_load(&s->lease_ms);
+        s->heartbeat_ms = lease / 3 ? lease / 3 : 1; /* the coordinator's rule (JoinJob) */
+        return start_heartbeats(s, err, errlen);
     }
 
     char host[256];
     bw__hostname(host, sizeof(host));
     Batchwire__V1__Holder holder = BATCHWIRE__V1__HOLDER__INIT;
     holder.host = host;
-    holder.pid = (uint32_t)getpid();
+    holder.pid = s->holder_pid;
     Batchwire__V1__JoinJobRequest jreq = BATCHWIRE__V1__JOIN_JOB_REQUEST__INIT;
     jreq.job = jr->name;
     jreq.rank = rank;
     jreq.world_size = world;
     jreq.holder = &holder;
+    uint64_t sent = bw__mono_ms(); /* the lease is vouched for from no later than this */
     rc = coord_call(s, BW_METHOD(BW_M_JOBS_JOIN), &jreq.base, &s->job_arena, &resp, err, errlen);
     /* Held by a process of this host that has exited: a restart, which takes its rank back
      * at once instead of waiting for the old lease to expire. */
@@ -489,6 +643,7 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
         BW_INFO("job=%s rank=%u its holder on this host has exited; reclaiming the rank "
                 "exited_pid=%u",
                 jr->name, rank, jreq.reclaim_pid);
+        sent = bw__mono_ms();
         rc =
             coord_call(s, BW_METHOD(BW_M_JOBS_JOIN), &jreq.base, &s->job_arena, &resp, err, errlen);
     }
@@ -506,53 +661,95 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     s->lease_id = jresp->lease_id;
     s->lease_id_hi = jresp->lease_id_hi;
     s->heartbeat_ms = jresp->heartbeat_ms ? jresp->heartbeat_ms : 1000;
-    s->lease_ms = jresp->lease_ms;
-    atomic_store(&s->hb_ok_ms, bw__mono_ms());
+    s->claimed = s->confirms = true;
+    vouch(s, sent, jresp->lease_ms);
     atomic_store(&s->seen_version, jresp->placement_version);
 
     bw__placement *p = bw__session_placement(s, true, err, errlen);
     if (!p)
         return BW_UNAVAILABLE;
     bw__placement_put(p);
-    if (pthread_create(&s->hb_thread, NULL, lease_thread, s) != 0) {
-        snprintf(err, errlen, "cannot start the lease heartbeat thread");
-        return BW_INTERNAL;
-    }
-    s->hb_started = true;
-    return BW_OK;
+    return start_heartbeats(s, err, errlen);
 }
 
 int bw__session_lease_check(bw__session *s, char *err, size_t errlen)
 {
-    /* Not heard from the coordinator for longer than the lease (this process was paused, or
-     * cut off): the rank may have been taken over meanwhile, so confirm before another batch
-     * is handed out (docs/client.md, "Fails over"). One caller confirms at a time, at most
-     * once per heartbeat interval; if the coordinator cannot be reached the loader goes on
-     * (the heartbeat thread keeps trying, and a commit is refused if the lease is gone). */
-    uint64_t ok = atomic_load(&s->hb_ok_ms);
-    if (!atomic_load(&s->lease_lost) && s->lease_ms && ok && bw__mono_ms() - ok > s->lease_ms) {
-        pthread_mutex_lock(&s->confirm_mu);
-        uint64_t now = bw__mono_ms();
-        ok = atomic_load(&s->hb_ok_ms); /* another caller may have confirmed meanwhile */
-        if (!atomic_load(&s->lease_lost) && now - ok > s->lease_ms &&
-            now - atomic_load(&s->confirm_ms) >= s->heartbeat_ms) {
-            atomic_store(&s->confirm_ms, now);
-            char why[BW_LOADER_ERRLEN];
-            int timeout = s->timeout_ms < 2000 ? s->timeout_ms : 2000;
-            if (heartbeat_once(s, timeout, why, sizeof(why)) != BW_OK &&
-                !atomic_load(&s->lease_lost))
-                BW_DEBUG("job=%s rank=%u could not confirm its lease after %llu ms without a "
-                         "heartbeat err=%s",
-                         s->job, s->rank, (unsigned long long)(now - ok), why);
-        }
-        pthread_mutex_unlock(&s->confirm_mu);
-    }
     if (!atomic_load(&s->lease_lost))
         return BW_OK;
     pthread_mutex_lock(&s->mu);
     snprintf(err, errlen, "rank %u of job %s: %s", s->rank, s->job, s->lost_err);
     pthread_mutex_unlock(&s->mu);
     return BW_LEASE_LOST;
+}
+
+bool bw__session_lease_fresh(bw__session *s)
+{
+    if (atomic_load(&s->lease_lost))
+        return false;
+    uint32_t lease = atomic_load(&s->lease_ms);
+    /* The margin covers the two clocks' rates (the coordinator's lease ends lease_ms after it
+     * handled the renewal, by its own clock) and the moments between this check and the
+     * hand-out. A coordinator that states no lease length leaves nothing to check. */
+    return !s->confirms || lease == 0 ||
+           bw__mono_ms() < atomic_load(&s->vouched_ms) + lease - lease / 10;
+}
+
+int bw__session_lease_wait(bw__session *s, char *err, size_t errlen)
+{
+    if (bw__session_lease_fresh(s))
+        return BW_OK;
+    int rc = bw__session_lease_check(s, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    uint64_t t0 = bw__mono_ms(), retry = (uint64_t)(s->retry_ms > 0 ? s->retry_ms : 0);
+    pthread_mutex_lock(&s->mu);
+    uint64_t begun = s->hb_begun; /* one that began before this call does not count */
+    BW_DEBUG("job=%s rank=%u the coordinator has not vouched for the lease for %llu ms: handing "
+             "out nothing until it confirms it",
+             s->job, s->rank, (unsigned long long)(t0 - atomic_load(&s->vouched_ms)));
+    for (;;) {
+        if (atomic_load(&s->lease_lost)) {
+            rc = BW_LEASE_LOST;
+            break;
+        }
+        if (bw__session_lease_fresh(s))
+            break;
+        if (atomic_load(&s->cancelled)) {
+            snprintf(err, errlen, "rank %u of job %s: the loader is closing", s->rank, s->job);
+            rc = BW_CANCELLED;
+            break;
+        }
+        uint64_t now = bw__mono_ms();
+        /* An attempt that began during this wait failed: with an answer that is not worth
+         * waiting out (the job is gone, the token refused), or past retry_ms. */
+        if (s->hb_ended > begun && s->hb_rc != BW_OK &&
+            (!transient(s->hb_rc) || now - t0 >= retry)) {
+            rc = transient(s->hb_rc) ? BW_UNAVAILABLE : s->hb_rc;
+            snprintf(err, errlen,
+                     "rank %u of job %s: the coordinator has not vouched for this loader's "
+                     "lease for %llu ms (the lease is %u ms: this process was paused or cut "
+                     "off), and confirming it failed for %llu ms; nothing is handed out until "
+                     "it is confirmed (call again to keep trying): %.600s",
+                     s->rank, s->job, (unsigned long long)(now - atomic_load(&s->vouched_ms)),
+                     (unsigned)atomic_load(&s->lease_ms), (unsigned long long)(now - t0),
+                     s->hb_err);
+            break;
+        }
+        struct timespec until = bw__mono_deadline(100);
+        pthread_cond_timedwait(&s->cv, &s->mu, &until);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc == BW_LEASE_LOST)
+        return bw__session_lease_check(s, err, errlen);
+    return rc;
+}
+
+void bw__session_cancel(bw__session *s)
+{
+    pthread_mutex_lock(&s->mu);
+    atomic_store(&s->cancelled, true);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
 }
 
 int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen)
@@ -570,13 +767,14 @@ int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *
     bw_arena a;
     bw__arena_init(&a, 0);
     ProtobufCMessage *resp = NULL;
+    uint64_t sent = bw__mono_ms();
     rc = coord_call(s, BW_METHOD(BW_M_JOBS_COMMIT_CURSOR), &req.base, &a, &resp, err, errlen);
     bw__arena_reset(&a);
+    if (rc == BW_OK) /* the coordinator renews the lease on a commit too */
+        vouch(s, sent, 0);
     if (rc == BW_LEASE_LOST) {
-        pthread_mutex_lock(&s->mu);
-        snprintf(s->lost_err, sizeof(s->lost_err), "%s", err);
-        pthread_mutex_unlock(&s->mu);
-        atomic_store(&s->lease_lost, true);
+        fence(s, err);
+        return bw__session_lease_check(s, err, errlen);
     }
     return rc;
 }
@@ -622,8 +820,9 @@ void bw__session_close(bw__session *s)
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->hb_thread, NULL);
     }
-    /* After the heartbeat thread: no heartbeat may renew the lease once it is released. */
-    if (s->coord && (s->lease_id || s->lease_id_hi))
+    /* After the heartbeat thread: no heartbeat may renew the lease once it is released. A
+     * share leaves nothing (the rank is share 0's), nor does a loader whose lease is lost. */
+    if (s->coord && s->claimed && !atomic_load(&s->lease_lost))
         leave_job(s);
     for (size_t i = 0; i < s->nchannels; i++) {
         bw__rpc_channel_close(s->channels[i]);
@@ -642,7 +841,6 @@ void bw__session_close(bw__session *s)
     free(s->token);
     free(s->job);
     pthread_mutex_destroy(&s->mu);
-    pthread_mutex_destroy(&s->confirm_mu);
     pthread_cond_destroy(&s->cv);
     memset(s, 0, sizeof(*s));
 }

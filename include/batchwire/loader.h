@@ -124,6 +124,20 @@ typedef struct bw_loader_options {
     /* Samples as named fields (bw_batch_fields): tar (WebDataset) samples' members, JSON
      * Lines samples' top-level keys. Refused for other formats. Default 0. */
     int fields;
+
+    /* 0 (default): getpid(). The trainer process this rank's claim belongs to: reported as the
+     * lease holder and checked for exit when a restarted trainer on the same host reclaims the
+     * rank (a DataLoader worker passes its trainer's pid). */
+    uint32_t holder_pid;
+
+    /* share_index > 0: the rank's lease as bw_loader_lease wrote it in share 0's process; the
+     * share then confirms the lease exactly like share 0 (it hands out nothing once the lease
+     * may have lapsed until the coordinator confirms it, and stops for good on BW_LEASE_LOST;
+     * docs/client.md, "Fencing"), without joining, committing, leaving or reporting live
+     * counters. Refused (BW_INVALID_ARGUMENT) for share 0 and for text that is not exactly a
+     * lease; BW_LEASE_LOST from bw_loader_open when the lease is no longer the rank's. NULL
+     * (default): the share reads without confirming anything. */
+    const char *lease;
 } bw_loader_options;
 
 /* Fills `o` with the defaults above. */
@@ -213,6 +227,18 @@ BW_EXTERN int bw_loader_cursor_text(bw_loader *l, char *buf, size_t buflen);
 
 /* Records the current cursor with the coordinator (durably) for this rank. */
 BW_EXTERN int bw_loader_commit(bw_loader *l);
+
+/*
+ * The rank's lease, for the loader that holds it (the one that claimed the rank: share 0), as
+ * NUL-terminated text ("bwl1:" and 32 hex digits; 38 bytes with the NUL, 64 leave room for a
+ * later version): what the trainer's other processes reading shares of the rank pass as
+ * bw_loader_options.lease, so that they are fenced with it. The lease is a secret -- whoever
+ * has it can keep the rank claimed, commit its cursor or release it (docs/security.md,
+ * "Leases"): pass it only to the trainer's own processes (not on a command line, not in a
+ * log). Returns BW_OK, BW_FAILED_PRECONDITION for a loader that holds no lease (a share),
+ * BW_LEASE_LOST once the lease was taken over, BW_TOO_BIG when buflen is too small.
+ */
+BW_EXTERN int bw_loader_lease(bw_loader *l, char *buf, size_t buflen);
 
 /* The sentence describing the loader's last failure ("" if none). Borrowed. */
 BW_EXTERN const char *bw_loader_errmsg(const bw_loader *l);

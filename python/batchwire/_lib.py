@@ -61,6 +61,8 @@ class Options(ctypes.Structure):
         ("share_index", ctypes.c_uint32),
         ("share_count", ctypes.c_uint32),
         ("fields", c_int),
+        ("holder_pid", ctypes.c_uint32),
+        ("lease", c_char_p),
     ]
 
 
