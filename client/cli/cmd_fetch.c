@@ -21,7 +21,7 @@ typedef struct fetch_cfg {
     char *coordinator, *job, *dataset, *resume, *cursor_out, *device, *resume_elastic;
     int64_t rank, world_size;
     int mode, shuffle_algo;
-    int64_t batch_size, epochs, max_steps, prefetch, timeout_ms, retry_ms;
+    int64_t batch_size, epochs, max_steps, prefetch, timeout_ms, retry_ms, commit_every;
     int64_t job_epochs;
     int transport;
     int log_level;
@@ -86,6 +86,8 @@ static const bw_opt options[] = {
      "write the cursor of the last batch handed out to FILE at the end (also on SIGTERM)"},
     {"commit", BW_OPT_BOOL, offsetof(fetch_cfg, commit), "false", 0, 0, NULL, 0, NULL,
      "commit the final cursor to the coordinator"},
+    {"commit-every", BW_OPT_INT, offsetof(fetch_cfg, commit_every), "0", 0, INT64_MAX, NULL, 0, "K",
+     "also commit the cursor every K batches (0: never)"},
     {"device", BW_OPT_STRING, offsetof(fetch_cfg, device), NULL, 0, 0, NULL, 0, "cuda:N",
      "deliver batches on this GPU"},
     {"prefetch", BW_OPT_INT, offsetof(fetch_cfg, prefetch), "4", 1, 1024, NULL, 0, "N",
@@ -311,11 +313,16 @@ int bw__cmd_fetch(int argc, char **argv)
         const bw_batch *b;
         while (!stop_requested && (cfg.max_steps == 0 || batches < (uint64_t)cfg.max_steps) &&
                (rc = bw_loader_next(l, &b)) == BW_OK) {
-            if (!cfg.quiet)
+            if (!cfg.quiet) {
                 print_batch(b, rank);
+                fflush(stdout); /* each line out as it is handed out, e.g. to a pipe */
+            }
             batches++;
             samples += bw_batch_count(b);
             bytes += bw_batch_nbytes(b);
+            if (cfg.commit_every && batches % (uint64_t)cfg.commit_every == 0 &&
+                (rc = bw_loader_commit(l)) != BW_OK)
+                break;
         }
         if (rc != BW_OK && rc != BW_END_OF_EPOCH)
             break;
