@@ -437,12 +437,19 @@ int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__Join
             "job=%s rank=%u holder=%s:%u reclaims the rank from its exited holder exited_pid=%u",
             req->job, req->rank, req->holder->host, req->holder->pid, r->pid);
     if (rc == BW_OK && lease_live(s, r, now) && !same && !reclaim) {
+        /* The LOCAL_RANK hint only for a holder that is heartbeating (every lease / 3): one
+         * that has missed its beats may have died, and then the cure is waiting, not RANK. */
+        uint64_t quiet = now - r->last_beat_ms;
+        bool beating = quiet <= 2 * (s->opts.lease_ms / 3);
         snprintf(err, errlen,
                  "rank %u of job '%s' is already held by host %s pid %u (heard from %.1f s ago; "
-                 "the lease expires %.1f s after that); refusing host %s pid %u. Two trainers "
-                 "must not claim one rank: pass RANK, not LOCAL_RANK",
-                 req->rank, req->job, r->host, r->pid, (double)(now - r->last_beat_ms) / 1000.0,
-                 (double)s->opts.lease_ms / 1000.0, req->holder->host, req->holder->pid);
+                 "the lease expires %.1f s after that); refusing host %s pid %u. %s",
+                 req->rank, req->job, r->host, r->pid, (double)quiet / 1000.0,
+                 (double)s->opts.lease_ms / 1000.0, req->holder->host, req->holder->pid,
+                 beating ? "Two trainers must not claim one rank: pass RANK, not LOCAL_RANK"
+                         : "The holder has missed its heartbeats (it may have exited or been "
+                           "paused): the rank is free when its lease expires, or at once for a "
+                           "trainer restarted on the holder's host after its process exited");
         rc = BW_ALREADY_EXISTS;
     }
     /* Every join, also the holder's own again (a retried join, or after our restart), gets a

@@ -22,20 +22,29 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/progress.h"
+#include "common/text.h"
 #include "formats/synth.h"
 
-enum { F_NPY, F_TFRECORD, F_JSONL, F_TAR, F_FILES };
+enum { F_NPY, F_TFRECORD, F_JSONL, F_TAR, F_FILES, F_NPZ };
 
 typedef struct gen_cfg {
     int format;
     char *out;
     int64_t num_samples, sample_bytes, sample_bytes_max, files, progress_ms;
     char *shape, *dtype;
+    char *fields; /* --fields values, one a line */
 } gen_cfg;
 
 static const bw_opt options[] = {
-    {"format", BW_OPT_ENUM, offsetof(gen_cfg, format), NULL, 0, 0, "npy|tfrecord|jsonl|tar|files",
-     BW_OPT_NO_ENV | BW_OPT_REQUIRED, "FORMAT", "dataset format to write"},
+    {"format", BW_OPT_ENUM, offsetof(gen_cfg, format), NULL, 0, 0,
+     "npy|tfrecord|jsonl|tar|files|npz", BW_OPT_NO_ENV | BW_OPT_REQUIRED, "FORMAT",
+     "dataset format to write (npz: named arrays in uncompressed .npz archives; needs --fields)"},
+    {"fields", BW_OPT_LIST, offsetof(gen_cfg, fields), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
+     "NAME:DTYPE[:D1,D2,..] ...",
+     "npy and npz: a dataset of named arrays indexed together (features and labels), one "
+     "field per word: '--fields x:float32:3,32,32 y:int64' writes OUT/x/part-K.npy and "
+     "OUT/y/part-K.npy (npz: OUT/part-K.npz holding both); DTYPE bool, (u)int8..64, "
+     "float32/64; sample i's values follow docs/formats.md"},
     {"out", BW_OPT_PATH, offsetof(gen_cfg, out), NULL, 0, 0, NULL, BW_OPT_NO_ENV | BW_OPT_REQUIRED,
      "DIR", "directory to write into (created; existing files of the same names are replaced)"},
     {"num-samples", BW_OPT_INT, offsetof(gen_cfg, num_samples), "1000", 0, 1ll << 40, NULL,
@@ -118,10 +127,12 @@ static void put_le(uint8_t *p, uint64_t v, int n)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static void write_npy_header(FILE *f, const char *descr, uint64_t rows, const uint64_t *shape,
-                             int ndim)
+/* The .npy (1.0) header of an array of `rows` rows of shape[0..ndim) into out (at least 1024
+ * bytes); returns its length. */
+static size_t npy_header(uint8_t *out, const char *descr, uint64_t rows, const uint64_t *shape,
+                         int ndim)
 {
-    char dict[1024];
+    char dict[900];
     int n = snprintf(dict, sizeof(dict), "{'descr': '%s', 'fortran_order': False, 'shape': (%llu,",
                      descr, (unsigned long long)rows);
     for (int d = 0; d < ndim; d++)
@@ -131,13 +142,20 @@ static void write_npy_header(FILE *f, const char *descr, uint64_t rows, const ui
     /* numpy pads with spaces so that the data starts at a multiple of 64, ending with '\n'. */
     size_t total = 10 + (size_t)n + 1;
     size_t pad = (64 - total % 64) % 64;
-    uint8_t head[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 0, 0};
-    put_le(head + 8, (uint64_t)n + pad + 1, 2);
-    fwrite(head, 1, 10, f);
-    fwrite(dict, 1, (size_t)n, f);
-    for (size_t i = 0; i < pad; i++)
-        fputc(' ', f);
-    fputc('\n', f);
+    static const uint8_t magic[8] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+    memcpy(out, magic, 8);
+    put_le(out + 8, (uint64_t)n + pad + 1, 2);
+    memcpy(out + 10, dict, (size_t)n);
+    memset(out + 10 + n, ' ', pad);
+    out[10 + (size_t)n + pad] = '\n';
+    return total + pad;
+}
+
+static void write_npy_header(FILE *f, const char *descr, uint64_t rows, const uint64_t *shape,
+                             int ndim)
+{
+    uint8_t h[1024];
+    fwrite(h, 1, npy_header(h, descr, rows, shape, ndim), f);
 }
 
 static void tar_member(FILE *f, const char *name, const uint8_t *data, uint64_t len)
@@ -181,7 +199,328 @@ static int parse_shape(const char *text, uint64_t *shape, int *ndim)
     return 0;
 }
 
+/* ---- named arrays (--fields; docs/formats.md, "Synthetic named arrays") ---- */
+
+enum { MAX_GEN_FIELDS = 64 };
+
+typedef struct gen_field {
+    char name[BW_FIELD_NAME_MAX + 1];
+    const char *descr;
+    char kind; /* b (bool), i, u or f */
+    unsigned item;
+    uint64_t shape[16];
+    int ndim;
+    uint64_t elems, row_bytes; /* per sample */
+} gen_field;
+
+/* "NAME:DTYPE[:D1,D2,..]" */
+static int parse_field(const char *text, gen_field *f, char *err, size_t errlen)
+{
+    const char *c1 = strchr(text, ':');
+    const char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c1 || (size_t)(c1 - text) > BW_FIELD_NAME_MAX) {
+        snprintf(err, errlen, "--fields '%s': expected NAME:DTYPE[:D1,D2,..]", text);
+        return BW_INVALID_ARGUMENT;
+    }
+    memset(f, 0, sizeof(*f));
+    memcpy(f->name, text, (size_t)(c1 - text));
+    char why[256], dt[32];
+    if (bw__check_field_name(f->name, why, sizeof(why)) != BW_OK) {
+        snprintf(err, errlen, "--fields '%s': %s", text, why);
+        return BW_INVALID_ARGUMENT;
+    }
+    snprintf(dt, sizeof(dt), "%.*s", (int)(c2 ? (size_t)(c2 - c1 - 1) : strlen(c1 + 1)), c1 + 1);
+    for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++)
+        if (strcmp(dt, dtypes[i].name) == 0)
+            f->descr = dtypes[i].descr;
+    f->kind = f->descr ? f->descr[1] : 0;
+    f->item = f->descr ? (unsigned)atoi(f->descr + 2) : 0;
+    if (!f->descr || !strchr("biuf", f->kind) || (f->kind == 'f' && f->item == 2)) {
+        snprintf(err, errlen,
+                 "--fields '%s': dtype '%s' is not one of bool, int8..int64, uint8..uint64, "
+                 "float32, float64",
+                 text, dt);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (c2 && parse_shape(c2 + 1, f->shape, &f->ndim) != 0) {
+        snprintf(err, errlen, "--fields '%s': shape '%s': expected D1,D2,...", text, c2 + 1);
+        return BW_INVALID_ARGUMENT;
+    }
+    f->elems = 1;
+    for (int d = 0; d < f->ndim; d++)
+        f->elems *= f->shape[d];
+    f->row_bytes = f->elems * f->item;
+    return BW_OK;
+}
+
+/* Row i of field f into out (row_bytes): class c(i) = word(i, 0) % 10; integers (c + j) % 10
+ * (bool: % 2) for element j; floats 1 where j % 10 == c, else 0, plus noise
+ * word(i, j + 1) / 2^64 - 0.5 (53 bits). Little endian. */
+static void field_row(const gen_field *f, uint64_t i, uint8_t *out)
+{
+    uint64_t c = bw__synth_word(i, 0) % 10;
+    for (uint64_t j = 0; j < f->elems; j++, out += f->item) {
+        if (f->kind != 'f') {
+            put_le(out, (c + j) % (f->kind == 'b' ? 2 : 10), (int)f->item);
+            continue;
+        }
+        double v = (double)(j % 10 == c) + (double)(bw__synth_word(i, j + 1) >> 11) * 0x1p-53 - 0.5;
+        if (f->item == 4) {
+            float x = (float)v;
+            uint32_t bits;
+            memcpy(&bits, &x, 4);
+            put_le(out, bits, 4);
+        } else {
+            uint64_t bits;
+            memcpy(&bits, &v, 8);
+            put_le(out, bits, 8);
+        }
+    }
+}
+
+/* CRC-32 (IEEE 802.3, zip's) of p[0..n) continuing from crc. */
+static uint32_t crc32_ieee(uint32_t crc, const uint8_t *p, size_t n)
+{
+    static uint32_t table[256];
+    if (!table[1])
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++)
+                c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+    crc = ~crc;
+    while (n--)
+        crc = table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* Writes one field's rows [a, b) as an .npy array to f; with crc, updates the CRC-32. */
+static void write_field_rows(FILE *f, const gen_field *fd, uint64_t a, uint64_t b, uint8_t *row,
+                             uint32_t *crc, bw__progress *prog, uint64_t done)
+{
+    uint8_t h[1024];
+    size_t hl = npy_header(h, fd->descr, b - a, fd->shape, fd->ndim);
+    fwrite(h, 1, hl, f);
+    if (crc)
+        *crc = crc32_ieee(*crc, h, hl);
+    for (uint64_t i = a; i < b; i++) {
+        field_row(fd, i, row);
+        fwrite(row, 1, fd->row_bytes, f);
+        if (crc)
+            *crc = crc32_ieee(*crc, row, fd->row_bytes);
+        bw__progress_update(prog, done + i - a + 1);
+    }
+}
+
+/* File k's npz archive: a stored member NAME.npy per field (zip, no compression). */
+static int write_npz(gen *g, const gen_field *fs, size_t nf, uint64_t a, uint64_t b,
+                     const char *name, uint8_t *row, bw__progress *prog, uint64_t done)
+{
+    FILE *f = create(g, name);
+    if (!f)
+        return 1;
+    uint32_t crcs[MAX_GEN_FIELDS];
+    uint64_t offs[MAX_GEN_FIELDS], sizes[MAX_GEN_FIELDS];
+    for (size_t k = 0; k < nf; k++) {
+        uint8_t h[1024], lh[30 + BW_FIELD_NAME_MAX + 4];
+        sizes[k] =
+            npy_header(h, fs[k].descr, b - a, fs[k].shape, fs[k].ndim) + (b - a) * fs[k].row_bytes;
+        if (sizes[k] >= 0xffffffffu) {
+            snprintf(g->err, sizeof(g->err),
+                     "%s: member %s.npy would be %llu bytes, more than a plain zip member holds: "
+                     "write more, smaller archives (--files)",
+                     name, fs[k].name, (unsigned long long)sizes[k]);
+            fclose(f);
+            return 1;
+        }
+        long at = ftell(f);
+        offs[k] = (uint64_t)(at < 0 ? 0 : at);
+        size_t nl = strlen(fs[k].name) + 4;
+        memset(lh, 0, 30);
+        put_le(lh, 0x04034b50, 4);
+        put_le(lh + 4, 20, 2); /* version needed: 2.0 */
+        put_le(lh + 18, sizes[k], 4);
+        put_le(lh + 22, sizes[k], 4);
+        put_le(lh + 26, nl, 2);
+        memcpy(lh + 30, fs[k].name, nl - 4);
+        memcpy(lh + 30 + nl - 4, ".npy", 4);
+        fwrite(lh, 1, 30 + nl, f);
+        crcs[k] = 0;
+        write_field_rows(f, &fs[k], a, b, row, &crcs[k], prog, done + k * (b - a));
+        uint8_t c[4];
+        put_le(c, crcs[k], 4);
+        fseek(f, (long)offs[k] + 14, SEEK_SET);
+        fwrite(c, 1, 4, f);
+        fseek(f, 0, SEEK_END);
+    }
+    long cd = ftell(f);
+    uint64_t cdsize = 0;
+    for (size_t k = 0; k < nf; k++) {
+        uint8_t ch[46];
+        size_t nl = strlen(fs[k].name) + 4;
+        memset(ch, 0, sizeof(ch));
+        put_le(ch, 0x02014b50, 4);
+        put_le(ch + 4, 20, 2);
+        put_le(ch + 6, 20, 2);
+        put_le(ch + 16, crcs[k], 4);
+        put_le(ch + 20, sizes[k], 4);
+        put_le(ch + 24, sizes[k], 4);
+        put_le(ch + 28, nl, 2);
+        put_le(ch + 38, 0644u << 16, 4); /* external attributes: a regular file */
+        put_le(ch + 42, offs[k], 4);
+        fwrite(ch, 1, sizeof(ch), f);
+        fwrite(fs[k].name, 1, nl - 4, f);
+        fwrite(".npy", 1, 4, f);
+        cdsize += sizeof(ch) + nl;
+    }
+    uint8_t e[22];
+    memset(e, 0, sizeof(e));
+    put_le(e, 0x06054b50, 4);
+    put_le(e + 8, nf, 2);
+    put_le(e + 10, nf, 2);
+    put_le(e + 12, cdsize, 4);
+    put_le(e + 16, (uint64_t)(cd < 0 ? 0 : cd), 4);
+    fwrite(e, 1, sizeof(e), f);
+    if ((uint64_t)(cd < 0 ? 0 : cd) >= 0xffffffffu) {
+        snprintf(g->err, sizeof(g->err), "%s: the archive is over 4 GiB: use more --files", name);
+        fclose(f);
+        return 1;
+    }
+    return finish(g, f, name);
+}
+
+/* --fields: the named arrays' files (npy: OUT/NAME/part-K.npy; npz: OUT/part-K.npz) and their
+ * JSON description. */
+static int gen_fields(gen *g, const gen_cfg *cfg)
+{
+    gen_field fs[MAX_GEN_FIELDS];
+    size_t nf = 0;
+    uint64_t row_max = 1;
+    for (char *p = cfg->fields; p && *p;) {
+        char *end = p + strcspn(p, " \n");
+        char save = *end;
+        *end = '\0';
+        if (*p && nf == MAX_GEN_FIELDS) {
+            snprintf(g->err, sizeof(g->err), "--fields: more than %d fields", MAX_GEN_FIELDS);
+            return 2;
+        }
+        if (*p && parse_field(p, &fs[nf++], g->err, sizeof(g->err)) != BW_OK)
+            return 2;
+        for (size_t j = 0; *p && j + 1 < nf; j++)
+            if (strcmp(fs[j].name, fs[nf - 1].name) == 0) {
+                snprintf(g->err, sizeof(g->err), "--fields: field '%.64s' is named twice",
+                         fs[j].name);
+                return 2;
+            }
+        if (nf && fs[nf - 1].row_bytes > row_max)
+            row_max = fs[nf - 1].row_bytes;
+        *end = save;
+        p = *end ? end + 1 : end;
+    }
+    if (nf == 0) {
+        snprintf(g->err, sizeof(g->err), "--fields: no field given");
+        return 2;
+    }
+    uint64_t n = (uint64_t)cfg->num_samples, nfiles = (uint64_t)cfg->files;
+    bool npz = cfg->format == F_NPZ;
+    uint8_t *row = malloc(row_max);
+    if (!row) {
+        snprintf(g->err, sizeof(g->err), "out of memory for a row of %llu bytes",
+                 (unsigned long long)row_max);
+        return 1;
+    }
+    char what[200], name[400];
+    snprintf(what, sizeof(what), "writing format=%s fields=%zu samples=%llu out=%.100s",
+             npz ? "npz" : "npy", nf, (unsigned long long)n, cfg->out);
+    bw__progress prog;
+    bw__progress_begin(&prog, what, false, n * nf);
+    int rc = 0;
+    for (size_t k = 0; k < nf && !npz && rc == 0; k++) {
+        snprintf(name, sizeof(name), "%.300s/%.64s", cfg->out, fs[k].name);
+        if (mkdir(name, 0755) != 0 && errno != EEXIST) {
+            snprintf(g->err, sizeof(g->err), "%s: %s", name, strerror(errno));
+            rc = 1;
+        }
+    }
+    for (uint64_t f = 0; f < nfiles && rc == 0; f++) {
+        uint64_t a = f * n / nfiles, b = (f + 1) * n / nfiles;
+        if (npz) {
+            snprintf(name, sizeof(name), "part-%05llu.npz", (unsigned long long)f);
+            rc = write_npz(g, fs, nf, a, b, name, row, &prog, a * nf);
+            continue;
+        }
+        for (size_t k = 0; k < nf && rc == 0; k++) {
+            snprintf(name, sizeof(name), "%.64s/part-%05llu.npy", fs[k].name,
+                     (unsigned long long)f);
+            FILE *out = create(g, name);
+            if (!out) {
+                rc = 1;
+                break;
+            }
+            write_field_rows(out, &fs[k], a, b, row, NULL, &prog, a * nf + k * (b - a));
+            rc = finish(g, out, name);
+        }
+    }
+    bw__progress_end(&prog, rc == 0);
+    free(row);
+    if (rc != 0)
+        return rc;
+    printf("{\"format\":\"%s\",\"dir\":", npz ? "npz" : "npy");
+    bw__json_string(stdout, cfg->out);
+    printf(",\"num_samples\":%llu,\"fields\":[", (unsigned long long)n);
+    for (size_t k = 0; k < nf; k++) {
+        printf("%s{\"name\":", k ? "," : "");
+        bw__json_string(stdout, fs[k].name);
+        printf(",\"dtype\":\"%s\",\"shape\":[", fs[k].descr);
+        for (int d = 0; d < fs[k].ndim; d++)
+            printf("%s%llu", d ? "," : "", (unsigned long long)fs[k].shape[d]);
+        printf("],\"sample_bytes\":%llu}", (unsigned long long)fs[k].row_bytes);
+    }
+    /* how to name it to a loader, paths relative to --out */
+    if (npz) {
+        printf("],\"dataset\":\"npz:part-*.npz\"}\n");
+        return 0;
+    }
+    printf("],\"dataset_fields\":[");
+    for (size_t k = 0; k < nf; k++) {
+        snprintf(name, sizeof(name), "%.64s=npy:%.64s/part-*.npy", fs[k].name, fs[k].name);
+        printf("%s", k ? "," : "");
+        bw__json_string(stdout, name);
+    }
+    printf("]}\n");
+    return 0;
+}
+
+static int run_gen(int argc, char **argv);
+
 int bw__cmd_gen(int argc, char **argv)
+{
+    /* "--fields x:float32:3,32,32 y:int64": every word after --fields up to the next option
+     * is one more field (the config parser takes one value per flag). */
+    char **args = calloc((size_t)argc * 2 + 1, sizeof(char *));
+    if (!args) {
+        fprintf(stderr, "batchwire gen: out of memory\n");
+        return 1;
+    }
+    static char fields_flag[] = "--fields";
+    int nargs = 0;
+    for (int i = 0; i < argc; i++) {
+        args[nargs++] = argv[i];
+        if (strcmp(argv[i], fields_flag) != 0 || i + 1 >= argc)
+            continue;
+        args[nargs++] = argv[++i];
+        while (i + 1 < argc && argv[i + 1][0] != '-') {
+            args[nargs++] = fields_flag;
+            args[nargs++] = argv[++i];
+        }
+    }
+    int rc = run_gen(nargs, args);
+    free(args);
+    return rc;
+}
+
+static int run_gen(int argc, char **argv)
 {
     gen_cfg cfg;
     memset(&cfg, 0, sizeof(cfg));
@@ -197,6 +536,24 @@ int bw__cmd_gen(int argc, char **argv)
     gen g;
     memset(&g, 0, sizeof(g));
     g.cfg = &cfg;
+    if (cfg.fields || cfg.format == F_NPZ) {
+        int frc = 2;
+        if (cfg.format != F_NPY && cfg.format != F_NPZ)
+            snprintf(g.err, sizeof(g.err), "--fields: named arrays are written as npy or npz");
+        else if (!cfg.fields)
+            snprintf(g.err, sizeof(g.err), "--format npz: give the arrays with --fields");
+        else if (mkdir(cfg.out, 0755) != 0 && errno != EEXIST)
+            snprintf(g.err, sizeof(g.err), "--out %s: %s", cfg.out, strerror(errno));
+        else {
+            bw__log_to_stderr("gen", BW_LOG_INFO);
+            bw__progress_interval_ms = (uint64_t)cfg.progress_ms;
+            frc = gen_fields(&g, &cfg);
+        }
+        if (frc != 0)
+            fprintf(stderr, "batchwire gen: %s\n", g.err);
+        bw__config_free(options, &cfg);
+        return frc;
+    }
     g.lo = (uint64_t)cfg.sample_bytes;
     g.hi = cfg.sample_bytes_max > cfg.sample_bytes ? (uint64_t)cfg.sample_bytes_max : g.lo;
     uint64_t n = (uint64_t)cfg.num_samples, nfiles = (uint64_t)cfg.files;

@@ -35,6 +35,8 @@ void bw__batch_free(bw_batch *b)
     bw__gpu_free(b->gpu, b->dev);
     bw__gpu_stream_free(b->gpu);
     bw__batch_fields_free(b);
+    free(b->arrays);
+    free(b->scratch);
     memset(b, 0, sizeof(*b));
 }
 
@@ -139,6 +141,8 @@ const uint64_t *bw_batch_shape(const bw_batch *b)
 
 int bw_batch_sample(const bw_batch *b, size_t i, const void **data, size_t *size)
 {
+    if (b->narrays)
+        return BW_FAILED_PRECONDITION; /* rows of several tensors: bw_batch_array */
     if (i >= b->count)
         return BW_OUT_OF_RANGE;
     *size = b->sizes[i];

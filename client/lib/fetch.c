@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/interrupt.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "fetch.h"
@@ -101,7 +102,7 @@ static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uin
     }
     *dest = NULL; /* an empty chunk has no place (and no arithmetic on a NULL buffer) */
     if (len)
-        *dest = (fixed       ? d->b->data + x->first * d->sample_bytes
+        *dest = (fixed       ? (d->base ? d->base : d->b->data) + x->first * d->sample_bytes
                  : x->direct ? d->b->data + x->off
                              : x->buf) +
                 chunk_off;
@@ -260,7 +261,9 @@ static void receive(fetch_req *reqs, size_t n, uint64_t deadline, uint64_t attem
         }
         if (m == 0)
             break;
-        int ready = poll(pf, m, (int)(wake - now));
+        int ready = bw__poll(pf, m, (int)(wake - now));
+        if (bw__interrupted())
+            break; /* the requests not ended end below, interrupted */
         if (ready < 0 && errno != EINTR)
             break;
         now = bw__mono_ms();
@@ -276,7 +279,12 @@ static void receive(fetch_req *reqs, size_t n, uint64_t deadline, uint64_t attem
         fetch_req *r = &reqs[i];
         if (r->ended)
             continue;
-        if (r->t->ops->fd(r->x) < 0) { /* blocking transports: read to the end now */
+        if (bw__interrupted()) {
+            r->ended = true;
+            r->res.rc = BW_INTERRUPTED;
+            snprintf(r->res.err, sizeof(r->res.err), "worker %s: %s", r->wid,
+                     bw_strerror(BW_INTERRUPTED));
+        } else if (r->t->ops->fd(r->x) < 0) { /* blocking transports: read to the end now */
             bw__sink sink = {place, arrived, r};
             r->ended = r->t->ops->recv(r->x, &sink, &r->res);
         } else {
@@ -365,6 +373,12 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
     for (size_t u = 0; u < n; u++)
         remaining += !items[u].done;
     while (rc == BW_OK && remaining > 0) {
+        if (bw__interrupted()) {
+            rc = BW_INTERRUPTED;
+            snprintf(err, errlen, "%zu of %zu samples not fetched yet: %s", remaining, n,
+                     bw_strerror(rc));
+            break;
+        }
         bw__placement *p = ctx->placement(ctx->placement_arg, refresh, last, sizeof(last));
         refresh = false;
         verdict v = {0};
@@ -454,7 +468,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
         if (pause > deadline - now)
             pause = deadline - now;
         if (pause)
-            usleep((useconds_t)(pause * 1000));
+            bw__sleep_ms(pause); /* an interrupt ends it: the loop's next turn says so */
     }
     bw__suspects_clear(&suspects);
     free(shards);
@@ -606,8 +620,17 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
     bw__fetch_item *items = NULL;
     size_t n = 0;
     int rc = uid ? dedupe(b, ctx->max_sample_bytes, &items, &n, uid) : BW_NOMEM;
-    if (rc == BW_OK && ctx->sample_bytes)
-        rc = bw__batch_reserve(b, b->count * (size_t)ctx->sample_bytes);
+    /* Named arrays: whole samples arrive in the scratch buffer, then split by field. */
+    size_t want = b->count * (size_t)ctx->sample_bytes;
+    if (rc == BW_OK && b->narrays && want > b->scratch_cap) {
+        uint8_t *s = realloc(b->scratch, want);
+        rc = s ? BW_OK : BW_NOMEM;
+        if (s) {
+            b->scratch = s;
+            b->scratch_cap = want;
+        }
+    } else if (rc == BW_OK && ctx->sample_bytes && !b->narrays)
+        rc = bw__batch_reserve(b, want);
     if (rc != BW_OK)
         snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu samples", b->count);
     bw__fetch_kind kind = {BW_DCHAN_KIND_READ_SAMPLES,
@@ -616,12 +639,16 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
                            samples_message,
                            NULL,
                            (void *)ctx};
-    bw__fetch_dest dest = {b, ctx->sample_bytes, 0, 0};
+    bw__fetch_dest dest = {b, ctx->sample_bytes, 0, 0, b->narrays ? b->scratch : NULL};
     if (rc == BW_OK)
         rc = bw__fetch_items(ctx, &kind, items, n, &dest, b->err, sizeof(b->err));
     if (rc != BW_OK && rc != BW_NOMEM && b->err[0])
         BW_DEBUG("batch fetch failed step=%" PRIu64 " err=%s", b->step, b->err);
-    if (rc == BW_OK)
+    if (rc == BW_OK && b->narrays) {
+        for (size_t i = 0; i < b->count; i++) /* uid[i]: the item; where it landed: first */
+            uid[i] = items[uid[i]].first;
+        rc = bw__batch_unpack_arrays(b, uid, ctx->sample_bytes);
+    } else if (rc == BW_OK)
         rc = bw__fetch_pack(b, items, uid, &dest);
     bw__fetch_items_free(items, n);
     free(items);

@@ -91,6 +91,7 @@ typedef struct bw__fetch_dest {
     struct bw_batch *b;
     uint64_t sample_bytes;
     size_t pos, off;
+    uint8_t *base; /* fixed-size samples go to base + first * sample_bytes (NULL: b->data) */
 } bw__fetch_dest;
 
 /*

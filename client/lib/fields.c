@@ -15,6 +15,9 @@ int bw__fields_kind_of(const char *format, bool wanted, enum bw__fields_kind *ki
     *kind = BW_FIELDS_NONE;
     if (!wanted)
         return BW_OK;
+    /* Named arrays carry their fields as arrays (bw_batch_array): nothing to find. */
+    if (format && (strcmp(format, "fields") == 0 || strcmp(format, "npz") == 0))
+        return BW_OK;
     if (format && strcmp(format, "tar") == 0)
         *kind = BW_FIELDS_TABLE;
     else if (format && strcmp(format, "jsonl") == 0)

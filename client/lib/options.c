@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/text.h"
+#include "formats/formats.h"
 #include "loader_int.h"
 
 void bw_loader_options_init(bw_loader_options *o)
@@ -92,48 +94,117 @@ static int resolve_rank(const bw_loader_options *o, int64_t *rank, int64_t *worl
 
 #define PRE_SHARDED "pre_sharded:"
 
-static const char *const formats[] = {"npy", "tfrecord", "jsonl", "text", "tar", "files"};
+static const char *const formats[] = {"npy", "npz", "tfrecord", "jsonl", "text", "tar", "files"};
 
-/* "npy:a/x*.npy,b.npy" gives format "npy" and sources "a/x*.npy" and "b.npy". */
-static int parse_dataset(const char *spec, bw__job_request *jr, char *err, size_t errlen)
+/* "npy:a/x*.npy,b.npy" gives format "npy" and sources "a/x*.npy" and "b.npy" (`what` names the
+ * spec in messages: "dataset 'npy:...'" or "field 'x'"). */
+static int parse_spec(const char *what, const char *spec, char **format, char ***sources,
+                      size_t *nsources, char *err, size_t errlen)
 {
     const char *colon = spec ? strchr(spec, ':') : NULL;
     if (!colon || colon == spec || colon[1] == '\0') {
         snprintf(err, errlen,
-                 "dataset '%s': expected FORMAT:PATH[,PATH...] with FORMAT one of "
-                 "npy, tfrecord, jsonl, text, tar, files",
-                 spec ? spec : "(none)");
+                 "%s '%s': expected FORMAT:PATH[,PATH...] with FORMAT one of "
+                 "npy, npz, tfrecord, jsonl, text, tar, files",
+                 what, spec ? spec : "(none)");
         return BW_INVALID_ARGUMENT;
     }
-    jr->format = strndup(spec, (size_t)(colon - spec));
-    if (!jr->format)
+    *format = strndup(spec, (size_t)(colon - spec));
+    if (!*format)
         return BW_NOMEM;
     int known = 0;
     for (size_t i = 0; i < sizeof(formats) / sizeof(formats[0]); i++)
-        known |= strcmp(jr->format, formats[i]) == 0;
+        known |= strcmp(*format, formats[i]) == 0;
     if (!known) {
         snprintf(err, errlen,
-                 "dataset '%s': unknown format '%s' (npy, tfrecord, jsonl, text, "
+                 "%s '%s': unknown format '%s' (npy, npz, tfrecord, jsonl, text, "
                  "tar or files)",
-                 spec, jr->format);
+                 what, spec, *format);
         return BW_INVALID_ARGUMENT;
     }
     const char *p = colon + 1;
     size_t n = 1;
     for (const char *q = p; *q; q++)
         n += *q == ',';
-    jr->sources = calloc(n, sizeof(char *));
-    if (!jr->sources)
+    *sources = calloc(n, sizeof(char *));
+    if (!*sources)
         return BW_NOMEM;
     while (*p) {
         size_t len = strcspn(p, ",");
         if (len == 0) {
-            snprintf(err, errlen, "dataset '%s': empty path in the list", spec);
+            snprintf(err, errlen, "%s '%s': empty path in the list", what, spec);
             return BW_INVALID_ARGUMENT;
         }
-        if (!(jr->sources[jr->nsources++] = strndup(p, len)))
+        if (!((*sources)[(*nsources)++] = strndup(p, len)))
             return BW_NOMEM;
         p += len + (p[len] == ',');
+    }
+    return BW_OK;
+}
+
+static int parse_dataset(const char *spec, bw__job_request *jr, char *err, size_t errlen)
+{
+    return parse_spec("dataset", spec, &jr->format, &jr->sources, &jr->nsources, err, errlen);
+}
+
+/* dataset_fields: "NAME=npy:PATH[,PATH...]" each, into jr's field messages (format
+ * "fields"). The names are checked as the coordinator checks them (bw__check_field_name);
+ * lengths and splits are the describing worker's to check. */
+static int parse_fields(const bw_loader_options *o, bw__job_request *jr, char *err, size_t errlen)
+{
+    if (o->dataset) {
+        snprintf(err, errlen,
+                 "dataset '%s' and dataset_fields exclude each other: a dataset of named arrays "
+                 "lists every array as a field",
+                 o->dataset);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (o->n_dataset_fields > BW_FMT_MAX_FIELDS) {
+        snprintf(err, errlen, "dataset_fields: %zu fields is more than %d", o->n_dataset_fields,
+                 BW_FMT_MAX_FIELDS);
+        return BW_INVALID_ARGUMENT;
+    }
+    jr->fields = calloc(o->n_dataset_fields, sizeof(*jr->fields));
+    jr->field_ptrs = calloc(o->n_dataset_fields, sizeof(*jr->field_ptrs));
+    if (!(jr->format = strdup("fields")) || !jr->fields || !jr->field_ptrs)
+        return BW_NOMEM;
+    for (size_t k = 0; k < o->n_dataset_fields; k++) {
+        const char *spec = o->dataset_fields[k] ? o->dataset_fields[k] : "";
+        const char *eq = strchr(spec, '=');
+        Batchwire__V1__DatasetField *f = &jr->fields[k];
+        batchwire__v1__dataset_field__init(f);
+        f->name = f->format = NULL; /* owned strings from here on (freed with jr) */
+        jr->field_ptrs[jr->nfields++] = f;
+        if (!eq) {
+            snprintf(err, errlen, "dataset field '%s': expected NAME=npy:PATH[,PATH...]", spec);
+            return BW_INVALID_ARGUMENT;
+        }
+        if (!(f->name = strndup(spec, (size_t)(eq - spec))))
+            return BW_NOMEM;
+        char why[256];
+        int rc = bw__check_field_name(f->name, why, sizeof(why));
+        for (size_t j = 0; rc == BW_OK && j < k; j++)
+            if (strcmp(jr->fields[j].name, f->name) == 0) {
+                snprintf(why, sizeof(why), "field '%s' is named twice", f->name);
+                rc = BW_INVALID_ARGUMENT;
+            }
+        if (rc != BW_OK) {
+            snprintf(err, errlen, "dataset field '%s': %s", spec, why);
+            return rc;
+        }
+        char what[BW_FIELD_NAME_MAX + 16];
+        snprintf(what, sizeof(what), "field '%s'", f->name);
+        if ((rc = parse_spec(what, eq + 1, &f->format, &f->sources, &f->n_sources, err, errlen)) !=
+            BW_OK)
+            return rc;
+        if (strcmp(f->format, "npy") != 0) {
+            snprintf(err, errlen,
+                     "field '%s': format '%s' cannot be a field: fields are .npy arrays "
+                     "(NAME=npy:PATH[,PATH...]); an .npz archive is a dataset of fields by itself "
+                     "(dataset npz:PATH)",
+                     f->name, f->format);
+            return BW_INVALID_ARGUMENT;
+        }
     }
     return BW_OK;
 }
@@ -174,7 +245,12 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
     bool pre_sharded = spec && strncmp(spec, PRE_SHARDED, strlen(PRE_SHARDED)) == 0;
     if (pre_sharded)
         spec += strlen(PRE_SHARDED);
-    if ((rc = parse_dataset(spec, jr, err, errlen)) != BW_OK)
+    if (o->n_dataset_fields && pre_sharded) {
+        snprintf(err, errlen, "dataset_fields cannot be pre-sharded (named arrays are map-style)");
+        return BW_INVALID_ARGUMENT;
+    }
+    if ((rc = o->n_dataset_fields ? parse_fields(o, jr, err, errlen)
+                                  : parse_dataset(spec, jr, err, errlen)) != BW_OK)
         return rc;
     if (pre_sharded && mode != BW__MODE_ITERABLE) {
         snprintf(err, errlen,
@@ -218,6 +294,8 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
     jr->dataset.n_sources = jr->nsources;
     jr->dataset.sources = jr->sources;
     jr->dataset.pre_sharded = pre_sharded;
+    jr->dataset.n_fields = jr->nfields;
+    jr->dataset.fields = jr->field_ptrs;
     batchwire__v1__sampler_config__init(&jr->sampler);
     jr->sampler.mode =
         mode == BW__MODE_ACCELERATE ? BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ACCELERATE
@@ -250,6 +328,16 @@ void bw__job_request_free(bw__job_request *jr)
     for (size_t i = 0; i < jr->nsources; i++)
         free(jr->sources[i]);
     free(jr->sources);
+    for (size_t k = 0; k < jr->nfields; k++) {
+        Batchwire__V1__DatasetField *f = &jr->fields[k];
+        free(f->name);
+        free(f->format);
+        for (size_t i = 0; i < f->n_sources; i++)
+            free(f->sources[i]);
+        free(f->sources);
+    }
+    free(jr->fields);
+    free(jr->field_ptrs);
     memset(jr, 0, sizeof(*jr));
 }
 

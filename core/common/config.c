@@ -149,6 +149,22 @@ static int apply(const bw_opt *o, void *cfg, const char *v, const source *src, c
         return set_string((char **)field, v);
     case BW_OPT_STRING:
         return set_string((char **)field, v);
+    case BW_OPT_LIST: {
+        char **list = (char **)field;
+        if (strchr(v, '\n')) {
+            fail(err, errlen, src, v, "expected one value without a line break");
+            return BW_INVALID_ARGUMENT;
+        }
+        size_t had = *list ? strlen(*list) + 1 : 0;
+        char *grown = realloc(*list, had + strlen(v) + 1);
+        if (!grown)
+            return BW_NOMEM;
+        if (had)
+            grown[had - 1] = '\n';
+        memcpy(grown + had, v, strlen(v) + 1);
+        *list = grown;
+        return BW_OK;
+    }
     case BW_OPT_ADDR:
         if (bw__addr_validate(v, why, sizeof(why)) != BW_OK) {
             fail(err, errlen, src, v, "%s", why);
@@ -225,6 +241,7 @@ static bool is_set(const bw_opt *o, const void *cfg)
     case BW_OPT_STRING:
     case BW_OPT_PATH:
     case BW_OPT_ADDR:
+    case BW_OPT_LIST:
         return *(char *const *)field != NULL;
     default:
         return true;
@@ -334,7 +351,8 @@ out:
 void bw__config_free(const bw_opt *opts, void *cfg)
 {
     for (const bw_opt *o = opts; o->name; o++) {
-        if (o->type == BW_OPT_STRING || o->type == BW_OPT_PATH || o->type == BW_OPT_ADDR) {
+        if (o->type == BW_OPT_STRING || o->type == BW_OPT_PATH || o->type == BW_OPT_ADDR ||
+            o->type == BW_OPT_LIST) {
             char **field = (char **)((char *)cfg + o->offset);
             free(*field);
             *field = NULL;

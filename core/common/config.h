@@ -20,6 +20,7 @@ typedef enum bw_opt_type {
     BW_OPT_UINT64, /* uint64_t, full range; negative decimal values wrap (two's complement) */
     BW_OPT_BOOL,   /* bool; a bare flag means true; values true/false/1/0/yes/no/on/off */
     BW_OPT_ENUM,   /* int: index into `choices` ("a|b|c") */
+    BW_OPT_LIST,   /* char *: repeatable; every value given, in order, separated by '\n' */
 } bw_opt_type;
 
 #define BW_OPT_REQUIRED 1u /* must be set by flag or environment */
