@@ -19,6 +19,7 @@
 
 typedef struct fetch_cfg {
     char *coordinator, *job, *dataset, *resume, *cursor_out, *device, *resume_elastic;
+    char *dataset_fields; /* --dataset-field values, one a line */
     int64_t rank, world_size;
     int mode, shuffle_algo;
     int64_t batch_size, epochs, max_steps, prefetch, timeout_ms, retry_ms, commit_every;
@@ -36,10 +37,15 @@ static const bw_opt options[] = {
      BW_OPT_REQUIRED, "HOST:PORT", "the coordinator"},
     {"job", BW_OPT_STRING, offsetof(fetch_cfg, job), NULL, 0, 0, NULL, BW_OPT_REQUIRED, "NAME",
      "job name (created on first use)"},
-    {"dataset", BW_OPT_STRING, offsetof(fetch_cfg, dataset), NULL, 0, 0, NULL, BW_OPT_REQUIRED,
+    {"dataset", BW_OPT_STRING, offsetof(fetch_cfg, dataset), NULL, 0, 0, NULL, 0,
      "FORMAT:PATH[,PATH...]",
-     "npy, tfrecord, jsonl, text, tar or files; paths below the workers' --data-root (globs "
-     "allowed)"},
+     "npy, npz, tfrecord, jsonl, text, tar or files; paths below the workers' --data-root "
+     "(globs allowed); required unless --dataset-field is given"},
+    {"dataset-field", BW_OPT_LIST, offsetof(fetch_cfg, dataset_fields), NULL, 0, 0, NULL,
+     BW_OPT_NO_ENV, "NAME=npy:PATH[,PATH...]",
+     "instead of --dataset, repeated: one named array of a dataset of arrays indexed together "
+     "(features and labels, like TensorDataset(x, y)); every array has the same length, split "
+     "over its files the same way (docs/formats.md)"},
     {"rank", BW_OPT_INT, offsetof(fetch_cfg, rank), "-1", -1, 1 << 24, NULL, 0, "r",
      "this rank (default: RANK or SLURM_PROCID)"},
     {"world-size", BW_OPT_INT, offsetof(fetch_cfg, world_size), "-1", -1, 1 << 24, NULL, 0, "R",
@@ -110,6 +116,9 @@ static const bw_opt options[] = {
     BW_OPT_END,
 };
 
+/* --dataset-field: one more than a dataset may have, so that the loader refuses too many */
+enum { BW_CLI_MAX_FIELDS = 65 };
+
 static volatile sig_atomic_t stop_requested;
 
 static void on_signal(int sig)
@@ -133,6 +142,35 @@ static int parse_device(const char *text, int *device)
     return BW_OK;
 }
 
+/* Named arrays: ,"fields":{"x":{"dtype":"<f4","shape":[B,...],"bytes":N,"sha256":"..."},...}
+ * (the names are the dataset's field names, checked text without quotes or controls). */
+static void print_arrays(const bw_batch *b)
+{
+    size_t n = bw_batch_narrays(b);
+    if (!n)
+        return;
+    const uint8_t *base = bw_batch_host_data(b);
+    printf(",\"fields\":{");
+    for (size_t k = 0; k < n; k++) {
+        bw_array a;
+        bw_batch_array(b, k, &a);
+        unsigned char h[SHA256_DIGEST_LENGTH];
+        SHA256(a.nbytes ? base + a.offset : (const uint8_t *)"", a.nbytes, h);
+        printf("%s", k ? "," : "");
+        bw__json_string(stdout, a.name);
+        printf(":{\"dtype\":");
+        bw__json_string(stdout, a.dtype);
+        printf(",\"shape\":[");
+        for (size_t d = 0; d < a.ndim; d++)
+            printf("%s%" PRIu64, d ? "," : "", a.shape[d]);
+        printf("],\"bytes\":%zu,\"sha256\":\"", a.nbytes);
+        for (int i = 0; i < SHA256_DIGEST_LENGTH; i++)
+            printf("%02x", h[i]);
+        printf("\"}");
+    }
+    printf("}");
+}
+
 static void print_batch(const bw_batch *b, int64_t rank)
 {
     unsigned char h[SHA256_DIGEST_LENGTH];
@@ -149,7 +187,9 @@ static void print_batch(const bw_batch *b, int64_t rank)
     printf("],\"real\":%zu,\"bytes\":%zu,\"sha256\":\"", bw_batch_real(b), bw_batch_nbytes(b));
     for (int i = 0; i < SHA256_DIGEST_LENGTH; i++)
         printf("%02x", h[i]);
-    printf("\"}\n");
+    printf("\"");
+    print_arrays(b);
+    printf("}\n");
 }
 
 static int write_cursor(bw_loader *l, const char *path)
@@ -235,6 +275,21 @@ int bw__cmd_fetch(int argc, char **argv)
         bw__config_free(options, &cfg);
         return 2;
     }
+    if (!cfg.dataset == !cfg.dataset_fields) {
+        fprintf(stderr, "batchwire fetch: give the dataset as --dataset FORMAT:PATH[,PATH...] or "
+                        "as its arrays, --dataset-field NAME=npy:PATH[,PATH...] for each (not "
+                        "both)\n");
+        bw__config_free(options, &cfg);
+        return 2;
+    }
+    /* --dataset-field values, one a line: split in place */
+    const char *fields[BW_CLI_MAX_FIELDS];
+    size_t nfields = 0;
+    for (char *p = cfg.dataset_fields; p && nfields < BW_CLI_MAX_FIELDS; nfields++) {
+        fields[nfields] = p;
+        if ((p = strchr(p, '\n')) != NULL)
+            *p++ = '\0';
+    }
     bw__log_to_stderr("fetch", (bw_log_level)cfg.log_level);
     static const char *const modes[] = {"torch", "accelerate", "iterable"};
     bw_loader_options o;
@@ -246,6 +301,8 @@ int bw__cmd_fetch(int argc, char **argv)
     o.tls_server_name = cfg.tls.tls_server_name;
     o.job = cfg.job;
     o.dataset = cfg.dataset;
+    o.dataset_fields = fields;
+    o.n_dataset_fields = nfields;
     o.rank = cfg.rank;
     o.world_size = cfg.world_size;
     o.mode = modes[cfg.mode];

@@ -90,7 +90,7 @@ static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
         for (size_t i = 0; i < lay->n_shape; i++)
             b->shape[i + 1] = lay->shape[i];
     }
-    return BW_OK;
+    return bw__batch_plan_arrays(b, l->session.summary->dataset);
 }
 
 /* Reads a planned batch: by index (map-style) or as runs of stream records (iterable). */
@@ -262,8 +262,9 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->world = (uint32_t)world;
     l->job_fingerprint = job->fingerprint;
     l->num_samples = job->dataset->length;
-    if (job->config->sampler->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE &&
-        (rc = bw__stream_open(&l->stream, job, err, errlen)) != BW_OK) {
+    if ((rc = bw__arrays_check(job->dataset, err, errlen)) != BW_OK ||
+        (job->config->sampler->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE &&
+         (rc = bw__stream_open(&l->stream, job, err, errlen)) != BW_OK)) {
         bw__arena_reset(&ca);
         bw_loader_close(l);
         return rc;

@@ -36,6 +36,10 @@ typedef struct bw__job_request {
     char **sources;
     size_t nsources;
     Batchwire__V1__Dataset dataset;
+    /* named arrays (bw_loader_options.dataset_fields): format "fields", one message each */
+    size_t nfields;
+    Batchwire__V1__DatasetField *fields;
+    Batchwire__V1__DatasetField **field_ptrs;
     Batchwire__V1__SamplerConfig sampler;
     Batchwire__V1__JobConfig config;
 } bw__job_request;
@@ -201,6 +205,13 @@ struct bw_batch {
     uint64_t shape[BW_LOADER_MAX_NDIM];
     int rc; /* fetch result */
     char err[BW_LOADER_ERRLEN];
+    /* Named arrays (bw_batch_array): one tensor per field in data, one after the other; the
+     * samples arrive whole (row i of every field) in `scratch` and are split by field there
+     * (bw__batch_unpack_arrays). */
+    size_t narrays;
+    struct bw__array *arrays;
+    uint8_t *scratch;
+    size_t scratch_cap;
     /* bw_batch_fields (fields.c), with bw_loader_options.fields: sample i's fields are
      * fields[field_first[i] .. field_first[i + 1]); names point into field_names. */
     bool has_fields;
@@ -219,6 +230,25 @@ void bw__batch_free(bw_batch *b);
 int bw__batch_reserve(bw_batch *b, size_t nbytes);
 /* Copies the batch's data to its device (when it has one). */
 int bw__batch_to_device(bw_batch *b);
+
+/* ---- arrays.c: batches of named arrays (bw_batch_array) ---- */
+
+/* One field of a batch of named arrays: name and dtype borrowed from the job's description. */
+typedef struct bw__array {
+    const char *name, *dtype;
+    size_t ndim; /* with the batch's count first */
+    uint64_t shape[BW_LOADER_MAX_NDIM];
+    uint64_t row_bytes; /* one sample's bytes of this field */
+    size_t offset;      /* in data */
+} bw__array;
+
+/* Checks that the job's fields can be batches here (every layout fixed, few enough dims). */
+int bw__arrays_check(const Batchwire__V1__DatasetInfo *info, char *err, size_t errlen);
+/* Lays out b's arrays for its count samples (after planning): shapes and offsets. BW_NOMEM. */
+int bw__batch_plan_arrays(bw_batch *b, const Batchwire__V1__DatasetInfo *info);
+/* After a fetch into b->scratch (sample `from[i]` whole at scratch + from[i] * sample_bytes
+ * for position i): each field's rows to its tensor in b->data. BW_NOMEM. */
+int bw__batch_unpack_arrays(bw_batch *b, const size_t *from, uint64_t sample_bytes);
 
 /* ---- fields.c: the fields of tar and JSON Lines samples (bw_batch_fields) ---- */
 

@@ -138,6 +138,14 @@ typedef struct bw_loader_options {
      * lease; BW_LEASE_LOST from bw_loader_open when the lease is no longer the rank's. NULL
      * (default): the share reads without confirming anything. */
     const char *lease;
+
+    /* A dataset of named arrays indexed together, like torch's TensorDataset(x, y)
+     * (docs/formats.md, "Named arrays"), instead of `dataset`: n_dataset_fields entries
+     * "NAME=npy:PATH[,PATH...]", one per array, every array of the same length and split over
+     * its files the same way. (An uncompressed .npz archive is such a dataset by itself:
+     * dataset = "npz:PATH[,PATH...]".) Batches then carry every array: bw_batch_array. */
+    const char *const *dataset_fields;
+    size_t n_dataset_fields;
 } bw_loader_options;
 
 /* Fills `o` with the defaults above. */
@@ -296,8 +304,8 @@ BW_EXTERN const uint8_t *bw_batch_padding(const bw_batch *b);
 BW_EXTERN const void *bw_batch_data(const bw_batch *b);
 BW_EXTERN size_t bw_batch_nbytes(const bw_batch *b);
 
-/* .npy datasets: the numpy dtype ("<f4") and the tensor's shape ([count, ...]); ndim 0 for
- * other formats. shape points at ndim values. */
+/* .npy datasets (one array): the numpy dtype ("<f4") and the tensor's shape ([count, ...]);
+ * ndim 0 for other formats. shape points at ndim values. */
 BW_EXTERN const char *bw_batch_dtype(const bw_batch *b);
 BW_EXTERN size_t bw_batch_ndim(const bw_batch *b);
 BW_EXTERN const uint64_t *bw_batch_shape(const bw_batch *b);
@@ -318,7 +326,8 @@ BW_EXTERN int bw_batch_device(const bw_batch *b);
 BW_EXTERN int bw_loader_to_device(bw_loader *l, const bw_batch *b, int device, void *dst,
                                   size_t cap);
 
-/* Sample i's bytes (host memory) and size. */
+/* Sample i's bytes (host memory) and size. BW_FAILED_PRECONDITION for a batch of named
+ * arrays (bw_batch_array), whose samples are rows of several tensors. */
 BW_EXTERN int bw_batch_sample(const bw_batch *b, size_t i, const void **data, size_t *size);
 
 /* A named part of a sample (bw_batch_fields). */
@@ -336,6 +345,28 @@ typedef struct bw_field {
  * BW_FAILED_PRECONDITION without `fields`, BW_OUT_OF_RANGE for i.
  */
 BW_EXTERN int bw_batch_fields(const bw_batch *b, size_t i, const bw_field **fields, size_t *n);
+
+/* One named array of a batch (datasets of named arrays: bw_loader_options.dataset_fields, or
+ * an .npz archive): a contiguous C-order tensor of shape [count, ...], in the order of the
+ * dataset's samples (row i of every array is sample i of the batch, padding included). */
+typedef struct bw_array {
+    const char *name;      /* the field's name ("x"); an .npz: the member without ".npy" */
+    const char *dtype;     /* the numpy dtype ("<f4", "<i8") */
+    size_t ndim;           /* dims, the batch's count first */
+    const uint64_t *shape; /* ndim values */
+    size_t offset;         /* where it starts in bw_batch_data (and bw_batch_host_data) */
+    size_t nbytes;
+} bw_array;
+
+/*
+ * Datasets of named arrays: the number of arrays of every batch (0 for other datasets), and
+ * array k of batch b into *out (borrowed: valid as the batch's bytes). The batch's bytes are
+ * the arrays one after the other, in field order; bw_batch_dtype, bw_batch_shape and
+ * bw_batch_sample do not apply to such a batch (ndim 0; BW_FAILED_PRECONDITION).
+ * bw_batch_array returns BW_OUT_OF_RANGE for k >= bw_batch_narrays.
+ */
+BW_EXTERN size_t bw_batch_narrays(const bw_batch *b);
+BW_EXTERN int bw_batch_array(const bw_batch *b, size_t k, bw_array *out);
 
 /* ---- keeping a batch's bytes past the next batch ---- */
 

@@ -63,6 +63,8 @@ class Options(ctypes.Structure):
         ("fields", c_int),
         ("holder_pid", ctypes.c_uint32),
         ("lease", c_char_p),
+        ("dataset_fields", ctypes.POINTER(c_char_p)),
+        ("n_dataset_fields", c_size_t),
     ]
 
 
@@ -70,6 +72,13 @@ class Field(ctypes.Structure):
     """bw_field (include/batchwire/loader.h)."""
 
     _fields_ = [("name", c_char_p), ("offset", c_size_t), ("size", c_size_t)]
+
+
+class Array(ctypes.Structure):
+    """bw_array (include/batchwire/loader.h): one named array of a batch."""
+
+    _fields_ = [("name", c_char_p), ("dtype", c_char_p), ("ndim", c_size_t),
+                ("shape", ctypes.POINTER(c_uint64)), ("offset", c_size_t), ("nbytes", c_size_t)]
 
 
 class Stats(ctypes.Structure):
@@ -160,6 +169,8 @@ def _declare(lib):
         "bw_batch_ndim": (c_size_t, [P]),
         "bw_batch_shape": (c_void_p, [P]),
         "bw_batch_device": (c_int, [P]),
+        "bw_batch_narrays": (c_size_t, [P]),
+        "bw_batch_array": (c_int, [P, c_size_t, ctypes.POINTER(Array)]),
         "bw_batch_sample": (c_int, [P, c_size_t, ctypes.POINTER(c_void_p),
                                     ctypes.POINTER(c_size_t)]),
         "bw_loader_seek": (c_int, [P, c_void_p, c_size_t]),
