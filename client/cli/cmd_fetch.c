@@ -2,6 +2,7 @@
  * printing one JSON line per batch (indices, real count, sha256 of the batch bytes) and a
  * summary line. The tool tests, benchmarks and the demo check batchwire with. */
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 
 #include "batchwire/loader.h"
 #include "commands.h"
+#include "common/interrupt.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -75,8 +77,10 @@ static const bw_opt options[] = {
     {"pad-single-process", BW_OPT_BOOL, offsetof(fetch_cfg, pad_single_process), "false", 0, 0,
      NULL, 0, NULL,
      "accelerate with one rank: BatchSamplerShard's padding instead of the plain last batch"},
-    {"epochs", BW_OPT_INT, offsetof(fetch_cfg, epochs), "1", 1, 1000000, NULL, 0, "E",
-     "epochs to run, from the starting position"},
+    {"epochs", BW_OPT_INT, offsetof(fetch_cfg, epochs), "0", 0, 1000000, NULL, 0, "E",
+     "epochs to run in this invocation: the rest of the starting position's epoch (nothing when "
+     "the cursor is at its end) counts as the first; 0: one, or with --job-epochs every epoch "
+     "the job has left. Never past the job's last epoch when --job-epochs is given"},
     {"max-steps", BW_OPT_INT, offsetof(fetch_cfg, max_steps), "0", 0, INT64_MAX, NULL, 0, "K",
      "stop after K batches (0: no limit)"},
     {"resume", BW_OPT_STRING, offsetof(fetch_cfg, resume), NULL, 0, 0, NULL, 0, "CURSOR_TEXT",
@@ -89,7 +93,8 @@ static const bw_opt options[] = {
     {"elastic", BW_OPT_BOOL, offsetof(fetch_cfg, elastic), "false", 0, 0, NULL, 0, NULL,
      "elastic resume at this --world-size from every rank's committed cursor"},
     {"cursor-out", BW_OPT_PATH, offsetof(fetch_cfg, cursor_out), NULL, 0, 0, NULL, 0, "FILE",
-     "write the cursor of the last batch handed out to FILE at the end (also on SIGTERM)"},
+     "write the cursor of the last batch handed out to FILE at the end (also when stopped by "
+     "SIGTERM or SIGINT)"},
     {"commit", BW_OPT_BOOL, offsetof(fetch_cfg, commit), "false", 0, 0, NULL, 0, NULL,
      "commit the final cursor to the coordinator"},
     {"commit-every", BW_OPT_INT, offsetof(fetch_cfg, commit_every), "0", 0, INT64_MAX, NULL, 0, "K",
@@ -119,12 +124,41 @@ static const bw_opt options[] = {
 /* --dataset-field: one more than a dataset may have, so that the loader refuses too many */
 enum { BW_CLI_MAX_FIELDS = 65 };
 
+/* The signal that stopped the run (SIGTERM, SIGINT), or 0. */
 static volatile sig_atomic_t stop_requested;
 
+/* Called after the library's own handler (bw_interrupt_on_signals), which has already
+ * interrupted whatever the loader was waiting for. */
 static void on_signal(int sig)
 {
-    (void)sig;
-    stop_requested = 1;
+    stop_requested = sig;
+}
+
+/* After a stop by a signal the cursor is written, committed (--commit) and the job left --
+ * with the interrupt lowered so that these calls can run, but raised again at this many ms
+ * after the stop, so that the whole stop stays well within a second however the coordinator
+ * and the workers behave (docs/client.md, "Signals"). */
+enum { STOP_GRACE_MS = 400 };
+
+static void *raise_later(void *arg)
+{
+    (void)arg;
+    bw__sleep_ms(STOP_GRACE_MS); /* returns at once if someone raises it first */
+    bw_interrupt();
+    return NULL;
+}
+
+/* Installs on_signal for SIGINT and SIGTERM, then the library's handlers on top of it. */
+static int catch_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART; /* a batch line being written is written whole */
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0)
+        return BW_INTERNAL;
+    return bw_interrupt_on_signals();
 }
 
 static int parse_device(const char *text, int *device)
@@ -256,7 +290,12 @@ int bw__cmd_fetch(int argc, char **argv)
     int status = bw__config_main("batchwire fetch",
                                  "--coordinator HOST:PORT --job NAME --dataset SPEC [options]",
                                  "Joins a job as one rank and pulls its batches, printing one JSON "
-                                 "line per batch and a summary line.",
+                                 "line per batch and a summary line. SIGTERM or SIGINT stops it "
+                                 "within a second in every phase (joining, retrying, waiting for a "
+                                 "worker, mid-batch): it writes --cursor-out (the cursor of the "
+                                 "last batch printed), commits with --commit, leaves the job and "
+                                 "exits with status 143 (SIGTERM) or 130 (SIGINT); 1 on an error, "
+                                 "0 otherwise.",
                                  options, &cfg, argc, argv);
     if (status >= 0) {
         bw__config_free(options, &cfg);
@@ -329,8 +368,11 @@ int bw__cmd_fetch(int argc, char **argv)
         bw__config_free(options, &cfg);
         return 2;
     }
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    if (catch_signals() != BW_OK) {
+        fprintf(stderr, "batchwire fetch: cannot install the SIGINT/SIGTERM handlers\n");
+        bw__config_free(options, &cfg);
+        return 1;
+    }
 
     char err[2048];
     bw_loader *l = NULL;
@@ -357,6 +399,12 @@ int bw__cmd_fetch(int argc, char **argv)
         rc = cfg.resume ? bw_loader_open_at(&o, cfg.resume, 0, &l, err, sizeof(err))
                         : bw_loader_open(&o, &l, err, sizeof(err));
     }
+    if (rc != BW_OK && stop_requested) {
+        fprintf(stderr, "batchwire fetch: stopped by %s before joining: %s\n",
+                stop_requested == SIGINT ? "SIGINT" : "SIGTERM", err);
+        bw__config_free(options, &cfg);
+        return 128 + stop_requested;
+    }
     if (rc != BW_OK) {
         fprintf(stderr, "batchwire fetch: %s: %s\n", bw_err_name(rc), err);
         bw__config_free(options, &cfg);
@@ -364,8 +412,12 @@ int bw__cmd_fetch(int argc, char **argv)
     }
     uint64_t batches = 0, samples = 0, bytes = 0;
     int64_t rank = bw_loader_rank(l);
-    for (int64_t e = 0; e < cfg.epochs && !stop_requested; e++) {
-        if (e > 0 && (rc = bw_loader_next_epoch(l)) != BW_OK)
+    /* Epochs: --epochs loop turns (0: one, or with --job-epochs all the job has left), the
+     * first the rest of the starting position's epoch; never past the job's last epoch
+     * (--job-epochs). */
+    int64_t ran = 0, want = cfg.epochs ? cfg.epochs : cfg.job_epochs ? INT64_MAX : 1;
+    while (!stop_requested) {
+        if (cfg.job_epochs && bw_loader_epoch(l) >= (uint64_t)cfg.job_epochs)
             break;
         const bw_batch *b;
         while (!stop_requested && (cfg.max_steps == 0 || batches < (uint64_t)cfg.max_steps) &&
@@ -386,22 +438,45 @@ int bw__cmd_fetch(int argc, char **argv)
         if (cfg.max_steps && batches >= (uint64_t)cfg.max_steps)
             break;
         rc = BW_OK;
+        if (++ran >= want || stop_requested || (rc = bw_loader_next_epoch(l)) != BW_OK)
+            break;
     }
     if (rc == BW_END_OF_EPOCH)
         rc = BW_OK;
     status = 0;
+    pthread_t later;
+    bool raising = false;
+    if (stop_requested) {
+        /* Stopped: whatever was waiting returned BW_INTERRUPTED. The interrupt stays raised,
+         * so that fetches in flight end and closing waits for nothing; what needs the network
+         * once more -- a stream's cursor (its offsets), --commit -- gets STOP_GRACE_MS with
+         * the interrupt lowered. */
+        if (rc == BW_INTERRUPTED)
+            rc = BW_OK;
+        status = 128 + stop_requested;
+    }
     if (rc != BW_OK) {
         fprintf(stderr, "batchwire fetch: %s: %s\n", bw_err_name(rc), bw_loader_errmsg(l));
         status = 1;
     }
-    if (cfg.cursor_out && write_cursor(l, cfg.cursor_out) != BW_OK) {
-        fprintf(stderr, "batchwire fetch: --cursor-out %s: cannot write the cursor\n",
-                cfg.cursor_out);
-        status = 1;
+    int crc = cfg.cursor_out ? write_cursor(l, cfg.cursor_out) : BW_OK;
+    if (stop_requested && (crc == BW_INTERRUPTED || cfg.commit)) {
+        bw_interrupt_clear();
+        raising = pthread_create(&later, NULL, raise_later, NULL) == 0;
+        if (!raising)
+            bw_interrupt(); /* no time to spare: everything below brief or skipped */
+        if (crc == BW_INTERRUPTED)
+            crc = write_cursor(l, cfg.cursor_out);
+    }
+    if (crc != BW_OK) {
+        fprintf(stderr, "batchwire fetch: --cursor-out %s: cannot write the cursor: %s\n",
+                cfg.cursor_out,
+                crc == BW_IO ? "the file could not be written" : bw_loader_errmsg(l));
+        status = stop_requested ? status : 1;
     }
     if (cfg.commit && bw_loader_commit(l) != BW_OK) {
         fprintf(stderr, "batchwire fetch: commit: %s\n", bw_loader_errmsg(l));
-        status = 1;
+        status = stop_requested ? status : 1;
     }
     double secs = (double)(bw__mono_ms() - t0) / 1000.0;
     bw_loader_stats st;
@@ -416,7 +491,17 @@ int bw__cmd_fetch(int argc, char **argv)
            ",\"busy\":%" PRIu64 "}}}\n",
            st.batches, st.samples, st.bytes, (double)st.wait_ns / 1e9, st.samples_received,
            st.bytes_received, st.requests, st.retries, st.failovers, st.busy);
+    fflush(stdout);
     bw_loader_close(l);
+    if (raising) {
+        bw_interrupt(); /* ends the wait of raise_later */
+        pthread_join(later, NULL);
+    }
+    if (stop_requested)
+        fprintf(stderr, "batchwire fetch: stopped by %s after %" PRIu64 " batches%s%s\n",
+                stop_requested == SIGINT ? "SIGINT" : "SIGTERM", batches,
+                cfg.cursor_out && crc == BW_OK ? "; cursor written to " : "",
+                cfg.cursor_out && crc == BW_OK ? cfg.cursor_out : "");
     bw__config_free(options, &cfg);
     return status;
 }

@@ -350,7 +350,7 @@ static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req,
     x->timeout_ms = timeout_ms;
     char e[BW_XFER_ERRLEN];
     int rc = dconn_get(s, x->address, timeout_ms, &x->c, e, sizeof(e));
-    if (rc != BW_OK) {
+    if (rc != BW_OK && rc != BW_INTERRUPTED) {
         /* An unreachable data port (a firewall, a port not published): the worker may still
          * answer over gRPC. */
         dconn_suspend(s, x->address, wr->id, e);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/interrupt.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "cursor/cursor.h"
@@ -42,7 +43,8 @@ struct bw_loader {
     uint32_t share_index, stride;
     bool claimed;                /* this loader holds the rank's lease (not a share other than 0) */
     enum bw__fields_kind fields; /* bw_batch_fields: how samples' fields are found */
-    uint64_t after; /* the cursor's step: one past the batch handed out last, or the start */
+    uint64_t after;  /* the cursor's step: one past the batch handed out last, or the start */
+    bool handed_out; /* a batch was handed out since the last position() */
     size_t nslots;
     bw_batch *slots;
     enum slot_state *state;
@@ -67,6 +69,12 @@ static int fail(bw_loader *l, int rc, const char *fmt, ...)
     vsnprintf(l->err, sizeof(l->err), fmt, ap);
     va_end(ap);
     return rc;
+}
+
+/* BW_INTERRUPTED with its sentence (bw_interrupt, batchwire.h), saying what was interrupted. */
+static int interrupted(bw_loader *l, const char *what)
+{
+    return fail(l, BW_INTERRUPTED, "%s: %s", what, bw_strerror(BW_INTERRUPTED));
 }
 
 /* The indices of `step` into b (iterable jobs: positions in the epoch's stream); BW_OK or
@@ -106,6 +114,28 @@ static int fetch(bw_loader *l, bw_batch *b)
     return rc == BW_OK ? bw__batch_split_fields(b, l->fields) : rc;
 }
 
+/* A fetch thread's batch: fetched, then copied to its device. A fetch cut short by an
+ * interrupt (bw_interrupt) is made again once the interrupt is cleared -- the batch is still
+ * wanted, and the trainer's bw_loader_next returned BW_INTERRUPTED meanwhile -- unless the
+ * loader closes or moves elsewhere first. */
+static int fetch_slot(bw_loader *l, bw_batch *b, unsigned gen)
+{
+    for (;;) {
+        int rc = fetch(l, b);
+        if (rc == BW_OK)
+            return bw__batch_to_device(b);
+        if (rc != BW_INTERRUPTED)
+            return rc;
+        pthread_mutex_lock(&l->mu);
+        while (bw__interrupted() && !l->stopping && gen == l->generation)
+            bw__cond_wait_slice(&l->work_cv, &l->mu);
+        bool again = !l->stopping && gen == l->generation;
+        pthread_mutex_unlock(&l->mu);
+        if (!again)
+            return rc;
+    }
+}
+
 static void *fetch_thread(void *arg)
 {
     bw_loader *l = arg;
@@ -126,8 +156,8 @@ static void *fetch_thread(void *arg)
         if (rc != BW_OK)
             snprintf(b->err, sizeof(b->err), "step %" PRIu64 " of rank %u: no such batch (%s)",
                      step, l->rank, bw_strerror(rc));
-        else if ((rc = fetch(l, b)) == BW_OK)
-            rc = bw__batch_to_device(b);
+        else
+            rc = fetch_slot(l, b, gen);
         b->rc = rc;
         pthread_mutex_lock(&l->mu);
         l->state[slot] = gen == l->generation ? SLOT_READY : SLOT_FREE;
@@ -139,41 +169,77 @@ static void *fetch_thread(void *arg)
     return NULL;
 }
 
-/* Points the pipeline at (epoch, step); call with no fetch running (or before they start). */
+/* The plan of `epoch` of `job` (its world segments: docs/semantics.md, "Elastic resume"):
+ * BW_MISMATCH when `rank` is not part of the job's world in that epoch. The one place the
+ * loader and bw_loader_rank_steps get an epoch's plan from. */
+static int rank_plan(const Batchwire__V1__JobSummary *job, uint32_t rank, uint64_t epoch,
+                     bw__plan **out, char *err, size_t errlen)
+{
+    bw__plan *p = NULL;
+    int rc = bw__plan_new_for_job(job->config, job->dataset,
+                                  (const Batchwire__V1__WorldSegment *const *)job->history,
+                                  job->n_history, epoch, false, &p, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    uint64_t world = bw__plan_world_size(p);
+    if (rank >= world) {
+        snprintf(err, errlen,
+                 "rank %u is not part of job %s at epoch %" PRIu64 " (world size %" PRIu64
+                 " there)",
+                 rank, job->name, epoch, world);
+        bw__plan_free(p);
+        return BW_MISMATCH;
+    }
+    *out = p;
+    return BW_OK;
+}
+
+/* position()'s step for "the first step of the epoch for this world" (0 unless the epoch was
+ * resized). */
+#define EPOCH_START UINT64_MAX
+
+/* Points the pipeline at (epoch, step); call with no fetch running (or before they start). On
+ * error nothing has changed. */
 static int position(bw_loader *l, uint64_t epoch, uint64_t step)
 {
     const Batchwire__V1__JobSummary *job = l->session.summary;
-    if (!l->plan || epoch != l->epoch) {
-        bw__plan *p = NULL;
-        int rc = bw__plan_new_for_job(job->config, job->dataset,
-                                      (const Batchwire__V1__WorldSegment *const *)job->history,
-                                      job->n_history, epoch, false, &p, l->err, sizeof(l->err));
+    bw__plan *p = l->plan;
+    if (!p || epoch != l->epoch) {
+        int rc = rank_plan(job, l->rank, epoch, &p, l->err, sizeof(l->err));
         if (rc != BW_OK)
             return rc;
+    }
+    uint64_t first = bw__plan_first_step(p), end = bw__plan_end_step(p, l->rank);
+    uint32_t world = (uint32_t)bw__plan_world_size(p);
+    if (step == EPOCH_START)
+        step = first;
+    int rc = BW_OK;
+    if (step < first)
+        rc = fail(l, BW_MISMATCH,
+                  "step %" PRIu64 " of epoch %" PRIu64 " ran at another world size; this "
+                  "rank's world of %u starts at step %" PRIu64 " (use the cursor of the "
+                  "elastic resume)",
+                  step, epoch, world, first);
+    else if (step > end)
+        rc = fail(l, BW_OUT_OF_RANGE,
+                  "step %" PRIu64 " is past the end of epoch %" PRIu64 " (%" PRIu64
+                  " steps for rank %u)",
+                  step, epoch, end, l->rank);
+    if (rc != BW_OK) {
+        if (p != l->plan)
+            bw__plan_free(p);
+        return rc;
+    }
+    if (p != l->plan) {
         bw__plan_free(l->plan);
         l->plan = p;
         l->epoch = epoch;
     }
-    uint64_t first = bw__plan_first_step(l->plan);
-    l->world = (uint32_t)bw__plan_world_size(l->plan);
-    if (l->rank >= l->world)
-        return fail(l, BW_MISMATCH,
-                    "rank %u is not part of job %s at epoch %" PRIu64 " (world size %u there)",
-                    l->rank, job->name, epoch, l->world);
-    if (step < first)
-        return fail(l, BW_MISMATCH,
-                    "step %" PRIu64 " of epoch %" PRIu64 " ran at another world size; this "
-                    "rank's world of %u starts at step %" PRIu64 " (use the cursor of the "
-                    "elastic resume)",
-                    step, epoch, l->world, first);
-    l->end_step = bw__plan_end_step(l->plan, l->rank);
-    if (step > l->end_step)
-        return fail(l, BW_OUT_OF_RANGE,
-                    "step %" PRIu64 " is past the end of epoch %" PRIu64 " (%" PRIu64
-                    " steps for rank %u)",
-                    step, epoch, l->end_step, l->rank);
+    l->world = world;
+    l->end_step = end;
     l->next_fetch = l->next_deliver = step + l->share_index;
     l->after = step;
+    l->handed_out = false;
     atomic_store(&l->session.live.epoch, epoch);
     atomic_store(&l->session.live.step, step);
     atomic_store(&l->session.live.epoch_steps, l->end_step);
@@ -184,6 +250,16 @@ static int position(bw_loader *l, uint64_t epoch, uint64_t step)
     l->held = l->nslots;
     l->generation++;
     return BW_OK;
+}
+
+/* After quiesce() for a move that failed: the loader stays where it was, the fetches it
+ * discarded made again (the batch the trainer holds stays valid). */
+static void stay(bw_loader *l)
+{
+    for (size_t i = 0; i < l->nslots; i++)
+        if (l->state[i] != SLOT_HELD)
+            l->state[i] = SLOT_FREE;
+    l->next_fetch = l->next_deliver;
 }
 
 /* Decodes a cursor (binary, or text when it starts with the text prefix). */
@@ -225,8 +301,8 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     if (!l)
         return BW_NOMEM;
     pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->work_cv, NULL);
-    pthread_cond_init(&l->ready_cv, NULL);
+    bw__cond_init_mono(&l->work_cv); /* waited on a slice at a time (common/interrupt.h) */
+    bw__cond_init_mono(&l->ready_cv);
     int64_t rank, world;
     bw_arena ca;
     bw__arena_init(&ca, 0);
@@ -427,6 +503,8 @@ static void waited(bw_loader *l, uint64_t t0)
 int bw_loader_next(bw_loader *l, const bw_batch **out)
 {
     *out = NULL;
+    if (bw__interrupted())
+        return interrupted(l, "bw_loader_next");
     uint64_t t0 = bw__mono_ns();
     int lost = bw__session_lease_check(&l->session, l->err, sizeof(l->err));
     if (lost != BW_OK)
@@ -448,14 +526,14 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
     }
     size_t slot = (size_t)(l->next_deliver / l->stride % l->nslots);
     /* Polled: a lease lost meanwhile ends the wait at once, whatever the fetch is doing. */
-    while (l->state[slot] != SLOT_READY && !atomic_load(&l->session.lease_lost)) {
-        struct timespec until = bw__mono_deadline(100);
-        pthread_cond_timedwait(&l->ready_cv, &l->mu, &until);
-    }
-    if (l->state[slot] != SLOT_READY) {
+    while (l->state[slot] != SLOT_READY && !atomic_load(&l->session.lease_lost) &&
+           !bw__interrupted())
+        bw__cond_wait_slice(&l->ready_cv, &l->mu);
+    if (l->state[slot] != SLOT_READY) { /* the batch stays for a call that repeats this one */
         pthread_mutex_unlock(&l->mu);
         waited(l, t0);
-        return bw__session_lease_check(&l->session, l->err, sizeof(l->err));
+        int rc = bw__session_lease_check(&l->session, l->err, sizeof(l->err));
+        return rc != BW_OK ? rc : interrupted(l, "waiting for a batch");
     }
     bw_batch *b = &l->slots[slot];
     if (b->rc != BW_OK) {
@@ -495,6 +573,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
     }
     l->state[slot] = SLOT_HELD;
     l->held = slot;
+    l->handed_out = true;
     l->next_deliver += l->stride;
     l->after = b->step + 1;
     atomic_store(&l->session.live.step, l->next_deliver);
@@ -563,6 +642,8 @@ static void quiesce(bw_loader *l)
 
 int bw_loader_seek(bw_loader *l, const void *cursor, size_t len)
 {
+    if (bw__interrupted())
+        return interrupted(l, "bw_loader_seek");
     if (!cursor)
         return fail(l, BW_INVALID_ARGUMENT, "cursor: none given");
     bw_arena a;
@@ -599,17 +680,78 @@ uint64_t bw_loader_epoch_steps(bw_loader *l)
     return end;
 }
 
-int bw_loader_next_epoch(bw_loader *l)
+/* Moves to the start of `epoch` (EPOCH_START: its first step for this world), discarding
+ * what was fetched for the old position; on error the loader stays where it was. */
+static int move_to_epoch(bw_loader *l, uint64_t epoch, const char *what)
 {
+    if (bw__interrupted())
+        return interrupted(l, what);
     pthread_mutex_lock(&l->mu);
-    quiesce(l); /* fetches in progress are for the old epoch */
-    int rc = position(l, l->epoch + 1, 0);
-    if (rc == BW_MISMATCH && l->plan) {
-        /* The next epoch starts with a world this rank is not part of. */
-        rc = fail(l, BW_MISMATCH, "%s", l->err);
-    }
+    quiesce(l); /* fetches in progress are for the old position */
+    int rc = position(l, epoch, EPOCH_START);
+    if (rc != BW_OK)
+        stay(l);
     pthread_cond_broadcast(&l->work_cv);
     pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+int bw_loader_next_epoch(bw_loader *l)
+{
+    return move_to_epoch(l, l->epoch + 1, "bw_loader_next_epoch");
+}
+
+int bw_loader_set_epoch(bw_loader *l, uint64_t epoch)
+{
+    pthread_mutex_lock(&l->mu);
+    bool here = epoch == l->epoch && !l->handed_out; /* open, seek or a move put it here */
+    pthread_mutex_unlock(&l->mu);
+    return here ? BW_OK : move_to_epoch(l, epoch, "bw_loader_set_epoch");
+}
+
+uint64_t bw_loader_epoch(bw_loader *l)
+{
+    pthread_mutex_lock(&l->mu);
+    uint64_t e = l->epoch;
+    pthread_mutex_unlock(&l->mu);
+    return e;
+}
+
+int bw_loader_rank_steps(const bw_loader_options *o, uint64_t epoch, uint64_t *steps, char *err,
+                         size_t errlen)
+{
+    *steps = 0;
+    if (bw__interrupted()) {
+        snprintf(err, errlen, "bw_loader_rank_steps: %s", bw_strerror(BW_INTERRUPTED));
+        return BW_INTERRUPTED;
+    }
+    bw__job_request jr;
+    memset(&jr, 0, sizeof(jr));
+    int64_t rank, world;
+    int rc = bw__loader_parse_options(o, &jr, &rank, &world, err, errlen);
+    if (rc != BW_OK) {
+        bw__job_request_free(&jr);
+        return rc;
+    }
+    /* The job as bw_loader_open would create or find it, without joining. */
+    bw__session s;
+    bw__join how = {.claim = false, .describe = true};
+    rc = bw__session_open(&s, o, &jr, (uint32_t)rank, (uint32_t)world, &how, err, errlen);
+    bw__plan *p = NULL;
+    if (rc == BW_OK)
+        rc = rank_plan(s.summary, (uint32_t)rank, epoch, &p, err, errlen);
+    if (rc == BW_OK && bw__plan_world_size(p) != (uint64_t)world) {
+        snprintf(err, errlen,
+                 "world size %" PRId64 " does not match job '%s' at epoch %" PRIu64
+                 " (it runs at world size %" PRIu64 " there)",
+                 world, jr.name, epoch, bw__plan_world_size(p));
+        rc = BW_MISMATCH;
+    }
+    if (rc == BW_OK)
+        *steps = bw__plan_end_step(p, (uint32_t)rank);
+    bw__plan_free(p);
+    bw__session_close(&s);
+    bw__job_request_free(&jr);
     return rc;
 }
 
@@ -676,6 +818,8 @@ int bw_loader_cursor_text(bw_loader *l, char *buf, size_t buflen)
 
 int bw_loader_commit(bw_loader *l)
 {
+    if (bw__interrupted())
+        return interrupted(l, "bw_loader_commit");
     if (!l->claimed)
         return fail(l, BW_FAILED_PRECONDITION,
                     "share %u of rank %u does not hold the rank: commit from the process "

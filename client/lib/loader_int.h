@@ -68,6 +68,9 @@ typedef struct bw__session {
     bw_rpc_channel_opts chopts; /* for worker channels (target replaced) */
     int timeout_ms;
     int retry_ms; /* joins and commits retry this long while the coordinator is away */
+    /* The coordinator has answered this session once: from then on a host name that does
+     * not resolve is an outage (retried), not a mistyped address (refused at once). */
+    atomic_bool reached;
     char *job;
     uint32_t rank, world;
     uint64_t lease_id, lease_id_hi; /* 128 bits: docs/security.md, "Leases" */
@@ -126,8 +129,10 @@ typedef struct bw__session {
 
 /* How a loader joins its job. */
 typedef struct bw__join {
-    bool claim;   /* take the rank's lease (false: a share of the rank other than share 0) */
-    bool elastic; /* first resize the job to this world size (bw_loader_open_elastic) */
+    bool claim;    /* take the rank's lease (false: a share of the rank other than share 0) */
+    bool elastic;  /* first resize the job to this world size (bw_loader_open_elastic) */
+    bool describe; /* with claim false: only create or describe the job (summary), nothing else
+                    * (no placement, no lease: bw_loader_rank_steps) */
     const void *const *cursors; /* ... from these cursors of the old world (lens[i] 0: */
     const size_t *lens;         /* text); ncursors 0: every rank's committed cursor */
     size_t ncursors;

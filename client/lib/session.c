@@ -9,12 +9,18 @@
 #include <unistd.h>
 
 #include "auth/auth.h"
+#include "common/interrupt.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "cursor/cursor.h"
 #include "loader_int.h"
 
-enum { LEAVE_TIMEOUT_MS = 2000 };
+enum {
+    LEAVE_TIMEOUT_MS = 2000,
+    /* LeaveJob while interrupted (bw_loader_close after bw_interrupt): best effort, brief. */
+    LEAVE_INTERRUPTED_MS = 200,
+    COORD_WARN_EVERY_MS = 10000, /* while a call to the coordinator is retried */
+};
 
 void bw__placement_put(bw__placement *p)
 {
@@ -167,36 +173,66 @@ static bool transient(int rc)
 
 /* A call to the coordinator, tried again with jittered exponential backoff (50 ms doubling
  * to 1 s, each pause drawn from its upper half) while the answer says the coordinator is
- * unreachable or restarting (BW_UNAVAILABLE; BW_CANCELLED from a coordinator shutting down
- * with the call in flight; a call's deadline), until s->retry_ms has
- * passed. Every call in the loop is safe to repeat: GetOrCreateJob and JoinJob by the same
- * holder are idempotent, a cursor committed twice is the same cursor. */
+ * unreachable or restarting (transient()), until s->retry_ms has passed. While it retries it
+ * says so: a WARN line at the first failure naming the address, the error and the time left,
+ * then one every COORD_WARN_EVERY_MS. A host name that does not resolve fails at once until
+ * the coordinator has answered this session (then it is an outage: a Kubernetes headless
+ * Service's name disappears while its pod restarts). An interrupt (bw_interrupt) ends the
+ * call and the pauses within a slice. Every call in the loop is safe to repeat: GetOrCreateJob
+ * and JoinJob by the same holder are idempotent, a cursor committed twice is the same
+ * cursor. docs/client.md, "Retries". */
 static int coord_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMessage *req,
                       bw_arena *a, ProtobufCMessage **resp, char *err, size_t errlen)
 {
-    uint64_t t0 = bw__mono_ms(), backoff = 50;
+    uint64_t t0 = bw__mono_ms(), backoff = 50, warned = 0;
+    uint64_t limit = (uint64_t)(s->retry_ms > 0 ? s->retry_ms : 0);
     unsigned seed = (unsigned)(t0 ^ (uint64_t)getpid() ^ s->rank);
+    const char *target = bw__rpc_channel_target(s->coord);
     for (unsigned tries = 1;; tries++) {
         int rc = bw__rpc_call(s->coord, m, req, a, resp, s->timeout_ms, err, errlen);
+        if (!transient(rc) && rc != BW_INTERRUPTED)
+            atomic_store(&s->reached, true); /* an answer */
+        if (transient(rc) && !atomic_load(&s->reached) && bw__rpc_unknown_host(err)) {
+            size_t n = strlen(err);
+            snprintf(err + n, errlen > n ? errlen - n : 0,
+                     " (the host name of the coordinator address %s does not resolve: check the "
+                     "address; not retried)",
+                     target);
+            return rc;
+        }
         uint64_t pause = backoff / 2 + (uint64_t)rand_r(&seed) % (backoff / 2 + 1);
-        if (!transient(rc) ||
-            bw__mono_ms() - t0 + pause > (uint64_t)(s->retry_ms > 0 ? s->retry_ms : 0)) {
+        uint64_t now = bw__mono_ms();
+        if (!transient(rc) || now - t0 + pause > limit) {
             if (rc != BW_OK && tries > 1) {
                 size_t n = strlen(err);
                 snprintf(err + n, errlen > n ? errlen - n : 0, " (after %u tries in %llu ms)",
-                         tries, (unsigned long long)(bw__mono_ms() - t0));
+                         tries, (unsigned long long)(now - t0));
             }
             return rc;
         }
-        if (tries == 1)
-            BW_INFO("job=%s rank=%u the coordinator is unreachable; retrying retry_ms=%d err=%s",
-                    s->job, s->rank, s->retry_ms, err);
+        if (!warned || now - warned >= COORD_WARN_EVERY_MS) {
+            warned = now;
+            BW_WARN("job=%s rank=%u the coordinator at %s does not answer; retrying for %.1f s "
+                    "more address=%s tries=%u left_ms=%llu err=%s",
+                    s->job, s->rank, target, (double)(limit - (now - t0)) / 1000.0, target, tries,
+                    (unsigned long long)(limit - (now - t0)), err);
+        }
         /* Returns early once reconnected; a coordinator that answers UNAVAILABLE itself (its
          * disk is full, it is shutting down) leaves the channel connected: then wait the whole
          * pause, or this loop would spin. */
         uint64_t w0 = bw__mono_ms();
         if (bw__rpc_channel_wait(s->coord, (int)pause) && bw__mono_ms() - w0 < 2)
-            usleep((useconds_t)(pause * 1000));
+            bw__sleep_ms(pause);
+        if (bw__interrupted()) {
+            char last[BW_LOADER_ERRLEN];
+            snprintf(last, sizeof(last), "%s", err);
+            snprintf(err, errlen,
+                     "%s to %s: %s while retrying (the coordinator did not answer for %llu ms: "
+                     "%.700s)",
+                     m->name, target, bw_strerror(BW_INTERRUPTED),
+                     (unsigned long long)(bw__mono_ms() - t0), last);
+            return BW_INTERRUPTED;
+        }
         backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
     }
 }
@@ -300,7 +336,7 @@ static void *lease_thread(void *arg)
             s->hb_err[0] = '\0';
         } else if (rc != BW_LEASE_LOST) {
             /* Keep going: prefetched batches carry the trainer while the lease is fresh. */
-            if (strcmp(err, s->hb_err) != 0)
+            if (strcmp(err, s->hb_err) != 0 && rc != BW_INTERRUPTED)
                 BW_WARN("job=%s rank=%u lease heartbeat failed (will retry) err=%s", s->job,
                         s->rank, err);
             snprintf(s->hb_err, sizeof(s->hb_err), "%s", err);
@@ -534,6 +570,7 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
                      uint32_t rank, uint32_t world, const bw__join *how, char *err, size_t errlen)
 {
     memset(s, 0, sizeof(*s));
+    bw__interrupt_enable(); /* this process's waits notice bw_interrupt from now on */
     pthread_mutex_init(&s->mu, NULL);
     bw__cond_init_mono(&s->cv);
     bw__arena_init(&s->job_arena, 0);
@@ -604,10 +641,12 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
             return BW_PROTOCOL;
         }
         s->summary = cr->job;
+        if (how->describe)
+            return BW_OK;
         bw__placement *p = bw__session_placement(s, true, err, errlen);
         bw__placement_put(p);
         if (!p)
-            return BW_UNAVAILABLE;
+            return bw__interrupted() ? BW_INTERRUPTED : BW_UNAVAILABLE;
         if (!o->lease)
             return BW_OK;
         /* Given the rank's lease: confirm it now (a lease already lost is refused here), then
@@ -667,7 +706,7 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
 
     bw__placement *p = bw__session_placement(s, true, err, errlen);
     if (!p)
-        return BW_UNAVAILABLE;
+        return bw__interrupted() ? BW_INTERRUPTED : BW_UNAVAILABLE;
     bw__placement_put(p);
     return start_heartbeats(s, err, errlen);
 }
@@ -717,6 +756,14 @@ int bw__session_lease_wait(bw__session *s, char *err, size_t errlen)
         if (atomic_load(&s->cancelled)) {
             snprintf(err, errlen, "rank %u of job %s: the loader is closing", s->rank, s->job);
             rc = BW_CANCELLED;
+            break;
+        }
+        if (bw__interrupted()) {
+            snprintf(err, errlen,
+                     "rank %u of job %s: %s while waiting for the coordinator to "
+                     "confirm the lease",
+                     s->rank, s->job, bw_strerror(BW_INTERRUPTED));
+            rc = BW_INTERRUPTED;
             break;
         }
         uint64_t now = bw__mono_ms();
@@ -797,6 +844,9 @@ static void leave_job(bw__session *s)
     int timeout = s->timeout_ms < LEAVE_TIMEOUT_MS ? s->timeout_ms : LEAVE_TIMEOUT_MS;
     int rc = bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_LEAVE), &req.base, &a, &resp, timeout, err,
                           sizeof(err));
+    if (rc == BW_INTERRUPTED) /* closing after an interrupt: one brief try all the same */
+        rc = bw__rpc_call_uninterrupted(s->coord, BW_METHOD(BW_M_JOBS_LEAVE), &req.base, &a, &resp,
+                                        LEAVE_INTERRUPTED_MS, err, sizeof(err));
     if (rc == BW_OK)
         BW_DEBUG("job=%s rank=%u left the job (lease %s)", s->job, s->rank,
                  ((const Batchwire__V1__LeaveJobResponse *)resp)->released ? "released"

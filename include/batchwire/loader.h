@@ -14,15 +14,24 @@
  *     char err[512];
  *     if (bw_loader_open(&o, &l, err, sizeof err) != BW_OK) { fprintf(stderr, "%s\n", err); ... }
  *     const bw_batch *b;
- *     int rc;
- *     while ((rc = bw_loader_next(l, &b)) == BW_OK) {
- *         train_step(bw_batch_data(b), bw_batch_real(b));
+ *     int rc = BW_OK;
+ *     // Epochs as PyTorch's `for epoch in range(start, N): sampler.set_epoch(epoch); for b in
+ *     // loader:` -- a resumed loader continues in the middle of its epoch.
+ *     for (uint64_t e = bw_loader_epoch(l); e < N && rc == BW_OK; e++) {
+ *         if ((rc = bw_loader_set_epoch(l, e)) != BW_OK) break;
+ *         while ((rc = bw_loader_next(l, &b)) == BW_OK)
+ *             train_step(bw_batch_data(b), bw_batch_real(b));
+ *         if (rc == BW_END_OF_EPOCH) rc = BW_OK;
  *     }
- *     if (rc == BW_END_OF_EPOCH) bw_loader_next_epoch(l);
  *     bw_loader_close(l);
  *
+ * (Equivalently: after BW_END_OF_EPOCH call bw_loader_next_epoch, as the Python Loader does
+ * when it is iterated again. Set `epochs` = N in the options so that the job is marked
+ * finished once the last epoch has been delivered.)
+ *
  * Threads: one loader is used by one thread at a time (it runs its own fetch threads inside).
- * Different loaders are independent. Errors: every function returns BW_OK or a negative code
+ * Different loaders are independent. Blocking calls return BW_INTERRUPTED after bw_interrupt
+ * (batchwire.h: signals). Errors: every function returns BW_OK or a negative code
  * from batchwire.h; bw_loader_errmsg() gives the sentence for the last failure. The library
  * never prints or exits (see bw_set_log_callback).
  */
@@ -180,8 +189,27 @@ BW_EXTERN int bw_loader_open_at(const bw_loader_options *o, const void *cursor, 
  */
 BW_EXTERN int bw_loader_next(bw_loader *l, const bw_batch **out);
 
-/* Starts the next epoch (at step 0). */
+/* Starts the next epoch (at its step 0), discarding batches prefetched for the old position;
+ * the batch handed out last becomes invalid. What the Python Loader does when it is iterated
+ * again (a DataLoader over a DistributedSampler whose set_epoch is called each time). On error
+ * (BW_MISMATCH: the next epoch runs at a world this rank is not part of) the loader stays
+ * where it was. */
 BW_EXTERN int bw_loader_next_epoch(bw_loader *l);
+
+/*
+ * DistributedSampler.set_epoch: positions the loader at the start of `epoch` (step 0, or the
+ * first step of this world when the epoch was resized), discarding batches prefetched for the
+ * old position. A no-op when `epoch` is the current epoch and no batch has been handed out
+ * since the loader was opened or positioned (open, open_at, seek, next_epoch, set_epoch): a
+ * loader resumed from a cursor in the middle of epoch e continues there after
+ * bw_loader_set_epoch(l, e). Any other call starts the epoch over -- also the current one
+ * after some of its batches were handed out. Earlier epochs may be read again. On error the
+ * loader stays where it was.
+ */
+BW_EXTERN int bw_loader_set_epoch(bw_loader *l, uint64_t epoch);
+
+/* The epoch the next batch belongs to (the cursor's epoch). */
+BW_EXTERN uint64_t bw_loader_epoch(bw_loader *l);
 
 /*
  * Moves the loader to `cursor` (bytes from bw_loader_cursor, or its text with len 0): the
@@ -195,6 +223,22 @@ BW_EXTERN int bw_loader_seek(bw_loader *l, const void *cursor, size_t len);
  * steps [first, end), first being 0 unless the epoch was resized. With allow_uneven, ranks
  * may differ by one; every rank learns its own count here before its first batch. */
 BW_EXTERN uint64_t bw_loader_epoch_steps(bw_loader *l);
+
+/*
+ * This rank's number of steps in `epoch` without opening a loader: what bw_loader_epoch_steps
+ * returns there (one past the last step; the steps are [first, end), first 0 unless the epoch
+ * was resized -- then the rank's world of o->world_size runs from the resize on), computed
+ * from the job the coordinator has for o->job. The job is created as bw_loader_open would
+ * create it when it does not exist; BW_MISMATCH (naming the differing fields) when it exists
+ * with another configuration, or when o->world_size is not the job's world size in that epoch
+ * (after an elastic resize, epochs before it ran at the old size). Nothing is claimed, joined
+ * or read: a DataLoader's __len__ may call it from any process. Only the settings that
+ * bw_loader_open sends to the coordinator are used (the coordinator, TLS and token, the job,
+ * the dataset and the sampler, rank and world size). Retries like bw_loader_open while the
+ * coordinator is unreachable; interruptible (bw_interrupt).
+ */
+BW_EXTERN int bw_loader_rank_steps(const bw_loader_options *o, uint64_t epoch, uint64_t *steps,
+                                   char *err, size_t errlen);
 
 /*
  * Elastic resume (docs/semantics.md, "Elastic resume"): joins as rank o->rank of a world of
