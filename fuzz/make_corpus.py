@@ -54,6 +54,21 @@ def main():
     put("fuzz_npy", "v2.npy", buf.getvalue())
     put("fuzz_npy", "fortran.npy", buf.getvalue().replace(b"False", b"True "))
 
+    # npz: stored (np.savez, which writes zip64 local headers), compressed (refused), one
+    # member, and a member that is not .npy
+    import zipfile
+    for name, fn, arrays in (("savez", np.savez, dict(x=np.arange(6, dtype="<f4").reshape(3, 2),
+                                                      y=np.arange(3, dtype="<i8"))),
+                             ("compressed", np.savez_compressed, dict(x=np.zeros(4))),
+                             ("one", np.savez, dict(a=np.ones((2, 2), dtype="|u1")))):
+        buf = io.BytesIO()
+        fn(buf, **arrays)
+        put("fuzz_npz", name + ".npz", buf.getvalue())
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("notes.txt", b"hello")
+    put("fuzz_npz", "not-npy.npz", buf.getvalue())
+
     recs = [b"abc", b"", b"x" * 100]
     put("fuzz_tfrecord", "three", b"\x00" + tfrecord(recs))
     put("fuzz_tfrecord", "one", b"\x02" + tfrecord([b"hello"]))

@@ -226,10 +226,19 @@ static int npz_open(bw__source *s, char *err, size_t errlen)
     return rc;
 }
 
+/* An archive opened without a member (listed only) has no rows. */
+static int npz_index(bw__source *s, char *err, size_t errlen)
+{
+    if (!s->state)
+        return bw__fmt_fail(s, BW_FAILED_PRECONDITION, 0, err, errlen,
+                            "an .npz archive is read one member (array) at a time");
+    return bw__npy_index(s, err, errlen);
+}
+
 const bw__format_ops bw__fmt_npz = {
     .name = "npz",
     .open = npz_open,
-    .index = bw__npy_index,
+    .index = npz_index,
     .get = bw__npy_get,
     .next = NULL,
     .close = bw__npy_close,
