@@ -58,7 +58,7 @@ class Batch:
     """
 
     __slots__ = ("_loader", "_ptr", "_gen", "_hold", "epoch", "step", "count", "real",
-                 "indices", "padding", "nbytes", "dtype", "shape", "device")
+                 "indices", "padding", "nbytes", "dtype", "shape", "device", "arrays")
 
     def __init__(self, loader, ptr, gen):
         import numpy as np
@@ -97,6 +97,8 @@ class Batch:
         else:
             self.shape = None
             self.dtype = None
+        # Named arrays: [(name, dtype, shape, offset, nbytes)] of each field, else None.
+        self.arrays = _batch_arrays(L, ptr, self.step, self.nbytes)
 
     def __repr__(self):
         return ("<batchwire.Batch epoch=%d step=%d count=%d real=%d%s>" %
@@ -149,17 +151,27 @@ class Batch:
         batch). Other formats: the list of samples' bytes (copies)."""
         import numpy as np
 
+        if self.arrays:
+            return self.fields()
         if self.shape is None:
             return self.samples()
         arr = np.frombuffer(self._host_buffer(), dtype=self.dtype)
         return arr.reshape(self.shape)
 
-    def fields(self, keys=None) -> List[Dict[str, Any]]:
+    def fields(self, keys=None, as_torch=False) -> Any:
         """Each sample as a dict of its fields (a loader with fields, the default for tar and
         jsonl datasets): tar (WebDataset) members by extension ({"jpg": b"...", "cls":
         b"3"}), bytes; JSON Lines top-level keys, decoded values. `keys` keeps only those
         (only they are copied or decoded); a sample without one of them raises
-        NotFoundError."""
+        NotFoundError.
+
+        Datasets of named arrays (Loader(dataset={"x": ..., "y": ...}), npz): one dict for the
+        whole batch, {"x": array [count, ...], "y": array [count, ...]} in the dataset's
+        field order -- numpy arrays, or torch tensors with as_torch=True -- viewing the
+        batch's bytes like numpy() and torch(). `keys` keeps only those fields, in that
+        order."""
+        if self.arrays:
+            return self._array_fields(keys, as_torch)
         self._check()
         L = _lib.lib()
         want = None if keys is None else list(keys)
@@ -193,6 +205,48 @@ class Batch:
                 d[k] = json.loads(raw) if jsonl else raw
             out.append(d)
         return out
+
+    def _array_fields(self, keys, as_torch):
+        import numpy as np
+
+        names = [a[0] for a in self.arrays]
+        want = names if keys is None else list(keys)
+        for k in want:
+            if k not in names:
+                raise errors.NotFoundError("the dataset has no field %r; it has %s" % (k, names))
+        if as_torch and self.device >= 0:
+            self._check()
+            return {k: self._device_array(names.index(k)) for k in want}
+        buf = self._host_buffer()
+        out = {}
+        for name, dtype, shape, offset, nbytes in self.arrays:
+            if name not in want:
+                continue
+            arr = np.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize,
+                                offset=offset).reshape(shape)
+            if as_torch:
+                import torch
+
+                if not arr.dtype.isnative:  # torch needs native byte order: a converted copy
+                    arr = arr.astype(arr.dtype.newbyteorder("="))
+                arr = torch.from_numpy(arr)
+            out[name] = arr
+        return {k: out[k] for k in want}
+
+    def _device_array(self, k):
+        """Field k of the current batch on its GPU, as a tensor there (a copy unless
+        reuse_buffers)."""
+        import torch
+
+        name, dtype, shape, offset, nbytes = self.arrays[k]
+        ptr = _lib.lib().bw_batch_data(self._ptr) + offset
+
+        class _Dev:
+            __cuda_array_interface__ = {"shape": shape, "typestr": dtype.str,
+                                        "data": (ptr, False), "version": 2, "strides": None}
+
+        t = torch.as_tensor(_Dev(), device="cuda:%d" % self.device)
+        return t if self._loader._reuse_buffers else t.clone()
 
     def samples(self) -> List[bytes]:
         """Every sample's bytes (copies), in batch order."""
@@ -228,6 +282,8 @@ class Batch:
         batch). Other formats: a list of uint8 tensors (copies)."""
         import torch
 
+        if self.arrays:
+            return self.fields(as_torch=True)
         if self.shape is None:
             return [torch.frombuffer(bytearray(s), dtype=torch.uint8) if s else
                     torch.zeros(0, dtype=torch.uint8) for s in self.samples()]
@@ -244,6 +300,33 @@ class Batch:
             # torch needs native byte order: this is a converted copy, not a view.
             arr = arr.astype(arr.dtype.newbyteorder("="))
         return torch.from_numpy(arr)
+
+
+def _batch_arrays(L, ptr, step, nbytes):
+    """Datasets of named arrays: [(name, numpy dtype, shape, offset, nbytes)] of a batch
+    (bw_batch_array), checked against its bytes; None for other datasets."""
+    import numpy as np
+
+    n = int(L.bw_batch_narrays(ptr))
+    if not n:
+        return None
+    out = []
+    a = _lib.Array()
+    for k in range(n):
+        rc = L.bw_batch_array(ptr, k, ctypes.byref(a))
+        if rc != _BW_OK:
+            raise _lib.error(rc, "array %d of the batch of step %d" % (k, step))
+        dtype = np.dtype(a.dtype.decode())
+        shape = tuple(int(a.shape[d]) for d in range(a.ndim))
+        want = dtype.itemsize
+        for d in shape:
+            want *= d
+        if want != a.nbytes or a.offset + a.nbytes > nbytes:
+            raise errors.ProtocolError(
+                "batch of step %d: field %s, shape %r of %s, needs %d bytes at %d; the batch "
+                "has %d" % (step, a.name.decode(), shape, dtype.str, want, a.offset, nbytes))
+        out.append((a.name.decode(), dtype, shape, int(a.offset), int(a.nbytes)))
+    return out
 
 
 def check_fork_safe(what: str) -> None:
@@ -327,7 +410,9 @@ class Loader:
 
     coordinator   "HOST:PORT" (default: $BATCHWIRE_COORDINATOR)
     job           job name; created by the first rank, joined by the others (required)
-    dataset       "FORMAT:PATH[,PATH...]" below the workers' --data-root (required)
+    dataset       "FORMAT:PATH[,PATH...]" below the workers' --data-root (required), or a
+                  dict of named arrays indexed together, like TensorDataset(x, y):
+                  {"x": "npy:x/*.npy", "y": "npy:y/*.npy"} (batch.fields(); docs/formats.md)
     batch_size    per rank (global with split_batches)
     mode          "torch" (DistributedSampler + DataLoader), "accelerate" or "iterable"
     shuffle, seed, shuffle_algo ("torch" or "feistel"), drop_last, sampler_drop_last,
@@ -421,7 +506,22 @@ class Loader:
                                                   (job_epochs,))
             o.epochs = int(job_epochs)
         o.job = s(job)
-        o.dataset = s(dataset)
+        if isinstance(dataset, dict):
+            # Named arrays indexed together (docs/formats.md, "Named arrays").
+            specs = []
+            for name, spec in dataset.items():
+                if not isinstance(name, str) or not isinstance(spec, (str, bytes)):
+                    raise errors.InvalidArgumentError(
+                        "dataset: a dict of named arrays maps names to \"npy:PATH[,PATH...]\" "
+                        "(got %r: %r)" % (name, spec))
+                spec = spec.decode() if isinstance(spec, bytes) else spec
+                specs.append(s("%s=%s" % (name, spec)))
+            fields_arr = (ctypes.c_char_p * len(specs))(*specs)
+            keep.append(fields_arr)
+            o.dataset_fields = fields_arr
+            o.n_dataset_fields = len(specs)
+        else:
+            o.dataset = s(dataset)
         o.rank = -1 if rank is None else int(rank)
         o.world_size = -1 if world_size is None else int(world_size)
         o.mode = s(mode)
@@ -444,8 +544,9 @@ class Loader:
         o.allow_uneven = 1 if allow_uneven else 0
         o.dispatch_batches = 1 if dispatch_batches else 0
         o.pad_single_process = 1 if pad_single_process else 0
-        fmt = str(dataset).split(":", 2)
-        fmt = fmt[1] if fmt[0] == "pre_sharded" and len(fmt) > 1 else fmt[0]
+        fmt = "fields" if isinstance(dataset, dict) else str(dataset).split(":", 2)
+        if not isinstance(dataset, dict):
+            fmt = fmt[1] if fmt[0] == "pre_sharded" and len(fmt) > 1 else fmt[0]
         if fields is None:
             fields = fmt in ("tar", "jsonl")
         o.fields = 1 if fields else 0

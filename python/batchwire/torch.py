@@ -69,12 +69,22 @@ class BatchDataset(torch.utils.data.IterableDataset):
     keys            tar (WebDataset) and JSON Lines datasets: each sample is a dict of its
                     fields (Batch.fields) -- True: all of them, a list: only those keys;
                     None (default): the sample's bytes
+    arrays          datasets of named arrays (dataset={"x": ..., "y": ...}, or npz): what an
+                    item is -- "tuple": (x, y, ...) in the dataset's field order, as a
+                    DataLoader over TensorDataset(x, y) yields; "dict": {"x": x, "y": y};
+                    None (default): the usual item dict, its "data" {"x": x, "y": y}. With
+                    samples=True each sample is a tuple (None, "tuple") or a dict ("dict")
+                    of its rows
     """
 
     def __init__(self, samples: bool = False, transform: Optional[Callable] = None,
                  collate_fn: Optional[Callable] = None, decode_threads: int = 0,
-                 keys=None, **loader_kw):
+                 keys=None, arrays: Optional[str] = None, **loader_kw):
         super().__init__()
+        if arrays not in (None, "tuple", "dict"):
+            raise errors.InvalidArgumentError(
+                "BatchDataset: arrays=%r: expected \"tuple\", \"dict\" or None" % (arrays,))
+        self.arrays = arrays
         bad = [k for k in _MANAGED if k in loader_kw]
         if bad:
             raise errors.InvalidArgumentError(
@@ -152,6 +162,11 @@ class BatchDataset(torch.utils.data.IterableDataset):
         return Loader(**kw)
 
     def _sample_values(self, batch):
+        if batch.arrays:  # named arrays: each sample's rows, as a tuple or a dict
+            t = batch.fields(as_torch=True)
+            if self.arrays == "dict":
+                return [{k: v[i] for k, v in t.items()} for i in range(batch.count)]
+            return [tuple(v[i] for v in t.values()) for i in range(batch.count)]
         if batch.shape is not None:
             return list(batch.torch())  # rows of the held batch tensor
         if self.keys is not None:
@@ -166,13 +181,19 @@ class BatchDataset(torch.utils.data.IterableDataset):
         return [self.transform(v) for v in values]
 
     def _item(self, batch, pool) -> Any:
-        if self.transform is None and batch.shape is not None:
+        if self.transform is None and batch.arrays:
+            data = batch.fields(as_torch=True)
+            if self.arrays is not None:  # the arrays themselves, as TensorDataset's batches
+                return tuple(data.values()) if self.arrays == "tuple" else data
+        elif self.transform is None and batch.shape is not None:
             data = batch.torch()
         else:
             values = self._decode(self._sample_values(batch), pool)
             collate = self.collate_fn or (torch.utils.data.default_collate
                                           if self.transform is not None else list)
             data = collate(values)
+            if batch.arrays and self.arrays is not None:
+                return data
         return {"data": data, "indices": torch.from_numpy(batch.indices),
                 "padding": torch.from_numpy(batch.padding), "epoch": batch.epoch,
                 "step": batch.step}
