@@ -234,7 +234,7 @@ static int parse_field(const char *text, gen_field *f, char *err, size_t errlen)
         if (strcmp(dt, dtypes[i].name) == 0)
             f->descr = dtypes[i].descr;
     f->kind = f->descr ? f->descr[1] : 0;
-    f->item = f->descr ? (unsigned)atoi(f->descr + 2) : 0;
+    f->item = f->descr ? (unsigned)strtoul(f->descr + 2, NULL, 10) : 0;
     if (!f->descr || !strchr("biuf", f->kind) || (f->kind == 'f' && f->item == 2)) {
         snprintf(err, errlen,
                  "--fields '%s': dtype '%s' is not one of bool, int8..int64, uint8..uint64, "

@@ -24,6 +24,7 @@ int bw__check_name(const char *what, const char *v, size_t max, char *err, size_
  * lines). */
 int bw__check_field_name(const char *v, char *err, size_t errlen);
 
-enum { BW_NAME_MAX = 255, BW_FIELD_NAME_MAX = 64 }; /* job names, worker ids, dataset paths (bytes) */
+enum { BW_NAME_MAX = 255 };      /* job names, worker ids, dataset paths (bytes) */
+enum { BW_FIELD_NAME_MAX = 64 }; /* a dataset's field names (bytes) */
 
 #endif
