@@ -885,6 +885,30 @@ static void diff_rec(const ProtobufCMessageDescriptor *desc, const ProtobufCMess
                      *(ProtobufCMessage *const *)((const char *)b + f->offset), sub, out, outlen);
             continue;
         }
+        /* Repeated messages (a dataset's fields): element by element when the counts agree. */
+        size_t na = 0, nb = 0;
+        if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+            na = *(const size_t *)((const char *)a + f->quantifier_offset);
+            nb = *(const size_t *)((const char *)b + f->quantifier_offset);
+        }
+        if (f->type == PROTOBUF_C_TYPE_MESSAGE && na == nb) {
+            ProtobufCMessage *const *ea =
+                *(ProtobufCMessage *const *const *)((const char *)a + f->offset);
+            ProtobufCMessage *const *eb =
+                *(ProtobufCMessage *const *const *)((const char *)b + f->offset);
+            for (size_t k = 0; k < na; k++) {
+                char sub[200];
+                snprintf(sub, sizeof(sub), "%.160s[%zu].", name, k);
+                diff_rec(f->descriptor, ea[k], eb[k], sub, out, outlen);
+            }
+            continue;
+        }
+        if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+            size_t used = strlen(out);
+            snprintf(out + used, outlen - used, "%s%s: job has %zu, request has %zu",
+                     used ? "; " : "", name, na, nb);
+            continue;
+        }
         char va[512], vb[512];
         field_text(f, a, va, sizeof(va));
         field_text(f, b, vb, sizeof(vb));

@@ -17,7 +17,8 @@ split over two archives; a coordinator and two workers on loopback.
 * batchwire fetch --dataset-field prints a sha256 per field equal to the rows' bytes.
 * batchwire gen --fields writes arrays numpy reads back and the loader serves (npy and npz).
 * Refused at job creation, naming the field: different lengths, different splits, a missing
-  file, a compressed archive (saying to use np.savez), a bad or repeated field name.
+  file, a compressed archive (saying to use np.savez), a bad field name, a field that is not
+  npy; joining an existing job with another field-set is a mismatch naming the field.
 """
 
 import hashlib
@@ -304,6 +305,17 @@ def test(tmpdir):
             msg = str(e)
             bt.check(all(w in msg for w in words), "%s refused (%s): %s" %
                      (label, exc.__name__, msg[-230:]), msg)
+    # a job is one field-set: joining it with other fields is refused, naming the difference
+    for other, what in (({"x": "npy:x/*.npy", "z": "npy:y/*.npy"}, "dataset.fields[1].name"),
+                        ({"x": "npy:x/*.npy"}, "dataset.fields: job has 2, request has 1")):
+        try:
+            batchwire.Loader(coordinator=coord.addr, job="arr-resume", dataset=other,
+                             batch_size=B, shuffle=True, seed=SEED, rank=0,
+                             world_size=WORLD).close()
+            bt.check(False, "another field-set for an existing job refused")
+        except batchwire.MismatchError as e:
+            bt.check(what in str(e), "joining a job with other fields refused: %s" %
+                     str(e)[-160:], str(e))
     r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "arr-bad-cli", "--dataset-field",
                "x=npy:x/*.npy", "--dataset-field", "y=npy:y_short.npy", "--rank", "0",
                "--world-size", "1")
