@@ -23,8 +23,8 @@ cannot be reached is not met with silence.
   the job has left from the resume point, and the job is finished (removed) when every rank
   has delivered its last epoch.
 
-Timings are the issue's acceptance bounds, not speed: STOP_BOUND_S is 1 s (the sanitizer build
-gets 2 s: AddressSanitizer's start and leak check at exit alone take a few hundred ms there).
+Timings are the issue's acceptance bounds (1 s to stop, 2 s to the first WARN line, 10 s
+between them), not speed; both builds must meet them.
 """
 
 import json
@@ -39,8 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bwtest as bt  # noqa: E402
 import test_client_e2e as e2e  # noqa: E402
 
-SANITIZED = e2e.sanitized_build()
-STOP_BOUND_S = 2.0 if SANITIZED else 1.0
+STOP_BOUND_S = 1.0
 CFG = {"mode": "torch", "B": 2, "shuffle": True, "seed": 5}
 N = 3000  # samples: 1500 batches an epoch for one rank
 
