@@ -107,9 +107,12 @@ static const bw_opt options[] = {
      "deadline of each call"},
     {"job-epochs", BW_OPT_INT, offsetof(fetch_cfg, job_epochs), "0", 0, 1000000, NULL, 0, "N",
      "the job's total number of epochs: a rank that delivers the end of epoch N-1 tells the "
-     "coordinator it is finished, and the job is removed once every rank is (0: unknown)"},
+     "coordinator it is finished, and the job is removed once every rank is; the run never goes "
+     "past that epoch (0: unknown)"},
     {"retry-ms", BW_OPT_INT, offsetof(fetch_cfg, retry_ms), "60000", 0, 86400000, NULL, 0, "MS",
-     "how long joining and committing retry while the coordinator is unreachable (0: never)"},
+     "how long joining and committing retry while the coordinator is unreachable (0: never), "
+     "saying so in a WARN line at once and every 10 s; a host name that does not resolve fails "
+     "at once"},
     {"transport", BW_OPT_ENUM, offsetof(fetch_cfg, transport), "auto", 0, 0, "auto|grpc", 0, NULL,
      "auto: the workers' data channel where offered (TLS when this uses TLS), else gRPC; grpc: "
      "always gRPC"},

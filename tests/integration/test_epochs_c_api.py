@@ -6,6 +6,9 @@ batchwire.h; docs/client.md, "Epochs" and "Signals"), against `batchwire plan`.
   it, and every rank's count for epochs 0 and 1 is the plan's (one past the last step), with
   nothing claimed (a loader then opens rank 0 at once); another configuration of the same job
   is refused with BW_MISMATCH naming the field, another world size too.
+  After an elastic resize (2 ranks -> 1 after 3 steps), the resized epoch's count is one
+  past the last step the resumed rank delivers, the next epoch's the plan's at world size 1,
+  and world size 2 is refused.
 * bw_loader_set_epoch / bw_loader_epoch / bw_loader_next_epoch: after 3 batches of epoch 0,
   set_epoch(0) starts epoch 0 over; set_epoch(2) jumps to epoch 2; next_epoch after its end
   gives epoch 3 -- every batch the plan's. A loader opened at a cursor in the middle of epoch 1
@@ -135,6 +138,29 @@ def test(tmpdir):
     L.bw_loader_close(h)
     bt.ok("bw_loader_rank_steps: every rank's count is the plan's, the job created, nothing "
           "claimed; another configuration or world size refused")
+
+    # An elastic resize from 2 ranks to 1 after 3 steps of epoch 0: epoch 0 then ends where
+    # the resumed world-1 rank's last step says, epoch 1 runs at world 1, world 2 is refused.
+    flags = ["--coordinator", coord.addr, "--job", "el", "--dataset", bwpy.NPY, "--mode",
+             "torch", "--batch-size", B, "--shuffle", "--seed", 3]
+    for r in range(2):
+        x = bt.cli("fetch", *flags, "--rank", r, "--world-size", 2, "--max-steps", 3,
+                   "--commit", "--quiet", timeout=60)
+        bt.check(x.returncode == 0, "rank %d of 2 runs 3 steps and commits" % r, x.stderr)
+    x = bt.cli("fetch", *flags, "--rank", 0, "--world-size", 1, "--elastic", timeout=60)
+    bt.check(x.returncode == 0, "an elastic resume at world size 1", x.stderr)
+    steps = [int(line.split('"step":')[1].split(",")[0]) for line in x.stdout.splitlines()
+             if line.startswith('{"epoch":0')]
+    rc, n, err = rank_steps("el", 1, 0, 0)
+    bt.check(rc == 0 and steps and n == steps[-1] + 1,
+             "resized epoch 0: rank_steps = %d, one past the last step the resumed rank "
+             "delivered (%s)" % (n, steps[-1] if steps else None), err)
+    rc, n, err = rank_steps("el", 1, 0, 1)
+    bt.check(rc == 0 and n == len(plan(1, 1)[0]), "epoch 1 at world size 1: %d steps" % n, err)
+    rc, n, err = rank_steps("el", 2, 0, 1)
+    bt.check(rc == MISMATCH and "world size" in err, "the old world size is refused now", err)
+    bt.ok("bw_loader_rank_steps after an elastic resize 2 -> 1: the resized epoch ends at the "
+          "resumed rank's end (%d), the next has the plan's count at the new size" % steps[-1])
 
     # ---- set_epoch / epoch / next_epoch ----
     h = open_loader("epochs")

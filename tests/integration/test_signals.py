@@ -17,8 +17,9 @@ cannot be reached is not met with silence.
   from it at once -- the rank was left, with a 20 s lease -- prints exactly the plan's batches
   after it, to the end of the epoch).
 * Waiting for a worker that stops (SIGSTOP) after 10 batches: once nothing came for a second,
-  SIGINT -- exit 130 within the bound, the cursor of the last batch printed; after SIGCONT a
-  resumed fetch continues exactly after it.
+  SIGINT (data channel) or SIGTERM (--transport grpc: a stream in flight) -- exit 130/143
+  within the bound, the cursor of the last batch printed; after SIGCONT a resumed fetch
+  continues exactly after it.
 * --epochs and --job-epochs: a resumed run of `--job-epochs 3` (no --epochs) runs every epoch
   the job has left from the resume point, and the job is finished (removed) when every rank
   has delivered its last epoch.
@@ -240,33 +241,40 @@ def live(tmpdir):
           "printed batch's (step %d), and the rank was left (resumed at once)" %
           (took, len(got), got[-1]["step"]))
 
-    # waiting for a stopped worker
-    cur = os.path.join(tmpdir, "cursor-stalled")
-    f = fetch(cl.addr, "stalled", ["--cursor-out", cur, "--prefetch", 2])
+    # waiting for a stopped worker: over its data channel, and over gRPC (a stream in flight)
+    for transport, sig in (("auto", 2), ("grpc", 15)):
+        stalled(cl, tmpdir, want, transport, sig)
+
+    epochs(cl)
+    cl.stop()
+
+
+def stalled(cl, tmpdir, want, transport, sig):
+    job = "stalled-" + transport
+    cur = os.path.join(tmpdir, "cursor-" + job)
+    f = fetch(cl.addr, job, ["--cursor-out", cur, "--prefetch", 2, "--transport", transport])
     bt.poll(lambda: f.batches_seen() >= 10 or None, 30, interval=0.002, what="10 batches")
     w = cl.workers["w1"]
     w.send(19)  # SIGSTOP
     try:
         seen = [f.batches_seen(), time.monotonic()]
 
-        def stalled():
+        def quiet():
             n = f.batches_seen()
             if n != seen[0]:
                 seen[0], seen[1] = n, time.monotonic()
             return time.monotonic() - seen[1] >= 1.0 or None
-        bt.poll(stalled, 20, interval=0.05, what="the fetch to stall on the stopped worker")
-        took = stop(f, 2, "waiting for a stopped worker")
+        bt.poll(quiet, 20, interval=0.05, what="the fetch to stall on the stopped worker")
+        took = stop(f, sig, "waiting for a stopped worker (--transport %s)" % transport)
     finally:
         w.send(18)  # SIGCONT
     got, _ = f.result()
     bt.check(len(got) >= 10 and [(b["step"], b["indices"]) for b in got] == want[:len(got)],
              "the %d batches printed before the stall are the plan's" % len(got))
-    check_resume(cl, "stalled", cur, got[-1], want, "SIGINT while waiting for a worker")
-    bt.ok("SIGINT while waiting for a stopped worker: exit 130 in %.3f s; the cursor is the "
-          "last printed batch's (step %d); resumed exactly after it" % (took, got[-1]["step"]))
-
-    epochs(cl)
-    cl.stop()
+    check_resume(cl, job, cur, got[-1], want, "signal %d while waiting for a worker" % sig)
+    bt.ok("signal %d while waiting for a stopped worker (--transport %s): exit %d in %.3f s; "
+          "the cursor is the last printed batch's (step %d); resumed exactly after it" %
+          (sig, transport, 128 + sig, took, got[-1]["step"]))
 
 
 def epochs(cl):
