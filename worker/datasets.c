@@ -74,7 +74,7 @@ void bw__ds_cache_counts(bw__ds_cache *c, size_t *datasets, size_t *files)
     for (size_t i = 0; i < c->n; i++)
         if (c->e[i]->state == READY) {
             (*datasets)++;
-            *files += c->e[i]->d->nsources;
+            *files += bw__dataset_nfiles(c->e[i]->d);
         }
     pthread_mutex_unlock(&c->mu);
 }

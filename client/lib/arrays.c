@@ -65,7 +65,7 @@ int bw__batch_unpack_arrays(bw_batch *b, const size_t *from, uint64_t sample_byt
     if (rc != BW_OK)
         return rc;
     size_t at = 0; /* field k's bytes within a sample */
-    for (size_t k = 0; k < b->narrays; k++) {
+    for (size_t k = 0; k < b->narrays && b->count; k++) {
         const bw__array *a = &b->arrays[k];
         size_t row = (size_t)a->row_bytes;
         uint8_t *to = b->data + a->offset;

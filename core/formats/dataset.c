@@ -655,6 +655,14 @@ int bw__dataset_index(bw__dataset *d, char *err, size_t errlen)
     return rc;
 }
 
+size_t bw__dataset_nfiles(const bw__dataset *d)
+{
+    size_t n = d->nfields ? 0 : d->nsources;
+    for (size_t k = 0; k < d->nfields; k++)
+        n += d->fields[k]->nsources;
+    return n;
+}
+
 size_t bw__dataset_source_of(const bw__dataset *d, uint64_t index)
 {
     size_t lo = 0, hi = d->nsources; /* the last source whose first <= index */

@@ -66,6 +66,9 @@ int bw__dataset_open(const char *root, const char *format, const char *const *pa
 int bw__dataset_open_fields(const char *root, const bw__field_spec *fields, size_t n,
                             bw__dataset **out, char *err, size_t errlen);
 
+/* The files d reads: its sources, or every field's (npz: each archive once per field). */
+size_t bw__dataset_nfiles(const bw__dataset *d);
+
 /* Builds every source's record index (idempotent; the result, good or bad, is kept). */
 int bw__dataset_index(bw__dataset *d, char *err, size_t errlen);
 
