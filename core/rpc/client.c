@@ -255,14 +255,22 @@ bool bw__rpc_channel_wait(bw_rpc_channel *ch, int timeout_ms)
     return st == GRPC_CHANNEL_READY;
 }
 
+/* When a wait on a completion queue next looks at the interrupt: a slice from now, or never
+ * in a process whose waits are not sliced (daemons). */
+static gpr_timespec next_look(void)
+{
+    int ms = bw__interrupt_slice(-1);
+    return ms < 0 ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : deadline_in(ms);
+}
+
 /* Waits for the one batch outstanding on cq. When interrupted (and `interruptible`), cancels
  * the call -- its batch then completes at once -- and says so. */
 static bool wait_batch(grpc_completion_queue *cq, grpc_call *call, bool interruptible)
 {
     bool cancelled = false;
     for (;;) {
-        gpr_timespec until = interruptible && !cancelled ? deadline_in(bw__interrupt_slice(-1))
-                                                         : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+        gpr_timespec until =
+            interruptible && !cancelled ? next_look() : gpr_inf_future(GPR_CLOCK_MONOTONIC);
         grpc_event ev = grpc_completion_queue_next(cq, until, NULL);
         if (ev.type == GRPC_OP_COMPLETE)
             return cancelled;
@@ -418,8 +426,7 @@ static intptr_t stream_wait_one(bw_rpc_stream *st)
 {
     grpc_event ev;
     for (;;) {
-        gpr_timespec until = st->cancelled ? gpr_inf_future(GPR_CLOCK_MONOTONIC)
-                                           : deadline_in(bw__interrupt_slice(-1));
+        gpr_timespec until = st->cancelled ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : next_look();
         ev = grpc_completion_queue_next(st->cq, until, NULL);
         if (ev.type != GRPC_QUEUE_TIMEOUT)
             break;
