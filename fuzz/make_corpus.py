@@ -64,9 +64,15 @@ def main():
         buf = io.BytesIO()
         fn(buf, **arrays)
         put("fuzz_npz", name + ".npz", buf.getvalue())
+    limits = zipfile.ZIP64_LIMIT, zipfile.ZIP_FILECOUNT_LIMIT
+    zipfile.ZIP64_LIMIT, zipfile.ZIP_FILECOUNT_LIMIT = 10, 1  # zip64 records in a small file
+    buf = io.BytesIO()
+    np.savez(buf, x=np.arange(5, dtype="<i2"), y=np.ones((5, 2), dtype="<f8"))
+    zipfile.ZIP64_LIMIT, zipfile.ZIP_FILECOUNT_LIMIT = limits
+    put("fuzz_npz", "zip64.npz", buf.getvalue())
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("notes.txt", b"hello")
+        z.writestr(zipfile.ZipInfo("notes.txt", date_time=(2020, 1, 1, 0, 0, 0)), b"hello")
     put("fuzz_npz", "not-npy.npz", buf.getvalue())
 
     recs = [b"abc", b"", b"x" * 100]

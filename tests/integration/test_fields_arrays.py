@@ -72,6 +72,16 @@ def test(tmpdir):
     os.makedirs(os.path.join(root, "npz2"))
     np.savez(os.path.join(root, "npz2", "a.npz"), x=x[:60], y=y[:60])
     np.savez(os.path.join(root, "npz2", "b.npz"), x=x[60:], y=y[60:])
+    # zip64 end records and central directory extras, as archives over 4 GiB have (zipfile
+    # writes them past its limits: lowered here to make a small one)
+    limits = zipfile.ZIP64_LIMIT, zipfile.ZIP_FILECOUNT_LIMIT
+    zipfile.ZIP64_LIMIT, zipfile.ZIP_FILECOUNT_LIMIT = 100, 1
+    try:
+        np.savez(os.path.join(root, "xy64.npz"), x=x, y=y)
+    finally:
+        zipfile.ZIP64_LIMIT, zipfile.ZIP_FILECOUNT_LIMIT = limits
+    with open(os.path.join(root, "xy64.npz"), "rb") as f:
+        bt.check(b"PK\x06\x06" in f.read(), "an .npz with zip64 end of central directory records")
     with zipfile.ZipFile(os.path.join(root, "xy.npz")) as z:
         bt.check(all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist()),
                  "np.savez writes stored (uncompressed) members")
@@ -126,7 +136,8 @@ def test(tmpdir):
         for label, ds, kw in (("fields over the data channel", fields, {}),
                               ("fields over gRPC", fields, {"transport": "grpc"}),
                               ("one .npz", "npz:xy.npz", {}),
-                              ("two .npz archives", "npz:npz2/*.npz", {"transport": "grpc"})):
+                              ("two .npz archives", "npz:npz2/*.npz", {"transport": "grpc"}),
+                              ("a zip64 .npz", "npz:xy64.npz", {})):
             if (sdl, dl) != (False, False) and label not in ("fields over the data channel",
                                                               "one .npz"):
                 continue
