@@ -70,8 +70,9 @@ class BatchDataset(torch.utils.data.IterableDataset):
                     fields (Batch.fields) -- True: all of them, a list: only those keys;
                     None (default): the sample's bytes
     arrays          datasets of named arrays (dataset={"x": ..., "y": ...}, or npz): what an
-                    item is -- "tuple": (x, y, ...) in the dataset's field order, as a
-                    DataLoader over TensorDataset(x, y) yields; "dict": {"x": x, "y": y};
+                    item is -- "tuple": (x, y, ...) in the dataset's field order (a tuple
+                    under batchwire.torch.DataLoader; torch's own makes it a list, as it does
+                    TensorDataset's batches); "dict": {"x": x, "y": y};
                     None (default): the usual item dict, its "data" {"x": x, "y": y}. With
                     samples=True each sample is a tuple (None, "tuple") or a dict ("dict")
                     of its rows
@@ -213,6 +214,12 @@ class BatchDataset(torch.utils.data.IterableDataset):
                 pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _as_is(item):
+    """A DataLoader's collate_fn that leaves a ready item as it is (module level: DataLoader
+    workers unpickle it)."""
+    return item
+
+
 class DataLoader(torch.utils.data.DataLoader):
     """torch.utils.data.DataLoader over a BatchDataset, with the epoch handled and a state:
 
@@ -233,6 +240,9 @@ class DataLoader(torch.utils.data.DataLoader):
             raise errors.InvalidArgumentError("batchwire.torch.DataLoader takes a BatchDataset")
         if not dataset.samples:
             kwargs.setdefault("batch_size", None)
+            if dataset.arrays == "tuple" and kwargs["batch_size"] is None:
+                # torch's default (default_convert) would make each (x, y) tuple a list
+                kwargs.setdefault("collate_fn", _as_is)
         super().__init__(dataset, **kwargs)
         self._position = None  # (epoch, next step) while iterating or after
 

@@ -223,12 +223,20 @@ def test(tmpdir):
                   seed=SEED, rank=1, world_size=WORLD)
     items = list(bwt.DataLoader(bwt.BatchDataset(job="arr-torch-t", arrays="tuple", **common)))
     bt.check(len(items) == len(ref) and all(
-        isinstance(it, (tuple, list)) and len(it) == 2 and it[0].numpy().tobytes() == r[1] and
+        isinstance(it, tuple) and len(it) == 2 and it[0].numpy().tobytes() == r[1] and
         it[1].numpy().tobytes() == r[2] and it[1].dtype == torch.int64
         for it, r in zip(items, ref)),
-        "BatchDataset(arrays='tuple'): (x, y) pairs (a list, after torch's default_convert, "
-        "as TensorDataset's batches are) equal torch's, %d batches" % len(ref),
+        "BatchDataset(arrays='tuple') under batchwire.torch.DataLoader: (x, y) tuples equal "
+        "torch's, %d batches" % len(ref),
         [(type(it).__name__, [getattr(v, "shape", v) for v in it]) for it in items[:3]])
+    items = list(DataLoader(bwt.BatchDataset(job="arr-torch-l", arrays="tuple", **common),
+                            batch_size=None, num_workers=2, multiprocessing_context="forkserver",
+                            timeout=60))
+    bt.check(len(items) == len(ref) and all(
+        len(it) == 2 and it[0].numpy().tobytes() == r[1] and it[1].numpy().tobytes() == r[2]
+        for it, r in zip(items, ref)),
+        "BatchDataset(arrays='tuple') under torch's DataLoader with 2 worker processes: "
+        "[x, y] (default_convert's list, as for TensorDataset) equal torch's, in order")
     items = list(bwt.DataLoader(bwt.BatchDataset(job="arr-torch-d", arrays="dict", **common)))
     bt.check(len(items) == len(ref) and all(
         list(it) == ["x", "y"] and it["x"].numpy().tobytes() == r[1] and
