@@ -1,6 +1,6 @@
 /* Dataset readers over memory: npy headers (versions, shapes, refusals), TFRecord (CRC-32C
  * vectors, index, sidecar validation), lines, tar (checksums, pax, grouping), and datasets on
- * disk (globs, escapes, the generator's content). */
+ * disk (globs, escapes, the generator's content, named arrays from .npy files and .npz). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -395,11 +395,216 @@ static void test_dataset(void **state)
     assert_int_equal(bw_test_dir_remove(root), 0);
 }
 
+/* ---- named arrays (fields, npz) ---- */
+
+/* A .npy of `rows` rows of `descr` with per-row shape `shape` ("" or "2,"), row r filled with
+ * bytes seed + r, into root/rel; returns its size. */
+static size_t write_npy(const char *rel, const char *descr, const char *shape, size_t rows,
+                        size_t row_bytes, uint8_t seed, uint8_t *out)
+{
+    char dict[160];
+    snprintf(dict, sizeof(dict), "{'descr': '%s', 'fortran_order': False, 'shape': (%zu,%s), }",
+             descr, rows, shape);
+    size_t n = npy(out, 1, dict, rows * row_bytes);
+    for (size_t r = 0; r < rows; r++)
+        memset(out + n - rows * row_bytes + r * row_bytes, seed + (int)r, row_bytes);
+    if (rel)
+        write_file(rel, out, n);
+    return n;
+}
+
+static void put16(uint8_t *p, unsigned v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    put16(p, v & 0xffff);
+    put16(p + 2, v >> 16);
+}
+
+/* A zip of members names[i] = data[i] (lens[i] bytes), stored (method 0) or with `method`
+ * announced (the bytes are stored as they are either way); returns its size. */
+static size_t zip(uint8_t *out, const char *const *names, const uint8_t *const *data,
+                  const size_t *lens, size_t n, unsigned method)
+{
+    size_t o = 0, at[8];
+    for (size_t i = 0; i < n; i++) {
+        size_t nl = strlen(names[i]);
+        at[i] = o;
+        memset(out + o, 0, 30);
+        put32(out + o, 0x04034b50);
+        put16(out + o + 8, method);
+        put32(out + o + 18, (uint32_t)lens[i]);
+        put32(out + o + 22, (uint32_t)lens[i]);
+        put16(out + o + 26, (unsigned)nl);
+        memcpy(out + o + 30, names[i], nl);
+        memcpy(out + o + 30 + nl, data[i], lens[i]);
+        o += 30 + nl + lens[i];
+    }
+    size_t cd = o;
+    for (size_t i = 0; i < n; i++) {
+        size_t nl = strlen(names[i]);
+        memset(out + o, 0, 46);
+        put32(out + o, 0x02014b50);
+        put16(out + o + 10, method);
+        put32(out + o + 20, (uint32_t)lens[i]);
+        put32(out + o + 24, (uint32_t)lens[i]);
+        put16(out + o + 28, (unsigned)nl);
+        put32(out + o + 42, (uint32_t)at[i]);
+        memcpy(out + o + 46, names[i], nl);
+        o += 46 + nl;
+    }
+    memset(out + o, 0, 22);
+    put32(out + o, 0x06054b50);
+    put16(out + o + 8, (unsigned)n);
+    put16(out + o + 10, (unsigned)n);
+    put32(out + o + 12, (uint32_t)(o - cd));
+    put32(out + o + 16, (uint32_t)cd);
+    return o + 22;
+}
+
+/* d's sample i is x's row i (8 bytes of 3 + i % 3 ... as written) then y's. */
+static void check_sample(bw__dataset *d, uint64_t i, uint8_t xv, uint8_t yv)
+{
+    bw__record r;
+    assert_int_equal(bw__dataset_get(d, i, &r, err, sizeof(err)), BW_OK);
+    assert_int_equal(r.nparts, 2);
+    assert_int_equal(r.size, 8 + 8);
+    assert_true(r.per_part_owner);
+    assert_non_null(bw__record_owner(&r, 0));
+    assert_non_null(bw__record_owner(&r, 1));
+    for (int k = 0; k < 8; k++) {
+        assert_int_equal(r.parts[0].p[k], xv);
+        assert_int_equal(r.parts[1].p[k], yv);
+    }
+    bw__record_release(&r);
+}
+
+static int open_fields(const char *xname, const char *const *xp, size_t nx, const char *yname,
+                       const char *yfmt, const char *const *yp, size_t ny, bw__dataset **d)
+{
+    bw__field_spec f[2] = {{xname, "npy", xp, nx}, {yname, yfmt, yp, ny}};
+    return bw__dataset_open_fields(root, f, 2, d, err, sizeof(err));
+}
+
+static void test_fields(void **state)
+{
+    (void)state;
+    assert_int_equal(bw_test_dir_make(root, sizeof(root), "fields"), 0);
+    char sub[600];
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(sub, sizeof(sub), "%s/%s", root, (const char *[]){"x", "y", "z"}[i]);
+        mkdir(sub, 0755);
+    }
+    uint8_t buf[4096];
+    /* x: float32 pairs, rows 3 + 2; y: int64, rows 3 + 2 (the same split); z: rows 2 + 3 */
+    write_npy("x/a.npy", "<f4", " 2", 3, 8, 10, buf);
+    write_npy("x/b.npy", "<f4", " 2", 2, 8, 13, buf);
+    write_npy("y/a.npy", "<i8", "", 3, 8, 50, buf);
+    write_npy("y/b.npy", "<i8", "", 2, 8, 53, buf);
+    write_npy("z/a.npy", "<i8", "", 2, 8, 50, buf);
+    write_npy("z/b.npy", "<i8", "", 3, 8, 52, buf);
+    write_npy("y4.npy", "<i8", "", 4, 8, 50, buf);
+    const char *xp[] = {"x/*.npy"}, *yp[] = {"y/a.npy", "y/b.npy"}, *zp[] = {"z/*.npy"};
+    const char *y4[] = {"y4.npy"}, *none[] = {"y/none.npy"};
+    bw__dataset *d = NULL;
+    assert_int_equal(open_fields("x", xp, 1, "y", "npy", yp, 2, &d), BW_OK);
+    assert_int_equal(d->nfields, 2);
+    assert_string_equal(d->field_names[1], "y");
+    assert_int_equal(d->length, 5);
+    assert_int_equal(d->nsources, 2);
+    assert_int_equal(d->layout.sample_bytes, 16);
+    assert_int_equal(bw__dataset_nfiles(d), 4);
+    assert_int_equal(bw__dataset_index(d, err, sizeof(err)), BW_OK);
+    for (uint64_t i = 0; i < 5; i++)
+        check_sample(d, i, (uint8_t)(10 + i), (uint8_t)(50 + i));
+    bw__record r;
+    assert_int_equal(bw__dataset_get(d, 5, &r, err, sizeof(err)), BW_OUT_OF_RANGE);
+    assert_int_equal(bw__dataset_check(d, 1, err, sizeof(err)), BW_OK);
+    assert_false(bw__dataset_changed(d, NULL, 0));
+    char fp[33];
+    memcpy(fp, d->fingerprint, sizeof(fp));
+    bw__dataset_free(d);
+    /* the names are part of the fingerprint */
+    assert_int_equal(open_fields("x", xp, 1, "label", "npy", yp, 2, &d), BW_OK);
+    assert_string_not_equal(fp, d->fingerprint);
+    bw__dataset_free(d);
+
+    /* refusals name the field */
+    struct {
+        const char *xname, *yname, *yfmt;
+        const char *const *yp;
+        size_t ny;
+        int rc;
+        const char *words;
+    } bad[] = {
+        {"x", "y", "npy", zp, 1, BW_MISMATCH, "field 'y': file z/a.npy holds 2 rows"},
+        {"x", "y", "npy", y4, 1, BW_MISMATCH, "field 'y' has 4 samples"},
+        {"x", "y", "npy", none, 1, BW_NOT_FOUND, "field 'y': source 'y/none.npy'"},
+        {"x", "y", "tar", yp, 2, BW_INVALID_ARGUMENT, "field 'y': format 'tar'"},
+        {"x", "x", "npy", yp, 2, BW_INVALID_ARGUMENT, "field 'x' is named twice"},
+        {"x", "my y", "npy", yp, 2, BW_INVALID_ARGUMENT, "is a space"},
+        {"x", "y=1", "npy", yp, 2, BW_INVALID_ARGUMENT, "separates fields"},
+        {"x", "", "npy", yp, 2, BW_INVALID_ARGUMENT, "field name"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        d = NULL;
+        int rc =
+            open_fields(bad[i].xname, xp, 1, bad[i].yname, bad[i].yfmt, bad[i].yp, bad[i].ny, &d);
+        if (rc != bad[i].rc || !strstr(err, bad[i].words))
+            fail_msg("case %zu: rc %d, err '%s'", i, rc, err);
+        assert_null(d);
+    }
+    /* the same length over another number of files */
+    write_npy("y5.npy", "<i8", "", 5, 8, 50, buf);
+    const char *one[] = {"y5.npy"};
+    assert_int_equal(open_fields("x", xp, 1, "y", "npy", one, 1, &d), BW_MISMATCH);
+    assert_non_null(strstr(err, "field 'y' is split over 1 files and field 'x' over 2"));
+    assert_int_equal(bw__dataset_open_fields(root, NULL, 0, &d, err, sizeof(err)),
+                     BW_INVALID_ARGUMENT);
+
+    /* npz: stored members become fields, in the archive's order */
+    uint8_t xn[512], yn[512], z[2048];
+    size_t xl = write_npy(NULL, "<f4", " 2", 4, 8, 20, xn);
+    size_t yl = write_npy(NULL, "<i8", "", 4, 8, 60, yn);
+    const char *names[] = {"x.npy", "y.npy"};
+    const uint8_t *data[] = {xn, yn};
+    size_t lens[] = {xl, yl};
+    write_file("a.npz", z, zip(z, names, data, lens, 2, 0));
+    const char *ap[] = {"a.npz"};
+    assert_int_equal(bw__dataset_open(root, "npz", ap, 1, &d, err, sizeof(err)), BW_OK);
+    assert_int_equal(d->nfields, 2);
+    assert_string_equal(d->field_names[0], "x");
+    assert_int_equal(d->length, 4);
+    assert_string_equal(d->ops->name, "npz");
+    for (uint64_t i = 0; i < 4; i++)
+        check_sample(d, i, (uint8_t)(20 + i), (uint8_t)(60 + i));
+    bw__dataset_free(d);
+    /* a compressed member is refused saying how to write an uncompressed archive */
+    write_file("c.npz", z, zip(z, names, data, lens, 2, 8));
+    const char *cp[] = {"c.npz"};
+    assert_int_equal(bw__dataset_open(root, "npz", cp, 1, &d, err, sizeof(err)), BW_UNIMPLEMENTED);
+    assert_non_null(strstr(err, "compressed"));
+    assert_non_null(strstr(err, "np.savez (not np.savez_compressed)"));
+    /* archives of a dataset must hold the same arrays; garbage is not an archive */
+    write_file("b.npz", z, zip(z, names, data, lens, 1, 0));
+    const char *ab[] = {"a.npz", "b.npz"};
+    assert_int_equal(bw__dataset_open(root, "npz", ab, 2, &d, err, sizeof(err)), BW_MISMATCH);
+    assert_non_null(strstr(err, "same arrays"));
+    write_file("g.npz", "not a zip at all, just some bytes", 33);
+    const char *gp[] = {"g.npz"};
+    assert_int_equal(bw__dataset_open(root, "npz", gp, 1, &d, err, sizeof(err)), BW_CORRUPT);
+    assert_int_equal(bw_test_dir_remove(root), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_npy), cmocka_unit_test(test_tfrecord), cmocka_unit_test(test_lines),
-        cmocka_unit_test(test_tar), cmocka_unit_test(test_dataset),
+        cmocka_unit_test(test_tar), cmocka_unit_test(test_dataset),  cmocka_unit_test(test_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
