@@ -416,7 +416,7 @@ static int assemble(bw__dataset *d, bw__dataset **f, const char *const *names, s
         }
         if (b->nsources != a->nsources) {
             snprintf(err, errlen,
-                     "field '%s' is split over %zu files and field '%s' over %zu: every field "
+                     "field '%s' is split over %zu file(s) and field '%s' over %zu: every field "
                      "must be split over its files the same way (file k of each holding the "
                      "same rows)",
                      names[k], b->nsources, names[0], a->nsources);

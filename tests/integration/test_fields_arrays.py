@@ -159,6 +159,18 @@ def test(tmpdir):
         return batchwire.Loader(coordinator=coord.addr, job=job, dataset=fields, batch_size=B,
                                 shuffle=True, seed=SEED, rank=0, world_size=WORLD, **kw)
 
+    # views stay valid after the loader moved on (as numpy()'s do)
+    with open0("arr-views") as lo:
+        kept = [(b.indices.tolist(), b.fields(), b.fields(as_torch=True)) for b in lo]
+    w0 = reference(x, y, 0, 0, False, False)
+    bt.check(len(kept) == len(w0) and all(
+        k[0] == w[0] and k[1]["x"].tobytes() == w[1] and k[1]["y"].tobytes() == w[2] and
+        k[2]["x"].numpy().tobytes() == w[1] and k[2]["y"].numpy().tobytes() == w[2]
+        for k, w in zip(kept, w0)),
+        "every batch's fields() (numpy and torch) kept past the epoch and the loader's close "
+        "still hold their rows")
+    del kept
+
     got = []
     with open0("arr-resume") as lo:
         it = iter(lo)

@@ -562,7 +562,7 @@ static void test_fields(void **state)
     write_npy("y5.npy", "<i8", "", 5, 8, 50, buf);
     const char *one[] = {"y5.npy"};
     assert_int_equal(open_fields("x", xp, 1, "y", "npy", one, 1, &d), BW_MISMATCH);
-    assert_non_null(strstr(err, "field 'y' is split over 1 files and field 'x' over 2"));
+    assert_non_null(strstr(err, "field 'y' is split over 1 file(s) and field 'x' over 2"));
     assert_int_equal(bw__dataset_open_fields(root, NULL, 0, &d, err, sizeof(err)),
                      BW_INVALID_ARGUMENT);
 
