@@ -20,6 +20,7 @@ enum {
     /* LeaveJob while interrupted (bw_loader_close after bw_interrupt): best effort, brief. */
     LEAVE_INTERRUPTED_MS = 200,
     COORD_WARN_EVERY_MS = 10000, /* while a call to the coordinator is retried */
+    COORD_SILENT_WARN_MS = 2000, /* ... and when one try has had no answer for this long */
 };
 
 void bw__placement_put(bw__placement *p)
@@ -171,11 +172,49 @@ static bool transient(int rc)
     return rc == BW_UNAVAILABLE || rc == BW_TIMEOUT || rc == BW_CANCELLED;
 }
 
+/* A call to the coordinator being retried: what its WARN lines say. */
+typedef struct coord_try {
+    bw__session *s;
+    const bw_rpc_method *m;
+    const char *target;
+    uint64_t t0, limit, warned; /* warned: when the last WARN line went out (0: none yet) */
+    unsigned tries;
+} coord_try;
+
+/* The coordinator does not answer: a WARN line, unless one went out less than
+ * COORD_WARN_EVERY_MS ago. `why`: the last error, or that the try under way has no answer. */
+static void coord_warn(coord_try *c, const char *why)
+{
+    uint64_t now = bw__mono_ms(), spent = now - c->t0;
+    if (c->warned && now - c->warned < COORD_WARN_EVERY_MS)
+        return;
+    c->warned = now;
+    uint64_t left = c->limit > spent ? c->limit - spent : 0;
+    BW_WARN("job=%s rank=%u the coordinator at %s does not answer; retrying for %.1f s more "
+            "address=%s tries=%u left_ms=%llu err=%s",
+            c->s->job, c->s->rank, c->target, (double)left / 1000.0, c->target, c->tries,
+            (unsigned long long)left, why);
+}
+
+/* A try without an answer for COORD_SILENT_WARN_MS (a coordinator that accepted the
+ * connection and is silent, a partition dropping packets): say so before its deadline. */
+static void coord_waiting(void *arg, uint64_t waited_ms)
+{
+    coord_try *c = arg;
+    if (waited_ms < COORD_SILENT_WARN_MS || c->limit == 0)
+        return;
+    char why[256];
+    snprintf(why, sizeof(why), "%s to %s: no answer yet after %.1f s (deadline %d ms)", c->m->name,
+             c->target, (double)waited_ms / 1000.0, c->s->timeout_ms);
+    coord_warn(c, why);
+}
+
 /* A call to the coordinator, tried again with jittered exponential backoff (50 ms doubling
  * to 1 s, each pause drawn from its upper half) while the answer says the coordinator is
  * unreachable or restarting (transient()), until s->retry_ms has passed. While it retries it
- * says so: a WARN line at the first failure naming the address, the error and the time left,
- * then one every COORD_WARN_EVERY_MS. A host name that does not resolve fails at once until
+ * says so: a WARN line at the first failure (or once a try has had no answer for
+ * COORD_SILENT_WARN_MS) naming the address, the error and the time left, then one every
+ * COORD_WARN_EVERY_MS. A host name that does not resolve fails at once until
  * the coordinator has answered this session (then it is an outage: a Kubernetes headless
  * Service's name disappears while its pod restarts). An interrupt (bw_interrupt) ends the
  * call and the pauses within a slice. Every call in the loop is safe to repeat: GetOrCreateJob
@@ -184,12 +223,18 @@ static bool transient(int rc)
 static int coord_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMessage *req,
                       bw_arena *a, ProtobufCMessage **resp, char *err, size_t errlen)
 {
-    uint64_t t0 = bw__mono_ms(), backoff = 50, warned = 0;
-    uint64_t limit = (uint64_t)(s->retry_ms > 0 ? s->retry_ms : 0);
-    unsigned seed = (unsigned)(t0 ^ (uint64_t)getpid() ^ s->rank);
-    const char *target = bw__rpc_channel_target(s->coord);
-    for (unsigned tries = 1;; tries++) {
-        int rc = bw__rpc_call(s->coord, m, req, a, resp, s->timeout_ms, err, errlen);
+    coord_try c = {s,
+                   m,
+                   bw__rpc_channel_target(s->coord),
+                   bw__mono_ms(),
+                   (uint64_t)(s->retry_ms > 0 ? s->retry_ms : 0),
+                   0,
+                   0};
+    uint64_t backoff = 50;
+    unsigned seed = (unsigned)(c.t0 ^ (uint64_t)getpid() ^ s->rank);
+    for (c.tries = 1;; c.tries++) {
+        int rc = bw__rpc_call_watched(s->coord, m, req, a, resp, s->timeout_ms, coord_waiting, &c,
+                                      err, errlen);
         if (!transient(rc) && rc != BW_INTERRUPTED)
             atomic_store(&s->reached, true); /* an answer */
         if (transient(rc) && !atomic_load(&s->reached) && bw__rpc_unknown_host(err)) {
@@ -197,26 +242,20 @@ static int coord_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMes
             snprintf(err + n, errlen > n ? errlen - n : 0,
                      " (the host name of the coordinator address %s does not resolve: check the "
                      "address; not retried)",
-                     target);
+                     c.target);
             return rc;
         }
         uint64_t pause = backoff / 2 + (uint64_t)rand_r(&seed) % (backoff / 2 + 1);
         uint64_t now = bw__mono_ms();
-        if (!transient(rc) || now - t0 + pause > limit) {
-            if (rc != BW_OK && tries > 1) {
+        if (!transient(rc) || now - c.t0 + pause > c.limit) {
+            if (rc != BW_OK && c.tries > 1) {
                 size_t n = strlen(err);
                 snprintf(err + n, errlen > n ? errlen - n : 0, " (after %u tries in %llu ms)",
-                         tries, (unsigned long long)(now - t0));
+                         c.tries, (unsigned long long)(now - c.t0));
             }
             return rc;
         }
-        if (!warned || now - warned >= COORD_WARN_EVERY_MS) {
-            warned = now;
-            BW_WARN("job=%s rank=%u the coordinator at %s does not answer; retrying for %.1f s "
-                    "more address=%s tries=%u left_ms=%llu err=%s",
-                    s->job, s->rank, target, (double)(limit - (now - t0)) / 1000.0, target, tries,
-                    (unsigned long long)(limit - (now - t0)), err);
-        }
+        coord_warn(&c, err);
         /* Returns early once reconnected; a coordinator that answers UNAVAILABLE itself (its
          * disk is full, it is shutting down) leaves the channel connected: then wait the whole
          * pause, or this loop would spin. */
@@ -229,8 +268,8 @@ static int coord_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMes
             snprintf(err, errlen,
                      "%s to %s: %s while retrying (the coordinator did not answer for %llu ms: "
                      "%.700s)",
-                     m->name, target, bw_strerror(BW_INTERRUPTED),
-                     (unsigned long long)(bw__mono_ms() - t0), last);
+                     m->name, c.target, bw_strerror(BW_INTERRUPTED),
+                     (unsigned long long)(bw__mono_ms() - c.t0), last);
             return BW_INTERRUPTED;
         }
         backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;

@@ -263,20 +263,28 @@ static gpr_timespec next_look(void)
     return ms < 0 ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : deadline_in(ms);
 }
 
-/* Waits for the one batch outstanding on cq. When interrupted (and `interruptible`), cancels
- * the call -- its batch then completes at once -- and says so. */
-static bool wait_batch(grpc_completion_queue *cq, grpc_call *call, bool interruptible)
+/* Waits for the one batch outstanding on cq, telling `waiting` (when given) between slices
+ * how long it has waited. When interrupted (and `interruptible`), cancels the call -- its
+ * batch then completes at once -- and says so. */
+static bool wait_batch(grpc_completion_queue *cq, grpc_call *call, bool interruptible,
+                       bw_rpc_waiting_fn waiting, void *arg)
 {
     bool cancelled = false;
+    uint64_t t0 = bw__mono_ms();
     for (;;) {
-        gpr_timespec until =
-            interruptible && !cancelled ? next_look() : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+        gpr_timespec until = (interruptible || waiting) && !cancelled
+                                 ? next_look()
+                                 : gpr_inf_future(GPR_CLOCK_MONOTONIC);
         grpc_event ev = grpc_completion_queue_next(cq, until, NULL);
         if (ev.type == GRPC_OP_COMPLETE)
             return cancelled;
-        if (ev.type == GRPC_QUEUE_TIMEOUT && bw__interrupted()) {
+        if (ev.type != GRPC_QUEUE_TIMEOUT)
+            continue;
+        if (interruptible && bw__interrupted()) {
             grpc_call_cancel(call, NULL);
             cancelled = true;
+        } else if (waiting) {
+            waiting(arg, bw__mono_ms() - t0);
         }
     }
 }
@@ -300,7 +308,7 @@ bool bw__rpc_unknown_host(const char *err)
 
 static int unary_call(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMessage *req,
                       bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, bool interruptible,
-                      char *err, size_t errlen)
+                      bw_rpc_waiting_fn waiting, void *arg, char *err, size_t errlen)
 {
     *resp = NULL;
     if (interruptible && bw__interrupted())
@@ -344,7 +352,7 @@ static int unary_call(bw_rpc_channel *ch, const bw_rpc_method *m, const Protobuf
         rc = BW_INTERNAL;
     } else {
         /* The call's deadline bounds the wait; the batch always completes. */
-        bool cancelled = wait_batch(cq, call, interruptible);
+        bool cancelled = wait_batch(cq, call, interruptible, waiting, arg);
         if (status != GRPC_STATUS_OK && cancelled) {
             rc = interrupted_error(ch, m, err, errlen);
         } else if (status != GRPC_STATUS_OK) {
@@ -372,14 +380,21 @@ static int unary_call(bw_rpc_channel *ch, const bw_rpc_method *m, const Protobuf
 int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMessage *req,
                  bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, char *err, size_t errlen)
 {
-    return unary_call(ch, m, req, arena, resp, timeout_ms, true, err, errlen);
+    return unary_call(ch, m, req, arena, resp, timeout_ms, true, NULL, NULL, err, errlen);
+}
+
+int bw__rpc_call_watched(bw_rpc_channel *ch, const bw_rpc_method *m, const ProtobufCMessage *req,
+                         bw_arena *arena, ProtobufCMessage **resp, int timeout_ms,
+                         bw_rpc_waiting_fn waiting, void *arg, char *err, size_t errlen)
+{
+    return unary_call(ch, m, req, arena, resp, timeout_ms, true, waiting, arg, err, errlen);
 }
 
 int bw__rpc_call_uninterrupted(bw_rpc_channel *ch, const bw_rpc_method *m,
                                const ProtobufCMessage *req, bw_arena *arena,
                                ProtobufCMessage **resp, int timeout_ms, char *err, size_t errlen)
 {
-    return unary_call(ch, m, req, arena, resp, timeout_ms, false, err, errlen);
+    return unary_call(ch, m, req, arena, resp, timeout_ms, false, NULL, NULL, err, errlen);
 }
 
 /* Tags of a stream's batches. */

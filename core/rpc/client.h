@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <protobuf-c/protobuf-c.h>
 
 #include "batchwire/batchwire.h"
@@ -44,6 +45,15 @@ const char *bw__rpc_channel_target(const bw_rpc_channel *ch);
 int bw__rpc_call(bw_rpc_channel *ch, const bw_rpc_method *method, const ProtobufCMessage *req,
                  bw_arena *arena, ProtobufCMessage **resp, int timeout_ms, char *err,
                  size_t errlen);
+
+/* As bw__rpc_call, telling waiting(arg, ms) between slices (common/interrupt.h: in client
+ * processes) how long the call has waited for its answer so far: a caller that retries can say
+ * that a peer is silent before the call's deadline passes. */
+typedef void (*bw_rpc_waiting_fn)(void *arg, uint64_t waited_ms);
+int bw__rpc_call_watched(bw_rpc_channel *ch, const bw_rpc_method *method,
+                         const ProtobufCMessage *req, bw_arena *arena, ProtobufCMessage **resp,
+                         int timeout_ms, bw_rpc_waiting_fn waiting, void *arg, char *err,
+                         size_t errlen);
 
 /* As bw__rpc_call, but not cut short by bw_interrupt: a last best-effort call under a short
  * deadline (LeaveJob while a loader closes). */

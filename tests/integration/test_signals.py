@@ -6,7 +6,8 @@ cannot be reached is not met with silence.
   (the first tries) and SIGINT 2.5 s in (retrying) -- exit 143 and 130 within the bound, a
   message naming the signal, no cursor file (no batch was delivered).
 * A coordinator that accepts connections and never answers (a call in flight, with a 10 s
-  deadline): SIGTERM 1.5 s in -- the call is cancelled, not waited out.
+  deadline): a WARN line 2 s into the try (not at its deadline), then SIGTERM -- the call is
+  cancelled, not waited out.
 * While it retries, the client says so: a WARN line within 2 s of the first failure naming the
   address, the time left and the error, then one every 10 s (not more often).
 * A host name that does not resolve fails at once (exit 1, well before --retry-ms) saying so.
@@ -107,12 +108,18 @@ def silent_coordinator(tmpdir):
     t.start()
     addr = "127.0.0.1:%d" % srv.getsockname()[1]
     try:
+        t0 = time.monotonic()
         f = fetch(addr, "sig", ["--retry-ms", 60000, "--timeout-ms", 10000])
-        time.sleep(1.5)
+        line = bt.poll(lambda: next((x for x in f.err if " WARN " in x), None), 6, interval=0.02,
+                       what="a WARN line about the silent coordinator")
+        waited = time.monotonic() - t0
+        bt.check(1.5 <= waited <= 3.5 and "no answer yet" in line and addr in line,
+                 "a try without an answer is reported after %.2f s (2 s, not its 10 s deadline)"
+                 % waited, line)
         bt.check(f.proc.poll() is None, "fetch is still waiting on the silent coordinator")
         took = stop(f, 15, "silent coordinator, call in flight")
-        bt.ok("SIGTERM with a call in flight to a coordinator that never answers (10 s "
-              "deadline): exit 143 in %.3f s" % took)
+        bt.ok("a coordinator that never answers: WARN after %.2f s, SIGTERM with the call in "
+              "flight (10 s deadline): exit 143 in %.3f s" % (waited, took))
     finally:
         done.set()
         t.join(2)
