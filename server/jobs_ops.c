@@ -63,6 +63,14 @@ static int check_fields(const Batchwire__V1__Dataset *d, char *err, size_t errle
                  BW_FMT_MAX_FIELDS, d->n_fields);
         return BW_INVALID_ARGUMENT;
     }
+    size_t total = 0; /* the paths of every field together, bounded as one list's */
+    for (size_t k = 0; k < d->n_fields; k++)
+        total += d->fields[k]->n_sources;
+    if (total > MAX_SOURCES) {
+        snprintf(err, errlen, "config.dataset.fields list %zu paths together, more than %d", total,
+                 MAX_SOURCES);
+        return BW_INVALID_ARGUMENT;
+    }
     for (size_t k = 0; k < d->n_fields; k++) {
         const Batchwire__V1__DatasetField *f = d->fields[k];
         char what[128];

@@ -167,7 +167,14 @@ static char *make_key(const Batchwire__V1__Dataset *spec, size_t *len)
 static int open_spec(const char *root, const Batchwire__V1__Dataset *spec, bw__dataset **d,
                      char *err, size_t errlen)
 {
-    if (strcmp(spec->format, "fields") != 0 || spec->n_sources) {
+    bool fields = strcmp(spec->format, "fields") == 0;
+    if (fields && spec->n_sources) {
+        snprintf(err, errlen,
+                 "a dataset of format fields lists no sources of its own (each "
+                 "field lists its files)");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (!fields) {
         if (spec->n_fields) {
             snprintf(err, errlen, "the dataset lists fields but its format is '%.32s', not fields",
                      spec->format);
@@ -182,11 +189,13 @@ static int open_spec(const char *root, const Batchwire__V1__Dataset *spec, bw__d
         return BW_INVALID_ARGUMENT;
     }
     bw__field_spec f[BW_FMT_MAX_FIELDS];
+    size_t total = 0; /* every field's sources together, bounded as one list's */
     for (size_t i = 0; i < spec->n_fields; i++) {
         const Batchwire__V1__DatasetField *df = spec->fields[i];
-        if (df->n_sources > BW_DATASET_MAX_SOURCES) {
-            snprintf(err, errlen, "field '%.64s': %zu sources is more than the limit of %d",
-                     df->name, df->n_sources, BW_DATASET_MAX_SOURCES);
+        total += df->n_sources;
+        if (total > BW_DATASET_MAX_SOURCES) {
+            snprintf(err, errlen, "the fields list more than %d sources together",
+                     BW_DATASET_MAX_SOURCES);
             return BW_TOO_BIG;
         }
         f[i] =

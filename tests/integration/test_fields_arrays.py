@@ -332,6 +332,54 @@ def test(tmpdir):
     bt.check(r.returncode == 0 and acc >= 0.9,
              "examples/fields_train.py learns the labels: %s" % last, r.stdout + r.stderr)
 
+    # ---- the wire (docs/data-channel.md, docs/formats.md): Describe's fields, a sample's bytes
+    # as row i of x then row i of y, and requests a hostile client makes
+    import grpc
+    import bwdata as bd
+    c = bd.DataClient(tmpdir, workers[1].addr)
+    pbm = c.pb
+
+    def fields_ds(spec):
+        return pbm.Dataset(format="fields", fields=[
+            pbm.DatasetField(name=n, format=f, sources=src) for n, f, src in spec])
+
+    xy = [("x", "npy", ["x/*.npy"]), ("y", "npy", ["y/*.npy"])]
+    info = c._describe(pbm.DescribeRequest(dataset=fields_ds(xy)), timeout=20).info
+    bt.check(info.format == "fields" and info.length == N and
+             [f.name for f in info.fields] == ["x", "y"] and
+             info.fields[0].layout.dtype == "<f4" and list(info.fields[0].layout.shape) ==
+             [3, 4, 4] and info.fields[1].layout.sample_bytes == 8 and
+             info.layout.sample_bytes == 3 * 4 * 4 * 4 + 8 and
+             [s.records for s in info.fields[1].sources] == [40, 37, 26] and
+             len(info.sources) == 3,
+             "Describe: DatasetInfo.fields gives each field's name, layout and files", info)
+    idx = [5, 0, 102, 5]
+    got = c._assemble(c._read(pbm.ReadSamplesRequest(dataset=fields_ds(xy), indices=idx,
+                                                     fingerprint=info.fingerprint), timeout=20))
+    bt.check([g["data"] for g in got] == [x[i].tobytes() + y[i].tobytes() for i in idx],
+             "ReadSamples: each sample's bytes are row i of x then row i of y, one request")
+    SC = grpc.StatusCode
+    hostile = [
+        ("65 fields", fields_ds([("f%d" % k, "npy", ["y/*.npy"]) for k in range(65)]),
+         SC.INVALID_ARGUMENT, "1 to 64 fields"),
+        ("a control character in a name", fields_ds([("x\x01", "npy", ["x/*.npy"])]),
+         SC.INVALID_ARGUMENT, "control character"),
+        ("fields and sources at once", pbm.Dataset(format="fields", sources=["x/part-0.npy"],
+                                                   fields=fields_ds(xy).fields),
+         SC.INVALID_ARGUMENT, "lists no sources of its own"),
+        ("fields under another format", pbm.Dataset(format="npz", sources=["xy.npz"],
+                                                    fields=fields_ds(xy).fields),
+         SC.INVALID_ARGUMENT, "lists fields but its format is 'npz'"),
+        ("a field outside the data root", fields_ds([("x", "npy", ["../x.npy"])]),
+         SC.PERMISSION_DENIED, "field 'x'"),
+        ("no fields", pbm.Dataset(format="fields"), SC.INVALID_ARGUMENT, "1 to 64 fields"),
+    ]
+    for label, ds, code, words in hostile:
+        details, _ = bd.expect_error(
+            lambda: c._describe(pbm.DescribeRequest(dataset=ds), timeout=20), code, words)
+        bt.ok("a hostile request, %s, refused: %s" % (label, details[-120:]))
+    c.close()
+
     # ---- refusals at job creation, naming the field
     np.save(os.path.join(root, "y_short.npy"), y[:N - 1])
     os.makedirs(os.path.join(root, "y2"))
