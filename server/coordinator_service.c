@@ -25,7 +25,7 @@ static int on_register(void *user, bw_rpc_call *call, const ProtobufCMessage *re
 {
     bw_coordinator *c = user;
     const Batchwire__V1__RegisterWorkerRequest *r = (const void *)req;
-    char err[256];
+    char err[1024];
     int rc = bw__membership_register(c->members, bw__rpc_call_principal(call), r,
                                      bw__rpc_call_peer(call), err, sizeof(err));
     if (rc != BW_OK)

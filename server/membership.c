@@ -20,6 +20,9 @@ typedef struct worker {
     char data_address[ADDR_MAX]; /* empty: no bulk data channel */
     uint64_t incarnation;
     uint64_t last_heartbeat_ms; /* monotonic */
+    /* Another process asking for this id while it is held (check_takeover): its incarnation
+     * and when it first asked (monotonic). */
+    uint64_t contender, contender_ms;
     uint64_t registered_unix_ms;
     uint32_t restarts;
     bool alive;
@@ -100,6 +103,52 @@ static int check_worker_owner(const worker *w, const bw_principal *who, char *er
     return BW_PERMISSION_DENIED;
 }
 
+static uint64_t dead_ms(const bw_membership *m)
+{
+    return (uint64_t)m->heartbeat_ms * m->dead_after;
+}
+
+/* Under m->mu: whether registration `req` may take id w->id from the process that holds it
+ * (another incarnation; docs/operating.md, "Worker ids"). The id is free once its holder is
+ * dead; a process registering at the holder's own address is that worker restarted in place
+ * (one process per address: core/rpc/server.c binds without SO_REUSEPORT), and --takeover
+ * replaces a live holder. Otherwise the newcomer is told to wait (BW_UNAVAILABLE; it retries)
+ * until the holder either heartbeats after the newcomer first asked -- it is alive: refused
+ * with BW_ALREADY_EXISTS, and the newcomer stops -- or is declared dead, when the id is free.
+ * So a crashed worker restarted at another address gets its id back without --takeover, and a
+ * second live worker never evicts the first. */
+static int check_takeover(const bw_membership *m, worker *w,
+                          const Batchwire__V1__RegisterWorkerRequest *req, char *err, size_t errlen)
+{
+    uint64_t now = bw__mono_ms(), since = now - w->last_heartbeat_ms;
+    bool live = w->alive && since <= dead_ms(m);
+    if (!live || req->takeover || strcmp(w->address, req->address) == 0)
+        return BW_OK;
+    if (w->contender != req->incarnation) {
+        w->contender = req->incarnation;
+        w->contender_ms = now;
+        BW_INFO("worker=%s address=%s asks for the id held by the worker at %s (last heartbeat "
+                "%llu ms ago): refused if that one heartbeats again, given the id if it is "
+                "declared dead",
+                w->id, req->address, w->address, (unsigned long long)since);
+    }
+    if (w->last_heartbeat_ms > w->contender_ms) {
+        snprintf(err, errlen,
+                 "worker id '%s' is held by a live worker at %s (it heartbeated %llu ms ago, "
+                 "after this worker at %s asked for the id): give this worker another --id "
+                 "(without --id each worker gets HOST:PORT, unique per host and port), stop the "
+                 "worker at %s first, or pass --takeover to replace it",
+                 w->id, w->address, (unsigned long long)since, req->address, w->address);
+        return BW_ALREADY_EXISTS;
+    }
+    snprintf(err, errlen,
+             "worker id '%s' is held by the worker at %s (last heartbeat %llu ms ago): waiting "
+             "for its next heartbeat -- if it is alive this worker is refused, if it is declared "
+             "dead (%llu ms without one) this worker takes the id",
+             w->id, w->address, (unsigned long long)since, (unsigned long long)dead_ms(m));
+    return BW_UNAVAILABLE;
+}
+
 int bw__membership_register(bw_membership *m, const bw_principal *who,
                             const Batchwire__V1__RegisterWorkerRequest *req, const char *peer,
                             char *err, size_t errlen)
@@ -130,10 +179,19 @@ int bw__membership_register(bw_membership *m, const bw_principal *who,
     pthread_mutex_lock(&m->mu);
     worker *w = find(m, req->id);
     bool is_new = w == NULL;
-    if (w && (rc = check_worker_owner(w, who, err, errlen)) != BW_OK) {
+    bool was_alive = w && w->alive && bw__mono_ms() - w->last_heartbeat_ms <= dead_ms(m);
+    bool restarted = w && w->incarnation != req->incarnation;
+    char held_at[ADDR_MAX] = "";
+    if (w && ((rc = check_worker_owner(w, who, err, errlen)) != BW_OK ||
+              (restarted && (rc = check_takeover(m, w, req, err, errlen)) != BW_OK))) {
         pthread_mutex_unlock(&m->mu);
+        if (rc != BW_UNAVAILABLE)
+            BW_WARN("worker=%s address=%s peer=%s registration refused err=%s", req->id,
+                    req->address, peer, err);
         return rc; /* the live worker keeps its id and keeps serving */
     }
+    if (restarted && was_alive)
+        snprintf(held_at, sizeof(held_at), "%s", w->address);
     if (is_new) {
         if (m->n == m->cap) {
             size_t cap = m->cap ? m->cap * 2 : 16;
@@ -153,14 +211,13 @@ int bw__membership_register(bw_membership *m, const bw_principal *who,
         snprintf(w->owner, sizeof(w->owner), "%s", who->name);
         w->registered_unix_ms = bw__unix_ms();
     }
-    bool was_alive = w->alive;
-    bool restarted = !is_new && w->incarnation != req->incarnation;
     if (is_new || restarted || !was_alive || strcmp(w->address, req->address) != 0 ||
         strcmp(w->data_address, daddr) != 0)
         m->version++;
     if (restarted)
         w->restarts++;
     w->incarnation = req->incarnation;
+    w->contender = w->contender_ms = 0;
     snprintf(w->address, sizeof(w->address), "%s", req->address);
     snprintf(w->data_address, sizeof(w->data_address), "%s", daddr);
     w->last_heartbeat_ms = bw__mono_ms();
@@ -178,10 +235,15 @@ int bw__membership_register(bw_membership *m, const bw_principal *who,
 
     if (is_new)
         BW_INFO("worker=%s address=%s peer=%s registered", req->id, req->address, peer);
+    else if (restarted && was_alive && strcmp(held_at, req->address) != 0)
+        BW_WARN("worker=%s address=%s peer=%s took the id over from the live worker at %s "
+                "(--takeover); that one stops at its next heartbeat",
+                req->id, req->address, peer, held_at);
     else if (restarted)
         BW_INFO("worker=%s address=%s peer=%s registered again (new process%s)", req->id,
                 req->address, peer,
-                was_alive ? "; the previous one had not been marked dead yet" : "; alive again");
+                was_alive ? " at the same address; the previous one had not been marked dead yet"
+                          : "; alive again");
     else if (!was_alive)
         BW_INFO("worker=%s address=%s re-registered; alive again", req->id, req->address);
     return BW_OK;
@@ -198,7 +260,8 @@ int bw__membership_heartbeat(bw_membership *m, const bw_principal *who, const ch
         ;
     } else if (w && w->incarnation != incarnation) {
         snprintf(err, errlen,
-                 "worker id '%s' is now held by another process at %s; two workers must not "
+                 "worker id '%s' is now held by another process at %s (it registered with "
+                 "--takeover, or after this worker was declared dead); two workers must not "
                  "share an id",
                  id, w->address);
         rc = BW_ALREADY_EXISTS;
@@ -226,11 +289,6 @@ void bw__membership_served(bw_membership *m, const char *id, uint64_t incarnatio
     if (w && w->incarnation == incarnation)
         bw__rate_report(&w->served, bw__mono_ms(), totals);
     pthread_mutex_unlock(&m->mu);
-}
-
-static uint64_t dead_ms(const bw_membership *m)
-{
-    return (uint64_t)m->heartbeat_ms * m->dead_after;
 }
 
 /* Marks workers past the heartbeat deadline dead (a new placement version); m->mu held. Run

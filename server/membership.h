@@ -21,10 +21,14 @@ void bw__membership_free(bw_membership *m);
 uint32_t bw__membership_heartbeat_ms(const bw_membership *m);
 uint32_t bw__membership_dead_after(const bw_membership *m);
 
-/* Adds or updates a worker; a new incarnation of a known id replaces the old process. An id
- * is bound to the principal `who` that registered it first: another principal (not admin) is
- * refused with BW_PERMISSION_DENIED, here and in heartbeats, and the worker keeps serving.
- * BW_INVALID_ARGUMENT or BW_NOMEM with a sentence in err; then nothing changed. */
+/* Adds or updates a worker. A new incarnation of a known id replaces the old process when
+ * that one is dead, registers at the same address (restarted in place) or req->takeover is
+ * set; a live holder elsewhere keeps its id: BW_ALREADY_EXISTS while it heartbeats,
+ * BW_UNAVAILABLE (retry) once it has gone quiet but is not yet dead. An id is bound to the
+ * principal `who` that registered it first: another principal (not admin) is refused with
+ * BW_PERMISSION_DENIED, here and in heartbeats, and the worker keeps serving. Also
+ * BW_INVALID_ARGUMENT or BW_NOMEM; every error comes with a sentence in err, and then nothing
+ * changed. */
 int bw__membership_register(bw_membership *m, const bw_principal *who,
                             const Batchwire__V1__RegisterWorkerRequest *req, const char *peer,
                             char *err, size_t errlen);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/text.h"
 #include "common/util.h"
 #include <openssl/ssl.h>
 
@@ -21,7 +22,11 @@ static const bw_opt options[] = {
     {"data-root", BW_OPT_PATH, offsetof(bw_worker_config, data_root), NULL, 0, 0, NULL,
      BW_OPT_REQUIRED, "DIR", "datasets are read below this directory only"},
     {"id", BW_OPT_STRING, offsetof(bw_worker_config, id), NULL, 0, 0, NULL, 0, "NAME",
-     "stable worker id (default: the host name, e.g. the StatefulSet pod name)"},
+     "worker id, unique in the cluster (default: HOST:PORT, the host name and the bound "
+     "--listen port: one per process on a host, the same after a restart at a fixed port)"},
+    {"takeover", BW_OPT_BOOL, offsetof(bw_worker_config, takeover), "false", 0, 0, NULL, 0, NULL,
+     "take the id over from a live worker at another address that holds it (that worker "
+     "stops); without it such a start is refused"},
     {"advertise", BW_OPT_ADDR, offsetof(bw_worker_config, advertise), NULL, 0, 0, NULL, 0,
      "HOST:PORT", "address clients use to reach this worker (default: the bound address)"},
     {"data-listen", BW_OPT_STRING, offsetof(bw_worker_config, data_listen), NULL, 0, 0, NULL, 0,
@@ -83,6 +88,24 @@ static int resolve_data_root(bw_worker *w, char *err, size_t errlen)
     }
     snprintf(w->data_root, sizeof(w->data_root), "%s", real);
     return BW_OK;
+}
+
+/* The default worker id (docs/operating.md, "Worker ids"): HOST:PORT, the host name and the
+ * bound port (or HOST:unix:PATH), so that two workers on one host differ and a worker
+ * restarted at its port keeps its id. Called by the RPC server once the port is bound, before
+ * any call can read w->id. Bytes a name may not hold (spaces, controls) become '_'. */
+static void default_id(void *user, const char *bound)
+{
+    bw_worker *w = user;
+    if (w->cfg->id)
+        return;
+    char host[128];
+    bw__hostname(host, sizeof(host));
+    const char *colon = strncmp(bound, "unix:", 5) == 0 ? NULL : strrchr(bound, ':');
+    snprintf(w->id, sizeof(w->id), "%s:%s", host, colon ? colon + 1 : bound);
+    for (char *p = w->id; *p; p++)
+        if ((unsigned char)*p <= ' ' || *p == 0x7f)
+            *p = '_';
 }
 
 /* Clients need a routable address: replace a wildcard host by the host name. */
@@ -153,6 +176,11 @@ int main(int argc, char **argv)
     int status =
         bw__config_main("batchwire-worker", "--coordinator HOST:PORT --data-root DIR [options]",
                         "Serves dataset shards to batchwire clients.", options, &cfg, argc, argv);
+    char err[512];
+    if (status < 0 && cfg.id && bw__check_name("--id", cfg.id, BW_NAME_MAX, err, sizeof(err))) {
+        fprintf(stderr, "batchwire-worker: %s\n", err); /* the coordinator's rule for ids */
+        status = 2;
+    }
     if (status >= 0) {
         bw__config_free(options, &cfg);
         return status;
@@ -166,10 +194,7 @@ int main(int argc, char **argv)
     w.incarnation = bw__random_u64();
     if (cfg.id)
         snprintf(w.id, sizeof(w.id), "%s", cfg.id);
-    else
-        bw__hostname(w.id, sizeof(w.id));
 
-    char err[512];
     bw_rpc_server *srv = NULL;
     bw_metrics *metrics = NULL;
     bw_metrics_http *metrics_http = NULL;
@@ -205,6 +230,7 @@ int main(int argc, char **argv)
         so.auth = w.auth;
         so.raw_methods = bw__data_raw_methods;
         so.nraw_methods = bw__data_nraw_methods;
+        so.on_bound = default_id;
         rc = bw__rpc_server_start(&so, bw__worker_handlers, bw__worker_nhandlers, &w, &srv, w.bound,
                                   sizeof(w.bound), err, sizeof(err));
     }

@@ -21,7 +21,8 @@ static bool nap(bw_worker *w, uint64_t ms)
     return stopping;
 }
 
-static int do_register(bw_worker *w, uint32_t *interval_ms, char *err, size_t errlen)
+/* takeover: replace a live worker that holds our id elsewhere (server/membership.c). */
+static int do_register(bw_worker *w, bool takeover, uint32_t *interval_ms, char *err, size_t errlen)
 {
     size_t nformats;
     const char *const *formats = bw__format_names(&nformats);
@@ -38,6 +39,7 @@ static int do_register(bw_worker *w, uint32_t *interval_ms, char *err, size_t er
     req.data_address = w->data_advertise;
     req.capabilities = &caps;
     req.incarnation = w->incarnation;
+    req.takeover = takeover;
     bw_arena arena;
     bw__arena_init(&arena, 1 << 20);
     ProtobufCMessage *resp = NULL;
@@ -117,17 +119,19 @@ static int do_heartbeat(bw_worker *w, bool *known, uint32_t *interval_ms, char *
 static void *membership_thread(void *arg)
 {
     bw_worker *w = arg;
-    bool registered = false;
+    bool registered = false, ever_registered = false;
     uint32_t interval = 1000;
     uint64_t backoff = 100;
-    char err[512], last_err[512] = "";
+    char err[1024], last_err[1024] = "";
     uint64_t last_err_ms = 0;
     do {
         int rc;
         if (!registered) {
-            rc = do_register(w, &interval, err, sizeof(err));
+            /* --takeover is for this process's start; registering again after the
+             * coordinator forgot us never evicts a worker that registered meanwhile. */
+            rc = do_register(w, w->cfg->takeover && !ever_registered, &interval, err, sizeof(err));
             if (rc == BW_OK) {
-                registered = true;
+                registered = ever_registered = true;
                 backoff = 100;
                 last_err[0] = '\0';
                 BW_INFO("worker=%s registered with coordinator %s as %s (heartbeat every %u ms)",
@@ -146,8 +150,11 @@ static void *membership_thread(void *arg)
             if (rc == BW_OK)
                 last_err[0] = '\0';
         }
-        if (rc == BW_ALREADY_EXISTS) {
-            BW_ERROR("worker=%s stopping err=%s", w->id, err);
+        if (rc == BW_ALREADY_EXISTS) { /* refused, or our id was taken over: never fight */
+            if (ever_registered)
+                BW_ERROR("worker=%s stopping err=%s", w->id, err);
+            else
+                BW_ERROR("worker=%s cannot start err=%s", w->id, err);
             atomic_store(&w->fatal, 1);
             break;
         }

@@ -30,6 +30,7 @@ typedef struct bw_worker_config {
     int64_t max_request_bytes;
     int64_t inflight_bytes;
     int64_t read_threads;
+    bool takeover; /* --takeover: replace a live worker holding the id */
 } bw_worker_config;
 
 /* How long a request waits for room in the in-flight budget before BW_BUSY. */
@@ -54,7 +55,7 @@ struct bw_worker {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stopping;
-    atomic_int fatal; /* set when the worker must exit (id taken over) */
+    atomic_int fatal; /* set when the worker must exit (id refused or taken over) */
 
     /* data plane */
     bw__ds_cache *datasets;

@@ -792,7 +792,7 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
     for (size_t h = 0; h < n; h++)
         srv->raw[h] = is_raw(opts, handlers[h].method);
 
-    grpc_arg args[6];
+    grpc_arg args[7];
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[0].value.integer = opts->max_receive_bytes > 0 ? opts->max_receive_bytes : 4 << 20;
@@ -814,7 +814,13 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
     args[5].type = GRPC_ARG_INTEGER;
     args[5].key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS;
     args[5].value.integer = BW_RPC_KEEPALIVE_TIMEOUT_MS;
-    grpc_channel_args cargs = {6, args};
+    /* gRPC sets SO_REUSEPORT by default: two daemons could then listen on one port and split
+     * its connections. One process per address (a worker restarted at its address is the same
+     * worker: server/membership.c relies on it). */
+    args[6].type = GRPC_ARG_INTEGER;
+    args[6].key = GRPC_ARG_ALLOW_REUSEPORT;
+    args[6].value.integer = 0;
+    grpc_channel_args cargs = {7, args};
     srv->server = grpc_server_create(&cargs, NULL);
     for (int i = 0; i < srv->nqueues; i++) {
         srv->queues[i].cq = grpc_completion_queue_create_for_next(NULL);
@@ -843,6 +849,8 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
     }
     if (rc == BW_OK) {
         bound_address(opts->listen, port, bound, boundlen);
+        if (opts->on_bound)
+            opts->on_bound(user, bound);
         grpc_server_start(srv->server);
     }
     /* Every request goes out, or, when the server could not start, is freed. */

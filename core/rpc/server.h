@@ -59,10 +59,16 @@ typedef struct bw_rpc_server_opts {
      * answers UNAUTHENTICATED or PERMISSION_DENIED naming the method and is logged with the
      * peer's address. */
     bw_auth *auth;
+    /* Called once with the bound address (port 0 resolved) after the port is bound and before
+     * the first call can run, so that what depends on the port (a worker's default id) is set
+     * before any handler reads it; may be NULL. */
+    void (*on_bound)(void *user, const char *bound);
 } bw_rpc_server_opts;
 
 /*
  * Binds, registers `handlers` (n of them; `user` is passed to each) and starts the threads.
+ * The port is bound without SO_REUSEPORT: a second process on the same HOST:PORT fails to
+ * start ("address in use") instead of silently sharing the port's connections.
  * On success *out is the running server and `bound` holds the bound address
  * ("127.0.0.1:40123"). On failure returns an error with a sentence in err; nothing is left
  * running. Calls grpc_init itself (balanced by bw__rpc_server_stop).

@@ -228,8 +228,20 @@ def scenario(tmp, mode, pki):
     bt.ok("coordinator logged 'worker=beta ... registered again (new process; alive again)'")
 
     if mode == "plaintext":
-        # A second process taking over a live id: the old one must exit 1 and say why.
-        alpha2 = bt.worker(tmp, caddr, "alpha", args=wargs)
+        # A second process asking for a live id is refused (exit 1) and alpha keeps it
+        # (docs/operating.md, "Worker ids").
+        dup = bt.worker(tmp, caddr, "alpha", args=wargs)
+        rc = dup.wait(30)
+        bt.check(rc == 1 and re.search(r"worker=alpha cannot start err=.*worker id 'alpha' is "
+                                       r"held by a live worker at %s" % re.escape(alpha.addr),
+                                       dup.log_text()),
+                 "a second alpha without --takeover is refused (exit %s)" % rc, dup.log_text())
+        ws = bt.workers_by_id(bt.status_json(caddr, cli_tls))
+        bt.check(alpha.running() and ws["alpha"]["address"] == alpha.addr and
+                 ws["alpha"]["state"] == "alive" and ws["alpha"]["restarts"] == 0,
+                 "the first alpha keeps its id", ws)
+        # With --takeover the old one must exit 1 and say why.
+        alpha2 = bt.worker(tmp, caddr, "alpha", args=wargs + ["--takeover"])
         stoppable.append(alpha2)
         rc = alpha.wait(10)
         bt.check(rc == 1, "the first alpha exits 1 after a second process took over its id "
