@@ -11,7 +11,7 @@
 #include "jobs.h"
 #include "jobs/plan.h"
 
-enum { BW_JOB_NAME_MAX = BW_NAME_MAX, BW_HOST_MAX = 256 };
+enum { BW_HOST_MAX = 256 }; /* job names: BW_JOB_NAME_MAX (common/text.h) */
 
 /* A lease id: 128 random bits (docs/security.md, "Leases"); all zero is no lease. */
 typedef struct bw_lease {

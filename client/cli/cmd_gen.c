@@ -50,14 +50,17 @@ static const bw_opt options[] = {
     {"num-samples", BW_OPT_INT, offsetof(gen_cfg, num_samples), "1000", 0, 1ll << 40, NULL,
      BW_OPT_NO_ENV, "N", "number of samples"},
     {"sample-bytes", BW_OPT_INT, offsetof(gen_cfg, sample_bytes), "256", 0, 1ll << 32, NULL,
-     BW_OPT_NO_ENV, "BYTES", "bytes of payload per sample (npy: use --shape and --dtype)"},
+     BW_OPT_NO_ENV, "BYTES",
+     "bytes of payload per sample (npy: without --shape, a multiple of the --dtype's item size; "
+     "with --shape, unused)"},
     {"sample-bytes-max", BW_OPT_INT, offsetof(gen_cfg, sample_bytes_max), "0", 0, 1ll << 32, NULL,
      BW_OPT_NO_ENV, "BYTES",
      "if larger than --sample-bytes, sample sizes vary in [sample-bytes, this] (not npy)"},
     {"files", BW_OPT_INT, offsetof(gen_cfg, files), "1", 1, 100000, NULL, BW_OPT_NO_ENV, "F",
      "number of files to split the samples over (not files: one file per sample)"},
     {"shape", BW_OPT_STRING, offsetof(gen_cfg, shape), NULL, 0, 0, NULL, BW_OPT_NO_ENV, "D1,D2,..",
-     "npy: shape of one sample (default: sample-bytes elements)"},
+     "npy: shape of one sample (default: one dimension of sample-bytes / item size elements: "
+     "(256,) for the default 256 bytes of uint8, (64,) for float32)"},
     {"progress-ms", BW_OPT_INT, offsetof(gen_cfg, progress_ms), "5000", 0, 3600000, NULL,
      BW_OPT_NO_ENV, "MS",
      "log progress (samples written, share, rate, time left) this often on stderr; on a "
@@ -575,6 +578,14 @@ static int run_gen(int argc, char **argv)
         }
         if (cfg.shape && parse_shape(cfg.shape, shape, &ndim) != 0) {
             fprintf(stderr, "batchwire gen: --shape '%s': expected D1,D2,...\n", cfg.shape);
+            bw__config_free(options, &cfg);
+            return 2;
+        }
+        if (!cfg.shape && g.lo % item != 0) {
+            fprintf(stderr,
+                    "batchwire gen: --sample-bytes %llu is not a multiple of the item size of "
+                    "--dtype %s (%llu bytes): give a multiple, or --shape\n",
+                    (unsigned long long)g.lo, cfg.dtype, (unsigned long long)item);
             bw__config_free(options, &cfg);
             return 2;
         }

@@ -10,11 +10,12 @@
 #include <unistd.h>
 
 #include "common/json.h"
+#include "common/text.h"
 #include "commands.h"
 #include "status_jobs.h"
 
 typedef struct status_cfg {
-    char *coordinator;
+    char *coordinator, *job;
     bool json;
     int64_t timeout_ms, watch;
     bw_cli_tls tls;
@@ -25,6 +26,9 @@ enum { WATCH_DEFAULT_S = 2 };
 static const bw_opt options[] = {
     {"coordinator", BW_OPT_ADDR, offsetof(status_cfg, coordinator), NULL, 0, 0, NULL,
      BW_OPT_REQUIRED, "HOST:PORT", "the coordinator to ask"},
+    {"job", BW_OPT_STRING, offsetof(status_cfg, job), NULL, 0, 0, NULL, BW_OPT_NO_ENV, "NAME",
+     "show only this job and its ranks (no workers); --json then prints the job's object, as "
+     "in the full status's \"jobs\" list; an unknown job is an error (exit 1)"},
     {"json", BW_OPT_BOOL, offsetof(status_cfg, json), "false", 0, 0, NULL, 0, NULL,
      "print one JSON object instead of a table (with --watch: one per line, per refresh)"},
     {"watch", BW_OPT_INT, offsetof(status_cfg, watch), "0", 0, 86400, NULL, BW_OPT_NO_ENV,
@@ -224,8 +228,25 @@ static int show(const status_cfg *cfg, bw_rpc_channel *ch, char *err, size_t err
     Batchwire__V1__ListWorkersRequest lreq = BATCHWIRE__V1__LIST_WORKERS_REQUEST__INIT;
     bw_status_jobs jobs;
     memset(&jobs, 0, sizeof(jobs));
-    int rc = bw__rpc_call(ch, BW_METHOD(BW_M_COORDINATOR_INFO), &ireq.base, &arena, &info,
-                          (int)cfg->timeout_ms, err, errlen);
+    int rc;
+    if (cfg->job) { /* one job: nothing else is asked for */
+        rc = bw__status_job_fetch(ch, &arena, (int)cfg->timeout_ms, cfg->job, cfg->coordinator,
+                                  &jobs, err, errlen);
+        if (rc == BW_OK && cfg->json) {
+            bw__status_job_json(jobs.jobs[0]);
+            putchar('\n');
+        } else if (rc == BW_OK) {
+            if (cfg->watch && isatty(STDOUT_FILENO))
+                printf("\033[H\033[2J");
+            printf("coordinator %s\n\n", cfg->coordinator);
+            bw__status_job_table(jobs.jobs[0]);
+        }
+        fflush(stdout);
+        bw__arena_reset(&arena);
+        return rc;
+    }
+    rc = bw__rpc_call(ch, BW_METHOD(BW_M_COORDINATOR_INFO), &ireq.base, &arena, &info,
+                      (int)cfg->timeout_ms, err, errlen);
     if (rc == BW_OK)
         rc = bw__rpc_call(ch, BW_METHOD(BW_M_LIST_WORKERS), &lreq.base, &arena, &lw,
                           (int)cfg->timeout_ms, err, errlen);
@@ -277,20 +298,27 @@ int bw__cmd_status(int argc, char **argv)
         return 1;
     }
     int status = bw__config_main(
-        "batchwire status", "--coordinator HOST:PORT [--json] [--watch [SECONDS]] [options]",
+        "batchwire status",
+        "--coordinator HOST:PORT [--job NAME] [--json] [--watch [SECONDS]] [options]",
         "Shows the workers the coordinator knows (id, address, state, seconds since the last "
         "heartbeat, samples and MiB served per second) and its jobs with every rank's lease, "
         "committed progress, position, lag behind the fastest rank and rates. Rates are the "
         "coordinator's, over the last window of at least a second between the heartbeats that "
         "carry each worker's and loader's counters. A live worker whose version or commit "
-        "differs from the coordinator's is flagged (MIXED VERSIONS).",
+        "differs from the coordinator's is flagged (MIXED VERSIONS). --job NAME shows that job "
+        "alone.",
         options, &cfg, argc, args);
     free(args);
+    char err[1024];
+    if (status < 0 && cfg.job &&
+        bw__check_name("--job", cfg.job, BW_JOB_NAME_MAX, err, sizeof(err)) != BW_OK) {
+        fprintf(stderr, "batchwire status: %s\n", err);
+        status = 2;
+    }
     if (status >= 0) {
         bw__config_free(options, &cfg);
         return status;
     }
-    char err[1024];
     bw_rpc_channel_opts co;
     bw_rpc_channel *ch = NULL;
     int rc = bw__cli_channel_opts(&cfg.tls, cfg.coordinator, &co, err, sizeof(err));

@@ -12,11 +12,14 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
-    {"status", bw__cmd_status, "show the coordinator's workers (table or --json)"},
-    {"health", bw__cmd_health, "ask any batchwire daemon whether it is serving"},
+    {"status", bw__cmd_status,
+     "show the cluster: workers, jobs and every rank's progress (--job NAME: one job; "
+     "--json; --watch)"},
+    {"health", bw__cmd_health,
+     "ask the coordinator (--coordinator) or any daemon (--addr) whether it is serving"},
     {"fetch", bw__cmd_fetch, "pull one rank's batches from a running cluster (JSON lines)"},
     {"plan", bw__cmd_plan, "print the batches each rank gets, offline (JSON lines)"},
-    {"gen", bw__cmd_gen, "write a synthetic dataset (npy, tfrecord, jsonl, tar, files)"},
+    {"gen", bw__cmd_gen, "write a synthetic dataset (npy, npz, tfrecord, jsonl, tar, files)"},
     {"job", bw__cmd_job, "manage jobs on the coordinator: job delete --job NAME"},
 };
 

@@ -51,6 +51,21 @@ static int resolve_rank(const bw_loader_options *o, int64_t *rank, int64_t *worl
     *rank = o->rank;
     *world = o->world_size;
     const char *rank_src = "the options", *world_src = "the options";
+    if (*rank < -1) {
+        snprintf(err, errlen,
+                 "rank %" PRId64 " is not a rank: give 0 to world size - 1, or -1 (None in "
+                 "Python, no --rank) to take it from RANK (torchrun) or SLURM_PROCID (srun)",
+                 *rank);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (*world < -1 || *world == 0) {
+        snprintf(err, errlen,
+                 "world size %" PRId64 " is not a world size: give the number of ranks, at least "
+                 "1, or -1 (None in Python, no --world-size) to take it from WORLD_SIZE "
+                 "(torchrun) or SLURM_NTASKS (srun)",
+                 *world);
+        return BW_INVALID_ARGUMENT;
+    }
     if (*rank < 0) {
         int r = env_u32("RANK", rank, err, errlen);
         rank_src = "RANK";
@@ -62,8 +77,8 @@ static int resolve_rank(const bw_loader_options *o, int64_t *rank, int64_t *worl
             return BW_INVALID_ARGUMENT;
         if (r == 1) {
             snprintf(err, errlen,
-                     "rank not given: set it in the options, or RANK (torchrun) or "
-                     "SLURM_PROCID (srun)");
+                     "rank not given (-1: from the environment) and neither RANK (torchrun) nor "
+                     "SLURM_PROCID (srun) is set: give this process's rank, 0 to world size - 1");
             return BW_INVALID_ARGUMENT;
         }
     }
@@ -78,15 +93,21 @@ static int resolve_rank(const bw_loader_options *o, int64_t *rank, int64_t *worl
             return BW_INVALID_ARGUMENT;
         if (r == 1) {
             snprintf(err, errlen,
-                     "world size not given: set it in the options, or WORLD_SIZE "
-                     "(torchrun) or SLURM_NTASKS (srun)");
+                     "world size not given (-1: from the environment) and neither WORLD_SIZE "
+                     "(torchrun) nor SLURM_NTASKS (srun) is set: give the number of ranks, at "
+                     "least 1");
             return BW_INVALID_ARGUMENT;
         }
     }
-    if (*world < 1 || *rank >= *world) {
+    if (*world < 1) {
+        snprintf(err, errlen, "world size 0 (from %s): a job has at least 1 rank", world_src);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (*rank >= *world) {
         snprintf(err, errlen,
-                 "rank %" PRId64 " (from %s) is not below world size %" PRId64 " (from %s)", *rank,
-                 rank_src, *world, world_src);
+                 "rank %" PRId64 " (from %s) is not below world size %" PRId64
+                 " (from %s): ranks are 0 to %" PRId64,
+                 *rank, rank_src, *world, world_src, *world - 1);
         return BW_INVALID_ARGUMENT;
     }
     return BW_OK;
@@ -217,11 +238,10 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
         snprintf(err, errlen, "coordinator: no address given (HOST:PORT)");
         return BW_INVALID_ARGUMENT;
     }
-    if (!o->job || !*o->job || strlen(o->job) > 200) {
-        snprintf(err, errlen, "job: a name of 1 to 200 characters is required");
-        return BW_INVALID_ARGUMENT;
-    }
-    int rc = resolve_rank(o, rank, world, err, errlen);
+    /* The coordinator's rule for job names, checked before any call. */
+    int rc = bw__check_name("job name", o->job, BW_JOB_NAME_MAX, err, errlen);
+    if (rc == BW_OK)
+        rc = resolve_rank(o, rank, world, err, errlen);
     if (rc != BW_OK)
         return rc;
     int mode = bw__sampler_mode_parse(o->mode ? o->mode : "torch");

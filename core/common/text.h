@@ -24,7 +24,10 @@ int bw__check_name(const char *what, const char *v, size_t max, char *err, size_
  * lines). */
 int bw__check_field_name(const char *v, char *err, size_t errlen);
 
-enum { BW_NAME_MAX = 255 };      /* job names, worker ids, dataset paths (bytes) */
+/* The longest name, in bytes: worker ids, principal names, dataset paths -- and job names,
+ * one limit for the coordinator, libbatchwire (and so the Python binding's messages) and the
+ * CLI (docs/security.md, "Input limits"). */
+enum { BW_NAME_MAX = 255, BW_JOB_NAME_MAX = BW_NAME_MAX };
 enum { BW_FIELD_NAME_MAX = 64 }; /* a dataset's field names (bytes) */
 
 #endif

@@ -77,7 +77,9 @@ def check_help():
          ["--coordinator", "--json", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name",
           "--timeout-ms", "BATCHWIRE_COORDINATOR"]),
         ([CLI, "health", "--help"], "Usage: batchwire health",
-         ["--addr", "--service", "--tls-ca", "--timeout-ms"]),
+         ["--coordinator", "--addr", "--service", "--tls-ca", "--timeout-ms"]),
+        ([CLI, "status", "--help"], "Usage: batchwire status", ["--job NAME"]),
+        ([WORKER, "--help"], "Usage: batchwire-worker", ["--takeover", "HOST:PORT"]),
         # -h, and --help wins over other (even bad) arguments and environment values.
         ([COORD, "-h"], "Usage: batchwire-coordinator", ["--state-dir"]),
         ([COORD, "--heartbeat-ms", "abc", "--help"], "Usage: batchwire-coordinator",
@@ -142,6 +144,7 @@ def check_bad_values(tmp):
         ("status", "--json=", "maybe", "expected true or false"),
         ("status", "--coordinator", "nope", "HOST:PORT"),
         ("health", "--addr", "1.2.3.4:99999", "99999"),
+        ("health", "--coordinator", "nope", "HOST:PORT"),
         ("health", "--timeout-ms", "-3", "expected an integer from 1 to 3600000"),
     ]
     for prog, flag, value, why in flag_cases:
@@ -200,7 +203,8 @@ def check_bad_values(tmp):
                 ["batchwire-worker: --data-root is required", "BATCHWIRE_DATA_ROOT"])
     expect_exit(base("status", without="--coordinator"), 2,
                 ["batchwire status: --coordinator is required"])
-    expect_exit(base("health", without="--addr"), 2, ["batchwire health: --addr is required"])
+    expect_exit(base("health", without="--addr"), 2,
+                ["batchwire health: --coordinator is required", "--addr HOST:PORT"])
     expect_exit([CLI], 2, ["Usage: batchwire"])
     expect_exit([CLI, "nosuch"], 2, ["batchwire: unknown command 'nosuch'", "Usage: batchwire"])
     bt.check(not os.path.exists(sd), "no bad invocation created the --state-dir %s" % sd)
@@ -339,9 +343,41 @@ def check_tls_files(tmp):
                      "  ... logged as 'ERROR ... cannot start err=...'", r.stderr)
 
 
+def check_names_and_ranks(tmp):
+    bt.log("--- names, ranks and world sizes: say what is wrong and what is allowed ---")
+    fetch = [CLI, "fetch", "--coordinator", "127.0.0.1:1", "--dataset", "npy:x.npy",
+             "--retry-ms", "0"]
+    expect_exit(fetch + ["--job", "j", "--rank", "0", "--world-size", "0"], 1,
+                ["world size 0 is not a world size", "at least 1", "WORLD_SIZE"])
+    expect_exit(fetch + ["--job", "j", "--rank", "-1", "--world-size", "2"], 1,
+                ["rank not given", "neither RANK (torchrun) nor SLURM_PROCID (srun) is set",
+                 "0 to world size - 1"])
+    expect_exit(fetch + ["--job", "j", "--rank", "2", "--world-size", "2"], 1,
+                ["rank 2 (from the options) is not below world size 2", "ranks are 0 to 1"])
+    expect_exit(fetch + ["--job", "j", "--world-size", "2"], 1,
+                ["rank 5 (from RANK) is not below world size 2"], env={"RANK": "5"})
+    expect_exit(fetch + ["--job", "j", "--rank", "0"], 1,
+                ["world size 0 (from WORLD_SIZE): a job has at least 1 rank"],
+                env={"WORLD_SIZE": "0"})
+    # One job-name limit everywhere (core/common/text.h): 255 bytes.
+    expect_exit(fetch + ["--job", "j" * 256, "--rank", "0", "--world-size", "1"], 1,
+                ["job name must be 1 to 255 bytes (got 256)"])
+    expect_exit([CLI, "status", "--coordinator", "127.0.0.1:1", "--job", "a b"], 2,
+                ["batchwire status: --job 'a b': character 2 is a space"])
+    expect_exit([CLI, "status", "--coordinator", "127.0.0.1:1", "--job", "j" * 256], 2,
+                ["--job must be 1 to 255 bytes (got 256)"])
+    expect_exit([WORKER, "--coordinator", "127.0.0.1:1", "--data-root", tmp, "--id", "w 1"], 2,
+                ["batchwire-worker: --id 'w 1': character 2 is a space"])
+    expect_exit([CLI, "gen", "--format", "npy", "--out", os.path.join(tmp, "g"), "--dtype",
+                 "float32", "--sample-bytes", "10"], 2,
+                ["--sample-bytes 10 is not a multiple of the item size of --dtype float32 "
+                 "(4 bytes)"])
+
+
 def test(tmp):
     t = time.monotonic()
     check_help()
+    check_names_and_ranks(tmp)
     check_bad_values(tmp)
     check_env_applied(tmp)
     check_state_dir_lock(tmp)
