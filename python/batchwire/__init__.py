@@ -3,7 +3,7 @@
     from batchwire import Loader
     with Loader(coordinator="10.0.0.5:7700", job="run1", dataset="npy:train/*.npy",
                 batch_size=32, shuffle=True, seed=0) as loader:
-        for epoch in loader.epochs(10):
+        for epoch in range(10):            # each pass is the next epoch (or set_epoch)
             for batch in loader:
                 x = batch.torch()          # [32, ...] tensor, zero-copy, never overwritten
                 ...
@@ -15,18 +15,16 @@ build/lib, or on the system loader path (see python/README.md). numpy is needed 
 torch only for Batch.torch().
 """
 
-import ctypes
-import logging
-
 from . import _lib
+from ._runtime import log_to_python
 from ._version import __version__
 from .errors import *  # noqa: F401,F403  (the exception classes)
 from .errors import Error, __all__ as _error_names
-from .loader import Batch, Loader, job_checkpoint
+from .loader import Batch, Loader, job_checkpoint, rank_steps
 from .state import job_checkpoint_from
 
 __all__ = ["Loader", "Batch", "Error", "library_path", "version", "build_info", "log_to_python",
-           "job_checkpoint", "job_checkpoint_from"] + \
+           "job_checkpoint", "job_checkpoint_from", "rank_steps"] + \
     [n for n in _error_names if n != "Error"]
 
 
@@ -44,31 +42,3 @@ def build_info() -> str:
     """What the loaded libbatchwire is: version, commit, build type, TLS and CUDA, e.g.
     "0.1.0 commit=2bfd0fe build=RelWithDebInfo tls=yes cuda=no"."""
     return _lib.lib().bw_build_info().decode()
-
-
-_log_cb = None
-_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
-
-
-def log_to_python(level=logging.INFO, logger="batchwire"):
-    """Sends libbatchwire's log lines (worker failovers, placement refreshes...) to the
-    `logging` logger named `logger`, for events at `level` or more severe; None turns them
-    off again. The library prints nothing otherwise. Call it before opening loaders."""
-    global _log_cb
-    L = _lib.lib()
-    if level is None:
-        L.bw_set_log_callback(_lib._LOG_FN(), None, 0)
-        _log_cb = None
-        return
-    log = logging.getLogger(logger)
-    max_level = max((k for k, v in _LEVELS.items() if v >= level), default=0)
-
-    def cb(_user, lvl, line):
-        try:
-            log.log(_LEVELS.get(lvl, logging.INFO), "%s", line.decode("utf-8", "replace"))
-        except Exception:
-            pass
-
-    fn = _lib._LOG_FN(cb)
-    L.bw_set_log_callback(fn, None, max_level)
-    _log_cb = fn  # keep the trampoline alive as long as the library may call it

@@ -4,9 +4,11 @@ import ctypes
 import json
 import os
 import threading
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _lib
+from . import _runtime
 from . import errors
 from . import state as _state
 
@@ -40,7 +42,7 @@ def _parse_device(device):
 
 
 class Batch:
-    """One batch of this rank, borrowed from its Loader.
+    """One batch of this rank, handed out by its Loader.
 
     Plain attributes (copies, valid forever): ``epoch``, ``step``, ``count`` (samples, padding
     included), ``real`` (samples that are not padding), ``indices`` (numpy int64 array of the
@@ -48,17 +50,19 @@ class Batch:
     ``dtype`` (numpy dtype for .npy datasets, else None), ``shape`` (tuple for .npy datasets,
     else None), ``device`` (-1: host memory; N: the loader delivered it to cuda:N).
 
-    The data (``numpy()``, ``torch()``, ``memoryview()``) is a zero-copy view of the loader's
-    buffer that stays valid as long as it is referenced: the view holds the batch's bytes
-    (bw_loader_hold), so the loader never overwrites them -- it continues with another buffer
-    when it needs the slot while a view is alive. A loader opened with ``reuse_buffers=True``
-    gives plain views instead, valid only until its next batch. ``samples()`` returns copies.
-    Asking for data the batch no longer has (the loader moved on before any view was taken)
-    raises FailedPreconditionError.
+    A batch keeps its bytes for as long as it (or a view of it) is referenced: it holds them
+    from the moment it is handed out (bw_loader_hold), so the loader never overwrites them --
+    it continues with another buffer when it needs the slot. So every batch a program keeps
+    (``list(loader)``, a list for metrics) stays valid: ``numpy()``, ``torch()`` and
+    ``memoryview()`` are zero-copy views of the held bytes, ``samples()`` and ``fields()``
+    copies from them. A loader opened with ``reuse_buffers=True`` takes no hold: its batches
+    and their views are valid only until the next batch, and asking a batch for data after
+    the loader moved on raises FailedPreconditionError.
     """
 
-    __slots__ = ("_loader", "_ptr", "_gen", "_hold", "epoch", "step", "count", "real",
-                 "indices", "padding", "nbytes", "dtype", "shape", "device", "arrays")
+    __slots__ = ("_loader", "_ptr", "_gen", "_hold", "_spans", "_fieldtab", "epoch", "step",
+                 "count", "real", "indices", "padding", "nbytes", "dtype", "shape", "device",
+                 "arrays", "__weakref__")
 
     def __init__(self, loader, ptr, gen):
         import numpy as np
@@ -68,6 +72,8 @@ class Batch:
         self._ptr = ptr
         self._gen = gen
         self._hold = None
+        self._spans = None  # [(offset, size)] of each sample in the host bytes
+        self._fieldtab = None  # each sample's [(name, offset, size)], or the error
         self.epoch = int(L.bw_batch_epoch(ptr))
         self.step = int(L.bw_batch_step(ptr))
         self.count = int(L.bw_batch_count(ptr))
@@ -99,6 +105,8 @@ class Batch:
             self.dtype = None
         # Named arrays: [(name, dtype, shape, offset, nbytes)] of each field, else None.
         self.arrays = _batch_arrays(L, ptr, self.step, self.nbytes)
+        if not loader._reuse_buffers:
+            self._hold = _Hold(loader, self)
 
     def __repr__(self):
         return ("<batchwire.Batch epoch=%d step=%d count=%d real=%d%s>" %
@@ -110,8 +118,10 @@ class Batch:
 
     @property
     def valid(self):
-        """False once the loader has moved on (views taken before stay valid; see the class
-        docstring)."""
+        """Whether the batch's data can still be read: always for a held batch (the default);
+        with reuse_buffers, until the loader moves on."""
+        if self._hold is not None:
+            return True
         lo = self._loader
         return lo._handle is not None and lo._gen == self._gen
 
@@ -119,27 +129,92 @@ class Batch:
         if not self.valid:
             raise errors.FailedPreconditionError(
                 "batch of epoch %d step %d was released when the loader moved on (next "
-                "batch, next_epoch or close) before any view of it was taken: take its views "
-                "(batch.numpy(), batch.torch()) before the next batch" % (self.epoch, self.step))
+                "batch, next_epoch or close): a loader opened with reuse_buffers=True keeps a "
+                "batch's data only until its next batch; take what you need before it, or "
+                "open the loader without reuse_buffers" % (self.epoch, self.step))
+
+    def _current(self):
+        """Whether this is still the loader's current batch (its slot may be asked about)."""
+        lo = self._loader
+        return lo._handle is not None and lo._gen == self._gen
+
+    def _base(self):
+        """The address of the batch's host bytes: its hold's, or (reuse_buffers) the slot's
+        while the batch is current."""
+        if self._hold is not None:
+            return self._hold.address
+        self._check()
+        return _lib.lib().bw_batch_host_data(self._ptr)
 
     def _host_buffer(self):
         """A ctypes byte array over the batch's host bytes. Views made from it reference it
         (numpy's .base, memoryview.obj), and it references what keeps the bytes: the batch's
-        hold (safe views), or with reuse_buffers the loader, which then outlives the views."""
-        if self._hold is not None:
-            addr, owner = self._hold.address, self._hold
-        else:
-            self._check()
-            lo = self._loader
-            if lo._reuse_buffers:
-                addr, owner = _lib.lib().bw_batch_host_data(self._ptr), lo
-            else:
-                self._hold = _Hold(lo, self)
-                addr, owner = self._hold.address, self._hold
+        hold, or with reuse_buffers the loader, which then outlives the views."""
+        addr = self._base()
+        owner = self._hold if self._hold is not None else self._loader
         buf = (ctypes.c_uint8 * self.nbytes).from_address(addr) if self.nbytes else \
             (ctypes.c_uint8 * 0)()
         buf._bw_owner = owner
         return buf
+
+    def _sample_spans(self):
+        """[(offset, size)] of every sample in the host bytes. .npy rows are equal slices;
+        other formats ask the slot, which is possible only while the batch is current: the
+        loader snapshots a batch's spans before it moves on (_snapshot)."""
+        if self._spans is None:
+            if self.shape is not None:
+                row = self.nbytes // self.count if self.count else 0
+                self._spans = [(i * row, row) for i in range(self.count)]
+            else:
+                self._check()
+                L = _lib.lib()
+                base = L.bw_batch_host_data(self._ptr) or 0
+                p = ctypes.c_void_p()
+                n = ctypes.c_size_t()
+                spans = []
+                for i in range(self.count):
+                    rc = L.bw_batch_sample(self._ptr, i, ctypes.byref(p), ctypes.byref(n))
+                    if rc != _BW_OK:
+                        raise _lib.error(rc, "sample %d of the batch of step %d" %
+                                         (i, self.step))
+                    spans.append(((p.value or 0) - base if n.value else 0, n.value))
+                self._spans = spans
+        return self._spans
+
+    def _field_table(self):
+        """Every sample's [(name, offset in the sample, size)] (bw_batch_fields), taken while
+        the batch is current and kept; an error is kept and raised by fields()."""
+        if self._fieldtab is None:
+            self._check()
+            L = _lib.lib()
+            f = ctypes.POINTER(_lib.Field)()
+            n = ctypes.c_size_t()
+            table = []
+            for i in range(self.count):
+                rc = L.bw_batch_fields(self._ptr, i, ctypes.byref(f), ctypes.byref(n))
+                if rc != _BW_OK:
+                    if rc == -13:  # BW_FAILED_PRECONDITION
+                        self._fieldtab = errors.FailedPreconditionError(
+                            "fields(): the loader was opened with fields=False (or the "
+                            "dataset's format has no fields)")
+                    else:
+                        self._fieldtab = _lib.error(rc, "fields of sample %d of the batch of "
+                                                        "step %d" % (i, self.step))
+                    return self._fieldtab
+                table.append([(f[j].name.decode("utf-8", "replace"), f[j].offset, f[j].size)
+                              for j in range(n.value)])
+            self._fieldtab = table
+        return self._fieldtab
+
+    def _snapshot(self):
+        """Called by the loader before it moves on from this batch: what samples() and
+        fields() need from the slot, kept with the held bytes."""
+        if self._hold is None:
+            return
+        if self.shape is None and not self.arrays:
+            self._sample_spans()
+        if self._loader._fields:
+            self._field_table()
 
     def memoryview(self) -> memoryview:
         """The batch's bytes (host memory) as a read-only memoryview, in batch order."""
@@ -147,8 +222,8 @@ class Batch:
 
     def numpy(self) -> Any:
         """.npy datasets: a numpy array [count, ...] with the dataset's dtype, viewing the
-        batch's buffer (valid while referenced; with reuse_buffers only until the next
-        batch). Other formats: the list of samples' bytes (copies)."""
+        batch's held bytes (with reuse_buffers valid only until the next batch). Other formats:
+        the list of samples' bytes (copies)."""
         import numpy as np
 
         if self.arrays:
@@ -168,31 +243,19 @@ class Batch:
         Datasets of named arrays (Loader(dataset={"x": ..., "y": ...}), npz): one dict for the
         whole batch, {"x": array [count, ...], "y": array [count, ...]} in the dataset's
         field order -- numpy arrays, or torch tensors with as_torch=True -- viewing the
-        batch's bytes like numpy() and torch(). `keys` keeps only those fields, in that
+        batch's held bytes like numpy() and torch(). `keys` keeps only those fields, in that
         order."""
         if self.arrays:
             return self._array_fields(keys, as_torch)
-        self._check()
-        L = _lib.lib()
+        table = self._field_table()
+        if isinstance(table, Exception):
+            raise table
+        base = self._base()
         want = None if keys is None else list(keys)
         jsonl = self._loader._format == "jsonl"
-        f = ctypes.POINTER(_lib.Field)()
-        n = ctypes.c_size_t()
-        p = ctypes.c_void_p()
-        size = ctypes.c_size_t()
         out = []
-        for i in range(self.count):
-            rc = L.bw_batch_fields(self._ptr, i, ctypes.byref(f), ctypes.byref(n))
-            if rc != _BW_OK:
-                if rc == -13:  # BW_FAILED_PRECONDITION
-                    raise errors.FailedPreconditionError(
-                        "fields(): the loader was opened with fields=False (or the dataset's "
-                        "format has no fields)")
-                raise _lib.error(rc, "fields of sample %d of the batch of step %d" %
-                                 (i, self.step))
-            L.bw_batch_sample(self._ptr, i, ctypes.byref(p), ctypes.byref(size))
-            spans = {f[j].name.decode("utf-8", "replace"): (f[j].offset, f[j].size)
-                     for j in range(n.value)}
+        for i, ((soff, _), fl) in enumerate(zip(self._sample_spans(), table)):
+            spans = {name: (off, sz) for name, off, sz in fl}
             names = spans if want is None else want
             d = {}
             for k in names:
@@ -201,7 +264,7 @@ class Batch:
                         "sample %d (index %d) has no field %r; it has %s" %
                         (i, int(self.indices[i]), k, sorted(spans)))
                 off, sz = spans[k]
-                raw = ctypes.string_at(p.value + off, sz) if sz else b""
+                raw = ctypes.string_at(base + soff + off, sz) if sz else b""
                 d[k] = json.loads(raw) if jsonl else raw
             out.append(d)
         return out
@@ -214,8 +277,7 @@ class Batch:
         for k in want:
             if k not in names:
                 raise errors.NotFoundError("the dataset has no field %r; it has %s" % (k, names))
-        if as_torch and self.device >= 0:
-            self._check()
+        if as_torch and self.device >= 0 and self._current():
             return {k: self._device_array(names.index(k)) for k in want}
         buf = self._host_buffer()
         out = {}
@@ -227,9 +289,9 @@ class Batch:
             if as_torch:
                 import torch
 
-                if not arr.dtype.isnative:  # torch needs native byte order: a converted copy
-                    arr = arr.astype(arr.dtype.newbyteorder("="))
-                arr = torch.from_numpy(arr)
+                arr = torch.from_numpy(self._native(arr))
+                if self.device >= 0:  # the slot's device buffer was reused: from the host
+                    arr = arr.to("cuda:%d" % self.device)
             out[name] = arr
         return {k: out[k] for k in want}
 
@@ -250,24 +312,20 @@ class Batch:
 
     def samples(self) -> List[bytes]:
         """Every sample's bytes (copies), in batch order."""
-        self._check()
-        L = _lib.lib()
-        out = []
-        p = ctypes.c_void_p()
-        n = ctypes.c_size_t()
-        for i in range(self.count):
-            rc = L.bw_batch_sample(self._ptr, i, ctypes.byref(p), ctypes.byref(n))
-            if rc != _BW_OK:
-                raise _lib.error(rc, "sample %d of the batch of step %d" % (i, self.step))
-            out.append(ctypes.string_at(p.value, n.value) if n.value else b"")
-        return out
+        spans = self._sample_spans()
+        base = self._base()
+        return [ctypes.string_at(base + off, n) if n else b"" for off, n in spans]
 
     @property
     def __cuda_array_interface__(self):
         """For batches the loader delivered to a GPU (device >= 0): the slot's device buffer,
-        for torch.as_tensor, CuPy or Numba. Valid until the next batch (not held: torch()
-        copies it unless the loader reuses buffers)."""
-        self._check()
+        for torch.as_tensor, CuPy or Numba. Valid until the next batch (the hold keeps the
+        host bytes, not the device buffer: torch() copies it unless the loader reuses
+        buffers)."""
+        if not self._current():
+            raise errors.FailedPreconditionError(
+                "batch of epoch %d step %d: its device buffer was reused when the loader "
+                "moved on (the host bytes stay: batch.numpy())" % (self.epoch, self.step))
         if self.device < 0 or self.shape is None:
             raise AttributeError("__cuda_array_interface__: the batch is not a tensor on a GPU")
         ptr = _lib.lib().bw_batch_data(self._ptr)
@@ -276,10 +334,11 @@ class Batch:
 
     def torch(self) -> Any:
         """.npy datasets: a torch.Tensor [count, ...]. On the CPU (loader without device) it
-        shares the batch's held buffer through torch.from_numpy (valid while referenced; see
-        the class docstring). With the loader's device set, a tensor on that GPU: a copy of
-        the slot's device buffer, or with reuse_buffers a view of it (valid until the next
-        batch). Other formats: a list of uint8 tensors (copies)."""
+        shares the batch's held bytes through torch.from_numpy (see the class docstring).
+        With the loader's device set, a tensor on that GPU: a copy of the slot's device
+        buffer while the batch is current (later: of the held host bytes), or with
+        reuse_buffers a view of it (valid until the next batch). Other formats: a list of
+        uint8 tensors (copies)."""
         import torch
 
         if self.arrays:
@@ -292,14 +351,20 @@ class Batch:
                 raise errors.NoDeviceError(
                     "the batch is on cuda:%d but this PyTorch (%s) cannot use CUDA; use "
                     "batch.numpy() for the host copy" % (self.device, torch.__version__))
-            t = torch.as_tensor(self, device="cuda:%d" % self.device)
+            dev = "cuda:%d" % self.device
+            if not self._current():
+                return torch.from_numpy(self._native(self.numpy())).to(dev)
+            t = torch.as_tensor(self, device=dev)
             # The device buffer is the slot's own: a copy on the GPU unless reuse_buffers.
             return t if self._loader._reuse_buffers else t.clone()
-        arr = self.numpy()
+        return torch.from_numpy(self._native(self.numpy()))
+
+    @staticmethod
+    def _native(arr):
         if not arr.dtype.isnative:
             # torch needs native byte order: this is a converted copy, not a view.
             arr = arr.astype(arr.dtype.newbyteorder("="))
-        return torch.from_numpy(arr)
+        return arr
 
 
 def _batch_arrays(L, ptr, step, nbytes):
@@ -342,6 +407,117 @@ def check_fork_safe(what: str) -> None:
                                                                   _open["pid"], _open["count"]))
 
 
+class _Options:
+    """bw_loader_options built from the Loader's keyword arguments (one place for Loader,
+    job_checkpoint and rank_steps). .raw is the struct's buffer; the bytes it points into
+    live as long as this object."""
+
+    def __init__(self, coordinator=None, job=None, dataset=None, batch_size=1, mode="torch",
+                 shuffle=False, seed=0, rank=None, world_size=None, drop_last=False,
+                 sampler_drop_last=False, split_batches=False, even_batches=True,
+                 shuffle_algo="torch", prefetch=4, max_buffer_bytes=None, timeout=10.0,
+                 device=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
+                 transport=None, retry=60.0, allow_uneven=False, dispatch_batches=False,
+                 pad_single_process=False, start=None, share=None, fields=None,
+                 token_file=None, job_epochs=None, holder_pid=None, lease=None,
+                 need_dataset=True):
+        L = _lib.lib()
+        coordinator = coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
+        required = ("coordinator", "job", "dataset") if need_dataset else ("coordinator", "job")
+        given = {"coordinator": coordinator, "job": job, "dataset": dataset}
+        for name in required:
+            if not given[name]:
+                raise errors.InvalidArgumentError("%s: required" % name)
+        if isinstance(batch_size, bool) or int(batch_size) < 1:
+            raise errors.InvalidArgumentError("batch_size: %r is not a positive integer" %
+                                              (batch_size,))
+        if int(prefetch) < 1:
+            raise errors.InvalidArgumentError("prefetch: %r is below 1" % (prefetch,))
+        self.device = _parse_device(device)
+        self.raw = ctypes.create_string_buffer(_lib.OPTIONS_ALLOC)
+        L.bw_loader_options_init(self.raw)
+        o = _lib.Options.from_buffer(self.raw)
+        self._keep = []  # bytes objects the struct points into
+
+        def s(x):
+            if x is None:
+                return None
+            b = os.fsencode(x) if not isinstance(x, bytes) else x
+            self._keep.append(b)
+            return b
+
+        o.coordinator = s(coordinator)
+        o.tls_ca, o.tls_cert, o.tls_key = s(tls_ca), s(tls_cert), s(tls_key)
+        o.tls_server_name = s(tls_server_name)
+        o.token_file = s(token_file)
+        if job_epochs is not None:
+            if isinstance(job_epochs, bool) or int(job_epochs) < 1:
+                raise errors.InvalidArgumentError("job_epochs: %r is not a positive integer" %
+                                                  (job_epochs,))
+            o.epochs = int(job_epochs)
+        o.job = s(job)
+        if isinstance(dataset, dict):
+            # Named arrays indexed together (docs/formats.md, "Named arrays").
+            specs = []
+            for name, spec in dataset.items():
+                if not isinstance(name, str) or not isinstance(spec, (str, bytes)):
+                    raise errors.InvalidArgumentError(
+                        "dataset: a dict of named arrays maps names to \"npy:PATH[,PATH...]\" "
+                        "(got %r: %r)" % (name, spec))
+                spec = spec.decode() if isinstance(spec, bytes) else spec
+                specs.append(s("%s=%s" % (name, spec)))
+            fields_arr = (ctypes.c_char_p * len(specs))(*specs)
+            self._keep.append(fields_arr)
+            o.dataset_fields = fields_arr
+            o.n_dataset_fields = len(specs)
+        else:
+            o.dataset = s(dataset)
+        o.rank = -1 if rank is None else int(rank)
+        o.world_size = -1 if world_size is None else int(world_size)
+        o.mode = s(mode)
+        o.batch_size = int(batch_size)
+        o.shuffle = 1 if shuffle else 0
+        seed = int(seed)
+        o.seed = seed - (1 << 64) if seed >= 1 << 63 else seed
+        o.shuffle_algo = s(shuffle_algo)
+        o.drop_last = 1 if drop_last else 0
+        o.sampler_drop_last = 1 if sampler_drop_last else 0
+        o.split_batches = 1 if split_batches else 0
+        o.even_batches = 1 if even_batches else 0
+        o.prefetch_batches = int(prefetch)
+        if max_buffer_bytes is not None:
+            o.max_buffer_bytes = int(max_buffer_bytes)
+        o.timeout_ms = max(1, int(round(float(timeout) * 1000)))
+        o.retry_ms = max(0, int(round(float(retry) * 1000)))
+        o.device = self.device
+        o.transport = s(transport)
+        o.allow_uneven = 1 if allow_uneven else 0
+        o.dispatch_batches = 1 if dispatch_batches else 0
+        o.pad_single_process = 1 if pad_single_process else 0
+        fmt = "fields" if isinstance(dataset, dict) else str(dataset).split(":", 2)
+        if not isinstance(dataset, dict):
+            fmt = fmt[1] if fmt[0] == "pre_sharded" and len(fmt) > 1 else fmt[0]
+        if fields is None:
+            fields = fmt in ("tar", "jsonl")
+        o.fields = 1 if fields else 0
+        self.format, self.fields = fmt, bool(fields)
+        if start is not None:
+            o.start_epoch, o.start_step = int(start[0]), int(start[1])
+        if share is not None:
+            idx, cnt = int(share[0]), int(share[1])
+            if cnt < 1 or not 0 <= idx < cnt:
+                raise errors.InvalidArgumentError("share: (%d, %d) is not (index, count) with "
+                                                  "0 <= index < count" % (idx, cnt))
+            o.share_index, o.share_count = idx, cnt
+        if holder_pid is not None:
+            if isinstance(holder_pid, bool) or not 0 < int(holder_pid) < 1 << 32:
+                raise errors.InvalidArgumentError("holder_pid: %r is not a process id" %
+                                                  (holder_pid,))
+            o.holder_pid = int(holder_pid)
+        if lease is not None:
+            o.lease = s(lease)
+
+
 def job_checkpoint(coordinator=None, job=None, tls_ca=None, tls_cert=None, tls_key=None,
                    tls_server_name=None, token_file=None, timeout=10.0,
                    retry=60.0) -> Dict[str, Any]:
@@ -355,27 +531,40 @@ def job_checkpoint(coordinator=None, job=None, tls_ca=None, tls_cert=None, tls_k
     if not coordinator or not job:
         raise errors.InvalidArgumentError("job_checkpoint: coordinator and job are required")
     check_fork_safe("job_checkpoint")
+    _runtime.prepare()
     L = _lib.lib()
-    raw = ctypes.create_string_buffer(_lib.OPTIONS_ALLOC)
-    L.bw_loader_options_init(raw)
-    o = _lib.Options.from_buffer(raw)
-    keep = [None if x is None else os.fsencode(x) for x in
-            (coordinator, job, tls_ca, tls_cert, tls_key, tls_server_name, token_file)]
-    (o.coordinator, o.job, o.tls_ca, o.tls_cert, o.tls_key, o.tls_server_name,
-     o.token_file) = keep
-    o.timeout_ms = max(1, int(round(float(timeout) * 1000)))
-    o.retry_ms = max(0, int(round(float(retry) * 1000)))
+    opts = _Options(coordinator=coordinator, job=job, tls_ca=tls_ca, tls_cert=tls_cert,
+                    tls_key=tls_key, tls_server_name=tls_server_name, token_file=token_file,
+                    timeout=timeout, retry=retry, need_dataset=False)
     err = ctypes.create_string_buffer(2048)
     size = 1 << 16
     while True:
         buf = ctypes.create_string_buffer(size)
-        rc = L.bw_job_checkpoint(raw, buf, size, err, len(err))
+        rc = _runtime.call(L.bw_job_checkpoint, opts.raw, buf, size, err, len(err))
         if rc != -9 or size >= 1 << 30:  # BW_TOO_BIG: a larger buffer
             break
         size *= 8
     if rc != _BW_OK:
         raise _lib.error(rc, err.value.decode("utf-8", "replace"))
     return _state.job_checkpoint(job, buf.value.decode().split())
+
+
+def rank_steps(epoch: int = 0, **options) -> int:
+    """This rank's number of batches in `epoch` (what len(loader) says for it), asked of the
+    coordinator without claiming the rank (bw_loader_rank_steps): `options` are Loader's.
+    Like a Loader it starts the library's network runtime in this process, which a process
+    that later forks DataLoader workers must not have done: batchwire.torch.BatchDataset's
+    len() therefore asks from a short-lived subprocess (batchwire._probe)."""
+    check_fork_safe("rank_steps")
+    _runtime.prepare()
+    opts = _Options(**options)
+    steps = ctypes.c_uint64()
+    err = ctypes.create_string_buffer(2048)
+    rc = _runtime.call(_lib.lib().bw_loader_rank_steps, opts.raw, int(epoch),
+                       ctypes.byref(steps), err, len(err))
+    if rc != _BW_OK:
+        raise _lib.error(rc, err.value.decode("utf-8", "replace"))
+    return int(steps.value)
 
 
 class _Hold:
@@ -418,12 +607,14 @@ class Loader:
     shuffle, seed, shuffle_algo ("torch" or "feistel"), drop_last, sampler_drop_last,
     split_batches, even_batches   the sampler (docs/semantics.md); every rank must agree
     rank, world_size   None: from RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_NTASKS
-    resume        a cursor (text "bwc1:..." or bytes) to continue after; None: where the
-                  coordinator says this rank resumes (its committed cursor, or the start)
+    resume        a cursor (text "bwc1:..." or bytes) or a state_dict() to continue after;
+                  None: where the coordinator says this rank resumes (its committed cursor,
+                  or the start)
     prefetch      batches fetched ahead; max_buffer_bytes caps their memory
     timeout       seconds per call to a worker or the coordinator
     retry         seconds a call to the coordinator (join, commit) is retried while it is
-                  unreachable or restarting (default 60; 0: no retry)
+                  unreachable or restarting (default 60; 0: no retry); the library says so
+                  on the "batchwire" logger while it retries
     device        None or "cpu": host memory; "cuda:N": batches copied to that GPU
     allow_uneven  accelerate with even_batches=False: serve ranks different numbers of batches
                   (refused otherwise, since a DDP job would hang); see epoch_steps()
@@ -437,6 +628,11 @@ class Loader:
     start         (epoch, step) to start at when no cursor is given
     share         (index, count): read one share of the rank's batches from one of `count`
                   processes (batchwire.torch's DataLoader workers); see python/README.md
+    lease         share index > 0: share 0's lease (its Loader.lease()), which this share then
+                  confirms as share 0 does, stopping for good (LeaseLostError) once it is lost
+    holder_pid    the trainer process the rank's claim belongs to (default: this process); a
+                  trainer restarted on the same host reclaims the rank at once when that
+                  process has exited (batchwire.torch passes the DataLoader's main process)
     fields        samples as named fields (Batch.fields): tar (WebDataset) members, JSON Lines
                   keys; None (default): on for tar and jsonl datasets
     tls_ca, tls_cert, tls_key, tls_server_name   TLS to the coordinator and workers
@@ -447,12 +643,20 @@ class Loader:
                   removes the job (its cursors stay valid); None: unknown
     transport     "auto" (default, or $BATCHWIRE_TRANSPORT): the workers' data channel where
                   offered (TLS with the tls_* settings), else gRPC; "grpc": always gRPC
-    reuse_buffers False (default): a batch's views keep its bytes for as long as they live.
-                  True: views are valid only until the next batch (the loader then reuses
-                  the buffer under them); no allocation when views outlive the batch
+    reuse_buffers False (default): every batch keeps its bytes for as long as it or a view of
+                  it lives. True: a batch and its views are valid only until the next batch
+                  (the loader then reuses the buffer under them); nothing is held
 
-    ``for batch in loader`` runs the rest of the current epoch; ``loader.next_epoch()`` starts
-    the next one, or ``for epoch in loader.epochs(n): for batch in loader: ...``.
+    Epochs work as with torch's DataLoader over a DistributedSampler whose set_epoch is
+    called each time: ``for batch in loader`` runs the current position's epoch to its end
+    when the loader was just opened (or resumed mid-epoch: the rest of that epoch), moved
+    (load_state_dict) or given an epoch (set_epoch, next_epoch); iterating again starts the
+    next epoch. So ``for epoch in range(E): for batch in loader:`` walks E epochs, and
+    ``for e in range(start, E): loader.set_epoch(e); for batch in loader:`` too, also after a
+    resume mid-epoch (set_epoch of the epoch the loader is at, before any batch of it, keeps
+    the position). ``loader.epoch`` is the epoch of the position; ``len(loader)`` this rank's
+    batches per epoch. Ctrl-C raises KeyboardInterrupt within a second also while the loader
+    waits (joining, retrying, waiting for a worker), and a SIGTERM handler runs as promptly.
     One loader is used by one thread at a time (calls are serialised by a lock); different
     loaders are independent and may run in parallel threads.
     """
@@ -465,105 +669,37 @@ class Loader:
                  tls_server_name=None, transport=None, retry=60.0, reuse_buffers=False,
                  allow_uneven=False, dispatch_batches=False, pad_single_process=False,
                  elastic=False, start=None, share=None, fields=None, token_file=None,
-                 job_epochs=None):
+                 job_epochs=None, holder_pid=None, lease=None):
         self._handle = None
         self._gen = 0
         self._reuse_buffers = bool(reuse_buffers)
+        self._current = None  # weak reference to the last batch handed out
+        # An iteration consumed the position: the next one starts the next epoch.
+        self._iterated = False
         check_fork_safe("Loader")
         self._lock = threading.RLock()
+        _runtime.prepare()
         L = _lib.lib()
-        coordinator = coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
-        for name, value in (("coordinator", coordinator), ("job", job), ("dataset", dataset)):
-            if not value:
-                raise errors.InvalidArgumentError("%s: required" % name)
-        if isinstance(batch_size, bool) or int(batch_size) < 1:
-            raise errors.InvalidArgumentError("batch_size: %r is not a positive integer" %
-                                              (batch_size,))
-        if int(prefetch) < 1:
-            raise errors.InvalidArgumentError("prefetch: %r is below 1" % (prefetch,))
-        dev = _parse_device(device)
-        self._device = dev
-
-        raw = ctypes.create_string_buffer(_lib.OPTIONS_ALLOC)
-        L.bw_loader_options_init(raw)
-        o = _lib.Options.from_buffer(raw)
-        keep = []  # bytes objects the struct points into, alive until open returns
-
-        def s(x):
-            if x is None:
-                return None
-            b = os.fsencode(x) if not isinstance(x, bytes) else x
-            keep.append(b)
-            return b
-
-        o.coordinator = s(coordinator)
-        o.tls_ca, o.tls_cert, o.tls_key = s(tls_ca), s(tls_cert), s(tls_key)
-        o.tls_server_name = s(tls_server_name)
-        o.token_file = s(token_file)
-        if job_epochs is not None:
-            if isinstance(job_epochs, bool) or int(job_epochs) < 1:
-                raise errors.InvalidArgumentError("job_epochs: %r is not a positive integer" %
-                                                  (job_epochs,))
-            o.epochs = int(job_epochs)
-        o.job = s(job)
-        if isinstance(dataset, dict):
-            # Named arrays indexed together (docs/formats.md, "Named arrays").
-            specs = []
-            for name, spec in dataset.items():
-                if not isinstance(name, str) or not isinstance(spec, (str, bytes)):
-                    raise errors.InvalidArgumentError(
-                        "dataset: a dict of named arrays maps names to \"npy:PATH[,PATH...]\" "
-                        "(got %r: %r)" % (name, spec))
-                spec = spec.decode() if isinstance(spec, bytes) else spec
-                specs.append(s("%s=%s" % (name, spec)))
-            fields_arr = (ctypes.c_char_p * len(specs))(*specs)
-            keep.append(fields_arr)
-            o.dataset_fields = fields_arr
-            o.n_dataset_fields = len(specs)
-        else:
-            o.dataset = s(dataset)
-        o.rank = -1 if rank is None else int(rank)
-        o.world_size = -1 if world_size is None else int(world_size)
-        o.mode = s(mode)
-        o.batch_size = int(batch_size)
-        o.shuffle = 1 if shuffle else 0
-        seed = int(seed)
-        o.seed = seed - (1 << 64) if seed >= 1 << 63 else seed
-        o.shuffle_algo = s(shuffle_algo)
-        o.drop_last = 1 if drop_last else 0
-        o.sampler_drop_last = 1 if sampler_drop_last else 0
-        o.split_batches = 1 if split_batches else 0
-        o.even_batches = 1 if even_batches else 0
-        o.prefetch_batches = int(prefetch)
-        if max_buffer_bytes is not None:
-            o.max_buffer_bytes = int(max_buffer_bytes)
-        o.timeout_ms = max(1, int(round(float(timeout) * 1000)))
-        o.retry_ms = max(0, int(round(float(retry) * 1000)))
-        o.device = dev
-        o.transport = s(transport)
-        o.allow_uneven = 1 if allow_uneven else 0
-        o.dispatch_batches = 1 if dispatch_batches else 0
-        o.pad_single_process = 1 if pad_single_process else 0
-        fmt = "fields" if isinstance(dataset, dict) else str(dataset).split(":", 2)
-        if not isinstance(dataset, dict):
-            fmt = fmt[1] if fmt[0] == "pre_sharded" and len(fmt) > 1 else fmt[0]
-        if fields is None:
-            fields = fmt in ("tar", "jsonl")
-        o.fields = 1 if fields else 0
-        self._format = fmt
         if isinstance(resume, dict) and not elastic:
             sd = _state.check_state(resume, "resume")
             resume = sd.get("cursor")
             if resume is None:
                 start = (sd["epoch"], sd["step"])
-        if start is not None:
-            o.start_epoch, o.start_step = int(start[0]), int(start[1])
-        if share is not None:
-            idx, cnt = int(share[0]), int(share[1])
-            if cnt < 1 or not 0 <= idx < cnt:
-                raise errors.InvalidArgumentError("share: (%d, %d) is not (index, count) with "
-                                                  "0 <= index < count" % (idx, cnt))
-            o.share_index, o.share_count = idx, cnt
+        opts = _Options(coordinator=coordinator, job=job, dataset=dataset,
+                        batch_size=batch_size, mode=mode, shuffle=shuffle, seed=seed, rank=rank,
+                        world_size=world_size, drop_last=drop_last,
+                        sampler_drop_last=sampler_drop_last, split_batches=split_batches,
+                        even_batches=even_batches, shuffle_algo=shuffle_algo,
+                        prefetch=prefetch, max_buffer_bytes=max_buffer_bytes, timeout=timeout,
+                        device=device, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                        tls_server_name=tls_server_name, transport=transport, retry=retry,
+                        allow_uneven=allow_uneven, dispatch_batches=dispatch_batches,
+                        pad_single_process=pad_single_process, start=start, share=share,
+                        fields=fields, token_file=token_file, job_epochs=job_epochs,
+                        holder_pid=holder_pid, lease=lease)
+        self._device = dev = opts.device
+        self._format, self._fields = opts.format, opts.fields
+        raw = opts.raw
 
         handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(2048)
@@ -572,10 +708,10 @@ class Loader:
             bufs = [ctypes.create_string_buffer(c, len(c)) for c in curs]
             ptrs = (ctypes.c_void_p * max(1, len(bufs)))(*[ctypes.addressof(b) for b in bufs])
             lens = (ctypes.c_size_t * max(1, len(bufs)))(*[len(c) for c in curs])
-            rc = L.bw_loader_open_elastic(raw, ptrs, lens, len(curs), ctypes.byref(handle), err,
-                                          len(err))
+            rc = _runtime.call(L.bw_loader_open_elastic, raw, ptrs, lens, len(curs),
+                               ctypes.byref(handle), err, len(err))
         elif resume is None:
-            rc = L.bw_loader_open(raw, ctypes.byref(handle), err, len(err))
+            rc = _runtime.call(L.bw_loader_open, raw, ctypes.byref(handle), err, len(err))
         else:
             if isinstance(resume, str):
                 cur = resume.strip().encode()
@@ -590,8 +726,9 @@ class Loader:
             if not cur:
                 raise errors.CorruptError("cursor refused: it is empty")
             cbuf = ctypes.create_string_buffer(cur, len(cur) + 1)
-            rc = L.bw_loader_open_at(raw, cbuf, clen, ctypes.byref(handle), err, len(err))
-        del keep
+            rc = _runtime.call(L.bw_loader_open_at, raw, cbuf, clen, ctypes.byref(handle), err,
+                               len(err))
+        del opts
         if rc != _BW_OK:
             raise _lib.error(rc, err.value.decode("utf-8", "replace"))
         self._handle = handle
@@ -609,9 +746,11 @@ class Loader:
     # ---- lifetime
 
     def close(self) -> None:
-        """Leaves the job (releases the rank) and frees every buffer; batches become invalid.
-        Idempotent."""
+        """Leaves the job (releases the rank) and frees every buffer. Batches handed out stay
+        readable (they hold their bytes) unless the loader reuses buffers. Idempotent."""
         with self._lock:
+            if self._handle is not None and os.getpid() == self._pid:
+                self._move_on()
             h, self._handle = self._handle, None
             self._gen += 1
             # In a forked child the loader (its threads, its lease) is the parent's: leave it.
@@ -649,24 +788,55 @@ class Loader:
         msg = _lib.lib().bw_loader_errmsg(self._handle) if self._handle is not None else b""
         raise _lib.error(rc, (msg or b"").decode("utf-8", "replace"))
 
+    def _move_on(self):
+        """Before the loader leaves its current batch (next batch, an epoch, a seek, close):
+        that batch, if still referenced, keeps what its samples() and fields() need."""
+        ref, self._current = self._current, None
+        b = ref() if ref is not None else None
+        if b is not None and b._gen == self._gen:
+            b._snapshot()
+        self._gen += 1
+
+    def _position_call(self, fn, *args):
+        """A call that moves the loader (next_epoch, set_epoch, seek): the next iteration runs
+        the new position."""
+        with self._lock:
+            h = self._h()
+            self._move_on()
+            rc = _runtime.call(fn, h, *args)
+            if rc != _BW_OK:
+                self._raise(rc)
+            self._iterated = False
+
     # ---- batches
 
     def next_batch(self) -> Optional["Batch"]:
-        """The next batch of the current epoch, or None at the end of the epoch. The previous
-        batch's data views become invalid."""
+        """The next batch of the current epoch, or None at the end of the epoch. With
+        reuse_buffers the previous batch's data becomes invalid."""
         with self._lock:
             h = self._h()
-            self._gen += 1
+            self._move_on()
             out = ctypes.c_void_p()
-            rc = _lib.lib().bw_loader_next(h, ctypes.byref(out))
+            rc = _runtime.call(_lib.lib().bw_loader_next, h, ctypes.byref(out))
             if rc == _BW_END_OF_EPOCH:
                 return None
             if rc != _BW_OK:
                 self._raise(rc)
-            return Batch(self, out.value, self._gen)
+            b = Batch(self, out.value, self._gen)
+            self._current = weakref.ref(b)
+            return b
 
     def __iter__(self) -> Iterator["Batch"]:
-        """The rest of the current epoch."""
+        """This rank's batches to the end of an epoch: the current position's epoch (the rest
+        of it) when nothing has iterated since the loader was opened or moved, else the next
+        epoch (as iterating a DataLoader again does)."""
+        with self._lock:
+            if self._iterated:
+                self.next_epoch()
+            self._iterated = True
+        return self._batches()
+
+    def _batches(self):
         while True:
             b = self.next_batch()
             if b is None:
@@ -675,19 +845,32 @@ class Loader:
 
     def next_epoch(self) -> None:
         """Starts the next epoch at step 0 (also when the current one was left unfinished)."""
+        self._position_call(_lib.lib().bw_loader_next_epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs, from its step 0 (as DistributedSampler.set_epoch
+        before iterating a DataLoader). The epoch the loader is at, before any batch of it was
+        handed out, is kept as it is: after a resume mid-epoch, set_epoch of that epoch
+        continues it (bw_loader_set_epoch)."""
+        epoch = int(epoch)
+        if epoch < 0:
+            raise errors.InvalidArgumentError("set_epoch: %d is not an epoch" % epoch)
+        self._position_call(_lib.lib().bw_loader_set_epoch, epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the loader's position (the next batch's): the one being iterated, or
+        last iterated, or the one set_epoch, next_epoch or a resume named."""
         with self._lock:
-            h = self._h()
-            self._gen += 1
-            rc = _lib.lib().bw_loader_next_epoch(h)
-            if rc != _BW_OK:
-                self._raise(rc)
+            return int(_lib.lib().bw_loader_epoch(self._h()))
 
     def epochs(self, n: int) -> Iterator[int]:
         """Yields n epoch numbers, the first being the current epoch (which may be resumed
-        mid-way), starting each further one with next_epoch(); iterate the loader inside:
+        mid-way; the next one if the current one was iterated already), starting each further
+        one with next_epoch(); iterate the loader inside:
         ``for epoch in loader.epochs(3): for batch in loader: ...``."""
         for i in range(int(n)):
-            if i > 0:
+            if i > 0 or self._iterated:
                 self.next_epoch()
             yield self.position()[0]
 
@@ -731,8 +914,21 @@ class Loader:
             return int(_lib.lib().bw_loader_epoch_steps(self._h()))
 
     def __len__(self) -> int:
-        """Batches of this rank in the current epoch (epoch_steps())."""
+        """This rank's batches per epoch (epoch_steps(): what len() of a DataLoader over a
+        DistributedSampler gives for the same settings)."""
         return self.epoch_steps()
+
+    def lease(self) -> str:
+        """The rank's lease as text, for share 0 (the loader that claimed the rank): the
+        other shares of the rank open with it (Loader(share=(i, n), lease=...)), so that they
+        stop as soon as it is lost (bw_loader_lease)."""
+        with self._lock:
+            h = self._h()
+            buf = ctypes.create_string_buffer(256)
+            rc = _lib.lib().bw_loader_lease(h, buf, len(buf))
+            if rc != _BW_OK:
+                self._raise(rc)
+            return buf.value.decode()
 
     def state_dict(self) -> Dict[str, Any]:
         """This rank's position as a plain dict (torchdata StatefulDataLoader style): store it
@@ -745,8 +941,9 @@ class Loader:
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Continues after the batch a state_dict() of this job's same rank describes (the
-        next batch is the one after it; prefetched batches are discarded). A state of another
-        world size is refused: resume those with Loader(elastic=True, resume=...)."""
+        next iteration runs the rest of its epoch; prefetched batches are discarded). A state
+        of another world size is refused: resume those with Loader(elastic=True,
+        resume=...)."""
         sd = _state.check_state(state_dict, "load_state_dict")
         if sd["world_size"] != self.world_size or sd["rank"] != self.rank:
             raise errors.MismatchError(
@@ -761,12 +958,8 @@ class Loader:
         cur = sd["cursor"]
         data = cur.strip().encode() if isinstance(cur, str) else bytes(cur)
         buf = ctypes.create_string_buffer(data, len(data) + 1)
-        with self._lock:
-            self._gen += 1
-            rc = _lib.lib().bw_loader_seek(self._h(), buf,
-                                           0 if isinstance(cur, str) else len(data))
-            if rc != _BW_OK:
-                self._raise(rc)
+        self._position_call(_lib.lib().bw_loader_seek, buf,
+                            0 if isinstance(cur, str) else len(data))
 
     def stats(self):
         """What this loader has done since it opened, as a dict (docs/client.md,
@@ -785,7 +978,7 @@ class Loader:
         """Records the cursor with the coordinator (durably) for this rank: a restarted
         Loader without ``resume`` continues from it."""
         with self._lock:
-            rc = _lib.lib().bw_loader_commit(self._h())
+            rc = _runtime.call(_lib.lib().bw_loader_commit, self._h())
             if rc != _BW_OK:
                 self._raise(rc)
 

@@ -12,9 +12,18 @@ A BatchDataset yields this rank's batches of one epoch in plan order (docs/seman
 Under ``torch.utils.data.DataLoader(num_workers=N)`` each DataLoader worker reads a disjoint
 share of the rank's batches -- worker w the steps first + w, first + w + N, ... -- and the
 DataLoader, which takes one item from each worker in turn, restores the plan's order. Worker
-0 holds the rank's lease; the others read without claiming it (bw_loader_options.share_*),
-so wrapping the rank in a DataLoader is not refused as a second claim (AlreadyExistsError).
-The main process opens nothing: the workers it forks start with no library state.
+0 claims the rank's lease (on behalf of the trainer process: holder_pid) and hands it to the
+others, which confirm it too (bw_loader_options.share_*, .lease), so wrapping the rank in a
+DataLoader is not refused as a second claim, and every worker stops once the lease is lost.
+The main process opens nothing: the workers it forks start with no library state. Workers
+die with the trainer (a trainer killed and restarted gets its rank back at once).
+
+Epochs: as with torch's DataLoader over a DistributedSampler. Each iteration runs one epoch:
+the one set_epoch (or load_state_dict: the rest of that epoch) named, else the epoch after
+the last iteration's -- so a plain ``for epoch in range(E): for batch in loader:`` walks the
+epochs, and ``ds.set_epoch(e)`` each time does the same. The epoch reaches the workers
+through state shared with them (batchwire._shared), also with persistent_workers=True and
+under the fork, spawn and forkserver contexts.
 
 Items (batch mode): ``{"data", "indices", "padding", "epoch", "step"}`` -- data is the
 batch's tensor for .npy datasets (no transform), else ``collate_fn`` of the transformed
@@ -26,9 +35,8 @@ plan's batches); padding duplicates are included, as DistributedSampler's are.
 
 ``transform`` is called on every sample (a row tensor for .npy datasets, the sample's bytes
 otherwise), in ``decode_threads`` threads when given (order kept), inside the DataLoader's
-worker processes when it has them. The epoch is the one ``set_epoch`` names (0 by default),
-like DistributedSampler; batchwire.torch.DataLoader calls set_epoch for you and adds
-``state_dict()``/``load_state_dict()`` (python/README.md, "batchwire.torch").
+worker processes when it has them. batchwire.torch.DataLoader adds ``state_dict()`` /
+``load_state_dict()`` (python/README.md, "batchwire.torch").
 """
 
 import concurrent.futures
@@ -38,11 +46,14 @@ from typing import Any, Callable, Dict, Iterator, Optional
 import torch
 import torch.utils.data
 
+from . import _probe
+from . import _shared
 from . import errors
 from . import state as _state
 from .loader import Loader
 
-_MANAGED = ("resume", "start", "share", "elastic")
+_MANAGED = ("resume", "start", "share", "elastic", "lease", "holder_pid")
+_MASK64 = (1 << 64) - 1
 
 
 def _env_int(names):
@@ -54,11 +65,12 @@ def _env_int(names):
 
 
 class BatchDataset(torch.utils.data.IterableDataset):
-    """One rank's batches (or samples) of one epoch, for torch.utils.data.DataLoader.
+    """One rank's batches (or samples) of one epoch per iteration, for
+    torch.utils.data.DataLoader.
 
     Keyword arguments are Loader's (coordinator, job, dataset, batch_size, mode, shuffle,
     seed, rank, world_size, drop_last, ..., prefetch, timeout, tls_*), except resume, start,
-    share and elastic, which the dataset manages, plus:
+    share, elastic, lease and holder_pid, which the dataset manages, plus:
 
     samples         False: one item per batch (a dict); True: one item per sample
     transform       callable on each sample (decode, augment); default: none
@@ -76,6 +88,12 @@ class BatchDataset(torch.utils.data.IterableDataset):
                     None (default): the usual item dict, its "data" {"x": x, "y": y}. With
                     samples=True each sample is a tuple (None, "tuple") or a dict ("dict")
                     of its rows
+
+    Which epoch an iteration runs: the one set_epoch named (from its start) or
+    load_state_dict (after its batch), else the epoch after the previous iteration's; 0 at
+    first. ``len(ds)`` is this rank's batches per epoch (samples with samples=True), asked of
+    the coordinator from a short-lived subprocess (the main process must not start the
+    library's network runtime before the DataLoader forks its workers) and cached.
     """
 
     def __init__(self, samples: bool = False, transform: Optional[Callable] = None,
@@ -101,15 +119,30 @@ class BatchDataset(torch.utils.data.IterableDataset):
         self.decode_threads = int(decode_threads)
         self.keys = keys
         self.loader_kw = loader_kw
-        self.epoch = 0
-        self._resume = None  # a state_dict to start from (its epoch), or None
+        self._shared = _shared.SharedState()
+        self._iters = 0  # __iter__ calls in this process (the count of an iteration's key)
+        self._len = {}  # epoch -> len(self), the main process's cache
 
     # ---- epochs and state (main process)
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration runs (from its start, unless a loaded state is of
-        that epoch), as DistributedSampler.set_epoch."""
-        self.epoch = int(epoch)
+        """The epoch the next iteration runs, from its start, as DistributedSampler.set_epoch.
+        Naming the epoch the next iteration already starts in (after load_state_dict, or a
+        set_epoch before) keeps that position."""
+        epoch = int(epoch)
+        if epoch < 0:
+            raise errors.InvalidArgumentError("set_epoch: %d is not an epoch" % epoch)
+        self._shared.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the iteration running (or last run); before an iteration, the one
+        set_epoch or load_state_dict named for it."""
+        return self._shared.epoch()
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.set_epoch(epoch)
 
     def rank_and_world(self):
         """This rank and world size: the options', else RANK/WORLD_SIZE, else
@@ -125,18 +158,15 @@ class BatchDataset(torch.utils.data.IterableDataset):
 
     def start(self):
         """(epoch, step) where the next iteration starts."""
-        sd = self._resume
-        if sd is not None and sd["epoch"] == self.epoch:
-            return sd["epoch"], sd["step"]
-        return self.epoch, 0
+        return self._shared.next_start()
 
     def state_dict_at(self, epoch: int, step: int) -> Dict[str, Any]:
         rank, world = self.rank_and_world()
         return _state.rank_state(self.loader_kw["job"], rank, world, epoch, step)
 
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
-        """Starts the next iteration after the batch a state describes (its epoch becomes
-        the current one). A state of another rank, job or world size is refused."""
+        """Starts the next iteration after the batch a state describes (the rest of its
+        epoch). A state of another rank, job or world size is refused."""
         sd = _state.check_state(sd, "load_state_dict")
         rank, world = self.rank_and_world()
         if (sd["job"], sd["rank"], sd["world_size"]) != (self.loader_kw["job"], rank, world):
@@ -145,22 +175,103 @@ class BatchDataset(torch.utils.data.IterableDataset):
                 "%d of %d (another world size resumes with Loader(elastic=True))" % (
                     sd["job"], sd["rank"], sd["world_size"], self.loader_kw["job"], rank,
                     world))
-        self._resume = dict(sd)
-        self.epoch = sd["epoch"]
+        cur = sd.get("cursor")
+        if isinstance(cur, bytes):
+            cur = _state.cursor_text(cur)
+        self._shared.request(sd["epoch"], sd["step"], cur)
+
+    def __len__(self) -> int:
+        """This rank's batches per epoch (what len() of a DataLoader over a
+        DistributedSampler gives for the same settings); with samples=True its samples per
+        epoch (padding included). Asked from a subprocess, cached."""
+        epoch = self.epoch
+        if epoch not in self._len:
+            if self.samples:
+                self._len[epoch] = _probe.rank_samples(self.loader_kw, epoch)
+            else:
+                self._len[epoch] = _probe.rank_steps(self.loader_kw, epoch)
+        return self._len[epoch]
 
     # ---- iteration (a DataLoader worker, or the main process without workers)
 
-    def _open(self) -> Loader:
+    def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
-        kw = dict(self.loader_kw)
-        if info is not None and info.num_workers > 1:
-            kw["share"] = (info.id, info.num_workers)
-        sd = self._resume
-        if sd is not None and sd["epoch"] == self.epoch and "cursor" in sd:
-            kw["resume"] = sd["cursor"]
+        self._iters += 1
+        if info is None:
+            key = (_shared.KEY_MAIN, os.getpid(), self._iters)
+            return self._run(key, 0, 1, None)
+        _shared.tie_to_trainer()
+        key = (_shared.KEY_WORKERS, (info.seed - info.id) & _MASK64, self._iters)
+        return self._run(key, info.id, info.num_workers, _shared.trainer_pid())
+
+    def _open_first(self, key, nshares, holder):
+        """Share 0 (worker 0, or the only process): where the iteration starts, the rank
+        claimed on behalf of the trainer, the lease published for the other shares."""
+        epoch, step, cursor = self._shared.begin(key)
+        kw = dict(self.loader_kw, holder_pid=holder)
+        if cursor:
+            kw["resume"] = cursor
         else:
-            kw["start"] = self.start()
+            kw["start"] = (epoch, step)
+        if nshares > 1:
+            kw["share"] = (0, nshares)
+        try:
+            lo = Loader(**kw)
+            if nshares > 1:
+                try:
+                    self._shared.publish(key, lo.lease())
+                except BaseException:
+                    lo.close()
+                    raise
+        except BaseException as e:
+            if nshares > 1:
+                self._shared.fail(key, "%s: %s" % (type(e).__name__, e))
+            raise
+        return lo
+
+    def _open_other(self, key, index, nshares):
+        """Share `index` > 0: waits for share 0's record of this iteration and opens where it
+        starts, confirming its lease; None when the iteration was abandoned meanwhile."""
+        kw = self.loader_kw
+        wait = float(kw.get("retry", 60.0)) + 3 * float(kw.get("timeout", 10.0)) + 30.0
+        rec = self._shared.wait_ready(key, wait)
+        if rec is None:
+            return None
+        if rec["status"] == _shared.FAILED:
+            raise errors.FailedPreconditionError(
+                "DataLoader worker %d: worker 0 could not claim the rank, so this worker "
+                "reads nothing (%s)" % (index, rec["error"]))
+        kw = dict(kw, share=(index, nshares), lease=rec["lease"])
+        if rec["cursor"]:
+            kw["resume"] = rec["cursor"]
+        else:
+            kw["start"] = (rec["epoch"], rec["step"])
         return Loader(**kw)
+
+    def _run(self, key, index, nshares, holder):
+        pool = (concurrent.futures.ThreadPoolExecutor(self.decode_threads)
+                if self.decode_threads > 0 and self.transform is not None else None)
+        if index > 0:
+            self._shared.slot(index, key, _shared.RUNNING)
+        try:
+            lo = (self._open_first(key, nshares, holder) if index == 0 else
+                  self._open_other(key, index, nshares))
+            if lo is None:
+                return
+            with lo:
+                for batch in lo:
+                    if self.samples:
+                        yield from self._decode(self._sample_values(batch), pool)
+                    else:
+                        yield self._item(batch, pool)
+                if index == 0 and nshares > 1:
+                    # The others confirm this loader's lease: keep it until they are done.
+                    self._shared.wait_done(key, nshares)
+        finally:
+            if index > 0:
+                self._shared.slot(index, key, _shared.DONE)
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def _sample_values(self, batch):
         if batch.arrays:  # named arrays: each sample's rows, as a tuple or a dict
@@ -199,20 +310,6 @@ class BatchDataset(torch.utils.data.IterableDataset):
                 "padding": torch.from_numpy(batch.padding), "epoch": batch.epoch,
                 "step": batch.step}
 
-    def __iter__(self) -> Iterator[Any]:
-        pool = (concurrent.futures.ThreadPoolExecutor(self.decode_threads)
-                if self.decode_threads > 0 and self.transform is not None else None)
-        try:
-            with self._open() as lo:
-                for batch in lo:
-                    if self.samples:
-                        yield from self._decode(self._sample_values(batch), pool)
-                    else:
-                        yield self._item(batch, pool)
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
-
 
 def _as_is(item):
     """A DataLoader's collate_fn that leaves a ready item as it is (module level: DataLoader
@@ -221,10 +318,11 @@ def _as_is(item):
 
 
 class DataLoader(torch.utils.data.DataLoader):
-    """torch.utils.data.DataLoader over a BatchDataset, with the epoch handled and a state:
+    """torch.utils.data.DataLoader over a BatchDataset, with a state:
 
-    * each iteration runs the dataset's current epoch and then moves it to the next one
-      (set_epoch), so ``for epoch in range(E): for batch in loader: ...`` walks the epochs;
+    * each iteration runs one epoch as the dataset's does (the epoch set_epoch or
+      load_state_dict named, else the next one), so ``for epoch in range(E): for batch in
+      loader: ...`` walks the epochs;
     * ``state_dict()`` is the position after the last batch this loader yielded (torchdata
       StatefulDataLoader style: a plain dict for torch.save and Accelerate's
       register_for_checkpointing); ``load_state_dict()`` makes the next iteration continue
@@ -232,7 +330,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     Batch mode defaults to ``batch_size=None`` (the dataset's items are batches already).
     Every other argument is torch's: num_workers, pin_memory, prefetch_factor,
-    persistent_workers=False (the default; workers read one epoch each), ...
+    persistent_workers, multiprocessing_context, worker_init_fn, ...
     """
 
     def __init__(self, dataset: BatchDataset, **kwargs):
@@ -247,14 +345,13 @@ class DataLoader(torch.utils.data.DataLoader):
         self._position = None  # (epoch, next step) while iterating or after
 
     def __iter__(self):
-        ds = self.dataset
-        epoch, step = ds.start()
+        # The iteration's start made explicit, so that its items are counted from it.
+        epoch, step = self.dataset._shared.next_start(arm=True)
         self._position = (epoch, step)
         for item in super().__iter__():
             step += 1
             self._position = (epoch, step)
             yield item
-        ds.set_epoch(epoch + 1)
         self._position = (epoch + 1, 0)
 
     def state_dict(self) -> Dict[str, Any]:

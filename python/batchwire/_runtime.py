@@ -1,0 +1,91 @@
+"""The process-wide glue between Python and libbatchwire: where the library's log lines go
+(Python's ``logging``), and how a blocking library call lets Python's signal handling run
+(Ctrl-C, a launcher's SIGTERM). Internal to the package: every blocking call of the binding
+goes through call() below, and every entry point calls prepare() first.
+"""
+
+import atexit
+import logging
+import threading
+
+from . import _lib
+
+BW_INTERRUPTED = -26
+
+_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+_state = {"fn": None, "explicit": False, "atexit": False}
+_lock = threading.Lock()
+
+
+def log_to_python(level=logging.INFO, logger="batchwire"):
+    """Sends libbatchwire's log lines to the `logging` logger named `logger`, for events at
+    `level` or more severe; None turns them off. Without a call the package sends WARNING and
+    ERROR lines to the "batchwire" logger (a coordinator being retried, a worker failing over
+    for good...), which Python prints on stderr unless logging is configured otherwise."""
+    with _lock:
+        _state["explicit"] = True
+        _install(level, logger)
+
+
+def _install(level, logger):
+    L = _lib.lib()
+    if level is None:
+        L.bw_set_log_callback(_lib._LOG_FN(), None, 0)
+        _state["fn"] = None
+        return
+    log = logging.getLogger(logger)
+    max_level = max((k for k, v in _LEVELS.items() if v >= level), default=0)
+
+    def cb(_user, lvl, line):
+        try:
+            log.log(_LEVELS.get(lvl, logging.INFO), "%s", line.decode("utf-8", "replace"))
+        except Exception:
+            pass
+
+    fn = _lib._LOG_FN(cb)
+    L.bw_set_log_callback(fn, None, max_level)
+    _state["fn"] = fn  # keep the trampoline alive as long as the library may call it
+    if not _state["atexit"]:
+        # Library threads must not call into an interpreter that is shutting down.
+        atexit.register(_quiet)
+        _state["atexit"] = True
+
+
+def _quiet():
+    if _state["fn"] is not None:
+        _lib.lib().bw_set_log_callback(_lib._LOG_FN(), None, 0)
+
+
+def prepare():
+    """Before the first library call of a Loader (or job_checkpoint, rank_steps): the default
+    log routing (WARNING to the "batchwire" logger) unless log_to_python() chose otherwise, and
+    the library's SIGINT/SIGTERM handlers in front of Python's (bw_interrupt_on_signals; again
+    if someone replaced them since)."""
+    L = _lib.lib()
+    if not _state["explicit"] and _state["fn"] is None:
+        with _lock:
+            if not _state["explicit"] and _state["fn"] is None:
+                _install(logging.WARNING, "batchwire")
+    L.bw_interrupt_on_signals()
+
+
+def _pending_signals():
+    """Nothing: calling a Python function is where the interpreter runs the signal handlers
+    that are pending (KeyboardInterrupt for SIGINT, the program's own SIGTERM handler)."""
+
+
+def call(fn, *args):
+    """fn(*args), a blocking library call, under the library's interrupt contract
+    (include/batchwire/batchwire.h, bw_interrupt_on_signals): when a signal interrupts it
+    (BW_INTERRUPTED), the flag is lowered, Python runs its signal handlers -- Ctrl-C raises
+    KeyboardInterrupt here, a SIGTERM handler runs (and may raise) -- and if they return, the
+    call is made again. Returns fn's result otherwise. The handlers are put back in front of
+    Python's first, in case the program installed its own since (signal.signal)."""
+    L = _lib.lib()
+    while True:
+        L.bw_interrupt_on_signals()
+        rc = fn(*args)
+        if rc != BW_INTERRUPTED:
+            return rc
+        L.bw_interrupt_clear()
+        _pending_signals()
