@@ -219,7 +219,7 @@ static void coord_waiting(void *arg, uint64_t waited_ms)
  * Service's name disappears while its pod restarts). An interrupt (bw_interrupt) ends the
  * call and the pauses within a slice. Every call in the loop is safe to repeat: GetOrCreateJob
  * and JoinJob by the same holder are idempotent, a cursor committed twice is the same
- * cursor. docs/client.md, "Retries". */
+ * cursor. docs/client.md, "Retries and silence". */
 static int coord_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMessage *req,
                       bw_arena *a, ProtobufCMessage **resp, char *err, size_t errlen)
 {
