@@ -77,10 +77,13 @@ int bw__describe_dataset(bw_coordinator *c, const Batchwire__V1__Dataset *datase
     uint64_t version;
     int rc = bw__membership_live(c->members, &tmp, &version, &ids, &addrs, &daddrs, &n);
     if (rc == BW_OK && n == 0) {
+        size_t nsrc = dataset->n_sources; /* named arrays: every field's */
+        for (size_t k = 0; k < dataset->n_fields; k++)
+            nsrc += dataset->fields[k]->n_sources;
         snprintf(err, errlen,
                  "no live storage worker to describe the dataset (format %s, %zu sources): start "
                  "a batchwire-worker with --coordinator %s, then retry",
-                 dataset->format, dataset->n_sources, c->bound);
+                 dataset->format, nsrc, c->bound);
         rc = BW_UNAVAILABLE;
     }
     Batchwire__V1__DescribeRequest req = BATCHWIRE__V1__DESCRIBE_REQUEST__INIT;
