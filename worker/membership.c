@@ -116,6 +116,28 @@ static int do_heartbeat(bw_worker *w, bool *known, uint32_t *interval_ms, char *
     return rc;
 }
 
+/* Whether two error sentences differ in more than their numbers ("last heartbeat 361 ms ago"
+ * and "... 1362 ms ago" are the same news). */
+static bool news(const char *a, const char *b)
+{
+    for (;;) {
+        bool da = *a >= '0' && *a <= '9', db = *b >= '0' && *b <= '9';
+        if (da && db) {
+            while (*a >= '0' && *a <= '9')
+                a++;
+            while (*b >= '0' && *b <= '9')
+                b++;
+            continue;
+        }
+        if (*a != *b)
+            return true;
+        if (!*a)
+            return false;
+        a++;
+        b++;
+    }
+}
+
 static void *membership_thread(void *arg)
 {
     bw_worker *w = arg;
@@ -159,9 +181,10 @@ static void *membership_thread(void *arg)
             break;
         }
         if (rc != BW_OK) {
-            /* Say it once, then again only when it changes or every 10 s. */
+            /* Say it once, then again only when it changes (not just its numbers) or every
+             * 10 s. */
             uint64_t now = bw__mono_ms();
-            if (strcmp(err, last_err) != 0 || now - last_err_ms > 10000) {
+            if (news(err, last_err) || now - last_err_ms > 10000) {
                 BW_WARN("worker=%s %s failed (will retry) err=%s", w->id,
                         registered ? "heartbeat" : "registration", err);
                 snprintf(last_err, sizeof(last_err), "%s", err);
