@@ -43,6 +43,7 @@ B = 5
 EPOCHS = 3
 SEED = 11
 SPLIT = (0, 40, 77, N)  # rows of each of the three files
+LEAKS = {"ASAN_OPTIONS": "detect_leaks=1"}  # sanitizer builds: this child checks for leaks
 
 
 def reference(x, y, rank, epoch, sampler_drop_last, drop_last):
@@ -202,7 +203,9 @@ def test(tmpdir):
     bt.check(got == [(w[0], w[1], w[2], w[3]) for w in want] and failovers >= 1,
              "a worker SIGKILLed mid-epoch (%d failover(s)): the rest read from the other "
              "worker, equal to torch's (%d batches)" % (failovers, len(want)))
-    workers[0] = bt.worker(tmpdir, coord.addr, "w2", data_root=root)
+    # in a sanitizer build this worker and the command-line runs below check for leaks
+    # (the test's own python runs with detect_leaks=0)
+    workers[0] = bt.worker(tmpdir, coord.addr, "w2", data_root=root, env=LEAKS)
 
     # ---- elastic resume: 4 ranks stop after 2 batches, 2 ranks finish the epoch
     eopts = dict(coordinator=coord.addr, dataset=fields, batch_size=B, shuffle=True, seed=SEED)
@@ -270,7 +273,7 @@ def test(tmpdir):
     r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "arr-cli", "--dataset-field",
                "x=npy:x/*.npy", "--dataset-field", "y=npy:y/*.npy", "--rank", "2",
                "--world-size", str(WORLD), "--batch-size", str(B), "--shuffle", "--seed",
-               str(SEED), timeout=60)
+               str(SEED), env=LEAKS, timeout=60)
     bt.check(r.returncode == 0, "batchwire fetch --dataset-field x=... --dataset-field y=...",
              r.stderr)
     lines = [json.loads(s) for s in r.stdout.splitlines() if '"step"' in s]
@@ -336,7 +339,7 @@ def test(tmpdir):
     # as row i of x then row i of y, and requests a hostile client makes
     import grpc
     import bwdata as bd
-    c = bd.DataClient(tmpdir, workers[1].addr)
+    c = bd.DataClient(tmpdir, workers[0].addr)
     pbm = c.pb
 
     def fields_ds(spec):
@@ -422,12 +425,17 @@ def test(tmpdir):
                      str(e)[-160:], str(e))
     r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "arr-bad-cli", "--dataset-field",
                "x=npy:x/*.npy", "--dataset-field", "y=npy:y_short.npy", "--rank", "0",
-               "--world-size", "1")
+               "--world-size", "1", env=LEAKS)
     bt.check(r.returncode != 0 and "field 'y'" in r.stderr,
              "batchwire fetch refuses mismatched lengths naming the field", r.stderr)
     bt.check(all(w.running() for w in workers) and coord.running(),
              "after every refusal the coordinator and the workers are up",
              [(w.name, w.proc.returncode, w.log_text()[-1500:]) for w in workers])
+    rc = workers[0].stop()
+    log = workers[0].log_text()
+    bt.check(rc == 0 and "Sanitizer" not in log,
+             "the worker that served the wire checks and the hostile requests stops cleanly "
+             "(exit 0, no sanitizer report)", log[-2000:])
 
 
 if __name__ == "__main__":
