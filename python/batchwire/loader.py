@@ -109,9 +109,12 @@ class Batch:
             self._hold = _Hold(loader, self)
 
     def __repr__(self):
+        extra = "" if self.shape is None else " shape=%r dtype=%s" % (self.shape, self.dtype)
+        if self.arrays:  # named arrays: each field's dtype and shape
+            extra = " fields=" + ",".join("%s:%s%r" % (n, d.str, list(sh))
+                                          for n, d, sh, _o, _b in self.arrays)
         return ("<batchwire.Batch epoch=%d step=%d count=%d real=%d%s>" %
-                (self.epoch, self.step, self.count, self.real,
-                 "" if self.shape is None else " shape=%r dtype=%s" % (self.shape, self.dtype)))
+                (self.epoch, self.step, self.count, self.real, extra))
 
     def __len__(self):
         return self.count
