@@ -1,0 +1,171 @@
+"""Fencing under PyTorch's DataLoader workers (issue 30, item 2; docs/client.md, "Fencing",
+"Under PyTorch's DataLoader").
+
+A coordinator with a 1 s lease and two storage workers serve a .npy dataset. A trainer runs
+torch's DataLoader(batchwire.torch.BatchDataset, num_workers=2, prefetch_factor=2) over rank 0,
+printing every item (and each worker the exception that ended its iteration). The test stops
+the trainer and its workers (SIGSTOP to its process group) at a random moment, waits past the
+lease, lets `batchwire fetch` take the rank and give it back, and continues the trainer.
+Worker 0 holds the lease and worker 1 confirms the same lease (it opened its share with it),
+so both stop for good with LeaseLostError while the stopped loop's iterator still gives them
+tasks: the trainer prints at most the items that were already under way -- torch's
+prefetch_factor x num_workers outstanding items, plus the one its loop held -- and then raises
+LeaseLostError (BW_LEASE_LOST) from a worker. With the fork and forkserver contexts in the
+plain build, forkserver and spawn in the sanitizer build (a plain fork of a multi-threaded
+process under ASan can deadlock), two trials each.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import bwpy
+import bwtest as bt
+
+N, B = 4000, 2
+PREFETCH_FACTOR, WORKERS = 2, 2
+LEASE_MS = 1000
+
+TRAINER = r'''
+import sys, time
+import torch.utils.data
+from batchwire.torch import BatchDataset
+
+
+class Reporting(BatchDataset):
+    """Says on stdout which exception ended each DataLoader worker's iteration."""
+
+    def __iter__(self):
+        it = super().__iter__()
+        info = torch.utils.data.get_worker_info()
+
+        def run():
+            try:
+                yield from it
+            except Exception as e:
+                print("worker-error %%d %%s" %% (info.id, type(e).__name__), flush=True)
+                raise
+        return run()
+
+
+def main():
+    addr, job, ctx = sys.argv[1], sys.argv[2], sys.argv[3]
+    ds = Reporting(coordinator=addr, job=job, dataset="npy:ds/part-00000.npy",
+                      batch_size=%d, rank=0, world_size=1, prefetch=2)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=%d, prefetch_factor=%d,
+                                     multiprocessing_context=ctx)
+    try:
+        while True:
+            for item in dl:
+                print("batch %%d %%d" %% (item["epoch"], item["step"]), flush=True)
+                time.sleep(0.005)
+    except Exception as e:
+        print("error %%s" %% " | ".join(str(e).splitlines()), flush=True)
+        time.sleep(1.5)  # the iterator lives on: its workers run the tasks they were given
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()
+''' % (B, WORKERS, PREFETCH_FACTOR)
+
+
+class Lines:
+    """The child's stdout lines as they arrive (a thread reads them)."""
+
+    def __init__(self, p):
+        self.lines = []
+        self.cv = threading.Condition()
+        threading.Thread(target=self._read, args=(p,), daemon=True).start()
+
+    def _read(self, p):
+        for line in p.stdout:
+            with self.cv:
+                self.lines.append(line.strip())
+                self.cv.notify_all()
+        with self.cv:
+            self.lines.append(None)
+            self.cv.notify_all()
+
+    def wait(self, pred, timeout, what):
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while not pred(self.lines):
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.lines and self.lines[-1] is None):
+                    # (its stderr is in trainer-JOB.log, which bwtest prints on failure)
+                    raise bt.TestFailure("the trainer printed no %s; its last lines: %s"
+                                         % (what, self.lines[-5:]))
+                self.cv.wait(left)
+            return list(self.lines)
+
+
+def test(tmpdir):
+    bwpy.import_batchwire()
+    root = os.path.join(tmpdir, "data")
+    os.makedirs(root)
+    bwpy.gen_npy(root, "ds", N, (4,))
+    coord = bt.coordinator(tmpdir, args=["--lease-ms", str(LEASE_MS)])
+    for i in range(2):
+        bt.worker(tmpdir, coord.addr, "w%d" % i, data_root=root)
+    bt.poll(lambda: sum(w["state"] == "alive"
+                        for w in bt.status_json(coord.addr)["workers"]) == 2,
+            20, what="2 live workers")
+    asan = "address" in bwpy.sanitize_flags()
+    contexts = ("forkserver", "spawn") if asan else ("fork", "forkserver")
+    code = os.path.join(tmpdir, "trainer.py")
+    with open(code, "w") as f:
+        f.write(TRAINER)
+    env = bt.child_env({"BATCHWIRE_LIB": os.environ["BATCHWIRE_LIB"],
+                        "PYTHONPATH": os.path.join(bt.SOURCE_DIR, "python")})
+    bound = PREFETCH_FACTOR * WORKERS + 1
+    rng = random.Random(7)
+    for ctx in contexts:
+        for trial in range(2):
+            job = "fence-%s-%d" % (ctx, trial)
+            errf = open(os.path.join(tmpdir, "trainer-" + job + ".log"), "w")
+            p = subprocess.Popen([sys.executable, code, coord.addr, job, ctx],
+                                 stdout=subprocess.PIPE, stderr=errf, env=env,
+                                 start_new_session=True, text=True)
+            errf.close()
+            bt._register(p)
+            out = Lines(p)
+            out.wait(lambda ls: sum(1 for x in ls if x and x.startswith("batch")) >= 30, 120,
+                     "30 batches")
+            time.sleep(rng.uniform(0.0, 0.3))
+            os.killpg(p.pid, signal.SIGSTOP)  # the trainer and its DataLoader workers
+            time.sleep(LEASE_MS / 1000.0 * 1.6)
+            before = len(out.wait(lambda ls: True, 1, "lines"))
+            r = bt.cli("fetch", "--coordinator", coord.addr, "--job", job, "--dataset",
+                       bwpy.NPY, "--rank", 0, "--world-size", 1, "--batch-size", B,
+                       "--max-steps", 1, "--quiet", timeout=60)
+            bt.check(r.returncode == 0, "%s, trial %d: with the trainer stopped past its lease, "
+                     "batchwire fetch takes rank 0 (and gives it back)" % (ctx, trial),
+                     r.stderr)
+            os.killpg(p.pid, signal.SIGCONT)
+            lines = out.wait(lambda ls: any(x and x.startswith("error") for x in ls[before:]),
+                             60, "error after it was continued")
+            after = [x for x in lines[before:] if x and x.startswith("batch")]
+            err = [x for x in lines[before:] if x and x.startswith("error")][0]
+            p.wait(60)
+            lines = out.wait(lambda ls: ls and ls[-1] is None, 30, "end of output")
+            stopped = sorted({x.split()[1] for x in lines[before:]
+                              if x and x.startswith("worker-error") and
+                              x.endswith("LeaseLostError")})
+            bt.check(len(after) <= bound and "LEASE_LOST" in err and p.returncode == 3,
+                     "%s, trial %d: continued after the takeover, the trainer printed %d "
+                     "item(s) (at most %d: torch's prefetch_factor x num_workers under way, and "
+                     "the one its loop held) and stopped with LeaseLostError from a worker"
+                     % (ctx, trial, len(after), bound), (after, err[:600]))
+            bt.check(stopped == ["0", "1"], "%s, trial %d: both DataLoader workers stopped "
+                     "with LeaseLostError (worker 1 confirms worker 0's lease)" % (ctx, trial),
+                     [x for x in lines[before:] if x and not x.startswith("batch")])
+
+
+if __name__ == "__main__":
+    bwpy.maybe_reexec_under_asan()
+    bt.main(test, timeout=300)
