@@ -442,6 +442,9 @@ def signals(tmpdir, coord, storage, contexts):
     p.communicate(timeout=30)
     bt.check(took <= 1.0 and p.returncode == 130, "Ctrl-C while waiting for stopped storage "
              "workers: KeyboardInterrupt after %.2f s" % took)
+    bt.poll(lambda: sum(w["state"] == "alive"
+                        for w in bt.status_json(coord.addr)["workers"]) == len(storage),
+            30, what="the storage workers alive again")
 
 
 def restart(tmpdir, coord, contexts):
