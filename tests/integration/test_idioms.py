@@ -8,7 +8,8 @@ two ranks, batch size 4, shuffled (torch mode, seed 11).
 * torch's DataLoader over batchwire.torch.BatchDataset, three epochs, in each worker mode:
   the fork, spawn and forkserver contexts, persistent_workers on and off, 0, 2 and 3 workers,
   prefetch_factor, pin_memory, worker_init_fn; epochs by set_epoch(e) each time and by a plain
-  ``for epoch in range(3)`` loop (the dataset moves on by itself), and set_epoch going back.
+  ``for epoch in range(3)`` loop (the dataset moves on by itself), set_epoch going back, and
+  with persistent workers enumerate + break (the next iteration runs the next epoch).
   len(DataLoader) before the first iteration (asked from a subprocess: the fork context then
   still forks cleanly). batchwire.torch.DataLoader: enumerate, break, state_dict(), a new
   DataLoader resumed with load_state_dict and ``for e in range(sd["epoch"], 3):
@@ -230,6 +231,10 @@ def test(tmpdir):
             got = [item_row(it) for it in dl]
             bt.check(got == want(1, rank) and ds.epoch == 1, "%s: set_epoch(1) after epoch 2 "
                      "runs epoch 1 again (set_epoch wins)" % what)
+            first, _ = enumerate_break(dl, item_row, 2, lambda: None)
+            got = [item_row(it) for it in dl]
+            bt.check(first == want(2, rank)[:3] and got == want(3, rank), "%s: enumerate + "
+                     "break after 3 batches of epoch 2; the next iteration runs epoch 3" % what)
         del dl
 
     # batchwire.torch.DataLoader: enumerate + break + state_dict, resumed in a new one.
