@@ -123,13 +123,18 @@ if __name__ == "__main__":
 '''
 
 RESTART_CHILD = r'''
-import sys, time
+import os, sys, time
 import torch.utils.data
 from batchwire.torch import BatchDataset
 
 
+def say(line):
+    """One write per line: the DataLoader's workers print to the same pipe."""
+    os.write(1, (line + "\n").encode())
+
+
 def announce(worker_id):
-    print("worker %d %.6f" % (worker_id, time.time()), flush=True)
+    say("worker %d %.6f" % (worker_id, time.time()))
 
 
 def main():
@@ -138,14 +143,14 @@ def main():
                       rank=0, world_size=1, prefetch=2)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
                                      multiprocessing_context=ctx, worker_init_fn=announce)
-    print("iterating %.6f" % time.time(), flush=True)
+    say("iterating %.6f" % time.time())
     try:
         while True:
             for item in dl:
-                print("batch %d %.6f" % (item["step"], time.time()), flush=True)
+                say("batch %d %.6f" % (item["step"], time.time()))
                 time.sleep(0.2)  # an epoch lasts 18 s: the second trainer comes within it
     except Exception as e:
-        print("error %s" % " | ".join(str(e).splitlines()), flush=True)
+        say("error %s" % " | ".join(str(e).splitlines()))
         sys.exit(3)
 
 

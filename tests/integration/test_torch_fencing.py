@@ -31,9 +31,14 @@ PREFETCH_FACTOR, WORKERS = 2, 2
 LEASE_MS = 1000
 
 TRAINER = r'''
-import sys, time
+import os, sys, time
 import torch.utils.data
 from batchwire.torch import BatchDataset
+
+
+def say(line):
+    """One write per line: the DataLoader's workers print to the same pipe."""
+    os.write(1, (line + "\n").encode())
 
 
 class Reporting(BatchDataset):
@@ -47,7 +52,7 @@ class Reporting(BatchDataset):
             try:
                 yield from it
             except Exception as e:
-                print("worker-error %%d %%s" %% (info.id, type(e).__name__), flush=True)
+                say("worker-error %%d %%s" %% (info.id, type(e).__name__))
                 raise
         return run()
 
@@ -55,16 +60,16 @@ class Reporting(BatchDataset):
 def main():
     addr, job, ctx = sys.argv[1], sys.argv[2], sys.argv[3]
     ds = Reporting(coordinator=addr, job=job, dataset="npy:ds/part-00000.npy",
-                      batch_size=%d, rank=0, world_size=1, prefetch=2)
+                   batch_size=%d, rank=0, world_size=1, prefetch=2)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=%d, prefetch_factor=%d,
                                      multiprocessing_context=ctx)
     try:
         while True:
             for item in dl:
-                print("batch %%d %%d" %% (item["epoch"], item["step"]), flush=True)
+                say("batch %%d %%d" %% (item["epoch"], item["step"]))
                 time.sleep(0.005)
     except Exception as e:
-        print("error %%s" %% " | ".join(str(e).splitlines()), flush=True)
+        say("error %%s" %% " | ".join(str(e).splitlines()))
         time.sleep(1.5)  # the iterator lives on: its workers run the tasks they were given
         sys.exit(3)
 
