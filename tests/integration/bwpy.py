@@ -4,7 +4,9 @@
   for a sanitizer build, the test re-executed with the ASan runtime preloaded, or skipped);
 * cluster(): a coordinator and workers on loopback serving a data root;
 * gen_npy(): a float32 .npy dataset written by `batchwire gen`;
-* plan(): `batchwire plan` for every rank, {rank: [batch, ...]}.
+* plan(): `batchwire plan` for every rank, {rank: [batch, ...]};
+* python_child(): a Python child using the package, its stdout lines read as they come
+  (ChildLines: waiting for a line has a deadline).
 """
 
 import json
@@ -159,3 +161,79 @@ def in_threads(fn, items, timeout=120):
         raise failures[0]
     bt.check(len(results) == len(items), "%d threads finished" % len(items))
     return results
+
+
+class ChildLines:
+    """A child's stdout, read line by line by a thread as it arrives (so that waiting for a
+    line has a deadline even when the child prints nothing). `lines` ends with None at EOF."""
+
+    def __init__(self, p, errfile=None):
+        import threading
+        self.p, self.errfile = p, errfile
+        self.lines = []
+        self.cursor = 0  # next() looks at lines from here on
+        self.cv = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            with self.cv:
+                self.lines.append(line.rstrip("\n"))
+                self.cv.notify_all()
+        with self.cv:
+            self.lines.append(None)
+            self.cv.notify_all()
+
+    def _fail(self, what):
+        err = ""
+        if self.errfile:
+            try:
+                with open(self.errfile, errors="replace") as f:
+                    err = f.read()[-3000:]
+            except OSError:
+                pass
+        raise bt.TestFailure("the child (pid %d) printed no %s; status %s\nstdout (last lines): "
+                             "%s\nstderr: %s" % (self.p.pid, what, self.p.poll(),
+                                                 [x for x in self.lines[-8:]], err))
+
+    def wait(self, pred, timeout, what):
+        """All lines so far, once pred(lines) holds; TestFailure after `timeout` s or EOF."""
+        import time
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while not pred(self.lines):
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.lines and self.lines[-1] is None):
+                    self._fail(what)
+                self.cv.wait(left)
+            return list(self.lines)
+
+    def next(self, prefix, timeout=60):
+        """The words of the next line (after the last one next() returned) that starts with
+        `prefix`."""
+        def found(lines):
+            for i in range(self.cursor, len(lines)):
+                if lines[i] is not None and lines[i].startswith(prefix):
+                    return True
+            return False
+
+        lines = self.wait(found, timeout, "line starting with %r" % prefix)
+        for i in range(self.cursor, len(lines)):
+            if lines[i] is not None and lines[i].startswith(prefix):
+                self.cursor = i + 1
+                return lines[i].split()
+
+
+def python_child(tmpdir, name, argv):
+    """A Python child using the package of the source tree with this build's library, in its
+    own session (killed with the test); its stdout read by a ChildLines (p.out), its stderr in
+    tmpdir/NAME.log (printed by bwtest when the test fails)."""
+    errfile = os.path.join(tmpdir, name + ".log")
+    env = bt.child_env({"BATCHWIRE_LIB": lib_path(),
+                        "PYTHONPATH": os.path.join(bt.SOURCE_DIR, "python")})
+    with open(errfile, "a") as err:
+        p = subprocess.Popen([sys.executable] + list(argv), stdout=subprocess.PIPE, stderr=err,
+                             env=env, start_new_session=True, text=True)
+    bt._register(p)
+    p.out = ChildLines(p, errfile)
+    return p

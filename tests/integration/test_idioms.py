@@ -36,8 +36,6 @@ BW_IDIOMS_ONLY=dataloader,loader,signals,restart runs only those parts (for debu
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import bwpy
@@ -357,45 +355,22 @@ def loader_idioms(batchwire, opts, arr, ref_len):
         bt.check(ok, "zip(rank 0's loader, rank 1's loader) for two epochs: each rank's batches")
 
 
-def start(argv):
-    """A Python child (the package from the source tree, this build's library)."""
-    env = bt.child_env({"BATCHWIRE_LIB": os.environ["BATCHWIRE_LIB"],
-                        "PYTHONPATH": os.path.join(bt.SOURCE_DIR, "python")})
-    p = subprocess.Popen([sys.executable] + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=env, start_new_session=True, text=True)
-    bt._register(p)
-    return p
-
-
-def wait_line(p, prefix, timeout=60):
-    """The words of the child's next stdout line starting with `prefix`."""
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            break
-        if line.startswith(prefix):
-            return line.split()
-        seen.append(line)
-    p.kill()
-    out, err = p.communicate()
-    raise bt.TestFailure("the child printed no %r line (status %s)\nstdout: %s\nstderr: %s"
-                         % (prefix, p.returncode, "".join(seen) + out, err[-3000:]))
-
-
 def signals(tmpdir, coord, storage, contexts):
     """Ctrl-C and SIGTERM in child processes, in each phase."""
     code = os.path.join(tmpdir, "signal_child.py")
     with open(code, "w") as f:
         f.write(SIGNAL_CHILD)
 
+    runs = []
+
     def signalled(phase, addr, sig, after, expect, extra=()):
         """Starts a child in `phase`, sends `sig` `after` s after it is there, returns
         (seconds from the signal to `expect`'s line -- or to the exit for None --, the
-        child's stderr)."""
-        p = start([code, phase, addr, "sig-" + phase] + list(extra))
-        wait_line(p, "ready")
+        child's exit status, its stderr)."""
+        runs.append(phase)
+        name = "sig-%s-%d" % (phase, len(runs))
+        p = bwpy.python_child(tmpdir, name, [code, phase, addr, "sig-" + phase] + list(extra))
+        p.out.next("ready")
         time.sleep(after)
         t0 = time.time()
         p.send_signal(sig)
@@ -403,9 +378,10 @@ def signals(tmpdir, coord, storage, contexts):
             p.wait(30)
             took = time.time() - t0
         else:
-            took = float(wait_line(p, expect, 30)[1]) - t0
-        out, err = p.communicate(timeout=30)
-        return took, p.returncode, err
+            took = float(p.out.next(expect, 30)[1]) - t0
+        p.wait(30)
+        with open(os.path.join(tmpdir, name + ".log"), errors="replace") as f:
+            return took, p.returncode, f.read()
 
     dead_port = socket.socket()
     dead_port.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
@@ -437,19 +413,19 @@ def signals(tmpdir, coord, storage, contexts):
 
     # Waiting for storage workers that are stopped.
     stopped = [w.pid for w in storage]
-    p = start([code, "stalled", coord.addr, "sig-stalled"])
-    wait_line(p, "ready")
+    p = bwpy.python_child(tmpdir, "sig-stalled", [code, "stalled", coord.addr, "sig-stalled"])
+    p.out.next("ready")
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
     try:
         time.sleep(1.5)  # the prefetched batches are gone; the loader waits for a worker
         t0 = time.time()
         p.send_signal(signal.SIGINT)
-        took = float(wait_line(p, "KeyboardInterrupt", 30)[1]) - t0
+        took = float(p.out.next("KeyboardInterrupt", 30)[1]) - t0
     finally:
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
-    p.communicate(timeout=30)
+    p.wait(30)
     bt.check(took <= 1.0 and p.returncode == 130, "Ctrl-C while waiting for stopped storage "
              "workers: KeyboardInterrupt after %.2f s" % took)
     bt.poll(lambda: sum(w["state"] == "alive"
@@ -464,14 +440,14 @@ def restart(tmpdir, coord, contexts):
         f.write(RESTART_CHILD)
     for ctx in contexts[:2]:
         job = "restart-" + ctx
-        t1 = start([rcode, coord.addr, job, ctx])
-        wait_line(t1, "batch")
-        wait_line(t1, "batch")
+        t1 = bwpy.python_child(tmpdir, job + "-1", [rcode, coord.addr, job, ctx])
+        t1.out.next("batch")
+        t1.out.next("batch")
         workers = bt.poll(lambda: descendants(t1.pid), 30, what="the DataLoader's workers")
         os.kill(t1.pid, signal.SIGKILL)
-        t2 = start([rcode, coord.addr, job, ctx])
-        t_iter = float(wait_line(t2, "worker 0")[2])  # worker 0 is about to claim the rank
-        first = wait_line(t2, "batch")
+        t2 = bwpy.python_child(tmpdir, job + "-2", [rcode, coord.addr, job, ctx])
+        t_iter = float(t2.out.next("worker 0")[2])  # worker 0 is about to claim the rank
+        first = t2.out.next("batch")
         took = float(first[2]) - t_iter
         try:
             bt.poll(lambda: not any(alive(w) for w in workers), 10,
@@ -483,16 +459,20 @@ def restart(tmpdir, coord, contexts):
                  "%d processes (workers, any fork server) died with it, and a trainer started "
                  "at once has its rank back %.2f s after its DataLoader worker 0 started"
                  % (ctx, len(workers), took))
-        t3 = start([rcode, coord.addr, job, ctx])
-        line = " ".join(wait_line(t3, "error", 120))
+        t3 = bwpy.python_child(tmpdir, job + "-3", [rcode, coord.addr, job, ctx])
+        line = " ".join(t3.out.next("error", 120))
         line = line[line.rfind("BW_ALREADY_EXISTS"):]
         bt.check("ALREADY_EXISTS" in line and "LOCAL_RANK" in line,
                  "a second live trainer on the rank is refused with the LOCAL_RANK hint: %s"
                  % line[:240], line)
         t2.kill()
-        _, err2 = t2.communicate(timeout=30)
-        t1.communicate(timeout=30)
-        bt.check("LOCAL_RANK" not in err2, "the restarted trainer never saw the LOCAL_RANK hint")
+        t2.wait(30)
+        t1.wait(30)
+        with open(os.path.join(tmpdir, job + "-2.log"), errors="replace") as f:
+            err2 = f.read()
+        out2 = "\n".join(x for x in t2.out.lines if x is not None)
+        bt.check("LOCAL_RANK" not in err2 + out2,
+                 "the restarted trainer never saw the LOCAL_RANK hint")
 
 
 def descendants(pid):

@@ -18,9 +18,6 @@ process under ASan can deadlock), two trials each.
 import os
 import random
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import bwpy
@@ -79,36 +76,6 @@ if __name__ == "__main__":
 ''' % (B, WORKERS, PREFETCH_FACTOR)
 
 
-class Lines:
-    """The child's stdout lines as they arrive (a thread reads them)."""
-
-    def __init__(self, p):
-        self.lines = []
-        self.cv = threading.Condition()
-        threading.Thread(target=self._read, args=(p,), daemon=True).start()
-
-    def _read(self, p):
-        for line in p.stdout:
-            with self.cv:
-                self.lines.append(line.strip())
-                self.cv.notify_all()
-        with self.cv:
-            self.lines.append(None)
-            self.cv.notify_all()
-
-    def wait(self, pred, timeout, what):
-        deadline = time.monotonic() + timeout
-        with self.cv:
-            while not pred(self.lines):
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.lines and self.lines[-1] is None):
-                    # (its stderr is in trainer-JOB.log, which bwtest prints on failure)
-                    raise bt.TestFailure("the trainer printed no %s; its last lines: %s"
-                                         % (what, self.lines[-5:]))
-                self.cv.wait(left)
-            return list(self.lines)
-
-
 def test(tmpdir):
     bwpy.import_batchwire()
     root = os.path.join(tmpdir, "data")
@@ -125,20 +92,13 @@ def test(tmpdir):
     code = os.path.join(tmpdir, "trainer.py")
     with open(code, "w") as f:
         f.write(TRAINER)
-    env = bt.child_env({"BATCHWIRE_LIB": os.environ["BATCHWIRE_LIB"],
-                        "PYTHONPATH": os.path.join(bt.SOURCE_DIR, "python")})
     bound = PREFETCH_FACTOR * WORKERS + 1
     rng = random.Random(7)
     for ctx in contexts:
         for trial in range(2):
             job = "fence-%s-%d" % (ctx, trial)
-            errf = open(os.path.join(tmpdir, "trainer-" + job + ".log"), "w")
-            p = subprocess.Popen([sys.executable, code, coord.addr, job, ctx],
-                                 stdout=subprocess.PIPE, stderr=errf, env=env,
-                                 start_new_session=True, text=True)
-            errf.close()
-            bt._register(p)
-            out = Lines(p)
+            p = bwpy.python_child(tmpdir, "trainer-" + job, [code, coord.addr, job, ctx])
+            out = p.out
             out.wait(lambda ls: sum(1 for x in ls if x and x.startswith("batch")) >= 30, 120,
                      "30 batches")
             time.sleep(rng.uniform(0.0, 0.3))
