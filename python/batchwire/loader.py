@@ -845,6 +845,9 @@ class Loader:
             if b is None:
                 return
             yield b
+            # Not kept here while the next batch is asked for: a batch nobody else holds
+            # needs no snapshot (_move_on).
+            del b
 
     def next_epoch(self) -> None:
         """Starts the next epoch at step 0 (also when the current one was left unfinished)."""

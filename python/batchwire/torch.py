@@ -260,10 +260,10 @@ class BatchDataset(torch.utils.data.IterableDataset):
                 return
             with lo:
                 for batch in lo:
-                    if self.samples:
-                        yield from self._decode(self._sample_values(batch), pool)
-                    else:
-                        yield self._item(batch, pool)
+                    out = (self._decode(self._sample_values(batch), pool) if self.samples else
+                           [self._item(batch, pool)])
+                    del batch  # (the loader then keeps nothing of it for later: _move_on)
+                    yield from out
                 if index == 0 and nshares > 1:
                     # The others confirm this loader's lease: keep it until they are done.
                     self._shared.wait_done(key, nshares)
