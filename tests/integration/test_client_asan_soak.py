@@ -112,7 +112,7 @@ def test(tmpdir):
     first, _ = e2e.Fetch(cl.addr, "soak-npy", spec, c, 0, world=2,
                          extra=["--max-steps", 30, "--cursor-out", cur]).ok(60)
     # The holder must still run when the duplicate joins: a clean exit releases the rank at
-    # once (LeaveJob), so it runs until SIGTERM, which ends it cleanly (exit 0).
+    # once (LeaveJob), so it runs until SIGTERM, which ends it cleanly (exit 128 + SIGTERM).
     holder = e2e.Fetch(cl.addr, "soak-npy", spec, c, 1, world=2, extra=["--epochs", 100000])
     bt.poll(lambda: holder.batches_seen() > 0 or holder.proc.poll() is not None, 30,
             what="rank 1 to start")
@@ -120,7 +120,7 @@ def test(tmpdir):
     err = dup.refused(60)
     bt.check("BW_ALREADY_EXISTS" in err, "a duplicate rank is refused, leak-free", err)
     holder.proc.send_signal(signal.SIGTERM)
-    holder.ok(120)
+    holder.ok(120, status=143)
     text = read_cursor(cur)
     bad = e2e.Fetch(cl.addr, "soak-npy", spec, c, 0, world=2, extra=["--resume", text[:-2]])
     bt.check("BW_CORRUPT" in bad.refused(60), "a corrupt cursor is refused, leak-free")

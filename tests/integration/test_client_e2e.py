@@ -334,11 +334,12 @@ class Fetch:
                 batches.append(o)
         return batches, summary
 
-    def ok(self, timeout=60, what=""):
-        """Waits; the process must exit 0 with a summary and no sanitizer report."""
+    def ok(self, timeout=60, what="", status=0):
+        """Waits; the process must exit with `status` (0; 143 after a SIGTERM, 128 + the
+        signal) with a summary and no sanitizer report."""
         rc = self.wait(timeout)
         check_clean_log("fetch rank %d" % self.rank, self.stderr())
-        if rc != 0:
+        if rc != status:
             raise bt.TestFailure("%sbatchwire fetch rank %d exited %d\nargv: %s\nstderr:\n%s" %
                                  (what and what + ": ", self.rank, rc, " ".join(self.argv),
                                   self.stderr()[-3000:]))
