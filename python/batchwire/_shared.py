@@ -100,6 +100,16 @@ class SharedState:
         if created:
             _REQ.pack_into(self._map, _REQ_AT, 1, 0, 0, 0)  # requested: epoch 0, step 0
 
+    def __del__(self):
+        # This process's mapping and descriptor (workers have their own copies).
+        for close in (getattr(self, "_map", None) and self._map.close,
+                      lambda: os.close(self._fd)):
+            try:
+                if close:
+                    close()
+            except (OSError, ValueError, AttributeError):
+                pass
+
     def __reduce__(self):
         # A duplicate of the descriptor travels with the pickle into a spawn or forkserver
         # worker while it is being started (multiprocessing.reduction.DupFd).
