@@ -24,17 +24,17 @@ def rank_steps(options, epoch):
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     request = json.dumps({"options": options, "epoch": int(epoch)}, default=str)
+    # stderr is the caller's: the library's WARNING lines (a coordinator being retried) show.
     r = subprocess.run([sys.executable, "-m", "batchwire._probe"], input=request.encode(),
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                       stdout=subprocess.PIPE, env=env)
     lines = [ln for ln in r.stdout.decode("utf-8", "replace").splitlines() if ln.startswith("{")]
     try:
         answer = json.loads(lines[-1])
     except (IndexError, ValueError):
         raise errors.InternalError(
             "len(): the subprocess asking the coordinator for this rank's steps (%s -m "
-            "batchwire._probe) ended with status %d and no answer: %s" % (
-                sys.executable, r.returncode,
-                r.stderr.decode("utf-8", "replace").strip()[-800:] or "(no output)"))
+            "batchwire._probe) ended with status %d and no answer (its messages are on "
+            "stderr above)" % (sys.executable, r.returncode))
     if "error" in answer:
         e = answer["error"]
         raise errors.from_rc(int(e.get("rc", -23)), e.get("message", ""), code=e.get("code"))
