@@ -186,16 +186,29 @@ static void tar_member(FILE *f, const char *name, const uint8_t *data, uint64_t 
     fwrite(zeros, 1, (512 - len % 512) % 512, f);
 }
 
-static int parse_shape(const char *text, uint64_t *shape, int *ndim)
+/* "D1,D2,..." into shape[0..*ndim): each a decimal number of at least 1 (no sign), and one
+ * sample (their product times `item` bytes) at most 2^32 bytes, the --sample-bytes limit;
+ * otherwise -1 with the reason in why. */
+static int parse_shape(const char *text, uint64_t item, uint64_t *shape, int *ndim, char *why,
+                       size_t whylen)
 {
     *ndim = 0;
     const char *p = text;
+    uint64_t bytes = item;
+    snprintf(why, whylen, "expected D1,D2,... (decimal numbers of at least 1, up to 16)");
     while (*p) {
         char *end;
         errno = 0;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (end == p || errno || *ndim == 16 || (*end && *end != ','))
+        if (*p < '0' || *p > '9')
             return -1;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (errno || v == 0 || *ndim == 16 || (*end && *end != ','))
+            return -1;
+        if (v > (1ull << 32) || bytes * v > (1ull << 32)) {
+            snprintf(why, whylen, "one sample would exceed %llu bytes", 1ull << 32);
+            return -1;
+        }
+        bytes *= v;
         shape[(*ndim)++] = v;
         p = *end ? end + 1 : end;
     }
@@ -245,8 +258,8 @@ static int parse_field(const char *text, gen_field *f, char *err, size_t errlen)
                  text, dt);
         return BW_INVALID_ARGUMENT;
     }
-    if (c2 && parse_shape(c2 + 1, f->shape, &f->ndim) != 0) {
-        snprintf(err, errlen, "--fields '%s': shape '%s': expected D1,D2,...", text, c2 + 1);
+    if (c2 && parse_shape(c2 + 1, f->item, f->shape, &f->ndim, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "--fields '%s': shape '%s': %s", text, c2 + 1, why);
         return BW_INVALID_ARGUMENT;
     }
     f->elems = 1;
@@ -576,8 +589,9 @@ static int run_gen(int argc, char **argv)
             bw__config_free(options, &cfg);
             return 2;
         }
-        if (cfg.shape && parse_shape(cfg.shape, shape, &ndim) != 0) {
-            fprintf(stderr, "batchwire gen: --shape '%s': expected D1,D2,...\n", cfg.shape);
+        char why[128];
+        if (cfg.shape && parse_shape(cfg.shape, item, shape, &ndim, why, sizeof(why)) != 0) {
+            fprintf(stderr, "batchwire gen: --shape '%s': %s\n", cfg.shape, why);
             bw__config_free(options, &cfg);
             return 2;
         }

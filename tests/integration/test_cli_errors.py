@@ -372,6 +372,17 @@ def check_names_and_ranks(tmp):
                  "float32", "--sample-bytes", "10"], 2,
                 ["--sample-bytes 10 is not a multiple of the item size of --dtype float32 "
                  "(4 bytes)"])
+    # A shape's dimensions are numbers of at least 1 (strtoull took "-1" as 2^64 - 1 and gen
+    # tried to allocate a row of 2^64 - 12 bytes), and one sample fits --sample-bytes' limit.
+    gen = [CLI, "gen", "--format", "npy", "--out", os.path.join(tmp, "g")]
+    for shape in ("3,-1", "0", "+3", "3,,2"):
+        expect_exit(gen + ["--fields", "x:float32:" + shape, "y:int64"], 2,
+                    ["--fields 'x:float32:%s': shape '%s': expected D1,D2,... (decimal numbers "
+                     "of at least 1" % (shape, shape)])
+    expect_exit(gen + ["--dtype", "float32", "--shape", "3,-1"], 2,
+                ["--shape '3,-1': expected D1,D2,..."])
+    expect_exit(gen + ["--fields", "x:int64:65536,65536"], 2,
+                ["shape '65536,65536': one sample would exceed 4294967296 bytes"])
 
 
 def test(tmp):
