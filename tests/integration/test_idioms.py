@@ -23,7 +23,8 @@ two ranks, batch size 4, shuffled (torch mode, seed 11).
   mid-loop, while waiting for stopped storage workers, and in a DataLoader loop with workers;
   SIGTERM during a join to an unreachable coordinator runs the program's handler within 1 s
   (after the retry was reported through logging, naming the address), and without a handler
-  ends the process within 1 s.
+  ends the process within 1 s; SIGTERM while waiting for stopped storage workers runs a
+  handler the program installed after the Loader was opened within 1 s.
 * Restart: a trainer with DataLoader workers (fork and forkserver in the plain build,
   forkserver and spawn in the sanitizer build) is SIGKILLed mid-epoch; its workers die with
   it, and a trainer started at once gets its rank back within 3 s (from its DataLoader worker
@@ -84,20 +85,25 @@ def main():
     phase, addr, job = sys.argv[1], sys.argv[2], sys.argv[3]
     opts = dict(coordinator=addr, job=job, dataset="npy:ds/part-00000.npy", batch_size=4,
                 rank=0, world_size=1, timeout=2.0, retry=60.0, prefetch=2)
+
+    def on_term(signum, frame):
+        print("handled %.6f" % time.time(), flush=True)
+        sys.exit(0)
     if phase == "term-handler":
-        def on_term(signum, frame):
-            print("handled %.6f" % time.time(), flush=True)
-            sys.exit(0)
         signal.signal(signal.SIGTERM, on_term)
     try:
         if phase == "dataloader":
             import torch.utils.data
             from batchwire.torch import BatchDataset
+            # Persistent workers, and "ready" once they run: a SIGINT that lands while Python
+            # forks is lost in its at-fork hooks (an exception there is only printed).
             dl = torch.utils.data.DataLoader(BatchDataset(**opts), batch_size=None, num_workers=2,
-                                             multiprocessing_context=sys.argv[4])
-            print("ready %.6f" % time.time(), flush=True)
+                                             multiprocessing_context=sys.argv[4],
+                                             persistent_workers=True)
             while True:
                 for item in dl:
+                    if item["step"] == 0 and item["epoch"] == 0:
+                        print("ready %.6f" % time.time(), flush=True)
                     time.sleep(0.001)
         if phase in ("join", "term-handler", "term-default"):
             print("ready %.6f" % time.time(), flush=True)
@@ -109,7 +115,9 @@ def main():
         while True:
             for b in lo:
                 n += 1
-                if phase == "stalled" and n == 1:
+                if phase.startswith("stalled") and n == 1:
+                    if phase == "stalled-term":  # installed after the Loader was opened
+                        signal.signal(signal.SIGTERM, on_term)
                     print("ready %.6f" % time.time(), flush=True)
     except KeyboardInterrupt:
         print("KeyboardInterrupt %.6f" % time.time(), flush=True)
@@ -406,28 +414,33 @@ def signals(tmpdir, coord, storage, contexts):
     took, rc, _ = signalled("mid-loop", coord.addr, signal.SIGINT, 0.5, "KeyboardInterrupt")
     bt.check(took <= 1.0 and rc == 130, "Ctrl-C in the middle of an epoch loop: "
              "KeyboardInterrupt after %.2f s" % took)
-    took, rc, _ = signalled("dataloader", coord.addr, signal.SIGINT, 1.0, "KeyboardInterrupt",
+    took, rc, _ = signalled("dataloader", coord.addr, signal.SIGINT, 0.5, "KeyboardInterrupt",
                             [contexts[0]])
-    bt.check(took <= 1.0 and rc == 130, "Ctrl-C in a DataLoader(num_workers=2, %s) loop: "
-             "KeyboardInterrupt after %.2f s" % (contexts[0], took))
+    bt.check(took <= 1.0 and rc == 130, "Ctrl-C in a DataLoader(num_workers=2, %s, "
+             "persistent) loop: KeyboardInterrupt after %.2f s" % (contexts[0], took))
 
-    # Waiting for storage workers that are stopped.
+    # Waiting for storage workers that are stopped: Ctrl-C, and SIGTERM with a handler the
+    # program installed after the Loader was opened (the library's is put back in front).
     stopped = [w.pid for w in storage]
-    p = bwpy.python_child(tmpdir, "sig-stalled", [code, "stalled", coord.addr, "sig-stalled"])
-    p.out.next("ready")
-    for pid in stopped:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        time.sleep(1.5)  # the prefetched batches are gone; the loader waits for a worker
-        t0 = time.time()
-        p.send_signal(signal.SIGINT)
-        took = float(p.out.next("KeyboardInterrupt", 30)[1]) - t0
-    finally:
+    for phase, sig, expect, status, what in (
+            ("stalled", signal.SIGINT, "KeyboardInterrupt", 130, "Ctrl-C: KeyboardInterrupt"),
+            ("stalled-term", signal.SIGTERM, "handled", 0,
+             "SIGTERM: the handler installed after the Loader opened ran")):
+        p = bwpy.python_child(tmpdir, "sig-" + phase, [code, phase, coord.addr, "sig-" + phase])
+        p.out.next("ready")
         for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
-    p.wait(30)
-    bt.check(took <= 1.0 and p.returncode == 130, "Ctrl-C while waiting for stopped storage "
-             "workers: KeyboardInterrupt after %.2f s" % took)
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(1.5)  # the prefetched batches are gone; the loader waits for a worker
+            t0 = time.time()
+            p.send_signal(sig)
+            took = float(p.out.next(expect, 30)[1]) - t0
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        p.wait(30)
+        bt.check(took <= 1.0 and p.returncode == status, "while waiting for stopped storage "
+                 "workers, %s after %.2f s" % (what, took))
     bt.poll(lambda: sum(w["state"] == "alive"
                         for w in bt.status_json(coord.addr)["workers"]) == len(storage),
             30, what="the storage workers alive again")
