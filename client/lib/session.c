@@ -20,7 +20,9 @@ enum {
     /* LeaveJob while interrupted (bw_loader_close after bw_interrupt): best effort, brief. */
     LEAVE_INTERRUPTED_MS = 200,
     COORD_WARN_EVERY_MS = 10000, /* while a call to the coordinator is retried */
-    COORD_SILENT_WARN_MS = 2000, /* ... and when one try has had no answer for this long */
+    /* ... and when one try has had no answer for this long: 1.5 s, so that the first WARN
+     * line about a silent coordinator comes within 2 s of the start (docs/client.md). */
+    COORD_SILENT_WARN_MS = 1500,
 };
 
 void bw__placement_put(bw__placement *p)
