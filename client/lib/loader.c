@@ -45,6 +45,9 @@ struct bw_loader {
     enum bw__fields_kind fields; /* bw_batch_fields: how samples' fields are found */
     uint64_t after;  /* the cursor's step: one past the batch handed out last, or the start */
     bool handed_out; /* a batch was handed out since the last position() */
+    /* Before the batch handed out last (bw_loader_unnext puts them back). */
+    uint64_t after_before;
+    bool handed_out_before;
     size_t nslots;
     bw_batch *slots;
     enum slot_state *state;
@@ -573,6 +576,8 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
     }
     l->state[slot] = SLOT_HELD;
     l->held = slot;
+    l->after_before = l->after;
+    l->handed_out_before = l->handed_out;
     l->handed_out = true;
     l->next_deliver += l->stride;
     l->after = b->step + 1;
@@ -583,6 +588,30 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
     atomic_fetch_add(&l->session.live.samples, b->count);
     atomic_fetch_add(&l->session.live.bytes, b->nbytes);
     *out = b;
+    return BW_OK;
+}
+
+int bw_loader_unnext(bw_loader *l)
+{
+    pthread_mutex_lock(&l->mu);
+    if (l->held >= l->nslots) {
+        pthread_mutex_unlock(&l->mu);
+        return fail(l, BW_FAILED_PRECONDITION,
+                    "bw_loader_unnext: no batch to give back (the loader has moved on since "
+                    "bw_loader_next handed it out)");
+    }
+    /* The slot keeps its batch (and a hold on it, if any) for the next bw_loader_next. */
+    const bw_batch *b = &l->slots[l->held];
+    l->state[l->held] = SLOT_READY;
+    l->held = l->nslots;
+    l->next_deliver -= l->stride;
+    l->after = l->after_before;
+    l->handed_out = l->handed_out_before;
+    atomic_store(&l->session.live.step, l->next_deliver);
+    pthread_mutex_unlock(&l->mu);
+    atomic_fetch_sub(&l->session.live.batches, 1);
+    atomic_fetch_sub(&l->session.live.samples, b->count);
+    atomic_fetch_sub(&l->session.live.bytes, b->nbytes);
     return BW_OK;
 }
 

@@ -189,6 +189,16 @@ BW_EXTERN int bw_loader_open_at(const bw_loader_options *o, const void *cursor, 
  */
 BW_EXTERN int bw_loader_next(bw_loader *l, const bw_batch **out);
 
+/*
+ * Gives back the batch bw_loader_next returned last, as if it had not been handed out: the
+ * cursor (bw_loader_cursor) returns to before it, and the next bw_loader_next hands the same
+ * batch out again. For a binding whose caller was interrupted between the library's hand-out
+ * and its own (Python's KeyboardInterrupt raised as bw_loader_next returns), so that a
+ * checkpoint taken then does not skip a batch the trainer never saw. BW_OK, or
+ * BW_FAILED_PRECONDITION when another call (next, a move, close) came in between.
+ */
+BW_EXTERN int bw_loader_unnext(bw_loader *l);
+
 /* Starts the next epoch (at its step 0), discarding batches prefetched for the old position;
  * the batch handed out last becomes invalid. What the Python Loader does when it is iterated
  * again (a DataLoader over a DistributedSampler whose set_epoch is called each time). On error

@@ -147,6 +147,7 @@ def _declare(lib):
                                       c_size_t]),
         "bw_loader_next": (c_int, [P, ctypes.POINTER(P)]),
         "bw_loader_next_epoch": (c_int, [P]),
+        "bw_loader_unnext": (c_int, [P]),
         "bw_loader_cursor": (c_int, [P, c_void_p, ctypes.POINTER(c_size_t)]),
         "bw_loader_cursor_text": (c_int, [P, ctypes.c_char_p, c_size_t]),
         "bw_loader_commit": (c_int, [P]),

@@ -820,13 +820,24 @@ class Loader:
             h = self._h()
             self._move_on()
             out = ctypes.c_void_p()
-            rc = _runtime.call(_lib.lib().bw_loader_next, h, ctypes.byref(out))
-            if rc == _BW_END_OF_EPOCH:
-                return None
-            if rc != _BW_OK:
-                self._raise(rc)
-            b = Batch(self, out.value, self._gen)
-            self._current = weakref.ref(b)
+            try:
+                rc = _runtime.call(_lib.lib().bw_loader_next, h, ctypes.byref(out))
+                if rc == _BW_END_OF_EPOCH:
+                    return None
+                if rc != _BW_OK:
+                    self._raise(rc)
+                b = Batch(self, out.value, self._gen)
+                self._current = weakref.ref(b)
+            except BaseException:
+                # Handed out by the library (out is set) but not to the caller: a signal
+                # handler raised as the call returned (KeyboardInterrupt), or the batch could
+                # not be made. Give it back, so that the cursor -- a checkpoint taken in the
+                # handler -- does not count a batch the trainer never saw, and the next call
+                # returns it again (bw_loader_unnext).
+                if out.value:
+                    self._gen += 1
+                    _lib.lib().bw_loader_unnext(h)
+                raise
             return b
 
     def __iter__(self) -> Iterator["Batch"]:

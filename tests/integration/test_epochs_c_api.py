@@ -46,6 +46,7 @@ def test(tmpdir):
             ("bw_loader_set_epoch", ctypes.c_int, [P, U64]),
             ("bw_loader_epoch", U64, [P]),
             ("bw_loader_next_epoch", ctypes.c_int, [P]),
+            ("bw_loader_unnext", ctypes.c_int, [P]),
             ("bw_loader_cursor_text", ctypes.c_int, [P, ctypes.c_char_p, ctypes.c_size_t]),
             ("bw_loader_open_at", ctypes.c_int, [P, ctypes.c_char_p, ctypes.c_size_t,
                                                  ctypes.POINTER(P), ctypes.c_char_p,
@@ -196,6 +197,20 @@ def test(tmpdir):
              "no-op: it continues at step 4")
     bt.check(L.bw_loader_set_epoch(h, 1) == 0 and [nxt(h)[1]] == want(1, {0}),
              "after a batch, set_epoch(1) starts epoch 1 over")
+    # bw_loader_unnext: the batch handed out last is given back -- the cursor is the one
+    # before it, and the next call hands the same batch out again; twice is refused.
+    before = ctypes.create_string_buffer(512)
+    L.bw_loader_cursor_text(h, before, len(before))
+    rc, got = nxt(h)
+    bt.check(rc == 0 and [got] == want(1, {1}), "step 1 of epoch 1 handed out")
+    bt.check(L.bw_loader_unnext(h) == 0, "bw_loader_unnext gives it back")
+    again = ctypes.create_string_buffer(512)
+    L.bw_loader_cursor_text(h, again, len(again))
+    bt.check(again.value == before.value, "the cursor is the one before the given-back batch")
+    bt.check(L.bw_loader_unnext(h) == -13, "a second bw_loader_unnext is refused "
+             "(BW_FAILED_PRECONDITION): nothing was handed out since")
+    bt.check([nxt(h)[1]] == want(1, {1}) and [nxt(h)[1]] == want(1, {2}),
+             "the next calls hand out step 1 again, then step 2")
     L.bw_loader_close(h)
     bt.ok("set_epoch / next_epoch / epoch: restart, jump, next, and a resumed loader kept "
           "mid-epoch; every batch the plan's")
