@@ -6,6 +6,7 @@ goes through call() below, and every entry point calls prepare() first.
 
 import atexit
 import logging
+import re
 import threading
 
 from . import _lib
@@ -13,6 +14,8 @@ from . import _lib
 BW_INTERRUPTED = -26
 
 _LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+# "2026-12-02T09:26:25.441Z WARN  batchwire[6900]: " -- core/common/log.c's text prefix.
+_PREFIX = re.compile(r"\d{4}-\d\d-\d\dT[\d:.]+Z [A-Z]+ +[^ \[\]]+\[\d+\]: ")
 _state = {"fn": None, "explicit": False, "atexit": False}
 _lock = threading.Lock()
 
@@ -38,7 +41,11 @@ def _install(level, logger):
 
     def cb(_user, lvl, line):
         try:
-            log.log(_LEVELS.get(lvl, logging.INFO), "%s", line.decode("utf-8", "replace"))
+            text = line.decode("utf-8", "replace")
+            # The library's line starts with its own time, level and "batchwire[pid]: " (or
+            # is JSON with --log-format json): logging's record has those already.
+            m = _PREFIX.match(text)
+            log.log(_LEVELS.get(lvl, logging.INFO), "%s", text[m.end():] if m else text)
         except Exception:
             pass
 
