@@ -429,6 +429,10 @@ class _Options:
         required = ("coordinator", "job", "dataset") if need_dataset else ("coordinator", "job")
         given = {"coordinator": coordinator, "job": job, "dataset": dataset}
         for name in required:
+            if isinstance(given[name], dict) and not given[name]:
+                raise errors.InvalidArgumentError(
+                    "%s: the dict names no fields; give each field's files, e.g. "
+                    "{'x': 'npy:x/*.npy', 'y': 'npy:y/*.npy'}" % name)
             if not given[name]:
                 raise errors.InvalidArgumentError("%s: required" % name)
         if isinstance(batch_size, bool) or int(batch_size) < 1:
