@@ -869,6 +869,17 @@ int bw_loader_lease(bw_loader *l, char *buf, size_t buflen)
     return bw__session_lease_text(&l->session, buf, buflen, l->err, sizeof(l->err));
 }
 
+int bw_loader_lease_state(bw_loader *l, uint64_t *proven_until_ms, int *lost)
+{
+    /* Atomics only (any thread): nothing is written into l->err, which the loader's own
+     * thread owns. confirms is set once at open. */
+    if (!l->session.confirms)
+        return BW_FAILED_PRECONDITION;
+    *proven_until_ms = bw__session_proven_until(&l->session);
+    *lost = atomic_load(&l->session.lease_lost) ? 1 : 0;
+    return BW_OK;
+}
+
 int bw_loader_to_device(bw_loader *l, const bw_batch *b, int device, void *dst, size_t cap)
 {
     if (cap < b->nbytes)

@@ -173,6 +173,11 @@ int bw__session_lease_check(bw__session *s, char *err, size_t errlen);
  * confirm. False once the lease is lost. */
 bool bw__session_lease_fresh(bw__session *s);
 
+/* The monotonic time (ms) until which the lease is proven, margin included (what
+ * bw__session_lease_fresh compares with): UINT64_MAX without a lease to confirm or when the
+ * coordinator states no lease length, 0 once the lease is lost. Atomics only; any thread. */
+uint64_t bw__session_proven_until(bw__session *s);
+
 /* Returns BW_OK at once while the lease is fresh; else waits (polling every 100 ms at most)
  * until the coordinator confirms it (BW_OK), refuses it (BW_LEASE_LOST, for good), the loader
  * closes (BW_CANCELLED), or confirming has failed for the session's retry_ms with at least

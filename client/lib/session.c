@@ -762,16 +762,22 @@ int bw__session_lease_check(bw__session *s, char *err, size_t errlen)
     return BW_LEASE_LOST;
 }
 
-bool bw__session_lease_fresh(bw__session *s)
+uint64_t bw__session_proven_until(bw__session *s)
 {
     if (atomic_load(&s->lease_lost))
-        return false;
+        return 0;
     uint32_t lease = atomic_load(&s->lease_ms);
     /* The margin covers the two clocks' rates (the coordinator's lease ends lease_ms after it
      * handled the renewal, by its own clock) and the moments between this check and the
      * hand-out. A coordinator that states no lease length leaves nothing to check. */
-    return !s->confirms || lease == 0 ||
-           bw__mono_ms() < atomic_load(&s->vouched_ms) + lease - lease / 10;
+    if (!s->confirms || lease == 0)
+        return UINT64_MAX;
+    return atomic_load(&s->vouched_ms) + lease - lease / 10;
+}
+
+bool bw__session_lease_fresh(bw__session *s)
+{
+    return bw__mono_ms() < bw__session_proven_until(s);
 }
 
 int bw__session_lease_wait(bw__session *s, char *err, size_t errlen)

@@ -302,6 +302,20 @@ BW_EXTERN int bw_loader_commit(bw_loader *l);
  */
 BW_EXTERN int bw_loader_lease(bw_loader *l, char *buf, size_t buflen);
 
+/*
+ * Where the lease stands, for a loader that holds it (share 0) or confirms it (a share given
+ * bw_loader_options.lease): *proven_until_ms is the CLOCK_MONOTONIC time in milliseconds (what
+ * Python's time.monotonic() reads on Linux) until which the coordinator has vouched for the
+ * lease, less the margin the loader's own hand-out check keeps -- the loader hands out nothing
+ * from that moment until the coordinator confirms the lease again (docs/client.md, "Fencing");
+ * UINT64_MAX when the coordinator states no lease length, 0 once the lease is lost. *lost is 1
+ * once the coordinator refused the lease (for good), else 0. For a process that hands out
+ * what another process's loader read (batchwire.torch.DataLoader's main process checks worker
+ * 0's). Reads atomics only: cheap, any thread, while the loader is open. BW_OK, or
+ * BW_FAILED_PRECONDITION (bw_loader_errmsg unchanged) for a loader with no lease to confirm.
+ */
+BW_EXTERN int bw_loader_lease_state(bw_loader *l, uint64_t *proven_until_ms, int *lost);
+
 /* The sentence describing the loader's last failure ("" if none). Borrowed. */
 BW_EXTERN const char *bw_loader_errmsg(const bw_loader *l);
 

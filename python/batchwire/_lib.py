@@ -187,6 +187,7 @@ def _declare(lib):
         "bw_hold_nbytes": (c_size_t, [P]),
         "bw_hold_release": (None, [P]),
         "bw_loader_lease": (c_int, [P, ctypes.c_char_p, c_size_t]),
+        "bw_loader_lease_state": (c_int, [P, ctypes.POINTER(c_uint64), ctypes.POINTER(c_int)]),
         "bw_loader_set_epoch": (c_int, [P, c_uint64]),
         "bw_loader_epoch": (c_uint64, [P]),
         "bw_loader_rank_steps": (c_int, [P, c_uint64, ctypes.POINTER(c_uint64), ctypes.c_char_p,

@@ -9,9 +9,12 @@ docs/client.md, "Fencing"), through the C API (ctypes).
 * Share 1 given the lease confirms it at open and reads its steps; text that is not a lease,
   a lease given to share 0, and a lease that is not the rank's are refused before anything is
   read, naming the option (and never echoing the secret).
+* bw_loader_lease_state: share 0 and share 1 (given the lease) report the lease proven until a
+  CLOCK_MONOTONIC time ahead of now and within the lease less its tenth, not lost; a share
+  without a lease: BW_FAILED_PRECONDITION.
 * The "trainer" exits while both shares are still open (the DataLoader-worker orphan of issue
   22): a loader restarted on this host reclaims rank 0 at once, and both shares then stop for
-  good with BW_LEASE_LOST.
+  good with BW_LEASE_LOST (bw_loader_lease_state: lost, proven until 0).
 """
 
 import ctypes
@@ -40,6 +43,11 @@ def test(tmpdir):
 
     def name(rc):
         return L.bw_err_name(rc).decode()
+
+    def lease_state(h):
+        until, lost = ctypes.c_uint64(), ctypes.c_int(-1)
+        rc = L.bw_loader_lease_state(h, ctypes.byref(until), ctypes.byref(lost))
+        return name(rc), until.value, lost.value
 
     root = os.path.join(tmpdir, "data")
     os.makedirs(root)
@@ -106,6 +114,17 @@ def test(tmpdir):
     rc = L.bw_loader_lease(s1, buf, len(buf))
     bt.check(name(rc) == "BW_FAILED_PRECONDITION", "bw_loader_lease of a share: %s (%s)" %
              (name(rc), L.bw_loader_errmsg(s1).decode()))
+    for h, what in ((s0, "share 0"), (s1, "share 1 (given the lease)")):
+        now = time.monotonic() * 1000
+        st, until, lost = lease_state(h)
+        bt.check(st == "BW_OK" and lost == 0 and now < until <= now + LEASE_MS * 0.9 + 1,
+                 "bw_loader_lease_state of %s: %s, proven %.0f ms ahead (lease %d ms less its "
+                 "tenth at most), lost %d" % (what, st, until - now, LEASE_MS, lost))
+    rc, unfenced, err = open_loader(1, 2)
+    bt.check(rc == 0, "share 1 of 2 without the lease opens (unfenced)", err)
+    bt.check(lease_state(unfenced)[0] == "BW_FAILED_PRECONDITION",
+             "bw_loader_lease_state of a share without a lease: %s" % lease_state(unfenced)[0])
+    L.bw_loader_close(unfenced)
 
     bad = [(b"bwl1:" + b"0" * 32, 1, "all zero"), (b"bwl1:" + b"G" * 32, 1, "not hex"),
            (lease[:-1], 1, "one digit short"), (lease + b"0", 1, "one digit long"),
@@ -152,6 +171,9 @@ def test(tmpdir):
                  (what, time.monotonic() - t1, n, L.bw_loader_errmsg(h).decode()))
         got, rc = steps(h, 1)
         bt.check(name(rc) == "BW_LEASE_LOST" and not got, "%s stays stopped" % what)
+        bt.check(lease_state(h) == ("BW_OK", 0, 1),
+                 "bw_loader_lease_state of %s: lost, proven until 0: %s" %
+                 (what, lease_state(h)))
     got, rc = steps(fresh, 3)
     bt.check(rc == 0 and len(got) == 3, "the restarted loader reads: %s" % got)
     for h in (s0, s1, fresh):
