@@ -10,7 +10,9 @@ it then, as multiprocessing does with its own shared memory). It holds
   by set_epoch and load_state_dict in the main process, with a generation number;
 * the record of the iteration running (or last run): its key, the position it started at,
   the request it consumed, and share 0's lease once share 0 has claimed the rank (or why it
-  could not);
+  could not); and, while share 0 holds the lease, until when it is proven (or that it was
+  lost, or given back), which share 0 publishes every PROOF_EVERY seconds and
+  batchwire.torch.DataLoader's main process checks before it hands out each item;
 * one slot per DataLoader worker: the last iteration it ran and whether it is done.
 
 An iteration's key is what every worker of one DataLoader iteration computes alike: torch
@@ -50,6 +52,9 @@ SLOTS = 256
 
 KEY_NONE, KEY_WORKERS, KEY_MAIN = 0, 1, 2
 PENDING, READY, FAILED = 0, 1, 2  # the record's status
+# the record's lease proof: none published yet, proven until a time, lost, given back
+UNPROVEN, PROVEN, LOST, RELEASED = 0, 1, 2, 3
+PROOF_EVERY = 0.05  # seconds between share 0's publications of the proof
 RUNNING, DONE = 1, 2  # a slot's state
 
 _KEY = struct.Struct("<IQQ")
@@ -58,12 +63,15 @@ _REQ = struct.Struct("<QqQI")
 # record: key, consumed generation, epoch, step, cursor length, status, lease length, error
 # length
 _REC = struct.Struct("<IQQQqQIBHH")
+# the record's lease proof: proven until (CLOCK_MONOTONIC ms), state, publisher's pid
+_PROOF = struct.Struct("<QBQ")
 # slot: key, pid, state
 _SLOT = struct.Struct("<IQQIB")
 
 _REQ_AT = 0
 _REQ_CURSOR_AT = 64
 _REC_AT = _REQ_CURSOR_AT + CURSOR_MAX
+_PROOF_AT = _REC_AT + 64  # (after _REC)
 _REC_CURSOR_AT = _REC_AT + 128
 _REC_LEASE_AT = _REC_CURSOR_AT + CURSOR_MAX
 _REC_ERROR_AT = _REC_LEASE_AT + LEASE_MAX
@@ -220,6 +228,7 @@ class SharedState:
             else:
                 consumed, epoch, step, cursor = rec["consumed"], rec["epoch"] + 1, 0, None
             self._write_rec(key, consumed, epoch, step, cursor, PENDING)
+            _PROOF.pack_into(self._map, _PROOF_AT, 0, UNPROVEN, 0)
             return epoch, step, cursor
 
     def publish(self, key, lease):
@@ -236,6 +245,34 @@ class SharedState:
             if rec["key"] == key:
                 self._write_rec(key, rec["consumed"], rec["epoch"], rec["step"], rec["cursor"],
                                 status, lease, error)
+
+    def prove(self, key, until_ms, state):
+        """Share 0 of iteration `key`: its lease is proven until `until_ms` (CLOCK_MONOTONIC
+        milliseconds, bw_loader_lease_state), or LOST, or RELEASED. Nothing once a later
+        iteration began; a lost lease stays lost."""
+        with self._locked():
+            if self._rec()["key"] != key:
+                return
+            if _PROOF.unpack_from(self._map, _PROOF_AT)[1] == LOST:
+                return
+            _PROOF.pack_into(self._map, _PROOF_AT, int(until_ms), state, os.getpid())
+
+    def proof(self, consumed, base=None):
+        """(until_ms, state, pid) that share 0 published for the DataLoader iteration that
+        consumed request `consumed` (and, given `base`, whose workers' base seed it is);
+        (0, UNPROVEN, 0) while that iteration's share 0 has published nothing."""
+        with self._locked():
+            rec = self._rec()
+            if (rec["key"][0] != KEY_WORKERS or rec["consumed"] != consumed or
+                    (base is not None and rec["key"][1] != base)):
+                return 0, UNPROVEN, 0
+            return _PROOF.unpack_from(self._map, _PROOF_AT)
+
+    def generation(self):
+        """The generation of the latest request (the one the next iteration consumes, after
+        next_start(arm=True))."""
+        with self._locked():
+            return self._req()[0]
 
     # ---- the other shares
 

@@ -14,9 +14,12 @@ share of the rank's batches -- worker w the steps first + w, first + w + N, ... 
 DataLoader, which takes one item from each worker in turn, restores the plan's order. Worker
 0 claims the rank's lease (on behalf of the trainer process: holder_pid) and hands it to the
 others, which confirm it too (bw_loader_options.share_*, .lease), so wrapping the rank in a
-DataLoader is not refused as a second claim, and every worker stops once the lease is lost.
-The main process opens nothing: the workers it forks start with no library state. Workers
-die with the trainer (a trainer killed and restarted gets its rank back at once).
+DataLoader is not refused as a second claim, and every worker stops once the lease is lost;
+batchwire.torch.DataLoader's main process hands out an item only while worker 0's lease is
+proven (worker 0 publishes until when: _Proof, _Fence), so the items read ahead into torch's
+queue are not handed out after a takeover. The main process opens nothing: the workers it
+forks start with no library state. Workers die with the trainer (a trainer killed and
+restarted gets its rank back at once).
 
 Epochs: as with torch's DataLoader over a DistributedSampler. Each iteration runs one epoch:
 the one set_epoch (or load_state_dict: the rest of that epoch) named, else the epoch after
@@ -40,12 +43,16 @@ worker processes when it has them. batchwire.torch.DataLoader adds ``state_dict(
 """
 
 import concurrent.futures
+import ctypes
 import os
+import threading
+import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 import torch.utils.data
 
+from . import _lib
 from . import _probe
 from . import _shared
 from . import errors
@@ -259,14 +266,23 @@ class BatchDataset(torch.utils.data.IterableDataset):
             if lo is None:
                 return
             with lo:
-                for batch in lo:
-                    out = (self._decode(self._sample_values(batch), pool) if self.samples else
-                           [self._item(batch, pool)])
-                    del batch  # (the loader then keeps nothing of it for later: _move_on)
-                    yield from out
-                if index == 0 and nshares > 1:
-                    # The others confirm this loader's lease: keep it until they are done.
-                    self._shared.wait_done(key, nshares)
+                # Worker 0 (also the only one): the main process hands out items only while
+                # this loader's lease is proven (DataLoader.__iter__); published before any
+                # item.
+                proof = (_Proof(self._shared, key, lo)
+                         if index == 0 and key[0] == _shared.KEY_WORKERS else None)
+                try:
+                    for batch in lo:
+                        out = (self._decode(self._sample_values(batch), pool) if self.samples
+                               else [self._item(batch, pool)])
+                        del batch  # (the loader then keeps nothing of it for later: _move_on)
+                        yield from out
+                    if index == 0 and nshares > 1:
+                        # The others confirm this loader's lease: keep it until they are done.
+                        self._shared.wait_done(key, nshares)
+                finally:
+                    if proof is not None:
+                        proof.stop()  # before the loader closes
         finally:
             if index > 0:
                 self._shared.slot(index, key, _shared.DONE)
@@ -311,6 +327,94 @@ class BatchDataset(torch.utils.data.IterableDataset):
                 "step": batch.step}
 
 
+class _Proof:
+    """DataLoader worker 0 (share 0 of the rank): publishes until when its loader's lease is
+    proven, or that it was lost (bw_loader_lease_state), into the shared state for the main
+    process -- once now, then every PROOF_EVERY seconds from a thread, and at stop (before
+    the loader closes) LOST or RELEASED, so that the main process neither hands out an
+    unproven item nor waits on an iteration whose loader is closed."""
+
+    def __init__(self, shared, key, loader):
+        self._shared, self._key, self._h = shared, key, loader._handle
+        self._stopping = threading.Event()
+        self._publish(final=False)
+        self._thread = threading.Thread(target=self._loop, name="batchwire-lease-proof",
+                                        daemon=True)
+        self._thread.start()
+
+    def _publish(self, final):
+        until, lost = ctypes.c_uint64(), ctypes.c_int()
+        rc = _lib.lib().bw_loader_lease_state(self._h, ctypes.byref(until), ctypes.byref(lost))
+        if rc != 0:  # a loader without a lease to confirm: share 0 always has one
+            return
+        if lost.value:
+            self._shared.prove(self._key, 0, _shared.LOST)
+        elif final:
+            self._shared.prove(self._key, until.value, _shared.RELEASED)
+        else:
+            self._shared.prove(self._key, until.value, _shared.PROVEN)
+
+    def _loop(self):
+        while not self._stopping.wait(_shared.PROOF_EVERY):
+            self._publish(final=False)
+
+    def stop(self):
+        self._stopping.set()
+        self._thread.join()
+        self._publish(final=True)
+
+
+class _Fence:
+    """The main process's check before DataLoader.__iter__ hands out an item read by its
+    workers: worker 0's lease, as worker 0 published it for this iteration, must be proven
+    now (docs/client.md, "Fencing")."""
+
+    def __init__(self, dataset, consumed, iterator):
+        self._ds, self._consumed = dataset, consumed
+        base = getattr(iterator, "_base_seed", None)  # the workers' key (_shared's docstring)
+        self._base = base & _MASK64 if isinstance(base, int) else None
+        kw = dataset.loader_kw
+        # As the C loader: bounded by retry (at least one call's timeout, so that a heartbeat
+        # under way can answer).
+        self._bound = max(float(kw.get("retry", 60.0)), float(kw.get("timeout", 10.0)))
+
+    def check(self):
+        """Returns when the item may be handed out; raises LeaseLostError once the lease is
+        lost, UnavailableError when it stays unproven for the bound."""
+        t0 = None
+        while True:
+            until, state, pid = self._ds._shared.proof(self._consumed, self._base)
+            now = time.monotonic()
+            if state == _shared.LOST:
+                raise errors.LeaseLostError(self._where() + (
+                    "the lease was lost: the coordinator refused it to DataLoader worker 0, "
+                    "which holds it for this process (another process holds the rank now); "
+                    "the items the workers had read ahead are not handed out"))
+            if state == _shared.RELEASED or (state == _shared.PROVEN and now * 1000 < until):
+                return
+            if t0 is None:
+                t0 = now
+            if state == _shared.PROVEN and not _shared.alive(pid):
+                raise errors.UnavailableError(self._where() + (
+                    "DataLoader worker 0 (pid %d), which holds the rank's lease, exited: "
+                    "nothing it read ahead is handed out unproven" % pid))
+            if now - t0 >= self._bound:
+                raise errors.UnavailableError(self._where() + (
+                    "the coordinator has not vouched for the lease DataLoader worker 0 holds "
+                    "%s (this process was paused or cut off), and it was not confirmed within "
+                    "%.0f s; nothing is handed out until it is confirmed" % (
+                        "for %.0f ms" % (now * 1000 - until) if state == _shared.PROVEN
+                        else "since this iteration began", self._bound)))
+            time.sleep(0.02)  # (a KeyboardInterrupt ends it)
+
+    def _where(self):
+        try:
+            rank = "%d" % self._ds.rank_and_world()[0]
+        except errors.Error:
+            rank = "?"
+        return "rank %s of job %s: " % (rank, self._ds.loader_kw.get("job"))
+
+
 def _as_is(item):
     """A DataLoader's collate_fn that leaves a ready item as it is (module level: DataLoader
     workers unpickle it)."""
@@ -326,7 +430,10 @@ class DataLoader(torch.utils.data.DataLoader):
     * ``state_dict()`` is the position after the last batch this loader yielded (torchdata
       StatefulDataLoader style: a plain dict for torch.save and Accelerate's
       register_for_checkpointing); ``load_state_dict()`` makes the next iteration continue
-      after it.
+      after it;
+    * with workers, each item is handed out only while worker 0's lease is proven: after a
+      pause past the lease it waits until worker 0 confirms it, and raises LeaseLostError
+      once the rank was taken over (none of the items read ahead; docs/client.md, "Fencing").
 
     Batch mode defaults to ``batch_size=None`` (the dataset's items are batches already).
     Every other argument is torch's: num_workers, pin_memory, prefetch_factor,
@@ -347,8 +454,15 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self):
         # The iteration's start made explicit, so that its items are counted from it.
         epoch, step = self.dataset._shared.next_start(arm=True)
+        consumed = self.dataset._shared.generation()  # what this iteration's worker 0 consumes
         self._position = (epoch, step)
-        for item in super().__iter__():
+        it = super().__iter__()
+        # With workers, each item is handed out only while worker 0's lease is proven (the
+        # loader in this process fences itself).
+        fence = _Fence(self.dataset, consumed, it) if self.num_workers > 0 else None
+        for item in it:
+            if fence is not None:
+                fence.check()
             step += 1
             self._position = (epoch, step)
             yield item

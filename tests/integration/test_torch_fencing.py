@@ -1,18 +1,26 @@
 """Fencing under PyTorch's DataLoader workers (issue 30, item 2; docs/client.md, "Fencing",
 "Under PyTorch's DataLoader").
 
-A coordinator with a 1 s lease and two storage workers serve a .npy dataset. A trainer runs
-torch's DataLoader(batchwire.torch.BatchDataset, num_workers=2, prefetch_factor=2) over rank 0,
+A coordinator with a 1 s lease and two storage workers serve a .npy dataset. A trainer runs a
+DataLoader(batchwire.torch.BatchDataset, num_workers=2, prefetch_factor=2) over rank 0,
 printing every item (and each worker the exception that ended its iteration). The test stops
 the trainer and its workers (SIGSTOP to its process group) at a random moment, waits past the
 lease, lets `batchwire fetch` take the rank and give it back, and continues the trainer.
-Worker 0 holds the lease and worker 1 confirms the same lease (it opened its share with it),
-so both stop for good with LeaseLostError while the stopped loop's iterator still gives them
-tasks: the trainer prints at most the items that were already under way -- torch's
-prefetch_factor x num_workers outstanding items, plus the one its loop held -- and then raises
-LeaseLostError (BW_LEASE_LOST) from a worker. With the fork and forkserver contexts in the
-plain build, forkserver and spawn in the sanitizer build (a plain fork of a multi-threaded
-process under ASan can deadlock), two trials each.
+
+* batchwire.torch.DataLoader (twice: plain, and with persistent workers and a loop that
+  breaks out every 25 items, so that iterations follow each other and each item must be
+  checked against its own iteration's lease): the main process hands an item out only while
+  worker 0's lease is proven, so the trainer prints at most the one item its loop held when
+  it was stopped, then stops with LeaseLostError (BW_LEASE_LOST) -- none of the items the
+  workers had read ahead into torch's result queue.
+* torch.utils.data.DataLoader, whose main process nothing checks: worker 0 holds the lease and
+  worker 1 confirms the same lease (it opened its share with it), so both stop for good with
+  LeaseLostError while the stopped loop's iterator still gives them tasks; the trainer prints
+  at most the items already under way -- torch's prefetch_factor x num_workers outstanding
+  items, plus the one its loop held -- and then raises LeaseLostError from a worker.
+
+With the fork and forkserver contexts in the plain build, forkserver and spawn in the sanitizer
+build (a plain fork of a multi-threaded process under ASan can deadlock).
 """
 
 import os
@@ -30,7 +38,7 @@ LEASE_MS = 1000
 TRAINER = r'''
 import os, sys, time
 import torch.utils.data
-from batchwire.torch import BatchDataset
+from batchwire.torch import BatchDataset, DataLoader
 
 
 def say(line):
@@ -55,19 +63,25 @@ class Reporting(BatchDataset):
 
 
 def main():
-    addr, job, ctx = sys.argv[1], sys.argv[2], sys.argv[3]
+    addr, job, ctx, kind = sys.argv[1:5]
     ds = Reporting(coordinator=addr, job=job, dataset="npy:ds/part-00000.npy",
                    batch_size=%d, rank=0, world_size=1, prefetch=2)
-    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=%d, prefetch_factor=%d,
-                                     multiprocessing_context=ctx)
+    kw = dict(num_workers=%d, prefetch_factor=%d, multiprocessing_context=ctx)
+    if kind == "torch":
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, **kw)
+    else:
+        dl = DataLoader(ds, persistent_workers=kind == "persistent", **kw)
     try:
         while True:
-            for item in dl:
+            for i, item in enumerate(dl):
                 say("batch %%d %%d" %% (item["epoch"], item["step"]))
                 time.sleep(0.005)
+                if kind == "persistent" and i == 24:
+                    break
     except Exception as e:
         say("error %%s" %% " | ".join(str(e).splitlines()))
-        time.sleep(1.5)  # the iterator lives on: its workers run the tasks they were given
+        if kind == "torch":
+            time.sleep(1.5)  # the iterator lives on: its workers run the tasks they were given
         sys.exit(3)
 
 
@@ -92,12 +106,14 @@ def test(tmpdir):
     code = os.path.join(tmpdir, "trainer.py")
     with open(code, "w") as f:
         f.write(TRAINER)
-    bound = PREFETCH_FACTOR * WORKERS + 1
     rng = random.Random(7)
     for ctx in contexts:
-        for trial in range(2):
+        for trial, kind in enumerate(("batchwire", "persistent", "torch")):
+            # batchwire.torch.DataLoader: the one item the loop held; torch's: also the
+            # prefetch_factor x num_workers items under way.
+            bound = 1 if kind != "torch" else PREFETCH_FACTOR * WORKERS + 1
             job = "fence-%s-%d" % (ctx, trial)
-            p = bwpy.python_child(tmpdir, "trainer-" + job, [code, coord.addr, job, ctx])
+            p = bwpy.python_child(tmpdir, "trainer-" + job, [code, coord.addr, job, ctx, kind])
             out = p.out
             out.wait(lambda ls: sum(1 for x in ls if x and x.startswith("batch")) >= 30, 120,
                      "30 batches")
@@ -121,14 +137,19 @@ def test(tmpdir):
             stopped = sorted({x.split()[1] for x in lines[before:]
                               if x and x.startswith("worker-error") and
                               x.endswith("LeaseLostError")})
+            print("%s, trial %d (%s): %d item(s) after the takeover; %s" % (
+                ctx, trial, kind, len(after), err[:200]), flush=True)
             bt.check(len(after) <= bound and "LEASE_LOST" in err and p.returncode == 3,
-                     "%s, trial %d: continued after the takeover, the trainer printed %d "
-                     "item(s) (at most %d: torch's prefetch_factor x num_workers under way, and "
-                     "the one its loop held) and stopped with LeaseLostError from a worker"
-                     % (ctx, trial, len(after), bound), (after, err[:600]))
-            bt.check(stopped == ["0", "1"], "%s, trial %d: both DataLoader workers stopped "
-                     "with LeaseLostError (worker 1 confirms worker 0's lease)" % (ctx, trial),
-                     [x for x in lines[before:] if x and not x.startswith("batch")])
+                     "%s, trial %d (%s DataLoader): continued after the takeover, the trainer "
+                     "printed %d item(s) (at most %d: %s) and stopped with LeaseLostError"
+                     % (ctx, trial, kind, len(after), bound,
+                        "the one its loop held" if kind != "torch" else
+                        "torch's prefetch_factor x num_workers under way, and the one its loop "
+                        "held"), (after, err[:600]))
+            if kind == "torch":
+                bt.check(stopped == ["0", "1"], "%s, trial %d: both DataLoader workers stopped "
+                         "with LeaseLostError (worker 1 confirms worker 0's lease)" % (ctx, trial),
+                         [x for x in lines[before:] if x and not x.startswith("batch")])
 
 
 if __name__ == "__main__":
