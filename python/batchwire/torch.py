@@ -401,8 +401,9 @@ class _Fence:
             if now - t0 >= self._bound:
                 raise errors.UnavailableError(self._where() + (
                     "the coordinator has not vouched for the lease DataLoader worker 0 holds "
-                    "%s (this process was paused or cut off), and it was not confirmed within "
-                    "%.0f s; nothing is handed out until it is confirmed" % (
+                    "%s (this process was paused, or the coordinator cannot be reached), and "
+                    "it was not confirmed within %.0f s; nothing is handed out until it is "
+                    "confirmed" % (
                         "for %.0f ms" % (now * 1000 - until) if state == _shared.PROVEN
                         else "since this iteration began", self._bound)))
             time.sleep(0.02)  # (a KeyboardInterrupt ends it)
