@@ -50,13 +50,16 @@ uint64_t bw__req_charge(uint32_t kind, uint64_t length, unsigned copies, uint64_
 
 const ProtobufCMessageDescriptor *bw__req_descriptor(uint32_t kind)
 {
-    return kind == BW_REQ_STREAM ? &batchwire__v1__read_stream_request__descriptor
-                                 : &batchwire__v1__read_samples_request__descriptor;
+    return kind == BW_REQ_STREAM    ? &batchwire__v1__read_stream_request__descriptor
+           : kind == BW_REQ_SAMPLES ? &batchwire__v1__read_samples_request__descriptor
+                                    : NULL;
 }
 
 const char *bw__req_method(uint32_t kind)
 {
-    return kind == BW_REQ_STREAM ? "ReadStream" : "ReadSamples";
+    return kind == BW_REQ_STREAM    ? "ReadStream"
+           : kind == BW_REQ_SAMPLES ? "ReadSamples"
+                                    : "request";
 }
 
 /* ---- blocks: malloc'd when small, mapped when large ---- */
@@ -142,6 +145,12 @@ int bw__req_decode(bw__req *r, uint32_t kind, const uint8_t *body, size_t len, c
     r->pb.free = count_free;
     r->pb.allocator_data = r;
     const ProtobufCMessageDescriptor *d = bw__req_descriptor(kind);
+    if (!d) { /* only read requests decode here (the hello, kind 3, is the data channel's) */
+        snprintf(err, errlen,
+                 "request kind %u is not a read request (ReadSamples %d, ReadStream %d)", kind,
+                 BW_REQ_SAMPLES, BW_REQ_STREAM);
+        return BW_INVALID_ARGUMENT;
+    }
     char why[384];
     int rc = bw__proto_check(d, body, len, why, sizeof(why));
     if (rc != BW_OK) {

@@ -50,14 +50,15 @@ typedef struct bw__req {
     bool refused; /* an allocation went past the cap */
 } bw__req;
 
-/* The descriptor and method name of a kind ("ReadSamples", "ReadStream"). */
+/* The descriptor and method name of a kind ("ReadSamples", "ReadStream"); for any other kind
+ * NULL and "request". */
 const ProtobufCMessageDescriptor *bw__req_descriptor(uint32_t kind);
 const char *bw__req_method(uint32_t kind);
 
 /* Decodes body[0..len) as `kind` with memory capped at bw__req_decode_cap. BW_OK with r->msg;
  * BW_TOO_BIG when decoding needed more than the cap; BW_INVALID_ARGUMENT when the bytes are
- * not such a message. A sentence in err on failure; r holds nothing then. Free with
- * bw__req_free. */
+ * not such a message, or `kind` is not a read (the data channel's hello, kind 3, included). A
+ * sentence in err on failure; r holds nothing then. Free with bw__req_free. */
 int bw__req_decode(bw__req *r, uint32_t kind, const uint8_t *body, size_t len, char *err,
                    size_t errlen);
 
