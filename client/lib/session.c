@@ -638,6 +638,13 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     s->chopts.tls.ca = o->tls_ca ? strdup(o->tls_ca) : NULL;
     s->chopts.tls.cert = o->tls_cert ? strdup(o->tls_cert) : NULL;
     s->chopts.tls.key = o->tls_key ? strdup(o->tls_key) : NULL;
+    /* A copy that failed must not leave TLS off (or a job unnamed) while the token is sent:
+     * docs/architecture.md, "Failure": an error, never a silent downgrade. */
+    if (!s->job || (o->tls_ca && !s->chopts.tls.ca) || (o->tls_cert && !s->chopts.tls.cert) ||
+        (o->tls_key && !s->chopts.tls.key)) {
+        snprintf(err, errlen, "out of memory copying the loader's job name and TLS settings");
+        return BW_NOMEM;
+    }
     s->chopts.max_receive_bytes = 64 << 20;
     const char *token_file = o->token_file ? o->token_file : getenv("BATCHWIRE_TOKEN_FILE");
     if (token_file && *token_file) {
