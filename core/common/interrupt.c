@@ -99,6 +99,16 @@ static struct sigaction before[2];
 static atomic_int chaining[2];
 static pthread_mutex_t install_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* The signal's default disposition again (async-signal-safe). */
+static void set_default(int sig)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+}
+
 static void on_signal(int sig, siginfo_t *info, void *ctx)
 {
     int saved = errno;
@@ -112,21 +122,13 @@ static void on_signal(int sig, siginfo_t *info, void *ctx)
         } else if (p->sa_handler == SIG_DFL) {
             /* What the signal would have done: blocked while this handler runs, it takes
              * its default action as soon as the handler returns. */
-            struct sigaction dfl;
-            memset(&dfl, 0, sizeof(dfl));
-            dfl.sa_handler = SIG_DFL;
-            sigemptyset(&dfl.sa_mask);
-            sigaction(sig, &dfl, NULL);
+            set_default(sig);
             raise(sig);
         } else if (p->sa_handler != SIG_IGN) {
             p->sa_handler(sig);
         }
         if (p->sa_flags & SA_RESETHAND) { /* it was to be called once, then the default */
-            struct sigaction dfl;
-            memset(&dfl, 0, sizeof(dfl));
-            dfl.sa_handler = SIG_DFL;
-            sigemptyset(&dfl.sa_mask);
-            sigaction(sig, &dfl, NULL);
+            set_default(sig);
         }
     }
     atomic_fetch_sub(&chaining[i], 1);
