@@ -2,7 +2,7 @@
  * libFuzzer target: a worker's reply as the client reads it, through the real fetch loop
  * (client/lib/fetch.c: bw__fetch_batch and bw__stream_fetch_batch) and each real reply parser:
  *
- * - data channel: the real transport (client/lib/data_channel.c, over a minimal session)
+ * - data channel: the real transport (client/lib/data_channel.c, created for each input)
  *   connects to a listener thread on loopback, which reads the request and answers with the
  *   input's bytes as they are, then closes the connection;
  * - gRPC: the input's SampleBatch messages go through the real decoder
@@ -285,8 +285,8 @@ static void fake_finish(bw__xfer *x)
     free(x);
 }
 
-static const bw__transport_ops fake_ops = {"fuzz",  fake_usable, fake_start,
-                                           fake_fd, fake_recv,   fake_finish};
+static const bw__transport_ops fake_ops = {"fuzz",    fake_usable, fake_start, fake_fd,
+                                           fake_recv, fake_finish, NULL,       NULL};
 
 /* ---- the reference: what the client may accept from a reply ---- */
 
@@ -469,7 +469,6 @@ static void ref_messages(ref *r, const uint8_t *p, size_t n)
 
 /* ---- the target ---- */
 
-static bw__session g_session;
 static bool g_verbose; /* BW_FUZZ_VERBOSE=1: each input's outcome on stderr */
 static bw__placement *g_table;
 
@@ -530,8 +529,6 @@ static void init(void)
     if (pthread_create(&t, NULL, listener, NULL) != 0)
         abort();
     pthread_detach(t);
-    memset(&g_session, 0, sizeof(g_session));
-    pthread_mutex_init(&g_session.mu, NULL);
 }
 
 /* A stream of one source of SOURCE_RECORDS records, read in batches of n by one rank: its
@@ -600,7 +597,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (grpc) {
         ctx.fallback = (bw__transport){&fake_ops, &answer};
     } else {
-        ctx.preferred = bw__transport_dchan(&g_session);
+        bw_rpc_channel_opts plain = {0}; /* TCP, no token */
+        char err[256];
+        if (bw__transport_open(&bw__transport_dchan_ops, &plain, &ctx.preferred, err,
+                               sizeof(err)) != BW_OK)
+            abort();
         ctx.fallback = (bw__transport){&fake_ops, &terminator};
     }
     ctx.dataset = &ds;
@@ -657,7 +658,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bool asked_right = L.nkeys == m && memcmp(L.keys, keys, m * sizeof(keys[0])) == 0 &&
                        L.kind == (stream ? BW_DCHAN_KIND_READ_STREAM : BW_DCHAN_KIND_READ_SAMPLES);
     pthread_mutex_unlock(&L.mu);
-    bw__dconn_close_idle(&g_session);
+    bw__transport_close(&ctx.preferred); /* its idle connections and suspensions too */
     if (!grpc && served && !asked_right)
         __builtin_trap(); /* the request did not ask for the batch's samples */
     if (rc == BW_OK && !grpc && !served)

@@ -2,10 +2,13 @@
  * The data-channel transport (transport.h; protocol in core/rpc/dchan.h and
  * docs/data-channel.md): a request goes out on a connection kept open across batches, and
  * its response is read without blocking, frame by frame, each sample's bytes straight into
- * the place the sink gives. A request that ended cleanly leaves its connection on the
- * loader's idle list.
+ * the place the sink gives. The transport's state is its own: the TLS context (the PEM files
+ * are read once, when it is created), the bearer token for the hello, the pool of idle
+ * connections (a request that ended cleanly leaves its connection there) and the data
+ * channels found unusable, whose workers are asked over gRPC for a while.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +17,6 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "loader_int.h"
 #include "rpc/dchan.h"
 #include "transport.h"
 
@@ -30,7 +32,29 @@ typedef struct bw__dconn {
     bool read_ahead;
 } bw__dconn;
 
-enum { BW_DCONN_BUF = 64 << 10 };
+enum {
+    BW_DCONN_BUF = 64 << 10,
+    BW_DCONN_IDLE_MAX = 64,      /* idle connections kept */
+    BW_DCONN_SUSPENDED_MAX = 64, /* unreachable data channels remembered */
+    BW_DCONN_SUSPEND_MS = 30000, /* ... for this long */
+};
+
+/* The transport's state (one per loader). */
+typedef struct dchan_state {
+    struct ssl_ctx_st *tls; /* data channels speak TLS (the loader does); NULL: plain TCP */
+    char *token;            /* sent in the hello of each new connection, or NULL */
+    pthread_mutex_t mu;     /* guards idle and suspended; held across no I/O */
+    /* idle connections, most recently used last */
+    size_t nidle;
+    bw__dconn *idle[BW_DCONN_IDLE_MAX];
+    /* data channels that could not be connected to: their workers are asked over gRPC until
+     * `until` (monotonic ms) */
+    size_t nsuspended;
+    struct {
+        char *address;
+        uint64_t until;
+    } suspended[BW_DCONN_SUSPENDED_MAX];
+} dchan_state;
 
 static void dconn_free(bw__dconn *c)
 {
@@ -72,7 +96,7 @@ static int hello(bw_dsock *sock, const char *token, uint64_t deadline, char *err
     return BW_PROTOCOL;
 }
 
-static int dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dconn **out,
+static int dconn_get(dchan_state *s, const char *address, int timeout_ms, bw__dconn **out,
                      char *err, size_t errlen)
 {
     *out = NULL;
@@ -91,16 +115,16 @@ static int dconn_get(bw__session *s, const char *address, int timeout_ms, bw__dc
     uint64_t deadline = bw__mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
     bw_dsock sock = {-1, NULL};
     int rc = bw__sock_connect(address, timeout_ms, &sock.fd, err, errlen);
-    if (rc == BW_OK && s->dchan_tls) {
+    if (rc == BW_OK && s->tls) {
         char host[256], port[16];
         rc = bw__sock_split(address, host, sizeof(host), port, sizeof(port));
         if (rc != BW_OK)
             snprintf(err, errlen, "address %s is not HOST:PORT", address);
         else
-            rc = bw__dsock_tls(&sock, s->dchan_tls, host, deadline, err, errlen);
+            rc = bw__dsock_tls(&sock, s->tls, host, deadline, err, errlen);
     }
-    if (rc == BW_OK && s->chopts.tls.token)
-        rc = hello(&sock, s->chopts.tls.token, deadline, err, errlen);
+    if (rc == BW_OK && s->token)
+        rc = hello(&sock, s->token, deadline, err, errlen);
     if (rc != BW_OK) {
         bw__dsock_close(&sock);
         return rc;
@@ -178,7 +202,7 @@ static int dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t 
     return BW_OK;
 }
 
-static void dconn_put(bw__session *s, bw__dconn *c, bool reusable)
+static void dconn_put(dchan_state *s, bw__dconn *c, bool reusable)
 {
     if (!c)
         return;
@@ -200,7 +224,7 @@ static void dconn_put(bw__session *s, bw__dconn *c, bool reusable)
     dconn_free(drop);
 }
 
-static void dconn_drop_idle(bw__session *s, const char *address)
+static void dconn_drop_idle(dchan_state *s, const char *address)
 {
     bw__dconn *drop[BW_DCONN_IDLE_MAX];
     size_t n = 0;
@@ -217,18 +241,50 @@ static void dconn_drop_idle(bw__session *s, const char *address)
         dconn_free(drop[i]);
 }
 
-void bw__dconn_close_idle(bw__session *s)
+static void destroy(void *state)
 {
+    dchan_state *s = state;
+    if (!s)
+        return;
     for (size_t i = 0; i < s->nidle; i++)
         dconn_free(s->idle[i]);
-    s->nidle = 0;
     for (size_t i = 0; i < s->nsuspended; i++)
         free(s->suspended[i].address);
-    s->nsuspended = 0;
+    bw__dchan_tls_ctx_free(s->tls);
+    free(s->token);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+static int create(const bw_rpc_channel_opts *opts, void **state, char *err, size_t errlen)
+{
+    *state = NULL;
+    dchan_state *s = calloc(1, sizeof(*s));
+    if (!s) {
+        snprintf(err, errlen, "out of memory for the data channel's state");
+        return BW_NOMEM;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    /* A failed copy of the token is an error, never a hello left out (docs/architecture.md,
+     * "Failure"). */
+    if (opts->tls.token && !(s->token = strdup(opts->tls.token))) {
+        destroy(s);
+        snprintf(err, errlen, "out of memory copying the bearer token for the data channel");
+        return BW_NOMEM;
+    }
+    int rc = bw__tls_client_enabled(&opts->tls)
+                 ? bw__dchan_tls_client_ctx(&opts->tls, &s->tls, err, errlen)
+                 : BW_OK;
+    if (rc != BW_OK) {
+        destroy(s);
+        return rc;
+    }
+    *state = s;
+    return BW_OK;
 }
 
 /* The entry for address (NULL if none); s->mu held. */
-static size_t find_suspended(bw__session *s, const char *address)
+static size_t find_suspended(dchan_state *s, const char *address)
 {
     for (size_t i = 0; i < s->nsuspended; i++)
         if (strcmp(s->suspended[i].address, address) == 0)
@@ -236,7 +292,7 @@ static size_t find_suspended(bw__session *s, const char *address)
     return s->nsuspended;
 }
 
-static void dconn_suspend(bw__session *s, const char *address, const char *worker, const char *why)
+static void dconn_suspend(dchan_state *s, const char *address, const char *worker, const char *why)
 {
     uint64_t until = bw__mono_ms() + BW_DCONN_SUSPEND_MS;
     pthread_mutex_lock(&s->mu);
@@ -262,7 +318,7 @@ static void dconn_suspend(bw__session *s, const char *address, const char *worke
                 worker, address, BW_DCONN_SUSPEND_MS / 1000, why);
 }
 
-static bool dconn_suspended(bw__session *s, const char *address)
+static bool dconn_suspended(dchan_state *s, const char *address)
 {
     pthread_mutex_lock(&s->mu);
     size_t i = find_suspended(s, address);
@@ -274,7 +330,7 @@ static bool dconn_suspended(bw__session *s, const char *address)
 /* ---- the transport ---- */
 
 struct bw__xfer {
-    bw__session *s;
+    dchan_state *s;
     bw__dconn *c;
     const char *wid, *address; /* borrowed from the placement, alive for the request */
     uint32_t kind;
@@ -329,7 +385,7 @@ static void xfer_free(bw__xfer *x)
 static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req, int timeout_ms,
                  bw__xfer **out, bw__xres *res)
 {
-    bw__session *s = state;
+    dchan_state *s = state;
     *out = NULL;
     bw__xfer *x = calloc(1, sizeof(*x));
     size_t len = protobuf_c_message_get_packed_size(req->msg);
@@ -502,10 +558,5 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
     }
 }
 
-static const bw__transport_ops dchan_ops = {"data channel", usable,   start, xfd,
-                                            recv_some,      xfer_free};
-
-bw__transport bw__transport_dchan(bw__session *s)
-{
-    return (bw__transport){&dchan_ops, s};
-}
+const bw__transport_ops bw__transport_dchan_ops = {"data channel", usable,    start,  xfd,
+                                                   recv_some,      xfer_free, create, destroy};

@@ -67,11 +67,6 @@ static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uin
     bw__fetch_dest *d = r->dest;
     bool fixed = d && d->sample_bytes;
     bw__fetch_item *x = r->k < r->nsamples ? r->items[r->k] : NULL;
-    /* gRPC answers a probe (a stream offset) with one empty sample carrying the offset. */
-    if (!x && r->nsamples < r->n && key == r->items[r->nsamples]->key && size == 0 && len == 0) {
-        *dest = NULL;
-        return BW_OK;
-    }
     if (!x || key != x->key || chunk_off != x->got || chunk_off > size || len > size - chunk_off ||
         size > x->max_size || (fixed && size != r->dest->sample_bytes) ||
         (x->started && size != x->size)) {
@@ -114,9 +109,7 @@ static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uin
 static void arrived(void *arg, uint64_t len)
 {
     fetch_req *r = arg;
-    if (r->k >= r->nsamples)
-        return; /* a probe's empty answer */
-    bw__fetch_item *x = r->items[r->k];
+    bw__fetch_item *x = r->items[r->k]; /* place() found it due */
     x->got += len;
     if (r->stats)
         atomic_fetch_add(&r->stats->bytes_received, len);
@@ -163,8 +156,8 @@ static size_t make_requests(const bw__fetch_kind *kind, bw__fetch_item *items, s
     for (size_t ro = 0; ro < nroutes; ro++, cur = NULL)
         for (; used < count[ro]; used++) {
             bw__fetch_item *it = slots[used];
-            if (!cur || cur->n == BW_FETCH_MAX_PER_REQUEST || cur->items[cur->n - 1]->probe ||
-                it->probe || !kind->joins(cur->items[cur->n - 1], it)) {
+            if (!cur || cur->n == BW_FETCH_MAX_PER_REQUEST ||
+                !kind->joins(cur->items[cur->n - 1], it)) {
                 cur = &reqs[m++];
                 memset(cur, 0, sizeof(*cur));
                 cur->worker = ro / 2;

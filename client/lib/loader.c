@@ -341,9 +341,15 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->world = (uint32_t)world;
     l->job_fingerprint = job->fingerprint;
     l->num_samples = job->dataset->length;
+    /* The transports, from the session's settings for workers: the data channel where the
+     * loader allows it (its TLS context reads the PEM files now), gRPC always. */
     if ((rc = bw__arrays_check(job->dataset, err, errlen)) != BW_OK ||
         (job->config->sampler->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE &&
-         (rc = bw__stream_open(&l->stream, job, err, errlen)) != BW_OK)) {
+         (rc = bw__stream_open(&l->stream, job, err, errlen)) != BW_OK) ||
+        (l->data_channel && (rc = bw__transport_open(&bw__transport_dchan_ops, &l->session.chopts,
+                                                     &l->fctx.preferred, err, errlen)) != BW_OK) ||
+        (rc = bw__transport_open(&bw__transport_grpc_ops, &l->session.chopts, &l->fctx.fallback,
+                                 err, errlen)) != BW_OK) {
         bw__arena_reset(&ca);
         bw_loader_close(l);
         return rc;
@@ -351,9 +357,6 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->fctx.placement = session_placement;
     l->fctx.placement_arg = &l->session;
     l->fctx.stats = &l->fstats;
-    if (l->data_channel)
-        l->fctx.preferred = bw__transport_dchan(&l->session);
-    l->fctx.fallback = bw__transport_grpc(&l->session);
     l->fctx.dataset = job->config->dataset;
     l->fctx.fingerprint = job->dataset->fingerprint;
     l->fctx.sample_bytes = job->dataset->layout ? job->dataset->layout->sample_bytes : 0;
@@ -941,6 +944,8 @@ void bw_loader_close(bw_loader *l)
     bw__plan_free(l->plan);
     bw__stream_free(l->stream);
     bw__gpu_stream_free(l->copy_stream);
+    bw__transport_close(&l->fctx.preferred); /* no fetch runs: the threads have ended */
+    bw__transport_close(&l->fctx.fallback);
     bw__session_close(&l->session);
     bw__job_request_free(&l->jr);
     pthread_mutex_destroy(&l->mu);

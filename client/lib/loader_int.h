@@ -16,15 +16,13 @@
 #include "rpc/client.h"
 #include "rpc/dchan.h"
 #include "route.h"
+#include "sample_decode.h"
 #include "sampler/sampler.h"
 
 enum {
     BW_LOADER_NUM_SHARDS = 256, /* storage shards samples are routed by (modulo) */
     BW_LOADER_MAX_NDIM = 16,
     BW_LOADER_ERRLEN = 1024,
-    BW_DCONN_IDLE_MAX = 64,      /* idle data-channel connections kept per loader */
-    BW_DCONN_SUSPENDED_MAX = 64, /* unreachable data channels remembered */
-    BW_DCONN_SUSPEND_MS = 30000, /* ... for this long */
 };
 
 /* ---- options.c ---- */
@@ -65,7 +63,7 @@ typedef struct bw__live {
 
 typedef struct bw__session {
     bw_rpc_channel *coord;
-    bw_rpc_channel_opts chopts; /* for worker channels (target replaced) */
+    bw_rpc_channel_opts chopts; /* TLS settings and token, also for workers (target unset) */
     int timeout_ms;
     int retry_ms; /* joins and commits retry this long while the coordinator is away */
     /* The coordinator has answered this session once: from then on a host name that does
@@ -81,25 +79,10 @@ typedef struct bw__session {
     Batchwire__V1__JobSummary *summary;
     ProtobufCBinaryData resume_cursor; /* where JoinJob says this rank resumes */
 
-    pthread_mutex_t mu; /* guards placement, channel cache */
+    pthread_mutex_t mu; /* guards placement and the heartbeat's state; held across no I/O */
     pthread_cond_t cv;
     bw__placement *placement;
     atomic_uint_fast64_t seen_version; /* newest placement version announced */
-    /* worker channels by address, kept across placement versions */
-    size_t nchannels, capchannels;
-    char **channel_addrs;
-    bw_rpc_channel **channels;
-    struct ssl_ctx_st *dchan_tls; /* data channels speak TLS (the loader does) */
-    /* idle data-channel connections, most recently used last */
-    size_t nidle;
-    struct bw__dconn *idle[BW_DCONN_IDLE_MAX];
-    /* data channels that could not be connected to: their workers are asked over gRPC until
-     * `until` (monotonic ms) */
-    size_t nsuspended;
-    struct {
-        char *address;
-        uint64_t until;
-    } suspended[BW_DCONN_SUSPENDED_MAX];
 
     bw__live live;       /* reported with each heartbeat */
     uint32_t holder_pid; /* the trainer process named as the lease's holder */
@@ -153,15 +136,6 @@ void bw__session_close(bw__session *s);
  * when `refresh` is set or a newer version was announced; keeps the old table if the
  * coordinator cannot be reached. NULL when no table has ever been fetched. */
 bw__placement *bw__session_placement(bw__session *s, bool refresh, char *err, size_t errlen);
-
-/* The channel to a worker address (cached). */
-bw_rpc_channel *bw__session_worker_channel(bw__session *s, const char *address, char *err,
-                                           size_t errlen);
-
-/* ---- data_channel.c: the data-channel transport's connections (transport.h) ---- */
-
-/* Closes the idle connections and forgets suspended channels (the session is closing). */
-void bw__dconn_close_idle(bw__session *s);
 
 /* BW_LEASE_LOST with the coordinator's sentence in err once the lease was taken over, else
  * BW_OK: a loader that lost its rank hands out no more batches and commits nothing. Does not
@@ -288,29 +262,5 @@ int bw__hold_take(bw__holds *p, bw_hold **slot_hold, const bw_batch *b, bw_hold 
 /* The loader reuses the slot of b: a hold still referenced takes b's buffer, and b continues
  * with a spare buffer or none. Clears *slot_hold; NULL is a no-op. */
 void bw__hold_leave_slot(bw_hold **slot_hold, bw_batch *b);
-
-/* ---- sample_decode.c ---- */
-
-/* Called for each sample (or chunk of one) in a SampleBatch before its data is copied: checks
- * the header and sets *dest to where the len data bytes go (NULL: nowhere, len is 0). */
-typedef int (*bw__sample_place_fn)(void *ctx, uint64_t index, uint64_t size, uint64_t chunk_offset,
-                                   uint64_t len, uint8_t **dest, char *err, size_t errlen);
-
-/* Called once the len bytes of the chunk place() last gave a place for have landed there. */
-typedef void (*bw__sample_arrived_fn)(void *ctx, uint64_t len);
-
-/* What decoding learned across messages: the next_offset of the last complete stream record. */
-typedef struct bw__decoded {
-    bool has_next_offset;
-    uint64_t next_offset;
-} bw__decoded;
-
-/* Decodes a SampleBatch straight from the received slices, copying each sample's bytes once
- * into the place `place` gives, then telling `arrived` (may be NULL). BW_OK, BW_PROTOCOL for
- * a malformed message, or place's error. */
-struct grpc_byte_buffer;
-int bw__decode_sample_batch(struct grpc_byte_buffer *bb, bw__sample_place_fn place,
-                            bw__sample_arrived_fn arrived, void *ctx, bw__decoded *last, char *err,
-                            size_t errlen);
 
 #endif

@@ -1,5 +1,6 @@
-/* The loader's side of the coordinator: create or join the job, hold the rank's lease with
- * heartbeats, fetch placement, commit cursors. */
+/* The loader's side of the coordinator, and only that: create or join the job, hold the
+ * rank's lease with heartbeats, fetch placement, commit cursors. Connections to workers are
+ * the transports' (transport.h). */
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -37,45 +38,6 @@ void bw__placement_put(bw__placement *p)
     free(p->workers);
     free(p->owners);
     free(p);
-}
-
-bw_rpc_channel *bw__session_worker_channel(bw__session *s, const char *address, char *err,
-                                           size_t errlen)
-{
-    bw_rpc_channel *ch = NULL;
-    pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < s->nchannels && !ch; i++)
-        if (strcmp(s->channel_addrs[i], address) == 0)
-            ch = s->channels[i];
-    if (!ch) {
-        bw_rpc_channel_opts o = s->chopts;
-        o.target = address;
-        if (bw__rpc_channel_open(&o, &ch, err, errlen) == BW_OK) {
-            char *addr = strdup(address);
-            if (addr && s->nchannels == s->capchannels) {
-                size_t cap = s->capchannels ? s->capchannels * 2 : 8;
-                char **a = realloc(s->channel_addrs, cap * sizeof(*a));
-                bw_rpc_channel **c = a ? realloc(s->channels, cap * sizeof(*c)) : NULL;
-                if (a)
-                    s->channel_addrs = a;
-                if (c) {
-                    s->channels = c;
-                    s->capchannels = cap;
-                }
-            }
-            if (addr && s->nchannels < s->capchannels) {
-                s->channel_addrs[s->nchannels] = addr;
-                s->channels[s->nchannels++] = ch;
-            } else { /* out of memory: no channel, the caller fails over */
-                free(addr);
-                bw__rpc_channel_close(ch);
-                ch = NULL;
-                snprintf(err, errlen, "out of memory for a channel to %s", address);
-            }
-        }
-    }
-    pthread_mutex_unlock(&s->mu);
-    return ch;
 }
 
 static int fetch_placement(bw__session *s, bw__placement **out, char *err, size_t errlen)
@@ -633,8 +595,9 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
         if (lrc != BW_OK)
             return lrc;
     }
-    /* Copies: the caller's strings are borrowed for bw_loader_open only, and worker channels
-     * open later. Workers are verified by their own names (no server-name override). */
+    /* Copies: the caller's strings are borrowed for bw_loader_open only, and the loader
+     * creates its transports from these settings after this (transport.h). Workers are
+     * verified by their own names (no server-name override). */
     s->chopts.tls.ca = o->tls_ca ? strdup(o->tls_ca) : NULL;
     s->chopts.tls.cert = o->tls_cert ? strdup(o->tls_cert) : NULL;
     s->chopts.tls.key = o->tls_key ? strdup(o->tls_key) : NULL;
@@ -658,10 +621,6 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     co.tls.server_name = o->tls_server_name;
     int rc = bw__rpc_channel_open(&co, &s->coord, err, errlen);
     if (rc != BW_OK)
-        return rc;
-    /* The files were checked by the channel's credentials above. */
-    if (bw__tls_client_enabled(&s->chopts.tls) &&
-        (rc = bw__dchan_tls_client_ctx(&s->chopts.tls, &s->dchan_tls, err, errlen)) != BW_OK)
         return rc;
     if (!jr)
         return BW_OK; /* the coordinator alone (bw_job_checkpoint) */
@@ -928,17 +887,9 @@ void bw__session_close(bw__session *s)
      * share leaves nothing (the rank is share 0's), nor does a loader whose lease is lost. */
     if (s->coord && s->claimed && !atomic_load(&s->lease_lost))
         leave_job(s);
-    for (size_t i = 0; i < s->nchannels; i++) {
-        bw__rpc_channel_close(s->channels[i]);
-        free(s->channel_addrs[i]);
-    }
-    free(s->channels);
-    free(s->channel_addrs);
-    bw__dconn_close_idle(s);
     bw__placement_put(s->placement);
     bw__rpc_channel_close(s->coord);
     bw__arena_reset(&s->job_arena);
-    bw__dchan_tls_ctx_free(s->dchan_tls);
     free((void *)s->chopts.tls.ca);
     free((void *)s->chopts.tls.cert);
     free((void *)s->chopts.tls.key);

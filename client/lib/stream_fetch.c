@@ -120,10 +120,11 @@ static uint32_t stream_shard(void *kctx, const bw__fetch_item *it, uint32_t num_
     return bw__placement_stream_shard(it->src, k->sc->paths[it->src], num_shards, BW_SHARD_MODULO);
 }
 
-/* One ReadStream reads consecutive records of one source. */
+/* One ReadStream reads consecutive records of one source; a probe (locate_only) is a request
+ * of its own. */
 static bool stream_join(const bw__fetch_item *a, const bw__fetch_item *b)
 {
-    return a->src == b->src && b->key == a->key + 1;
+    return !a->probe && !b->probe && a->src == b->src && b->key == a->key + 1;
 }
 
 static int stream_message(void *kctx, bw__fetch_item *const *items, size_t n,

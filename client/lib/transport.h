@@ -1,11 +1,12 @@
 /*
  * Transports: how one read request reaches a worker and how its samples come back
- * (docs/architecture.md, "The client"). A transport is a table of operations -- start a
- * request, say which descriptor to wait on, receive what has arrived into the places a sink
- * gives, finish -- with two implementations: the workers' data channel (TCP or TLS,
- * data_channel.c, docs/data-channel.md) and gRPC (transport_grpc.c). Neither knows about
- * batches, placement or retries: the fetch loop (fetch.c) owns those, and unit tests drive it
- * through a transport of their own.
+ * (docs/architecture.md, "The client"). A transport is a table of operations -- create its
+ * state, start a request, say which descriptor to wait on, receive what has arrived into the
+ * places a sink gives, finish, destroy -- with two implementations: the workers' data channel
+ * (TCP or TLS, data_channel.c, docs/data-channel.md) and gRPC (transport_grpc.c). Each owns its
+ * state -- connection pools, suspensions, TLS contexts, channel caches -- and its wire's
+ * quirks; nobody else touches them. Neither knows about batches, placement or retries: the
+ * fetch loop (fetch.c) owns those, and unit tests drive it through a transport of their own.
  */
 #ifndef BW_CLIENT_TRANSPORT_H
 #define BW_CLIENT_TRANSPORT_H
@@ -17,6 +18,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "route.h"
+#include "rpc/client.h"
 
 enum { BW_XFER_ERRLEN = 1024 };
 
@@ -70,6 +72,13 @@ typedef struct bw__transport_ops {
     bool (*recv)(bw__xfer *x, const bw__sink *sink, bw__xres *res);
     /* Ends the request (cancels it when it has not ended) and frees x. NULL is a no-op. */
     void (*finish)(bw__xfer *x);
+    /* Creates the transport's state from the loader's settings for workers (TLS files, bearer
+     * token, message limit; the target is ignored; borrowed for the call): every file is read
+     * here, once. BW_OK, or an error with a sentence in err. NULL: no state. */
+    int (*create)(const bw_rpc_channel_opts *opts, void **state, char *err, size_t errlen);
+    /* Closes its connections and frees the state; no request may be in flight. NULL state is
+     * a no-op. */
+    void (*destroy)(void *state);
 } bw__transport_ops;
 
 typedef struct bw__transport {
@@ -77,10 +86,26 @@ typedef struct bw__transport {
     void *state;
 } bw__transport;
 
-struct bw__session;
-/* The two real transports over a loader's session (connections and channels are cached in
- * it). */
-bw__transport bw__transport_dchan(struct bw__session *s);
-bw__transport bw__transport_grpc(struct bw__session *s);
+/* The two real transports. */
+extern const bw__transport_ops bw__transport_dchan_ops; /* data_channel.c */
+extern const bw__transport_ops bw__transport_grpc_ops;  /* transport_grpc.c */
+
+/* Creates a transport of kind ops into *t (left {NULL, NULL} on error). */
+static inline int bw__transport_open(const bw__transport_ops *ops, const bw_rpc_channel_opts *opts,
+                                     bw__transport *t, char *err, size_t errlen)
+{
+    void *state = NULL;
+    int rc = ops->create ? ops->create(opts, &state, err, errlen) : BW_OK;
+    *t = rc == BW_OK ? (bw__transport){ops, state} : (bw__transport){NULL, NULL};
+    return rc;
+}
+
+/* Destroys t's state and clears it; a transport never opened is a no-op. */
+static inline void bw__transport_close(bw__transport *t)
+{
+    if (t->ops && t->ops->destroy)
+        t->ops->destroy(t->state);
+    *t = (bw__transport){NULL, NULL};
+}
 
 #endif

@@ -1,18 +1,144 @@
 /* The gRPC transport (transport.h): Data.ReadSamples or Data.ReadStream, each a server
  * stream of SampleBatch messages decoded straight from gRPC's slices into the sink's places
- * (sample_decode.c). gRPC has no descriptor to poll: recv reads the stream to its end. */
+ * (sample_decode.c). gRPC has no descriptor to poll: recv reads the stream to its end. Its
+ * state is its own: the channel to each worker, kept across placement versions, and the
+ * credentials they share (the PEM files are read once, when the transport is created, and
+ * never under its lock). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <grpc/grpc.h>
 
-#include "loader_int.h"
+#include "data.pb-c.h"
 #include "rpc/dchan.h"
+#include "sample_decode.h"
 #include "transport.h"
+
+/* The transport's state (one per loader). */
+typedef struct grpc_state {
+    grpc_channel_credentials *creds; /* every worker channel's */
+    bw_rpc_channel_opts opts;        /* for each worker channel (target set per worker) */
+    char *token;                     /* opts.tls.token's copy */
+    pthread_mutex_t mu;              /* guards the channel cache; held across no I/O */
+    size_t n, cap;
+    char **addrs;
+    bw_rpc_channel **channels;
+} grpc_state;
+
+static void destroy(void *state)
+{
+    grpc_state *g = state;
+    if (!g)
+        return;
+    for (size_t i = 0; i < g->n; i++) {
+        bw__rpc_channel_close(g->channels[i]);
+        free(g->addrs[i]);
+    }
+    free(g->channels);
+    free(g->addrs);
+    if (g->creds)
+        grpc_channel_credentials_release(g->creds);
+    free(g->token);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+    grpc_shutdown();
+}
+
+static int create(const bw_rpc_channel_opts *opts, void **state, char *err, size_t errlen)
+{
+    *state = NULL;
+    grpc_init(); /* balanced in destroy */
+    grpc_state *g = calloc(1, sizeof(*g));
+    if (!g) {
+        grpc_shutdown();
+        snprintf(err, errlen, "out of memory for the gRPC transport's state");
+        return BW_NOMEM;
+    }
+    pthread_mutex_init(&g->mu, NULL);
+    /* Workers are verified by their own names (no server-name override); the files are read
+     * into g->creds now, so a channel opened later reads nothing. */
+    g->opts.max_receive_bytes = opts->max_receive_bytes;
+    g->opts.max_reconnect_ms = opts->max_reconnect_ms;
+    g->opts.tls.use_tls = bw__tls_client_enabled(&opts->tls);
+    int rc = bw__tls_client_credentials(&opts->tls, &g->creds, err, errlen);
+    /* A failed copy of the token is an error, never calls without it (docs/architecture.md,
+     * "Failure"). */
+    if (rc == BW_OK && opts->tls.token && !(g->token = strdup(opts->tls.token))) {
+        snprintf(err, errlen, "out of memory copying the bearer token for worker channels");
+        rc = BW_NOMEM;
+    }
+    if (rc != BW_OK) {
+        destroy(g);
+        return rc;
+    }
+    g->opts.tls.token = g->token;
+    g->opts.creds = g->creds;
+    *state = g;
+    return BW_OK;
+}
+
+/* The cached channel to a worker address; g->mu held. */
+static bw_rpc_channel *cached(grpc_state *g, const char *address)
+{
+    for (size_t i = 0; i < g->n; i++)
+        if (strcmp(g->addrs[i], address) == 0)
+            return g->channels[i];
+    return NULL;
+}
+
+/* The channel to a worker address: cached, else opened (outside the lock: it reads nothing,
+ * but may take a while) and cached. NULL with err when out of memory. */
+static bw_rpc_channel *worker_channel(grpc_state *g, const char *address, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&g->mu);
+    bw_rpc_channel *ch = cached(g, address);
+    pthread_mutex_unlock(&g->mu);
+    if (ch)
+        return ch;
+    bw_rpc_channel_opts o = g->opts;
+    o.target = address;
+    bw_rpc_channel *fresh = NULL;
+    if (bw__rpc_channel_open(&o, &fresh, err, errlen) != BW_OK)
+        return NULL;
+    char *addr = strdup(address);
+    pthread_mutex_lock(&g->mu);
+    ch = cached(g, address); /* another fetch thread may have opened one meanwhile */
+    if (!ch && addr && g->n == g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 8;
+        char **a = realloc(g->addrs, cap * sizeof(*a));
+        bw_rpc_channel **c = a ? realloc(g->channels, cap * sizeof(*c)) : NULL;
+        if (a)
+            g->addrs = a;
+        if (c) {
+            g->channels = c;
+            g->cap = cap;
+        }
+    }
+    if (!ch && addr && g->n < g->cap) {
+        g->addrs[g->n] = addr;
+        g->channels[g->n++] = ch = fresh;
+        addr = NULL;
+        fresh = NULL;
+    }
+    pthread_mutex_unlock(&g->mu);
+    free(addr);
+    bw__rpc_channel_close(fresh);
+    if (!ch) /* out of memory: no channel, the caller fails over */
+        snprintf(err, errlen, "out of memory for a channel to %s", address);
+    return ch;
+}
 
 struct bw__xfer {
     bw_rpc_stream *st;
     const char *wid;
+    /* A ReadStream that only locates a record: gRPC answers it with one empty sample that
+     * carries the offset (the data channel says it in END). That sample is this wire's, not
+     * the request's: it is not passed on. */
+    bool locate_only;
+    const bw__sink *sink; /* during recv: where samples go */
+    bool swallowed;       /* the chunk last placed was that empty sample */
 };
 
 static bool usable(void *state, const bw__worker_ref *wr)
@@ -24,7 +150,7 @@ static bool usable(void *state, const bw__worker_ref *wr)
 static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req, int timeout_ms,
                  bw__xfer **out, bw__xres *res)
 {
-    bw__session *s = state;
+    grpc_state *g = state;
     *out = NULL;
     bw__xfer *x = calloc(1, sizeof(*x));
     if (!x) {
@@ -32,8 +158,10 @@ static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req,
         return res->rc = BW_NOMEM;
     }
     x->wid = wr->id;
+    x->locate_only = req->kind == BW_DCHAN_KIND_READ_STREAM &&
+                     ((const Batchwire__V1__ReadStreamRequest *)req->msg)->locate_only;
     char e[BW_XFER_ERRLEN];
-    bw_rpc_channel *ch = bw__session_worker_channel(s, wr->address, e, sizeof(e));
+    bw_rpc_channel *ch = worker_channel(g, wr->address, e, sizeof(e));
     int rc = ch ? bw__rpc_stream_open(ch,
                                       req->kind == BW_DCHAN_KIND_READ_STREAM
                                           ? BW_METHOD(BW_M_DATA_READ_STREAM)
@@ -55,8 +183,29 @@ static int fd(bw__xfer *x)
     return -1;
 }
 
+/* The sink's place, less the empty sample that answers a locate-only request. */
+static int place(void *ctx, uint64_t key, uint64_t size, uint64_t chunk_off, uint64_t len,
+                 uint8_t **dest, char *err, size_t errlen)
+{
+    bw__xfer *x = ctx;
+    x->swallowed = x->locate_only && size == 0 && len == 0;
+    if (x->swallowed) {
+        *dest = NULL;
+        return BW_OK;
+    }
+    return x->sink->place(x->sink->ctx, key, size, chunk_off, len, dest, err, errlen);
+}
+
+static void arrived(void *ctx, uint64_t len)
+{
+    bw__xfer *x = ctx;
+    if (!x->swallowed)
+        x->sink->arrived(x->sink->ctx, len);
+}
+
 static bool recv_all(bw__xfer *x, const bw__sink *sink, bw__xres *res)
 {
+    x->sink = sink;
     char e[BW_XFER_ERRLEN] = "";
     bw__decoded last = {0};
     int rc;
@@ -65,8 +214,7 @@ static bool recv_all(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         rc = bw__rpc_stream_next_raw(x->st, &msg, e, sizeof(e));
         if (rc != BW_OK)
             break;
-        rc = bw__decode_sample_batch(msg, sink->place, sink->arrived, sink->ctx, &last, e,
-                                     sizeof(e));
+        rc = bw__decode_sample_batch(msg, place, arrived, x, &last, e, sizeof(e));
         grpc_byte_buffer_destroy(msg);
         if (rc != BW_OK)
             break;
@@ -92,9 +240,5 @@ static void finish(bw__xfer *x)
     free(x);
 }
 
-static const bw__transport_ops grpc_ops = {"grpc", usable, start, fd, recv_all, finish};
-
-bw__transport bw__transport_grpc(bw__session *s)
-{
-    return (bw__transport){&grpc_ops, s};
-}
+const bw__transport_ops bw__transport_grpc_ops = {"grpc",   usable, start,  fd,
+                                                  recv_all, finish, create, destroy};

@@ -40,16 +40,18 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
         snprintf(err, errlen, "no target address given");
         return BW_INVALID_ARGUMENT;
     }
-    grpc_channel_credentials *creds = NULL;
-    int rc = bw__tls_client_credentials(&opts->tls, &creds, err, errlen);
+    grpc_channel_credentials *creds = opts->creds;
+    int rc = creds ? BW_OK : bw__tls_client_credentials(&opts->tls, &creds, err, errlen);
     if (rc != BW_OK)
         return rc;
     grpc_init();
     bw_rpc_channel *ch = calloc(1, sizeof(*ch));
     if (!ch || !(ch->target = strdup(opts->target))) {
         free(ch);
-        grpc_channel_credentials_release(creds);
+        if (!opts->creds)
+            grpc_channel_credentials_release(creds);
         grpc_shutdown();
+        snprintf(err, errlen, "out of memory for a channel to %s", opts->target);
         return BW_NOMEM;
     }
     int backoff = opts->max_reconnect_ms > 0 ? opts->max_reconnect_ms : 1000;
@@ -91,7 +93,8 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
     }
     grpc_channel_args cargs = {nargs, args};
     ch->channel = grpc_channel_create(opts->target, creds, &cargs);
-    grpc_channel_credentials_release(creds);
+    if (!opts->creds)
+        grpc_channel_credentials_release(creds);
     if (!ch->channel) {
         snprintf(err, errlen, "cannot create a channel to %s", opts->target);
         free(ch->target);
@@ -112,6 +115,8 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
             free(v);
         } else {
             bw__rpc_channel_close(ch);
+            snprintf(err, errlen, "out of memory for the bearer token of a channel to %s",
+                     opts->target);
             return BW_NOMEM;
         }
     }

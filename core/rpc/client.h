@@ -21,6 +21,10 @@ typedef struct bw_rpc_channel_opts {
     bw_tls_client_files tls;
     int max_receive_bytes; /* largest response accepted (0: 4 MiB) */
     int max_reconnect_ms;  /* cap on the reconnect backoff (0: 1000) */
+    /* Credentials built once by the caller (bw__tls_client_credentials from tls; borrowed,
+     * the channel keeps its own reference), so that opening a channel reads no file; NULL:
+     * built from tls at each open. tls.token and tls.server_name apply either way. */
+    grpc_channel_credentials *creds;
 } bw_rpc_channel_opts;
 
 /* Opens a channel (connects lazily). Returns BW_OK, or BW_TLS/BW_INVALID_ARGUMENT with a

@@ -504,7 +504,8 @@ static void ffinish(bw__xfer *x)
     free(x);
 }
 
-static const bw__transport_ops fake_ops = {"fake", fusable, fstart, ffd, frecv, ffinish};
+static const bw__transport_ops fake_ops = {"fake", fusable, fstart, ffd,
+                                           frecv,  ffinish, NULL,   NULL};
 
 /* ---- a fetch ---- */
 

@@ -1,0 +1,33 @@
+/* Decoding a gRPC SampleBatch straight into the places a caller gives (sample_decode.c): the
+ * gRPC transport's half of receiving samples (transport_grpc.c). Nothing here is part of the
+ * public API. */
+#ifndef BW_CLIENT_SAMPLE_DECODE_H
+#define BW_CLIENT_SAMPLE_DECODE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Called for each sample (or chunk of one) in a SampleBatch before its data is copied: checks
+ * the header and sets *dest to where the len data bytes go (NULL: nowhere, len is 0). */
+typedef int (*bw__sample_place_fn)(void *ctx, uint64_t index, uint64_t size, uint64_t chunk_offset,
+                                   uint64_t len, uint8_t **dest, char *err, size_t errlen);
+
+/* Called once the len bytes of the chunk place() last gave a place for have landed there. */
+typedef void (*bw__sample_arrived_fn)(void *ctx, uint64_t len);
+
+/* What decoding learned across messages: the next_offset of the last complete stream record. */
+typedef struct bw__decoded {
+    bool has_next_offset;
+    uint64_t next_offset;
+} bw__decoded;
+
+/* Decodes a SampleBatch straight from the received slices, copying each sample's bytes once
+ * into the place `place` gives, then telling `arrived` (may be NULL). BW_OK, BW_PROTOCOL for
+ * a malformed message, or place's error. */
+struct grpc_byte_buffer;
+int bw__decode_sample_batch(struct grpc_byte_buffer *bb, bw__sample_place_fn place,
+                            bw__sample_arrived_fn arrived, void *ctx, bw__decoded *last, char *err,
+                            size_t errlen);
+
+#endif
