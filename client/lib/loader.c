@@ -405,7 +405,9 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         bool gpu = o->device >= 0;
         size_t fixed = (size_t)l->fctx.sample_bytes * max_batch;
         for (size_t i = 0; rc == BW_OK && i < l->nslots; i++) {
-            rc = bw__batch_init(&l->slots[i], max_batch, fixed, gpu);
+            if ((rc = bw__batch_init(&l->slots[i], max_batch, fixed, gpu)) != BW_OK)
+                fail(l, rc, "out of memory for batch slot %zu of %zu (%zu samples)", i + 1,
+                     l->nslots, max_batch);
             if (rc == BW_OK && gpu) {
                 rc = bw__gpu_stream_new(o->device, &l->slots[i].gpu, l->err, sizeof(l->err));
                 l->slots[i].device = o->device;
@@ -418,14 +420,17 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         bw_loader_close(l);
         return rc;
     }
-    l->nthreads = l->nslots - 1;
-    l->threads = calloc(l->nthreads, sizeof(*l->threads));
-    for (size_t i = 0; l->threads && i < l->nthreads; i++)
-        if (pthread_create(&l->threads[i], NULL, fetch_thread, l) != 0) {
-            l->nthreads = i;
-            break;
-        }
-    if (!l->threads || l->nthreads == 0) {
+    /* nthreads counts the threads started: bw_loader_close joins exactly those. */
+    size_t want = l->nslots - 1;
+    if (!(l->threads = calloc(want, sizeof(*l->threads)))) {
+        snprintf(err, errlen, "out of memory for %zu fetch threads", want);
+        bw_loader_close(l);
+        return BW_NOMEM;
+    }
+    while (l->nthreads < want &&
+           pthread_create(&l->threads[l->nthreads], NULL, fetch_thread, l) == 0)
+        l->nthreads++;
+    if (l->nthreads == 0) {
         snprintf(err, errlen, "cannot start fetch threads");
         bw_loader_close(l);
         return BW_INTERNAL;
