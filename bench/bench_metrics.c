@@ -16,8 +16,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "batchwire/batchwire.h"
 #include "common/version.h"
-#include "../worker/metrics.c"
+#include "worker/metrics.h"
+#include "worker/request.h"
 
 enum { REQUESTS = 1000000, SAMPLES_PER_REQUEST = 64, SAMPLE_BYTES = 256 };
 

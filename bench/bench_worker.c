@@ -33,14 +33,13 @@
 
 #include <grpc/grpc.h>
 
-#include "../worker/data_service.c"
-#include "../worker/datasets.c"
-#include "../worker/executor.c"
-#include "../worker/metrics.c"
-#include "../worker/placement_view.c"
-#include "../worker/read_path.c"
-#include "../worker/request.c"
-#include "../worker/sample_stream.c"
+#include "placement/placement.h"
+#include "worker/data.h"
+#include "worker/executor.h"
+#include "worker/metrics.h"
+#include "worker/read_path.h"
+#include "worker/request.h"
+#include "worker/worker.h"
 #include "common/log.h"
 #include "common/version.h"
 #include "formats/synth.h"

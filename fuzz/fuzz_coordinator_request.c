@@ -12,12 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../server/jobs_elastic.c"
-#include "../server/jobs_lifecycle.c"
-#include "../server/jobs_live.c"
-#include "../server/jobs_ops.c"
-#include "../server/jobs_state.c"
-#include "../server/membership.c"
+#include "batchwire/batchwire.h"
+#include "server/jobs_int.h"
+#include "server/membership.h"
 #include "auth/auth.h"
 #include "rpc/methods.h"
 #include "rpc/proto_check.h"

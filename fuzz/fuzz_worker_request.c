@@ -8,7 +8,8 @@
  * freed (or when decoding failed). */
 #include <string.h>
 
-#include "../worker/request.c"
+#include "batchwire/batchwire.h"
+#include "worker/request.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

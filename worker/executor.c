@@ -14,7 +14,7 @@
 #include "common/log.h"
 #include "common/util.h"
 
-enum { HINT_MIN_MS = 50, HINT_MAX_MS = 10000, WARN_EVERY_MS = 10000 };
+enum { WARN_EVERY_MS = 10000 };
 
 struct bw__exec {
     pthread_mutex_t mu;
@@ -36,7 +36,9 @@ struct bw__exec {
 static uint32_t hint_ms(const bw__exec *x)
 {
     uint64_t h = (uint64_t)x->o.wait_ms * (x->waiting + 1) / (x->held + 1);
-    return (uint32_t)(h < HINT_MIN_MS ? HINT_MIN_MS : h > HINT_MAX_MS ? HINT_MAX_MS : h);
+    return (uint32_t)(h < BW_EXEC_HINT_MIN_MS   ? BW_EXEC_HINT_MIN_MS
+                      : h > BW_EXEC_HINT_MAX_MS ? BW_EXEC_HINT_MAX_MS
+                                                : h);
 }
 
 static void too_big(const bw__exec *x, uint64_t charge, char *why, size_t whylen)

@@ -18,6 +18,9 @@
 
 typedef struct bw__exec bw__exec;
 
+/* Bounds of the retry hint that comes with BW_BUSY (milliseconds). */
+enum { BW_EXEC_HINT_MIN_MS = 50, BW_EXEC_HINT_MAX_MS = 10000 };
+
 typedef struct bw__exec_opts {
     int threads;             /* pool threads (>= 1) */
     uint64_t budget;         /* bytes the requests in progress may hold together (> 0) */

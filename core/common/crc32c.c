@@ -50,8 +50,7 @@ static uint32_t shift(const uint32_t t[4][256], uint32_t r)
     return t[0][r & 0xff] ^ t[1][(r >> 8) & 0xff] ^ t[2][(r >> 16) & 0xff] ^ t[3][r >> 24];
 }
 
-/* On the inverted register (as both paths are). */
-static uint32_t crc_soft(uint32_t crc, const uint8_t *p, size_t len)
+uint32_t bw__crc32c_table(uint32_t crc, const uint8_t *p, size_t len)
 {
     pthread_once(&table_once, table_init);
     while (len >= 8) {
@@ -69,7 +68,8 @@ static uint32_t crc_soft(uint32_t crc, const uint8_t *p, size_t len)
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uint8_t *p, size_t len)
+__attribute__((target("sse4.2"))) uint32_t bw__crc32c_sse42(uint32_t crc, const uint8_t *p,
+                                                            size_t len)
 {
     uint64_t c = crc;
     if (len >= 3 * BLOCK)
@@ -111,7 +111,7 @@ uint32_t bw__crc32c(uint32_t crc, const void *data, size_t len)
     if (hw < 0)
         hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
     if (hw)
-        return ~crc_hw(crc, data, len);
+        return ~bw__crc32c_sse42(crc, data, len);
 #endif
-    return ~crc_soft(crc, data, len);
+    return ~bw__crc32c_table(crc, data, len);
 }

@@ -2,6 +2,7 @@
  * and for queued tasks, waiting for room, BW_BUSY with a retry hint after the wait, the refusal
  * of a charge larger than the whole budget, the pool's bound on concurrent work, and stopping
  * with work still queued. */
+#include <stdio.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,7 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../worker/executor.c"
+#include "common/util.h"
+#include "batchwire/batchwire.h"
+#include "worker/executor.h"
 
 enum { WAIT_MS = 200 };
 
@@ -78,7 +81,7 @@ static void test_busy_after_the_wait(void **state)
     assert_int_equal(bw__exec_admit(x, 20, &hint, why, sizeof(why)), BW_BUSY);
     uint64_t waited = bw__mono_ms() - t0;
     assert_true(waited >= WAIT_MS - 5 && waited < WAIT_MS * 5);
-    assert_true(hint >= HINT_MIN_MS && hint <= HINT_MAX_MS);
+    assert_true(hint >= BW_EXEC_HINT_MIN_MS && hint <= BW_EXEC_HINT_MAX_MS);
     char want[64];
     snprintf(want, sizeof(want), "retry after %u ms", hint);
     assert_non_null(strstr(why, want));
@@ -188,7 +191,7 @@ static void test_tasks_admitted_by_bytes(void **state)
     wait_called(&c);
     assert_int_equal(c.rc, BW_BUSY);
     assert_true(c.at_ms - t0 >= WAIT_MS - 5);
-    assert_true(c.hint >= HINT_MIN_MS);
+    assert_true(c.hint >= BW_EXEC_HINT_MIN_MS);
     assert_non_null(strstr(c.why, "--inflight-bytes"));
 
     /* larger than the whole budget: BW_TOO_BIG without waiting */

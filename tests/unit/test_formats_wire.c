@@ -16,11 +16,9 @@
 #include <grpc/grpc.h>
 
 #include "test_dir.h"
-#include "../../worker/datasets.c"
-#include "../../worker/metrics.c"
-#include "../../worker/placement_view.c"
-#include "../../worker/read_path.c"
-#include "../../worker/sample_stream.c"
+#include "worker/data.h"
+#include "worker/metrics.h"
+#include "worker/read_path.h"
 #include "common/crc32c.h"
 #include "formats/synth.h"
 

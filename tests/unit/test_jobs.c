@@ -12,12 +12,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "batchwire/batchwire.h"
 #include "test_dir.h"
-#include "../../server/jobs_elastic.c"
-#include "../../server/jobs_lifecycle.c"
-#include "../../server/jobs_live.c"
-#include "../../server/jobs_ops.c"
-#include "../../server/jobs_state.c"
+#include "server/jobs_int.h"
 #include "common/crc32c.h"
 #include "cursor/cursor.h"
 

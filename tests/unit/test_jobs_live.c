@@ -7,7 +7,8 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "../../server/jobs_live.c"
+#include "batchwire/batchwire.h"
+#include "server/jobs_int.h"
 
 static Batchwire__V1__RankLive live(uint64_t step, uint64_t batches, uint64_t samples,
                                     uint64_t bytes)

@@ -3,6 +3,7 @@
  * want of memory, truncation on request, snapshot plus tail,
  * interrupted compaction, compaction limits across reopens, a full disk (records and a
  * rotation wait, nothing acknowledged is lost), and the state directory's lock. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,7 +25,7 @@
 #include "test_dir.h"
 #include "batchwire/batchwire.h"
 #include "journal/journal.h"
-#include "../../server/state_dir.c"
+#include "server/state_dir.h"
 
 /* ---- a tiny "state": the records seen, in order ---- */
 

@@ -1,5 +1,5 @@
 /*
- * `batchwire plan` (client/cli/cmd_plan.c, included here to run it in-process): its output
+ * `batchwire plan` (client/cli/cmd_plan.c, linked from bwcli to run it in-process): its output
  * contract (one JSON line per batch, ranks then steps ascending, step numbered from the epoch
  * start, real and padding) agrees with the sampler core, and invalid combinations exit 2
  * with a message naming the parameter.
@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "../../client/cli/cmd_plan.c"
+#include "client/cli/commands.h"
 #include "sampler_testutil.h"
 
 typedef struct plan_result {
