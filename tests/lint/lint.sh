@@ -9,6 +9,8 @@ if grep -nE '(^|[^_a-zA-Z0-9])(sprintf|vsprintf|strcpy|strcat|gets|atoi|atol)\s*
     echo "lint: banned function used above (use snprintf, memcpy with a length, strtol...)" >&2
     status=1
 fi
+# Formatting is checked, never skipped: without clang-format the lint fails (scripts/test
+# installs Debian's clang-format).
 if command -v clang-format >/dev/null; then
     bad=$(for f in $files; do clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || echo "$f"; done)
     if [ -n "$bad" ]; then
@@ -17,7 +19,9 @@ if command -v clang-format >/dev/null; then
         status=1
     fi
 else
-    echo "lint: clang-format not installed; formatting not checked" >&2
+    echo "lint: clang-format is not installed, so formatting cannot be checked (scripts/test" \
+        "installs Debian's clang-format)" >&2
+    status=1
 fi
 [ $status -eq 0 ] && echo "lint: $(echo "$files" | wc -w) files clean"
 exit $status
