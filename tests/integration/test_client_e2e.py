@@ -19,7 +19,6 @@ The helpers here (cluster, expected bytes, fetch processes, plan, verification) 
 the other test_client_*.py files.
 """
 
-import fcntl
 import hashlib
 import json
 import os
@@ -232,17 +231,19 @@ class Fetch:
         self.rank = rank
         self.t0 = time.monotonic()
         self.times = []
+        # Backpressure (gate_after): after `gate_after` lines stdout is not read until
+        # open_gate(); with a one-page pipe the process then blocks a few dozen batches further
+        # on. The pipe is that small before the process starts: shrunk afterwards, it refused
+        # (EBUSY) once a process had written more than a page, as on a loaded machine.
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=bt.child_env(env),
-                                     start_new_session=True, preexec_fn=bt._child_setup)
+                                     start_new_session=True, preexec_fn=bt._child_setup,
+                                     pipesize=4096 if gate_after is not None else -1)
         bt._register(self.proc)
         self.lines = []
         self.err = []
         self.gate = None
         if gate_after is not None:
-            # Backpressure: after `gate_after` lines stdout is not read until open_gate(); with
-            # a one-page pipe the process then blocks a few dozen batches further on.
-            fcntl.fcntl(self.proc.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ
             self.gate = threading.Event()
         self.gate_after = gate_after
         self._threads = [threading.Thread(target=self._read_stdout, daemon=True),
