@@ -35,6 +35,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -181,9 +182,41 @@ class Net:
 # the cluster
 
 
+class _Hold:
+    """A rank's stdout gate that counts (in place of e2e.Fetch's Event, with the same
+    wait()/set()): the reader takes lines until it holds `rank.gate_after` of them, then waits
+    until limit() moves that number on or set() opens the gate for good."""
+
+    def __init__(self, rank, opened):
+        self.rank = rank
+        self.opened = opened  # e2e.Fetch's Event: set() before this gate was put in its place
+        self.cv = threading.Condition()
+
+    def wait(self):
+        with self.cv:
+            self.cv.wait_for(lambda: self.opened.is_set() or
+                             len(self.rank.lines) < self.rank.gate_after)
+
+    def set(self):
+        with self.cv:
+            self.opened.set()
+            self.cv.notify_all()
+
+    def limit(self, n):
+        with self.cv:
+            self.rank.gate_after = n
+            self.cv.notify_all()
+
+
 class Rank(e2e.Fetch):
     """`batchwire fetch` for one rank inside its trainer namespace (`t<rank>`), stdout line
-    buffered (stdbuf), so that each batch line's time (`times`) is when it was written."""
+    buffered (stdbuf), so that each batch line's time (`times`) is when it was written.
+
+    Held (gate_after=N), the reader stops after N lines and the process blocks writing a
+    bounded number of lines later (a one-page pipe, ~230-byte lines, plus the reader's 8 KiB
+    buffer: about 50); `hold_after(M)` lets it print up to M lines and holds it there again,
+    `open_gate()` lets it run to its end. So a fault applied between the two finds the rank
+    still running, however the machine schedules the processes."""
 
     def __init__(self, net, coord, job, dataset, c, rank, world=e2e.WORLD, extra=(),
                  gate_after=None):
@@ -193,6 +226,19 @@ class Rank(e2e.Fetch):
         super().__init__(coord, job, dataset, c, rank, world, extra, env=env,
                          gate_after=gate_after,
                          wrap=lambda argv: net.argv("t%d" % rank, ["stdbuf", "-oL"] + argv))
+
+    def _read_stdout(self):
+        # In the reader thread, before its first line: nobody can have waited on the Event.
+        if self.gate is not None:
+            self.gate = _Hold(self, self.gate)
+        super()._read_stdout()
+
+    def hold_after(self, n):
+        """The reader takes up to `n` lines in all (more than it holds now), then holds."""
+        if not isinstance(self.gate, _Hold) or n < self.gate_after:
+            raise bt.TestFailure("rank %d: hold_after(%d) on a rank held at %r" %
+                                 (self.rank, n, self.gate_after))
+        self.gate.limit(n)
 
 
 class FaultCluster:

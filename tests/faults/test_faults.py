@@ -5,7 +5,9 @@ namespace on one bridge. First a fault-free run of the 4 ranks (.npy, torch mode
 two epochs) is checked against `batchwire plan` and the generator's bytes; it is the reference.
 Then each scenario runs the same job under a new name: the ranks are held mid-epoch 0 by
 backpressure on their stdout (as in tests/integration/test_client_failover.py), the fault is
-applied and the ranks released so they fetch through it. Every scenario checks that
+applied and the ranks released so they fetch through it (a rank the fault must find still
+running is let on by STEP_ON batches only, and held again until the fault is applied). Every
+scenario checks that
 
   * every rank exits 0 within RANK_TIMEOUT_S,
   * every rank's whole sequence (epoch, step, indices, padding, real, sha256) equals the
@@ -60,6 +62,13 @@ CFG = dict(mode="torch", B=16, shuffle=True, seed=5)
 SPEC = "npy:big/part-*.npy"
 NUM_SAMPLES = 6000
 GATE = 20
+# Where a fault must find a rank still running (its file changed, it is killed or stopped), the
+# rank is let on by STEP_ON more batch lines only (step_on) and held there again until the
+# fault is applied: it fetches as the fault lands, yet it cannot have finished, however late
+# the test gets to the fault on a loaded machine (held, it blocks about 50 lines after what
+# the test read: netns.Rank), which release() followed by the fault could not promise -- a
+# rank ran to its end before the fault 2 times in 6 runs on a loaded 2-core machine.
+STEP_ON = 30
 RANK_TIMEOUT_S = 90
 # The bounds of issue 15, with default settings (the daemons' and `batchwire fetch`'s; only
 # the lease is given, and it is the default, 10 s). The environment may tighten them, never
@@ -117,6 +126,13 @@ def release(ranks):
     for p in ranks:
         p.open_gate()
     time.sleep(0.005)
+
+
+def step_on(ranks):
+    """The held ranks print STEP_ON more batches each, then are held again (with GATE and the
+    pipe, at most ~100 of their 158 or 188 batches)."""
+    for p in ranks:
+        p.hold_after(p.gate_after + STEP_ON)
 
 
 def exact(ctx, name, p, got, skip=0, prefix=False):
@@ -453,9 +469,11 @@ def _file_changed(ctx, how):
         changed = start_held(ctx, "f-" + name.replace("_", "-"), spec="npy:%s/part-*.npy" % sub)
         others = start_held(ctx, "f-" + name.replace("_", "-") + "-other")
         change = CHANGES[how](victim)
-        release(changed + others)
+        release(others)
+        step_on(changed)
         t0 = time.monotonic()
-        change()  # requests of both jobs are in flight
+        change()  # the other job's requests are in flight, the changed dataset's ranks run on
+        release(changed)
         stops, msgs = [], []
         for p in changed:
             rc = p.wait(RANK_TIMEOUT_S)
@@ -531,14 +549,17 @@ def _committed(ctx, name, job):
 
 def _resumed(ctx, name, job, sig):
     """The 4 ranks of `job` after _committed: resumed from step COMMIT_STEP, committing at
-    their end, held mid-epoch, released, and rank 1 sent `sig` at once. Returns (the ranks,
-    rank 1, when it was sent)."""
+    their end, held mid-epoch; the others released, rank 1 let on by STEP_ON batches (step_on)
+    and sent `sig` while still running. Returns (the ranks, rank 1, when it was sent)."""
     _committed(ctx, name, job)
     ranks = start_held(ctx, job, extra=["--commit"])
-    release(ranks)
+    target = ranks[1]
+    release([p for p in ranks if p is not target])
+    step_on([target])
     t0 = time.monotonic()
-    os.kill(ranks[1].pid, sig)
-    return ranks, ranks[1], t0
+    os.kill(target.pid, sig)
+    target.open_gate()  # what it printed before the signal is read (a stopped one prints no more)
+    return ranks, target, t0
 
 
 def end_cursor(ctx, rank):
@@ -553,6 +574,15 @@ def _committed_steps(ctx, job):
         if j["name"] == job:
             return {r["rank"]: (r.get("epoch", 0), r.get("step", 0)) for r in j["ranks"]}
     raise bt.TestFailure("batchwire status does not list job %s" % job)
+
+
+def _committed_at_end(ctx, name, job, hint=""):
+    """Every rank of `job` has committed the cursor after its last batch, and nothing else."""
+    want = {r: end_cursor(ctx, r) for r in range(e2e.WORLD)}
+    got = _committed_steps(ctx, job)
+    if got != want:
+        raise bt.TestFailure("%s: the committed cursors are %r, the ranks finished at %r%s" %
+                             (name, got, want, hint))
 
 
 # What a commit or a join refused on a full disk must say, with the directory's path.
@@ -646,8 +676,18 @@ def trainer_sigkill(ctx):
     ranks go on exactly."""
     name, job, cl = "trainer_sigkill", "f-trainer-kill", ctx.cl
     ranks, dead, t0 = _resumed(ctx, name, job, signal.SIGKILL)
-    dead.wait(10)
-    exact(ctx, name, dead, dead.result()[0], skip=COMMIT_STEP, prefix=True)
+    rc = dead.wait(10)
+    delivered = dead.result()[0]
+    if rc != -signal.SIGKILL:
+        raise bt.TestFailure("%s: rank 1 exited %d after %d batches, not by the SIGKILL" %
+                             (name, rc, len(delivered)))
+    exact(ctx, name, dead, delivered, skip=COMMIT_STEP, prefix=True)
+    # The restart resumes from the coordinator's cursor for rank 1: the one committed at
+    # COMMIT_STEP (the killed process commits only at its end, which it never reached).
+    before = _committed_steps(ctx, job).get(1)
+    if before != (0, COMMIT_STEP):
+        raise bt.TestFailure("%s: rank 1's committed cursor is %r after the kill, not (0, %d)" %
+                             (name, before, COMMIT_STEP))
     t_start = time.monotonic()
     again = cl.rank(job, SPEC, CFG, 1, extra=["--epochs", e2e.EPOCHS, "--commit"])
     ctx.running.append(again)
@@ -655,6 +695,7 @@ def trainer_sigkill(ctx):
     exact(ctx, name, again, got, skip=COMMIT_STEP)
     others = [p for p in ranks if p is not dead]
     m = finish(ctx, name, others, t0, t0, skip=COMMIT_STEP)
+    _committed_at_end(ctx, name, job)
     m["recovery"] = again.times[0] - t0
     m["fault"] = t_start - t0
     bt.log("%s: rank 1 killed after %d batches; restarted, it delivered its first batch %.2f s "
@@ -700,13 +741,9 @@ def trainer_sigstop_lease(ctx):
         raise bt.TestFailure("%s: the stale rank 1 handed out %d batches after it was "
                              "continued, before it learned its lease was gone" %
                              (name, len(mine) - seen))
-    want = {r: end_cursor(ctx, r) for r in range(e2e.WORLD)}
     others = [p for p in ranks if p is not stale]
     m = finish(ctx, name, others, t0, t0, skip=COMMIT_STEP)
-    got = _committed_steps(ctx, job)
-    if got != want:
-        raise bt.TestFailure("%s: the committed cursors are %r, the ranks finished at %r (did the "
-                             "stale rank commit?)" % (name, got, want))
+    _committed_at_end(ctx, name, job, " (did the stale rank commit?)")
     m.update(recovery=stopped, fault=t1 - t0)
     lost = next((x for x in err.splitlines() if "BW_LEASE_LOST" in x), "")
     bt.log("%s: rank 1 paused %.1f s; a new process took rank 1 over %.2f s after it started "
