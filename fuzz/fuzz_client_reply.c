@@ -48,8 +48,10 @@
 #include <grpc/grpc.h>
 #include <grpc/slice.h>
 
+#include "../client/lib/batch_int.h"
 #include "../client/lib/fetch.h"
-#include "../client/lib/loader_int.h"
+#include "../client/lib/loader_limits.h"
+#include "../client/lib/sample_decode.h"
 #include "../client/lib/stream_fetch.h"
 #include "common/util.h"
 #include "rpc/dchan.h"

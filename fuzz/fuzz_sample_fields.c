@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../client/lib/loader_int.h"
+#include "../client/lib/batch_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader_int.h"
+#include "batch_int.h"
 
 int bw__arrays_check(const Batchwire__V1__DatasetInfo *info, char *err, size_t errlen)
 {

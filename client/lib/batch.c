@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "gpu.h"
-#include "loader_int.h"
+#include "batch_int.h"
 
 int bw__batch_init(bw_batch *b, size_t max_count, size_t data_bytes, bool pinned)
 {

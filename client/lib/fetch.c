@@ -22,7 +22,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "fetch.h"
-#include "loader_int.h"
+#include "batch_int.h"
 #include "placement/placement.h"
 #include "rpc/dchan.h"
 

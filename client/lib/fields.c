@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "formats/field_table.h"
-#include "loader_int.h"
+#include "batch_int.h"
 
 int bw__fields_kind_of(const char *format, bool wanted, enum bw__fields_kind *kind, char *err,
                        size_t errlen)

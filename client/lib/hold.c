@@ -13,7 +13,8 @@
 #include <stdlib.h>
 
 #include "gpu.h"
-#include "loader_int.h"
+#include "batch_int.h"
+#include "hold.h"
 
 enum { SPARE_MAX = 8 };
 

@@ -14,7 +14,10 @@
 #include "gpu.h"
 #include "jobs/plan.h"
 #include "fetch.h"
-#include "loader_int.h"
+#include "batch_int.h"
+#include "hold.h"
+#include "options_int.h"
+#include "session.h"
 #include "stream_fetch.h"
 
 enum slot_state { SLOT_FREE, SLOT_FETCHING, SLOT_READY, SLOT_HELD };

@@ -8,7 +8,8 @@
 
 #include "common/text.h"
 #include "formats/formats.h"
-#include "loader_int.h"
+#include "options_int.h"
+#include "sampler/sampler.h"
 
 void bw_loader_options_init(bw_loader_options *o)
 {

@@ -9,7 +9,8 @@
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 
-#include "loader_int.h"
+#include "batchwire/batchwire.h"
+#include "sample_decode.h"
 
 typedef struct reader {
     grpc_byte_buffer_reader r;

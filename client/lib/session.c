@@ -14,7 +14,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "cursor/cursor.h"
-#include "loader_int.h"
+#include "session.h"
 
 enum {
     LEAVE_TIMEOUT_MS = 2000,

@@ -5,7 +5,7 @@
 
 #include "jobs/plan.h"
 #include "fetch.h"
-#include "loader_int.h"
+#include "batch_int.h"
 
 typedef struct bw__stream_ctx bw__stream_ctx;
 

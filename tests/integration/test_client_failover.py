@@ -33,7 +33,7 @@ import bwtest as bt  # noqa: E402
 import test_client_e2e as e2e  # noqa: E402
 from test_client_resume import key, LEASE_MS, LEASE_WAIT  # noqa: E402
 
-NUM_SHARDS = 256  # the loader routes by index % 256 (client/lib/loader_int.h)
+NUM_SHARDS = 256  # the loader routes by index % 256 (client/lib/loader_limits.h)
 CFG = dict(mode="torch", B=16, shuffle=True, seed=5)
 SPEC = "npy:big/part-*.npy"
 GATE = 20

@@ -30,7 +30,7 @@ from test_client_failover import bytes_sent_by, placement_table, release_and_kil
 from test_client_resume import key, LEASE_WAIT  # noqa: E402
 from test_streams import Stream, cfg, check_run  # noqa: E402
 
-NUM_SHARDS = 256  # the loader places source k on shard k % 256 (client/lib/loader_int.h)
+NUM_SHARDS = 256  # the loader places source k on shard k % 256 (client/lib/loader_limits.h)
 WORLD = 4
 EPOCHS = 2
 B = 2

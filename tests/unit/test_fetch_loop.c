@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "../../client/lib/fetch.h"
-#include "../../client/lib/loader_int.h"
+#include "../../client/lib/batch_int.h"
 #include "common/util.h"
 #include "placement/placement.h"
 #include "rpc/dchan.h"

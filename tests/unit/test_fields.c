@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../client/lib/loader_int.h"
+#include "../../client/lib/batch_int.h"
 #include "formats/field_table.h"
 
 /* A tar-like record of fields named names[i] holding datas[i]. */

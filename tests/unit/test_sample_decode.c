@@ -12,7 +12,9 @@
 
 #include <grpc/grpc.h>
 
-#include "../../client/lib/loader_int.h"
+#include "../../client/lib/sample_decode.h"
+#include "batchwire/batchwire.h"
+#include "data.pb-c.h"
 
 typedef struct got {
     uint64_t index[8], size[8], chunk[8], len[8];

@@ -1,8 +1,8 @@
-/* Internals of libbatchwire's loader: options, the session with the coordinator, batches and
- * the gRPC reply decoder. Routing, transports and the fetch loop have headers of their own
- * (route.h, transport.h, fetch.h). Nothing here is part of the public API. */
-#ifndef BW_CLIENT_LOADER_INT_H
-#define BW_CLIENT_LOADER_INT_H
+/* The loader's session with the coordinator (session.c): the job, the rank's lease and its
+ * heartbeats, placement, committed cursors. Connections to workers are the transports'
+ * (transport.h), not the session's. Nothing here is part of the public API. */
+#ifndef BW_CLIENT_SESSION_H
+#define BW_CLIENT_SESSION_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -11,48 +11,11 @@
 
 #include "batchwire/loader.h"
 #include "common/arena.h"
-#include "data.pb-c.h"
 #include "jobs.pb-c.h"
-#include "rpc/client.h"
-#include "rpc/dchan.h"
+#include "loader_limits.h"
+#include "options_int.h"
 #include "route.h"
-#include "sample_decode.h"
-#include "sampler/sampler.h"
-
-enum {
-    BW_LOADER_NUM_SHARDS = 256, /* storage shards samples are routed by (modulo) */
-    BW_LOADER_MAX_NDIM = 16,
-    BW_LOADER_ERRLEN = 1024,
-};
-
-/* ---- options.c ---- */
-
-/* The job's name, dataset and sampler settings as protobuf messages, owned by the loader. */
-typedef struct bw__job_request {
-    char *name;
-    char *format;
-    char **sources;
-    size_t nsources;
-    Batchwire__V1__Dataset dataset;
-    /* named arrays (bw_loader_options.dataset_fields): format "fields", one message each */
-    size_t nfields;
-    Batchwire__V1__DatasetField *fields;
-    Batchwire__V1__DatasetField **field_ptrs;
-    Batchwire__V1__SamplerConfig sampler;
-    Batchwire__V1__JobConfig config;
-} bw__job_request;
-
-/* Validates options, resolves rank and world size (options, then RANK/WORLD_SIZE, then
- * SLURM_PROCID/SLURM_NTASKS) and builds the job request. */
-int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, int64_t *rank,
-                             int64_t *world, char *err, size_t errlen);
-void bw__job_request_free(bw__job_request *jr);
-
-/* Whether sample bytes may use the workers' data channel: o->transport, else
- * BATCHWIRE_TRANSPORT, else "auto". BW_INVALID_ARGUMENT for another value. */
-int bw__loader_transport(const bw_loader_options *o, bool *data_channel, char *err, size_t errlen);
-
-/* ---- session.c: the coordinator side ---- */
+#include "rpc/client.h"
 
 /* What the loader has handed out, written by loader.c and read by the heartbeat thread (which
  * reports it as RankLive) and by bw_loader_get_stats. */
@@ -168,99 +131,5 @@ int bw__session_lease_text(bw__session *s, char *buf, size_t buflen, char *err, 
 
 /* Records a cursor durably with the coordinator. */
 int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen);
-
-/* ---- batch.c ---- */
-
-struct bw_batch {
-    uint64_t epoch, step;
-    size_t count, real;
-    uint64_t *indices;
-    uint8_t *padding;
-    size_t *offsets, *sizes; /* per sample, into data */
-    uint8_t *data;           /* host copy (pinned when delivering to a GPU) */
-    size_t nbytes, cap;
-    bool pinned;
-    struct bw__gpu_stream *gpu; /* device delivery: the slot's stream, or NULL */
-    int device;
-    void *dev;
-    size_t dev_cap;
-    const char *dtype; /* npy: borrowed from the job summary */
-    size_t ndim;
-    uint64_t shape[BW_LOADER_MAX_NDIM];
-    int rc; /* fetch result */
-    char err[BW_LOADER_ERRLEN];
-    /* Named arrays (bw_batch_array): one tensor per field in data, one after the other; the
-     * samples arrive whole (row i of every field) in `scratch` and are split by field there
-     * (bw__batch_unpack_arrays). */
-    size_t narrays;
-    struct bw__array *arrays;
-    uint8_t *scratch;
-    size_t scratch_cap;
-    /* bw_batch_fields (fields.c), with bw_loader_options.fields: sample i's fields are
-     * fields[field_first[i] .. field_first[i + 1]); names point into field_names. */
-    bool has_fields;
-    bw_field *fields;
-    size_t *field_first;
-    size_t nfields, capfields;
-    char *field_names;
-    size_t names_len, names_cap;
-};
-
-/* Sizes the per-sample arrays for up to max_count samples; with data_bytes > 0 and
- * `pinned`, allocates that much page-locked data memory up front. */
-int bw__batch_init(bw_batch *b, size_t max_count, size_t data_bytes, bool pinned);
-void bw__batch_free(bw_batch *b);
-/* Makes room for nbytes of data (keeps the buffer when it is large enough). */
-int bw__batch_reserve(bw_batch *b, size_t nbytes);
-/* Copies the batch's data to its device (when it has one). */
-int bw__batch_to_device(bw_batch *b);
-
-/* ---- arrays.c: batches of named arrays (bw_batch_array) ---- */
-
-/* One field of a batch of named arrays: name and dtype borrowed from the job's description. */
-typedef struct bw__array {
-    const char *name, *dtype;
-    size_t ndim; /* with the batch's count first */
-    uint64_t shape[BW_LOADER_MAX_NDIM];
-    uint64_t row_bytes; /* one sample's bytes of this field */
-    size_t offset;      /* in data */
-} bw__array;
-
-/* Checks that the job's fields can be batches here (every layout fixed, few enough dims). */
-int bw__arrays_check(const Batchwire__V1__DatasetInfo *info, char *err, size_t errlen);
-/* Lays out b's arrays for its count samples (after planning): shapes and offsets. BW_NOMEM. */
-int bw__batch_plan_arrays(bw_batch *b, const Batchwire__V1__DatasetInfo *info);
-/* After a fetch into b->scratch (sample `from[i]` whole at scratch + from[i] * sample_bytes
- * for position i): each field's rows to its tensor in b->data. BW_NOMEM. */
-int bw__batch_unpack_arrays(bw_batch *b, const size_t *from, uint64_t sample_bytes);
-
-/* ---- fields.c: the fields of tar and JSON Lines samples (bw_batch_fields) ---- */
-
-enum bw__fields_kind { BW_FIELDS_NONE, BW_FIELDS_TABLE, BW_FIELDS_JSON };
-
-/* The fields kind of a dataset format when `wanted`: tar samples come with field tables,
- * JSON Lines samples are scanned; BW_INVALID_ARGUMENT for a format without fields. */
-int bw__fields_kind_of(const char *format, bool wanted, enum bw__fields_kind *kind, char *err,
-                       size_t errlen);
-/* After a fetch: records every sample's fields -- for tables, strips each sample's table
- * from the batch's bytes. BW_CORRUPT (with b->err) for a malformed table or a JSON Lines
- * sample that is not an object. */
-int bw__batch_split_fields(bw_batch *b, enum bw__fields_kind kind);
-/* Frees the field arrays. */
-void bw__batch_fields_free(bw_batch *b);
-
-/* ---- hold.c: batch bytes kept past the loader's next batch (bw_loader_hold) ---- */
-
-typedef struct bw__holds bw__holds;
-
-/* The holds of one loader (a reference for the loader); BW_NOMEM. */
-int bw__holds_new(bw__holds **out);
-/* The loader is closing: drops its reference; buffers released later are freed. */
-void bw__holds_close(bw__holds *p);
-/* A reference to the hold of the batch in a slot (*slot_hold, created when NULL). */
-int bw__hold_take(bw__holds *p, bw_hold **slot_hold, const bw_batch *b, bw_hold **out);
-/* The loader reuses the slot of b: a hold still referenced takes b's buffer, and b continues
- * with a spare buffer or none. Clears *slot_hold; NULL is a no-op. */
-void bw__hold_leave_slot(bw_hold **slot_hold, bw_batch *b);
 
 #endif
