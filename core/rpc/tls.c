@@ -1,3 +1,5 @@
+/* TLS for gRPC (tls.h): reading and checking PEM files, and the channel credentials a client
+ * presents. The server credentials are in tls_server.c (daemon-only). */
 #include "rpc/tls.h"
 
 #include <errno.h>
@@ -134,10 +136,9 @@ int bw__tls_load_pem(const char *flag, const char *path, int want_key, char **pe
     return BW_OK;
 }
 
-/* Checks that the key belongs to the first certificate of the chain. */
-static int check_pair(const char *cert_flag, const char *cert_path, const char *cert_pem,
-                      const char *key_flag, const char *key_path, const char *key_pem, char *err,
-                      size_t errlen)
+int bw__tls_check_pair(const char *cert_flag, const char *cert_path, const char *cert_pem,
+                       const char *key_flag, const char *key_path, const char *key_pem, char *err,
+                       size_t errlen)
 {
     BIO *cb = BIO_new_mem_buf(cert_pem, -1);
     BIO *kb = BIO_new_mem_buf(key_pem, -1);
@@ -155,47 +156,6 @@ static int check_pair(const char *cert_flag, const char *cert_path, const char *
         return BW_TLS;
     }
     return BW_OK;
-}
-
-int bw__tls_server_credentials(const bw_tls_server_files *files, grpc_server_credentials **out,
-                               char *err, size_t errlen)
-{
-    *out = NULL;
-    if (!files->cert && !files->key && !files->client_ca) {
-        *out = grpc_insecure_server_credentials_create();
-        return BW_OK;
-    }
-    if (!files->cert || !files->key) {
-        snprintf(err, errlen, "TLS needs both --tls-cert and --tls-key (%s is missing)",
-                 files->cert ? "--tls-key" : "--tls-cert");
-        return BW_TLS;
-    }
-    char *cert = NULL, *key = NULL, *ca = NULL;
-    int rc;
-    if ((rc = bw__tls_load_pem("--tls-cert", files->cert, 0, &cert, err, errlen)) != BW_OK ||
-        (rc = bw__tls_load_pem("--tls-key", files->key, 1, &key, err, errlen)) != BW_OK ||
-        (rc = check_pair("--tls-cert", files->cert, cert, "--tls-key", files->key, key, err,
-                         errlen)) != BW_OK)
-        goto out;
-    if (files->client_ca &&
-        (rc = bw__tls_load_pem("--tls-client-ca", files->client_ca, 0, &ca, err, errlen)) != BW_OK)
-        goto out;
-    grpc_ssl_pem_key_cert_pair pair = {key, cert};
-    *out = grpc_ssl_server_credentials_create_ex(
-        ca, &pair, 1,
-        ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-           : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-        NULL);
-    if (!*out) {
-        snprintf(err, errlen, "gRPC refused the TLS server credentials from %s", files->cert);
-        rc = BW_TLS;
-    }
-out:
-    /* gRPC copies the PEM strings. */
-    free(cert);
-    free(key);
-    free(ca);
-    return rc;
 }
 
 int bw__tls_client_enabled(const bw_tls_client_files *files)
@@ -225,8 +185,8 @@ int bw__tls_client_credentials(const bw_tls_client_files *files, grpc_channel_cr
     if (files->cert &&
         ((rc = bw__tls_load_pem("--tls-cert", files->cert, 0, &cert, err, errlen)) != BW_OK ||
          (rc = bw__tls_load_pem("--tls-key", files->key, 1, &key, err, errlen)) != BW_OK ||
-         (rc = check_pair("--tls-cert", files->cert, cert, "--tls-key", files->key, key, err,
-                          errlen)) != BW_OK))
+         (rc = bw__tls_check_pair("--tls-cert", files->cert, cert, "--tls-key", files->key, key,
+                                  err, errlen)) != BW_OK))
         goto out;
     grpc_ssl_pem_key_cert_pair pair = {key, cert};
     *out = grpc_ssl_credentials_create(ca, cert ? &pair : NULL, NULL, NULL);
