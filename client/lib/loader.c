@@ -302,10 +302,16 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
                  const bw__join *how, bw_loader **out, char *err, size_t errlen)
 {
     *out = NULL;
+    bw_loader_options full; /* the caller's struct read by its size (loader.h) */
+    if (bw__loader_options_read(o, &full, err, errlen) != BW_OK)
+        return BW_INVALID_ARGUMENT;
+    o = &full;
     bw__tune_malloc();
     bw_loader *l = calloc(1, sizeof(*l));
-    if (!l)
+    if (!l) {
+        snprintf(err, errlen, "out of memory for a loader (%zu bytes)", sizeof(*l));
         return BW_NOMEM;
+    }
     pthread_mutex_init(&l->mu, NULL);
     bw__cond_init_mono(&l->work_cv); /* waited on a slice at a time (common/interrupt.h) */
     bw__cond_init_mono(&l->ready_cv);
@@ -466,6 +472,10 @@ int bw_loader_open_elastic(const bw_loader_options *o, const void *const *cursor
 int bw_job_checkpoint(const bw_loader_options *o, char *buf, size_t buflen, char *err,
                       size_t errlen)
 {
+    bw_loader_options full;
+    if (bw__loader_options_read(o, &full, err, errlen) != BW_OK)
+        return BW_INVALID_ARGUMENT;
+    o = &full;
     if (!o->coordinator || !*o->coordinator || !o->job || !*o->job) {
         snprintf(err, errlen, "job checkpoint: the coordinator and the job are required");
         return BW_INVALID_ARGUMENT;
@@ -631,9 +641,10 @@ int bw_loader_hold(bw_loader *l, const bw_batch *b, bw_hold **out)
     *out = NULL;
     pthread_mutex_lock(&l->mu);
     int rc = BW_FAILED_PRECONDITION;
-    if (l->held < l->nslots && b == &l->slots[l->held])
-        rc = bw__hold_take(l->holds, &l->slot_hold[l->held], b, out);
-    else
+    if (l->held < l->nslots && b == &l->slots[l->held]) {
+        if ((rc = bw__hold_take(l->holds, &l->slot_hold[l->held], b, out)) != BW_OK)
+            fail(l, rc, "bw_loader_hold: out of memory for a hold on the batch");
+    } else
         fail(l, rc,
              "only the batch bw_loader_next returned last can be held (the loader has "
              "moved on)");
@@ -660,8 +671,11 @@ int bw_loader_get_stats(const bw_loader *l, bw_loader_stats *out, size_t size)
     st.retries = atomic_load(&f->retries);
     st.failovers = atomic_load(&f->failovers);
     st.busy = atomic_load(&f->busy);
-    /* A caller built against an older (shorter) struct gets the fields it knows. */
+    /* A caller built against an older (shorter) struct gets the fields it knows; a newer
+     * (longer) one reads 0 in the fields this library does not have. */
     memcpy(out, &st, size < sizeof(st) ? size : sizeof(st));
+    if (size > sizeof(st))
+        memset((char *)out + sizeof(st), 0, size - sizeof(st));
     return BW_OK;
 }
 
@@ -765,6 +779,10 @@ int bw_loader_rank_steps(const bw_loader_options *o, uint64_t epoch, uint64_t *s
         snprintf(err, errlen, "bw_loader_rank_steps: %s", bw_strerror(BW_INTERRUPTED));
         return BW_INTERRUPTED;
     }
+    bw_loader_options full;
+    if (bw__loader_options_read(o, &full, err, errlen) != BW_OK)
+        return BW_INVALID_ARGUMENT;
+    o = &full;
     bw__job_request jr;
     memset(&jr, 0, sizeof(jr));
     int64_t rank, world;

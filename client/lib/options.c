@@ -1,7 +1,9 @@
-/* Loader options: defaults, validation, rank and world size from the launcher's environment,
- * and the job request sent to the coordinator. */
+/* Loader options: defaults, the caller's struct read by its size (the ABI rule in
+ * include/batchwire/loader.h), validation, rank and world size from the launcher's
+ * environment, and the job request sent to the coordinator. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,9 +13,21 @@
 #include "options_int.h"
 #include "sampler/sampler.h"
 
-void bw_loader_options_init(bw_loader_options *o)
+/* Out of memory while reading the options: the sentence names what was being copied. */
+static int nomem(const char *what, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "out of memory copying the options' %s", what);
+    return BW_NOMEM;
+}
+
+/* The end of the last field of the first bw_loader_options that carried its size: no
+ * caller's struct is shorter. Fields added later extend the struct; this stays. */
+#define OPTIONS_V1_SIZE (offsetof(bw_loader_options, n_dataset_fields) + sizeof(size_t))
+
+static void options_defaults(bw_loader_options *o)
 {
     memset(o, 0, sizeof(*o));
+    o->size = sizeof(*o);
     o->rank = -1;
     o->world_size = -1;
     o->mode = "torch";
@@ -27,6 +41,53 @@ void bw_loader_options_init(bw_loader_options *o)
     o->retry_ms = 60000;
     o->start_epoch = -1;
     o->share_count = 1;
+}
+
+void bw_loader_options_init_sized(bw_loader_options *o, size_t size)
+{
+    if (!o)
+        return;
+    bw_loader_options d;
+    options_defaults(&d);
+    d.size = size;
+    /* A caller built against a newer header: its fields past ours default to zero. */
+    size_t known = size < sizeof(d) ? size : sizeof(d);
+    memcpy(o, &d, known);
+    if (size > known)
+        memset((char *)o + known, 0, size - known);
+}
+
+int bw__loader_options_read(const bw_loader_options *in, bw_loader_options *out, char *err,
+                            size_t errlen)
+{
+    options_defaults(out);
+    if (!in) {
+        snprintf(err, errlen, "options: none given (a bw_loader_options is required)");
+        return BW_INVALID_ARGUMENT;
+    }
+    size_t size = in->size;
+    if (size < OPTIONS_V1_SIZE) {
+        snprintf(err, errlen,
+                 "options: bw_loader_options.size is %zu, less than the %zu bytes of the first "
+                 "version: initialise the struct with bw_loader_options_init before setting "
+                 "fields",
+                 size, (size_t)OPTIONS_V1_SIZE);
+        return BW_INVALID_ARGUMENT;
+    }
+    const unsigned char *tail = (const unsigned char *)in;
+    for (size_t i = sizeof(*out); i < size; i++)
+        if (tail[i] != 0) {
+            snprintf(err, errlen,
+                     "options: bw_loader_options is %zu bytes and byte %zu, past the %zu this "
+                     "library (batchwire %s) knows, is set: the program was built against a "
+                     "newer batchwire and uses a setting this library does not have; use the "
+                     "newer library",
+                     size, i, sizeof(*out), bw_version());
+            return BW_INVALID_ARGUMENT;
+        }
+    memcpy(out, in, size < sizeof(*out) ? size : sizeof(*out));
+    out->size = sizeof(*out);
+    return BW_OK;
 }
 
 /* Reads a non-negative integer from the environment; 1 if absent, 0 ok, -1 malformed. */
@@ -133,7 +194,7 @@ static int parse_spec(const char *what, const char *spec, char **format, char **
     }
     *format = strndup(spec, (size_t)(colon - spec));
     if (!*format)
-        return BW_NOMEM;
+        return nomem(what, err, errlen);
     int known = 0;
     for (size_t i = 0; i < sizeof(formats) / sizeof(formats[0]); i++)
         known |= strcmp(*format, formats[i]) == 0;
@@ -150,7 +211,7 @@ static int parse_spec(const char *what, const char *spec, char **format, char **
         n += *q == ',';
     *sources = calloc(n, sizeof(char *));
     if (!*sources)
-        return BW_NOMEM;
+        return nomem(what, err, errlen);
     while (*p) {
         size_t len = strcspn(p, ",");
         if (len == 0) {
@@ -158,7 +219,7 @@ static int parse_spec(const char *what, const char *spec, char **format, char **
             return BW_INVALID_ARGUMENT;
         }
         if (!((*sources)[(*nsources)++] = strndup(p, len)))
-            return BW_NOMEM;
+            return nomem(what, err, errlen);
         p += len + (p[len] == ',');
     }
     return BW_OK;
@@ -189,7 +250,7 @@ static int parse_fields(const bw_loader_options *o, bw__job_request *jr, char *e
     jr->fields = calloc(o->n_dataset_fields, sizeof(*jr->fields));
     jr->field_ptrs = calloc(o->n_dataset_fields, sizeof(*jr->field_ptrs));
     if (!(jr->format = strdup("fields")) || !jr->fields || !jr->field_ptrs)
-        return BW_NOMEM;
+        return nomem("dataset_fields", err, errlen);
     for (size_t k = 0; k < o->n_dataset_fields; k++) {
         const char *spec = o->dataset_fields[k] ? o->dataset_fields[k] : "";
         const char *eq = strchr(spec, '=');
@@ -202,7 +263,7 @@ static int parse_fields(const bw_loader_options *o, bw__job_request *jr, char *e
             return BW_INVALID_ARGUMENT;
         }
         if (!(f->name = strndup(spec, (size_t)(eq - spec))))
-            return BW_NOMEM;
+            return nomem("dataset_fields", err, errlen);
         char why[256];
         int rc = bw__check_field_name(f->name, why, sizeof(why));
         for (size_t j = 0; rc == BW_OK && j < k; j++)
@@ -260,7 +321,7 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
         return BW_INVALID_ARGUMENT;
     }
     if (!(jr->name = strdup(o->job)))
-        return BW_NOMEM;
+        return nomem("job name", err, errlen);
     /* "pre_sharded:FORMAT:PATHS": one source per rank, already split (docs/streams.md). */
     const char *spec = o->dataset;
     bool pre_sharded = spec && strncmp(spec, PRE_SHARDED, strlen(PRE_SHARDED)) == 0;

@@ -2,7 +2,26 @@
  * batchwire — public C API of libbatchwire.
  *
  * Everything a program may rely on is declared under include/batchwire/; nothing else is
- * exported from the shared library. All functions are thread-safe unless noted.
+ * exported from the shared library.
+ *
+ * Threads -- the one rule for the whole API:
+ *   - Functions that take no loader may be called from any thread, concurrently: bw_version,
+ *     bw_build_info, bw_strerror, bw_err_name, bw_loader_options_init_sized, bw_loader_open,
+ *     bw_loader_open_at, bw_loader_open_elastic, bw_loader_rank_steps, bw_job_checkpoint and
+ *     bw_cursor_describe (each call uses only its own arguments).
+ *   - A loader, and the batches and error message it hands out, is used by one thread at a
+ *     time: calls on one loader must not overlap (a caller that moves a loader between threads
+ *     serialises the calls itself). The loader runs its own fetch threads inside. Different
+ *     loaders are independent.
+ *   - Exceptions, callable from any thread while the loader's own thread uses it (but not
+ *     during or after bw_loader_close): bw_loader_get_stats and bw_loader_lease_state (they
+ *     read atomics). A hold (bw_hold_data, bw_hold_nbytes, bw_hold_release) belongs to no
+ *     loader: any thread, also after bw_loader_close, one thread per hold reference.
+ *   - Process-wide: bw_interrupt, bw_interrupt_clear and bw_interrupted are any thread and
+ *     async-signal-safe; bw_interrupt_on_signals is any thread (installing is serialised
+ *     inside). bw_set_log_callback is a set-up call: make it before opening loaders, not
+ *     concurrently with other library calls. The log callback itself is called from any of
+ *     the library's threads.
  */
 #ifndef BATCHWIRE_BATCHWIRE_H
 #define BATCHWIRE_BATCHWIRE_H

@@ -29,11 +29,23 @@
  * when it is iterated again. Set `epochs` = N in the options so that the job is marked
  * finished once the last epoch has been delivered.)
  *
- * Threads: one loader is used by one thread at a time (it runs its own fetch threads inside).
- * Different loaders are independent. Blocking calls return BW_INTERRUPTED after bw_interrupt
- * (batchwire.h: signals). Errors: every function returns BW_OK or a negative code
- * from batchwire.h; bw_loader_errmsg() gives the sentence for the last failure. The library
- * never prints or exits (see bw_set_log_callback).
+ * Threads: the rule in batchwire.h ("Threads"): one thread at a time per loader, with the
+ * exceptions listed there (bw_loader_get_stats, bw_loader_lease_state, holds). Blocking calls
+ * return BW_INTERRUPTED after bw_interrupt (batchwire.h: signals). Errors: every function
+ * returns BW_OK or a negative code from batchwire.h; a failing call always leaves a sentence:
+ * in `err` for the calls that take one, else in bw_loader_errmsg() (except where noted: a
+ * batch accessor's code, bw_loader_get_stats and bw_loader_lease_state leave it unchanged).
+ * The library never prints or exits (see bw_set_log_callback).
+ *
+ * Network: bw_loader_open, _open_at, _open_elastic, bw_loader_rank_steps and
+ * bw_job_checkpoint call the coordinator (retried for retry_ms while it is unreachable).
+ * bw_loader_next waits for the loader's fetch threads, which read from the workers and ask
+ * the coordinator for placement when a worker fails. bw_loader_commit calls the coordinator;
+ * bw_loader_close tells it the rank leaves (a short deadline). For streams (mode iterable),
+ * bw_loader_cursor, bw_loader_cursor_text and bw_loader_commit also ask a worker where each
+ * source's next record starts. Everything else is local: bw_loader_seek,
+ * bw_loader_set_epoch and bw_loader_next_epoch only move the position (the fetch threads
+ * then read from the new one), and the batch and stats accessors read memory.
  */
 #ifndef BATCHWIRE_LOADER_H
 #define BATCHWIRE_LOADER_H
@@ -51,8 +63,18 @@ typedef struct bw_loader bw_loader;
 typedef struct bw_batch bw_batch;
 
 /* Settings of a loader. Initialise with bw_loader_options_init, then set what you need;
- * strings are borrowed for the duration of bw_loader_open only. */
+ * strings are borrowed for the duration of the call they are passed to (bw_loader_open ...).
+ *
+ * ABI: `size` comes first and is set by bw_loader_options_init to sizeof(bw_loader_options)
+ * as the caller was compiled. Fields are only ever added at the end. A library newer than the
+ * caller reads the fields within `size` and uses the defaults for the rest; a library older
+ * than the caller accepts a longer struct only when every byte past its own struct is zero
+ * (a newer setting left at its default), else the call fails with BW_INVALID_ARGUMENT naming
+ * the size. A size below the first version's (a struct not initialised) is refused the same
+ * way. */
 typedef struct bw_loader_options {
+    size_t size; /* set by bw_loader_options_init; do not change */
+
     /* where and who */
     const char *coordinator; /* HOST:PORT (required) */
     const char *tls_ca;      /* PEM CA: use TLS; NULL: plaintext */
@@ -157,8 +179,14 @@ typedef struct bw_loader_options {
     size_t n_dataset_fields;
 } bw_loader_options;
 
-/* Fills `o` with the defaults above. */
-BW_EXTERN void bw_loader_options_init(bw_loader_options *o);
+/*
+ * Fills `o` with the defaults above and sets o->size. Call it through the macro, which passes
+ * the size of the struct this program was compiled with: the library writes only that many
+ * bytes (zeroing what it does not know of a larger struct). Bindings that allocate the
+ * struct themselves call bw_loader_options_init_sized with their allocation's size.
+ */
+BW_EXTERN void bw_loader_options_init_sized(bw_loader_options *o, size_t size);
+#define bw_loader_options_init(o) bw_loader_options_init_sized((o), sizeof(*(o)))
 
 /*
  * Joins the job as one rank (creating the job if it does not exist) and starts fetching at
@@ -181,11 +209,12 @@ BW_EXTERN int bw_loader_open_at(const bw_loader_options *o, const void *cursor, 
                                 bw_loader **out, char *err, size_t errlen);
 
 /*
- * The next batch of this rank, in plan order. *out stays valid until the next call to
- * bw_loader_next, bw_loader_next_epoch or bw_loader_close. Returns BW_OK, BW_END_OF_EPOCH when
- * the epoch is over (call bw_loader_next_epoch), or an error (e.g. BW_UNAVAILABLE when no
- * worker can serve a sample and retries are exhausted); after an error the loader can be
- * closed or the call repeated.
+ * The next batch of this rank, in plan order. *out, the batch, stays valid until the next
+ * call to bw_loader_next, bw_loader_next_epoch, bw_loader_set_epoch, bw_loader_seek (also one
+ * that fails) or bw_loader_close; bw_loader_hold keeps its bytes longer. Returns BW_OK,
+ * BW_END_OF_EPOCH when the epoch is over (call bw_loader_next_epoch), or an error (e.g.
+ * BW_UNAVAILABLE when no worker can serve a sample and retries are exhausted); after an error the
+ * loader can be closed or the call repeated.
  */
 BW_EXTERN int bw_loader_next(bw_loader *l, const bw_batch **out);
 
@@ -224,8 +253,11 @@ BW_EXTERN uint64_t bw_loader_epoch(bw_loader *l);
 /*
  * Moves the loader to `cursor` (bytes from bw_loader_cursor, or its text with len 0): the
  * next batch is the one after the batch the cursor describes, as with bw_loader_open_at;
- * batches prefetched for the old position are discarded. The same checks (BW_MISMATCH for a
- * cursor of another job or rank, BW_CORRUPT); on error the loader stays where it was.
+ * batches prefetched for the old position are discarded, and the batch bw_loader_next
+ * returned last becomes invalid (its pointer must not be used again; a hold keeps its bytes),
+ * also when the seek fails. Local: nothing is sent (loader.h, "Network"). The same checks
+ * (BW_MISMATCH for a cursor of another job or rank, BW_CORRUPT); on error the loader's
+ * position stays where it was.
  */
 BW_EXTERN int bw_loader_seek(bw_loader *l, const void *cursor, size_t len);
 
@@ -287,7 +319,33 @@ BW_EXTERN int bw_loader_cursor(bw_loader *l, void *buf, size_t *len);
 /* The same cursor as base64 text ("bwc1:..."), NUL-terminated; BW_TOO_BIG if it does not fit. */
 BW_EXTERN int bw_loader_cursor_text(bw_loader *l, char *buf, size_t buflen);
 
-/* Records the current cursor with the coordinator (durably) for this rank. */
+/* What a cursor says (bw_cursor_describe). Caller-allocated: its size travels as
+ * bw_cursor_describe's `size`; fields are only ever added at the end. */
+typedef struct bw_cursor_info {
+    char job[256];        /* the job's name, NUL-terminated (at most 255 bytes) */
+    uint64_t fingerprint; /* the job configuration's fingerprint */
+    uint32_t rank;        /* the rank it was taken from, of a world of world_size */
+    uint32_t world_size;
+    uint64_t epoch; /* where the next batch is: step `step` of epoch `epoch` */
+    uint64_t step;
+    uint64_t stream_position; /* streams: position in the epoch's global stream order, else 0 */
+    size_t nsources;          /* streams: sources whose resume offsets it carries, else 0 */
+} bw_cursor_info;
+
+/*
+ * Decodes and checks a cursor (bytes from bw_loader_cursor, or its text with len 0) without
+ * a loader or a network call, for messages, checkpoints and bindings: *out receives its
+ * fields. `size` is sizeof(bw_cursor_info) as the caller was built with (a shorter struct gets
+ * the fields it has; a longer one reads 0 past this library's). BW_OK, BW_CORRUPT with the
+ * reason in err for anything that is not an intact cursor (the same check as
+ * bw_loader_open_at's), BW_INVALID_ARGUMENT for a NULL cursor or out. Any thread.
+ */
+BW_EXTERN int bw_cursor_describe(const void *cursor, size_t len, bw_cursor_info *out, size_t size,
+                                 char *err, size_t errlen);
+
+/* Records the current cursor with the coordinator (durably) for this rank: a call to the
+ * coordinator, retried for retry_ms while it is unreachable. BW_FAILED_PRECONDITION for a
+ * share (share_index > 0), which does not hold the rank. */
 BW_EXTERN int bw_loader_commit(bw_loader *l);
 
 /*
@@ -348,7 +406,9 @@ typedef struct bw_loader_stats {
 
 /*
  * Copies the loader's counters into *out. `size` is sizeof(bw_loader_stats) as the caller
- * was built with: an older, shorter struct gets the fields it has. Safe from any thread while
+ * was built with (the struct carries no size of its own: this argument is its size field): an
+ * older, shorter struct gets the fields it has; a newer, longer one gets 0 in the fields this
+ * library does not know. Safe from any thread while
  * the loader runs (each counter is read atomically; together they are not one snapshot).
  * BW_OK, or BW_INVALID_ARGUMENT for a NULL loader or out.
  */
@@ -398,7 +458,9 @@ BW_EXTERN int bw_loader_to_device(bw_loader *l, const bw_batch *b, int device, v
  * arrays (bw_batch_array), whose samples are rows of several tensors. */
 BW_EXTERN int bw_batch_sample(const bw_batch *b, size_t i, const void **data, size_t *size);
 
-/* A named part of a sample (bw_batch_fields). */
+/* A named part of a sample (bw_batch_fields). Filled by the library, never allocated by the
+ * caller (bw_batch_fields hands out pointers into the batch), so it needs no size field: a
+ * later version may add fields at its end. */
 typedef struct bw_field {
     const char *name; /* NUL-terminated; tar: the member's extension ("jpg", "seg.png");
                        * JSON Lines: the key as written between its quotes (escapes kept) */
@@ -416,7 +478,9 @@ BW_EXTERN int bw_batch_fields(const bw_batch *b, size_t i, const bw_field **fiel
 
 /* One named array of a batch (datasets of named arrays: bw_loader_options.dataset_fields, or
  * an .npz archive): a contiguous C-order tensor of shape [count, ...], in the order of the
- * dataset's samples (row i of every array is sample i of the batch, padding included). */
+ * dataset's samples (row i of every array is sample i of the batch, padding included). The
+ * caller allocates it and bw_batch_array fills it: it is frozen as it is (a later version
+ * that needs more adds a new function rather than a field). */
 typedef struct bw_array {
     const char *name;      /* the field's name ("x"); an .npz: the member without ".npy" */
     const char *dtype;     /* the numpy dtype ("<f4", "<i8") */

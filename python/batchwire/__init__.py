@@ -9,7 +9,8 @@
                 ...
             ckpt["data_cursor"] = loader.cursor()
 
-A thin ctypes binding over libbatchwire (include/batchwire/loader.h); nothing to compile.
+A thin binding over libbatchwire (include/batchwire/loader.h) through cffi's ABI mode, its
+declarations generated from the C headers (python/gen_bindings.py); nothing to compile.
 The library is found through $BATCHWIRE_LIB, next to this package, in the source tree's
 build/lib, or on the system loader path (see python/README.md). numpy is needed for batches,
 torch only for Batch.torch().
@@ -35,10 +36,10 @@ def library_path() -> str:
 
 def version() -> str:
     """libbatchwire's version, "MAJOR.MINOR.PATCH" (the package's is __version__)."""
-    return _lib.lib().bw_version().decode()
+    return _lib.text(_lib.lib().bw_version())
 
 
 def build_info() -> str:
     """What the loaded libbatchwire is: version, commit, build type, TLS and CUDA, e.g.
     "0.1.0 commit=2bfd0fe build=RelWithDebInfo tls=yes cuda=no"."""
-    return _lib.lib().bw_build_info().decode()
+    return _lib.text(_lib.lib().bw_build_info())

@@ -3,11 +3,14 @@
 import argparse
 import sys
 
-from . import __version__, build_info, library_path
+from typing import Optional, Sequence
+
+from . import build_info, library_path
+from ._version import __version__
 from .errors import Error
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m batchwire",
         description="The batchwire Python package (python/README.md). --version prints its "

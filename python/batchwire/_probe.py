@@ -13,11 +13,12 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any, Dict, Mapping
 
 from . import errors
 
 
-def rank_steps(options, epoch):
+def rank_steps(options: Mapping[str, Any], epoch: int) -> int:
     """batchwire.rank_steps(epoch, **options), run in a subprocess; raises what it raised.
     Interruptible: Ctrl-C in the caller ends the subprocess too."""
     env = dict(os.environ)
@@ -41,7 +42,7 @@ def rank_steps(options, epoch):
     return int(answer["steps"])
 
 
-def rank_samples(options, epoch):
+def rank_samples(options: Mapping[str, Any], epoch: int) -> int:
     """Samples of this rank's batches in `epoch` counted as full batches: steps times the
     per-rank batch size (batch_size, or batch_size / world size with split_batches). Exact
     unless the epoch's last batch is short (drop_last=False on a dataset that does not
@@ -55,9 +56,10 @@ def rank_samples(options, epoch):
     return rank_steps(options, epoch) * per_rank
 
 
-def main():
+def main() -> None:
     from . import loader
 
+    out: Dict[str, Any]
     try:
         request = json.loads(sys.stdin.read())
         steps = loader.rank_steps(request["epoch"], **request["options"])

@@ -8,19 +8,21 @@ import atexit
 import logging
 import re
 import threading
+from typing import Any, Callable, Dict, Optional
 
 from . import _lib
+from ._cdefs import BW_INTERRUPTED, BW_LOG_DEBUG, BW_LOG_ERROR, BW_LOG_INFO, BW_LOG_WARN
+from ._lib import CData, ffi
 
-BW_INTERRUPTED = -26
-
-_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+_LEVELS = {BW_LOG_ERROR: logging.ERROR, BW_LOG_WARN: logging.WARNING, BW_LOG_INFO: logging.INFO,
+           BW_LOG_DEBUG: logging.DEBUG}
 # "2026-12-02T09:26:25.441Z WARN  batchwire[6900]: " -- core/common/log.c's text prefix.
 _PREFIX = re.compile(r"\d{4}-\d\d-\d\dT[\d:.]+Z [A-Z]+ +[^ \[\]]+\[\d+\]: ")
-_state = {"fn": None, "explicit": False, "atexit": False}
+_state: Dict[str, Any] = {"fn": None, "explicit": False, "atexit": False}
 _lock = threading.Lock()
 
 
-def log_to_python(level=logging.INFO, logger="batchwire"):
+def log_to_python(level: Optional[int] = logging.INFO, logger: str = "batchwire") -> None:
     """Sends libbatchwire's log lines to the `logging` logger named `logger`, for events at
     `level` or more severe; None turns them off. Without a call the package sends WARNING and
     ERROR lines to the "batchwire" logger (a coordinator being retried, a worker failing over
@@ -30,18 +32,18 @@ def log_to_python(level=logging.INFO, logger="batchwire"):
         _install(level, logger)
 
 
-def _install(level, logger):
+def _install(level: Optional[int], logger: str) -> None:
     L = _lib.lib()
     if level is None:
-        L.bw_set_log_callback(_lib._LOG_FN(), None, 0)
+        L.bw_set_log_callback(ffi.NULL, ffi.NULL, 0)
         _state["fn"] = None
         return
     log = logging.getLogger(logger)
     max_level = max((k for k, v in _LEVELS.items() if v >= level), default=0)
 
-    def cb(_user, lvl, line):
+    def cb(_user: CData, lvl: int, line: CData) -> None:
         try:
-            text = line.decode("utf-8", "replace")
+            text = _lib.text(line)
             # The library's line starts with its own time, level and "batchwire[pid]: " (or
             # is JSON with --log-format json): logging's record has those already.
             m = _PREFIX.match(text)
@@ -49,8 +51,8 @@ def _install(level, logger):
         except Exception:
             pass
 
-    fn = _lib._LOG_FN(cb)
-    L.bw_set_log_callback(fn, None, max_level)
+    fn = ffi.callback("bw_log_fn", cb)
+    L.bw_set_log_callback(fn, ffi.NULL, max_level)
     _state["fn"] = fn  # keep the trampoline alive as long as the library may call it
     if not _state["atexit"]:
         # Library threads must not call into an interpreter that is shutting down.
@@ -58,12 +60,12 @@ def _install(level, logger):
         _state["atexit"] = True
 
 
-def _quiet():
+def _quiet() -> None:
     if _state["fn"] is not None:
-        _lib.lib().bw_set_log_callback(_lib._LOG_FN(), None, 0)
+        _lib.lib().bw_set_log_callback(ffi.NULL, ffi.NULL, 0)
 
 
-def prepare():
+def prepare() -> None:
     """Before the first library call of a Loader (or job_checkpoint, rank_steps): the default
     log routing (WARNING to the "batchwire" logger) unless log_to_python() chose otherwise, and
     the library's SIGINT/SIGTERM handlers in front of Python's (bw_interrupt_on_signals; again
@@ -76,12 +78,12 @@ def prepare():
     L.bw_interrupt_on_signals()
 
 
-def _pending_signals():
+def _pending_signals() -> None:
     """Nothing: calling a Python function is where the interpreter runs the signal handlers
     that are pending (KeyboardInterrupt for SIGINT, the program's own SIGTERM handler)."""
 
 
-def call(fn, *args):
+def call(fn: Callable[..., int], *args: Any) -> int:
     """fn(*args), a blocking library call, under the library's interrupt contract
     (include/batchwire/batchwire.h, bw_interrupt_on_signals): when a signal interrupts it
     (BW_INTERRUPTED), the flag is lowered, Python runs its signal handlers -- Ctrl-C raises
@@ -91,7 +93,7 @@ def call(fn, *args):
     L = _lib.lib()
     while True:
         L.bw_interrupt_on_signals()
-        rc = fn(*args)
+        rc = int(fn(*args))
         if rc != BW_INTERRUPTED:
             return rc
         L.bw_interrupt_clear()

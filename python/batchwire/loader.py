@@ -1,25 +1,51 @@
-"""The Loader and its batches: libbatchwire's bw_loader through ctypes."""
+"""The Loader and its batches: libbatchwire's bw_loader through cffi (_lib.py)."""
 
-import ctypes
 import json
 import os
 import threading
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NoReturn, Optional,
+                    Sequence, Tuple, Union)
 
 from . import _lib
 from . import _runtime
 from . import errors
 from . import state as _state
+from ._cdefs import BW_END_OF_EPOCH, BW_FAILED_PRECONDITION, BW_OK, BW_TOO_BIG
+from ._lib import CData, ffi
 
-_BW_OK = 0
+if TYPE_CHECKING:
+    import numpy as np
+
 _open = {"pid": 0, "count": 0}  # loaders open in this process (inherited by forked children)
 _open_lock = threading.Lock()
-_BW_END_OF_EPOCH = -22
 _CURSOR_TEXT_MAX = 1 << 16
 
+# What a device may be given as: None/"cpu", "cuda", "cuda:N", N or a torch.device.
+Device = Union[None, int, str, Any]
+# A dataset: "FORMAT:PATH[,PATH...]", or named arrays {"x": "npy:...", "y": "npy:..."}.
+Dataset = Union[str, Dict[str, Union[str, bytes]]]
+# An array of a batch of named arrays: (name, dtype, shape, offset, nbytes).
+ArraySpec = Tuple[str, "np.dtype[Any]", Tuple[int, ...], int, int]
+# A file path option (TLS files, the token file).
+PathArg = Union[str, bytes, "os.PathLike[str]"]
 
-def _parse_device(device):
+
+def _address(p: CData) -> int:
+    return int(ffi.cast("uintptr_t", p))
+
+
+def _keeping(addr: int, nbytes: int, owner: object) -> CData:
+    """A byte buffer over nbytes at addr that keeps `owner` (what keeps the bytes: a hold, or
+    the loader) alive for as long as the buffer or a view of it (numpy's .base,
+    memoryview.obj) lives: the pointer's destructor references it."""
+    if not nbytes:
+        return ffi.buffer(ffi.new("uint8_t[]", 0))
+    p = ffi.gc(ffi.cast("uint8_t *", addr), lambda _p, _owner=owner: None)
+    return ffi.buffer(p, nbytes)
+
+
+def _parse_device(device: Device) -> int:
     """None/"cpu" -> -1; "cuda", "cuda:N", N, torch.device("cuda", N) -> N."""
     if device is None:
         return -1
@@ -64,35 +90,40 @@ class Batch:
                  "count", "real", "indices", "padding", "nbytes", "dtype", "shape", "device",
                  "arrays", "__weakref__")
 
-    def __init__(self, loader, ptr, gen):
+    def __init__(self, loader: "Loader", ptr: CData, gen: int) -> None:
         import numpy as np
 
         L = _lib.lib()
         self._loader = loader
         self._ptr = ptr
         self._gen = gen
-        self._hold = None
-        self._spans = None  # [(offset, size)] of each sample in the host bytes
-        self._fieldtab = None  # each sample's [(name, offset, size)], or the error
+        self._hold: Optional[_Hold] = None
+        self._spans: Optional[List[Tuple[int, int]]] = None  # each sample's (offset, size)
+        # each sample's [(name, offset, size)], or the error
+        self._fieldtab: Union[None, List[List[Tuple[str, int, int]]], errors.Error] = None
         self.epoch = int(L.bw_batch_epoch(ptr))
         self.step = int(L.bw_batch_step(ptr))
         self.count = int(L.bw_batch_count(ptr))
         self.real = int(L.bw_batch_real(ptr))
         self.nbytes = int(L.bw_batch_nbytes(ptr))
         self.device = int(L.bw_batch_device(ptr))
+        self.indices: "np.ndarray[Any, Any]"
+        self.padding: "np.ndarray[Any, Any]"
         if self.count:
-            idx = (ctypes.c_uint64 * self.count).from_address(L.bw_batch_indices(ptr))
-            pad = (ctypes.c_uint8 * self.count).from_address(L.bw_batch_padding(ptr))
+            idx = ffi.buffer(L.bw_batch_indices(ptr), 8 * self.count)
+            pad = ffi.buffer(L.bw_batch_padding(ptr), self.count)
             self.indices = np.frombuffer(idx, dtype=np.uint64).astype(np.int64)
             self.padding = np.frombuffer(pad, dtype=np.uint8).astype(bool)
         else:
             self.indices = np.zeros(0, dtype=np.int64)
             self.padding = np.zeros(0, dtype=bool)
         ndim = int(L.bw_batch_ndim(ptr))
+        self.shape: Optional[Tuple[int, ...]]
+        self.dtype: "Optional[np.dtype[Any]]"
         if ndim:
-            shp = (ctypes.c_uint64 * ndim).from_address(L.bw_batch_shape(ptr))
-            self.shape = tuple(int(x) for x in shp)
-            self.dtype = np.dtype(L.bw_batch_dtype(ptr).decode())
+            shp = L.bw_batch_shape(ptr)
+            self.shape = tuple(int(shp[d]) for d in range(ndim))
+            self.dtype = np.dtype(_lib.text(L.bw_batch_dtype(ptr)))
             want = self.dtype.itemsize
             for d in self.shape:
                 want *= d
@@ -108,7 +139,7 @@ class Batch:
         if not loader._reuse_buffers:
             self._hold = _Hold(loader, self)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         extra = "" if self.shape is None else " shape=%r dtype=%s" % (self.shape, self.dtype)
         if self.arrays:  # named arrays: each field's dtype and shape
             extra = " fields=" + ",".join("%s:%s%r" % (n, d.str, list(sh))
@@ -116,11 +147,11 @@ class Batch:
         return ("<batchwire.Batch epoch=%d step=%d count=%d real=%d%s>" %
                 (self.epoch, self.step, self.count, self.real, extra))
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.count
 
     @property
-    def valid(self):
+    def valid(self) -> bool:
         """Whether the batch's data can still be read: always for a held batch (the default);
         with reuse_buffers, until the loader moves on."""
         if self._hold is not None:
@@ -128,7 +159,7 @@ class Batch:
         lo = self._loader
         return lo._handle is not None and lo._gen == self._gen
 
-    def _check(self):
+    def _check(self) -> None:
         if not self.valid:
             raise errors.FailedPreconditionError(
                 "batch of epoch %d step %d was released when the loader moved on (next "
@@ -136,31 +167,31 @@ class Batch:
                 "batch's data only until its next batch; take what you need before it, or "
                 "open the loader without reuse_buffers" % (self.epoch, self.step))
 
-    def _current(self):
+    def _current(self) -> bool:
         """Whether this is still the loader's current batch (its slot may be asked about)."""
         lo = self._loader
         return lo._handle is not None and lo._gen == self._gen
 
-    def _base(self):
+    def _base(self) -> int:
         """The address of the batch's host bytes: its hold's, or (reuse_buffers) the slot's
         while the batch is current."""
         if self._hold is not None:
             return self._hold.address
         self._check()
-        return _lib.lib().bw_batch_host_data(self._ptr)
+        return _address(_lib.lib().bw_batch_host_data(self._ptr))
 
-    def _host_buffer(self):
-        """A ctypes byte array over the batch's host bytes. Views made from it reference it
-        (numpy's .base, memoryview.obj), and it references what keeps the bytes: the batch's
-        hold, or with reuse_buffers the loader, which then outlives the views."""
-        addr = self._base()
+    def _host_buffer(self) -> CData:
+        """A byte buffer over the batch's host bytes. Views made from it reference it (numpy's
+        .base, memoryview.obj), and it references what keeps the bytes: the batch's hold, or
+        with reuse_buffers the loader, which then outlives the views."""
         owner = self._hold if self._hold is not None else self._loader
-        buf = (ctypes.c_uint8 * self.nbytes).from_address(addr) if self.nbytes else \
-            (ctypes.c_uint8 * 0)()
-        buf._bw_owner = owner
-        return buf
+        return _keeping(self._base(), self.nbytes, owner)
 
-    def _sample_spans(self):
+    def _bytes_at(self, addr: int, n: int) -> bytes:
+        """A copy of n bytes at addr."""
+        return bytes(ffi.buffer(ffi.cast("const uint8_t *", addr), n)) if n else b""
+
+    def _sample_spans(self) -> List[Tuple[int, int]]:
         """[(offset, size)] of every sample in the host bytes. .npy rows are equal slices;
         other formats ask the slot, which is possible only while the batch is current: the
         loader snapshots a batch's spans before it moves on (_snapshot)."""
@@ -171,32 +202,32 @@ class Batch:
             else:
                 self._check()
                 L = _lib.lib()
-                base = L.bw_batch_host_data(self._ptr) or 0
-                p = ctypes.c_void_p()
-                n = ctypes.c_size_t()
+                base = _address(L.bw_batch_host_data(self._ptr))
+                p = ffi.new("const void **")
+                n = ffi.new("size_t *")
                 spans = []
                 for i in range(self.count):
-                    rc = L.bw_batch_sample(self._ptr, i, ctypes.byref(p), ctypes.byref(n))
-                    if rc != _BW_OK:
+                    rc = L.bw_batch_sample(self._ptr, i, p, n)
+                    if rc != BW_OK:
                         raise _lib.error(rc, "sample %d of the batch of step %d" %
                                          (i, self.step))
-                    spans.append(((p.value or 0) - base if n.value else 0, n.value))
+                    spans.append((_address(p[0]) - base if n[0] else 0, int(n[0])))
                 self._spans = spans
         return self._spans
 
-    def _field_table(self):
+    def _field_table(self) -> Union[List[List[Tuple[str, int, int]]], errors.Error]:
         """Every sample's [(name, offset in the sample, size)] (bw_batch_fields), taken while
         the batch is current and kept; an error is kept and raised by fields()."""
         if self._fieldtab is None:
             self._check()
             L = _lib.lib()
-            f = ctypes.POINTER(_lib.Field)()
-            n = ctypes.c_size_t()
+            f = ffi.new("const bw_field **")
+            n = ffi.new("size_t *")
             table = []
             for i in range(self.count):
-                rc = L.bw_batch_fields(self._ptr, i, ctypes.byref(f), ctypes.byref(n))
-                if rc != _BW_OK:
-                    if rc == -13:  # BW_FAILED_PRECONDITION
+                rc = L.bw_batch_fields(self._ptr, i, f, n)
+                if rc != BW_OK:
+                    if rc == BW_FAILED_PRECONDITION:
                         self._fieldtab = errors.FailedPreconditionError(
                             "fields(): the loader was opened with fields=False (or the "
                             "dataset's format has no fields)")
@@ -204,12 +235,12 @@ class Batch:
                         self._fieldtab = _lib.error(rc, "fields of sample %d of the batch of "
                                                         "step %d" % (i, self.step))
                     return self._fieldtab
-                table.append([(f[j].name.decode("utf-8", "replace"), f[j].offset, f[j].size)
-                              for j in range(n.value)])
+                table.append([(_lib.text(f[0][j].name), int(f[0][j].offset),
+                               int(f[0][j].size)) for j in range(n[0])])
             self._fieldtab = table
         return self._fieldtab
 
-    def _snapshot(self):
+    def _snapshot(self) -> None:
         """Called by the loader before it moves on from this batch: what samples() and
         fields() need from the slot, kept with the held bytes."""
         if self._hold is None:
@@ -236,7 +267,7 @@ class Batch:
         arr = np.frombuffer(self._host_buffer(), dtype=self.dtype)
         return arr.reshape(self.shape)
 
-    def fields(self, keys=None, as_torch=False) -> Any:
+    def fields(self, keys: Optional[Sequence[str]] = None, as_torch: bool = False) -> Any:
         """Each sample as a dict of its fields (a loader with fields, the default for tar and
         jsonl datasets): tar (WebDataset) members by extension ({"jpg": b"...", "cls":
         b"3"}), bytes; JSON Lines top-level keys, decoded values. `keys` keeps only those
@@ -259,22 +290,23 @@ class Batch:
         out = []
         for i, ((soff, _), fl) in enumerate(zip(self._sample_spans(), table)):
             spans = {name: (off, sz) for name, off, sz in fl}
-            names = spans if want is None else want
-            d = {}
+            names = list(spans) if want is None else want
+            d: Dict[str, Any] = {}
             for k in names:
                 if k not in spans:
                     raise errors.NotFoundError(
                         "sample %d (index %d) has no field %r; it has %s" %
                         (i, int(self.indices[i]), k, sorted(spans)))
                 off, sz = spans[k]
-                raw = ctypes.string_at(base + soff + off, sz) if sz else b""
+                raw = self._bytes_at(base + soff + off, sz)
                 d[k] = json.loads(raw) if jsonl else raw
             out.append(d)
         return out
 
-    def _array_fields(self, keys, as_torch):
+    def _array_fields(self, keys: Optional[Sequence[str]], as_torch: bool) -> Dict[str, Any]:
         import numpy as np
 
+        assert self.arrays is not None
         names = [a[0] for a in self.arrays]
         want = names if keys is None else list(keys)
         for k in want:
@@ -283,7 +315,7 @@ class Batch:
         if as_torch and self.device >= 0 and self._current():
             return {k: self._device_array(names.index(k)) for k in want}
         buf = self._host_buffer()
-        out = {}
+        out: Dict[str, Any] = {}
         for name, dtype, shape, offset, nbytes in self.arrays:
             if name not in want:
                 continue
@@ -292,19 +324,22 @@ class Batch:
             if as_torch:
                 import torch
 
-                arr = torch.from_numpy(self._native(arr))
+                t = torch.from_numpy(self._native(arr))
                 if self.device >= 0:  # the slot's device buffer was reused: from the host
-                    arr = arr.to("cuda:%d" % self.device)
-            out[name] = arr
+                    t = t.to("cuda:%d" % self.device)
+                out[name] = t
+            else:
+                out[name] = arr
         return {k: out[k] for k in want}
 
-    def _device_array(self, k):
+    def _device_array(self, k: int) -> Any:
         """Field k of the current batch on its GPU, as a tensor there (a copy unless
         reuse_buffers)."""
         import torch
 
+        assert self.arrays is not None
         name, dtype, shape, offset, nbytes = self.arrays[k]
-        ptr = _lib.lib().bw_batch_data(self._ptr) + offset
+        ptr = _address(_lib.lib().bw_batch_data(self._ptr)) + offset
 
         class _Dev:
             __cuda_array_interface__ = {"shape": shape, "typestr": dtype.str,
@@ -317,10 +352,10 @@ class Batch:
         """Every sample's bytes (copies), in batch order."""
         spans = self._sample_spans()
         base = self._base()
-        return [ctypes.string_at(base + off, n) if n else b"" for off, n in spans]
+        return [self._bytes_at(base + off, n) for off, n in spans]
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
         """For batches the loader delivered to a GPU (device >= 0): the slot's device buffer,
         for torch.as_tensor, CuPy or Numba. Valid until the next batch (the hold keeps the
         host bytes, not the device buffer: torch() copies it unless the loader reuses
@@ -329,9 +364,9 @@ class Batch:
             raise errors.FailedPreconditionError(
                 "batch of epoch %d step %d: its device buffer was reused when the loader "
                 "moved on (the host bytes stay: batch.numpy())" % (self.epoch, self.step))
-        if self.device < 0 or self.shape is None:
+        if self.device < 0 or self.shape is None or self.dtype is None:
             raise AttributeError("__cuda_array_interface__: the batch is not a tensor on a GPU")
-        ptr = _lib.lib().bw_batch_data(self._ptr)
+        ptr = _address(_lib.lib().bw_batch_data(self._ptr))
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (ptr, False),
                 "version": 2, "strides": None}
 
@@ -363,14 +398,14 @@ class Batch:
         return torch.from_numpy(self._native(self.numpy()))
 
     @staticmethod
-    def _native(arr):
+    def _native(arr: Any) -> Any:
         if not arr.dtype.isnative:
             # torch needs native byte order: this is a converted copy, not a view.
             arr = arr.astype(arr.dtype.newbyteorder("="))
         return arr
 
 
-def _batch_arrays(L, ptr, step, nbytes):
+def _batch_arrays(L: CData, ptr: CData, step: int, nbytes: int) -> Optional[List[ArraySpec]]:
     """Datasets of named arrays: [(name, numpy dtype, shape, offset, nbytes)] of a batch
     (bw_batch_array), checked against its bytes; None for other datasets."""
     import numpy as np
@@ -378,13 +413,14 @@ def _batch_arrays(L, ptr, step, nbytes):
     n = int(L.bw_batch_narrays(ptr))
     if not n:
         return None
-    out = []
-    a = _lib.Array()
+    out: List[ArraySpec] = []
+    a = ffi.new("bw_array *")
     for k in range(n):
-        rc = L.bw_batch_array(ptr, k, ctypes.byref(a))
-        if rc != _BW_OK:
+        rc = L.bw_batch_array(ptr, k, a)
+        if rc != BW_OK:
             raise _lib.error(rc, "array %d of the batch of step %d" % (k, step))
-        dtype = np.dtype(a.dtype.decode())
+        dtype = np.dtype(_lib.text(a.dtype))
+        name = _lib.text(a.name)
         shape = tuple(int(a.shape[d]) for d in range(a.ndim))
         want = dtype.itemsize
         for d in shape:
@@ -392,8 +428,8 @@ def _batch_arrays(L, ptr, step, nbytes):
         if want != a.nbytes or a.offset + a.nbytes > nbytes:
             raise errors.ProtocolError(
                 "batch of step %d: field %s, shape %r of %s, needs %d bytes at %d; the batch "
-                "has %d" % (step, a.name.decode(), shape, dtype.str, want, a.offset, nbytes))
-        out.append((a.name.decode(), dtype, shape, int(a.offset), int(a.nbytes)))
+                "has %d" % (step, name, shape, dtype.str, want, a.offset, nbytes))
+        out.append((name, dtype, shape, int(a.offset), int(a.nbytes)))
     return out
 
 
@@ -412,19 +448,36 @@ def check_fork_safe(what: str) -> None:
 
 class _Options:
     """bw_loader_options built from the Loader's keyword arguments (one place for Loader,
-    job_checkpoint and rank_steps). .raw is the struct's buffer; the bytes it points into
-    live as long as this object."""
+    job_checkpoint and rank_steps), grouped as Loader documents them. .raw is the struct
+    (cffi, its layout from include/batchwire/loader.h); the strings it points into live as
+    long as this object."""
 
-    def __init__(self, coordinator=None, job=None, dataset=None, batch_size=1, mode="torch",
-                 shuffle=False, seed=0, rank=None, world_size=None, drop_last=False,
-                 sampler_drop_last=False, split_batches=False, even_batches=True,
-                 shuffle_algo="torch", prefetch=4, max_buffer_bytes=None, timeout=10.0,
-                 device=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
-                 transport=None, retry=60.0, allow_uneven=False, dispatch_batches=False,
-                 pad_single_process=False, start=None, share=None, fields=None,
-                 token_file=None, job_epochs=None, holder_pid=None, lease=None,
-                 need_dataset=True):
-        L = _lib.lib()
+    def __init__(
+            self, *,
+            # where and who
+            coordinator: Optional[str] = None, job: Optional[str] = None,
+            dataset: Optional[Dataset] = None, rank: Optional[int] = None,
+            world_size: Optional[int] = None,
+            # the sampler (docs/semantics.md): every rank of a job must agree
+            batch_size: int = 1, mode: str = "torch", shuffle: bool = False, seed: int = 0,
+            shuffle_algo: str = "torch", drop_last: bool = False,
+            sampler_drop_last: bool = False, split_batches: bool = False,
+            even_batches: bool = True, allow_uneven: bool = False,
+            dispatch_batches: bool = False, pad_single_process: bool = False,
+            # where to start, how long the job runs
+            start: Optional[Tuple[int, int]] = None, job_epochs: Optional[int] = None,
+            # one rank read by several processes
+            share: Optional[Tuple[int, int]] = None, lease: Optional[str] = None,
+            holder_pid: Optional[int] = None,
+            # the fast path
+            prefetch: int = 4, max_buffer_bytes: Optional[int] = None, device: Device = None,
+            fields: Optional[bool] = None,
+            # the connection: deadlines, transport, TLS and token
+            timeout: float = 10.0, retry: float = 60.0, transport: Optional[str] = None,
+            tls_ca: Optional[PathArg] = None, tls_cert: Optional[PathArg] = None,
+            tls_key: Optional[PathArg] = None, tls_server_name: Optional[str] = None,
+            token_file: Optional[PathArg] = None,
+            need_dataset: bool = True) -> None:
         coordinator = coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
         required = ("coordinator", "job", "dataset") if need_dataset else ("coordinator", "job")
         given = {"coordinator": coordinator, "job": job, "dataset": dataset}
@@ -441,17 +494,15 @@ class _Options:
         if int(prefetch) < 1:
             raise errors.InvalidArgumentError("prefetch: %r is below 1" % (prefetch,))
         self.device = _parse_device(device)
-        self.raw = ctypes.create_string_buffer(_lib.OPTIONS_ALLOC)
-        L.bw_loader_options_init(self.raw)
-        o = _lib.Options.from_buffer(self.raw)
-        self._keep = []  # bytes objects the struct points into
+        self.raw = o = _lib.new_options()
+        self._keep: List[CData] = []  # the strings the struct points into
 
-        def s(x):
+        def s(x: Optional[PathArg]) -> CData:
             if x is None:
-                return None
-            b = os.fsencode(x) if not isinstance(x, bytes) else x
-            self._keep.append(b)
-            return b
+                return ffi.NULL
+            c = ffi.new("char[]", os.fsencode(x))
+            self._keep.append(c)
+            return c
 
         o.coordinator = s(coordinator)
         o.tls_ca, o.tls_cert, o.tls_key = s(tls_ca), s(tls_cert), s(tls_key)
@@ -473,7 +524,7 @@ class _Options:
                         "(got %r: %r)" % (name, spec))
                 spec = spec.decode() if isinstance(spec, bytes) else spec
                 specs.append(s("%s=%s" % (name, spec)))
-            fields_arr = (ctypes.c_char_p * len(specs))(*specs)
+            fields_arr = ffi.new("const char *[]", specs)
             self._keep.append(fields_arr)
             o.dataset_fields = fields_arr
             o.n_dataset_fields = len(specs)
@@ -501,9 +552,11 @@ class _Options:
         o.allow_uneven = 1 if allow_uneven else 0
         o.dispatch_batches = 1 if dispatch_batches else 0
         o.pad_single_process = 1 if pad_single_process else 0
-        fmt = "fields" if isinstance(dataset, dict) else str(dataset).split(":", 2)
-        if not isinstance(dataset, dict):
-            fmt = fmt[1] if fmt[0] == "pre_sharded" and len(fmt) > 1 else fmt[0]
+        if isinstance(dataset, dict):
+            fmt = "fields"
+        else:
+            parts = str(dataset).split(":", 2)
+            fmt = parts[1] if parts[0] == "pre_sharded" and len(parts) > 1 else parts[0]
         if fields is None:
             fields = fmt in ("tar", "jsonl")
         o.fields = 1 if fields else 0
@@ -525,9 +578,11 @@ class _Options:
             o.lease = s(lease)
 
 
-def job_checkpoint(coordinator=None, job=None, tls_ca=None, tls_cert=None, tls_key=None,
-                   tls_server_name=None, token_file=None, timeout=10.0,
-                   retry=60.0) -> Dict[str, Any]:
+def job_checkpoint(*, coordinator: Optional[str] = None, job: Optional[str] = None,
+                   tls_ca: Optional[PathArg] = None, tls_cert: Optional[PathArg] = None,
+                   tls_key: Optional[PathArg] = None, tls_server_name: Optional[str] = None,
+                   token_file: Optional[PathArg] = None, timeout: float = 10.0,
+                   retry: float = 60.0) -> Dict[str, Any]:
     """The job-level checkpoint from the coordinator: every rank's committed cursor
     (Loader.commit()), as {"batchwire_job": 1, "job", "world_size", "cursors": [...]}
     (batchwire.state). For launchers: store it, and resume the job from it at any world size
@@ -543,20 +598,20 @@ def job_checkpoint(coordinator=None, job=None, tls_ca=None, tls_cert=None, tls_k
     opts = _Options(coordinator=coordinator, job=job, tls_ca=tls_ca, tls_cert=tls_cert,
                     tls_key=tls_key, tls_server_name=tls_server_name, token_file=token_file,
                     timeout=timeout, retry=retry, need_dataset=False)
-    err = ctypes.create_string_buffer(2048)
+    err = _lib.errbuf()
     size = 1 << 16
     while True:
-        buf = ctypes.create_string_buffer(size)
+        buf = ffi.new("char[]", size)
         rc = _runtime.call(L.bw_job_checkpoint, opts.raw, buf, size, err, len(err))
-        if rc != -9 or size >= 1 << 30:  # BW_TOO_BIG: a larger buffer
+        if rc != BW_TOO_BIG or size >= 1 << 30:  # a larger buffer
             break
         size *= 8
-    if rc != _BW_OK:
-        raise _lib.error(rc, err.value.decode("utf-8", "replace"))
-    return _state.job_checkpoint(job, buf.value.decode().split())
+    if rc != BW_OK:
+        raise _lib.error(rc, _lib.text(err))
+    return _state.job_checkpoint(job, _lib.text(buf).split())
 
 
-def rank_steps(epoch: int = 0, **options) -> int:
+def rank_steps(epoch: int = 0, **options: Any) -> int:
     """This rank's number of batches in `epoch` (what len(loader) says for it), asked of the
     coordinator without claiming the rank (bw_loader_rank_steps): `options` are Loader's.
     Like a Loader it starts the library's network runtime in this process, which a process
@@ -565,13 +620,13 @@ def rank_steps(epoch: int = 0, **options) -> int:
     check_fork_safe("rank_steps")
     _runtime.prepare()
     opts = _Options(**options)
-    steps = ctypes.c_uint64()
-    err = ctypes.create_string_buffer(2048)
-    rc = _runtime.call(_lib.lib().bw_loader_rank_steps, opts.raw, int(epoch),
-                       ctypes.byref(steps), err, len(err))
-    if rc != _BW_OK:
-        raise _lib.error(rc, err.value.decode("utf-8", "replace"))
-    return int(steps.value)
+    steps = ffi.new("uint64_t *")
+    err = _lib.errbuf()
+    rc = _runtime.call(_lib.lib().bw_loader_rank_steps, opts.raw, int(epoch), steps, err,
+                       len(err))
+    if rc != BW_OK:
+        raise _lib.error(rc, _lib.text(err))
+    return int(steps[0])
 
 
 class _Hold:
@@ -579,18 +634,18 @@ class _Hold:
 
     __slots__ = ("_h", "address", "__weakref__")
 
-    def __init__(self, loader, batch):
+    def __init__(self, loader: "Loader", batch: Batch) -> None:
         L = _lib.lib()
-        h = ctypes.c_void_p()
+        h = ffi.new("bw_hold **")
         with loader._lock:
             batch._check()
-            rc = L.bw_loader_hold(loader._h(), batch._ptr, ctypes.byref(h))
-            if rc != _BW_OK:
+            rc = L.bw_loader_hold(loader._h(), batch._ptr, h)
+            if rc != BW_OK:
                 loader._raise(rc)
-        self._h = h.value
-        self.address = L.bw_hold_data(self._h)
+        self._h: Optional[CData] = h[0]
+        self.address: int = _address(L.bw_hold_data(h[0]))
 
-    def __del__(self):
+    def __del__(self) -> None:
         h, self._h = getattr(self, "_h", None), None
         if h:
             try:
@@ -668,19 +723,37 @@ class Loader:
     loaders are independent and may run in parallel threads.
     """
 
-    def __init__(self, coordinator=None, job=None, dataset=None, batch_size=1, mode="torch",
-                 shuffle=False, seed=0, rank=None, world_size=None, drop_last=False,
-                 sampler_drop_last=False, split_batches=False, even_batches=True,
-                 shuffle_algo="torch", resume=None, prefetch=4, max_buffer_bytes=None,
-                 timeout=10.0, device=None, tls_ca=None, tls_cert=None, tls_key=None,
-                 tls_server_name=None, transport=None, retry=60.0, reuse_buffers=False,
-                 allow_uneven=False, dispatch_batches=False, pad_single_process=False,
-                 elastic=False, start=None, share=None, fields=None, token_file=None,
-                 job_epochs=None, holder_pid=None, lease=None):
-        self._handle = None
+    def __init__(
+            self, *,
+            # where and who
+            coordinator: Optional[str] = None, job: Optional[str] = None,
+            dataset: Optional[Dataset] = None, rank: Optional[int] = None,
+            world_size: Optional[int] = None,
+            # the sampler (docs/semantics.md): every rank of a job must agree
+            batch_size: int = 1, mode: str = "torch", shuffle: bool = False, seed: int = 0,
+            shuffle_algo: str = "torch", drop_last: bool = False,
+            sampler_drop_last: bool = False, split_batches: bool = False,
+            even_batches: bool = True, allow_uneven: bool = False,
+            dispatch_batches: bool = False, pad_single_process: bool = False,
+            # where to start, how long the job runs
+            resume: Any = None, elastic: bool = False, start: Optional[Tuple[int, int]] = None,
+            job_epochs: Optional[int] = None,
+            # one rank read by several processes
+            share: Optional[Tuple[int, int]] = None, lease: Optional[str] = None,
+            holder_pid: Optional[int] = None,
+            # the fast path
+            prefetch: int = 4, max_buffer_bytes: Optional[int] = None, device: Device = None,
+            reuse_buffers: bool = False, fields: Optional[bool] = None,
+            # the connection: deadlines, transport, TLS and token
+            timeout: float = 10.0, retry: float = 60.0, transport: Optional[str] = None,
+            tls_ca: Optional[PathArg] = None, tls_cert: Optional[PathArg] = None,
+            tls_key: Optional[PathArg] = None, tls_server_name: Optional[str] = None,
+            token_file: Optional[PathArg] = None) -> None:
+        self._handle: Optional[CData] = None
         self._gen = 0
         self._reuse_buffers = bool(reuse_buffers)
-        self._current = None  # weak reference to the last batch handed out
+        # weak reference to the last batch handed out
+        self._current: Optional["weakref.ref[Batch]"] = None
         # An iteration consumed the position: the next one starts the next epoch.
         self._iterated = False
         check_fork_safe("Loader")
@@ -708,17 +781,17 @@ class Loader:
         self._format, self._fields = opts.format, opts.fields
         raw = opts.raw
 
-        handle = ctypes.c_void_p()
-        err = ctypes.create_string_buffer(2048)
+        handle = ffi.new("bw_loader **")
+        err = _lib.errbuf()
         if elastic:
             curs = _state.elastic_cursors(resume)
-            bufs = [ctypes.create_string_buffer(c, len(c)) for c in curs]
-            ptrs = (ctypes.c_void_p * max(1, len(bufs)))(*[ctypes.addressof(b) for b in bufs])
-            lens = (ctypes.c_size_t * max(1, len(bufs)))(*[len(c) for c in curs])
-            rc = _runtime.call(L.bw_loader_open_elastic, raw, ptrs, lens, len(curs),
-                               ctypes.byref(handle), err, len(err))
+            bufs = [ffi.new("char[]", c) for c in curs]
+            ptrs = ffi.new("const void *[]", bufs or [ffi.NULL])
+            lens = ffi.new("size_t[]", [len(c) for c in curs] or [0])
+            rc = _runtime.call(L.bw_loader_open_elastic, raw, ptrs, lens, len(curs), handle,
+                               err, len(err))
         elif resume is None:
-            rc = _runtime.call(L.bw_loader_open, raw, ctypes.byref(handle), err, len(err))
+            rc = _runtime.call(L.bw_loader_open, raw, handle, err, len(err))
         else:
             if isinstance(resume, str):
                 cur = resume.strip().encode()
@@ -732,21 +805,20 @@ class Loader:
                     "state_dict(), got %s" % type(resume).__name__)
             if not cur:
                 raise errors.CorruptError("cursor refused: it is empty")
-            cbuf = ctypes.create_string_buffer(cur, len(cur) + 1)
-            rc = _runtime.call(L.bw_loader_open_at, raw, cbuf, clen, ctypes.byref(handle), err,
-                               len(err))
+            cbuf = ffi.new("char[]", cur)
+            rc = _runtime.call(L.bw_loader_open_at, raw, cbuf, clen, handle, err, len(err))
         del opts
-        if rc != _BW_OK:
-            raise _lib.error(rc, err.value.decode("utf-8", "replace"))
-        self._handle = handle
+        if rc != BW_OK:
+            raise _lib.error(rc, _lib.text(err))
+        self._handle = h = handle[0]
         self._pid = os.getpid()
         with _open_lock:
             if _open["pid"] != self._pid:
                 _open["pid"], _open["count"] = self._pid, 0
             _open["count"] += 1
-        self.rank = int(L.bw_loader_rank(handle))
-        self.world_size = int(L.bw_loader_world_size(handle))
-        self.num_samples = int(L.bw_loader_num_samples(handle))
+        self.rank = int(L.bw_loader_rank(h))
+        self.world_size = int(L.bw_loader_world_size(h))
+        self.num_samples = int(L.bw_loader_num_samples(h))
         self.job = job
         self.device = dev
 
@@ -766,21 +838,20 @@ class Loader:
                 with _open_lock:
                     _open["count"] -= 1
 
-    def __enter__(self):
+    def __enter__(self) -> "Loader":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
-        return False
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             if getattr(self, "_handle", None) is not None:
                 self.close()
         except Exception:
             pass
 
-    def _h(self):
+    def _h(self) -> CData:
         if self._handle is None:
             raise errors.FailedPreconditionError("the loader is closed")
         if os.getpid() != self._pid:
@@ -791,11 +862,12 @@ class Loader:
                 "whose workers each read a share of the rank" % (self._pid, os.getpid()))
         return self._handle
 
-    def _raise(self, rc):
-        msg = _lib.lib().bw_loader_errmsg(self._handle) if self._handle is not None else b""
-        raise _lib.error(rc, (msg or b"").decode("utf-8", "replace"))
+    def _raise(self, rc: int) -> NoReturn:
+        msg = _lib.text(_lib.lib().bw_loader_errmsg(self._handle)) \
+            if self._handle is not None else ""
+        raise _lib.error(rc, msg)
 
-    def _move_on(self):
+    def _move_on(self) -> None:
         """Before the loader leaves its current batch (next batch, an epoch, a seek, close):
         that batch, if still referenced, keeps what its samples() and fields() need."""
         ref, self._current = self._current, None
@@ -804,14 +876,14 @@ class Loader:
             b._snapshot()
         self._gen += 1
 
-    def _position_call(self, fn, *args):
+    def _position_call(self, fn: Callable[..., int], *args: Any) -> None:
         """A call that moves the loader (next_epoch, set_epoch, seek): the next iteration runs
         the new position."""
         with self._lock:
             h = self._h()
             self._move_on()
             rc = _runtime.call(fn, h, *args)
-            if rc != _BW_OK:
+            if rc != BW_OK:
                 self._raise(rc)
             self._iterated = False
 
@@ -823,14 +895,14 @@ class Loader:
         with self._lock:
             h = self._h()
             self._move_on()
-            out = ctypes.c_void_p()
+            out = ffi.new("const bw_batch **")
             try:
-                rc = _runtime.call(_lib.lib().bw_loader_next, h, ctypes.byref(out))
-                if rc == _BW_END_OF_EPOCH:
+                rc = _runtime.call(_lib.lib().bw_loader_next, h, out)
+                if rc == BW_END_OF_EPOCH:
                     return None
-                if rc != _BW_OK:
+                if rc != BW_OK:
                     self._raise(rc)
-                b = Batch(self, out.value, self._gen)
+                b = Batch(self, out[0], self._gen)
                 self._current = weakref.ref(b)
             except BaseException:
                 # Handed out by the library (out is set) but not to the caller: a signal
@@ -838,7 +910,7 @@ class Loader:
                 # not be made. Give it back, so that the cursor -- a checkpoint taken in the
                 # handler -- does not count a batch the trainer never saw, and the next call
                 # returns it again (bw_loader_unnext).
-                if out.value:
+                if out[0] != ffi.NULL:
                     self._gen += 1
                     _lib.lib().bw_loader_unnext(h)
                 raise
@@ -854,7 +926,7 @@ class Loader:
             self._iterated = True
         return self._batches()
 
-    def _batches(self):
+    def _batches(self) -> Iterator[Batch]:
         while True:
             b = self.next_batch()
             if b is None:
@@ -902,13 +974,13 @@ class Loader:
         with self._lock:
             h = self._h()
             L = _lib.lib()
-            n = ctypes.c_size_t(256)
+            n = ffi.new("size_t *", 256)
             while True:
-                buf = ctypes.create_string_buffer(n.value)
-                rc = L.bw_loader_cursor(h, buf, ctypes.byref(n))
-                if rc == _BW_OK:
-                    return buf.raw[:n.value]
-                if rc != -9:  # BW_TOO_BIG: n is now the size needed
+                buf = ffi.new("char[]", n[0])
+                rc = L.bw_loader_cursor(h, buf, n)
+                if rc == BW_OK:
+                    return bytes(ffi.buffer(buf, n[0]))
+                if rc != BW_TOO_BIG:  # BW_TOO_BIG: n is now the size needed
                     self._raise(rc)
 
     def cursor(self) -> str:
@@ -916,16 +988,16 @@ class Loader:
         checkpoint and pass it back as Loader(resume=...)."""
         with self._lock:
             h = self._h()
-            buf = ctypes.create_string_buffer(_CURSOR_TEXT_MAX)
+            buf = ffi.new("char[]", _CURSOR_TEXT_MAX)
             rc = _lib.lib().bw_loader_cursor_text(h, buf, len(buf))
-            if rc != _BW_OK:
+            if rc != BW_OK:
                 self._raise(rc)
-            return buf.value.decode()
+            return _lib.text(buf)
 
     def position(self) -> Tuple[int, int]:
         """(epoch, step) of the next batch to be handed out."""
-        f = _state.fields(self.cursor_bytes())
-        return f.get(6, 0), f.get(7, 0)
+        info = _state.cursor_info(self.cursor_bytes())
+        return int(info["epoch"]), int(info["step"])
 
     def epoch_steps(self) -> int:
         """One past the last step of this rank in the current epoch (its batches this epoch
@@ -945,11 +1017,11 @@ class Loader:
         stop as soon as it is lost (bw_loader_lease)."""
         with self._lock:
             h = self._h()
-            buf = ctypes.create_string_buffer(256)
+            buf = ffi.new("char[]", 256)
             rc = _lib.lib().bw_loader_lease(h, buf, len(buf))
-            if rc != _BW_OK:
+            if rc != BW_OK:
                 self._raise(rc)
-            return buf.value.decode()
+            return _lib.text(buf)
 
     def state_dict(self) -> Dict[str, Any]:
         """This rank's position as a plain dict (torchdata StatefulDataLoader style): store it
@@ -957,7 +1029,7 @@ class Loader:
         load_state_dict() or Loader(resume=...). See batchwire.state."""
         cur = self.cursor()
         info = _state.cursor_info(cur)
-        return _state.rank_state(self.job, self.rank, self.world_size, info["epoch"],
+        return _state.rank_state(str(self.job), self.rank, self.world_size, info["epoch"],
                                  info["step"], cur)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -978,20 +1050,21 @@ class Loader:
                 "open a Loader with resume=state instead")
         cur = sd["cursor"]
         data = cur.strip().encode() if isinstance(cur, str) else bytes(cur)
-        buf = ctypes.create_string_buffer(data, len(data) + 1)
+        buf = ffi.new("char[]", data)
         self._position_call(_lib.lib().bw_loader_seek, buf,
                             0 if isinstance(cur, str) else len(data))
 
-    def stats(self):
+    def stats(self) -> Dict[str, Union[int, float]]:
         """What this loader has done since it opened, as a dict (docs/client.md,
         "Statistics"): batches, samples and bytes handed out; wait_seconds, the time spent
         waiting for data in next_batch; samples_received and bytes_received from workers;
         requests sent, retries, failovers and busy answers."""
-        st = _lib.Stats()
-        rc = _lib.lib().bw_loader_get_stats(self._h(), ctypes.byref(st), ctypes.sizeof(st))
-        if rc != 0:
+        st = ffi.new("bw_loader_stats *")
+        rc = _lib.lib().bw_loader_get_stats(self._h(), st, ffi.sizeof("bw_loader_stats"))
+        if rc != BW_OK:
             self._raise(rc)
-        out = {name: int(getattr(st, name)) for name, _ in _lib.Stats._fields_}
+        out: Dict[str, Union[int, float]] = {
+            name: int(getattr(st, name)) for name, _ in ffi.typeof("bw_loader_stats").fields}
         out["wait_seconds"] = out.pop("wait_ns") / 1e9
         return out
 
@@ -1000,10 +1073,10 @@ class Loader:
         Loader without ``resume`` continues from it."""
         with self._lock:
             rc = _runtime.call(_lib.lib().bw_loader_commit, self._h())
-            if rc != _BW_OK:
+            if rc != BW_OK:
                 self._raise(rc)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<batchwire.Loader job=%r rank=%s/%s%s>" % (
             self.__dict__.get("job"), self.__dict__.get("rank"), self.__dict__.get("world_size"),
             "" if self._handle is not None else " closed")

@@ -26,48 +26,13 @@ import base64
 import binascii
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
+from . import _lib
 from . import errors
 
 STATE_VERSION = 1
 CURSOR_PREFIX = "bwc1:"
 
 Cursor = Union[str, bytes, bytearray, memoryview]
-
-
-def _varint(data: bytes, i: int) -> Tuple[int, int]:
-    shift = v = 0
-    while i < len(data):
-        b = data[i]
-        i += 1
-        v |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return v, i
-    return v, i
-
-
-def fields(data: bytes) -> Dict[int, Any]:
-    """The scalar fields of a protobuf message by number: varints as int, fixed64 as int,
-    length-delimited as bytes (the last occurrence of each)."""
-    i, n, out = 0, len(data), {}
-    while i < n:
-        key, i = _varint(data, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            out[field], i = _varint(data, i)
-        elif wire == 1:
-            out[field] = int.from_bytes(data[i:i + 8], "little")
-            i += 8
-        elif wire == 2:
-            ln, i = _varint(data, i)
-            out[field] = bytes(data[i:i + ln])
-            i += ln
-        elif wire == 5:
-            out[field] = int.from_bytes(data[i:i + 4], "little")
-            i += 4
-        else:
-            break
-    return out
 
 
 def cursor_binary(cursor: Cursor) -> bytes:
@@ -88,13 +53,10 @@ def cursor_binary(cursor: Cursor) -> bytes:
 
 
 def cursor_info(cursor: Cursor) -> Dict[str, Any]:
-    """What a cursor says (for messages and state dicts; the library checks it fully):
-    job, fingerprint, rank, world_size, epoch, step."""
-    f = fields(cursor_binary(cursor))
-    job = f.get(2, b"")
-    return {"job": job.decode("utf-8", "replace") if isinstance(job, bytes) else "",
-            "fingerprint": f.get(3, 0), "rank": f.get(4, 0), "world_size": f.get(5, 0),
-            "epoch": f.get(6, 0), "step": f.get(7, 0)}
+    """What a cursor says: job, fingerprint, rank, world_size, epoch, step. Decoded and
+    checked by the library (bw_cursor_describe, include/batchwire/loader.h): CorruptError for
+    anything that is not an intact cursor."""
+    return _lib.cursor_info(cursor_binary(cursor))
 
 
 def cursor_text(cursor: Cursor) -> str:

@@ -43,7 +43,6 @@ worker processes when it has them. batchwire.torch.DataLoader adds ``state_dict(
 """
 
 import concurrent.futures
-import ctypes
 import os
 import threading
 import time
@@ -57,6 +56,7 @@ from . import _probe
 from . import _shared
 from . import errors
 from . import state as _state
+from ._cdefs import BW_OK
 from .loader import Loader
 
 _MANAGED = ("resume", "start", "share", "elastic", "lease", "holder_pid")
@@ -343,16 +343,16 @@ class _Proof:
         self._thread.start()
 
     def _publish(self, final):
-        until, lost = ctypes.c_uint64(), ctypes.c_int()
-        rc = _lib.lib().bw_loader_lease_state(self._h, ctypes.byref(until), ctypes.byref(lost))
-        if rc != 0:  # a loader without a lease to confirm: share 0 always has one
+        until, lost = _lib.ffi.new("uint64_t *"), _lib.ffi.new("int *")
+        rc = _lib.lib().bw_loader_lease_state(self._h, until, lost)
+        if rc != BW_OK:  # a loader without a lease to confirm: share 0 always has one
             return
-        if lost.value:
+        if lost[0]:
             self._shared.prove(self._key, 0, _shared.LOST)
         elif final:
-            self._shared.prove(self._key, until.value, _shared.RELEASED)
+            self._shared.prove(self._key, int(until[0]), _shared.RELEASED)
         else:
-            self._shared.prove(self._key, until.value, _shared.PROVEN)
+            self._shared.prove(self._key, int(until[0]), _shared.PROVEN)
 
     def _loop(self):
         while not self._stopping.wait(_shared.PROOF_EVERY):

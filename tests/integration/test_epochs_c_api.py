@@ -38,9 +38,13 @@ INTERRUPTED, MISMATCH, END = -26, -20, -22
 def test(tmpdir):
     bwpy.import_batchwire()
     from batchwire import _lib
-    L = _lib.lib()
+    L = ctypes.CDLL(_lib.path())  # the C API, declared here as loader.h has it
     P, U64 = ctypes.c_void_p, ctypes.c_uint64
     for fn, res, args in (
+            ("bw_loader_open", ctypes.c_int, [P, ctypes.POINTER(P), ctypes.c_char_p,
+                                              ctypes.c_size_t]),
+            ("bw_loader_next", ctypes.c_int, [P, ctypes.POINTER(P)]),
+            ("bw_loader_close", None, [P]),
             ("bw_loader_rank_steps", ctypes.c_int, [P, U64, ctypes.POINTER(U64), ctypes.c_char_p,
                                                     ctypes.c_size_t]),
             ("bw_loader_set_epoch", ctypes.c_int, [P, U64]),
@@ -63,11 +67,12 @@ def test(tmpdir):
     keep = []
 
     def options(job, world=1, rank=0, batch=B):
-        buf = ctypes.create_string_buffer(_lib.OPTIONS_ALLOC)
-        L.bw_loader_options_init(buf)
-        o = _lib.Options.from_buffer(buf)
-        strs = [coord.addr.encode(), job.encode(), bwpy.NPY.encode()]
-        keep.append((buf, strs))
+        # bw_loader_options with the library's defaults, its layout from the headers (cffi).
+        o = _lib.new_options()
+        strs = [_lib.ffi.new("char[]", x) for x in (coord.addr.encode(), job.encode(),
+                                                       bwpy.NPY.encode())]
+        buf = P(int(_lib.ffi.cast("uintptr_t", o)))
+        keep.append((o, strs))
         o.coordinator, o.job, o.dataset = strs
         o.rank, o.world_size, o.batch_size = rank, world, batch
         o.shuffle, o.seed = 1, 3

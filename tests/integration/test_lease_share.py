@@ -34,12 +34,22 @@ N, B, LEASE_MS = 2000, 4, 6000
 def test(tmpdir):
     batchwire = bwpy.import_batchwire()
     from batchwire import _lib
-    L = _lib.lib()
+    L = ctypes.CDLL(_lib.path())  # the C API, declared here as loader.h has it
     P = ctypes.c_void_p
-    L.bw_loader_lease.restype = ctypes.c_int
-    L.bw_loader_lease.argtypes = [P, ctypes.c_char_p, ctypes.c_size_t]
-    L.bw_err_name.restype = ctypes.c_char_p
-    L.bw_err_name.argtypes = [ctypes.c_int]
+    for fn, res, args in (
+            ("bw_loader_open", ctypes.c_int, [P, ctypes.POINTER(P), ctypes.c_char_p,
+                                              ctypes.c_size_t]),
+            ("bw_loader_next", ctypes.c_int, [P, ctypes.POINTER(P)]),
+            ("bw_loader_next_epoch", ctypes.c_int, [P]),
+            ("bw_batch_step", ctypes.c_uint64, [P]),
+            ("bw_loader_errmsg", ctypes.c_char_p, [P]),
+            ("bw_loader_close", None, [P]),
+            ("bw_loader_lease", ctypes.c_int, [P, ctypes.c_char_p, ctypes.c_size_t]),
+            ("bw_loader_lease_state", ctypes.c_int, [P, ctypes.POINTER(ctypes.c_uint64),
+                                                     ctypes.POINTER(ctypes.c_int)]),
+            ("bw_err_name", ctypes.c_char_p, [ctypes.c_int])):
+        getattr(L, fn).restype = res
+        getattr(L, fn).argtypes = args
 
     def name(rc):
         return L.bw_err_name(rc).decode()
@@ -61,16 +71,17 @@ def test(tmpdir):
     keep = []
 
     def open_loader(share, count, lease=None, holder_pid=0):
-        buf = ctypes.create_string_buffer(_lib.OPTIONS_ALLOC)
-        L.bw_loader_options_init(buf)
-        o = _lib.Options.from_buffer(buf)
-        strs = [coord.addr.encode(), b"share", bwpy.NPY.encode(), lease]
-        keep.append((buf, strs))
+        # bw_loader_options with the library's defaults, its layout from the headers (cffi).
+        o = _lib.new_options()
+        strs = [_lib.ffi.new("char[]", x) if x is not None else _lib.ffi.NULL for x in
+                (coord.addr.encode(), b"share", bwpy.NPY.encode(), lease)]
+        buf = P(int(_lib.ffi.cast("uintptr_t", o)))
+        keep.append((o, strs))
         o.coordinator, o.job, o.dataset = strs[0], strs[1], strs[2]
         o.rank, o.world_size, o.batch_size = 0, 1, B
         o.share_index, o.share_count = share, count
         o.holder_pid = holder_pid
-        o.lease = lease
+        o.lease = strs[3]
         o.retry_ms = 0
         h = P()
         err = ctypes.create_string_buffer(2048)
