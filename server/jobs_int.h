@@ -1,5 +1,7 @@
-/* Internals of the jobs state shared by jobs_state.c (records, replay, snapshots),
- * jobs_ops.c (the RPC operations) and jobs_elastic.c (plan checks, elastic resume). */
+/* Internals of the jobs state shared by jobs_state.c (the state in memory and its queries),
+ * jobs_apply.c (how records apply), jobs_replay.c and jobs_snapshot.c (the journal's side),
+ * jobs_ops.c (the RPC operations), jobs_elastic.c (plan checks, elastic resume),
+ * jobs_lifecycle.c (how jobs end) and jobs_live.c (reported progress). */
 #ifndef BW_SERVER_JOBS_INT_H
 #define BW_SERVER_JOBS_INT_H
 
@@ -105,10 +107,6 @@ uint8_t *bw__jobs_make_cursor(const bw_job *job, uint32_t rank, uint64_t epoch, 
 int bw__jobs_plan(const bw_job *job, const Batchwire__V1__WorldSegment *extra, uint64_t epoch,
                   bw__plan **out, char *err, size_t errlen);
 
-/* "a.b: job has X, request has Y; ..." for every field that differs; "" if none. */
-void bw__jobs_diff(const ProtobufCMessageDescriptor *desc, const ProtobufCMessage *a,
-                   const ProtobufCMessage *b, char *out, size_t outlen);
-
 /* The job's fingerprint into *out: SHA-256 of its name, configuration and dataset
  * description, first 8 bytes; never 0. Two jobs with one configuration still differ. BW_OK, or
  * BW_NOMEM with a sentence in err. */
@@ -127,6 +125,26 @@ int bw__jobs_check_owner(const bw_job *job, const bw_principal *who, char *err, 
 
 /* Under s->mu: how many jobs `owner` owns. */
 size_t bw__jobs_owned(const bw_jobs *s, const char *owner);
+
+/* jobs_state.c: frees a job and everything it owns (NULL: nothing); frees n ranks' cursors and
+ * the array (NULL: nothing). */
+void bw__jobs_job_free(bw_job *job);
+void bw__jobs_ranks_free(bw_rank_state *ranks, uint32_t n);
+
+/* jobs_state.c: a rank's cursor at (epoch, step) of world size `world`; malloc'ed, NULL when
+ * memory ran out. */
+uint8_t *bw__jobs_cursor_at(const bw_job *job, uint32_t world, uint32_t rank, uint64_t epoch,
+                            uint64_t step, size_t *len);
+
+/* jobs_apply.c, for replay: applies a record read back from the journal (prepare, then
+ * install) and makes it the last one applied. On error nothing changed: BW_CORRUPT when the
+ * record contradicts the state, BW_NOMEM; err says why. */
+int bw__jobs_apply_record(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, char *err,
+                          size_t errlen);
+
+/* jobs_apply.c, for replay: builds one job of a snapshot and inserts it, or changes nothing
+ * (BW_CORRUPT, BW_NOMEM with a sentence in err). */
+int bw__jobs_load_job(bw_jobs *s, const Batchwire__V1__JobSnapshot *js, char *err, size_t errlen);
 
 /* jobs_live.c: records the progress a heartbeat of lease `lease` reports (under s->mu). */
 void bw__jobs_live_report(bw_rank_state *r, bw_lease lease, const Batchwire__V1__RankLive *live,

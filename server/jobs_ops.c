@@ -12,6 +12,7 @@
 #include "common/util.h"
 #include "cursor/cursor.h"
 #include "formats/formats.h"
+#include "rpc/pbdiff.h"
 
 enum { MAX_SOURCES = 4096, MAX_BATCH = 1 << 24 };
 
@@ -187,15 +188,6 @@ static int check_quota(bw_jobs *s, const bw_principal *who, char *err, size_t er
     return BW_OK;
 }
 
-int bw__jobs_check_owner(const bw_job *job, const bw_principal *who, char *err, size_t errlen)
-{
-    if (bw__auth_owns(who, job->owner))
-        return BW_OK;
-    snprintf(err, errlen, "job '%s' belongs to another principal; '%s' may not use it", job->name,
-             who->name);
-    return BW_PERMISSION_DENIED;
-}
-
 Batchwire__V1__DatasetInfo *bw__jobs_synthetic_info(bw_arena *arena, uint64_t samples)
 {
     Batchwire__V1__DatasetInfo *info = bw__arena_alloc(arena, sizeof(*info));
@@ -215,8 +207,8 @@ static int existing(bw_job *job, const Batchwire__V1__GetOrCreateJobRequest *req
                     Batchwire__V1__GetOrCreateJobResponse **resp, char *err, size_t errlen)
 {
     char diff[1536];
-    bw__jobs_diff(&batchwire__v1__job_config__descriptor, &job->config->base, &req->config->base,
-                  diff, sizeof(diff));
+    bw__pb_diff(&batchwire__v1__job_config__descriptor, &job->config->base, "job",
+                &req->config->base, "request", diff, sizeof(diff));
     if (diff[0]) {
         snprintf(err, errlen,
                  "job '%s' exists with a different configuration: %s. Use the job's "
@@ -340,16 +332,6 @@ int bw__jobs_create(bw_jobs *s, const bw_principal *who,
     return rc;
 }
 
-static bool lease_live(const bw_jobs *s, const bw_rank_state *r, uint64_t now)
-{
-    return r->leased && now - r->last_beat_ms <= s->opts.lease_ms;
-}
-
-bool bw__jobs_lease_live(const bw_jobs *s, const bw_rank_state *r, uint64_t now_ms)
-{
-    return lease_live(s, r, now_ms);
-}
-
 /* Under s->mu: the job and rank named by a request, with messages for people. */
 static int locate(bw_jobs *s, const bw_principal *who, const char *name, uint32_t rank,
                   bw_job **job, bw_rank_state **r, char *err, size_t errlen)
@@ -387,7 +369,8 @@ static void lease_gone(const bw_jobs *s, const bw_job *job, uint32_t rank, const
         snprintf(err, errlen,
                  "this lease is no longer rank %u's of job '%s': host %s pid %u holds it now "
                  "(%s); this trainer must stop",
-                 rank, job->name, r->host, r->pid, lease_live(s, r, now) ? "live" : "expired");
+                 rank, job->name, r->host, r->pid,
+                 bw__jobs_lease_live(s, r, now) ? "live" : "expired");
 }
 
 int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__JoinJobRequest *req,
@@ -444,7 +427,7 @@ int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__Join
         BW_INFO(
             "job=%s rank=%u holder=%s:%u reclaims the rank from its exited holder exited_pid=%u",
             req->job, req->rank, req->holder->host, req->holder->pid, r->pid);
-    if (rc == BW_OK && lease_live(s, r, now) && !same && !reclaim) {
+    if (rc == BW_OK && bw__jobs_lease_live(s, r, now) && !same && !reclaim) {
         /* The LOCAL_RANK hint only for a holder that is heartbeating (every lease / 3): one
          * that has missed its beats may have died, and then the cure is waiting, not RANK. */
         uint64_t quiet = now - r->last_beat_ms;
@@ -752,9 +735,10 @@ int bw__jobs_get(bw_jobs *s, const bw_principal *who, const Batchwire__V1__GetJo
         Batchwire__V1__RankProgress *p = &rp[i];
         batchwire__v1__rank_progress__init(p);
         p->rank = i;
-        p->lease = !r->leased              ? BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_NONE
-                   : lease_live(s, r, now) ? BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_LIVE
-                                           : BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_EXPIRED;
+        p->lease = !r->leased ? BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_NONE
+                   : bw__jobs_lease_live(s, r, now)
+                       ? BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_LIVE
+                       : BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_EXPIRED;
         if (r->leased) {
             p->holder = bw__arena_alloc(arena, sizeof(*p->holder));
             if (!p->holder) {
@@ -834,7 +818,7 @@ int bw__jobs_list(bw_jobs *s, const bw_principal *who, bw_arena *arena,
         bool any = false;
         for (uint32_t r = 0; r < job->world_size; r++) {
             const bw_rank_state *st = &job->ranks[r];
-            e->ranks_live += lease_live(s, st, now);
+            e->ranks_live += bw__jobs_lease_live(s, st, now);
             if (!st->committed)
                 continue;
             e->ranks_committed++;

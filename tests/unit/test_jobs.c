@@ -17,6 +17,7 @@
 #include "server/jobs_int.h"
 #include "common/crc32c.h"
 #include "cursor/cursor.h"
+#include "rpc/pbdiff.h"
 
 static char dir[512];
 
@@ -140,16 +141,19 @@ static void test_diff(void **state)
     a.dataset = &da;
     b.dataset = &db;
     char out[1024];
-    bw__jobs_diff(&batchwire__v1__job_config__descriptor, &a.base, &b.base, out, sizeof(out));
+    bw__pb_diff(&batchwire__v1__job_config__descriptor, &a.base, "job", &b.base, "request", out,
+                sizeof(out));
     assert_non_null(strstr(out, "sampler.batch_size: job has 4, request has 8"));
     assert_non_null(strstr(out, "sampler.seed: job has 0, request has -3"));
     assert_non_null(
         strstr(out, "dataset.sources: job has [\"a.npy\"], request has [\"a.npy\", \"b.npy\"]"));
     assert_null(strstr(out, "mode"));
     b.dataset = NULL; /* absent compares like empty */
-    bw__jobs_diff(&batchwire__v1__job_config__descriptor, &a.base, &b.base, out, sizeof(out));
+    bw__pb_diff(&batchwire__v1__job_config__descriptor, &a.base, "job", &b.base, "request", out,
+                sizeof(out));
     assert_non_null(strstr(out, "dataset.format: job has \"npy\", request has \"\""));
-    bw__jobs_diff(&batchwire__v1__job_config__descriptor, &a.base, &a.base, out, sizeof(out));
+    bw__pb_diff(&batchwire__v1__job_config__descriptor, &a.base, "job", &a.base, "request", out,
+                sizeof(out));
     assert_string_equal(out, "");
 }
 
