@@ -1,3 +1,5 @@
+/* The coordinator's table of storage workers (membership.h): registration, heartbeats,
+ * liveness and the placement version. */
 #include "membership.h"
 
 #include <pthread.h>

@@ -1,3 +1,5 @@
+/* The coordinator's state directory (state_dir.h): created if missing and locked, so two
+ * coordinators never share one. */
 #include "state_dir.h"
 
 #include <errno.h>

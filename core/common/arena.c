@@ -1,3 +1,4 @@
+/* The per-RPC bump allocator (arena.h): blocks that grow and are released all at once. */
 #include "common/arena.h"
 
 #include <stdint.h>

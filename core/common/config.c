@@ -1,3 +1,5 @@
+/* The configuration tables (config.h): flags, BATCHWIRE_* variables and --help from one
+ * table per program, with errors that name the setting and its value. */
 #include "common/config.h"
 
 #include <ctype.h>

@@ -1,3 +1,4 @@
+/* Writing JSON text (json.h): strings escaped per RFC 8259. */
 #include "common/json.h"
 
 #include <stdbool.h>

@@ -1,3 +1,6 @@
+/* The logger (log.h): levels, the text and JSON line formats, the status line of a terminal,
+ * rate-limited warnings, the failure rule's report (BW_INVARIANT), and the embedder's
+ * callback for the client library. */
 #include "common/log.h"
 
 #include <pthread.h>

@@ -1,3 +1,5 @@
+/* Progress reports of long work (progress.h): the status line or periodic log lines, with
+ * the share done, the rate and the time left. */
 #include "common/progress.h"
 
 #include <inttypes.h>

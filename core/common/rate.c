@@ -1,3 +1,5 @@
+/* Rates from a remote process's cumulative counters (rate.h), over windows of at least
+ * BW_RATE_WINDOW_MS. */
 #include "common/rate.h"
 
 #include <stdbool.h>

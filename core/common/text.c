@@ -1,3 +1,5 @@
+/* The rules for names people choose (text.h): job names, worker ids, principal names,
+ * dataset paths, and UTF-8 checks. */
 #include "common/text.h"
 
 #include <stdint.h>

@@ -1,3 +1,5 @@
+/* Small helpers with no better home (util.h): clocks, deadlines and condition variables on
+ * the monotonic clock, randomness, the host name, malloc tuning. */
 #include "common/util.h"
 
 #include <malloc.h>

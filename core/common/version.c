@@ -1,3 +1,5 @@
+/* What this build is (version.h): the version, commit, build type and optional parts, as
+ * `--version` prints them and the Info RPC reports them. */
 #include "common/version.h"
 
 #include <string.h>

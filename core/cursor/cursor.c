@@ -1,3 +1,5 @@
+/* The resume cursor (cursor.h): its binary and "bwc1:" text forms, encoded and decoded with
+ * every length checked. */
 #include "cursor/cursor.h"
 
 #include <stdio.h>

@@ -1,3 +1,5 @@
+/* The synthetic content `batchwire gen` writes (synth.h, docs/formats.md): every byte of
+ * sample i a pure function of i. */
 #include "formats/synth.h"
 
 #include <string.h>

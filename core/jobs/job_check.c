@@ -1,3 +1,5 @@
+/* Checks of a job's configuration against its dataset (job_check.h): the modes a format
+ * allows and what a pre-sharded stream needs. */
 #include "jobs/job_check.h"
 
 #include <inttypes.h>

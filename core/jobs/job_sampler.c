@@ -1,3 +1,5 @@
+/* A job's sampler (job_sampler.h): the sampler core configured from a job's configuration
+ * and world-size history, for the planner. */
 #include "jobs/job_sampler.h"
 
 #include <stdio.h>

@@ -1,3 +1,5 @@
+/* The global order of a multi-source stream and the per-rank layout of a pre-sharded one
+ * (stream_order.h, docs/streams.md). Pure. */
 #include "jobs/stream_order.h"
 
 #include <stdio.h>

@@ -1,3 +1,5 @@
+/* Placement (placement.h): sample to shard, and shard to live worker by rendezvous hashing.
+ * Pure functions. */
 #include "placement/placement.h"
 
 #include <string.h>

@@ -1,3 +1,5 @@
+/* The client side of the gRPC runtime (client.h): channels, unary calls with a deadline,
+ * server streams, and errors as a code and a sentence naming the method and target. */
 #include "rpc/client.h"
 
 #include <pthread.h>

@@ -1,3 +1,4 @@
+/* Handlers every daemon serves the same way (common_handlers.h): health checks and Info. */
 #include "rpc/common_handlers.h"
 
 #include <string.h>

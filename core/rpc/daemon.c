@@ -1,3 +1,6 @@
+/* Process-level plumbing shared by the daemons (daemon.h): termination signals, the logging
+ * and listener settings every daemon has, gRPC's own log lines routed through our logger, and
+ * loading (and reloading on SIGHUP) --auth-tokens. */
 #include "rpc/daemon.h"
 
 #include <errno.h>

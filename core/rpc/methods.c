@@ -1,3 +1,5 @@
+/* Every RPC of the protocol, once (methods.h): path, request and response descriptors, by
+ * method id. */
 #include "rpc/methods.h"
 
 const bw_rpc_method bw__methods[BW_M__COUNT] = {

@@ -1,3 +1,6 @@
+/* Checks of a serialized request before protobuf-c decodes it (proto_check.h,
+ * docs/security.md "Input limits"): UTF-8 strings without NUL, string, repeated and depth
+ * limits. */
 #include "rpc/proto_check.h"
 
 #include <stdbool.h>

@@ -1,3 +1,6 @@
+/* The gRPC server runtime shared by every daemon (server.h): completion-queue threads,
+ * pre-posted requests per method, authorization and request checks before a handler, one
+ * arena per call, deferred calls and server streams, and orderly shutdown. */
 #include "rpc/server.h"
 
 #include "rpc/client.h" /* BW_RPC_KEEPALIVE_MS */
