@@ -42,8 +42,13 @@ import struct
 import tempfile
 import threading
 import time
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 from . import errors
+
+Key = Tuple[int, int, int]  # an iteration: (kind, base seed, count)
+Request = Tuple[int, int, int, Optional[str]]  # generation, epoch, step, cursor
+Record = Dict[str, Any]  # key, consumed, epoch, step, cursor, status, lease, error
 
 CURSOR_MAX = 1 << 16
 LEASE_MAX = 512
@@ -79,11 +84,11 @@ _SLOTS_AT = _REC_ERROR_AT + ERROR_MAX
 SIZE = _SLOTS_AT + SLOTS * 32
 
 
-def _rebuild(dupfd):
+def _rebuild(dupfd: Any) -> "SharedState":
     return SharedState(dupfd.detach())
 
 
-def newer(key, than):
+def newer(key: Key, than: Key) -> bool:
     """Whether `key` is a later iteration of the same DataLoader iterator as `than` (same
     kind and base seed, a higher count): persistent workers' iterations are ordered."""
     return key[0] == than[0] != KEY_NONE and key[1] == than[1] and key[2] > than[2]
@@ -92,7 +97,7 @@ def newer(key, than):
 class SharedState:
     """The region and its operations (see the module docstring)."""
 
-    def __init__(self, fd=None):
+    def __init__(self, fd: Optional[int] = None) -> None:
         created = fd is None
         if created:
             where = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -102,13 +107,14 @@ class SharedState:
                 fd, path = tempfile.mkstemp(prefix="batchwire-")
             os.unlink(path)
             os.ftruncate(fd, SIZE)
+        assert fd is not None
         self._fd = fd
         self._map = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._tlock, self._pid = threading.Lock(), os.getpid()
         if created:
             _REQ.pack_into(self._map, _REQ_AT, 1, 0, 0, 0)  # requested: epoch 0, step 0
 
-    def __del__(self):
+    def __del__(self) -> None:
         # This process's mapping and descriptor (workers have their own copies).
         for close in (getattr(self, "_map", None) and self._map.close,
                       lambda: os.close(self._fd)):
@@ -118,14 +124,14 @@ class SharedState:
             except (OSError, ValueError, AttributeError):
                 pass
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, Tuple[Any]]:
         # A duplicate of the descriptor travels with the pickle into a spawn or forkserver
         # worker while it is being started (multiprocessing.reduction.DupFd).
         from multiprocessing import reduction
         return _rebuild, (reduction.DupFd(self._fd),)
 
     @contextlib.contextmanager
-    def _locked(self):
+    def _locked(self) -> Iterator[None]:
         if self._pid != os.getpid():  # a forked worker: a fresh thread lock
             self._tlock, self._pid = threading.Lock(), os.getpid()
         with self._tlock:
@@ -142,12 +148,12 @@ class SharedState:
 
     # ---- raw access (under the lock)
 
-    def _req(self):
+    def _req(self) -> Request:
         gen, epoch, step, clen = _REQ.unpack_from(self._map, _REQ_AT)
         cur = bytes(self._map[_REQ_CURSOR_AT:_REQ_CURSOR_AT + clen]).decode() if clen else None
         return gen, epoch, step, cur
 
-    def _rec(self):
+    def _rec(self) -> Record:
         (kind, a, b, consumed, epoch, step, clen, status, llen,
          elen) = _REC.unpack_from(self._map, _REC_AT)
         cur = bytes(self._map[_REC_CURSOR_AT:_REC_CURSOR_AT + clen]).decode() if clen else None
@@ -156,7 +162,8 @@ class SharedState:
         return {"key": (kind, a, b), "consumed": consumed, "epoch": epoch, "step": step,
                 "cursor": cur, "status": status, "lease": lease, "error": err}
 
-    def _write_rec(self, key, consumed, epoch, step, cursor, status, lease="", error=""):
+    def _write_rec(self, key: Key, consumed: int, epoch: int, step: int, cursor: Optional[str],
+                   status: int, lease: str = "", error: str = "") -> None:
         cb = (cursor or "").encode()
         lb = lease.encode()[:LEASE_MAX]
         eb = error.encode("utf-8", "replace")[:ERROR_MAX]
@@ -166,14 +173,14 @@ class SharedState:
         _REC.pack_into(self._map, _REC_AT, key[0], key[1], key[2], consumed, epoch, step,
                        len(cb), status, len(lb), len(eb))
 
-    def _pending(self, req=None, rec=None):
+    def _pending(self, req: Optional[Request] = None, rec: Optional[Record] = None) -> bool:
         req = req or self._req()
         rec = rec or self._rec()
-        return req[0] > rec["consumed"]
+        return bool(req[0] > rec["consumed"])
 
     # ---- the main process: where the next iteration starts
 
-    def request(self, epoch, step, cursor=None):
+    def request(self, epoch: int, step: int, cursor: Optional[str] = None) -> None:
         """The next iteration starts at (epoch, step), after `cursor` when given."""
         cb = (cursor or "").encode()
         if len(cb) > CURSOR_MAX:
@@ -184,7 +191,7 @@ class SharedState:
             self._map[_REQ_CURSOR_AT:_REQ_CURSOR_AT + len(cb)] = cb
             _REQ.pack_into(self._map, _REQ_AT, gen, int(epoch), int(step), len(cb))
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Requests (epoch, 0), unless the next iteration already starts in that epoch at a
         position requested and not yet run (a resume mid-epoch keeps its step)."""
         with self._locked():
@@ -193,7 +200,7 @@ class SharedState:
                 return
         self.request(epoch, 0)
 
-    def next_start(self, arm=False):
+    def next_start(self, arm: bool = False) -> Tuple[int, int]:
         """(epoch, step) where the next iteration starts: the pending request, else the epoch
         after the last iteration's. arm: make that an explicit request (so the workers start
         exactly there)."""
@@ -201,52 +208,52 @@ class SharedState:
             req, rec = self._req(), self._rec()
             if self._pending(req, rec):
                 return req[1], req[2]
-            nxt = rec["epoch"] + 1
+            nxt = int(rec["epoch"]) + 1
         if arm:
             self.request(nxt, 0)
         return nxt, 0
 
-    def epoch(self):
+    def epoch(self) -> int:
         """The epoch of the iteration running or last run, or the one requested for the next
         iteration when there is such a request."""
         with self._locked():
             req, rec = self._req(), self._rec()
-            return req[1] if self._pending(req, rec) else rec["epoch"]
+            return req[1] if self._pending(req, rec) else int(rec["epoch"])
 
     # ---- share 0: an iteration starts
 
-    def begin(self, key):
+    def begin(self, key: Key) -> Tuple[int, int, Optional[str]]:
         """Share 0 starts the iteration `key`: its position (epoch, step, cursor or None) --
         the pending request, else the epoch after the last iteration's -- recorded (status
         PENDING) for the other shares."""
         with self._locked():
             req, rec = self._req(), self._rec()
             if rec["key"] == key:
-                return rec["epoch"], rec["step"], rec["cursor"]
+                return int(rec["epoch"]), int(rec["step"]), rec["cursor"]
             if self._pending(req, rec):
                 consumed, epoch, step, cursor = req
             else:
-                consumed, epoch, step, cursor = rec["consumed"], rec["epoch"] + 1, 0, None
+                consumed, epoch, step, cursor = int(rec["consumed"]), int(rec["epoch"]) + 1, 0, None
             self._write_rec(key, consumed, epoch, step, cursor, PENDING)
             _PROOF.pack_into(self._map, _PROOF_AT, 0, UNPROVEN, 0)
             return epoch, step, cursor
 
-    def publish(self, key, lease):
+    def publish(self, key: Key, lease: str) -> None:
         """Share 0 claimed the rank for iteration `key`: the other shares may open."""
         self._finish(key, READY, lease=lease)
 
-    def fail(self, key, message):
+    def fail(self, key: Key, message: str) -> None:
         """Share 0 could not open for iteration `key`: the other shares give up."""
         self._finish(key, FAILED, error=message)
 
-    def _finish(self, key, status, lease="", error=""):
+    def _finish(self, key: Key, status: int, lease: str = "", error: str = "") -> None:
         with self._locked():
             rec = self._rec()
             if rec["key"] == key:
                 self._write_rec(key, rec["consumed"], rec["epoch"], rec["step"], rec["cursor"],
                                 status, lease, error)
 
-    def prove(self, key, until_ms, state):
+    def prove(self, key: Key, until_ms: int, state: int) -> None:
         """Share 0 of iteration `key`: its lease is proven until `until_ms` (CLOCK_MONOTONIC
         milliseconds, bw_loader_lease_state), or LOST, or RELEASED. Nothing once a later
         iteration began; a lost lease stays lost."""
@@ -257,7 +264,7 @@ class SharedState:
                 return
             _PROOF.pack_into(self._map, _PROOF_AT, int(until_ms), state, os.getpid())
 
-    def proof(self, consumed, base=None):
+    def proof(self, consumed: int, base: Optional[int] = None) -> Tuple[int, int, int]:
         """(until_ms, state, pid) that share 0 published for the DataLoader iteration that
         consumed request `consumed` (and, given `base`, whose workers' base seed it is);
         (0, UNPROVEN, 0) while that iteration's share 0 has published nothing."""
@@ -266,9 +273,10 @@ class SharedState:
             if (rec["key"][0] != KEY_WORKERS or rec["consumed"] != consumed or
                     (base is not None and rec["key"][1] != base)):
                 return 0, UNPROVEN, 0
-            return _PROOF.unpack_from(self._map, _PROOF_AT)
+            until, state, pid = _PROOF.unpack_from(self._map, _PROOF_AT)
+            return int(until), int(state), int(pid)
 
-    def generation(self):
+    def generation(self) -> int:
         """The generation of the latest request (the one the next iteration consumes, after
         next_start(arm=True))."""
         with self._locked():
@@ -276,7 +284,7 @@ class SharedState:
 
     # ---- the other shares
 
-    def wait_ready(self, key, timeout):
+    def wait_ready(self, key: Key, timeout: float) -> Optional[Record]:
         """The record of iteration `key` once share 0 has opened (or failed); None when a
         later iteration of the same workers has begun (this one was abandoned). Polls,
         interruptibly; DeadlineExceededError after `timeout` seconds."""
@@ -298,7 +306,7 @@ class SharedState:
 
     # ---- slots: which worker is done with which iteration
 
-    def slot(self, worker, key, state):
+    def slot(self, worker: int, key: Key, state: int) -> None:
         if not 0 <= worker < SLOTS:
             return
         with self._locked():
@@ -307,7 +315,7 @@ class SharedState:
                 return  # a later iteration began in this slot already
             _SLOT.pack_into(self._map, at, key[0], key[1], key[2], os.getpid(), state)
 
-    def wait_done(self, key, nworkers):
+    def wait_done(self, key: Key, nworkers: int) -> None:
         """Share 0 at the end of iteration `key` waits until every other worker is done with
         it (or has moved on to a later iteration, or has exited), so that the lease the
         others confirm is not given back under them."""
@@ -325,7 +333,7 @@ class SharedState:
                 pause = min(pause * 2, 0.005)
 
 
-def alive(pid):
+def alive(pid: int) -> bool:
     """Whether process `pid` exists and has not exited (a zombie, exited but not yet
     reaped, counts as gone)."""
     if pid <= 0:
@@ -351,15 +359,15 @@ _tied = {"pid": 0}
 _PR_SET_PDEATHSIG = 1
 
 
-def trainer_pid():
+def trainer_pid() -> int:
     """The trainer process this DataLoader worker serves: the process that created the worker
     (multiprocessing's parent process, also under forkserver, whose workers are children of
     the fork server, not of the trainer); this process when it is no worker."""
     parent = multiprocessing.parent_process()
-    return parent.pid if parent is not None else os.getpid()
+    return parent.pid if parent is not None and parent.pid is not None else os.getpid()
 
 
-def tie_to_trainer():
+def tie_to_trainer() -> None:
     """Makes this DataLoader worker die with the trainer (once per process). A worker the
     trainer forked or spawned is its child: the kernel kills it when the trainer exits (prctl
     PR_SET_PDEATHSIG), and if the trainer is already gone it dies now. A forkserver's worker
@@ -386,7 +394,7 @@ def tie_to_trainer():
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _watch(trainer):
+def _watch(trainer: int) -> None:
     try:
         fd = os.pidfd_open(trainer)
     except (OSError, AttributeError):

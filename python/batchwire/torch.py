@@ -46,7 +46,7 @@ import concurrent.futures
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.data
@@ -57,13 +57,13 @@ from . import _shared
 from . import errors
 from . import state as _state
 from ._cdefs import BW_OK
-from .loader import Loader
+from .loader import Batch, Loader
 
 _MANAGED = ("resume", "start", "share", "elastic", "lease", "holder_pid")
 _MASK64 = (1 << 64) - 1
 
 
-def _env_int(names):
+def _env_int(names: Sequence[str]) -> Optional[int]:
     for n in names:
         v = os.environ.get(n)
         if v is not None and v.strip().isdigit():
@@ -103,9 +103,10 @@ class BatchDataset(torch.utils.data.IterableDataset):
     library's network runtime before the DataLoader forks its workers) and cached.
     """
 
-    def __init__(self, samples: bool = False, transform: Optional[Callable] = None,
-                 collate_fn: Optional[Callable] = None, decode_threads: int = 0,
-                 keys=None, arrays: Optional[str] = None, **loader_kw):
+    def __init__(self, samples: bool = False, transform: Optional[Callable[[Any], Any]] = None,
+                 collate_fn: Optional[Callable[[List[Any]], Any]] = None, decode_threads: int = 0,
+                 keys: Union[None, bool, Sequence[str]] = None, arrays: Optional[str] = None,
+                 **loader_kw: Any) -> None:
         super().__init__()
         if arrays not in (None, "tuple", "dict"):
             raise errors.InvalidArgumentError(
@@ -128,7 +129,7 @@ class BatchDataset(torch.utils.data.IterableDataset):
         self.loader_kw = loader_kw
         self._shared = _shared.SharedState()
         self._iters = 0  # __iter__ calls in this process (the count of an iteration's key)
-        self._len = {}  # epoch -> len(self), the main process's cache
+        self._len: Dict[int, int] = {}  # epoch -> len(self), the main process's cache
 
     # ---- epochs and state (main process)
 
@@ -151,7 +152,7 @@ class BatchDataset(torch.utils.data.IterableDataset):
     def epoch(self, epoch: int) -> None:
         self.set_epoch(epoch)
 
-    def rank_and_world(self):
+    def rank_and_world(self) -> Tuple[int, int]:
         """This rank and world size: the options', else RANK/WORLD_SIZE, else
         SLURM_PROCID/SLURM_NTASKS (as the library resolves them)."""
         rank = self.loader_kw.get("rank")
@@ -163,7 +164,7 @@ class BatchDataset(torch.utils.data.IterableDataset):
                                               "(options, RANK/WORLD_SIZE or SLURM_*)")
         return rank, world
 
-    def start(self):
+    def start(self) -> Tuple[int, int]:
         """(epoch, step) where the next iteration starts."""
         return self._shared.next_start()
 
@@ -211,7 +212,7 @@ class BatchDataset(torch.utils.data.IterableDataset):
         key = (_shared.KEY_WORKERS, (info.seed - info.id) & _MASK64, self._iters)
         return self._run(key, info.id, info.num_workers, _shared.trainer_pid())
 
-    def _open_first(self, key, nshares, holder):
+    def _open_first(self, key: _shared.Key, nshares: int, holder: Optional[int]) -> Loader:
         """Share 0 (worker 0, or the only process): where the iteration starts, the rank
         claimed on behalf of the trainer, the lease published for the other shares."""
         epoch, step, cursor = self._shared.begin(key)
@@ -236,7 +237,7 @@ class BatchDataset(torch.utils.data.IterableDataset):
             raise
         return lo
 
-    def _open_other(self, key, index, nshares):
+    def _open_other(self, key: _shared.Key, index: int, nshares: int) -> Optional[Loader]:
         """Share `index` > 0: waits for share 0's record of this iteration and opens where it
         starts, confirming its lease; None when the iteration was abandoned meanwhile."""
         kw = self.loader_kw
@@ -255,7 +256,8 @@ class BatchDataset(torch.utils.data.IterableDataset):
             kw["start"] = (rec["epoch"], rec["step"])
         return Loader(**kw)
 
-    def _run(self, key, index, nshares, holder):
+    def _run(self, key: _shared.Key, index: int, nshares: int,
+             holder: Optional[int]) -> Iterator[Any]:
         pool = (concurrent.futures.ThreadPoolExecutor(self.decode_threads)
                 if self.decode_threads > 0 and self.transform is not None else None)
         if index > 0:
@@ -289,7 +291,7 @@ class BatchDataset(torch.utils.data.IterableDataset):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
 
-    def _sample_values(self, batch):
+    def _sample_values(self, batch: Batch) -> List[Any]:
         if batch.arrays:  # named arrays: each sample's rows, as a tuple or a dict
             t = batch.fields(as_torch=True)
             if self.arrays == "dict":
@@ -298,17 +300,19 @@ class BatchDataset(torch.utils.data.IterableDataset):
         if batch.shape is not None:
             return list(batch.torch())  # rows of the held batch tensor
         if self.keys is not None:
-            return batch.fields(None if self.keys is True else self.keys)
+            keys = None if isinstance(self.keys, bool) else self.keys
+            return list(batch.fields(keys))
         return batch.samples()
 
-    def _decode(self, values, pool):
+    def _decode(self, values: List[Any],
+                pool: Optional[concurrent.futures.ThreadPoolExecutor]) -> List[Any]:
         if self.transform is None:
             return values
         if pool is not None:
             return list(pool.map(self.transform, values))
         return [self.transform(v) for v in values]
 
-    def _item(self, batch, pool) -> Any:
+    def _item(self, batch: Batch, pool: Optional[concurrent.futures.ThreadPoolExecutor]) -> Any:
         if self.transform is None and batch.arrays:
             data = batch.fields(as_torch=True)
             if self.arrays is not None:  # the arrays themselves, as TensorDataset's batches
@@ -334,7 +338,7 @@ class _Proof:
     the loader closes) LOST or RELEASED, so that the main process neither hands out an
     unproven item nor waits on an iteration whose loader is closed."""
 
-    def __init__(self, shared, key, loader):
+    def __init__(self, shared: _shared.SharedState, key: _shared.Key, loader: Loader) -> None:
         self._shared, self._key, self._h = shared, key, loader._handle
         self._stopping = threading.Event()
         self._publish(final=False)
@@ -342,7 +346,7 @@ class _Proof:
                                         daemon=True)
         self._thread.start()
 
-    def _publish(self, final):
+    def _publish(self, final: bool) -> None:
         until, lost = _lib.ffi.new("uint64_t *"), _lib.ffi.new("int *")
         rc = _lib.lib().bw_loader_lease_state(self._h, until, lost)
         if rc != BW_OK:  # a loader without a lease to confirm: share 0 always has one
@@ -354,11 +358,11 @@ class _Proof:
         else:
             self._shared.prove(self._key, int(until[0]), _shared.PROVEN)
 
-    def _loop(self):
+    def _loop(self) -> None:
         while not self._stopping.wait(_shared.PROOF_EVERY):
             self._publish(final=False)
 
-    def stop(self):
+    def stop(self) -> None:
         self._stopping.set()
         self._thread.join()
         self._publish(final=True)
@@ -369,7 +373,7 @@ class _Fence:
     workers: worker 0's lease, as worker 0 published it for this iteration, must be proven
     now (docs/client.md, "Fencing")."""
 
-    def __init__(self, dataset, consumed, iterator):
+    def __init__(self, dataset: BatchDataset, consumed: int, iterator: Any) -> None:
         self._ds, self._consumed = dataset, consumed
         base = getattr(iterator, "_base_seed", None)  # the workers' key (_shared's docstring)
         self._base = base & _MASK64 if isinstance(base, int) else None
@@ -378,10 +382,10 @@ class _Fence:
         # under way can answer).
         self._bound = max(float(kw.get("retry", 60.0)), float(kw.get("timeout", 10.0)))
 
-    def check(self):
+    def check(self) -> None:
         """Returns when the item may be handed out; raises LeaseLostError once the lease is
         lost, UnavailableError when it stays unproven for the bound."""
-        t0 = None
+        t0: Optional[float] = None
         while True:
             until, state, pid = self._ds._shared.proof(self._consumed, self._base)
             now = time.monotonic()
@@ -408,7 +412,7 @@ class _Fence:
                         else "since this iteration began", self._bound)))
             time.sleep(0.02)  # (a KeyboardInterrupt ends it)
 
-    def _where(self):
+    def _where(self) -> str:
         try:
             rank = "%d" % self._ds.rank_and_world()[0]
         except errors.Error:
@@ -416,7 +420,7 @@ class _Fence:
         return "rank %s of job %s: " % (rank, self._ds.loader_kw.get("job"))
 
 
-def _as_is(item):
+def _as_is(item: Any) -> Any:
     """A DataLoader's collate_fn that leaves a ready item as it is (module level: DataLoader
     workers unpickle it)."""
     return item
@@ -441,7 +445,7 @@ class DataLoader(torch.utils.data.DataLoader):
     persistent_workers, multiprocessing_context, worker_init_fn, ...
     """
 
-    def __init__(self, dataset: BatchDataset, **kwargs):
+    def __init__(self, dataset: BatchDataset, **kwargs: Any) -> None:
         if not isinstance(dataset, BatchDataset):
             raise errors.InvalidArgumentError("batchwire.torch.DataLoader takes a BatchDataset")
         if not dataset.samples:
@@ -450,17 +454,19 @@ class DataLoader(torch.utils.data.DataLoader):
                 # torch's default (default_convert) would make each (x, y) tuple a list
                 kwargs.setdefault("collate_fn", _as_is)
         super().__init__(dataset, **kwargs)
-        self._position = None  # (epoch, next step) while iterating or after
+        # (epoch, next step) while iterating or after
+        self._position: Optional[Tuple[int, int]] = None
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         # The iteration's start made explicit, so that its items are counted from it.
-        epoch, step = self.dataset._shared.next_start(arm=True)
-        consumed = self.dataset._shared.generation()  # what this iteration's worker 0 consumes
+        ds: BatchDataset = self.dataset
+        epoch, step = ds._shared.next_start(arm=True)
+        consumed = ds._shared.generation()  # what this iteration's worker 0 consumes
         self._position = (epoch, step)
         it = super().__iter__()
         # With workers, each item is handed out only while worker 0's lease is proven (the
         # loader in this process fences itself).
-        fence = _Fence(self.dataset, consumed, it) if self.num_workers > 0 else None
+        fence = _Fence(ds, consumed, it) if self.num_workers > 0 else None
         for item in it:
             if fence is not None:
                 fence.check()
@@ -470,9 +476,11 @@ class DataLoader(torch.utils.data.DataLoader):
         self._position = (epoch + 1, 0)
 
     def state_dict(self) -> Dict[str, Any]:
-        epoch, step = self._position or self.dataset.start()
-        return self.dataset.state_dict_at(epoch, step)
+        ds: BatchDataset = self.dataset
+        epoch, step = self._position or ds.start()
+        return ds.state_dict_at(epoch, step)
 
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
-        self.dataset.load_state_dict(sd)
+        ds: BatchDataset = self.dataset
+        ds.load_state_dict(sd)
         self._position = None
