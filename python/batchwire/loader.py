@@ -657,57 +657,70 @@ class _Hold:
 class Loader:
     """This rank's batches of a batchwire job, in plan order, with exact resume.
 
-    Arguments mirror ``batchwire fetch`` and bw_loader_options (include/batchwire/loader.h):
+    Arguments (keyword-only, typed) mirror ``batchwire fetch`` and bw_loader_options
+    (include/batchwire/loader.h), in groups:
 
-    coordinator   "HOST:PORT" (default: $BATCHWIRE_COORDINATOR)
-    job           job name; created by the first rank, joined by the others (required)
-    dataset       "FORMAT:PATH[,PATH...]" below the workers' --data-root (required), or a
-                  dict of named arrays indexed together, like TensorDataset(x, y):
-                  {"x": "npy:x/*.npy", "y": "npy:y/*.npy"} (batch.fields(); docs/formats.md)
-    batch_size    per rank (global with split_batches)
-    mode          "torch" (DistributedSampler + DataLoader), "accelerate" or "iterable"
-    shuffle, seed, shuffle_algo ("torch" or "feistel"), drop_last, sampler_drop_last,
-    split_batches, even_batches   the sampler (docs/semantics.md); every rank must agree
-    rank, world_size   None: from RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_NTASKS
-    resume        a cursor (text "bwc1:..." or bytes) or a state_dict() to continue after;
-                  None: where the coordinator says this rank resumes (its committed cursor,
-                  or the start)
-    prefetch      batches fetched ahead; max_buffer_bytes caps their memory
-    timeout       seconds per call to a worker or the coordinator
-    retry         seconds a call to the coordinator (join, commit) is retried while it is
-                  unreachable or restarting (default 60; 0: no retry); the library says so
-                  on the "batchwire" logger while it retries
-    device        None or "cpu": host memory; "cuda:N": batches copied to that GPU
-    allow_uneven  accelerate with even_batches=False: serve ranks different numbers of batches
-                  (refused otherwise, since a DDP job would hang); see epoch_steps()
-    dispatch_batches   accelerate: Accelerate's DataLoaderDispatcher batches
-    pad_single_process accelerate with world_size 1: BatchSamplerShard's padding instead of
-                  the short last batch prepare_data_loader yields for one process
-    elastic       resume the job at this world_size from a checkpoint of another one:
-                  `resume` is then a job-level checkpoint (batchwire.job_checkpoint(),
-                  job_checkpoint_from()) or every rank's cursors or states; None takes every
-                  rank's committed cursor from the coordinator
-    start         (epoch, step) to start at when no cursor is given
-    share         (index, count): read one share of the rank's batches from one of `count`
-                  processes (batchwire.torch's DataLoader workers); see python/README.md
-    lease         share index > 0: share 0's lease (its Loader.lease()), which this share then
-                  confirms as share 0 does, stopping for good (LeaseLostError) once it is lost
-    holder_pid    the trainer process the rank's claim belongs to (default: this process); a
-                  trainer restarted on the same host reclaims the rank at once when that
-                  process has exited (batchwire.torch passes the DataLoader's main process)
-    fields        samples as named fields (Batch.fields): tar (WebDataset) members, JSON Lines
-                  keys; None (default): on for tar and jsonl datasets
-    tls_ca, tls_cert, tls_key, tls_server_name   TLS to the coordinator and workers
-    token_file    a file whose first line is the bearer token for a service started with
-                  --auth-tokens (default: $BATCHWIRE_TOKEN_FILE; docs/security.md)
-    job_epochs    the job's total number of epochs, when known: a rank that delivered the
-                  last one says so when it closes, and once every rank has, the coordinator
-                  removes the job (its cursors stay valid); None: unknown
-    transport     "auto" (default, or $BATCHWIRE_TRANSPORT): the workers' data channel where
-                  offered (TLS with the tls_* settings), else gRPC; "grpc": always gRPC
-    reuse_buffers False (default): every batch keeps its bytes for as long as it or a view of
-                  it lives. True: a batch and its views are valid only until the next batch
-                  (the loader then reuses the buffer under them); nothing is held
+    Where and who
+      coordinator   "HOST:PORT" (default: $BATCHWIRE_COORDINATOR)
+      job           job name; created by the first rank, joined by the others (required)
+      dataset       "FORMAT:PATH[,PATH...]" below the workers' --data-root (required), or a
+                    dict of named arrays indexed together, like TensorDataset(x, y):
+                    {"x": "npy:x/*.npy", "y": "npy:y/*.npy"} (batch.fields(); docs/formats.md)
+      rank, world_size   None: from RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_NTASKS
+
+    The sampler (docs/semantics.md): every rank must agree
+      batch_size    per rank (global with split_batches)
+      mode          "torch" (DistributedSampler + DataLoader), "accelerate" or "iterable"
+      shuffle, seed, shuffle_algo ("torch" or "feistel"), drop_last, sampler_drop_last,
+      split_batches, even_batches
+      allow_uneven  accelerate with even_batches=False: serve ranks different numbers of
+                    batches (refused otherwise, since a DDP job would hang); see epoch_steps()
+      dispatch_batches   accelerate: Accelerate's DataLoaderDispatcher batches
+      pad_single_process accelerate with world_size 1: BatchSamplerShard's padding instead of
+                    the short last batch prepare_data_loader yields for one process
+
+    Where to start, how long the job runs
+      resume        a cursor (text "bwc1:..." or bytes) or a state_dict() to continue after;
+                    None: where the coordinator says this rank resumes (its committed cursor,
+                    or the start)
+      elastic       resume the job at this world_size from a checkpoint of another one:
+                    `resume` is then a job-level checkpoint (batchwire.job_checkpoint(),
+                    job_checkpoint_from()) or every rank's cursors or states; None takes every
+                    rank's committed cursor from the coordinator
+      start         (epoch, step) to start at when no cursor is given
+      job_epochs    the job's total number of epochs, when known: a rank that delivered the
+                    last one says so when it closes, and once every rank has, the coordinator
+                    removes the job (its cursors stay valid); None: unknown
+
+    One rank read by several processes (batchwire.torch; python/README.md)
+      share         (index, count): read one share of the rank's batches from one of `count`
+                    processes (batchwire.torch's DataLoader workers)
+      lease         share index > 0: share 0's lease (its Loader.lease()), which this share
+                    then confirms as share 0 does, stopping for good (LeaseLostError) once it
+                    is lost
+      holder_pid    the trainer process the rank's claim belongs to (default: this process);
+                    a trainer restarted on the same host reclaims the rank at once when that
+                    process has exited (batchwire.torch passes the DataLoader's main process)
+
+    The fast path
+      prefetch      batches fetched ahead; max_buffer_bytes caps their memory
+      device        None or "cpu": host memory; "cuda:N": batches copied to that GPU
+      reuse_buffers False (default): every batch keeps its bytes for as long as it or a view
+                    of it lives. True: a batch and its views are valid only until the next
+                    batch (the loader then reuses the buffer under them); nothing is held
+      fields        samples as named fields (Batch.fields): tar (WebDataset) members, JSON
+                    Lines keys; None (default): on for tar and jsonl datasets
+
+    The connection
+      timeout       seconds per call to a worker or the coordinator
+      retry         seconds a call to the coordinator (join, commit) is retried while it is
+                    unreachable or restarting (default 60; 0: no retry); the library says so
+                    on the "batchwire" logger while it retries
+      transport     "auto" (default, or $BATCHWIRE_TRANSPORT): the workers' data channel where
+                    offered (TLS with the tls_* settings), else gRPC; "grpc": always gRPC
+      tls_ca, tls_cert, tls_key, tls_server_name   TLS to the coordinator and workers
+      token_file    a file whose first line is the bearer token for a service started with
+                    --auth-tokens (default: $BATCHWIRE_TOKEN_FILE; docs/security.md)
 
     Epochs work as with torch's DataLoader over a DistributedSampler whose set_epoch is
     called each time: ``for batch in loader`` runs the current position's epoch to its end
