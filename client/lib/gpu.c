@@ -68,8 +68,10 @@ int bw__gpu_stream_new(int device, bw__gpu_stream **out, char *err, size_t errle
     if (rc != BW_OK)
         return rc;
     bw__gpu_stream *s = calloc(1, sizeof(*s));
-    if (!s)
+    if (!s) {
+        snprintf(err, errlen, "out of memory for a copy stream on cuda:%d", device);
         return BW_NOMEM;
+    }
     s->device = device;
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess)
