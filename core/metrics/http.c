@@ -73,8 +73,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                  text ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT, CONTENT_TYPE);
 }
 
-/* The library's own complaints (a client that misbehaves, a failed accept) as our warnings. */
-static void mhd_log(void *cls, const char *fmt, va_list ap)
+/* The library's own complaints (a client that misbehaves, a failed accept) as our warnings.
+ * fmt is libmicrohttpd's printf format (the attribute tells clang's -Wformat-nonliteral). */
+__attribute__((format(printf, 2, 0))) static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
     char line[512];
