@@ -3,12 +3,14 @@ are generated into errors.py from include/batchwire/batchwire.h's BW_ERR_MAP).""
 
 from typing import Optional
 
+from ._cdefs import BW_INTERNAL
+
 
 class Error(Exception):
     """A failure reported by libbatchwire (or by the binding, with the same codes)."""
 
     code = "BW_INTERNAL"
-    rc = -23
+    rc = BW_INTERNAL
 
     def __init__(self, message: str, code: Optional[str] = None,
                  rc: Optional[int] = None) -> None:

@@ -16,6 +16,7 @@ import sys
 from typing import Any, Dict, Mapping
 
 from . import errors
+from ._cdefs import BW_INTERNAL, BW_INVALID_ARGUMENT
 
 
 def rank_steps(options: Mapping[str, Any], epoch: int) -> int:
@@ -38,7 +39,7 @@ def rank_steps(options: Mapping[str, Any], epoch: int) -> int:
             "stderr above)" % (sys.executable, r.returncode))
     if "error" in answer:
         e = answer["error"]
-        raise errors.from_rc(int(e.get("rc", -23)), e.get("message", ""), code=e.get("code"))
+        raise errors.from_rc(int(e.get("rc", BW_INTERNAL)), e.get("message", ""), code=e.get("code"))
     return int(answer["steps"])
 
 
@@ -67,7 +68,7 @@ def main() -> None:
     except errors.Error as e:
         out = {"error": {"code": e.code, "rc": e.rc, "message": e.message}}
     except (TypeError, ValueError, KeyError) as e:
-        out = {"error": {"code": "BW_INVALID_ARGUMENT", "rc": -1, "message": str(e)}}
+        out = {"error": {"code": "BW_INVALID_ARGUMENT", "rc": BW_INVALID_ARGUMENT, "message": str(e)}}
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()
 
