@@ -37,6 +37,8 @@ static int read_file(const char *flag, const char *path, char **out, char *err, 
     }
     char *buf = malloc((size_t)st.st_size + 1);
     if (!buf) {
+        snprintf(err, errlen, "%s %s: out of memory for its %lld bytes", flag, path,
+                 (long long)st.st_size);
         fclose(f);
         return BW_NOMEM;
     }
