@@ -1,6 +1,7 @@
 /*
  * libFuzzer target: a worker's reply as the client reads it, through the real fetch loop
- * (client/lib/fetch.c: bw__fetch_batch and bw__stream_fetch_batch) and each real reply parser:
+ * (client/lib/fetch.c, through samples_fetch.c's bw__fetch_batch and stream_fetch.c's
+ * bw__stream_fetch_batch) and each real reply parser:
  *
  * - data channel: the real transport (client/lib/data_channel.c, created for each input)
  *   connects to a listener thread on loopback, which reads the request and answers with the
@@ -51,6 +52,7 @@
 #include "../client/lib/batch_int.h"
 #include "../client/lib/fetch.h"
 #include "../client/lib/loader_limits.h"
+#include "../client/lib/samples_fetch.h"
 #include "../client/lib/sample_decode.h"
 #include "../client/lib/stream_fetch.h"
 #include "common/util.h"

@@ -23,8 +23,6 @@
 #include "common/util.h"
 #include "fetch.h"
 #include "batch_int.h"
-#include "placement/placement.h"
-#include "rpc/dchan.h"
 
 /* Errors after which another worker or a fresher placement may succeed. */
 static bool retryable(int rc)
@@ -474,89 +472,6 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
     return rc;
 }
 
-/* ---- map-style: samples by dataset index ---- */
-
-static int cmp_u64_pos(const void *a, const void *b)
-{
-    const uint64_t *x = a, *y = b;
-    return x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : (x[1] < y[1] ? -1 : x[1] > y[1]);
-}
-
-/* The batch's distinct indices, sorted, with their first position; uid[pos] = item. Padding
- * repeats an index: it is fetched once. */
-static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item **out, size_t *nout,
-                  size_t *uid)
-{
-    size_t n = b->count;
-    uint64_t *pairs = malloc((n ? n : 1) * 2 * sizeof(uint64_t));
-    bw__fetch_item *w = calloc(n ? n : 1, sizeof(*w));
-    if (!pairs || !w) {
-        free(pairs);
-        free(w);
-        return BW_NOMEM;
-    }
-    for (size_t i = 0; i < n; i++) {
-        pairs[2 * i] = b->indices[i];
-        pairs[2 * i + 1] = i;
-    }
-    qsort(pairs, n, 2 * sizeof(uint64_t), cmp_u64_pos);
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (i == 0 || pairs[2 * i] != pairs[2 * i - 2]) {
-            w[m].key = pairs[2 * i];
-            w[m].first = (size_t)pairs[2 * i + 1];
-            w[m].max_size = max_size;
-            m++;
-        }
-        uid[pairs[2 * i + 1]] = m - 1;
-    }
-    free(pairs);
-    *out = w;
-    *nout = m;
-    return BW_OK;
-}
-
-static uint32_t samples_shard(void *kctx, const bw__fetch_item *it, uint32_t num_shards)
-{
-    (void)kctx;
-    return bw__placement_shard(it->key, num_shards, BW_SHARD_MODULO);
-}
-
-static bool samples_join(const bw__fetch_item *a, const bw__fetch_item *b)
-{
-    (void)a;
-    (void)b;
-    return true; /* any indices of one worker share its request */
-}
-
-static int samples_message(void *kctx, bw__fetch_item *const *items, size_t n,
-                           const bw__placement *p, bool checked, bw_arena *a,
-                           ProtobufCMessage **out)
-{
-    const bw__fetch_ctx *ctx = kctx;
-    Batchwire__V1__ReadSamplesRequest *req = bw__arena_alloc(a, sizeof(*req));
-    Batchwire__V1__Routing *rt = bw__arena_alloc(a, sizeof(*rt));
-    uint64_t *idx = bw__arena_alloc(a, (n ? n : 1) * sizeof(uint64_t));
-    if (!req || !rt || !idx)
-        return BW_NOMEM;
-    batchwire__v1__routing__init(rt);
-    rt->placement_version = checked ? p->version : 0;
-    rt->num_shards = p->num_shards;
-    rt->shard_mode = BATCHWIRE__V1__SHARD_MODE__SHARD_MODE_MODULO;
-    batchwire__v1__read_samples_request__init(req);
-    for (size_t i = 0; i < n; i++)
-        idx[i] = items[i]->key;
-    req->dataset = (Batchwire__V1__Dataset *)ctx->dataset;
-    req->n_indices = n;
-    req->indices = idx;
-    req->routing = rt;
-    req->fingerprint = (char *)ctx->fingerprint;
-    req->max_message_bytes = ctx->max_message_bytes;
-    req->field_table = ctx->field_table;
-    *out = &req->base;
-    return BW_OK;
-}
-
 int bw__fetch_pack(bw_batch *b, bw__fetch_item *items, const size_t *uid,
                    const bw__fetch_dest *dest)
 {
@@ -604,47 +519,4 @@ int bw__fetch_pack(bw_batch *b, bw__fetch_item *items, const size_t *uid,
     }
     b->nbytes = total;
     return BW_OK;
-}
-
-int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
-{
-    b->err[0] = '\0';
-    size_t *uid = malloc((b->count ? b->count : 1) * sizeof(*uid));
-    bw__fetch_item *items = NULL;
-    size_t n = 0;
-    int rc = uid ? dedupe(b, ctx->max_sample_bytes, &items, &n, uid) : BW_NOMEM;
-    /* Named arrays: whole samples arrive in the scratch buffer, then split by field. */
-    size_t want = b->count * (size_t)ctx->sample_bytes;
-    if (rc == BW_OK && b->narrays && want > b->scratch_cap) {
-        uint8_t *s = realloc(b->scratch, want);
-        rc = s ? BW_OK : BW_NOMEM;
-        if (s) {
-            b->scratch = s;
-            b->scratch_cap = want;
-        }
-    } else if (rc == BW_OK && ctx->sample_bytes && !b->narrays)
-        rc = bw__batch_reserve(b, want);
-    if (rc != BW_OK)
-        snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu samples", b->count);
-    bw__fetch_kind kind = {BW_DCHAN_KIND_READ_SAMPLES,
-                           samples_shard,
-                           samples_join,
-                           samples_message,
-                           NULL,
-                           (void *)ctx};
-    bw__fetch_dest dest = {b, ctx->sample_bytes, 0, 0, b->narrays ? b->scratch : NULL};
-    if (rc == BW_OK)
-        rc = bw__fetch_items(ctx, &kind, items, n, &dest, b->err, sizeof(b->err));
-    if (rc != BW_OK && rc != BW_NOMEM && b->err[0])
-        BW_DEBUG("batch fetch failed step=%" PRIu64 " err=%s", b->step, b->err);
-    if (rc == BW_OK && b->narrays) {
-        for (size_t i = 0; i < b->count; i++) /* uid[i]: the item; where it landed: first */
-            uid[i] = items[uid[i]].first;
-        rc = bw__batch_unpack_arrays(b, uid, ctx->sample_bytes);
-    } else if (rc == BW_OK)
-        rc = bw__fetch_pack(b, items, uid, &dest);
-    bw__fetch_items_free(items, n);
-    free(items);
-    free(uid);
-    return b->rc = rc;
 }

@@ -109,8 +109,4 @@ void bw__fetch_items_free(bw__fetch_item *items, size_t n);
 int bw__fetch_pack(struct bw_batch *b, bw__fetch_item *items, const size_t *uid,
                    const bw__fetch_dest *dest);
 
-/* Map-style: fills b->data with the samples of b->indices[0..count) in order, from the
- * workers that own them. On error b->err says why. */
-int bw__fetch_batch(const bw__fetch_ctx *ctx, struct bw_batch *b);
-
 #endif

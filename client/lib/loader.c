@@ -1,8 +1,8 @@
 /* The loader: a pipeline of fetch threads that fills a ring of batch slots ahead of the
- * trainer, while bw_loader_next hands batches out strictly in plan order. The cursor always
- * describes the last batch handed out, never one merely prefetched. */
+ * trainer, while bw_loader_next hands batches out strictly in plan order; moving the position
+ * (seek, epochs); opening and closing. The cursor always describes the last batch handed out,
+ * never one merely prefetched: cursors and commits are loader_cursor.c's. */
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,78 +10,9 @@
 #include "common/interrupt.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "cursor/cursor.h"
 #include "gpu.h"
-#include "jobs/plan.h"
-#include "fetch.h"
-#include "batch_int.h"
-#include "hold.h"
-#include "options_int.h"
-#include "session.h"
-#include "stream_fetch.h"
-
-enum slot_state { SLOT_FREE, SLOT_FETCHING, SLOT_READY, SLOT_HELD };
-
-struct bw_loader {
-    bw__session session;
-    bw__job_request jr;
-    bw__fetch_ctx fctx;
-    bw__fetch_stats fstats; /* what the fetch loop counts (bw_loader_get_stats) */
-    bool data_channel;      /* fetch over the workers' data channels where they offer one */
-    uint32_t rank;
-    uint64_t job_fingerprint;
-    uint64_t num_samples;
-    bw__stream_ctx *stream; /* iterable jobs: the stream's sources and offsets; else NULL */
-
-    pthread_mutex_t mu;
-    pthread_cond_t work_cv;  /* fetch threads: a slot freed, new steps, stopping */
-    pthread_cond_t ready_cv; /* a fetch ended (its slot READY or discarded) */
-    bw__plan *plan;          /* the current epoch's; replaced only while no fetch runs */
-    uint32_t world;          /* world size at next_deliver */
-    uint64_t epoch, end_step;
-    uint64_t epochs; /* bw_loader_options.epochs: 0 unknown */
-    uint64_t next_fetch, next_deliver;
-    /* A share of the rank (bw_loader_options.share_index/share_count): steps first + index,
-     * + stride, ...; slot of step s: (s / stride) % nslots. Else index 0, stride 1. */
-    uint32_t share_index, stride;
-    bool claimed;                /* this loader holds the rank's lease (not a share other than 0) */
-    enum bw__fields_kind fields; /* bw_batch_fields: how samples' fields are found */
-    uint64_t after;  /* the cursor's step: one past the batch handed out last, or the start */
-    bool handed_out; /* a batch was handed out since the last position() */
-    /* Before the batch handed out last (bw_loader_unnext puts them back). */
-    uint64_t after_before;
-    bool handed_out_before;
-    size_t nslots;
-    bw_batch *slots;
-    enum slot_state *state;
-    size_t held;         /* slot handed out last, or nslots */
-    bw__holds *holds;    /* bw_loader_hold's, shared with the holds themselves */
-    bw_hold **slot_hold; /* per slot: the hold on its batch, or NULL */
-    unsigned generation;
-    size_t nthreads;
-    pthread_t *threads;
-    bool stopping;
-    struct bw__gpu_stream *copy_stream; /* bw_loader_to_device's */
-    int copy_device;
-    char err[BW_LOADER_ERRLEN];
-};
-
-static int fail(bw_loader *l, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int fail(bw_loader *l, int rc, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(l->err, sizeof(l->err), fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
-/* BW_INTERRUPTED with its sentence (bw_interrupt, batchwire.h), saying what was interrupted. */
-static int interrupted(bw_loader *l, const char *what)
-{
-    return fail(l, BW_INTERRUPTED, "%s: %s", what, bw_strerror(BW_INTERRUPTED));
-}
+#include "loader_state.h"
+#include "transport.h"
 
 /* The indices of `step` into b (iterable jobs: positions in the epoch's stream); BW_OK or
  * the planner's verdict. */
@@ -221,16 +152,17 @@ static int position(bw_loader *l, uint64_t epoch, uint64_t step)
         step = first;
     int rc = BW_OK;
     if (step < first)
-        rc = fail(l, BW_MISMATCH,
-                  "step %" PRIu64 " of epoch %" PRIu64 " ran at another world size; this "
-                  "rank's world of %u starts at step %" PRIu64 " (use the cursor of the "
-                  "elastic resume)",
-                  step, epoch, world, first);
+        rc =
+            bw__loader_fail(l, BW_MISMATCH,
+                            "step %" PRIu64 " of epoch %" PRIu64 " ran at another world size; this "
+                            "rank's world of %u starts at step %" PRIu64 " (use the cursor of the "
+                            "elastic resume)",
+                            step, epoch, world, first);
     else if (step > end)
-        rc = fail(l, BW_OUT_OF_RANGE,
-                  "step %" PRIu64 " is past the end of epoch %" PRIu64 " (%" PRIu64
-                  " steps for rank %u)",
-                  step, epoch, end, l->rank);
+        rc = bw__loader_fail(l, BW_OUT_OF_RANGE,
+                             "step %" PRIu64 " is past the end of epoch %" PRIu64 " (%" PRIu64
+                             " steps for rank %u)",
+                             step, epoch, end, l->rank);
     if (rc != BW_OK) {
         if (p != l->plan)
             bw__plan_free(p);
@@ -266,31 +198,6 @@ static void stay(bw_loader *l)
         if (l->state[i] != SLOT_HELD)
             l->state[i] = SLOT_FREE;
     l->next_fetch = l->next_deliver;
-}
-
-/* Decodes a cursor (binary, or text when it starts with the text prefix). */
-static int decode_cursor(bw_loader *l, const uint8_t *data, size_t len, bw_arena *a,
-                         Batchwire__V1__Cursor **c)
-{
-    char why[512];
-    if (bw__cursor_decode(data, len, a, c, why, sizeof(why)) != BW_OK)
-        return fail(l, BW_CORRUPT, "cursor refused: %s", why);
-    return BW_OK;
-}
-
-/* Checks a decoded cursor against this job and rank. */
-static int check_cursor(bw_loader *l, const Batchwire__V1__Cursor *c)
-{
-    const Batchwire__V1__JobSummary *job = l->session.summary;
-    if (strcmp(c->job, job->name) != 0 || c->job_fingerprint != l->job_fingerprint)
-        return fail(l, BW_MISMATCH,
-                    "cursor refused: it belongs to job '%s' (fingerprint %016" PRIx64
-                    "), not to job '%s' (fingerprint %016" PRIx64 ")",
-                    c->job, c->job_fingerprint, job->name, l->job_fingerprint);
-    if (c->rank != l->rank && c->world_size == l->world)
-        return fail(l, BW_MISMATCH, "cursor refused: it is rank %u's, and this loader is rank %u",
-                    c->rank, l->rank);
-    return BW_OK;
 }
 
 static bw__placement *session_placement(void *arg, bool refresh, char *err, size_t errlen)
@@ -330,7 +237,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         snprintf(err, errlen, "device cuda:%d: %s", o->device, l->err);
     if (rc == BW_OK && cursor) {
         size_t n = cursor_len == 0 ? strlen(cursor) : cursor_len;
-        if ((rc = decode_cursor(l, cursor, n, &ca, &given)) != BW_OK)
+        if ((rc = bw__loader_decode_cursor(l, cursor, n, &ca, &given)) != BW_OK)
             snprintf(err, errlen, "%s", l->err);
     }
     bw__join join = how ? *how : (bw__join){.claim = true};
@@ -383,9 +290,9 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         epoch = (uint64_t)o->start_epoch;
         step = o->start_step;
     } else if (!given && l->session.resume_cursor.len)
-        rc = decode_cursor(l, l->session.resume_cursor.data, l->session.resume_cursor.len, &ca,
-                           &given);
-    if (rc == BW_OK && given && (rc = check_cursor(l, given)) == BW_OK) {
+        rc = bw__loader_decode_cursor(l, l->session.resume_cursor.data,
+                                      l->session.resume_cursor.len, &ca, &given);
+    if (rc == BW_OK && given && (rc = bw__loader_check_cursor(l, given)) == BW_OK) {
         epoch = given->epoch;
         step = given->step;
     }
@@ -408,15 +315,15 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         l->state = calloc(l->nslots, sizeof(*l->state));
         l->slot_hold = calloc(l->nslots, sizeof(*l->slot_hold));
         if (!l->slots || !l->state || !l->slot_hold || bw__holds_new(&l->holds) != BW_OK)
-            rc = fail(l, BW_NOMEM, "out of memory for %zu batch slots", l->nslots);
+            rc = bw__loader_fail(l, BW_NOMEM, "out of memory for %zu batch slots", l->nslots);
         /* Device delivery: pinned host buffers and a stream per slot, so a slot's copy to
          * the GPU overlaps the other slots' network receives. */
         bool gpu = o->device >= 0;
         size_t fixed = (size_t)l->fctx.sample_bytes * max_batch;
         for (size_t i = 0; rc == BW_OK && i < l->nslots; i++) {
             if ((rc = bw__batch_init(&l->slots[i], max_batch, fixed, gpu)) != BW_OK)
-                fail(l, rc, "out of memory for batch slot %zu of %zu (%zu samples)", i + 1,
-                     l->nslots, max_batch);
+                bw__loader_fail(l, rc, "out of memory for batch slot %zu of %zu (%zu samples)",
+                                i + 1, l->nslots, max_batch);
             if (rc == BW_OK && gpu) {
                 rc = bw__gpu_stream_new(o->device, &l->slots[i].gpu, l->err, sizeof(l->err));
                 l->slots[i].device = o->device;
@@ -469,45 +376,6 @@ int bw_loader_open_elastic(const bw_loader_options *o, const void *const *cursor
     return start(o, NULL, 0, &how, out, err, errlen);
 }
 
-int bw_job_checkpoint(const bw_loader_options *o, char *buf, size_t buflen, char *err,
-                      size_t errlen)
-{
-    bw_loader_options full;
-    if (bw__loader_options_read(o, &full, err, errlen) != BW_OK)
-        return BW_INVALID_ARGUMENT;
-    o = &full;
-    if (!o->coordinator || !*o->coordinator || !o->job || !*o->job) {
-        snprintf(err, errlen, "job checkpoint: the coordinator and the job are required");
-        return BW_INVALID_ARGUMENT;
-    }
-    bw__session s;
-    bw_arena a;
-    bw__arena_init(&a, 0);
-    ProtobufCBinaryData *c = NULL;
-    size_t n = 0, used = 0;
-    int rc = bw__session_open(&s, o, NULL, 0, 1, NULL, err, errlen);
-    if (rc == BW_OK)
-        rc = bw__session_committed(&s, o->job, &a, &c, &n, err, errlen);
-    for (size_t i = 0; rc == BW_OK && i < n; i++) {
-        size_t w =
-            used < buflen ? bw__cursor_to_text(c[i].data, c[i].len, buf + used, buflen - used) : 0;
-        if (w == 0 || used + w + 2 > buflen) {
-            snprintf(err, errlen,
-                     "job checkpoint: %zu bytes of buffer are not enough for %zu "
-                     "cursors",
-                     buflen, n);
-            rc = BW_TOO_BIG;
-            break;
-        }
-        used += w;
-        buf[used++] = '\n';
-        buf[used] = '\0';
-    }
-    bw__arena_reset(&a);
-    bw__session_close(&s);
-    return rc;
-}
-
 int bw_loader_open_at(const bw_loader_options *o, const void *cursor, size_t len, bw_loader **out,
                       char *err, size_t errlen)
 {
@@ -528,7 +396,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
 {
     *out = NULL;
     if (bw__interrupted())
-        return interrupted(l, "bw_loader_next");
+        return bw__loader_interrupted(l, "bw_loader_next");
     uint64_t t0 = bw__mono_ns();
     int lost = bw__session_lease_check(&l->session, l->err, sizeof(l->err));
     if (lost != BW_OK)
@@ -544,8 +412,8 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
         if (l->epochs && l->epoch + 1 >= l->epochs)
             l->session.finished = true; /* said when the loader closes (LeaveJob) */
         pthread_mutex_unlock(&l->mu);
-        fail(l, BW_END_OF_EPOCH, "epoch %" PRIu64 " is over after %" PRIu64 " steps", l->epoch,
-             l->end_step);
+        bw__loader_fail(l, BW_END_OF_EPOCH, "epoch %" PRIu64 " is over after %" PRIu64 " steps",
+                        l->epoch, l->end_step);
         return BW_END_OF_EPOCH;
     }
     size_t slot = (size_t)(l->next_deliver / l->stride % l->nslots);
@@ -557,7 +425,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
         pthread_mutex_unlock(&l->mu);
         waited(l, t0);
         int rc = bw__session_lease_check(&l->session, l->err, sizeof(l->err));
-        return rc != BW_OK ? rc : interrupted(l, "waiting for a batch");
+        return rc != BW_OK ? rc : bw__loader_interrupted(l, "waiting for a batch");
     }
     bw_batch *b = &l->slots[slot];
     if (b->rc != BW_OK) {
@@ -617,9 +485,10 @@ int bw_loader_unnext(bw_loader *l)
     pthread_mutex_lock(&l->mu);
     if (l->held >= l->nslots) {
         pthread_mutex_unlock(&l->mu);
-        return fail(l, BW_FAILED_PRECONDITION,
-                    "bw_loader_unnext: no batch to give back (the loader has moved on since "
-                    "bw_loader_next handed it out)");
+        return bw__loader_fail(
+            l, BW_FAILED_PRECONDITION,
+            "bw_loader_unnext: no batch to give back (the loader has moved on since "
+            "bw_loader_next handed it out)");
     }
     /* The slot keeps its batch (and a hold on it, if any) for the next bw_loader_next. */
     const bw_batch *b = &l->slots[l->held];
@@ -643,11 +512,11 @@ int bw_loader_hold(bw_loader *l, const bw_batch *b, bw_hold **out)
     int rc = BW_FAILED_PRECONDITION;
     if (l->held < l->nslots && b == &l->slots[l->held]) {
         if ((rc = bw__hold_take(l->holds, &l->slot_hold[l->held], b, out)) != BW_OK)
-            fail(l, rc, "bw_loader_hold: out of memory for a hold on the batch");
+            bw__loader_fail(l, rc, "bw_loader_hold: out of memory for a hold on the batch");
     } else
-        fail(l, rc,
-             "only the batch bw_loader_next returned last can be held (the loader has "
-             "moved on)");
+        bw__loader_fail(l, rc,
+                        "only the batch bw_loader_next returned last can be held (the loader has "
+                        "moved on)");
     pthread_mutex_unlock(&l->mu);
     return rc;
 }
@@ -697,15 +566,15 @@ static void quiesce(bw_loader *l)
 int bw_loader_seek(bw_loader *l, const void *cursor, size_t len)
 {
     if (bw__interrupted())
-        return interrupted(l, "bw_loader_seek");
+        return bw__loader_interrupted(l, "bw_loader_seek");
     if (!cursor)
-        return fail(l, BW_INVALID_ARGUMENT, "cursor: none given");
+        return bw__loader_fail(l, BW_INVALID_ARGUMENT, "cursor: none given");
     bw_arena a;
     bw__arena_init(&a, 0);
     Batchwire__V1__Cursor *c = NULL;
-    int rc = decode_cursor(l, cursor, len ? len : strlen(cursor), &a, &c);
+    int rc = bw__loader_decode_cursor(l, cursor, len ? len : strlen(cursor), &a, &c);
     if (rc == BW_OK)
-        rc = check_cursor(l, c);
+        rc = bw__loader_check_cursor(l, c);
     if (rc == BW_OK) {
         pthread_mutex_lock(&l->mu);
         quiesce(l);
@@ -717,7 +586,7 @@ int bw_loader_seek(bw_loader *l, const void *cursor, size_t len)
             char why[BW_LOADER_ERRLEN];
             snprintf(why, sizeof(why), "%s", l->err);
             position(l, epoch, step);
-            fail(l, rc, "%s", why);
+            bw__loader_fail(l, rc, "%s", why);
         }
         pthread_cond_broadcast(&l->work_cv);
         pthread_mutex_unlock(&l->mu);
@@ -739,7 +608,7 @@ uint64_t bw_loader_epoch_steps(bw_loader *l)
 static int move_to_epoch(bw_loader *l, uint64_t epoch, const char *what)
 {
     if (bw__interrupted())
-        return interrupted(l, what);
+        return bw__loader_interrupted(l, what);
     pthread_mutex_lock(&l->mu);
     quiesce(l); /* fetches in progress are for the old position */
     int rc = position(l, epoch, EPOCH_START);
@@ -813,107 +682,11 @@ int bw_loader_rank_steps(const bw_loader_options *o, uint64_t epoch, uint64_t *s
     return rc;
 }
 
-/* The cursor after the last batch handed out into *out (malloc'ed); an error with l->err set
- * when a stream offset cannot be found or memory runs out. */
-static int current_cursor(bw_loader *l, uint8_t **cur, size_t *len)
-{
-    Batchwire__V1__Cursor c = BATCHWIRE__V1__CURSOR__INIT;
-    pthread_mutex_lock(&l->mu);
-    c.version = BW_CURSOR_VERSION;
-    c.job = l->session.summary->name;
-    c.job_fingerprint = l->job_fingerprint;
-    c.rank = l->rank;
-    c.world_size = l->world;
-    c.epoch = l->epoch;
-    c.step = l->after;
-    const bw__plan *plan = l->plan; /* replaced only by bw_loader_next_epoch (loader.h) */
-    pthread_mutex_unlock(&l->mu);
-    uint8_t *out = NULL;
-    char why[BW_LOADER_ERRLEN];
-    int rc = l->stream ? bw__stream_cursor_fill(&l->fctx, l->stream, plan, l->rank, c.step, &c, why,
-                                                sizeof(why))
-                       : BW_OK;
-    if (rc == BW_OK && !(out = bw__cursor_encode(&c, len)))
-        rc = fail(l, BW_NOMEM, "out of memory for the cursor");
-    else if (rc != BW_OK)
-        fail(l, rc, "the cursor's stream offsets: %s", why);
-    free(c.source_offsets);
-    free(c.source_records);
-    *cur = out;
-    return rc;
-}
-
-int bw_loader_cursor(bw_loader *l, void *buf, size_t *len)
-{
-    size_t n;
-    uint8_t *c = NULL;
-    int rc = current_cursor(l, &c, &n);
-    if (rc != BW_OK)
-        return rc;
-    if (n > *len)
-        rc = fail(l, BW_TOO_BIG, "the cursor needs %zu bytes; the buffer has %zu", n, *len);
-    else
-        memcpy(buf, c, n);
-    *len = n;
-    free(c);
-    return rc;
-}
-
-int bw_loader_cursor_text(bw_loader *l, char *buf, size_t buflen)
-{
-    size_t n;
-    uint8_t *c = NULL;
-    int rc = current_cursor(l, &c, &n);
-    if (rc != BW_OK)
-        return rc;
-    size_t w = bw__cursor_to_text(c, n, buf, buflen);
-    free(c);
-    if (w == 0)
-        return fail(l, BW_TOO_BIG, "the cursor's text needs %zu bytes; the buffer has %zu",
-                    bw__cursor_text_len(n) + 1, buflen);
-    return BW_OK;
-}
-
-int bw_loader_commit(bw_loader *l)
-{
-    if (bw__interrupted())
-        return interrupted(l, "bw_loader_commit");
-    if (!l->claimed)
-        return fail(l, BW_FAILED_PRECONDITION,
-                    "share %u of rank %u does not hold the rank: commit from the process "
-                    "that does (share 0), or save the cursor in your checkpoint",
-                    l->share_index, l->rank);
-    size_t n;
-    uint8_t *c = NULL;
-    int rc = current_cursor(l, &c, &n);
-    if (rc != BW_OK)
-        return rc;
-    rc = bw__session_commit(&l->session, c, n, l->err, sizeof(l->err));
-    free(c);
-    return rc;
-}
-
-int bw_loader_lease(bw_loader *l, char *buf, size_t buflen)
-{
-    return bw__session_lease_text(&l->session, buf, buflen, l->err, sizeof(l->err));
-}
-
-int bw_loader_lease_state(bw_loader *l, uint64_t *proven_until_ms, int *lost)
-{
-    /* Atomics only (any thread): nothing is written into l->err, which the loader's own
-     * thread owns. confirms is set once at open. */
-    if (!l->session.confirms)
-        return BW_FAILED_PRECONDITION;
-    *proven_until_ms = bw__session_proven_until(&l->session);
-    *lost = atomic_load(&l->session.lease_lost) ? 1 : 0;
-    return BW_OK;
-}
-
 int bw_loader_to_device(bw_loader *l, const bw_batch *b, int device, void *dst, size_t cap)
 {
     if (cap < b->nbytes)
-        return fail(l, BW_TOO_BIG, "the device buffer holds %zu bytes; the batch has %zu", cap,
-                    b->nbytes);
+        return bw__loader_fail(
+            l, BW_TOO_BIG, "the device buffer holds %zu bytes; the batch has %zu", cap, b->nbytes);
     if (!l->copy_stream || l->copy_device != device) {
         bw__gpu_stream_free(l->copy_stream);
         l->copy_stream = NULL;

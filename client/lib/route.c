@@ -1,9 +1,24 @@
-/* Routing as a pure function of placement and suspects (route.h). */
+/* Routing as a pure function of placement and suspects (route.h), and the placement table's
+ * release (the session builds tables, fetches route with them). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "placement/placement.h"
 #include "route.h"
+
+void bw__placement_put(bw__placement *p)
+{
+    if (!p || atomic_fetch_sub(&p->refs, 1) != 1)
+        return;
+    for (size_t i = 0; i < p->nworkers; i++) {
+        free(p->workers[i].id);
+        free(p->workers[i].address);
+        free(p->workers[i].data_address);
+    }
+    free(p->workers);
+    free(p->owners);
+    free(p);
+}
 
 bool bw__suspects_has(const bw__suspects *s, const char *id)
 {

@@ -119,7 +119,9 @@ static int sample(reader *rd, uint64_t len, bw__sample_place_fn place,
             if (placed || !varint(rd, &dlen) || dlen > stop - rd->pos)
                 goto malformed;
             uint8_t *dest = NULL;
-            int rc = place(ctx, index, size, chunk, dlen, &dest, err, errlen);
+            int rc = last->locate_only && size == 0 && dlen == 0
+                         ? BW_OK /* the answer to a locate-only request: no sample */
+                         : place(ctx, index, size, chunk, dlen, &dest, err, errlen);
             if (rc != BW_OK)
                 return rc;
             if (!take(rd, dest, dlen))
@@ -134,12 +136,14 @@ static int sample(reader *rd, uint64_t len, bw__sample_place_fn place,
     if (!placed) {
         /* An empty sample (no data field at all). */
         uint8_t *dest = NULL;
-        int rc = place(ctx, index, size, chunk, 0, &dest, err, errlen);
+        int rc = last->locate_only && size == 0
+                     ? BW_OK
+                     : place(ctx, index, size, chunk, 0, &dest, err, errlen);
         if (rc != BW_OK)
             return rc;
     }
     /* The chunk's bytes are in place and its message is whole. */
-    if (arrived)
+    if (arrived && !(last->locate_only && size == 0 && dlen == 0))
         arrived(ctx, placed ? dlen : 0);
     /* A stream record's next offset counts once the record is complete. */
     if (has_next && chunk + dlen == size) {

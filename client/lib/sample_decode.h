@@ -16,10 +16,14 @@ typedef int (*bw__sample_place_fn)(void *ctx, uint64_t index, uint64_t size, uin
 /* Called once the len bytes of the chunk place() last gave a place for have landed there. */
 typedef void (*bw__sample_arrived_fn)(void *ctx, uint64_t len);
 
-/* What decoding learned across messages: the next_offset of the last complete stream record. */
+/* What decoding learned across messages: the next_offset of the last complete stream record.
+ * locate_only is set by the caller: the request was a ReadStream that only locates a record,
+ * which gRPC answers with one empty sample carrying the offset (the data channel says it in
+ * END): that sample is not passed to place() or arrived(). */
 typedef struct bw__decoded {
     bool has_next_offset;
     uint64_t next_offset;
+    bool locate_only;
 } bw__decoded;
 
 /* Decodes a SampleBatch straight from the received slices, copying each sample's bytes once

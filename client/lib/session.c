@@ -26,20 +26,6 @@ enum {
     COORD_SILENT_WARN_MS = 1500,
 };
 
-void bw__placement_put(bw__placement *p)
-{
-    if (!p || atomic_fetch_sub(&p->refs, 1) != 1)
-        return;
-    for (size_t i = 0; i < p->nworkers; i++) {
-        free(p->workers[i].id);
-        free(p->workers[i].address);
-        free(p->workers[i].data_address);
-    }
-    free(p->workers);
-    free(p->owners);
-    free(p);
-}
-
 static int fetch_placement(bw__session *s, bw__placement **out, char *err, size_t errlen)
 {
     Batchwire__V1__PlacementRequest req = BATCHWIRE__V1__PLACEMENT_REQUEST__INIT;

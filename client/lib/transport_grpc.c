@@ -133,12 +133,7 @@ static bw_rpc_channel *worker_channel(grpc_state *g, const char *address, char *
 struct bw__xfer {
     bw_rpc_stream *st;
     const char *wid;
-    /* A ReadStream that only locates a record: gRPC answers it with one empty sample that
-     * carries the offset (the data channel says it in END). That sample is this wire's, not
-     * the request's: it is not passed on. */
-    bool locate_only;
-    const bw__sink *sink; /* during recv: where samples go */
-    bool swallowed;       /* the chunk last placed was that empty sample */
+    bool locate_only; /* a ReadStream that only locates a record (bw__decoded) */
 };
 
 static bool usable(void *state, const bw__worker_ref *wr)
@@ -183,38 +178,18 @@ static int fd(bw__xfer *x)
     return -1;
 }
 
-/* The sink's place, less the empty sample that answers a locate-only request. */
-static int place(void *ctx, uint64_t key, uint64_t size, uint64_t chunk_off, uint64_t len,
-                 uint8_t **dest, char *err, size_t errlen)
-{
-    bw__xfer *x = ctx;
-    x->swallowed = x->locate_only && size == 0 && len == 0;
-    if (x->swallowed) {
-        *dest = NULL;
-        return BW_OK;
-    }
-    return x->sink->place(x->sink->ctx, key, size, chunk_off, len, dest, err, errlen);
-}
-
-static void arrived(void *ctx, uint64_t len)
-{
-    bw__xfer *x = ctx;
-    if (!x->swallowed)
-        x->sink->arrived(x->sink->ctx, len);
-}
-
 static bool recv_all(bw__xfer *x, const bw__sink *sink, bw__xres *res)
 {
-    x->sink = sink;
     char e[BW_XFER_ERRLEN] = "";
-    bw__decoded last = {0};
+    bw__decoded last = {.locate_only = x->locate_only};
     int rc;
     for (;;) {
         grpc_byte_buffer *msg = NULL;
         rc = bw__rpc_stream_next_raw(x->st, &msg, e, sizeof(e));
         if (rc != BW_OK)
             break;
-        rc = bw__decode_sample_batch(msg, place, arrived, x, &last, e, sizeof(e));
+        rc = bw__decode_sample_batch(msg, sink->place, sink->arrived, sink->ctx, &last, e,
+                                     sizeof(e));
         grpc_byte_buffer_destroy(msg);
         if (rc != BW_OK)
             break;

@@ -1,9 +1,9 @@
 /*
- * The client's one fetch loop (client/lib/fetch.c: bw__fetch_batch, bw__fetch_items) driven
- * through two fake transports over a fake cluster, with real placement tables. Each fake
- * worker serves deterministic bytes per index (size and content a function of it) and has a
- * behaviour: healthy, dying after k samples, ending short, sending a wrong key, chunk or size,
- * refusing with a non-retryable error, busy, refusing the preferred transport, slow, leaving
+ * The client's one fetch loop (client/lib/fetch.c: bw__fetch_items, through samples_fetch.c's
+ * bw__fetch_batch) driven through two fake transports over a fake cluster, with real placement
+ * tables. Each fake worker serves deterministic bytes per index (size and content a function of it)
+ * and has a behaviour: healthy, dying after k samples, ending short, sending a wrong key, chunk or
+ * size, refusing with a non-retryable error, busy, refusing the preferred transport, slow, leaving
  * the placement. Every case checks the batch handed back -- each position's bytes and size, in
  * plan order -- and, where it is the point, which worker was asked for what and how often.
  *
@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "../../client/lib/fetch.h"
+#include "../../client/lib/samples_fetch.h"
 #include "../../client/lib/batch_int.h"
 #include "common/util.h"
 #include "placement/placement.h"

@@ -185,6 +185,37 @@ static void test_placer_refusal_stops(void **state)
     grpc_byte_buffer_destroy(bb);
 }
 
+/* A locate-only ReadStream's answer over gRPC: one empty sample carrying the record's offset.
+ * It is the wire's way of saying the offset, not a sample: nothing is placed, and the offset is
+ * learned. Without locate_only the same message is an empty sample like any other. */
+static void test_locate_only_answer(void **state)
+{
+    (void)state;
+    Batchwire__V1__Sample s = BATCHWIRE__V1__SAMPLE__INIT;
+    Batchwire__V1__Sample *ps[1] = {&s};
+    s.index = 42;
+    s.next_offset = 4096;
+    Batchwire__V1__SampleBatch b = BATCHWIRE__V1__SAMPLE_BATCH__INIT;
+    b.n_samples = 1;
+    b.samples = ps;
+    uint8_t msg[64];
+    size_t len = protobuf_c_message_pack(&b.base, msg);
+    char err[256] = "";
+    for (int locate = 0; locate <= 1; locate++) {
+        grpc_byte_buffer *bb = sliced(msg, len, NULL, 0);
+        got g;
+        memset(&g, 0, sizeof(g));
+        g.fail_at = -1;
+        bw__decoded last = {.locate_only = locate};
+        assert_int_equal(bw__decode_sample_batch(bb, collect, NULL, &g, &last, err, sizeof(err)),
+                         BW_OK);
+        assert_int_equal(g.n, locate ? 0 : 1);
+        assert_true(last.has_next_offset);
+        assert_int_equal(last.next_offset, 4096);
+        grpc_byte_buffer_destroy(bb);
+    }
+}
+
 int main(void)
 {
     grpc_init();
@@ -192,6 +223,7 @@ int main(void)
         cmocka_unit_test(test_every_split),
         cmocka_unit_test(test_truncated_and_garbage),
         cmocka_unit_test(test_placer_refusal_stops),
+        cmocka_unit_test(test_locate_only_answer),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     grpc_shutdown();
