@@ -1,3 +1,6 @@
+/* The loader's GPU path (gpu.h): pinned host buffers for batches, device buffers, and one
+ * CUDA stream per batch slot for asynchronous copies; without CUDA (BW_HAVE_CUDA unset) the
+ * same calls allocate ordinary memory and refuse devices with BW_NO_DEVICE. */
 #include "gpu.h"
 
 #include <stdio.h>

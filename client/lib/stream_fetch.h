@@ -1,5 +1,6 @@
-/* Internals of libbatchwire's loader for iterable jobs (streams): stream_fetch.c, used by
- * loader.c. Nothing here is part of the public API. */
+/* The stream kind of read (stream_fetch.c) for iterable jobs: record runs through the one
+ * fetch loop (fetch.h), learned byte offsets, cursors' stream fields; used by the loader
+ * (loader.c, loader_cursor.c). Nothing here is part of the public API. */
 #ifndef BW_CLIENT_STREAM_FETCH_H
 #define BW_CLIENT_STREAM_FETCH_H
 
