@@ -1,11 +1,13 @@
 """The Loader and its batches: libbatchwire's bw_loader through cffi (_lib.py)."""
 
+import inspect
 import json
 import os
 import threading
+import types
 import weakref
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NoReturn, Optional,
-                    Sequence, Tuple, Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, NoReturn,
+                    Optional, Sequence, Tuple, Union)
 
 from . import _lib
 from . import _runtime
@@ -446,41 +448,34 @@ def check_fork_safe(what: str) -> None:
                                                                   _open["pid"], _open["count"]))
 
 
+# Loader's arguments that are not bw_loader_options.
+_LOADER_ONLY = ("resume", "elastic", "reuse_buffers")
+
+
+def _option_defaults() -> Dict[str, Any]:
+    """The options and their defaults, from Loader's signature: the one list of them."""
+    params = inspect.signature(Loader.__init__).parameters.values()
+    return {p.name: p.default for p in params
+            if p.kind is p.KEYWORD_ONLY and p.name not in _LOADER_ONLY}
+
+
 class _Options:
     """bw_loader_options built from the Loader's keyword arguments (one place for Loader,
-    job_checkpoint and rank_steps), grouped as Loader documents them. .raw is the struct
-    (cffi, its layout from include/batchwire/loader.h); the strings it points into live as
-    long as this object."""
+    job_checkpoint and rank_steps): `args` names some of them (TypeError for a name Loader
+    does not take), the rest keep Loader's defaults. .raw is the struct (cffi, its layout from
+    include/batchwire/loader.h); the strings it points into live as long as this object."""
 
-    def __init__(
-            self, *,
-            # where and who
-            coordinator: Optional[str] = None, job: Optional[str] = None,
-            dataset: Optional[Dataset] = None, rank: Optional[int] = None,
-            world_size: Optional[int] = None,
-            # the sampler (docs/semantics.md): every rank of a job must agree
-            batch_size: int = 1, mode: str = "torch", shuffle: bool = False, seed: int = 0,
-            shuffle_algo: str = "torch", drop_last: bool = False,
-            sampler_drop_last: bool = False, split_batches: bool = False,
-            even_batches: bool = True, allow_uneven: bool = False,
-            dispatch_batches: bool = False, pad_single_process: bool = False,
-            # where to start, how long the job runs
-            start: Optional[Tuple[int, int]] = None, job_epochs: Optional[int] = None,
-            # one rank read by several processes
-            share: Optional[Tuple[int, int]] = None, lease: Optional[str] = None,
-            holder_pid: Optional[int] = None,
-            # the fast path
-            prefetch: int = 4, max_buffer_bytes: Optional[int] = None, device: Device = None,
-            fields: Optional[bool] = None,
-            # the connection: deadlines, transport, TLS and token
-            timeout: float = 10.0, retry: float = 60.0, transport: Optional[str] = None,
-            tls_ca: Optional[PathArg] = None, tls_cert: Optional[PathArg] = None,
-            tls_key: Optional[PathArg] = None, tls_server_name: Optional[str] = None,
-            token_file: Optional[PathArg] = None,
-            need_dataset: bool = True) -> None:
-        coordinator = coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
+    def __init__(self, args: Mapping[str, Any], need_dataset: bool = True) -> None:
+        defaults = _option_defaults()
+        unknown = sorted(set(args) - set(defaults))
+        if unknown:
+            raise TypeError("unexpected keyword argument%s %s: Loader takes %s" % (
+                "s" if len(unknown) > 1 else "", ", ".join(map(repr, unknown)),
+                ", ".join(sorted(defaults))))
+        a = types.SimpleNamespace(**{**defaults, **args})
+        a.coordinator = a.coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
         required = ("coordinator", "job", "dataset") if need_dataset else ("coordinator", "job")
-        given = {"coordinator": coordinator, "job": job, "dataset": dataset}
+        given = {"coordinator": a.coordinator, "job": a.job, "dataset": a.dataset}
         for name in required:
             if isinstance(given[name], dict) and not given[name]:
                 raise errors.InvalidArgumentError(
@@ -488,12 +483,12 @@ class _Options:
                     "{'x': 'npy:x/*.npy', 'y': 'npy:y/*.npy'}" % name)
             if not given[name]:
                 raise errors.InvalidArgumentError("%s: required" % name)
-        if isinstance(batch_size, bool) or int(batch_size) < 1:
+        if isinstance(a.batch_size, bool) or int(a.batch_size) < 1:
             raise errors.InvalidArgumentError("batch_size: %r is not a positive integer" %
-                                              (batch_size,))
-        if int(prefetch) < 1:
-            raise errors.InvalidArgumentError("prefetch: %r is below 1" % (prefetch,))
-        self.device = _parse_device(device)
+                                              (a.batch_size,))
+        if int(a.prefetch) < 1:
+            raise errors.InvalidArgumentError("prefetch: %r is below 1" % (a.prefetch,))
+        self.device = _parse_device(a.device)
         self.raw = o = _lib.new_options()
         self._keep: List[CData] = []  # the strings the struct points into
 
@@ -504,20 +499,20 @@ class _Options:
             self._keep.append(c)
             return c
 
-        o.coordinator = s(coordinator)
-        o.tls_ca, o.tls_cert, o.tls_key = s(tls_ca), s(tls_cert), s(tls_key)
-        o.tls_server_name = s(tls_server_name)
-        o.token_file = s(token_file)
-        if job_epochs is not None:
-            if isinstance(job_epochs, bool) or int(job_epochs) < 1:
+        o.coordinator = s(a.coordinator)
+        o.tls_ca, o.tls_cert, o.tls_key = s(a.tls_ca), s(a.tls_cert), s(a.tls_key)
+        o.tls_server_name = s(a.tls_server_name)
+        o.token_file = s(a.token_file)
+        if a.job_epochs is not None:
+            if isinstance(a.job_epochs, bool) or int(a.job_epochs) < 1:
                 raise errors.InvalidArgumentError("job_epochs: %r is not a positive integer" %
-                                                  (job_epochs,))
-            o.epochs = int(job_epochs)
-        o.job = s(job)
-        if isinstance(dataset, dict):
+                                                  (a.job_epochs,))
+            o.epochs = int(a.job_epochs)
+        o.job = s(a.job)
+        if isinstance(a.dataset, dict):
             # Named arrays indexed together (docs/formats.md, "Named arrays").
             specs = []
-            for name, spec in dataset.items():
+            for name, spec in a.dataset.items():
                 if not isinstance(name, str) or not isinstance(spec, (str, bytes)):
                     raise errors.InvalidArgumentError(
                         "dataset: a dict of named arrays maps names to \"npy:PATH[,PATH...]\" "
@@ -529,53 +524,53 @@ class _Options:
             o.dataset_fields = fields_arr
             o.n_dataset_fields = len(specs)
         else:
-            o.dataset = s(dataset)
-        o.rank = -1 if rank is None else int(rank)
-        o.world_size = -1 if world_size is None else int(world_size)
-        o.mode = s(mode)
-        o.batch_size = int(batch_size)
-        o.shuffle = 1 if shuffle else 0
-        seed = int(seed)
-        o.seed = seed - (1 << 64) if seed >= 1 << 63 else seed
-        o.shuffle_algo = s(shuffle_algo)
-        o.drop_last = 1 if drop_last else 0
-        o.sampler_drop_last = 1 if sampler_drop_last else 0
-        o.split_batches = 1 if split_batches else 0
-        o.even_batches = 1 if even_batches else 0
-        o.prefetch_batches = int(prefetch)
-        if max_buffer_bytes is not None:
-            o.max_buffer_bytes = int(max_buffer_bytes)
-        o.timeout_ms = max(1, int(round(float(timeout) * 1000)))
-        o.retry_ms = max(0, int(round(float(retry) * 1000)))
+            o.dataset = s(a.dataset)
+        o.rank = -1 if a.rank is None else int(a.rank)
+        o.world_size = -1 if a.world_size is None else int(a.world_size)
+        o.mode = s(a.mode)
+        o.batch_size = int(a.batch_size)
+        o.shuffle = 1 if a.shuffle else 0
+        a.seed = int(a.seed)
+        o.seed = a.seed - (1 << 64) if a.seed >= 1 << 63 else a.seed
+        o.shuffle_algo = s(a.shuffle_algo)
+        o.drop_last = 1 if a.drop_last else 0
+        o.sampler_drop_last = 1 if a.sampler_drop_last else 0
+        o.split_batches = 1 if a.split_batches else 0
+        o.even_batches = 1 if a.even_batches else 0
+        o.prefetch_batches = int(a.prefetch)
+        if a.max_buffer_bytes is not None:
+            o.max_buffer_bytes = int(a.max_buffer_bytes)
+        o.timeout_ms = max(1, int(round(float(a.timeout) * 1000)))
+        o.retry_ms = max(0, int(round(float(a.retry) * 1000)))
         o.device = self.device
-        o.transport = s(transport)
-        o.allow_uneven = 1 if allow_uneven else 0
-        o.dispatch_batches = 1 if dispatch_batches else 0
-        o.pad_single_process = 1 if pad_single_process else 0
-        if isinstance(dataset, dict):
+        o.transport = s(a.transport)
+        o.allow_uneven = 1 if a.allow_uneven else 0
+        o.dispatch_batches = 1 if a.dispatch_batches else 0
+        o.pad_single_process = 1 if a.pad_single_process else 0
+        if isinstance(a.dataset, dict):
             fmt = "fields"
         else:
-            parts = str(dataset).split(":", 2)
+            parts = str(a.dataset).split(":", 2)
             fmt = parts[1] if parts[0] == "pre_sharded" and len(parts) > 1 else parts[0]
-        if fields is None:
-            fields = fmt in ("tar", "jsonl")
-        o.fields = 1 if fields else 0
-        self.format, self.fields = fmt, bool(fields)
-        if start is not None:
-            o.start_epoch, o.start_step = int(start[0]), int(start[1])
-        if share is not None:
-            idx, cnt = int(share[0]), int(share[1])
+        if a.fields is None:
+            a.fields = fmt in ("tar", "jsonl")
+        o.fields = 1 if a.fields else 0
+        self.format, self.fields = fmt, bool(a.fields)
+        if a.start is not None:
+            o.start_epoch, o.start_step = int(a.start[0]), int(a.start[1])
+        if a.share is not None:
+            idx, cnt = int(a.share[0]), int(a.share[1])
             if cnt < 1 or not 0 <= idx < cnt:
                 raise errors.InvalidArgumentError("share: (%d, %d) is not (index, count) with "
                                                   "0 <= index < count" % (idx, cnt))
             o.share_index, o.share_count = idx, cnt
-        if holder_pid is not None:
-            if isinstance(holder_pid, bool) or not 0 < int(holder_pid) < 1 << 32:
+        if a.holder_pid is not None:
+            if isinstance(a.holder_pid, bool) or not 0 < int(a.holder_pid) < 1 << 32:
                 raise errors.InvalidArgumentError("holder_pid: %r is not a process id" %
-                                                  (holder_pid,))
-            o.holder_pid = int(holder_pid)
-        if lease is not None:
-            o.lease = s(lease)
+                                                  (a.holder_pid,))
+            o.holder_pid = int(a.holder_pid)
+        if a.lease is not None:
+            o.lease = s(a.lease)
 
 
 def job_checkpoint(*, coordinator: Optional[str] = None, job: Optional[str] = None,
@@ -595,9 +590,10 @@ def job_checkpoint(*, coordinator: Optional[str] = None, job: Optional[str] = No
     check_fork_safe("job_checkpoint")
     _runtime.prepare()
     L = _lib.lib()
-    opts = _Options(coordinator=coordinator, job=job, tls_ca=tls_ca, tls_cert=tls_cert,
-                    tls_key=tls_key, tls_server_name=tls_server_name, token_file=token_file,
-                    timeout=timeout, retry=retry, need_dataset=False)
+    opts = _Options(dict(coordinator=coordinator, job=job, tls_ca=tls_ca, tls_cert=tls_cert,
+                         tls_key=tls_key, tls_server_name=tls_server_name,
+                         token_file=token_file, timeout=timeout, retry=retry),
+                    need_dataset=False)
     err = _lib.errbuf()
     size = 1 << 16
     while True:
@@ -619,7 +615,7 @@ def rank_steps(epoch: int = 0, **options: Any) -> int:
     len() therefore asks from a short-lived subprocess (batchwire._probe)."""
     check_fork_safe("rank_steps")
     _runtime.prepare()
-    opts = _Options(**options)
+    opts = _Options(options)
     steps = ffi.new("uint64_t *")
     err = _lib.errbuf()
     rc = _runtime.call(_lib.lib().bw_loader_rank_steps, opts.raw, int(epoch), steps, err,
@@ -762,6 +758,10 @@ class Loader:
             tls_ca: Optional[PathArg] = None, tls_cert: Optional[PathArg] = None,
             tls_key: Optional[PathArg] = None, tls_server_name: Optional[str] = None,
             token_file: Optional[PathArg] = None) -> None:
+        args = dict(locals())  # the arguments, first: the options as given
+        del args["self"]
+        for own in _LOADER_ONLY:
+            del args[own]
         self._handle: Optional[CData] = None
         self._gen = 0
         self._reuse_buffers = bool(reuse_buffers)
@@ -777,19 +777,8 @@ class Loader:
             sd = _state.check_state(resume, "resume")
             resume = sd.get("cursor")
             if resume is None:
-                start = (sd["epoch"], sd["step"])
-        opts = _Options(coordinator=coordinator, job=job, dataset=dataset,
-                        batch_size=batch_size, mode=mode, shuffle=shuffle, seed=seed, rank=rank,
-                        world_size=world_size, drop_last=drop_last,
-                        sampler_drop_last=sampler_drop_last, split_batches=split_batches,
-                        even_batches=even_batches, shuffle_algo=shuffle_algo,
-                        prefetch=prefetch, max_buffer_bytes=max_buffer_bytes, timeout=timeout,
-                        device=device, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-                        tls_server_name=tls_server_name, transport=transport, retry=retry,
-                        allow_uneven=allow_uneven, dispatch_batches=dispatch_batches,
-                        pad_single_process=pad_single_process, start=start, share=share,
-                        fields=fields, token_file=token_file, job_epochs=job_epochs,
-                        holder_pid=holder_pid, lease=lease)
+                args["start"] = (sd["epoch"], sd["step"])
+        opts = _Options(args)
         self._device = dev = opts.device
         self._format, self._fields = opts.format, opts.fields
         raw = opts.raw
