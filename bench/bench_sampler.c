@@ -32,6 +32,8 @@ static int bench_randperm(uint64_t n, int repeats)
     uint64_t *p64 = malloc(n * sizeof(uint64_t));
     if (!p32 || !p64) {
         fprintf(stderr, "bench_sampler: out of memory for n=%" PRIu64 "\n", n);
+        free(p32);
+        free(p64);
         return 1;
     }
     double best32 = 1e30, best64 = 1e30;

@@ -230,9 +230,13 @@ static int prepare(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepared
             if (!r->cursor)
                 rc = BW_NOMEM;
         }
-        if (rc != BW_OK)
+        if (rc != BW_OK) { /* nothing stays allocated when prepare fails */
+            bw__jobs_ranks_free(p->ranks, p->nranks);
+            p->ranks = NULL;
+            p->nranks = 0;
             snprintf(err, errlen, "out of memory for %u ranks of job '%s'", seg->world_size,
                      c->job);
+        }
         return rc;
     }
     default:
@@ -402,10 +406,10 @@ int bw__jobs_load_job(bw_jobs *s, const Batchwire__V1__JobSnapshot *js, char *er
     }
     int rc = make_job(s, sum->name, sum->owner, sum->config, sum->dataset, sum->fingerprint,
                       sum->world_size, sum->created_unix_ms, sum->n_history, &job, err, errlen);
+    if (rc != BW_OK) /* job is NULL then: a corrupt snapshot is refused, not dereferenced */
+        return rc;
     if (js->active_unix_ms > job->active_unix_ms)
         job->active_unix_ms = js->active_unix_ms;
-    if (rc != BW_OK)
-        return rc;
     for (size_t i = 0; i < sum->n_history; i++)
         append_segment(job, sum->history[i]->epoch, sum->history[i]->start_step,
                        sum->history[i]->world_size);

@@ -48,7 +48,9 @@ uint64_t bw__random_u64(void)
 
 void bw__hostname(char *out, size_t outlen)
 {
-    if (gethostname(out, outlen) != 0 || outlen == 0)
+    if (outlen == 0)
+        return;
+    if (gethostname(out, outlen) != 0)
         snprintf(out, outlen, "unknown");
     else
         out[outlen - 1] = '\0';

@@ -166,6 +166,8 @@ static int expand(const char *root, const char *pat, char ***paths, size_t *n, c
         *paths = malloc(sizeof(char *));
         if (!*paths || !((*paths)[0] = strdup(pat))) {
             free(*paths);
+            *paths = NULL; /* the caller frees *paths: not twice */
+            snprintf(err, errlen, "source '%s': out of memory", pat);
             return BW_NOMEM;
         }
         *n = 1;
@@ -190,6 +192,7 @@ static int expand(const char *root, const char *pat, char ***paths, size_t *n, c
     char **out = calloc(g.gl_pathc, sizeof(char *));
     if (!out) {
         globfree(&g);
+        snprintf(err, errlen, "source '%s': out of memory for its %zu paths", pat, g.gl_pathc);
         return BW_NOMEM;
     }
     for (size_t i = 0; i < g.gl_pathc; i++) {
@@ -199,6 +202,7 @@ static int expand(const char *root, const char *pat, char ***paths, size_t *n, c
                 free(out[j]);
             free(out);
             globfree(&g);
+            snprintf(err, errlen, "source '%s': out of memory for its paths", pat);
             return BW_NOMEM;
         }
     }
@@ -526,6 +530,10 @@ static int open_npz(const char *root, const char *const *patterns, size_t npatte
     char first[4096], other[4096];
     size_t n = 0, m = 0;
     rc = bw__npz_members(list->sources[0], first, sizeof(first), &n, err, errlen);
+    if (rc == BW_OK && n == 0) {
+        snprintf(err, errlen, "archive %s holds no .npy arrays", list->sources[0]->path);
+        rc = BW_INVALID_ARGUMENT;
+    }
     for (size_t i = 1; i < list->nsources && rc == BW_OK; i++) {
         size_t len0 = 0, len1 = 0;
         rc = bw__npz_members(list->sources[i], other, sizeof(other), &m, err, errlen);

@@ -161,13 +161,13 @@ static int check_member(const bw__source *s, const zip_member *m, uint64_t at, c
 int bw__npz_members(const bw__source *s, char *names, size_t cap, size_t *n, char *err,
                     size_t errlen)
 {
-    zip_dir z;
+    zip_dir z = {0}; /* read below also when find_dir failed */
     *n = 0;
     int rc = find_dir(s, &z, err, errlen);
     uint64_t pos = z.off;
     size_t used = 0;
     for (uint64_t i = 0; rc == BW_OK && i < z.entries; i++) {
-        zip_member m;
+        zip_member m = {0};
         uint64_t at = pos;
         if ((rc = next_member(s, &z, &pos, &m, err, errlen)) != BW_OK ||
             (rc = check_member(s, &m, at, err, errlen)) != BW_OK)
@@ -196,16 +196,16 @@ static int npz_open(bw__source *s, char *err, size_t errlen)
         size_t n;
         return bw__npz_members(s, names, sizeof(names), &n, err, errlen);
     }
-    zip_dir z;
+    zip_dir z = {0}; /* read below also when find_dir failed */
     int rc = find_dir(s, &z, err, errlen);
     uint64_t pos = z.off;
     size_t want = strlen(s->member);
     for (uint64_t i = 0; rc == BW_OK && i < z.entries; i++) {
-        zip_member m;
+        zip_member m = {0};
         uint64_t at = pos;
         if ((rc = next_member(s, &z, &pos, &m, err, errlen)) != BW_OK)
             break;
-        if (m.name_len != want || memcmp(m.name, s->member, want) != 0)
+        if (m.name_len != want || (want && memcmp(m.name, s->member, want) != 0))
             continue;
         if ((rc = check_member(s, &m, at, err, errlen)) != BW_OK)
             return rc;

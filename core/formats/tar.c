@@ -219,7 +219,7 @@ static int sample_at(const bw__source *s, uint64_t off, bw__record *r, uint64_t 
                      uint64_t *start, char *err, size_t errlen)
 {
     bw__record_init(r);
-    member m;
+    member m = {0};
     size_t keylen = 0;
     const char *ext;
     int rc;

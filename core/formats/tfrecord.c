@@ -21,9 +21,10 @@ typedef struct tfr {
     uint64_t n;
 } tfr;
 
-/* Checks the header at off; on success *len is the data length. */
+/* Checks the header at off; on success *len is the data length (0 on failure). */
 static int header(const bw__source *s, uint64_t off, uint64_t *len, char *err, size_t errlen)
 {
+    *len = 0;
     const uint8_t *b = s->map->base;
     if (s->size - off < 12)
         return bw__fmt_fail(s, BW_CORRUPT, off, err, errlen,
@@ -48,6 +49,7 @@ static int record_at(const bw__source *s, uint64_t off, bw__record *r, uint64_t 
                      size_t errlen)
 {
     bw__record_init(r);
+    *next = off; /* until the record is known good */
     uint64_t len;
     int rc = header(s, off, &len, err, errlen);
     if (rc != BW_OK)

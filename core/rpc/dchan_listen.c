@@ -43,8 +43,13 @@ int bw__sock_listen(const char *addr, int *fd, int *bound_port, char *err, size_
         return BW_UNAVAILABLE;
     }
     struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof(ss));
     socklen_t sl = sizeof(ss);
-    getsockname(s, (struct sockaddr *)&ss, &sl);
+    if (getsockname(s, (struct sockaddr *)&ss, &sl) != 0) {
+        snprintf(err, errlen, "listening on %s: cannot read the port: %s", addr, strerror(errno));
+        close(s);
+        return BW_UNAVAILABLE;
+    }
     *bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                  : ((struct sockaddr_in *)&ss)->sin_port);
     *fd = s;

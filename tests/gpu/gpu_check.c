@@ -54,7 +54,12 @@ int main(int argc, char **argv)
             return 1;
         }
         if (n > cap) {
-            back = realloc(back, n);
+            void *nb = realloc(back, n);
+            if (!nb) {
+                fprintf(stderr, "out of memory for a batch of %zu bytes\n", n);
+                return 1;
+            }
+            back = nb;
             cudaFree(dev);
             cudaFreeHost(pinned);
             cudaMalloc(&dev, n);

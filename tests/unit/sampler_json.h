@@ -51,12 +51,18 @@ static inline char *sj_str(const char **p)
     const char *q = ++*p;
     size_t cap = 16, len = 0;
     char *out = malloc(cap);
+    if (!out)
+        abort(); /* a test helper: out of memory ends the test */
     while (*q && *q != '"') {
         char c = *q++;
         if (c == '\\' && *q)
             c = *q++;
-        if (len + 2 > cap)
-            out = realloc(out, cap *= 2);
+        if (len + 2 > cap) {
+            char *more = realloc(out, cap *= 2);
+            if (!more)
+                abort();
+            out = more;
+        }
         out[len++] = c;
     }
     out[len] = 0;
