@@ -130,6 +130,7 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
         BW_DEBUG("batch fetch failed step=%" PRIu64 " err=%s", b->step, b->err);
     if (rc == BW_OK && b->narrays) {
         for (size_t i = 0; i < b->count; i++) /* uid[i]: the item; where it landed: first */
+            // NOLINTNEXTLINE(clang-analyzer-core.uninitialized.ArraySubscript): dedupe set all
             uid[i] = items[uid[i]].first;
         rc = bw__batch_unpack_arrays(b, uid, ctx->sample_bytes);
     } else if (rc == BW_OK)

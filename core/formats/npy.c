@@ -252,7 +252,7 @@ int bw__npy_open_at(bw__source *s, uint64_t start, uint64_t len, char *err, size
                             "truncated: shape[0]=%llu rows of %llu bytes need %llu bytes after "
                             "the header, the file has %llu",
                             (unsigned long long)shape[0], (unsigned long long)row,
-                            (unsigned long long)(shape[0] * (row ? row : 1)),
+                            (unsigned long long)shape[0] * (row ? row : 1),
                             (unsigned long long)avail);
     if (avail != shape[0] * row)
         return bw__fmt_fail(s, BW_CORRUPT, start + data_off + shape[0] * row, err, errlen,

@@ -432,7 +432,6 @@ static void *writer(void *arg)
         j->pcap = sparecap;
         j->plen = 0;
         spare = NULL;
-        sparecap = 0;
         uint64_t target = j->next_seq - 1;
         bool rot = j->rotate_pending;
         size_t rot_at = rot ? j->rotate_at : len;

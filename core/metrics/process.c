@@ -44,14 +44,19 @@ static double start_time(void)
     unsigned long long ticks = 0;
     for (int field = 2; p && field < 22; field++)
         p = strchr(p + 1, ' ');
-    if (!p || sscanf(p + 1, "%llu", &ticks) != 1)
+    char *end = NULL;
+    if (p) /* strtoull rather than sscanf: a field that is no number is seen (cert-err34-c) */
+        ticks = strtoull(p + 1, &end, 10);
+    if (!p || end == p + 1)
         return 0;
     unsigned long long btime = 0;
     char line[256];
     f = fopen("/proc/stat", "r");
     while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "btime %llu", &btime) == 1)
+        if (strncmp(line, "btime ", 6) == 0) {
+            btime = strtoull(line + 6, NULL, 10);
             break;
+        }
     if (f)
         fclose(f);
     long hz = sysconf(_SC_CLK_TCK);
@@ -82,7 +87,12 @@ static void collect(void *user, bw_metrics_sink *sink)
     }
     unsigned long long vsz = 0, rss = 0;
     FILE *f = fopen("/proc/self/statm", "r");
-    if (f && fscanf(f, "%llu %llu", &vsz, &rss) == 2) {
+    char line[128], *end = NULL;
+    if (f && fgets(line, sizeof(line), f)) {
+        vsz = strtoull(line, &end, 10);
+        rss = strtoull(end, &end, 10);
+    }
+    if (end && end != line) {
         double page = (double)sysconf(_SC_PAGESIZE);
         bw__metrics_emit(sink, p->f[RSS], NULL, (double)rss * page);
         bw__metrics_emit(sink, p->f[VSZ], NULL, (double)vsz * page);

@@ -864,7 +864,7 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
             free(reqs[i]);
     }
     for (int i = 0; i < srv->nqueues; i++) {
-        if (rc == BW_OK)
+        if (rc == BW_OK && unks[i]) /* every one is set when rc is BW_OK */
             post_unknown(unks[i]);
         else
             free(unks[i]);

@@ -120,13 +120,13 @@ int bw__sampler_resize(bw__sampler *s, uint64_t at_step, uint64_t world_size, ch
             snprintf(err, errlen,
                      "resume_from_step %llu is past the end of the epoch: with world_size %llu "
                      "it ends at step %llu",
-                     (ull)at_step, (ull)l->world, (ull)(cur->first_step + max_steps));
+                     (ull)at_step, (ull)l->world, (ull)cur->first_step + max_steps);
         else if (err && errlen)
             snprintf(err, errlen,
                      "resume_from_step %llu: with world_size %llu ranks end at step %llu to "
                      "%llu, so not every rank can have run %llu steps",
-                     (ull)at_step, (ull)l->world, (ull)(cur->first_step + min_steps),
-                     (ull)(cur->first_step + max_steps), (ull)at_step);
+                     (ull)at_step, (ull)l->world, (ull)cur->first_step + min_steps,
+                     (ull)cur->first_step + max_steps, (ull)at_step);
         return BW_INVALID_ARGUMENT;
     }
     uint64_t offset = cur->offset + bw__layout_consumed(l, k);

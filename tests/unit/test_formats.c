@@ -322,7 +322,7 @@ static void test_dataset(void **state)
     /* three tfrecord files of generator content: 2, 0 and 3 records */
     uint64_t idx = 0;
     for (int f = 0; f < 3; f++) {
-        uint8_t buf[8192];
+        uint8_t buf[8192] = {0}; /* f == 1 writes none of it */
         size_t n = 0;
         for (int k = 0; k < (f == 0 ? 2 : f == 1 ? 0 : 3); k++, idx++) {
             uint8_t data[1000];
@@ -573,7 +573,8 @@ static void test_fields(void **state)
     const char *names[] = {"x.npy", "y.npy"};
     const uint8_t *data[] = {xn, yn};
     size_t lens[] = {xl, yl};
-    write_file("a.npz", z, zip(z, names, data, lens, 2, 0));
+    size_t zl = zip(z, names, data, lens, 2, 0);
+    write_file("a.npz", z, zl);
     const char *ap[] = {"a.npz"};
     assert_int_equal(bw__dataset_open(root, "npz", ap, 1, &d, err, sizeof(err)), BW_OK);
     assert_int_equal(d->nfields, 2);
@@ -584,7 +585,8 @@ static void test_fields(void **state)
         check_sample(d, i, (uint8_t)(20 + i), (uint8_t)(60 + i));
     bw__dataset_free(d);
     /* a compressed member is refused saying how to write an uncompressed archive */
-    write_file("c.npz", z, zip(z, names, data, lens, 2, 8));
+    zl = zip(z, names, data, lens, 2, 8);
+    write_file("c.npz", z, zl);
     const char *cp[] = {"c.npz"};
     assert_int_equal(bw__dataset_open(root, "npz", cp, 1, &d, err, sizeof(err)), BW_UNIMPLEMENTED);
     assert_non_null(strstr(err, "compressed"));

@@ -251,8 +251,7 @@ static void test_corrupt_midway(void **state)
     grpc_byte_buffer_destroy(bb);
     assert_int_equal(bw__sstream_produce(st, &bb, err, sizeof(err)), BW_CORRUPT);
     char want[128];
-    snprintf(want, sizeof(want), "c.tfrecord: offset %llu: data CRC mismatch",
-             (unsigned long long)(16 + len0));
+    snprintf(want, sizeof(want), "c.tfrecord: offset %llu: data CRC mismatch", 16ULL + len0);
     assert_non_null(strstr(err, want));
     bw__sstream_free(st);
     bw__ds_cache_free(c);

@@ -48,7 +48,7 @@ static size_t packed(uint8_t *out)
     static const char *const data[3] = {"hello", "", "a longer sample, 31 bytes long."};
     for (int i = 0; i < 3; i++) {
         batchwire__v1__sample__init(&s[i]);
-        s[i].index = (uint64_t)(i * 1000);
+        s[i].index = (uint64_t)i * 1000;
         s[i].size = strlen(data[i]) + (i == 2 ? 5 : 0);
         s[i].chunk_offset = i == 2 ? 5 : 0;
         s[i].data.data = (uint8_t *)data[i];

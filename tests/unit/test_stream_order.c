@@ -54,7 +54,7 @@ static void test_shuffled_sources(void **state)
     const uint32_t perm0[] = {4, 0, 5, 3, 2, 6, 1};
     uint64_t counts[7];
     for (int i = 0; i < 7; i++)
-        counts[i] = (uint64_t)(i + 1);
+        counts[i] = (uint64_t)i + 1;
     bw__stream_order o;
     char err[256];
     /* seed 10, epoch 1: seeded with 11 */
