@@ -39,11 +39,12 @@
  * (tests/CMakeLists.txt). --wrap rewrites only the references resolved at this static link:
  * calls from batchwire's objects (and this file) reach the __wrap_ functions below, while
  * libgrpc, libprotobuf-c and libssl, shared libraries, keep calling the C library directly.
- * That is the line wanted: gRPC and OpenSSL abort on their own allocation failures, which is
- * not ours to test. protobuf-c's unpacking into a call's arena counts, since the arena
- * (core/common/arena.c) allocates through malloc. The other way, routing the library's
- * allocations through one bw__malloc family with a test hook, would need every future call
- * site to remember it; a forgotten one would silently escape the test, while --wrap catches
+ * That is the line wanted: the failure rule covers the library's own allocations (gRPC aborts
+ * the process when one of its own fails; OpenSSL reports its own failures through its API,
+ * which the library checks where it calls it). protobuf-c's unpacking into a call's arena counts,
+ * since the arena (core/common/arena.c) allocates through malloc. The other way, routing the
+ * library's allocations through one bw__malloc family with a test hook, would need every future
+ * call site to remember it; a forgotten one would silently escape the test, while --wrap catches
  * whatever the objects call. (The library calls no other allocating libc function --
  * asprintf, getline, realpath(NULL) -- on the trainer's side; tests/lint would be the place to
  * keep it so.)
