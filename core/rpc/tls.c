@@ -68,8 +68,10 @@ static void openssl_reason(char *buf, size_t len)
 static int count_certs(const char *pem, X509 **first, char *why, size_t whylen)
 {
     BIO *bio = BIO_new_mem_buf(pem, -1);
-    if (!bio)
+    if (!bio) {
+        snprintf(why, whylen, "out of memory reading it");
         return 0;
+    }
     int n = 0;
     X509 *x;
     ERR_clear_error();
