@@ -43,7 +43,7 @@ static int fetch(bw_loader *l, bw_batch *b)
 {
     /* No read starts while the lease may have lapsed (docs/client.md, "Fencing"), and none
      * once it is lost. */
-    int rc = bw__session_lease_wait(&l->session, b->err, sizeof(b->err));
+    int rc = bw__session_lease_gate(&l->session, true, b->err, sizeof(b->err));
     if (rc != BW_OK)
         return b->rc = rc;
     rc = l->stream ? bw__stream_fetch_batch(&l->fctx, l->stream, l->plan, b)
@@ -398,7 +398,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
     if (bw__interrupted())
         return bw__loader_interrupted(l, "bw_loader_next");
     uint64_t t0 = bw__mono_ns();
-    int lost = bw__session_lease_check(&l->session, l->err, sizeof(l->err));
+    int lost = bw__session_lease_gate(&l->session, false, l->err, sizeof(l->err));
     if (lost != BW_OK)
         return lost; /* not even a batch already fetched: the rank is another process's */
     pthread_mutex_lock(&l->mu);
@@ -424,7 +424,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
     if (l->state[slot] != SLOT_READY) { /* the batch stays for a call that repeats this one */
         pthread_mutex_unlock(&l->mu);
         waited(l, t0);
-        int rc = bw__session_lease_check(&l->session, l->err, sizeof(l->err));
+        int rc = bw__session_lease_gate(&l->session, false, l->err, sizeof(l->err));
         return rc != BW_OK ? rc : bw__loader_interrupted(l, "waiting for a batch");
     }
     bw_batch *b = &l->slots[slot];
@@ -455,7 +455,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
     /* The hand-out itself: the lease must be proven now, after every wait above. */
     if (!bw__session_lease_fresh(&l->session)) {
         pthread_mutex_unlock(&l->mu);
-        int rc = bw__session_lease_wait(&l->session, l->err, sizeof(l->err));
+        int rc = bw__session_lease_gate(&l->session, true, l->err, sizeof(l->err));
         pthread_mutex_lock(&l->mu);
         if (rc != BW_OK) { /* the batch stays in its slot for a call that may repeat this */
             pthread_mutex_unlock(&l->mu);

@@ -297,7 +297,7 @@ static int heartbeat_once(bw__session *s, bool retry, char *err, size_t errlen)
 /* Renews the lease every heartbeat interval after the newest renewal's sending, so that it is
  * confirmed at once when that moment has passed unnoticed (the process was paused); after a
  * failure, again after a backoff (50 ms doubling to the interval) instead. Each heartbeat's
- * outcome is announced on cv for bw__session_lease_wait. Ends when the session closes or the
+ * outcome is announced on cv for bw__session_lease_gate. Ends when the session closes or the
  * lease is lost. */
 static void *lease_thread(void *arg)
 {
@@ -524,6 +524,18 @@ static int parse_lease(const char *text, uint64_t *lo, uint64_t *hi, char *err, 
     return BW_OK;
 }
 
+/* BW_LEASE_LOST with the coordinator's sentence in err once the lease was taken over, else
+ * BW_OK. Does not wait. */
+static int lease_check(bw__session *s, char *err, size_t errlen)
+{
+    if (!atomic_load(&s->lease_lost))
+        return BW_OK;
+    pthread_mutex_lock(&s->mu);
+    snprintf(err, errlen, "rank %u of job %s: %s", s->rank, s->job, s->lost_err);
+    pthread_mutex_unlock(&s->mu);
+    return BW_LEASE_LOST;
+}
+
 int bw__session_lease_text(bw__session *s, char *buf, size_t buflen, char *err, size_t errlen)
 {
     if (!s->claimed) {
@@ -533,7 +545,7 @@ int bw__session_lease_text(bw__session *s, char *buf, size_t buflen, char *err, 
                  s->rank);
         return BW_FAILED_PRECONDITION;
     }
-    int rc = bw__session_lease_check(s, err, errlen);
+    int rc = lease_check(s, err, errlen);
     if (rc != BW_OK)
         return rc;
     if (buflen < LEASE_TEXT_LEN + 1) {
@@ -704,16 +716,6 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     return start_heartbeats(s, err, errlen);
 }
 
-int bw__session_lease_check(bw__session *s, char *err, size_t errlen)
-{
-    if (!atomic_load(&s->lease_lost))
-        return BW_OK;
-    pthread_mutex_lock(&s->mu);
-    snprintf(err, errlen, "rank %u of job %s: %s", s->rank, s->job, s->lost_err);
-    pthread_mutex_unlock(&s->mu);
-    return BW_LEASE_LOST;
-}
-
 uint64_t bw__session_proven_until(bw__session *s)
 {
     if (atomic_load(&s->lease_lost))
@@ -732,11 +734,12 @@ bool bw__session_lease_fresh(bw__session *s)
     return bw__mono_ms() < bw__session_proven_until(s);
 }
 
-int bw__session_lease_wait(bw__session *s, char *err, size_t errlen)
+/* The waiting gate (bw__session_lease_gate). */
+static int lease_wait(bw__session *s, char *err, size_t errlen)
 {
     if (bw__session_lease_fresh(s))
         return BW_OK;
-    int rc = bw__session_lease_check(s, err, errlen);
+    int rc = lease_check(s, err, errlen);
     if (rc != BW_OK)
         return rc;
     uint64_t t0 = bw__mono_ms(), retry = (uint64_t)(s->retry_ms > 0 ? s->retry_ms : 0);
@@ -786,8 +789,13 @@ int bw__session_lease_wait(bw__session *s, char *err, size_t errlen)
     }
     pthread_mutex_unlock(&s->mu);
     if (rc == BW_LEASE_LOST)
-        return bw__session_lease_check(s, err, errlen);
+        return lease_check(s, err, errlen);
     return rc;
+}
+
+int bw__session_lease_gate(bw__session *s, bool wait, char *err, size_t errlen)
+{
+    return wait ? lease_wait(s, err, errlen) : lease_check(s, err, errlen);
 }
 
 void bw__session_cancel(bw__session *s)
@@ -800,7 +808,7 @@ void bw__session_cancel(bw__session *s)
 
 int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen)
 {
-    int rc = bw__session_lease_check(s, err, errlen);
+    int rc = lease_check(s, err, errlen);
     if (rc != BW_OK)
         return rc;
     Batchwire__V1__CommitCursorRequest req = BATCHWIRE__V1__COMMIT_CURSOR_REQUEST__INIT;
@@ -820,7 +828,7 @@ int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *
         vouch(s, sent, 0);
     if (rc == BW_LEASE_LOST) {
         fence(s, err);
-        return bw__session_lease_check(s, err, errlen);
+        return lease_check(s, err, errlen);
     }
     return rc;
 }

@@ -67,7 +67,7 @@ typedef struct bw__session {
     /* The lease's length (from the coordinator's last answer), and when the newest request the
      * coordinator answered with a renewal was *sent* (monotonic ms): the lease is proven until
      * vouched_ms + lease_ms, less a margin; past that, nothing is handed out until the
-     * coordinator confirms it (bw__session_lease_wait). */
+     * coordinator confirms it (bw__session_lease_gate). */
     atomic_uint_least32_t lease_ms;
     atomic_uint_fast64_t vouched_ms;
     atomic_bool cancelled; /* the loader is closing: waits for the lease end (BW_CANCELLED) */
@@ -100,11 +100,6 @@ void bw__session_close(bw__session *s);
  * coordinator cannot be reached. NULL when no table has ever been fetched. */
 bw__placement *bw__session_placement(bw__session *s, bool refresh, char *err, size_t errlen);
 
-/* BW_LEASE_LOST with the coordinator's sentence in err once the lease was taken over, else
- * BW_OK: a loader that lost its rank hands out no more batches and commits nothing. Does not
- * wait. */
-int bw__session_lease_check(bw__session *s, char *err, size_t errlen);
-
 /* Whether the coordinator has vouched for the lease within the last lease period (less a
  * margin), measured from when the vouching request was sent; always true without a lease to
  * confirm. False once the lease is lost. */
@@ -115,14 +110,17 @@ bool bw__session_lease_fresh(bw__session *s);
  * coordinator states no lease length, 0 once the lease is lost. Atomics only; any thread. */
 uint64_t bw__session_proven_until(bw__session *s);
 
-/* Returns BW_OK at once while the lease is fresh; else waits (polling every 100 ms at most)
- * until the coordinator confirms it (BW_OK), refuses it (BW_LEASE_LOST, for good), the loader
- * closes (BW_CANCELLED), or confirming has failed for the session's retry_ms with at least
- * one attempt since the call (the last error: BW_UNAVAILABLE while the coordinator is
- * unreachable); err says why. Any thread. */
-int bw__session_lease_wait(bw__session *s, char *err, size_t errlen);
+/* The one lease gate: whether a read may start or a batch be handed out (docs/client.md,
+ * "Fencing"). BW_LEASE_LOST with the coordinator's sentence in err once the lease was taken
+ * over -- a loader that lost its rank hands out no more batches and commits nothing -- else,
+ * without `wait`, BW_OK at once. With `wait`: BW_OK at once while the lease is fresh; else
+ * waits (polling every 100 ms at most) until the coordinator confirms it (BW_OK), refuses it
+ * (BW_LEASE_LOST, for good), the loader closes (BW_CANCELLED), or confirming has failed for
+ * the session's retry_ms with at least one attempt since the call (the last error:
+ * BW_UNAVAILABLE while the coordinator is unreachable); err says why. Any thread. */
+int bw__session_lease_gate(bw__session *s, bool wait, char *err, size_t errlen);
 
-/* Ends every bw__session_lease_wait with BW_CANCELLED (the loader is closing). */
+/* Ends every waiting bw__session_lease_gate with BW_CANCELLED (the loader is closing). */
 void bw__session_cancel(bw__session *s);
 
 /* The lease as text ("bwl1:" and 32 hex digits) for the session that claimed the rank:
