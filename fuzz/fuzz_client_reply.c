@@ -7,7 +7,7 @@
  *   connects to a listener thread on loopback, which reads the request and answers with the
  *   input's bytes as they are, then closes the connection;
  * - gRPC: the input's SampleBatch messages go through the real decoder
- *   (bw__decode_sample_batch, client/lib/sample_decode.c) inside a transport of this file
+ *   (bw__decode_sample_batch, client/lib/transport_grpc.c) inside a transport of this file
  *   that does what transport_grpc.c does with a stream's messages and status, so that the
  *   loop's place() checks every sample.
  *

@@ -1,6 +1,6 @@
-/* Decoding a gRPC SampleBatch straight into the places a caller gives (sample_decode.c): the
- * gRPC transport's half of receiving samples (transport_grpc.c). Nothing here is part of the
- * public API. */
+/* Decoding a gRPC SampleBatch straight into the places a caller gives: the gRPC transport's
+ * own wire format, defined in transport_grpc.c (declared here for its unit test and fuzz
+ * target). Nothing here is part of the public API. */
 #ifndef BW_CLIENT_SAMPLE_DECODE_H
 #define BW_CLIENT_SAMPLE_DECODE_H
 
