@@ -128,8 +128,39 @@ def test(tmpdir):
                      "batchwire fetch takes rank 0 (and gives it back)" % (ctx, trial),
                      r.stderr)
             os.killpg(p.pid, signal.SIGCONT)
-            lines = out.wait(lambda ls: any(x and x.startswith("error") for x in ls[before:]),
-                             60, "error after it was continued")
+            held = [x for x in out.wait(lambda ls: True, 1, "lines")[:before]
+                    if x and x.startswith("batch")]
+            stop_epoch = int(held[-1].split()[1])
+
+            def settled(ls):
+                new = [x for x in ls[before:] if x]
+                return any(x.startswith("error") or (x.startswith("batch") and
+                                                     int(x.split()[1]) > stop_epoch)
+                           for x in new)
+            lines = out.wait(settled, 60, "error (or a new iteration) after it was continued")
+            if kind == "persistent" and not any(x and x.startswith("error")
+                                                for x in lines[before:]):
+                # The stop fell between two iterations (the loop had taken its iteration's
+                # last item, or was taking it): the stopped iteration hands out nothing more
+                # and the next one opens a new loader, which claims the rank anew since the
+                # other process gave it back -- as a restarted trainer would
+                # (docs/client.md, "Fencing").
+                old = [x for x in lines[before:] if x and x.startswith("batch") and
+                       int(x.split()[1]) == stop_epoch]
+                first_new = [x for x in lines[before:] if x and x.startswith("batch") and
+                             int(x.split()[1]) > stop_epoch][0]
+                print("%s, trial %d (%s): stopped between iterations; %d item(s) of epoch %d "
+                      "after the takeover, then %s" % (ctx, trial, kind, len(old), stop_epoch,
+                                                      first_new), flush=True)
+                bt.check(len(old) <= bound and int(held[-1].split()[2]) + 1 + len(old) == 25 and
+                         first_new == "batch %d 0" % (stop_epoch + 1),
+                         "%s, trial %d (persistent DataLoader), stopped between iterations: "
+                         "the stopped iteration ends with its own items (at most %d after "
+                         "the takeover) and the next one starts its epoch anew with a claim "
+                         "of its own" % (ctx, trial, bound), (held[-3:], lines[before:][:5]))
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(60)
+                continue
             after = [x for x in lines[before:] if x and x.startswith("batch")]
             err = [x for x in lines[before:] if x and x.startswith("error")][0]
             p.wait(60)
