@@ -29,7 +29,7 @@ void bw__dchan_tls_reason(char *buf, size_t len, const char *fallback);
 /* A TLS 1.2-or-newer context with partial writes allowed; NULL with a sentence in err. */
 struct ssl_ctx_st *bw__dchan_tls_new_ctx(const struct ssl_method_st *m, char *err, size_t errlen);
 
-/* Loads the certificate chain and key (already checked to match by bw__tls_check_pair):
+/* Loads the certificate chain and key (already checked to match by bw__tls_load_pair):
  * BW_OK, or BW_TLS with a sentence naming the file. */
 int bw__dchan_tls_load_pair(struct ssl_ctx_st *ctx, const char *cert, const char *key, char *err,
                             size_t errlen);

@@ -140,9 +140,11 @@ int bw__tls_load_pem(const char *flag, const char *path, int want_key, char **pe
     return BW_OK;
 }
 
-int bw__tls_check_pair(const char *cert_flag, const char *cert_path, const char *cert_pem,
-                       const char *key_flag, const char *key_path, const char *key_pem, char *err,
-                       size_t errlen)
+/* Checks that the key in key_pem belongs to the first certificate of cert_pem: BW_OK, or
+ * BW_TLS with a sentence naming both settings and files. */
+static int check_pair(const char *cert_flag, const char *cert_path, const char *cert_pem,
+                      const char *key_flag, const char *key_path, const char *key_pem, char *err,
+                      size_t errlen)
 {
     BIO *cb = BIO_new_mem_buf(cert_pem, -1);
     BIO *kb = BIO_new_mem_buf(key_pem, -1);
@@ -160,6 +162,16 @@ int bw__tls_check_pair(const char *cert_flag, const char *cert_path, const char 
         return BW_TLS;
     }
     return BW_OK;
+}
+
+int bw__tls_load_pair(const char *cert_path, const char *key_path, char **cert, char **key,
+                      char *err, size_t errlen)
+{
+    int rc;
+    if ((rc = bw__tls_load_pem("--tls-cert", cert_path, 0, cert, err, errlen)) != BW_OK ||
+        (rc = bw__tls_load_pem("--tls-key", key_path, 1, key, err, errlen)) != BW_OK)
+        return rc;
+    return check_pair("--tls-cert", cert_path, *cert, "--tls-key", key_path, *key, err, errlen);
 }
 
 int bw__tls_client_enabled(const bw_tls_client_files *files)
@@ -187,10 +199,7 @@ int bw__tls_client_credentials(const bw_tls_client_files *files, grpc_channel_cr
     if (files->ca && (rc = bw__tls_load_pem("--tls-ca", files->ca, 0, &ca, err, errlen)) != BW_OK)
         goto out;
     if (files->cert &&
-        ((rc = bw__tls_load_pem("--tls-cert", files->cert, 0, &cert, err, errlen)) != BW_OK ||
-         (rc = bw__tls_load_pem("--tls-key", files->key, 1, &key, err, errlen)) != BW_OK ||
-         (rc = bw__tls_check_pair("--tls-cert", files->cert, cert, "--tls-key", files->key, key,
-                                  err, errlen)) != BW_OK))
+        (rc = bw__tls_load_pair(files->cert, files->key, &cert, &key, err, errlen)) != BW_OK)
         goto out;
     grpc_ssl_pem_key_cert_pair pair = {key, cert};
     *out = grpc_ssl_credentials_create(ca, cert ? &pair : NULL, NULL, NULL);

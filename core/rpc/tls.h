@@ -39,11 +39,12 @@ int bw__tls_client_credentials(const bw_tls_client_files *files, grpc_channel_cr
 /* Whether the client settings ask for TLS. */
 int bw__tls_client_enabled(const bw_tls_client_files *files);
 
-/* Checks that the key in key_pem belongs to the first certificate of cert_pem: BW_OK, or
- * BW_TLS with a sentence naming both settings and files. */
-int bw__tls_check_pair(const char *cert_flag, const char *cert_path, const char *cert_pem,
-                       const char *key_flag, const char *key_path, const char *key_pem, char *err,
-                       size_t errlen);
+/* Reads --tls-cert and --tls-key (cert_path, key_path) and checks that the key belongs to the
+ * first certificate: BW_OK with malloc'd PEM copies in *cert and *key (the caller frees both,
+ * also on failure: each is NULL or a copy), or an error with a sentence naming the setting and
+ * file at fault. */
+int bw__tls_load_pair(const char *cert_path, const char *key_path, char **cert, char **key,
+                      char *err, size_t errlen);
 
 /* Reads a PEM file and checks it holds at least one certificate (want_key == 0) or a private
  * key (want_key == 1). Returns a NUL-terminated malloc'd copy in *pem. `flag` names the

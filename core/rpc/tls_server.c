@@ -22,10 +22,7 @@ int bw__tls_server_credentials(const bw_tls_server_files *files, grpc_server_cre
     }
     char *cert = NULL, *key = NULL, *ca = NULL;
     int rc;
-    if ((rc = bw__tls_load_pem("--tls-cert", files->cert, 0, &cert, err, errlen)) != BW_OK ||
-        (rc = bw__tls_load_pem("--tls-key", files->key, 1, &key, err, errlen)) != BW_OK ||
-        (rc = bw__tls_check_pair("--tls-cert", files->cert, cert, "--tls-key", files->key, key, err,
-                                 errlen)) != BW_OK)
+    if ((rc = bw__tls_load_pair(files->cert, files->key, &cert, &key, err, errlen)) != BW_OK)
         goto out;
     if (files->client_ca &&
         (rc = bw__tls_load_pem("--tls-client-ca", files->client_ca, 0, &ca, err, errlen)) != BW_OK)
