@@ -2,6 +2,7 @@
 
 import inspect
 import json
+import operator
 import os
 import threading
 import types
@@ -459,6 +460,43 @@ def _option_defaults() -> Dict[str, Any]:
             if p.kind is p.KEYWORD_ONLY and p.name not in _LOADER_ONLY}
 
 
+# The options that are whole numbers, and those in seconds (None: unset where allowed).
+_INTEGER_OPTIONS = ("rank", "world_size", "batch_size", "seed", "prefetch", "max_buffer_bytes",
+                    "job_epochs", "holder_pid")
+_NEEDED_OPTIONS = ("batch_size", "seed", "prefetch")  # (None is no integer for these)
+_PAIR_OPTIONS = ("start", "share")
+_SECONDS_OPTIONS = ("timeout", "retry")
+
+
+def _integer(name: str, v: Any) -> int:
+    """v as an int -- an int or a numpy integer, not a bool, float or string, which int()
+    would truncate or parse -- or InvalidArgumentError naming the option."""
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        return operator.index(v)
+    except TypeError:
+        raise errors.InvalidArgumentError("%s: %r is not an integer" % (name, v)) from None
+
+
+def _check_numbers(a: types.SimpleNamespace) -> None:
+    """Refuses, naming the option, a number option given something else (Loader's signature
+    says the types; this is its check at run time)."""
+    for name in _INTEGER_OPTIONS:
+        if getattr(a, name) is not None or name in _NEEDED_OPTIONS:
+            setattr(a, name, _integer(name, getattr(a, name)))
+    for name in _PAIR_OPTIONS:
+        v = getattr(a, name)
+        if v is not None:
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or len(v) != 2:
+                raise errors.InvalidArgumentError("%s: %r is not a pair of integers" % (name, v))
+            setattr(a, name, (_integer(name, v[0]), _integer(name, v[1])))
+    for name in _SECONDS_OPTIONS:
+        v = getattr(a, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v == v:
+            raise errors.InvalidArgumentError("%s: %r is not a number of seconds" % (name, v))
+
+
 class _Options:
     """bw_loader_options built from the Loader's keyword arguments (one place for Loader,
     job_checkpoint and rank_steps): `args` names some of them (TypeError for a name Loader
@@ -473,6 +511,7 @@ class _Options:
                 "s" if len(unknown) > 1 else "", ", ".join(map(repr, unknown)),
                 ", ".join(sorted(defaults))))
         a = types.SimpleNamespace(**{**defaults, **args})
+        _check_numbers(a)
         a.coordinator = a.coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
         required = ("coordinator", "job", "dataset") if need_dataset else ("coordinator", "job")
         given = {"coordinator": a.coordinator, "job": a.job, "dataset": a.dataset}

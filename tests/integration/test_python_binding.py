@@ -216,6 +216,12 @@ def test(tmpdir):
                  r"unknown format", lambda: batchwire.Loader(**dict(opts, dataset="csv:x")))
     expect_error(batchwire, batchwire.InvalidArgumentError, "device='gpu'", r"device",
                  lambda: batchwire.Loader(**dict(opts, device="gpu")))
+    # Numbers of the wrong kind are refused, naming the option, not truncated (2.5 -> 2),
+    # parsed ("10") or passed on to a bare int() error.
+    for name, bad in (("batch_size", 2.5), ("batch_size", "10"), ("batch_size", None),
+                      ("rank", 1.0), ("start", (0, 1.5)), ("share", 3), ("timeout", "5")):
+        expect_error(batchwire, batchwire.InvalidArgumentError, "%s=%r" % (name, bad),
+                     r"^%s: " % name, lambda: batchwire.Loader(**dict(opts, **{name: bad})))
     has_gpu = os.path.exists("/dev/nvidia0")
     if not has_gpu:
         expect_error(batchwire, batchwire.NoDeviceError, "device='cuda:0' without a GPU",
