@@ -17,6 +17,7 @@
 #include "common/errors.h"
 #include "common/interrupt.h"
 #include "common/util.h"
+#include "rpc/dchan.h"
 
 enum { BW_CHANNEL_METHODS_MAX = 64 };
 
@@ -186,14 +187,27 @@ static int call_error(const bw_rpc_channel *ch, const bw_rpc_method *m, grpc_sta
     if (rc > 0)
         rc = bw__err_from_grpc(status);
     char *d = grpc_slice_to_c_string(details);
-    /* A refused handshake reaches us as a closed socket: say where to look. */
+    /* A refused handshake reaches us as a closed socket: say where to look (once: a peer's
+     * own error relayed here may carry the hint already). */
     const char *hint = "";
-    if (status == GRPC_STATUS_UNAVAILABLE && ch->tls)
+    char named[600];
+    if (status == GRPC_STATUS_UNAVAILABLE && ch->tls && strstr(d, "is not in peer certificate") &&
+        !strstr(d, "the certificate there names")) {
+        /* gRPC says which name it checked, not what the certificate names: read it. */
+        char names[400];
+        bw__tls_probe_names(ch->target, 1000, names, sizeof(names));
+        snprintf(named, sizeof(named),
+                 " (the certificate there names %s: a CA-valid certificate for another host "
+                 "is refused; docs/security.md, \"Worker certificates\")",
+                 names);
+        hint = named;
+    } else if (status == GRPC_STATUS_UNAVAILABLE && ch->tls && !strstr(d, "(TLS: check")) {
         hint = " (TLS: check that --tls-ca signed the server's certificate and, if the server "
                "requires client certificates, that --tls-cert/--tls-key are given and signed by "
                "its --tls-client-ca)";
-    else if (status == GRPC_STATUS_UNAVAILABLE && strstr(d, "Socket closed"))
+    } else if (status == GRPC_STATUS_UNAVAILABLE && strstr(d, "Socket closed")) {
         hint = " (the server may require TLS: try --tls-ca)";
+    }
     snprintf(err, errlen, "%s to %s: %s: %s%s", m->name, ch->target, bw__grpc_status_name(status),
              *d ? d : bw_strerror(rc), hint);
     gpr_free(d);

@@ -125,6 +125,17 @@ void bw__dchan_tls_ctx_free(struct ssl_ctx_st *ctx);
 int bw__dsock_tls(bw_dsock *s, struct ssl_ctx_st *ctx, const char *host, uint64_t deadline_ms,
                   char *err, size_t errlen);
 
+/* The names a certificate is valid for, for messages: "DNS:a.example, IP:10.0.0.7", or its
+ * CN when it has no DNS or IP subject alternative name. Always NUL-terminates buf. */
+struct x509_st;
+void bw__tls_cert_names(const struct x509_st *cert, char *buf, size_t len);
+
+/* Connects to addr (HOST:PORT) and names the certificate its TLS server presents (as
+ * bw__tls_cert_names), without verifying it and within timeout_ms: for an error that says
+ * why a verified handshake (gRPC's) failed. BW_OK, or BW_UNAVAILABLE with names set to
+ * "(not available)". */
+int bw__tls_probe_names(const char *addr, int timeout_ms, char *names, size_t len);
+
 /* Up to n bytes without waiting (*got 0: none yet). BW_OK, or BW_UNAVAILABLE when the
  * connection closed or failed. */
 int bw__dsock_recv(bw_dsock *s, void *buf, size_t n, size_t *got, char *err, size_t errlen);

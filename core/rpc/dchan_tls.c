@@ -156,6 +156,8 @@ static int ssl_wait(bw_dsock *s, int r, uint64_t deadline_ms, char *err, size_t 
     return BW_UNAVAILABLE;
 }
 
+static void mismatch(SSL *ssl, const char *host, char *why, size_t len);
+
 int bw__dsock_tls(bw_dsock *s, SSL_CTX *ctx, const char *host, uint64_t deadline_ms, char *err,
                   size_t errlen)
 {
@@ -185,17 +187,111 @@ int bw__dsock_tls(bw_dsock *s, SSL_CTX *ctx, const char *host, uint64_t deadline
         guard_off(&g);
         if (r == 1)
             return BW_OK;
-        char why[300];
+        char why[600];
         int rc = ssl_wait(s, r, deadline_ms, why, sizeof(why));
         if (rc != BW_OK) {
             long v = SSL_get_verify_result(s->ssl);
-            if (v != X509_V_OK)
+            if (v == X509_V_ERR_HOSTNAME_MISMATCH || v == X509_V_ERR_IP_ADDRESS_MISMATCH)
+                mismatch(s->ssl, host, why, sizeof(why));
+            else if (v != X509_V_OK)
                 snprintf(why, sizeof(why), "certificate verification failed: %s",
                          X509_verify_cert_error_string(v));
             snprintf(err, errlen, "TLS handshake: %s", why);
             return BW_TLS;
         }
     }
+}
+
+void bw__tls_cert_names(const struct x509_st *cert, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    GENERAL_NAMES *gens = X509_get_ext_d2i(cert, NID_subject_alt_name, NULL, NULL);
+    for (int i = 0; gens && i < sk_GENERAL_NAME_num(gens) && n < len; i++) {
+        const GENERAL_NAME *g = sk_GENERAL_NAME_value(gens, i);
+        char ip[INET6_ADDRSTRLEN] = "";
+        int t = -1;
+        if (g->type == GEN_DNS) {
+            const unsigned char *d = ASN1_STRING_get0_data(g->d.dNSName);
+            t = snprintf(buf + n, len - n, "%sDNS:%.*s", n ? ", " : "",
+                         ASN1_STRING_length(g->d.dNSName), (const char *)d);
+        } else if (g->type == GEN_IPADD) {
+            int il = ASN1_STRING_length(g->d.iPAddress);
+            const unsigned char *d = ASN1_STRING_get0_data(g->d.iPAddress);
+            if (il == 4 || il == 16)
+                inet_ntop(il == 4 ? AF_INET : AF_INET6, d, ip, sizeof(ip));
+            t = snprintf(buf + n, len - n, "%sIP:%s", n ? ", " : "", *ip ? ip : "?");
+        }
+        if (t > 0)
+            n += (size_t)t;
+    }
+    GENERAL_NAMES_free(gens);
+    if (n == 0) {
+        char cn[256] = "";
+        X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn));
+        snprintf(buf, len, "no DNS or IP subject alternative name (CN=%s)", cn);
+    }
+}
+
+/* The sentence for a certificate that is valid but names another host: which address was
+ * dialled and what the certificate names (docs/security.md, "Worker certificates"). */
+static void mismatch(SSL *ssl, const char *host, char *why, size_t len)
+{
+    /* A failed verification leaves the chain the peer sent (its leaf first on a client). */
+    STACK_OF(X509) *chain = SSL_get_peer_cert_chain(ssl);
+    X509 *leaf = chain && sk_X509_num(chain) > 0 ? sk_X509_value(chain, 0) : NULL;
+    char names[400] = "(not available)";
+    if (leaf)
+        bw__tls_cert_names(leaf, names, sizeof(names));
+    snprintf(why, len,
+             "the certificate names %s, not %s, the address dialled (a CA-valid certificate for "
+             "another host: docs/security.md, \"Worker certificates\")",
+             names, host);
+}
+
+int bw__tls_probe_names(const char *addr, int timeout_ms, char *names, size_t len)
+{
+    char host[256], port[16], why[256];
+    int fd = -1;
+    snprintf(names, len, "(not available)");
+    if (bw__sock_split(addr, host, sizeof(host), port, sizeof(port)) != BW_OK ||
+        bw__sock_connect(addr, timeout_ms, &fd, why, sizeof(why)) != BW_OK)
+        return BW_UNAVAILABLE;
+    SSL_CTX *ctx = bw__dchan_tls_new_ctx(TLS_client_method(), why, sizeof(why));
+    bw_dsock s = {fd, NULL};
+    int rc = BW_UNAVAILABLE;
+    if (ctx) {
+        /* Not verified: only read, to name what the peer presents. */
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
+        unsigned char ip[16];
+        bool is_ip = inet_pton(AF_INET, host, ip) == 1 || inet_pton(AF_INET6, host, ip) == 1;
+        s.ssl = SSL_new(ctx);
+        if (s.ssl && SSL_set_fd(s.ssl, fd) == 1 &&
+            (is_ip || SSL_set_tlsext_host_name(s.ssl, host) == 1)) {
+            uint64_t deadline = bw__mono_ms() + (uint64_t)timeout_ms;
+            for (;;) {
+                ERR_clear_error();
+                pipe_guard g;
+                guard_on(&g);
+                int r = SSL_connect(s.ssl);
+                guard_off(&g);
+                /* A server that requires a client certificate may refuse after sending its
+                 * own: the chain is what counts. */
+                STACK_OF(X509) *chain = SSL_get_peer_cert_chain(s.ssl);
+                if (chain && sk_X509_num(chain) > 0) {
+                    bw__tls_cert_names(sk_X509_value(chain, 0), names, len);
+                    rc = BW_OK;
+                    break;
+                }
+                if (r == 1 || ssl_wait(&s, r, deadline, why, sizeof(why)) != BW_OK)
+                    break;
+            }
+        }
+    }
+    ERR_clear_error();
+    bw__dsock_close(&s);
+    SSL_CTX_free(ctx);
+    return rc;
 }
 
 int bw__dsock_recv(bw_dsock *s, void *buf, size_t n, size_t *got, char *err, size_t errlen)
