@@ -161,7 +161,8 @@ int main(int argc, char **argv)
                 cfg->common.tls_client_ca ? ", client certificates required" : "", cfg->state_dir,
                 (long long)cfg->heartbeat_ms, (long long)cfg->dead_after);
         /* After the first line, which tools wait for: what recovery found. */
-        bw__daemon_auth_announce(&cfg->common, "coordinator", coord.auth);
+        bw__daemon_auth_announce(&cfg->common, "coordinator", coord.auth,
+                                 cfg->worker_tls_ca != NULL);
         BW_INFO("state: snapshot up to record %llu, %llu journal records replayed from %zu "
                 "file(s); last record %llu",
                 (unsigned long long)report.snapshot_seq,

@@ -250,7 +250,7 @@ int main(int argc, char **argv)
                 w.data_advertise[0] ? w.data_advertise : "off", w.data_root, cfg.coordinator);
         if (metrics_http)
             BW_INFO("metrics on http://%s/metrics", metrics_bound);
-        bw__daemon_auth_announce(&cfg.common, "worker", w.auth);
+        bw__daemon_auth_announce(&cfg.common, "worker", w.auth, cfg.tls_ca || cfg.common.tls_cert);
         rc = bw__worker_membership_start(&w, err, sizeof(err));
     }
     if (rc != BW_OK && srv) {

@@ -107,12 +107,21 @@ void bw__daemon_auth_reload(bw_auth *auth)
                 err);
 }
 
-void bw__daemon_auth_announce(const bw_daemon_common *c, const char *role, const bw_auth *auth)
+void bw__daemon_auth_announce(const bw_daemon_common *c, const char *role, const bw_auth *auth,
+                              bool calls_tls)
 {
-    if (bw__auth_enabled(auth))
+    if (bw__auth_enabled(auth)) {
         BW_INFO("auth: on: callers are authenticated with the principals of %s%s", c->auth_tokens,
                 c->tls_client_ca ? " (bearer tokens, or client certificates by common name)" : "");
-    else
+        if (!c->tls_cert || !calls_tls)
+            BW_WARN("auth: on without TLS: bearer tokens and read grants cross the network in "
+                    "clear (this %s %s), where anyone who can watch it may take and replay them. "
+                    "Give --tls-cert/--tls-key and the CA flags (docs/security.md, \"TLS\")",
+                    role,
+                    !c->tls_cert && !calls_tls ? "serves and calls in plaintext"
+                    : !c->tls_cert             ? "serves plaintext"
+                                               : "calls in plaintext");
+    } else
         BW_WARN("auth: OFF. Anyone who can reach this %s may call every RPC: register workers, "
                 "read every dataset, move any rank's cursor. Give --auth-tokens FILE "
                 "(docs/security.md)%s",

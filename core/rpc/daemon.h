@@ -164,9 +164,12 @@ void bw__daemon_logging(const bw_daemon_common *c, const char *component);
 int bw__daemon_auth(const bw_daemon_common *c, bw_auth **auth, char **token, char *err,
                     size_t errlen);
 
-/* Logs whether callers are authenticated; without --auth-tokens, a loud warning. Call after
- * the "listening on" line (the first line, which tools wait for). */
-void bw__daemon_auth_announce(const bw_daemon_common *c, const char *role, const bw_auth *auth);
+/* Logs whether callers are authenticated; without --auth-tokens, a loud warning; with them
+ * but without TLS on this daemon's listener or on the calls it makes (calls_tls false), a
+ * warning that tokens and grants cross the network in clear. Call once, after the "listening
+ * on" line (the first line, which tools wait for). */
+void bw__daemon_auth_announce(const bw_daemon_common *c, const char *role, const bw_auth *auth,
+                              bool calls_tls);
 
 /* On SIGHUP: reloads --auth-tokens and logs what happened. */
 void bw__daemon_auth_reload(bw_auth *auth);
