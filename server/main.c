@@ -141,9 +141,12 @@ int main(int argc, char **argv)
         rc = bw__metrics_daemon_new(cfg->common.metrics_listen, &metrics, err, sizeof(err));
     if (rc == BW_OK && !(cm = bw__cm_new(metrics, &coord, &rc)) && rc != BW_OK)
         snprintf(err, sizeof(err), "out of memory for the metrics");
+    bw_metrics_http_opts mo = {cfg->common.metrics_listen, cfg->common.metrics_auth,
+                               cfg->common.tls_cert, cfg->common.tls_key,
+                               cfg->common.tls_client_ca};
     if (rc == BW_OK && metrics)
-        rc = bw__metrics_http_start(metrics, cfg->common.metrics_listen, &metrics_http,
-                                    metrics_bound, sizeof(metrics_bound), err, sizeof(err));
+        rc = bw__metrics_http_start(metrics, &mo, &metrics_http, metrics_bound,
+                                    sizeof(metrics_bound), err, sizeof(err));
     if (rc == BW_OK) {
         bw__jobs_set_placement(coord.jobs, bw__jobs_placement_table, &coord);
         bw_rpc_server_opts so;
@@ -169,7 +172,8 @@ int main(int argc, char **argv)
                 (unsigned long long)report.records_replayed, report.files,
                 (unsigned long long)report.last_seq);
         if (metrics_http)
-            BW_INFO("metrics on http://%s/metrics", metrics_bound);
+            BW_INFO("metrics on %s%s", metrics_bound,
+                    cfg->common.metrics_auth ? " (bearer token required)" : "");
         if (report.notes[0])
             BW_WARN("state: %s", report.notes);
         if (start_compaction[0] && start_rc == BW_OK)

@@ -239,9 +239,11 @@ int main(int argc, char **argv)
         rc = start_data_channel(&w, err, sizeof(err));
     }
     char metrics_bound[300] = ""; /* its scrapes read the executor, cache and data channel */
+    bw_metrics_http_opts mo = {cfg.common.metrics_listen, cfg.common.metrics_auth,
+                               cfg.common.tls_cert, cfg.common.tls_key, cfg.common.tls_client_ca};
     if (rc == BW_OK && metrics)
-        rc = bw__metrics_http_start(metrics, cfg.common.metrics_listen, &metrics_http,
-                                    metrics_bound, sizeof(metrics_bound), err, sizeof(err));
+        rc = bw__metrics_http_start(metrics, &mo, &metrics_http, metrics_bound,
+                                    sizeof(metrics_bound), err, sizeof(err));
     if (rc == BW_OK) {
         BW_INFO("listening on %s (%s%s) worker=%s advertise=%s data-channel=%s data-root=%s "
                 "coordinator=%s",
@@ -249,7 +251,8 @@ int main(int argc, char **argv)
                 cfg.common.tls_client_ca ? ", client certificates required" : "", w.id, w.advertise,
                 w.data_advertise[0] ? w.data_advertise : "off", w.data_root, cfg.coordinator);
         if (metrics_http)
-            BW_INFO("metrics on http://%s/metrics", metrics_bound);
+            BW_INFO("metrics on %s%s", metrics_bound,
+                    cfg.common.metrics_auth ? " (bearer token required)" : "");
         bw__daemon_auth_announce(&cfg.common, "worker", w.auth, cfg.tls_ca || cfg.common.tls_cert);
         rc = bw__worker_membership_start(&w, err, sizeof(err));
     }

@@ -126,15 +126,26 @@ int bw__metrics_daemon_new(const char *listen, bw_metrics **out, char *err, size
 
 typedef struct bw_metrics_http bw_metrics_http;
 
+/* Who may scrape (docs/operating.md, "Metrics"; docs/security.md, "Metrics"). */
+typedef struct bw_metrics_http_opts {
+    const char *listen; /* --metrics-listen HOST:PORT; port 0 picks a free one */
+    /* --metrics-auth: a file whose first line is the bearer token a scrape must send
+     * ("Authorization: Bearer TOKEN"; 401 otherwise). NULL: no token asked. */
+    const char *auth_file;
+    /* The daemon's --tls-cert and --tls-key: HTTPS with them (NULL: plain HTTP); with
+     * --tls-client-ca also, a scrape must present a client certificate it signed. */
+    const char *tls_cert, *tls_key, *tls_client_ca;
+} bw_metrics_http_opts;
+
 /*
- * Serves `GET /metrics` (and HEAD) from m on `listen` (HOST:PORT; port 0 picks a free one)
- * with libmicrohttpd, on a thread of its own; other paths get 404, other methods 405. The
- * bound address goes to `bound`, for the daemon to log after its first line ("metrics on
- * http://ADDR/metrics"). BW_OK with *out, or an error with a sentence naming --metrics-listen
- * in err.
+ * Serves `GET /metrics` (and HEAD) from m as `o` says with libmicrohttpd, on a thread of its
+ * own; other paths get 404, other methods 405, a scrape without the token or certificate
+ * asked for 401 (and nothing of the metrics). The endpoint's URL goes to `url`
+ * ("http://ADDR/metrics" or https), for the daemon to log after its first line. BW_OK with
+ * *out, or an error with a sentence naming the flag at fault in err.
  */
-int bw__metrics_http_start(bw_metrics *m, const char *listen, bw_metrics_http **out, char *bound,
-                           size_t boundlen, char *err, size_t errlen);
+int bw__metrics_http_start(bw_metrics *m, const bw_metrics_http_opts *o, bw_metrics_http **out,
+                           char *url, size_t urllen, char *err, size_t errlen);
 
 /* Stops serving (waits for a scrape in progress) and frees the server. NULL is a no-op. */
 void bw__metrics_http_stop(bw_metrics_http *h);

@@ -28,6 +28,7 @@ int bw__daemon_wait_signal(int timeout_ms);
 typedef struct bw_daemon_common {
     char *listen;
     char *metrics_listen; /* /metrics (core/metrics/metrics.h); NULL: off */
+    char *metrics_auth;   /* its bearer token file; NULL: no token asked */
     char *tls_cert;
     char *tls_key;
     char *tls_client_ca;
@@ -64,8 +65,19 @@ typedef struct bw_daemon_common {
          NULL,                                                                                     \
          0,                                                                                        \
          "HOST:PORT",                                                                              \
-         "serve Prometheus metrics over plain HTTP at /metrics on this address; port 0 picks a "   \
-         "free port (logged). Unset: off (docs/operating.md, Metrics)"},                           \
+         "serve Prometheus metrics at /metrics on this address (HTTPS with --tls-cert); port 0 "   \
+         "picks a free port (logged). Unset: off (docs/operating.md, Metrics)"},                   \
+        {"metrics-auth",                                                                           \
+         BW_OPT_PATH,                                                                              \
+         offsetof(T, F.metrics_auth),                                                              \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "FILE",                                                                                   \
+         "/metrics answers only scrapes that send \"Authorization: Bearer TOKEN\", TOKEN the "     \
+         "first line of FILE (401 otherwise; docs/security.md, Metrics)"},                         \
         {"tls-cert",                                                                               \
          BW_OPT_PATH,                                                                              \
          offsetof(T, F.tls_cert),                                                                  \

@@ -341,12 +341,13 @@ static void test_http_endpoint(void **state)
     bw__counter_add(bw__metric_series(bw__metrics_add(m, &REQUESTS), (const char *[]){"/", "x"}),
                     5);
     bw_metrics_http *h = NULL;
-    char bound[300], err[512];
-    assert_int_equal(
-        bw__metrics_http_start(m, "127.0.0.1:0", &h, bound, sizeof(bound), err, sizeof(err)),
-        BW_OK);
-    assert_int_equal(strncmp(bound, "127.0.0.1:", 10), 0);
-    assert_true(strtol(bound + 10, NULL, 10) > 0);
+    char url[300], err[512];
+    bw_metrics_http_opts o = {.listen = "127.0.0.1:0"};
+    assert_int_equal(bw__metrics_http_start(m, &o, &h, url, sizeof(url), err, sizeof(err)), BW_OK);
+    assert_int_equal(strncmp(url, "http://127.0.0.1:", 17), 0);
+    assert_true(strtol(url + 17, NULL, 10) > 0);
+    char bound[300];
+    snprintf(bound, sizeof(bound), "%.*s", (int)(strlen(url) - 7 - strlen("/metrics")), url + 7);
 
     char *r = http(bound, "GET /metrics HTTP/1.0\r\n\r\n");
     assert_int_equal(strncmp(r, "HTTP/1.0 200", 12) == 0 || strncmp(r, "HTTP/1.1 200", 12) == 0, 1);
@@ -369,14 +370,46 @@ static void test_http_endpoint(void **state)
     /* The same port again: a clear error naming the setting. */
     bw_metrics_http *h2 = NULL;
     char bound2[300];
+    o.listen = bound;
     assert_int_not_equal(
-        bw__metrics_http_start(m, bound, &h2, bound2, sizeof(bound2), err, sizeof(err)), BW_OK);
+        bw__metrics_http_start(m, &o, &h2, bound2, sizeof(bound2), err, sizeof(err)), BW_OK);
     assert_null(h2);
     assert_non_null(strstr(err, "--metrics-listen"));
+    o.listen = "no-port";
     assert_int_not_equal(
-        bw__metrics_http_start(m, "no-port", &h2, bound2, sizeof(bound2), err, sizeof(err)), BW_OK);
+        bw__metrics_http_start(m, &o, &h2, bound2, sizeof(bound2), err, sizeof(err)), BW_OK);
     assert_non_null(strstr(err, "--metrics-listen no-port"));
     bw__metrics_http_stop(h);
+
+    /* --metrics-auth: 401 without the token or with another, the metrics with it. */
+    char tmpl[] = "/tmp/bw-metrics-auth-XXXXXX";
+    int fd = mkstemp(tmpl);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "s3cret-token-0123456789\n", 24), 24);
+    close(fd);
+    o.listen = "127.0.0.1:0";
+    o.auth_file = "/nonexistent/metrics.token";
+    assert_int_not_equal(bw__metrics_http_start(m, &o, &h, url, sizeof(url), err, sizeof(err)),
+                         BW_OK);
+    assert_non_null(strstr(err, "--metrics-auth"));
+    o.auth_file = tmpl;
+    assert_int_equal(bw__metrics_http_start(m, &o, &h, url, sizeof(url), err, sizeof(err)), BW_OK);
+    snprintf(bound, sizeof(bound), "%.*s", (int)(strlen(url) - 7 - strlen("/metrics")), url + 7);
+    r = http(bound, "GET /metrics HTTP/1.0\r\n\r\n");
+    assert_non_null(strstr(r, " 401 "));
+    assert_non_null(strstr(r, "WWW-Authenticate: Bearer"));
+    assert_null(strstr(r, "test_requests_total"));
+    free(r);
+    r = http(bound,
+             "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cret-token-0123456788\r\n\r\n");
+    assert_non_null(strstr(r, " 401 "));
+    free(r);
+    r = http(bound,
+             "GET /metrics HTTP/1.0\r\nAuthorization: bearer s3cret-token-0123456789\r\n\r\n");
+    assert_non_null(strstr(r, " 200 "));
+    free(r);
+    bw__metrics_http_stop(h);
+    unlink(tmpl);
     bw__metrics_free(m);
 }
 
