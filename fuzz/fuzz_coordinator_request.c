@@ -71,7 +71,8 @@ static void setup(void)
     bw_journal_report rep;
     char err[1024];
     must(bw__jobs_open(&o, &jobs, &rep, err, sizeof(err)) == BW_OK);
-    members = bw__membership_new(1000, 3);
+    const bw_membership_opts mo = {1000, 3, 3600000, 64, 8, NULL};
+    members = bw__membership_new(&mo);
     must(members != NULL);
     /* A job owned by alice with rank 0 held: the target of most requests. */
     bw_arena a;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Writes the bearer tokens that k8s/base/kustomization.yaml turns into Secrets
 # (docs/security.md, docs/deploy.md): k8s/base/auth/tokens (the principals file,
-# `ROLE NAME TOKEN`), and the tokens of the admin ("ops"), worker ("storage") and trainer
+# `ROLE NAME TOKEN [ids=PATTERN]`), and the tokens of the admin ("ops"), worker ("storage",
+# bound to the worker ids batchwire-worker-*: the StatefulSet's pod names) and trainer
 # ("trainer") principals, each 32 random bytes in hex, in files readable by you only. An
 # existing k8s/base/auth/ is kept unless --force.
 #   k8s/gen-tokens.sh [--force] [DIR]      (DIR: default k8s/base/auth)
@@ -19,8 +20,8 @@ mkdir -p "$dir"
 chmod 700 "$dir"
 token() { od -An -N32 -tx1 /dev/urandom | tr -d ' \n'; }
 admin=$(token) worker=$(token) trainer=$(token)
-printf '# role name token (docs/security.md)\nadmin ops %s\nworker storage %s\ntrainer trainer %s\n' \
-    "$admin" "$worker" "$trainer" >"$dir/tokens"
+printf '# role name token [ids=PATTERN] (docs/security.md)\nadmin ops %s\n%s\ntrainer trainer %s\n' \
+    "$admin" "worker storage $worker ids=batchwire-worker-*" "$trainer" >"$dir/tokens"
 printf '%s\n' "$admin" >"$dir/admin.token"
 printf '%s\n' "$worker" >"$dir/worker.token"
 printf '%s\n' "$trainer" >"$dir/trainer.token"

@@ -24,6 +24,10 @@ typedef struct bw_coordinator_config {
     char *worker_tls_ca;
     int64_t max_jobs_per_principal;
     int64_t job_ttl_s;
+    /* the worker table (docs/security.md, "Worker ids") */
+    int64_t max_workers;
+    int64_t max_workers_per_principal;
+    int64_t dead_worker_ttl_s;
 } bw_coordinator_config;
 
 typedef struct bw_coordinator {

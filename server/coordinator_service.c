@@ -46,7 +46,7 @@ static int on_heartbeat(void *user, bw_rpc_call *call, const ProtobufCMessage *r
 {
     bw_coordinator *c = user;
     const Batchwire__V1__HeartbeatRequest *r = (const void *)req;
-    char err[256];
+    char err[1024];
     bool known = false;
     int rc = bw__membership_heartbeat(c->members, bw__rpc_call_principal(call), r->id,
                                       r->incarnation, &known, err, sizeof(err));

@@ -32,6 +32,15 @@ static const bw_opt options[] = {
      "how often workers heartbeat"},
     {"dead-after", BW_OPT_INT, C(dead_after), "3", 1, 1000, NULL, 0, "N",
      "a worker that misses this many heartbeats in a row is marked dead"},
+    {"max-workers", BW_OPT_INT, C(max_workers), "4096", 1, 1000000, NULL, 0, "N",
+     "most worker ids the coordinator's table holds, live or dead (docs/security.md)"},
+    {"max-workers-per-principal", BW_OPT_INT, C(max_workers_per_principal), "256", 1, 1000000, NULL,
+     0, "N",
+     "most worker ids one worker principal may register, live or dead (admins and an open "
+     "service: only --max-workers)"},
+    {"dead-worker-ttl", BW_OPT_INT, C(dead_worker_ttl_s), "3600", 1, 1LL << 32, NULL, 0, "SECONDS",
+     "a worker dead this long leaves the worker table (and stops counting against "
+     "--max-workers)"},
     {"lease-ms", BW_OPT_INT, C(lease_ms), "10000", 100, 3600000, NULL, 0, "MS",
      "a trainer's claim on a rank expires this long after its last heartbeat; then another "
      "trainer may take the rank"},
@@ -102,15 +111,22 @@ int main(int argc, char **argv)
     memset(&coord, 0, sizeof(coord));
     coord.cfg = cfg;
     coord.start_ms = bw__mono_ms();
-    coord.members = bw__membership_new((uint32_t)cfg->heartbeat_ms, (uint32_t)cfg->dead_after);
 
     bw_journal_report report;
     memset(&report, 0, sizeof(report));
-    int rc = coord.members ? BW_OK : BW_NOMEM;
-    if (rc != BW_OK)
-        snprintf(err, sizeof(err), "out of memory for the worker table");
-    if (rc == BW_OK)
-        rc = bw__daemon_auth(&cfg->common, &coord.auth, &coord.token, err, sizeof(err));
+    int rc = bw__daemon_auth(&cfg->common, &coord.auth, &coord.token, err, sizeof(err));
+    if (rc == BW_OK) { /* after the principals: the table checks their ids= bindings */
+        const bw_membership_opts mo = {(uint32_t)cfg->heartbeat_ms,
+                                       (uint32_t)cfg->dead_after,
+                                       (uint64_t)cfg->dead_worker_ttl_s * 1000,
+                                       (uint32_t)cfg->max_workers,
+                                       (uint32_t)cfg->max_workers_per_principal,
+                                       coord.auth};
+        if (!(coord.members = bw__membership_new(&mo))) {
+            rc = BW_NOMEM;
+            snprintf(err, sizeof(err), "out of memory for the worker table");
+        }
+    }
     if (rc == BW_OK)
         rc = bw__state_dir_lock(cfg->state_dir, &lock_fd, err, sizeof(err));
     if (rc == BW_OK) {

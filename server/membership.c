@@ -1,5 +1,6 @@
-/* The coordinator's table of storage workers (membership.h): registration, heartbeats,
- * liveness and the placement version. */
+/* The coordinator's table of storage workers (membership.h): registration (which principal
+ * may hold which id, and how many; docs/security.md, "Worker ids"), heartbeats, liveness,
+ * forgetting long-dead workers, and the placement version. */
 #include "membership.h"
 
 #include <pthread.h>
@@ -41,20 +42,23 @@ struct bw_membership {
     pthread_mutex_t mu;
     worker *workers;
     size_t n, cap;
+    bw_membership_opts opts;
+    bw_log_limit refusals; /* refused registrations and heartbeats: one line a second */
     uint32_t heartbeat_ms, dead_after;
     /* Placement version: bumped whenever the set of live workers (or an address) changes.
      * Starts at the wall clock in ms so versions keep growing across coordinator restarts. */
     uint64_t version;
 };
 
-bw_membership *bw__membership_new(uint32_t heartbeat_ms, uint32_t dead_after)
+bw_membership *bw__membership_new(const bw_membership_opts *opts)
 {
     bw_membership *m = calloc(1, sizeof(*m));
     if (!m)
         return NULL;
     pthread_mutex_init(&m->mu, NULL);
-    m->heartbeat_ms = heartbeat_ms;
-    m->dead_after = dead_after;
+    m->opts = *opts;
+    m->heartbeat_ms = opts->heartbeat_ms;
+    m->dead_after = opts->dead_after;
     m->version = bw__unix_ms();
     return m;
 }
@@ -77,6 +81,8 @@ uint32_t bw__membership_dead_after(const bw_membership *m)
 {
     return m->dead_after;
 }
+
+static int sweep_locked(bw_membership *m);
 
 static worker *find(bw_membership *m, const char *id)
 {
@@ -108,6 +114,50 @@ static int check_worker_owner(const worker *w, const bw_principal *who, char *er
 static uint64_t dead_ms(const bw_membership *m)
 {
     return (uint64_t)m->heartbeat_ms * m->dead_after;
+}
+
+/* A refused registration or heartbeat, logged at most once a second (a hostile principal may
+ * send thousands). */
+static void log_refusal(bw_membership *m, const char *what, const char *id, const char *address,
+                        const char *peer, const bw_principal *who, int rc, const char *err)
+{
+    uint64_t quiet;
+    if (bw__log_limit_allow(&m->refusals, &quiet))
+        BW_WARN("worker=%s address=%s peer=%s principal=%s %s refused code=%s "
+                "not_logged_before=%llu err=%s",
+                id, address, peer, who->name[0] ? who->name : "-", what, bw_err_name(rc),
+                (unsigned long long)quiet, err);
+}
+
+/* Under m->mu: whether one more id fits in the table (docs/security.md, "Worker ids"): every
+ * id counts, live or dead, until it is forgotten. Worker principals also have a quota of
+ * their own; admins and the anonymous principal of an open service only the total. */
+static int check_caps(const bw_membership *m, const bw_principal *who, const char *id, char *err,
+                      size_t errlen)
+{
+    const uint64_t forget_s = m->opts.forget_ms / 1000;
+    if (m->opts.max_workers && m->n >= m->opts.max_workers) {
+        snprintf(err, errlen,
+                 "worker id '%s': the coordinator holds %zu worker ids, its limit "
+                 "(--max-workers %u); dead workers count until they are forgotten "
+                 "(--dead-worker-ttl %llu s after they die)",
+                 id, m->n, m->opts.max_workers, (unsigned long long)forget_s);
+        return BW_TOO_BIG;
+    }
+    if (who->role != BW_ROLE_WORKER || !m->opts.max_per_principal)
+        return BW_OK;
+    size_t owned = 0;
+    for (size_t i = 0; i < m->n; i++)
+        owned += strcmp(m->workers[i].owner, who->name) == 0;
+    if (owned >= m->opts.max_per_principal) {
+        snprintf(err, errlen,
+                 "worker id '%s': worker principal '%s' has registered %zu worker ids, its quota "
+                 "(--max-workers-per-principal %u); dead workers count until they are forgotten "
+                 "(--dead-worker-ttl %llu s after they die)",
+                 id, who->name, owned, m->opts.max_per_principal, (unsigned long long)forget_s);
+        return BW_TOO_BIG;
+    }
+    return BW_OK;
 }
 
 /* Under m->mu: whether registration `req` may take id w->id from the process that holds it
@@ -179,18 +229,20 @@ int bw__membership_register(bw_membership *m, const bw_principal *who,
         return BW_INVALID_ARGUMENT;
     }
     pthread_mutex_lock(&m->mu);
+    sweep_locked(m); /* forgets long-dead workers before the caps count them */
     worker *w = find(m, req->id);
     bool is_new = w == NULL;
     bool was_alive = w && w->alive && bw__mono_ms() - w->last_heartbeat_ms <= dead_ms(m);
     bool restarted = w && w->incarnation != req->incarnation;
     char held_at[ADDR_MAX] = "";
-    if (w && ((rc = check_worker_owner(w, who, err, errlen)) != BW_OK ||
-              (restarted && (rc = check_takeover(m, w, req, err, errlen)) != BW_OK))) {
+    if ((w && (rc = check_worker_owner(w, who, err, errlen)) != BW_OK) ||
+        (rc = bw__auth_worker_id(m->opts.auth, who, req->id, err, errlen)) != BW_OK ||
+        (!w && (rc = check_caps(m, who, req->id, err, errlen)) != BW_OK) ||
+        (restarted && (rc = check_takeover(m, w, req, err, errlen)) != BW_OK)) {
         pthread_mutex_unlock(&m->mu);
         if (rc != BW_UNAVAILABLE)
-            BW_WARN("worker=%s address=%s peer=%s registration refused err=%s", req->id,
-                    req->address, peer, err);
-        return rc; /* the live worker keeps its id and keeps serving */
+            log_refusal(m, "registration", req->id, req->address, peer, who, rc, err);
+        return rc; /* nothing changed: the live worker keeps its id and keeps serving */
     }
     if (restarted && was_alive)
         snprintf(held_at, sizeof(held_at), "%s", w->address);
@@ -258,8 +310,11 @@ int bw__membership_heartbeat(bw_membership *m, const bw_principal *who, const ch
     *known = false;
     pthread_mutex_lock(&m->mu);
     worker *w = find(m, id);
-    if (w && (rc = check_worker_owner(w, who, err, errlen)) != BW_OK) {
-        ;
+    /* The binding is checked again: one narrowed on SIGHUP stops the worker's heartbeats, and
+     * it is marked dead. */
+    if (w && ((rc = check_worker_owner(w, who, err, errlen)) != BW_OK ||
+              (rc = bw__auth_worker_id(m->opts.auth, who, id, err, errlen)) != BW_OK)) {
+        log_refusal(m, "heartbeat", id, w->address, "-", who, rc, err);
     } else if (w && w->incarnation != incarnation) {
         snprintf(err, errlen,
                  "worker id '%s' is now held by another process at %s (it registered with "
@@ -293,16 +348,27 @@ void bw__membership_served(bw_membership *m, const char *id, uint64_t incarnatio
     pthread_mutex_unlock(&m->mu);
 }
 
-/* Marks workers past the heartbeat deadline dead (a new placement version); m->mu held. Run
- * before every snapshot too, so that the worker table, the placement and its version never
- * disagree with the clock (a worker is never reported dead yet still placed). */
+/* Marks workers past the heartbeat deadline dead (a new placement version) and removes those
+ * dead for forget_ms; m->mu held. Run before every snapshot too, so that the worker table, the
+ * placement and its version never disagree with the clock (a worker is never reported dead yet
+ * still placed). */
 static int sweep_locked(bw_membership *m)
 {
     int changed = 0;
     uint64_t now = bw__mono_ms();
-    for (size_t i = 0; i < m->n; i++) {
+    for (size_t i = 0; i < m->n;) {
         worker *w = &m->workers[i];
         uint64_t since = now - w->last_heartbeat_ms;
+        /* Removed: it left the placement when it died, so the version stays; its id counts no
+         * more against the caps, and any principal its binding allows may register it. */
+        if (!w->alive && m->opts.forget_ms && since > dead_ms(m) + m->opts.forget_ms) {
+            BW_INFO("worker=%s address=%s forgotten: dead for more than --dead-worker-ttl "
+                    "(%llu s)",
+                    w->id, w->address, (unsigned long long)(m->opts.forget_ms / 1000));
+            *w = m->workers[--m->n];
+            continue;
+        }
+        i++;
         if (w->alive && since > dead_ms(m)) {
             w->alive = false;
             changed++;

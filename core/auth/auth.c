@@ -5,11 +5,11 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -18,13 +18,14 @@
 #include "common/log.h"
 #include "common/text.h"
 
-enum { HASH_LEN = 32, MIN_TOKEN_LEN = 16 };
+enum { HASH_LEN = 32, MIN_TOKEN_LEN = 16, PATTERN_MAX = 1024 };
 
 typedef struct entry {
     bw_role role;
     char name[BW_PRINCIPAL_NAME_MAX];
     bool has_token;
     unsigned char hash[HASH_LEN]; /* SHA-256 of the token */
+    char *ids; /* a worker's ids= patterns, comma-separated (NULL: only the id NAME) */
 } entry;
 
 struct bw_auth {
@@ -111,39 +112,17 @@ static int hexval(int c)
     return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-/* One line "ROLE NAME TOKEN" into *e. */
-static int parse_line(char *line, const char *path, int lineno, entry *e, char *err, size_t errlen)
+static void free_entries(entry *v, size_t n)
 {
-    char *save = NULL;
-    char *role = strtok_r(line, " \t", &save);
-    char *name = strtok_r(NULL, " \t", &save);
-    char *token = strtok_r(NULL, " \t", &save);
-    char *extra = strtok_r(NULL, " \t", &save);
-    if (!role || !name || !token || extra) {
-        snprintf(err, errlen,
-                 "%s line %d: expected three fields ROLE NAME TOKEN (ROLE worker, trainer or "
-                 "admin; TOKEN the token, sha256:HEX, or - for a certificate-only principal)",
-                 path, lineno);
-        return BW_INVALID_ARGUMENT;
-    }
-    memset(e, 0, sizeof(*e));
-    if (strcmp(role, "worker") == 0)
-        e->role = BW_ROLE_WORKER;
-    else if (strcmp(role, "trainer") == 0)
-        e->role = BW_ROLE_TRAINER;
-    else if (strcmp(role, "admin") == 0)
-        e->role = BW_ROLE_ADMIN;
-    else {
-        snprintf(err, errlen, "%s line %d: role '%.32s' is not worker, trainer or admin", path,
-                 lineno, role);
-        return BW_INVALID_ARGUMENT;
-    }
-    char why[160];
-    if (bw__check_name("name", name, BW_PRINCIPAL_NAME_MAX - 1, why, sizeof(why)) != BW_OK) {
-        snprintf(err, errlen, "%s line %d: %s", path, lineno, why);
-        return BW_INVALID_ARGUMENT;
-    }
-    snprintf(e->name, sizeof(e->name), "%s", name);
+    for (size_t i = 0; v && i < n; i++)
+        free(v[i].ids);
+    free(v);
+}
+
+/* TOKEN (the token, sha256:HEX or -) into e->has_token and e->hash. */
+static int parse_token(const char *token, const char *path, int lineno, entry *e, char *err,
+                       size_t errlen)
+{
     if (strcmp(token, "-") == 0)
         return BW_OK;
     e->has_token = true;
@@ -176,6 +155,88 @@ static int parse_line(char *line, const char *path, int lineno, entry *e, char *
     return BW_OK;
 }
 
+/* The fourth column of a worker line, "ids=PATTERN[,PATTERN...]", into e->ids. */
+static int parse_ids(const char *col, const char *path, int lineno, entry *e, char *err,
+                     size_t errlen)
+{
+    if (strncmp(col, "ids=", 4) != 0 || e->role != BW_ROLE_WORKER) {
+        snprintf(err, errlen,
+                 "%s line %d: unexpected fourth field '%.64s' (only a worker line takes one: "
+                 "ids=PATTERN[,PATTERN...], the worker ids the principal may register)",
+                 path, lineno, col);
+        return BW_INVALID_ARGUMENT;
+    }
+    const char *list = col + 4;
+    for (const char *p = list, *pat = list;; p++) {
+        if ((*p == ',' || !*p) && p - pat >= PATTERN_MAX) {
+            snprintf(err, errlen, "%s line %d: an ids= pattern is longer than %d bytes", path,
+                     lineno, PATTERN_MAX - 1);
+            return BW_INVALID_ARGUMENT;
+        }
+        if (*p == ',')
+            pat = p + 1;
+        /* Every pattern non-empty: "ids=", "ids=a,,b" and "ids=a," bind nothing by mistake. */
+        if ((*p == ',' || !*p) && (p == list || p[-1] == ',')) {
+            snprintf(err, errlen, "%s line %d: ids= holds an empty pattern (ids=PATTERN[,...])",
+                     path, lineno);
+            return BW_INVALID_ARGUMENT;
+        }
+        if (!*p)
+            break;
+        if ((unsigned char)*p < 0x21 || *p == 0x7f) {
+            snprintf(err, errlen, "%s line %d: ids= holds a control character", path, lineno);
+            return BW_INVALID_ARGUMENT;
+        }
+    }
+    e->ids = strdup(list);
+    if (!e->ids) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        return BW_NOMEM;
+    }
+    return BW_OK;
+}
+
+/* One line "ROLE NAME TOKEN [ids=...]" into *e (e->ids malloc'd on success). */
+static int parse_line(char *line, const char *path, int lineno, entry *e, char *err, size_t errlen)
+{
+    char *save = NULL;
+    char *role = strtok_r(line, " \t", &save);
+    char *name = strtok_r(NULL, " \t", &save);
+    char *token = strtok_r(NULL, " \t", &save);
+    char *ids = strtok_r(NULL, " \t", &save);
+    char *extra = strtok_r(NULL, " \t", &save);
+    if (!role || !name || !token || extra) {
+        snprintf(err, errlen,
+                 "%s line %d: expected ROLE NAME TOKEN [ids=PATTERN[,PATTERN...]] (ROLE worker, "
+                 "trainer or admin; TOKEN the token, sha256:HEX, or - for a certificate-only "
+                 "principal; ids= on worker lines only)",
+                 path, lineno);
+        return BW_INVALID_ARGUMENT;
+    }
+    memset(e, 0, sizeof(*e));
+    if (strcmp(role, "worker") == 0)
+        e->role = BW_ROLE_WORKER;
+    else if (strcmp(role, "trainer") == 0)
+        e->role = BW_ROLE_TRAINER;
+    else if (strcmp(role, "admin") == 0)
+        e->role = BW_ROLE_ADMIN;
+    else {
+        snprintf(err, errlen, "%s line %d: role '%.32s' is not worker, trainer or admin", path,
+                 lineno, role);
+        return BW_INVALID_ARGUMENT;
+    }
+    char why[160];
+    if (bw__check_name("name", name, BW_PRINCIPAL_NAME_MAX - 1, why, sizeof(why)) != BW_OK) {
+        snprintf(err, errlen, "%s line %d: %s", path, lineno, why);
+        return BW_INVALID_ARGUMENT;
+    }
+    snprintf(e->name, sizeof(e->name), "%s", name);
+    int rc = parse_token(token, path, lineno, e, err, errlen);
+    if (rc == BW_OK && ids)
+        rc = parse_ids(ids, path, lineno, e, err, errlen);
+    return rc;
+}
+
 /* Reads and checks the whole file into a new table. */
 static int load(const char *path, entry **out, size_t *nout, char *err, size_t errlen)
 {
@@ -184,11 +245,7 @@ static int load(const char *path, entry **out, size_t *nout, char *err, size_t e
         snprintf(err, errlen, "--auth-tokens %s: %s", path, strerror(errno));
         return BW_IO;
     }
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 0007))
-        BW_WARN("auth: the principals file can be read by every user; it holds credentials: "
-                "chmod 600 it file=%s mode=%03o",
-                path, (unsigned)(st.st_mode & 0777));
+    bw__auth_warn_file_mode(fileno(f), "--auth-tokens", path, true);
     entry *v = NULL;
     size_t n = 0, cap = 0;
     int rc = BW_OK;
@@ -235,6 +292,10 @@ static int load(const char *path, entry **out, size_t *nout, char *err, size_t e
         }
         if (rc == BW_OK)
             n++;
+        else if (v[n].ids) { /* a duplicate after a good parse */
+            free(v[n].ids);
+            v[n].ids = NULL;
+        }
     }
     if (rc == BW_OK && ferror(f)) {
         snprintf(err, errlen, "--auth-tokens %s: read error", path);
@@ -246,7 +307,7 @@ static int load(const char *path, entry **out, size_t *nout, char *err, size_t e
         rc = BW_INVALID_ARGUMENT;
     }
     if (rc != BW_OK) {
-        free(v);
+        free_entries(v, n);
         return rc;
     }
     *out = v;
@@ -279,7 +340,7 @@ void bw__auth_free(bw_auth *a)
     if (!a)
         return;
     pthread_rwlock_destroy(&a->lock);
-    free(a->entries);
+    free_entries(a->entries, a->n);
     free(a->path);
     free(a);
 }
@@ -302,10 +363,11 @@ int bw__auth_reload(bw_auth *a, size_t *count, char *err, size_t errlen)
         return rc;
     pthread_rwlock_wrlock(&a->lock);
     entry *old = a->entries;
+    size_t nold = a->n;
     a->entries = v;
     a->n = n;
     pthread_rwlock_unlock(&a->lock);
-    free(old);
+    free_entries(old, nold);
     *count = n;
     return BW_OK;
 }
@@ -374,6 +436,54 @@ int bw__auth_check(bw_auth *a, bw_method_id method, const char *token, const cha
         rc = BW_PERMISSION_DENIED;
     }
     return rc;
+}
+
+/* Whether `id` matches one of the comma-separated fnmatch patterns of `ids`. */
+static bool ids_match(const char *ids, const char *id)
+{
+    char pat[PATTERN_MAX]; /* parse_ids checked the length */
+    for (const char *p = ids; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len < sizeof(pat)) {
+            memcpy(pat, p, len);
+            pat[len] = 0;
+            if (fnmatch(pat, id, 0) == 0)
+                return true;
+        }
+        p += len + (p[len] == ',');
+    }
+    return false;
+}
+
+int bw__auth_worker_id(bw_auth *a, const bw_principal *who, const char *id, char *err,
+                       size_t errlen)
+{
+    if (!bw__auth_enabled(a) || who->role == BW_ROLE_OPEN || who->role == BW_ROLE_ADMIN)
+        return BW_OK;
+    pthread_rwlock_rdlock(&a->lock);
+    const entry *e = who->role == BW_ROLE_WORKER ? by_name(a, who->name) : NULL;
+    bool ok = e && e->role == BW_ROLE_WORKER &&
+              (e->ids ? ids_match(e->ids, id) : strcmp(e->name, id) == 0);
+    if (!ok && e && e->ids)
+        snprintf(err, errlen,
+                 "worker principal '%s' may not register worker id '%.255s': its ids=%.200s do "
+                 "not match it (widen ids= of principal '%s' in --auth-tokens and SIGHUP the "
+                 "coordinator, or start the worker with --id matching them)",
+                 who->name, id, e->ids, who->name);
+    else if (!ok && e)
+        snprintf(err, errlen,
+                 "worker principal '%s' may not register worker id '%.255s': without ids= a "
+                 "worker principal registers only the id equal to its name; add ids=PATTERN to "
+                 "principal '%s' in --auth-tokens (e.g. ids=%.200s) and SIGHUP the coordinator, "
+                 "or start the worker with --id %s",
+                 who->name, id, who->name, id, who->name);
+    else if (!ok)
+        snprintf(err, errlen,
+                 "principal '%s' (role %s) is no worker principal of --auth-tokens (any more) "
+                 "and may not register worker id '%.255s'",
+                 who->name, bw__role_name(who->role), id);
+    pthread_rwlock_unlock(&a->lock);
+    return ok ? BW_OK : BW_PERMISSION_DENIED;
 }
 
 bool bw__auth_owns(const bw_principal *who, const char *owner)

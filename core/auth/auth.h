@@ -4,11 +4,14 @@
  * call each RPC (and each data-channel request, which carries the same methods).
  *
  * The principals come from the file named by --auth-tokens, one a line:
- *     ROLE NAME TOKEN
+ *     ROLE NAME TOKEN [ids=PATTERN[,PATTERN...]]
  * ROLE is worker, trainer or admin; NAME the principal's name (also what a client
  * certificate's subject common name must be to stand for it); TOKEN the bearer token itself
  * (at least 16 characters), "sha256:" and its SHA-256 in hex, or "-" for a certificate-only
- * principal. Blank lines and lines starting with '#' are ignored.
+ * principal. The fourth column, on worker lines only, binds the principal to the worker ids
+ * it may register: fnmatch(3) patterns (without FNM_PATHNAME); without it the principal may
+ * register only the id equal to its NAME (docs/security.md, "Worker ids"). Blank lines and
+ * lines starting with '#' are ignored.
  *
  * Without a file the service is open: every caller is the anonymous principal, which may do
  * everything (as before authentication existed); the daemons warn at start.
@@ -68,6 +71,26 @@ int bw__auth_reload(bw_auth *a, size_t *count, char *err, size_t errlen);
  */
 int bw__auth_check(bw_auth *a, bw_method_id method, const char *token, const char *cert_name,
                    bw_principal *who, char *err, size_t errlen);
+
+/*
+ * Whether `who` may register (and heartbeat as) worker id `id` (docs/security.md, "Worker
+ * ids"): an admin or the anonymous principal of an open service any id; a worker principal the
+ * ids its ids= patterns match, or without ids= only the id equal to its name. BW_OK, or
+ * BW_PERMISSION_DENIED with a sentence naming the id and the principal and saying how to bind
+ * it. The principal is looked up again, so a binding changed on SIGHUP applies at once.
+ * Thread-safe.
+ */
+int bw__auth_worker_id(bw_auth *a, const bw_principal *who, const char *id, char *err,
+                       size_t errlen);
+
+/*
+ * Warns (BW_WARN) when the credentials file open as `fd` can be written by its group or by
+ * other users (whoever can write it chooses the credentials), and, when `secret`, when other
+ * users can read it. `flag` names the file's option ("--auth-tokens", "--token-file",
+ * "--grant-key") in the line. In token_file.c, so the client library warns about its token
+ * file too (through its log callback).
+ */
+void bw__auth_warn_file_mode(int fd, const char *flag, const char *path, bool secret);
 
 /* The authorization table: whether `role` may call `method`. */
 bool bw__auth_allowed(bw_role role, bw_method_id method);

@@ -1,14 +1,32 @@
-/* A caller's credential: the bearer token of --token-file (docs/security.md, auth.h). The only
- * part of core/auth/ that the client library contains; the daemons' principals and table are
- * in auth.c. */
+/* A caller's credential: the bearer token of --token-file (docs/security.md, auth.h), and the
+ * warning about credentials files that others can write. The only part of core/auth/ that the
+ * client library contains; the daemons' principals and table are in auth.c. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "auth/auth.h"
 #include "batchwire/batchwire.h"
+#include "common/log.h"
+
+void bw__auth_warn_file_mode(int fd, const char *flag, const char *path, bool secret)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return;
+    unsigned mode = (unsigned)(st.st_mode & 0777);
+    if (mode & 0022)
+        BW_WARN("auth: the %s file can be written by %s; whoever can write it chooses the "
+                "credentials: chmod 600 it (docs/security.md) file=%s mode=%03o",
+                flag, (mode & 0002) ? "every user" : "its group", path, mode);
+    if (secret && (mode & 0004))
+        BW_WARN("auth: the %s file can be read by every user; it holds credentials: chmod 600 "
+                "it (docs/security.md) file=%s mode=%03o",
+                flag, path, mode);
+}
 
 int bw__auth_read_token_file(const char *path, char **token, char *err, size_t errlen)
 {
@@ -17,6 +35,7 @@ int bw__auth_read_token_file(const char *path, char **token, char *err, size_t e
         snprintf(err, errlen, "--token-file %s: %s", path, strerror(errno));
         return BW_IO;
     }
+    bw__auth_warn_file_mode(fileno(f), "--token-file", path, false);
     char buf[BW_TOKEN_MAX + 2];
     char *line = fgets(buf, sizeof(buf), f);
     fclose(f);

@@ -131,7 +131,9 @@ def tls_cluster(tmp, root, jobs, thin):
                   "ops": ("admin", "tok-ops-0123456789abcdefghijk")}
     tokens = os.path.join(tmp, "tokens")
     with open(tokens, "w") as f:
-        f.writelines("%s %s %s\n" % (role, name, t) for name, (role, t) in principals.items())
+        # "storage" registers the worker id t1: its ids= binding (docs/security.md).
+        f.writelines("%s %s %s%s\n" % (role, name, t, " ids=t1" if name == "storage" else "")
+                     for name, (role, t) in principals.items())
     os.chmod(tokens, 0o600)
     tok = {}
     for name, (_role, t) in principals.items():

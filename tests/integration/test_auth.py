@@ -40,7 +40,7 @@ TOKENS = {
     "alice": ("trainer", "alice-token-0123456789abcdef"),
     "bob": ("trainer", "bob-token-0123456789abcdef"),
     "carol": ("trainer", "carol-token-0123456789abcdef"),
-    "storage": ("worker", "storage-token-0123456789abcdef"),
+    "storage": ("worker", "storage-token-0123456789abcdef", "ids=w1"),
     "intruder": ("worker", "intruder-token-0123456789abcdef"),
     "coord": ("worker", "coord-token-0123456789abcdef"),
 }
@@ -163,8 +163,8 @@ def sample_request(path):
 
 def write_tokens(path, tokens):
     with open(path, "w") as f:
-        for name, (role, tok) in tokens.items():
-            f.write("%s %s %s\n" % (role, name, tok))
+        for name, (role, tok, *ids) in tokens.items():  # ids: a worker's ids= binding
+            f.write(" ".join([role, name, tok] + ids) + "\n")
         f.write("trainer batchwire-cli -\n")  # the test PKI's client certificate
     os.chmod(path, 0o600)
 
@@ -208,7 +208,8 @@ def roles_and_tokens(coord, worker):
                 if allowed:
                     bt.check(code not in (S.UNAUTHENTICATED, S.PERMISSION_DENIED) or
                              "belongs to another" in details or "registered by another" in
-                             details or "not an id" in details,
+                             details or "not an id" in details or "may not register worker id"
+                             in details,
                              "%s as a %s is not refused by role (%s)" % (short(path), role,
                                                                           code.name), details)
                 else:

@@ -408,10 +408,16 @@ def check_credentials(tmpdir, by_kind):
     bt.check(daemon is not None and trainer is not None, "the daemon and trainer Secrets exist")
     lines = [ln.split() for ln in daemon["tokens"].splitlines()
              if ln.strip() and not ln.startswith("#")]
-    roles = {role: tok for role, _name, tok in lines}
+    roles = {ln[0]: ln[2] for ln in lines}
     check(sorted(roles) == ["admin", "trainer", "worker"] and
           all(re.fullmatch(r"[0-9a-f]{64}", t) for t in roles.values()),
           "the principals file has admin, worker and trainer lines with 256-bit tokens")
+    binding = {ln[0]: ln[3:] for ln in lines}
+    sts = [typed(d, "metadata.name", str) for d in by_kind.get("StatefulSet", [])]
+    check(binding == {"admin": [], "trainer": [], "worker": ["ids=batchwire-worker-*"]} and
+          "batchwire-worker" in sts,
+          "the worker principal is bound to the StatefulSet's pod names (ids=batchwire-worker-*)"
+          " %s" % binding)
     check(daemon["worker.token"].strip() == roles.get("worker") and
           daemon["admin.token"].strip() == roles.get("admin") and
           trainer["token"].strip() == roles.get("trainer"),
@@ -485,7 +491,7 @@ def run_rendered_daemons(tmpdir, by_kind, daemon_files, tls_files=None):
     def argv_env(program):
         c = container(program)
         env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
-        env.update(POD_NAME="w-0", POD_NAMESPACE="test")
+        env.update(POD_NAME="batchwire-worker-0", POD_NAMESPACE="test")
         args = [local(a, env) for a in c["args"]]
         return args, {k: local(v, env) for k, v in env.items() if k.startswith("BATCHWIRE_")}
 
@@ -524,7 +530,7 @@ def run_rendered_daemons(tmpdir, by_kind, daemon_files, tls_files=None):
     r = bt.cli("status", "--coordinator", addr, "--json", *(admin + tls_client))
     st = json.loads(r.stdout) if r.returncode == 0 else {}
     check(st.get("coordinator", {}).get("auth") == "on" and
-          [w["id"] for w in st.get("workers", [])] == ["w-0"],
+          [w["id"] for w in st.get("workers", [])] == ["batchwire-worker-0"],
           "%s: status with the admin token: auth on, the worker registered under its pod name"
           % what)
     r = bt.cli("status", "--coordinator", addr, *tls_client)

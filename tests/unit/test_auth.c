@@ -150,7 +150,15 @@ static void test_bad_files(void **state)
     (void)state;
     expect_bad_file("root ops 0123456789abcdef0\n", "role 'root'");
     expect_bad_file("admin ops short\n", "at least 16");
-    expect_bad_file("admin ops\n", "three fields");
+    expect_bad_file("admin ops\n", "ROLE NAME TOKEN [ids=");
+    expect_bad_file("admin ops 0123456789abcdef0 ids=a b\n", "line 1: expected ROLE NAME TOKEN");
+    /* ids= on worker lines only, non-empty patterns, the line named */
+    expect_bad_file("admin ops 0123456789abcdef0\ntrainer t 0123456789abcdef1 ids=x\n",
+                    "line 2: unexpected fourth field 'ids=x' (only a worker line");
+    expect_bad_file("worker w 0123456789abcdef0 id=x\n", "line 1: unexpected fourth field 'id=x'");
+    expect_bad_file("worker w 0123456789abcdef0 ids=\n", "line 1: ids= holds an empty pattern");
+    expect_bad_file("worker w 0123456789abcdef0 ids=a,,b\n", "empty pattern");
+    expect_bad_file("worker w 0123456789abcdef0 ids=a,\n", "empty pattern");
     expect_bad_file("admin ops 0123456789abcdef0\ntrainer ops 0123456789abcdef1\n", "twice");
     expect_bad_file("admin a 0123456789abcdef0\ntrainer b 0123456789abcdef0\n", "same token");
     expect_bad_file("admin a sha256:1234\n", "64 hex");
@@ -159,6 +167,51 @@ static void test_bad_files(void **state)
     char err[256];
     assert_int_equal(bw__auth_open("/nonexistent/tokens", &a, err, sizeof(err)), BW_IO);
     assert_non_null(strstr(err, "/nonexistent/tokens"));
+}
+
+/* Which worker ids a principal may register (docs/security.md, "Worker ids"). */
+static void test_worker_ids(void **state)
+{
+    (void)state;
+    write_file("admin ops 0123456789abcdef-admin\n"
+               "worker w0 0123456789abcdef-w0\n"
+               "worker storage 0123456789abcdef-st ids=storage-*,w[12],exact\n"
+               "trainer alice 0123456789abcdef-alice\n");
+    bw_auth *a;
+    char err[512];
+    assert_int_equal(bw__auth_open(path, &a, err, sizeof(err)), BW_OK);
+    bw_principal who = {BW_ROLE_WORKER, "w0"};
+    /* without ids=: only the id equal to the name */
+    assert_int_equal(bw__auth_worker_id(a, &who, "w0", err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__auth_worker_id(a, &who, "w00", err, sizeof(err)), BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "worker id 'w00'"));
+    assert_non_null(strstr(err, "add ids=PATTERN to principal 'w0' in --auth-tokens"));
+    /* with ids=: exactly what the patterns match, not the name itself */
+    snprintf(who.name, sizeof(who.name), "storage");
+    const char *yes[] = {"storage-0", "storage-", "storage-a/b", "w1", "w2", "exact"};
+    const char *no[] = {"storage", "w3", "w12", "exact2", "xstorage-0", "Storage-0"};
+    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
+        if (bw__auth_worker_id(a, &who, yes[i], err, sizeof(err)) != BW_OK)
+            fail_msg("'%s' refused: %s", yes[i], err);
+    for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+        if (bw__auth_worker_id(a, &who, no[i], err, sizeof(err)) != BW_PERMISSION_DENIED)
+            fail_msg("'%s' allowed", no[i]);
+    assert_non_null(strstr(err, "ids=storage-*,w[12],exact do not match it"));
+    /* admins and an open service: any id; a principal no longer in the file: none */
+    bw_principal admin = {BW_ROLE_ADMIN, "ops"};
+    assert_int_equal(bw__auth_worker_id(a, &admin, "anything", err, sizeof(err)), BW_OK);
+    bw_principal gone = {BW_ROLE_WORKER, "gone"};
+    assert_int_equal(bw__auth_worker_id(a, &gone, "gone", err, sizeof(err)), BW_PERMISSION_DENIED);
+    assert_int_equal(bw__auth_worker_id(NULL, &gone, "gone", err, sizeof(err)), BW_OK);
+    /* a binding narrowed on reload applies at once */
+    write_file("worker storage 0123456789abcdef-st ids=other-*\n");
+    size_t n;
+    assert_int_equal(bw__auth_reload(a, &n, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__auth_worker_id(a, &who, "storage-0", err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_int_equal(bw__auth_worker_id(a, &who, "other-1", err, sizeof(err)), BW_OK);
+    bw__auth_free(a);
+    unlink(path);
 }
 
 static void test_reload(void **state)
@@ -283,6 +336,7 @@ int main(void)
         cmocka_unit_test(test_ownership),
         cmocka_unit_test(test_open_service),
         cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_worker_ids),
         cmocka_unit_test(test_reload),
         cmocka_unit_test(test_token_file),
         cmocka_unit_test(test_names),
