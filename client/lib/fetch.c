@@ -39,6 +39,26 @@ void bw__fetch_items_free(bw__fetch_item *items, size_t n)
     }
 }
 
+/* Makes `id` a suspect (route.h); false when it already was one, when the list is full or out
+ * of memory (it is then simply not routed around: the fetch's deadline still bounds it). */
+static bool suspect(bw__suspects *s, const char *id)
+{
+    if (s->n == BW_MAX_SUSPECTS || bw__suspects_has(s, id))
+        return false;
+    char *copy = strdup(id);
+    if (!copy)
+        return false;
+    s->ids[s->n++] = copy;
+    return true;
+}
+
+static void suspects_clear(bw__suspects *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->ids[i]);
+    s->n = 0;
+}
+
 /* One request of a round: its items, in order, and where the next sample goes. */
 typedef struct fetch_req {
     size_t worker;
@@ -340,7 +360,7 @@ static void judge(const bw__placement *p, fetch_req *r, bw__suspects *suspects, 
         return;
     }
     v->refresh = true;
-    if (rc != BW_WRONG_OWNER && bw__suspects_add(suspects, wid)) {
+    if (rc != BW_WRONG_OWNER && suspect(suspects, wid)) {
         if (r->stats)
             atomic_fetch_add(&r->stats->failovers, 1);
         BW_INFO("worker=%s failed while serving a batch; reading its samples elsewhere err=%s", wid,
@@ -381,6 +401,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
         if (!p || p->nworkers == 0) {
             if (!last[0] || p)
                 snprintf(last, sizeof(last), "no storage worker is alive");
+            bw__placement_put(p); /* an empty table routes nothing */
             v.refresh = true;
         } else {
             size_t m = 0;
@@ -399,7 +420,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
              * once. Forget the suspects and, after the backoff, try them all again -- a
              * healed partition then costs one backoff, not the batch's whole time. */
             if (rrc == BW_UNAVAILABLE)
-                bw__suspects_clear(&suspects);
+                suspects_clear(&suspects);
             if (rrc == BW_NOMEM)
                 snprintf(last, sizeof(last), "out of memory routing %zu samples", m);
             size_t *c = rrc == BW_OK ? realloc(count, (p->nworkers * 2 + 1) * sizeof(*c)) : NULL;
@@ -434,8 +455,8 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
             } else {
                 v.refresh = true;
             }
+            bw__placement_put(p); /* the round's requests have ended */
         }
-        bw__placement_put(p);
         if (v.fatal) {
             rc = v.fatal;
             snprintf(err, errlen, "%s", v.fatal_err);
@@ -466,7 +487,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
         if (pause)
             bw__sleep_ms(pause); /* an interrupt ends it: the loop's next turn says so */
     }
-    bw__suspects_clear(&suspects);
+    suspects_clear(&suspects);
     free(shards);
     free(route);
     free(slots);

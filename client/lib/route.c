@@ -1,5 +1,5 @@
 /* Routing as a pure function of placement and suspects (route.h), and the placement table's
- * release (the session builds tables, fetches route with them). */
+ * release (the session builds tables, fetches route with them and record the suspects). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,24 +26,6 @@ bool bw__suspects_has(const bw__suspects *s, const char *id)
         if (strcmp(s->ids[i], id) == 0)
             return true;
     return false;
-}
-
-bool bw__suspects_add(bw__suspects *s, const char *id)
-{
-    if (s->n == BW_MAX_SUSPECTS || bw__suspects_has(s, id))
-        return false;
-    char *copy = strdup(id);
-    if (!copy)
-        return false;
-    s->ids[s->n++] = copy;
-    return true;
-}
-
-void bw__suspects_clear(bw__suspects *s)
-{
-    for (size_t i = 0; i < s->n; i++)
-        free(s->ids[i]);
-    s->n = 0;
 }
 
 /* The worker serving `shard` (route.h); -1 when every worker is a suspect. ids and map hold

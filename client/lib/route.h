@@ -32,7 +32,8 @@ typedef struct bw__placement {
 /* Drops a reference; the last one frees the table. NULL is a no-op. */
 void bw__placement_put(bw__placement *p);
 
-/* Workers that failed during one fetch: routed around for the rest of it. */
+/* Workers that failed during one fetch: routed around for the rest of it. The fetch loop
+ * (fetch.c) records them; routing only reads them. */
 enum { BW_MAX_SUSPECTS = 64 };
 typedef struct bw__suspects {
     char *ids[BW_MAX_SUSPECTS];
@@ -40,10 +41,6 @@ typedef struct bw__suspects {
 } bw__suspects;
 
 bool bw__suspects_has(const bw__suspects *s, const char *id);
-/* Makes `id` a suspect; false when it already was one, when the list is full or out of
- * memory (it is then simply not routed around: the fetch's deadline still bounds it). */
-bool bw__suspects_add(bw__suspects *s, const char *id);
-void bw__suspects_clear(bw__suspects *s);
 
 /* Routes n items with storage shards shards[0..n) to the shard's owner, or -- when the owner
  * is a suspect -- to the owner among the others, which is where rendezvous hashing moves the
