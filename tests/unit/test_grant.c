@@ -1,0 +1,356 @@
+/* Read grants (core/auth/grant.c, docs/security.md "Read grants"): the --grant-key file,
+ * minting, verification at a worker (each refusal the design names, and the cache), revoked
+ * leases, key rotation and the coordinator's proof. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "auth/grant.h"
+#include "batchwire/batchwire.h"
+
+static const char K1[] = "k1 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n";
+static const char K2[] = "k2 ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100\n";
+static const uint64_t NOW = 1800000000000ull;
+
+static char path[64];
+
+static void write_keys(const char *text)
+{
+    snprintf(path, sizeof(path), "/tmp/bw-grant-test-%d", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    chmod(path, 0600);
+}
+
+static bw_grants *open_keys(const char *text)
+{
+    write_keys(text);
+    bw_grants *g = NULL;
+    char err[256];
+    int rc = bw__grants_open(path, &g, err, sizeof(err));
+    if (rc != BW_OK)
+        fail_msg("open: %s", err);
+    return g;
+}
+
+static void dataset(Batchwire__V1__Dataset *ds, char **src, const char *name)
+{
+    batchwire__v1__dataset__init(ds);
+    ds->format = "npy";
+    src[0] = (char *)name;
+    ds->sources = src;
+    ds->n_sources = 1;
+}
+
+/* A grant for job "j" rank 3 over `ds`, expiring at `expires`, and its proof for `worker`. */
+typedef struct minted {
+    bw_arena arena;
+    ProtobufCBinaryData claims, secret;
+    uint8_t proof[BW_GRANT_PROOF_BYTES];
+    Batchwire__V1__ReadGrant grant;
+} minted;
+
+static void mint(bw_grants *g, minted *m, const Batchwire__V1__Dataset *ds, uint64_t expires,
+                 uint64_t tag, const char *worker)
+{
+    bw__arena_init(&m->arena, 0);
+    bw_grant_claims c;
+    memset(&c, 0, sizeof(c));
+    c.job = "j";
+    c.rank = 3;
+    assert_int_equal(bw__grant_dataset_hash(ds, c.dataset), BW_OK);
+    c.lease_tag = tag;
+    c.expires_ms = expires;
+    assert_int_equal(bw__grant_mint(g, &c, &m->arena, &m->claims, &m->secret), BW_OK);
+    assert_int_equal(m->secret.len, BW_GRANT_SECRET_BYTES);
+    bw__grant_proof(m->secret.data, worker, m->proof);
+    batchwire__v1__read_grant__init(&m->grant);
+    m->grant.claims = m->claims;
+    m->grant.proof.data = m->proof;
+    m->grant.proof.len = sizeof(m->proof);
+}
+
+static int verify(bw_grants *g, minted *m, const char *worker, const Batchwire__V1__Dataset *ds,
+                  uint64_t now, char *err, size_t errlen)
+{
+    err[0] = 0;
+    return bw__grant_verify(g, worker, &m->grant, ds, now, err, errlen);
+}
+
+static void test_good_grant_and_cache(void **state)
+{
+    (void)state;
+    bw_grants *g = open_keys(K1);
+    Batchwire__V1__Dataset ds;
+    char *src[1];
+    dataset(&ds, src, "a.npy");
+    minted m;
+    mint(g, &m, &ds, NOW + 10000, 42, "w1");
+    char err[512];
+    assert_int_equal(verify(g, &m, "w1", &ds, NOW, err, sizeof(err)), BW_OK);
+    assert_int_equal(verify(g, &m, "w1", &ds, NOW + 1, err, sizeof(err)), BW_OK); /* cached */
+    /* the claims decode as the coordinator packed them */
+    Batchwire__V1__GrantClaims *c =
+        batchwire__v1__grant_claims__unpack(NULL, m.claims.len, m.claims.data);
+    assert_non_null(c);
+    assert_string_equal(c->key_id, "k1");
+    assert_string_equal(c->job, "j");
+    assert_int_equal(c->rank, 3);
+    assert_int_equal(c->lease_tag, 42);
+    batchwire__v1__grant_claims__free_unpacked(c, NULL);
+    /* no grant at all */
+    assert_int_equal(bw__grant_verify(g, "w1", NULL, &ds, NOW, err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "no read grant"));
+    bw__arena_reset(&m.arena);
+    bw__grants_free(g);
+    unlink(path);
+}
+
+static void test_expired(void **state)
+{
+    (void)state;
+    bw_grants *g = open_keys(K1);
+    Batchwire__V1__Dataset ds;
+    char *src[1];
+    dataset(&ds, src, "a.npy");
+    minted m;
+    mint(g, &m, &ds, NOW, 1, "w1");
+    char err[512];
+    /* within the skew it still holds; past it, refused, first verified or cached */
+    assert_int_equal(verify(g, &m, "w1", &ds, NOW + BW_GRANT_SKEW_MS, err, sizeof(err)), BW_OK);
+    assert_int_equal(verify(g, &m, "w1", &ds, NOW + BW_GRANT_SKEW_MS + 1, err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "expired"));
+    bw__arena_reset(&m.arena);
+    mint(g, &m, &ds, NOW, 2, "w1");
+    assert_int_equal(verify(g, &m, "w1", &ds, NOW + 60000, err, sizeof(err)), BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "expired"));
+    bw__arena_reset(&m.arena);
+    bw__grants_free(g);
+    unlink(path);
+}
+
+static void test_unknown_key_and_rotation(void **state)
+{
+    (void)state;
+    Batchwire__V1__Dataset ds;
+    char *src[1];
+    dataset(&ds, src, "a.npy");
+    bw_grants *coord = open_keys(K2); /* a coordinator with another key */
+    minted other;
+    mint(coord, &other, &ds, NOW + 10000, 1, "w1");
+    bw__grants_free(coord);
+
+    bw_grants *g = open_keys(K1);
+    minted old;
+    mint(g, &old, &ds, NOW + 10000, 2, "w1");
+    char err[512];
+    assert_int_equal(verify(g, &other, "w1", &ds, NOW, err, sizeof(err)), BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "key 'k2'"));
+    assert_int_equal(verify(g, &old, "w1", &ds, NOW, err, sizeof(err)), BW_OK);
+
+    /* Rotation: k2 first signs, k1 still verifies; the k2 grant now verifies too. */
+    char both[256];
+    snprintf(both, sizeof(both), "# rotated\n%s\n%s", K2, K1);
+    write_keys(both);
+    size_t n = 0;
+    assert_int_equal(bw__grants_reload(g, &n, err, sizeof(err)), BW_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(verify(g, &old, "w1", &ds, NOW, err, sizeof(err)), BW_OK);
+    assert_int_equal(verify(g, &other, "w1", &ds, NOW, err, sizeof(err)), BW_OK);
+    minted fresh;
+    mint(g, &fresh, &ds, NOW + 10000, 3, "w1");
+    Batchwire__V1__GrantClaims *c =
+        batchwire__v1__grant_claims__unpack(NULL, fresh.claims.len, fresh.claims.data);
+    assert_string_equal(c->key_id, "k2");
+    batchwire__v1__grant_claims__free_unpacked(c, NULL);
+
+    /* k1 removed: its grant, verified and cached before, is refused now. */
+    write_keys(K2);
+    assert_int_equal(bw__grants_reload(g, &n, err, sizeof(err)), BW_OK);
+    assert_int_equal(verify(g, &old, "w1", &ds, NOW, err, sizeof(err)), BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "key 'k1'"));
+    /* a bad file on reload leaves the keys in force */
+    write_keys("k3 abc\n");
+    assert_int_not_equal(bw__grants_reload(g, &n, err, sizeof(err)), BW_OK);
+    assert_int_equal(verify(g, &fresh, "w1", &ds, NOW, err, sizeof(err)), BW_OK);
+    bw__arena_reset(&other.arena);
+    bw__arena_reset(&old.arena);
+    bw__arena_reset(&fresh.arena);
+    bw__grants_free(g);
+    unlink(path);
+}
+
+static void test_tampered_other_worker_other_dataset(void **state)
+{
+    (void)state;
+    bw_grants *g = open_keys(K1);
+    Batchwire__V1__Dataset ds, other;
+    char *src[1], *src2[1];
+    dataset(&ds, src, "a.npy");
+    dataset(&other, src2, "b.npy");
+    minted m;
+    mint(g, &m, &ds, NOW + 10000, 5, "w1");
+    char err[512];
+    /* the proof was made for w1 */
+    assert_int_equal(verify(g, &m, "w2", &ds, NOW, err, sizeof(err)), BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "worker 'w2'"));
+    /* the right worker, another dataset: refused, also once the pair is cached */
+    assert_int_equal(verify(g, &m, "w1", &other, NOW, err, sizeof(err)), BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "dataset"));
+    assert_int_equal(verify(g, &m, "w1", &ds, NOW, err, sizeof(err)), BW_OK);
+    assert_int_equal(verify(g, &m, "w1", &other, NOW, err, sizeof(err)), BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "dataset"));
+    /* claims changed (another rank): the proof no longer verifies */
+    Batchwire__V1__GrantClaims *c =
+        batchwire__v1__grant_claims__unpack(NULL, m.claims.len, m.claims.data);
+    c->rank = 4;
+    c->expires_ms = NOW + 999999;
+    uint8_t buf[512];
+    size_t len = batchwire__v1__grant_claims__pack(c, buf);
+    batchwire__v1__grant_claims__free_unpacked(c, NULL);
+    Batchwire__V1__ReadGrant t = m.grant;
+    t.claims.data = buf;
+    t.claims.len = len;
+    assert_int_equal(bw__grant_verify(g, "w1", &t, &ds, NOW, err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "does not verify"));
+    /* garbage claims and a short proof */
+    uint8_t junk[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    t.claims.data = junk;
+    t.claims.len = sizeof(junk);
+    assert_int_equal(bw__grant_verify(g, "w1", &t, &ds, NOW, err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    t = m.grant;
+    t.proof.len = 31;
+    assert_int_equal(bw__grant_verify(g, "w1", &t, &ds, NOW, err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "malformed"));
+    bw__arena_reset(&m.arena);
+    bw__grants_free(g);
+    unlink(path);
+}
+
+static void test_revoked(void **state)
+{
+    (void)state;
+    bw_grants *g = open_keys(K1);
+    Batchwire__V1__Dataset ds;
+    char *src[1];
+    dataset(&ds, src, "a.npy");
+    uint64_t tag = bw__grant_lease_tag(7, 8);
+    assert_int_not_equal(tag, bw__grant_lease_tag(7, 9));
+    minted m;
+    mint(g, &m, &ds, NOW + 10000, tag, "w1");
+    char err[512];
+    assert_int_equal(verify(g, &m, "w1", &ds, NOW, err, sizeof(err)), BW_OK);
+    /* another rank's and another lease's revocations change nothing */
+    assert_int_equal(bw__grant_revoke(g, "j", 4, tag, NOW + 20000), BW_OK);
+    assert_int_equal(bw__grant_revoke(g, "j", 3, tag + 1, NOW + 20000), BW_OK);
+    assert_int_equal(verify(g, &m, "w1", &ds, NOW, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__grant_revoke(g, "j", 3, tag, NOW + 20000), BW_OK);
+    assert_int_equal(verify(g, &m, "w1", &ds, NOW, err, sizeof(err)), BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "fenced"));
+    /* the list a coordinator sends; expired revocations are forgotten */
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    Batchwire__V1__RevokedLease **v;
+    size_t n;
+    assert_int_equal(bw__grant_revoked(g, NOW, &a, &v, &n), BW_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(bw__grant_revoke(g, "old", 0, 1, NOW - 1), BW_OK);
+    assert_int_equal(bw__grant_revoked(g, NOW, &a, &v, &n), BW_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(bw__grant_revoked(g, NOW + 20001, &a, &v, &n), BW_OK);
+    assert_int_equal(n, 0);
+    bw__arena_reset(&a);
+    bw__arena_reset(&m.arena);
+    bw__grants_free(g);
+    unlink(path);
+}
+
+static void test_coordinator_proof(void **state)
+{
+    (void)state;
+    bw_grants *g = open_keys(K1);
+    char p[BW_GRANT_COORD_PROOF_MAX], err[512];
+    bw__grant_coord_proof(g, "w1", NOW, p);
+    assert_int_equal(strncmp(p, "k1.", 3), 0);
+    assert_int_equal(bw__grant_coord_verify(g, "w1", p, NOW + 1000, err, sizeof(err)), BW_OK);
+    /* captured at w1, replayed at w2 */
+    assert_int_equal(bw__grant_coord_verify(g, "w2", p, NOW, err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "worker 'w2'"));
+    assert_int_equal(bw__grant_coord_verify(g, "w1", p,
+                                            NOW + BW_GRANT_COORD_PROOF_MS + BW_GRANT_SKEW_MS + 1,
+                                            err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "expired"));
+    char bad[BW_GRANT_COORD_PROOF_MAX];
+    snprintf(bad, sizeof(bad), "%s", p);
+    bad[strlen(bad) - 1] = bad[strlen(bad) - 1] == '0' ? '1' : '0';
+    assert_int_equal(bw__grant_coord_verify(g, "w1", bad, NOW, err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_int_equal(bw__grant_coord_verify(g, "w1", "k1.x.y", NOW, err, sizeof(err)),
+                     BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "malformed"));
+    bw__grants_free(g);
+    unlink(path);
+}
+
+static void test_key_file_errors(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"# nothing\n\n", "holds no key"},
+        {"k1\n", "line 1: expected two fields"},
+        {"\nk1 0011\n", "line 2: key 'k1' has 4 hex digits"},
+        {"k/1 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", "key id"},
+        {"k1 zz112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", "not hex"},
+        {"k1 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"
+         "k1 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
+         "line 2: key id 'k1' is listed twice"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        write_keys(cases[i].text);
+        bw_grants *g = NULL;
+        char err[512] = "";
+        assert_int_equal(bw__grants_open(path, &g, err, sizeof(err)), BW_INVALID_ARGUMENT);
+        assert_null(g);
+        if (!strstr(err, cases[i].want) || !strstr(err, path))
+            fail_msg("case %zu: '%s' lacks '%s'", i, err, cases[i].want);
+        assert_null(strstr(err, "00112233")); /* never a key's bytes */
+    }
+    bw_grants *g = NULL;
+    char err[512];
+    assert_int_equal(bw__grants_open("/nonexistent/grant.key", &g, err, sizeof(err)), BW_IO);
+    assert_non_null(strstr(err, "/nonexistent/grant.key"));
+    unlink(path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_good_grant_and_cache),
+        cmocka_unit_test(test_expired),
+        cmocka_unit_test(test_unknown_key_and_rotation),
+        cmocka_unit_test(test_tampered_other_worker_other_dataset),
+        cmocka_unit_test(test_revoked),
+        cmocka_unit_test(test_coordinator_proof),
+        cmocka_unit_test(test_key_file_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
