@@ -601,7 +601,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (grpc) {
         ctx.fallback = (bw__transport){&fake_ops, &answer};
     } else {
-        bw_rpc_channel_opts plain = {0}; /* TCP, no token */
+        bw__worker_opts plain = {0}; /* TCP, no grant */
         char err[256];
         if (bw__transport_open(&bw__transport_dchan_ops, &plain, &ctx.preferred, err,
                                sizeof(err)) != BW_OK)

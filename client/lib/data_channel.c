@@ -3,9 +3,10 @@
  * docs/data-channel.md): a request goes out on a connection kept open across batches, and
  * its response is read without blocking, frame by frame, each sample's bytes straight into
  * the place the sink gives. The transport's state is its own: the TLS context (the PEM files
- * are read once, when it is created), the bearer token for the hello, the pool of idle
- * connections (a request that ended cleanly leaves its connection there) and the data
- * channels found unusable, whose workers are asked over gRPC for a while.
+ * are read once, when it is created), the pool of idle connections (a request that ended
+ * cleanly leaves its connection there) and the data channels found unusable, whose workers
+ * are asked over gRPC for a while, and the bearer token for the hello. With authentication on,
+ * each request also carries the lease's read grant (docs/security.md, "Read grants").
  */
 #include <errno.h>
 #include <pthread.h>
@@ -42,6 +43,7 @@ enum {
 /* The transport's state (one per loader). */
 typedef struct dchan_state {
     struct ssl_ctx_st *tls; /* data channels speak TLS (the loader does); NULL: plain TCP */
+    bw__grant_src grant;    /* each request's read grant */
     char *token;            /* sent in the hello of each new connection, or NULL */
     pthread_mutex_t mu;     /* guards idle and suspended; held across no I/O */
     /* idle connections, most recently used last */
@@ -256,7 +258,7 @@ static void destroy(void *state)
     free(s);
 }
 
-static int create(const bw_rpc_channel_opts *opts, void **state, char *err, size_t errlen)
+static int create(const bw__worker_opts *opts, void **state, char *err, size_t errlen)
 {
     *state = NULL;
     dchan_state *s = calloc(1, sizeof(*s));
@@ -265,15 +267,16 @@ static int create(const bw_rpc_channel_opts *opts, void **state, char *err, size
         return BW_NOMEM;
     }
     pthread_mutex_init(&s->mu, NULL);
+    s->grant = opts->grant;
     /* A failed copy of the token is an error, never a hello left out (docs/architecture.md,
      * "Failure"). */
-    if (opts->tls.token && !(s->token = strdup(opts->tls.token))) {
+    if (opts->rpc.tls.token && !(s->token = strdup(opts->rpc.tls.token))) {
         destroy(s);
         snprintf(err, errlen, "out of memory copying the bearer token for the data channel");
         return BW_NOMEM;
     }
-    int rc = bw__tls_client_enabled(&opts->tls)
-                 ? bw__dchan_tls_client_ctx(&opts->tls, &s->tls, err, errlen)
+    int rc = bw__tls_client_enabled(&opts->rpc.tls)
+                 ? bw__dchan_tls_client_ctx(&opts->rpc.tls, &s->tls, err, errlen)
                  : BW_OK;
     if (rc != BW_OK) {
         destroy(s);
@@ -387,17 +390,21 @@ static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req,
 {
     dchan_state *s = state;
     *out = NULL;
+    bw__granted granted;
+    const ProtobufCMessage *msg = bw__read_req_granted(req, &s->grant, wr->id, &granted);
     bw__xfer *x = calloc(1, sizeof(*x));
-    size_t len = protobuf_c_message_get_packed_size(req->msg);
+    size_t len = protobuf_c_message_get_packed_size(msg);
     if (x)
         x->req = malloc(BW_DCHAN_REQ_HEADER + len);
     if (!x || !x->req) {
+        bw__granted_wipe(&granted);
         free(x);
         snprintf(res->err, sizeof(res->err), "out of memory for a %zu-byte request", len);
         return res->rc = BW_NOMEM;
     }
     bw__dchan_put_req_header(x->req, req->kind, len);
-    protobuf_c_message_pack(req->msg, x->req + BW_DCHAN_REQ_HEADER);
+    protobuf_c_message_pack(msg, x->req + BW_DCHAN_REQ_HEADER);
+    bw__granted_wipe(&granted);
     x->reqlen = BW_DCHAN_REQ_HEADER + len;
     x->s = s;
     x->wid = wr->id;

@@ -1,6 +1,8 @@
 /* The loader's side of the coordinator, and only that: create or join the job, hold the
- * rank's lease with heartbeats, fetch placement, commit cursors. Connections to workers are
- * the transports' (transport.h). */
+ * rank's lease with heartbeats (and the read grant each answer renews), fetch placement,
+ * commit cursors. Connections to workers are the transports' (transport.h); the bearer token
+ * goes to the coordinator only, and the transports take the grant from here
+ * (docs/security.md, "Read grants"). */
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -9,7 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "auth/auth.h"
+#include "auth/grant.h"
 #include "common/interrupt.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -252,6 +257,142 @@ static void vouch(bw__session *s, uint64_t sent, uint32_t lease_ms)
         ;
 }
 
+/* ---- the read grant (docs/security.md, "Read grants") ---- */
+
+enum {
+    PROOF_CACHE_MAX = 4096
+}; /* workers whose proofs a grant keeps; more are computed each time */
+
+typedef struct proof_slot {
+    char *id; /* NULL: empty */
+    uint8_t proof[BW_GRANT_PROOF_BYTES];
+} proof_slot;
+
+struct bw__grant {
+    size_t claims_len;
+    uint8_t claims[BW_XFER_CLAIMS_MAX];
+    uint8_t secret[BW_GRANT_SECRET_BYTES];
+    /* Each worker's proof, computed once per grant: open addressing by worker id, at most
+     * half full; cap is 0 or a power of two. */
+    size_t nproofs, cap;
+    proof_slot *proofs;
+};
+
+/* Frees g, wiping its secret and proofs first. NULL is a no-op. */
+static void grant_free(bw__grant *g)
+{
+    if (!g)
+        return;
+    for (size_t i = 0; i < g->cap; i++)
+        free(g->proofs[i].id);
+    if (g->proofs)
+        OPENSSL_cleanse(g->proofs, g->cap * sizeof(*g->proofs));
+    free(g->proofs);
+    OPENSSL_cleanse(g, sizeof(*g));
+    free(g);
+}
+
+static size_t id_hash(const char *id)
+{
+    uint64_t h = 14695981039346656037ULL; /* FNV-1a */
+    for (; *id; id++)
+        h = (h ^ (uint8_t)*id) * 1099511628211ULL;
+    return (size_t)h;
+}
+
+/* The slot holding id's proof, or the empty slot where it belongs; g->cap > 0. */
+static proof_slot *proof_slot_of(bw__grant *g, const char *id)
+{
+    size_t i = id_hash(id) & (g->cap - 1);
+    while (g->proofs[i].id && strcmp(g->proofs[i].id, id) != 0)
+        i = (i + 1) & (g->cap - 1);
+    return &g->proofs[i];
+}
+
+/* Doubles the proof table (16 slots at first). False when it is at its largest or memory is
+ * short: the proof is then computed for each request, which is slower but as correct. */
+static bool proofs_grow(bw__grant *g)
+{
+    size_t cap = g->cap ? g->cap * 2 : 16, ocap = g->cap;
+    proof_slot *old = g->proofs,
+               *fresh = cap <= 2 * PROOF_CACHE_MAX ? calloc(cap, sizeof(*fresh)) : NULL;
+    if (!fresh)
+        return false;
+    g->proofs = fresh;
+    g->cap = cap;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i].id)
+            *proof_slot_of(g, old[i].id) = old[i];
+    if (old)
+        OPENSSL_cleanse(old, ocap * sizeof(*old));
+    free(old);
+    return true;
+}
+
+bool bw__session_grant(bw__session *s, const char *worker_id, bw__grant_copy *out)
+{
+    pthread_mutex_lock(&s->mu);
+    bw__grant *g = s->grant;
+    if (!g) {
+        pthread_mutex_unlock(&s->mu);
+        return false;
+    }
+    out->claims_len = g->claims_len;
+    memcpy(out->claims, g->claims, g->claims_len);
+    proof_slot *slot = g->cap ? proof_slot_of(g, worker_id) : NULL;
+    if (slot && slot->id) {
+        memcpy(out->proof, slot->proof, sizeof(out->proof));
+    } else {
+        bw__grant_proof(g->secret, worker_id, out->proof);
+        if ((g->nproofs + 1) * 2 <= g->cap || proofs_grow(g)) {
+            slot = proof_slot_of(g, worker_id);
+            if ((slot->id = strdup(worker_id)) != NULL) {
+                memcpy(slot->proof, out->proof, sizeof(slot->proof));
+                g->nproofs++;
+            }
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return true;
+}
+
+static bool grant_src_get(void *ctx, const char *worker_id, bw__grant_copy *out)
+{
+    return bw__session_grant(ctx, worker_id, out);
+}
+
+int bw__session_set_grant(bw__session *s, const char *what, ProtobufCBinaryData *claims,
+                          ProtobufCBinaryData *secret, char *err, size_t errlen)
+{
+    if (claims->len == 0 && secret->len == 0)
+        return BW_OK;
+    bw__grant *g = NULL;
+    int rc = BW_OK;
+    if (claims->len == 0 || claims->len > BW_XFER_CLAIMS_MAX ||
+        secret->len != BW_GRANT_SECRET_BYTES) {
+        snprintf(err, errlen,
+                 "%s: the coordinator's read grant is malformed (claims of %zu bytes, expected 1 "
+                 "to %d; a secret of %zu bytes, expected %d)",
+                 what, claims->len, BW_XFER_CLAIMS_MAX, secret->len, BW_GRANT_SECRET_BYTES);
+        rc = BW_PROTOCOL;
+    } else if (!(g = calloc(1, sizeof(*g)))) {
+        snprintf(err, errlen, "%s: out of memory for the lease's read grant", what);
+        rc = BW_NOMEM;
+    } else {
+        g->claims_len = claims->len;
+        memcpy(g->claims, claims->data, claims->len);
+        memcpy(g->secret, secret->data, sizeof(g->secret));
+        pthread_mutex_lock(&s->mu);
+        bw__grant *old = s->grant;
+        s->grant = g;
+        pthread_mutex_unlock(&s->mu);
+        grant_free(old);
+    }
+    if (secret->len)
+        OPENSSL_cleanse(secret->data, secret->len);
+    return rc;
+}
+
 /* One lease heartbeat (with this rank's live counters when this session claimed the rank; a
  * share only confirms the lease). On BW_OK the lease is vouched for from when the request was
  * sent, and the placement version it announces is noted; on BW_LEASE_LOST the session is
@@ -280,8 +421,11 @@ static int heartbeat_once(bw__session *s, bool retry, char *err, size_t errlen)
                                 errlen)
                    : bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), &req.base, &a,
                                   &resp, s->timeout_ms, err, errlen);
+    Batchwire__V1__LeaseHeartbeatResponse *r = (void *)resp;
+    if (rc == BW_OK)
+        rc = bw__session_set_grant(s, "LeaseHeartbeat", &r->grant_claims, &r->grant_secret, err,
+                                   errlen);
     if (rc == BW_OK) {
-        const Batchwire__V1__LeaseHeartbeatResponse *r = (const void *)resp;
         uint64_t seen = atomic_load(&s->seen_version);
         while (r->placement_version > seen &&
                !atomic_compare_exchange_weak(&s->seen_version, &seen, r->placement_version))
@@ -596,25 +740,26 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     /* Copies: the caller's strings are borrowed for bw_loader_open only, and the loader
      * creates its transports from these settings after this (transport.h). Workers are
      * verified by their own names (no server-name override). */
-    s->chopts.tls.ca = o->tls_ca ? strdup(o->tls_ca) : NULL;
-    s->chopts.tls.cert = o->tls_cert ? strdup(o->tls_cert) : NULL;
-    s->chopts.tls.key = o->tls_key ? strdup(o->tls_key) : NULL;
+    s->chopts.rpc.tls.ca = o->tls_ca ? strdup(o->tls_ca) : NULL;
+    s->chopts.rpc.tls.cert = o->tls_cert ? strdup(o->tls_cert) : NULL;
+    s->chopts.rpc.tls.key = o->tls_key ? strdup(o->tls_key) : NULL;
     /* A copy that failed must not leave TLS off (or a job unnamed) while the token is sent:
      * docs/architecture.md, "Failure": an error, never a silent downgrade. */
-    if (!s->job || (o->tls_ca && !s->chopts.tls.ca) || (o->tls_cert && !s->chopts.tls.cert) ||
-        (o->tls_key && !s->chopts.tls.key)) {
+    if (!s->job || (o->tls_ca && !s->chopts.rpc.tls.ca) ||
+        (o->tls_cert && !s->chopts.rpc.tls.cert) || (o->tls_key && !s->chopts.rpc.tls.key)) {
         snprintf(err, errlen, "out of memory copying the loader's job name and TLS settings");
         return BW_NOMEM;
     }
-    s->chopts.max_receive_bytes = 64 << 20;
+    s->chopts.rpc.max_receive_bytes = 64 << 20;
     const char *token_file = o->token_file ? o->token_file : getenv("BATCHWIRE_TOKEN_FILE");
     if (token_file && *token_file) {
         int trc = bw__auth_read_token_file(token_file, &s->token, err, errlen);
         if (trc != BW_OK)
             return trc;
-        s->chopts.tls.token = s->token;
+        s->chopts.rpc.tls.token = s->token;
     }
-    bw_rpc_channel_opts co = s->chopts;
+    s->chopts.grant = (bw__grant_src){grant_src_get, s};
+    bw_rpc_channel_opts co = s->chopts.rpc;
     co.target = o->coordinator;
     co.tls.server_name = o->tls_server_name;
     int rc = bw__rpc_channel_open(&co, &s->coord, err, errlen);
@@ -693,13 +838,16 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     }
     if (rc != BW_OK)
         return rc;
-    const Batchwire__V1__JoinJobResponse *jresp = (const void *)resp;
+    Batchwire__V1__JoinJobResponse *jresp = (void *)resp;
     if (!jresp->job || !jresp->job->dataset || !jresp->job->config ||
         !jresp->job->config->sampler || jresp->job->n_history == 0) {
         snprintf(err, errlen, "JoinJob to %s: the response lacks the job's description",
                  o->coordinator);
         return BW_PROTOCOL;
     }
+    if ((rc = bw__session_set_grant(s, "JoinJob", &jresp->grant_claims, &jresp->grant_secret, err,
+                                    errlen)) != BW_OK)
+        return rc;
     s->summary = jresp->job;
     s->resume_cursor = start.len ? start : jresp->cursor;
     s->lease_id = jresp->lease_id;
@@ -882,11 +1030,12 @@ void bw__session_close(bw__session *s)
     if (s->coord && s->claimed && !atomic_load(&s->lease_lost))
         leave_job(s);
     bw__placement_put(s->placement);
+    grant_free(s->grant);
     bw__rpc_channel_close(s->coord);
     bw__arena_reset(&s->job_arena);
-    free((void *)s->chopts.tls.ca);
-    free((void *)s->chopts.tls.cert);
-    free((void *)s->chopts.tls.key);
+    free((void *)s->chopts.rpc.tls.ca);
+    free((void *)s->chopts.rpc.tls.cert);
+    free((void *)s->chopts.rpc.tls.key);
     free(s->token);
     free(s->job);
     pthread_mutex_destroy(&s->mu);

@@ -16,6 +16,7 @@
 #include "options_int.h"
 #include "route.h"
 #include "rpc/client.h"
+#include "transport.h"
 
 /* What the loader has handed out, written by loader.c and read by the heartbeat thread (which
  * reports it as RankLive) and by bw_loader_get_stats. */
@@ -24,9 +25,14 @@ typedef struct bw__live {
     atomic_uint_fast64_t batches, samples, bytes, wait_ns;
 } bw__live;
 
+/* The lease's read grant (session.c; docs/security.md, "Read grants"). */
+typedef struct bw__grant bw__grant;
+
 typedef struct bw__session {
     bw_rpc_channel *coord;
-    bw_rpc_channel_opts chopts; /* TLS settings and token, also for workers (target unset) */
+    /* The settings the transports are created from: TLS and token (the coordinator's too;
+     * target unset), and the session's read grant as their grant source. */
+    bw__worker_opts chopts;
     int timeout_ms;
     int retry_ms; /* joins and commits retry this long while the coordinator is away */
     /* The coordinator has answered this session once: from then on a host name that does
@@ -42,9 +48,13 @@ typedef struct bw__session {
     Batchwire__V1__JobSummary *summary;
     ProtobufCBinaryData resume_cursor; /* where JoinJob says this rank resumes */
 
-    pthread_mutex_t mu; /* guards placement and the heartbeat's state; held across no I/O */
+    pthread_mutex_t mu; /* guards placement, the grant and the heartbeat's state; no I/O */
     pthread_cond_t cv;
     bw__placement *placement;
+    /* The newest read grant the coordinator sent (JoinJob, each LeaseHeartbeat), with the
+     * proofs computed from it; NULL without one (authentication off, or a share without the
+     * lease). Secret: never logged, wiped when replaced and at close. */
+    bw__grant *grant;
     atomic_uint_fast64_t seen_version; /* newest placement version announced */
 
     bw__live live;       /* reported with each heartbeat */
@@ -126,6 +136,21 @@ void bw__session_cancel(bw__session *s);
 /* The lease as text ("bwl1:" and 32 hex digits) for the session that claimed the rank:
  * BW_FAILED_PRECONDITION without one, BW_LEASE_LOST once lost, BW_TOO_BIG. */
 int bw__session_lease_text(bw__session *s, char *buf, size_t buflen, char *err, size_t errlen);
+
+/* The read grant for a request to worker `worker_id`: copies the current grant's claims and
+ * that worker's proof into *out (the proof computed once per worker per grant) and returns
+ * true; false without a grant. Any thread; the session's lock is held only to copy. The
+ * session's chopts.grant calls it. */
+bool bw__session_grant(bw__session *s, const char *worker_id, bw__grant_copy *out);
+
+/* The read grant in a coordinator's answer (`what`: "JoinJob" or "LeaseHeartbeat", for the
+ * message) becomes the session's: the old one's secret and proofs are wiped, and so is the
+ * answer's copy of the secret. Neither claims nor secret (authentication off): unchanged.
+ * BW_PROTOCOL for a malformed grant (claims empty or over BW_XFER_CLAIMS_MAX bytes, a secret
+ * not BW_GRANT_SECRET_BYTES long), BW_NOMEM; on error the session's grant is unchanged. The
+ * session calls it with each answer; exposed for tests. */
+int bw__session_set_grant(bw__session *s, const char *what, ProtobufCBinaryData *claims,
+                          ProtobufCBinaryData *secret, char *err, size_t errlen);
 
 /* Records a cursor durably with the coordinator. */
 int bw__session_commit(bw__session *s, const uint8_t *cursor, size_t len, char *err, size_t errlen);

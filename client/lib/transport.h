@@ -15,12 +15,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <openssl/crypto.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include "auth/grant.h"
+#include "data.pb-c.h"
 #include "route.h"
 #include "rpc/client.h"
+#include "rpc/dchan.h"
 
-enum { BW_XFER_ERRLEN = 1024 };
+enum {
+    BW_XFER_ERRLEN = 1024,
+    BW_XFER_CLAIMS_MAX = 1024, /* the longest packed GrantClaims the loader accepts */
+};
 
 /* What a request asks for: BW_DCHAN_KIND_READ_SAMPLES (a ReadSamplesRequest) or
  * BW_DCHAN_KIND_READ_STREAM (a ReadStreamRequest); both transports carry the same message. */
@@ -28,6 +35,73 @@ typedef struct bw__read_req {
     uint32_t kind;
     const ProtobufCMessage *msg;
 } bw__read_req;
+
+/*
+ * Read grants (docs/security.md, "Read grants"). With authentication on, each request carries
+ * the lease's grant -- the coordinator's claims, and a proof bound to the worker it goes to.
+ * The transports take both from a grant source (the session's, given at create) for each
+ * request.
+ */
+typedef struct bw__grant_copy {
+    size_t claims_len;
+    uint8_t claims[BW_XFER_CLAIMS_MAX];
+    uint8_t proof[BW_GRANT_PROOF_BYTES];
+} bw__grant_copy;
+
+typedef struct bw__grant_src {
+    /* Copies the current grant's claims and the proof for worker `worker_id` into *out: true,
+     * or false when there is no grant (authentication off: the request goes as it is). Any
+     * thread; never blocks on I/O. NULL: never a grant. */
+    bool (*get)(void *ctx, const char *worker_id, bw__grant_copy *out);
+    void *ctx;
+} bw__grant_src;
+
+/* What a transport is created from: the loader's settings for workers. */
+typedef struct bw__worker_opts {
+    /* TLS files, bearer token and the message limit; the target is unset. */
+    bw_rpc_channel_opts rpc;
+    bw__grant_src grant;
+} bw__worker_opts;
+
+/* The message a transport sends worker `worker_id` for req: req->msg itself without a grant,
+ * else a shallow copy of it in *g carrying the grant (ReadGrant, field 20 of both request
+ * messages), valid while *g is. Wipe *g with bw__granted_wipe once the message is packed. */
+typedef struct bw__granted {
+    union {
+        Batchwire__V1__ReadSamplesRequest samples;
+        Batchwire__V1__ReadStreamRequest stream;
+    } m;
+    Batchwire__V1__ReadGrant grant;
+    bw__grant_copy copy;
+    bool used;
+} bw__granted;
+
+static inline const ProtobufCMessage *bw__read_req_granted(const bw__read_req *req,
+                                                           const bw__grant_src *src,
+                                                           const char *worker_id, bw__granted *g)
+{
+    g->used = false;
+    if (!src->get || !src->get(src->ctx, worker_id, &g->copy))
+        return req->msg;
+    g->used = true;
+    g->grant = (Batchwire__V1__ReadGrant)BATCHWIRE__V1__READ_GRANT__INIT;
+    g->grant.claims = (ProtobufCBinaryData){g->copy.claims_len, g->copy.claims};
+    g->grant.proof = (ProtobufCBinaryData){sizeof(g->copy.proof), g->copy.proof};
+    if (req->kind == BW_DCHAN_KIND_READ_STREAM) {
+        g->m.stream = *(const Batchwire__V1__ReadStreamRequest *)req->msg;
+        g->m.stream.grant = &g->grant;
+        return &g->m.stream.base;
+    }
+    g->m.samples = *(const Batchwire__V1__ReadSamplesRequest *)req->msg;
+    g->m.samples.grant = &g->grant;
+    return &g->m.samples.base;
+}
+
+static inline void bw__granted_wipe(bw__granted *g)
+{
+    if (g->used)
+        OPENSSL_cleanse(g->copy.proof, sizeof(g->copy.proof));
+}
 
 /*
  * Where received bytes go. For each sample the transport calls place() with its key (the
@@ -72,10 +146,11 @@ typedef struct bw__transport_ops {
     bool (*recv)(bw__xfer *x, const bw__sink *sink, bw__xres *res);
     /* Ends the request (cancels it when it has not ended) and frees x. NULL is a no-op. */
     void (*finish)(bw__xfer *x);
-    /* Creates the transport's state from the loader's settings for workers (TLS files, bearer
-     * token, message limit; the target is ignored; borrowed for the call): every file is read
-     * here, once. BW_OK, or an error with a sentence in err. NULL: no state. */
-    int (*create)(const bw_rpc_channel_opts *opts, void **state, char *err, size_t errlen);
+    /* Creates the transport's state from the loader's settings for workers (TLS files,
+     * message limit, the grant source; borrowed for the call, but the grant source's ctx must
+     * outlive the state): every file is read here, once. BW_OK, or an error with a sentence in
+     * err. NULL: no state. */
+    int (*create)(const bw__worker_opts *opts, void **state, char *err, size_t errlen);
     /* Closes its connections and frees the state; no request may be in flight. NULL state is
      * a no-op. */
     void (*destroy)(void *state);
@@ -91,7 +166,7 @@ extern const bw__transport_ops bw__transport_dchan_ops; /* data_channel.c */
 extern const bw__transport_ops bw__transport_grpc_ops;  /* transport_grpc.c */
 
 /* Creates a transport of kind ops into *t (left {NULL, NULL} on error). */
-static inline int bw__transport_open(const bw__transport_ops *ops, const bw_rpc_channel_opts *opts,
+static inline int bw__transport_open(const bw__transport_ops *ops, const bw__worker_opts *opts,
                                      bw__transport *t, char *err, size_t errlen)
 {
     void *state = NULL;

@@ -2,10 +2,10 @@
  * stream of SampleBatch messages decoded straight from gRPC's slices into the sink's places
  * (its wire format is its own: bw__decode_sample_batch below, declared in sample_decode.h for
  * its unit test and fuzz target). gRPC has no descriptor to poll: recv reads the stream to
- * its end. Its
- * state is its own: the channel to each worker, kept across placement versions, and the
- * credentials they share (the PEM files are read once, when the transport is created, and
- * never under its lock). */
+ * its end. Its state is its own: the channel to each worker, kept across placement versions,
+ * and the credentials they share (the PEM files are read once, when the transport is created,
+ * and never under its lock). With authentication on, each request carries the lease's read
+ * grant (docs/security.md, "Read grants"). */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -24,6 +24,7 @@
 typedef struct grpc_state {
     grpc_channel_credentials *creds; /* every worker channel's */
     bw_rpc_channel_opts opts;        /* for each worker channel (target set per worker) */
+    bw__grant_src grant;             /* each request's read grant */
     char *token;                     /* opts.tls.token's copy */
     pthread_mutex_t mu;              /* guards the channel cache; held across no I/O */
     size_t n, cap;
@@ -50,7 +51,7 @@ static void destroy(void *state)
     grpc_shutdown();
 }
 
-static int create(const bw_rpc_channel_opts *opts, void **state, char *err, size_t errlen)
+static int create(const bw__worker_opts *wo, void **state, char *err, size_t errlen)
 {
     *state = NULL;
     grpc_init(); /* balanced in destroy */
@@ -63,9 +64,11 @@ static int create(const bw_rpc_channel_opts *opts, void **state, char *err, size
     pthread_mutex_init(&g->mu, NULL);
     /* Workers are verified by their own names (no server-name override); the files are read
      * into g->creds now, so a channel opened later reads nothing. */
+    const bw_rpc_channel_opts *opts = &wo->rpc;
     g->opts.max_receive_bytes = opts->max_receive_bytes;
     g->opts.max_reconnect_ms = opts->max_reconnect_ms;
     g->opts.tls.use_tls = bw__tls_client_enabled(&opts->tls);
+    g->grant = wo->grant;
     int rc = bw__tls_client_credentials(&opts->tls, &g->creds, err, errlen);
     /* A failed copy of the token is an error, never calls without it (docs/architecture.md,
      * "Failure"). */
@@ -161,12 +164,16 @@ static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req,
                      ((const Batchwire__V1__ReadStreamRequest *)req->msg)->locate_only;
     char e[BW_XFER_ERRLEN];
     bw_rpc_channel *ch = worker_channel(g, wr->address, e, sizeof(e));
+    bw__granted granted;
     int rc = ch ? bw__rpc_stream_open(ch,
                                       req->kind == BW_DCHAN_KIND_READ_STREAM
                                           ? BW_METHOD(BW_M_DATA_READ_STREAM)
                                           : BW_METHOD(BW_M_DATA_READ_SAMPLES),
-                                      req->msg, timeout_ms, &x->st, e, sizeof(e))
+                                      bw__read_req_granted(req, &g->grant, wr->id, &granted),
+                                      timeout_ms, &x->st, e, sizeof(e))
                 : BW_UNAVAILABLE;
+    if (ch)
+        bw__granted_wipe(&granted);
     if (rc != BW_OK) {
         free(x);
         snprintf(res->err, sizeof(res->err), "worker %s: %.900s", wr->id, e);
