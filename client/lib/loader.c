@@ -200,6 +200,39 @@ static void stay(bw_loader *l)
     l->next_fetch = l->next_deliver;
 }
 
+static uint64_t largest_source(Batchwire__V1__SourceInfo *const *s, size_t n)
+{
+    uint64_t max = 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i]->size_bytes > max)
+            max = s[i]->size_bytes;
+    return max;
+}
+
+/* The largest sample a worker may announce, from the dataset's description: the fixed size
+ * when samples have one; else the largest source (a sample lies within one source: a line, a
+ * record, a tar member set whose field table is smaller than the tar headers), per field for
+ * a dataset of named arrays; never more than the whole dataset. A worker announcing more is
+ * refused before anything is allocated for it (docs/security.md, "Worker certificates"). */
+static uint64_t largest_sample(const Batchwire__V1__DatasetInfo *d)
+{
+    if (d->layout && d->layout->sample_bytes)
+        return d->layout->sample_bytes;
+    uint64_t max = 0;
+    if (d->n_fields) {
+        for (size_t f = 0; f < d->n_fields; f++) {
+            const Batchwire__V1__FieldInfo *fi = d->fields[f];
+            uint64_t m = fi->layout && fi->layout->sample_bytes
+                             ? fi->layout->sample_bytes
+                             : largest_source(fi->sources, fi->n_sources);
+            max = m > UINT64_MAX - max ? UINT64_MAX : max + m;
+        }
+    } else {
+        max = largest_source(d->sources, d->n_sources);
+    }
+    return max && max < d->total_bytes ? max : d->total_bytes;
+}
+
 static bw__placement *session_placement(void *arg, bool refresh, char *err, size_t errlen)
 {
     return bw__session_placement(arg, refresh, err, errlen);
@@ -276,8 +309,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->fctx.dataset = job->config->dataset;
     l->fctx.fingerprint = job->dataset->fingerprint;
     l->fctx.sample_bytes = job->dataset->layout ? job->dataset->layout->sample_bytes : 0;
-    /* No sample is larger than the whole dataset: the bound on what a worker may announce. */
-    l->fctx.max_sample_bytes = job->dataset->total_bytes;
+    l->fctx.max_sample_bytes = largest_sample(job->dataset);
     l->fctx.max_message_bytes = 4u << 20;
     l->fctx.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
     l->fctx.field_table = l->fields == BW_FIELDS_TABLE;
