@@ -299,8 +299,10 @@ def check_workload(doc, by_kind):
         ann = typed(doc, "spec.template.metadata.annotations", dict) or {}
         check(mport is not None and ports.get("metrics") == mport and
               ann.get("prometheus.io/port") == str(mport) and
-              ann.get("prometheus.io/scrape") == "true",
-              "%s: metrics on port %s, declared and annotated for Prometheus" % (cn, mport))
+              ann.get("prometheus.io/scrape") == "true" and
+              ann.get("prometheus.io/scheme", "http") == ("https" if tls else "http"),
+              "%s: metrics on port %s, declared and annotated for Prometheus (%s: with TLS the "
+              "endpoint is HTTPS)" % (cn, mport, ann.get("prometheus.io/scheme", "http")))
         if program == "batchwire-coordinator":
             check(doc["kind"] == "StatefulSet" and doc["spec"].get("replicas") == 1,
                   "%s: the coordinator is a StatefulSet of exactly one replica" % n)
@@ -449,6 +451,21 @@ def check_tls(tmpdir, by_kind):
     for name in ("batchwire-coordinator", "*.batchwire-worker.test.svc", "batchwire-worker"):
         check("DNS:%s," % name in r.stdout + ",",
               "the certificate names %s (%s)" % (name, r.stdout.strip().splitlines()[-1]))
+    # Trainers and the coordinator verify a worker against the address the placement gives
+    # (docs/security.md, "Worker certificates"): the host each pod advertises must match.
+    for sts in by_kind.get("StatefulSet", []):
+        for c in pod_spec(sts).get("containers", []):
+            adv = flag(c.get("args", []), "--advertise")
+            if not adv:
+                continue
+            host = re.sub(r"\$\((\w+)\)", lambda m: {"POD_NAME": sts["metadata"]["name"] + "-0",
+                                                     "POD_NAMESPACE": "test"}[m.group(1)],
+                          adv).rsplit(":", 1)[0]
+            r = bt.run(["openssl", "x509", "-noout", "-checkhost", host, "-in",
+                        os.path.join(d, "tls.crt")])
+            check("does match certificate" in r.stdout,
+                  "%s: the certificate names the address its pods advertise (%s): %s" %
+                  (name_of(sts), host, r.stdout.strip()))
     for job in by_kind.get("Job", []):
         vols = [v.get("secret", {}).get("secretName", "") for v in pod_spec(job).get("volumes", [])]
         check(not any(re.match(r"batchwire-tls-(?!ca)", v) for v in vols) and

@@ -3,9 +3,13 @@
 # (certs/ca.crt; its key certs/ca.key stays here, to issue more) and one certificate for the
 # coordinator and the workers (certs/tls.crt, certs/tls.key; P-256, 365 days) naming the
 # addresses clients dial in NAMESPACE: batchwire-coordinator[.NAMESPACE[.svc[.cluster.local]]],
-# *.batchwire-worker.NAMESPACE.svc[.cluster.local] (the workers' advertised names), and
-# batchwire-worker (the probes' --tls-server-name). Server and client use: a worker presents
-# it to the coordinator too. Kept unless --force.
+# *.batchwire-worker.NAMESPACE.svc[.cluster.local] (the addresses the placement gives: each
+# worker pod advertises $(POD_NAME).batchwire-worker.NAMESPACE.svc, and trainers and the
+# coordinator refuse a worker whose certificate does not name it; docs/security.md, "Worker
+# certificates"), and batchwire-worker (the probes' --tls-server-name). Server and client
+# use: a worker presents it to the coordinator too. One key for every pod: any pod can stand
+# in for another whose traffic it receives; for a key per pod see that section. Kept unless
+# --force.
 #   k8s/overlays/tls/gen-certs.sh [--force] NAMESPACE [DIR]      (DIR: default ./certs)
 set -euo pipefail
 force=0
