@@ -24,13 +24,33 @@ enum {
 typedef struct bw__wds bw__wds;
 typedef struct bw__ds_cache bw__ds_cache;
 
-/* NULL when out of memory. */
+/* NULL when out of memory. No limits until bw__ds_cache_set_limits. */
 bw__ds_cache *bw__ds_cache_new(const char *root);
 void bw__ds_cache_free(bw__ds_cache *c);
 
-/* The open dataset for `spec` (opened on first use; reopened when a source changed). The
- * caller holds a reference until bw__ds_put. Opens without holding the cache's lock: a second
- * request for a dataset being opened waits for that open and shares its result. */
+/* The worker's budgets for its open datasets (docs/operating.md, "Worker budgets"); 0: none. */
+typedef struct bw__ds_limits {
+    uint64_t max_open_files;  /* --max-open-files: descriptors the cached datasets hold */
+    uint64_t memory_bytes;    /* --dataset-memory-bytes: their sources and record indexes */
+    size_t max_sources;       /* --max-sources: a dataset's files after glob expansion */
+    uint64_t open_timeout_ms; /* --open-timeout-ms: longest directory walk for one request */
+} bw__ds_limits;
+/* Call before any request. */
+void bw__ds_cache_set_limits(bw__ds_cache *c, const bw__ds_limits *lim);
+/* What the cached datasets hold now of the two budgets. Thread-safe. */
+void bw__ds_cache_usage(bw__ds_cache *c, uint64_t *open_files, uint64_t *memory_bytes);
+
+/* The open dataset for `spec` (opened on first use; reopened when a source changed), keyed by
+ * its canonical file set: every spelling of the same files is one entry. The caller holds a
+ * reference until bw__ds_put. Opens without holding the cache's lock: a second request for a
+ * dataset being opened waits for that open and shares its result. Over a budget: BW_TOO_BIG
+ * (the dataset alone is over it) or BW_BUSY (datasets in use hold it), with a sentence naming
+ * the budget and its flag; a non-regular file, a path leading outside the root: refused,
+ * naming nothing outside the root. Directory walks stop at deadline_ms (bw__mono_ms clock; 0:
+ * none) or --open-timeout-ms from now, whichever is sooner (BW_TIMEOUT). */
+int bw__ds_get_until(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, uint64_t deadline_ms,
+                     bw__wds **out, char *err, size_t errlen);
+/* bw__ds_get_until without a deadline of the request's own. */
 int bw__ds_get(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, bw__wds **out, char *err,
                size_t errlen);
 bw__dataset *bw__ds_dataset(bw__wds *e);

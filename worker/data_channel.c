@@ -53,6 +53,7 @@ typedef struct conn {
     atomic_bool done;
     struct bw__dchan_server *srv;
     char peer[64];
+    char host[48]; /* the peer's address without its port: connections are capped per host */
     /* credentials (docs/security.md): the hello's bearer token and the subject common name of
      * a verified client certificate; checked again for every request, so that a token removed
      * by a reload stops working at once */
@@ -479,8 +480,13 @@ static void *serve(void *arg)
     bw_worker *w = c->srv->w;
     char err[1400];
     bool ok = true;
-    if (c->srv->tls && bw__dsock_tls(&c->sock, c->srv->tls, NULL, bw__mono_ms() + BODY_TIMEOUT_MS,
-                                     err, sizeof(err)) != BW_OK) {
+    /* A new connection has --data-hello-timeout-ms to finish its handshake and start its first
+     * request (or hello): one that sends nothing holds a thread and a slot of its peer's only
+     * that long (docs/data-channel.md). */
+    uint64_t hello_by = bw__mono_ms() + (uint64_t)w->cfg->data_hello_timeout_ms;
+    bool first = true;
+    if (c->srv->tls &&
+        bw__dsock_tls(&c->sock, c->srv->tls, NULL, hello_by, err, sizeof(err)) != BW_OK) {
         bad_conn_log(c->srv, "data channel: closing the connection peer=%s err=%s", c->peer, err);
         ok = false;
     }
@@ -493,12 +499,17 @@ static void *serve(void *arg)
          * --data-idle-timeout-ms (the client then connects again); stop() shuts the socket
          * down to end the wait. */
         int64_t idle = w->cfg->data_idle_timeout_ms;
-        int rc = bw__dsock_read_all(&c->sock, h, sizeof(h),
-                                    idle > 0 ? bw__mono_ms() + (uint64_t)idle : 0, &got, err,
-                                    sizeof(err));
-        if (rc == BW_TIMEOUT && !got)
+        uint64_t until = first ? hello_by : idle > 0 ? bw__mono_ms() + (uint64_t)idle : 0;
+        int rc = bw__dsock_read_all(&c->sock, h, sizeof(h), until, &got, err, sizeof(err));
+        if (rc == BW_TIMEOUT && first)
+            bad_conn_log(c->srv,
+                         "data channel: closing a connection that sent no request peer=%s "
+                         "hello_timeout_ms=%lld",
+                         c->peer, (long long)w->cfg->data_hello_timeout_ms);
+        else if (rc == BW_TIMEOUT && !got)
             BW_DEBUG("data channel: closing an idle connection peer=%s idle_ms=%lld", c->peer,
                      (long long)idle);
+        first = false;
         if (rc != BW_OK) {
             if (got)
                 BW_DEBUG("data channel: connection ended inside a request header peer=%s", c->peer);
@@ -546,15 +557,26 @@ static void reap(bw__dchan_server *s, bool all)
     pthread_mutex_unlock(&s->mu);
 }
 
-static void peer_name(int fd, char *buf, size_t len)
+/* "HOST:PORT" into c->peer (for logs) and HOST into c->host (numeric). */
+static void peer_name(int fd, conn *c)
 {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
-    char host[64] = "?", port[16] = "?";
+    char port[16] = "?";
+    snprintf(c->host, sizeof(c->host), "?");
     if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0)
-        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), port, sizeof(port),
+        getnameinfo((struct sockaddr *)&ss, sl, c->host, sizeof(c->host), port, sizeof(port),
                     NI_NUMERICHOST | NI_NUMERICSERV);
-    snprintf(buf, len, "%s:%s", host, port);
+    snprintf(c->peer, sizeof(c->peer), "%s:%s", c->host, port);
+}
+
+/* Connections open now from host (s->mu held). */
+static size_t from_host(const bw__dchan_server *s, const char *host)
+{
+    size_t n = 0;
+    for (const conn *c = s->conns; c; c = c->next)
+        n += strcmp(c->host, host) == 0;
+    return n;
 }
 
 static void *accept_loop(void *arg)
@@ -581,13 +603,16 @@ static void *accept_loop(void *arg)
         }
         c->sock = (bw_dsock){fd, NULL};
         c->srv = s;
-        peer_name(fd, c->peer, sizeof(c->peer));
+        peer_name(fd, c);
         pthread_mutex_lock(&s->mu);
         bool full = s->nconns >= (size_t)s->w->cfg->data_max_connections;
+        /* one host cannot take every slot (docs/data-channel.md, "Connections") */
+        bool peer_full =
+            !full && from_host(s, c->host) >= (size_t)s->w->cfg->data_max_connections_per_peer;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setstacksize(&attr, THREAD_STACK);
-        bool started = !full && pthread_create(&c->th, &attr, serve, c) == 0;
+        bool started = !full && !peer_full && pthread_create(&c->th, &attr, serve, c) == 0;
         pthread_attr_destroy(&attr);
         if (started) {
             c->next = s->conns;
@@ -596,11 +621,17 @@ static void *accept_loop(void *arg)
         }
         pthread_mutex_unlock(&s->mu);
         if (!started) {
-            char msg[160];
-            snprintf(msg, sizeof(msg),
-                     "data channel: the worker is at its limit of %lld connections%s",
-                     (long long)s->w->cfg->data_max_connections,
-                     full ? "" : " (it cannot start another thread)");
+            char msg[200];
+            if (peer_full)
+                snprintf(msg, sizeof(msg),
+                         "data channel: this peer address holds %lld connections, the worker's "
+                         "limit per peer (--data-max-connections-per-peer)",
+                         (long long)s->w->cfg->data_max_connections_per_peer);
+            else
+                snprintf(msg, sizeof(msg),
+                         "data channel: the worker is at its limit of %lld connections%s",
+                         (long long)s->w->cfg->data_max_connections,
+                         full ? "" : " (it cannot start another thread)");
             uint64_t now = bw__mono_ms();
             if (!s->refused_logged_ms || now - s->refused_logged_ms >= 10000) {
                 BW_WARN("data channel: connection refused; such clients fetch over gRPC peer=%s "

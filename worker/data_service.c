@@ -227,7 +227,8 @@ static int read_open(read_call *rc, char *err, size_t errlen)
     if (r != BW_OK)
         return r;
     bw__rp *rp = NULL;
-    r = bw__rp_open(rc->w, bw__rpc_call_peer(rc->call), rc->req.msg, &rp, err, errlen);
+    r = bw__rp_open_until(rc->w, bw__rpc_call_peer(rc->call), rc->req.msg,
+                          bw__rpc_call_deadline_ms(rc->call), &rp, err, errlen);
     if (r != BW_OK)
         return r;
     bw__rp_meter(rp, rc->w->metrics, BW_WM_GRPC);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "common/text.h"
@@ -55,6 +56,30 @@ static const bw_opt options[] = {
      "request that does not fit waits up to 1 s, then gets BW_BUSY with a retry hint"},
     {"read-threads", BW_OPT_INT, offsetof(bw_worker_config, read_threads), "4", 1, 256, NULL, 0,
      "N", "threads that open, index and check datasets for requests of both transports"},
+    {"max-open-files", BW_OPT_INT, offsetof(bw_worker_config, max_open_files), "0", 0, 1 << 24,
+     NULL, 0, "N",
+     "files the cached datasets may hold open together (0: the process's descriptor limit less "
+     "--data-max-connections and 256 for other sockets); over it idle datasets are closed, then "
+     "requests refused"},
+    {"dataset-memory-bytes", BW_OPT_INT, offsetof(bw_worker_config, dataset_memory_bytes),
+     "1073741824", 8388608, (int64_t)1 << 42, NULL, 0, "BYTES",
+     "memory the cached datasets may hold together: their record indexes (8 bytes a line of "
+     "text or jsonl, a record of tfrecord or tar) and source tables; over it idle datasets are "
+     "dropped, then requests refused"},
+    {"max-sources", BW_OPT_INT, offsetof(bw_worker_config, max_sources), "16384", 1, 65536, NULL, 0,
+     "N", "files one dataset may list once its globs are expanded"},
+    {"open-timeout-ms", BW_OPT_INT, offsetof(bw_worker_config, open_timeout_ms), "60000", 100,
+     3600000, NULL, 0, "MS",
+     "longest a request's directory walks may take (globs, format files), when the request's own "
+     "deadline is not sooner"},
+    {"data-hello-timeout-ms", BW_OPT_INT, offsetof(bw_worker_config, data_hello_timeout_ms), "5000",
+     100, 600000, NULL, 0, "MS",
+     "a new data-channel connection must finish its TLS handshake and send its first request or "
+     "hello within this, or it is closed"},
+    {"data-max-connections-per-peer", BW_OPT_INT,
+     offsetof(bw_worker_config, data_max_connections_per_peer), "512", 1, 65536, NULL, 0, "N",
+     "data-channel connections one peer address may hold at once; more are refused (that client "
+     "fetches over gRPC)"},
     {"tls-ca", BW_OPT_PATH, offsetof(bw_worker_config, tls_ca), NULL, 0, 0, NULL, 0, "FILE",
      "PEM CA that signed the coordinator's certificate: talk TLS to the coordinator"},
     {"tls-server-name", BW_OPT_STRING, offsetof(bw_worker_config, tls_server_name), NULL, 0, 0,
@@ -125,6 +150,34 @@ static void advertise_address(bw_worker *w)
     } else {
         snprintf(w->advertise, sizeof(w->advertise), "%s", w->bound);
     }
+}
+
+/* The dataset cache's budgets (docs/operating.md, "Worker budgets"). --max-open-files 0 takes
+ * the descriptor limit (the soft limit raised to the hard one first) less room for the data
+ * channel's connections and 256 more for gRPC, the coordinator and the metrics listener. */
+static void set_budgets(bw_worker *w, bw__ds_limits *out, uint64_t *descriptors)
+{
+    const bw_worker_config *cfg = w->cfg;
+    uint64_t files = (uint64_t)cfg->max_open_files;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    uint64_t limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                         ? (uint64_t)rl.rlim_cur
+                         : 1 << 20;
+    uint64_t headroom = (uint64_t)cfg->data_max_connections + 256;
+    if (!files)
+        files = limit > headroom + 64 ? limit - headroom : limit / 2;
+    if (files + 256 > limit)
+        BW_WARN("--max-open-files leaves fewer than 256 descriptors for sockets "
+                "max_open_files=%llu descriptor_limit=%llu",
+                (unsigned long long)files, (unsigned long long)limit);
+    *out = (bw__ds_limits){files, (uint64_t)cfg->dataset_memory_bytes, (size_t)cfg->max_sources,
+                           (uint64_t)cfg->open_timeout_ms};
+    *descriptors = limit;
+    bw__ds_cache_set_limits(w->datasets, out);
 }
 
 /* The data channel speaks what the gRPC listener speaks: plain TCP, or TLS with the same
@@ -213,6 +266,10 @@ int main(int argc, char **argv)
         snprintf(err, sizeof(err), "out of memory for the metrics");
     if (rc == BW_OK)
         bw__ds_cache_set_metrics(w.datasets, w.metrics);
+    bw__ds_limits lim;
+    uint64_t descriptors = 0;
+    if (rc == BW_OK)
+        set_budgets(&w, &lim, &descriptors);
     if (rc == BW_OK) {
         bw__exec_opts xo = {(int)cfg.read_threads, (uint64_t)cfg.inflight_bytes,
                             BW_WORKER_ADMIT_WAIT_MS, "--inflight-bytes"};
@@ -254,6 +311,10 @@ int main(int argc, char **argv)
             BW_INFO("metrics on %s%s", metrics_bound,
                     cfg.common.metrics_auth ? " (bearer token required)" : "");
         bw__daemon_auth_announce(&cfg.common, "worker", w.auth, cfg.tls_ca || cfg.common.tls_cert);
+        BW_INFO("dataset budgets max_open_files=%llu descriptor_limit=%llu "
+                "dataset_memory_bytes=%llu max_sources=%zu",
+                (unsigned long long)lim.max_open_files, (unsigned long long)descriptors,
+                (unsigned long long)lim.memory_bytes, lim.max_sources);
         rc = bw__worker_membership_start(&w, err, sizeof(err));
     }
     if (rc != BW_OK && srv) {

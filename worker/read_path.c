@@ -233,13 +233,14 @@ int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
 
 /* ---- the checks ---- */
 
-int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
+/* bw__rp_open_dataset with the request's deadline for directory walks (0: none). */
+static int open_dataset(bw_worker *w, const char *peer, const char *method,
                         const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
-                        bw__wds **out, char *err, size_t errlen)
+                        uint64_t deadline_ms, bw__wds **out, char *err, size_t errlen)
 {
     char why[1024];
     bw__wds *e = NULL;
-    int rc = bw__ds_get(w->datasets, spec, &e, why, sizeof(why));
+    int rc = bw__ds_get_until(w->datasets, spec, deadline_ms, &e, why, sizeof(why));
     if (rc == BW_OK && index)
         rc = bw__ds_index(e, why, sizeof(why));
     if (rc == BW_OK && fingerprint && fingerprint[0] &&
@@ -262,6 +263,13 @@ int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
     }
     *out = e;
     return BW_OK;
+}
+
+int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
+                        const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
+                        bw__wds **out, char *err, size_t errlen)
+{
+    return open_dataset(w, peer, method, spec, fingerprint, index, 0, out, err, errlen);
 }
 
 /* Routing by source: the shard of the source holding dataset index `index` (indexed). */
@@ -301,7 +309,7 @@ static int no_memory(const char *method, char *err, size_t errlen)
 }
 
 static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__ReadSamplesRequest *r,
-                        bw__rp **out, char *err, size_t errlen)
+                        uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen)
 {
     if (r->n_indices > BW_DATA_MAX_INDICES) {
         snprintf(err, errlen, "ReadSamples: %zu indices is more than the limit of %d", r->n_indices,
@@ -309,8 +317,8 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
         return BW_TOO_BIG;
     }
     bw__wds *e = NULL;
-    int rc = bw__rp_open_dataset(w, peer, "ReadSamples", r->dataset, r->fingerprint, true, &e, err,
-                                 errlen);
+    int rc = open_dataset(w, peer, "ReadSamples", r->dataset, r->fingerprint, true, deadline_ms, &e,
+                          err, errlen);
     if (rc != BW_OK)
         return rc;
     bw__rp *rp = bw__rp_samples(e, r->indices, r->n_indices, &w->stats);
@@ -347,11 +355,11 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
 }
 
 static int open_stream(bw_worker *w, const char *peer, const Batchwire__V1__ReadStreamRequest *r,
-                       bw__rp **out, char *err, size_t errlen)
+                       uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen)
 {
     bw__wds *e = NULL;
-    int rc = bw__rp_open_dataset(w, peer, "ReadStream", r->dataset, r->fingerprint, false, &e, err,
-                                 errlen);
+    int rc = open_dataset(w, peer, "ReadStream", r->dataset, r->fingerprint, false, deadline_ms, &e,
+                          err, errlen);
     if (rc != BW_OK)
         return rc;
     bw__rp *rp =
@@ -390,13 +398,19 @@ static int open_stream(bw_worker *w, const char *peer, const Batchwire__V1__Read
     return checked(rp, rc, out);
 }
 
-int bw__rp_open(bw_worker *w, const char *peer, const ProtobufCMessage *req, bw__rp **out,
-                char *err, size_t errlen)
+int bw__rp_open_until(bw_worker *w, const char *peer, const ProtobufCMessage *req,
+                      uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen)
 {
     *out = NULL;
     if (req->descriptor == &batchwire__v1__read_stream_request__descriptor)
-        return open_stream(w, peer, (const void *)req, out, err, errlen);
+        return open_stream(w, peer, (const void *)req, deadline_ms, out, err, errlen);
     BW_INVARIANT(req->descriptor == &batchwire__v1__read_samples_request__descriptor,
                  "a read is opened for a ReadSamplesRequest or a ReadStreamRequest");
-    return open_samples(w, peer, (const void *)req, out, err, errlen);
+    return open_samples(w, peer, (const void *)req, deadline_ms, out, err, errlen);
+}
+
+int bw__rp_open(bw_worker *w, const char *peer, const ProtobufCMessage *req, bw__rp **out,
+                char *err, size_t errlen)
+{
+    return bw__rp_open_until(w, peer, req, 0, out, err, errlen);
 }

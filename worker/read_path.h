@@ -46,6 +46,10 @@ enum { BW_RP_END = 1 };
  */
 int bw__rp_open(bw_worker *w, const char *peer, const ProtobufCMessage *req, bw__rp **out,
                 char *err, size_t errlen);
+/* The same, with the request's deadline (bw__mono_ms clock; 0: none): directory walks while
+ * opening its dataset stop there, or at --open-timeout-ms, whichever is sooner (BW_TIMEOUT). */
+int bw__rp_open_until(bw_worker *w, const char *peer, const ProtobufCMessage *req,
+                      uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen);
 
 /* The first checks of every request: the dataset opened (and indexed when `index`) and its
  * fingerprint equal to `fingerprint` when that is set. BW_OK with *out (put with bw__ds_put),

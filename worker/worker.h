@@ -30,6 +30,13 @@ typedef struct bw_worker_config {
     int64_t max_request_bytes;
     int64_t inflight_bytes;
     int64_t read_threads;
+    /* budgets (docs/operating.md, "Worker budgets") */
+    int64_t max_open_files; /* 0: the descriptor limit less sockets' headroom */
+    int64_t dataset_memory_bytes;
+    int64_t max_sources;
+    int64_t open_timeout_ms;
+    int64_t data_hello_timeout_ms;
+    int64_t data_max_connections_per_peer;
     bool takeover; /* --takeover: replace a live worker holding the id */
 } bw_worker_config;
 

@@ -13,6 +13,7 @@
 #include "common/text.h"
 #include "commands.h"
 #include "status_jobs.h"
+#include "text_safe.h"
 
 typedef struct status_cfg {
     char *coordinator, *job;
@@ -218,6 +219,27 @@ static void print_table(const Batchwire__V1__InfoResponse *info,
     }
 }
 
+/* The table prints what daemons report (ids, addresses, versions, host names): escaped first
+ * (text_safe.h). */
+static int make_safe(ProtobufCMessage *info, ProtobufCMessage *lw, const bw_status_jobs *jobs,
+                     bw_arena *arena, char *err, size_t errlen)
+{
+    bool ok = bw__cli_safe_message(info, arena) && bw__cli_safe_message(lw, arena);
+    for (size_t i = 0; ok && i < jobs->n; i++)
+        ok = bw__cli_safe_message((ProtobufCMessage *)jobs->jobs[i], arena);
+    if (!ok)
+        snprintf(err, errlen, "out of memory");
+    return ok ? BW_OK : BW_NOMEM;
+}
+
+/* err, escaped, to stderr after "batchwire status: " (a daemon's sentence may hold anything). */
+static void print_error(const char *err, const char *suffix)
+{
+    char safe[4200];
+    bw__cli_safe_text(safe, sizeof(safe), err);
+    fprintf(stderr, "batchwire status: %s%s\n", safe, suffix);
+}
+
 /* One look at the cluster: BW_OK after printing it, or an error with a sentence in err. */
 static int show(const status_cfg *cfg, bw_rpc_channel *ch, char *err, size_t errlen)
 {
@@ -235,7 +257,8 @@ static int show(const status_cfg *cfg, bw_rpc_channel *ch, char *err, size_t err
         if (rc == BW_OK && cfg->json) {
             bw__status_job_json(jobs.jobs[0]);
             putchar('\n');
-        } else if (rc == BW_OK) {
+        } else if (rc == BW_OK &&
+                   (rc = make_safe(NULL, NULL, &jobs, &arena, err, errlen)) == BW_OK) {
             if (cfg->watch && isatty(STDOUT_FILENO))
                 printf("\033[H\033[2J");
             printf("coordinator %s\n\n", cfg->coordinator);
@@ -254,7 +277,7 @@ static int show(const status_cfg *cfg, bw_rpc_channel *ch, char *err, size_t err
         rc = bw__status_jobs_fetch(ch, &arena, (int)cfg->timeout_ms, &jobs, err, errlen);
     if (rc == BW_OK && cfg->json) {
         print_json((const void *)info, (const void *)lw, &jobs, cfg->coordinator);
-    } else if (rc == BW_OK) {
+    } else if (rc == BW_OK && (rc = make_safe(info, lw, &jobs, &arena, err, errlen)) == BW_OK) {
         if (cfg->watch && isatty(STDOUT_FILENO))
             printf("\033[H\033[2J"); /* a refresh replaces the screen */
         print_table((const void *)info, (const void *)lw, cfg->coordinator);
@@ -332,7 +355,7 @@ int bw__cmd_status(int argc, char **argv)
         rc = show(&cfg, ch, err, sizeof(err));
         if (rc != BW_OK && cfg.watch && !interrupted) {
             /* The coordinator may be restarting: say so and look again. */
-            fprintf(stderr, "batchwire status: %s (trying again)\n", err);
+            print_error(err, " (trying again)");
             rc = BW_OK;
         }
         if (!cfg.watch || interrupted)
@@ -344,7 +367,7 @@ int bw__cmd_status(int argc, char **argv)
     }
     status = 0;
     if (rc != BW_OK) {
-        fprintf(stderr, "batchwire status: %s\n", err);
+        print_error(err, "");
         status = 1;
     }
     bw__rpc_channel_close(ch);

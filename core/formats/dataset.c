@@ -3,9 +3,10 @@
  * datasets. */
 #include "formats/dataset.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <glob.h>
+#include <fnmatch.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 
 #include "common/log.h"
 #include "common/progress.h"
+#include "common/util.h"
 
 static int64_t mtime_ns(const struct stat *st)
 {
@@ -68,11 +70,6 @@ static int check_pattern(const char *p, char *err, size_t errlen)
     return BW_OK;
 }
 
-static int by_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* Every open source keeps its file open (bw__source_check), so a worker serving many files
  * needs many descriptors: the soft limit is raised to the hard one, once. */
 static pthread_once_t nofile_once = PTHREAD_ONCE_INIT;
@@ -86,20 +83,61 @@ static void raise_nofile(void)
     }
 }
 
-/* Opens one resolved path as a source. `rel` is what people see. */
-static int open_source(const char *root, const bw__format_ops *ops, const char *member,
-                       const char *rel, bw__source **out, char *err, size_t errlen)
+/* The part of `real` (a resolved path inside root) below root: "" for the root itself. */
+static const char *below_root(const char *root, const char *real)
 {
-    char full[PATH_MAX + 64], real[PATH_MAX];
+    size_t n = strlen(root);
+    if (n == 1 && root[0] == '/')
+        return real + 1;
+    return real[n] == '/' ? real + n + 1 : real + n;
+}
+
+/* Resolves root/rel: BW_OK with its resolved path in real (inside root); BW_PERMISSION_DENIED
+ * when it leads outside the root -- also when it does not exist but the deepest part of it that
+ * does leads outside, so that nothing outside can be probed; BW_NOT_FOUND or BW_IO otherwise.
+ * A sentence naming only `rel` in err. */
+static int resolve_in(const char *root, const char *rel, char real[PATH_MAX], char *err,
+                      size_t errlen)
+{
+    char full[PATH_MAX + 64];
     snprintf(full, sizeof(full), "%s/%s", root, rel);
+    int rc = BW_OK;
     if (!realpath(full, real)) {
-        snprintf(err, errlen, "source '%s': %s", rel, strerror(errno));
-        return errno == ENOENT ? BW_NOT_FOUND : BW_IO;
-    }
-    if (!inside(root, real)) {
-        snprintf(err, errlen, "source '%s' resolves to %s, outside the data root", rel, real);
-        return BW_PERMISSION_DENIED;
-    }
+        int e = errno;
+        rc = e == ENOENT || e == ENOTDIR ? BW_NOT_FOUND : BW_IO;
+        char *slash;
+        size_t rootlen = strlen(root);
+        while ((slash = strrchr(full, '/')) != NULL && (size_t)(slash - full) > rootlen) {
+            *slash = '\0';
+            if (realpath(full, real)) {
+                if (!inside(root, real))
+                    rc = BW_PERMISSION_DENIED;
+                break;
+            }
+        }
+        if (rc != BW_PERMISSION_DENIED) {
+            snprintf(err, errlen, "source '%s': %s", rel, strerror(e));
+            return rc;
+        }
+    } else if (!inside(root, real))
+        rc = BW_PERMISSION_DENIED;
+    if (rc == BW_PERMISSION_DENIED)
+        snprintf(err, errlen,
+                 "source '%s' leads outside the data root (through a symbolic link): refused", rel);
+    return rc;
+}
+
+/* Opens one path (no pattern) as a source of d. `rel` is what people see. A file is opened
+ * with O_NONBLOCK and refused unless fstat says it is a regular file: a FIFO or a device
+ * below the root never blocks the opening thread. */
+static int open_source(const char *root, const bw__format_ops *ops, const char *member,
+                       const char *rel, const bw__open_opts *o, bw__dataset *d, bw__source **out,
+                       char *err, size_t errlen)
+{
+    char real[PATH_MAX];
+    int rc = resolve_in(root, rel, real, err, errlen);
+    if (rc != BW_OK)
+        return rc;
     pthread_once(&nofile_once, raise_nofile);
     bw__source *s = calloc(1, sizeof(*s));
     if (!s)
@@ -107,23 +145,42 @@ static int open_source(const char *root, const bw__format_ops *ops, const char *
     s->ops = ops;
     s->fd = -1;
     s->root = root;
+    s->deadline_ms = o->deadline_ms;
     snprintf(s->path, sizeof(s->path), "%s", rel);
     snprintf(s->member, sizeof(s->member), "%s", member);
     snprintf(s->abspath, sizeof(s->abspath), "%s", real);
+    if (o->memory) {
+        s->memory = o->memory;
+        s->memory_own = &d->memory_held;
+        rc = bw__source_charge(s, sizeof(*s), err, errlen);
+    }
+    if (rc == BW_OK && !ops->is_dir && o->files) {
+        char why[400];
+        rc = bw__budget_take(o->files, 1, d->nsources, why, sizeof(why));
+        if (rc == BW_OK) {
+            s->files = o->files;
+            s->file_held = true;
+        } else
+            snprintf(err, errlen, "source '%s': %s", rel, why);
+    }
     struct stat st;
-    int rc = BW_OK;
-    if (ops->is_dir) {
+    if (rc != BW_OK) {
+        /* refused by a budget: the sentence is in err */
+    } else if (ops->is_dir) {
         if (stat(real, &st) != 0 || !S_ISDIR(st.st_mode)) {
             snprintf(err, errlen, "source '%s': format files needs a directory", rel);
             rc = BW_INVALID_ARGUMENT;
         }
     } else {
-        int fd = open(real, O_RDONLY | O_CLOEXEC);
+        int fd = open(real, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
         if (fd < 0) {
             snprintf(err, errlen, "source '%s': %s", rel, strerror(errno));
             rc = errno == EACCES ? BW_PERMISSION_DENIED : BW_IO;
         } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-            snprintf(err, errlen, "source '%s': not a regular file", rel);
+            snprintf(err, errlen,
+                     "source '%s': not a regular file (a directory, FIFO, socket or device is "
+                     "never read)",
+                     rel);
             rc = BW_INVALID_ARGUMENT;
         } else if (!(s->map = bw__mapping_map(fd, (size_t)st.st_size))) {
             snprintf(err, errlen, "source '%s': mmap: %s", rel, strerror(errno));
@@ -156,61 +213,225 @@ static int open_source(const char *root, const bw__format_ops *ops, const char *
     return BW_OK;
 }
 
-/* Expands one pattern into relative paths (sorted bytewise when it is a glob). */
-static int expand(const char *root, const char *pat, char ***paths, size_t *n, char *err,
-                  size_t errlen)
+/* ---- expanding patterns (bw__dataset_resolve) ---- */
+
+void bw__paths_free(bw__paths *p)
 {
-    *paths = NULL;
-    *n = 0;
-    if (!strpbrk(pat, "*?[")) {
-        *paths = malloc(sizeof(char *));
-        if (!*paths || !((*paths)[0] = strdup(pat))) {
-            free(*paths);
-            *paths = NULL; /* the caller frees *paths: not twice */
+    for (size_t i = 0; p && i < p->n; i++)
+        free(p->v[i]);
+    if (p)
+        free(p->v);
+    if (p)
+        memset(p, 0, sizeof(*p));
+}
+
+/* Appends a copy of a + ("/" when both are set) + b[0..blen). BW_OK or BW_NOMEM. */
+static int paths_add(bw__paths *p, const char *a, const char *b, size_t blen)
+{
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 8;
+        char **nv = realloc(p->v, cap * sizeof(*nv));
+        if (!nv)
+            return BW_NOMEM;
+        p->v = nv;
+        p->cap = cap;
+    }
+    size_t alen = strlen(a);
+    char *s = malloc(alen + blen + 2);
+    if (!s)
+        return BW_NOMEM;
+    memcpy(s, a, alen);
+    size_t off = alen;
+    if (alen && blen)
+        s[off++] = '/';
+    memcpy(s + off, b, blen);
+    s[off + blen] = '\0';
+    p->v[p->n++] = s;
+    return BW_OK;
+}
+
+static bool is_glob(const char *p, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (p[i] == '*' || p[i] == '?' || p[i] == '[')
+            return true;
+    return false;
+}
+
+enum { WALK_CHECK_EVERY = 256 }; /* directory entries between reads of the clock */
+
+/* The entries of directory root/dir (resolved inside the root first) that match comp, as
+ * dir/NAME into next; only directories unless `last`. Counts entries read into *seen. */
+static int match_dir(const char *root, const char *pat, const char *dir, const char *comp,
+                     bool last, const bw__open_opts *o, size_t max, uint64_t *seen, bw__paths *next,
+                     char *err, size_t errlen)
+{
+    char real[PATH_MAX], why[512];
+    int rc = resolve_in(root, dir[0] ? dir : ".", real, why, sizeof(why));
+    if (rc == BW_PERMISSION_DENIED) {
+        snprintf(err, errlen,
+                 "source '%s': '%s' leads outside the data root (through a symbolic link): "
+                 "globs are never expanded outside it",
+                 pat, dir);
+        return rc;
+    }
+    if (rc != BW_OK)
+        return BW_OK; /* missing: matches nothing, as glob(3) */
+    DIR *dp = opendir(real);
+    if (!dp)
+        return BW_OK;
+    struct dirent *de;
+    while (rc == BW_OK && (de = readdir(dp)) != NULL) {
+        if (o->deadline_ms && ++*seen % WALK_CHECK_EVERY == 0 && bw__mono_ms() > o->deadline_ms) {
+            snprintf(err, errlen,
+                     "source '%s': the request's deadline passed while expanding it (%llu "
+                     "directory entries read)",
+                     pat, (unsigned long long)*seen);
+            rc = BW_TIMEOUT;
+            break;
+        }
+        const char *name = de->d_name;
+        if (name[0] == '.' && (!name[1] || (name[1] == '.' && !name[2])))
+            continue;
+        if (fnmatch(comp, name, FNM_PERIOD) != 0)
+            continue;
+        if (!last) {
+            struct stat st;
+            if (fstatat(dirfd(dp), name, &st, 0) != 0 || !S_ISDIR(st.st_mode))
+                continue;
+        }
+        if (last && next->n >= max) {
+            snprintf(err, errlen, "source '%s' matches more than %zu files (%s)", pat, max,
+                     o->max_sources_flag ? o->max_sources_flag : "the limit of sources");
+            rc = BW_TOO_BIG;
+            break;
+        }
+        if (paths_add(next, dir, name, strlen(name)) != BW_OK) {
+            snprintf(err, errlen, "source '%s': out of memory for its paths", pat);
+            rc = BW_NOMEM;
+        }
+    }
+    closedir(dp);
+    return rc;
+}
+
+static int by_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Expands one checked pattern into paths relative to the root (sorted bytewise when it is a
+ * glob), at most max. Component by component: a literal one is appended, a glob one matched
+ * against the entries of each directory found so far -- each resolved inside the root before
+ * it is read. */
+static int expand(const char *root, const char *pat, const bw__open_opts *o, size_t max,
+                  bw__paths *out, char *err, size_t errlen)
+{
+    size_t patlen = strlen(pat);
+    if (o->literal || !is_glob(pat, patlen)) {
+        if (paths_add(out, "", pat, patlen) != BW_OK) {
             snprintf(err, errlen, "source '%s': out of memory", pat);
             return BW_NOMEM;
         }
-        *n = 1;
         return BW_OK;
     }
-    char full[PATH_MAX + 64];
-    snprintf(full, sizeof(full), "%s/%s", root, pat);
-    glob_t g;
-    memset(&g, 0, sizeof(g));
-    int grc = glob(full, GLOB_NOSORT, NULL, &g);
-    if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
-        globfree(&g);
-        snprintf(err, errlen, "source '%s' matches nothing below the data root", pat);
-        return BW_NOT_FOUND;
-    }
-    if (grc != 0) {
-        globfree(&g);
-        snprintf(err, errlen, "source '%s': cannot expand the pattern", pat);
-        return BW_IO;
-    }
-    size_t rootlen = strlen(root);
-    char **out = calloc(g.gl_pathc, sizeof(char *));
-    if (!out) {
-        globfree(&g);
-        snprintf(err, errlen, "source '%s': out of memory for its %zu paths", pat, g.gl_pathc);
-        return BW_NOMEM;
-    }
-    for (size_t i = 0; i < g.gl_pathc; i++) {
-        out[i] = strdup(g.gl_pathv[i] + rootlen + 1);
-        if (!out[i]) {
-            for (size_t j = 0; j < i; j++)
-                free(out[j]);
-            free(out);
-            globfree(&g);
-            snprintf(err, errlen, "source '%s': out of memory for its paths", pat);
-            return BW_NOMEM;
+    bw__paths cur = {NULL, 0, 0}, next = {NULL, 0, 0};
+    int rc = paths_add(&cur, "", "", 0);
+    uint64_t seen = 0;
+    for (const char *c = pat; rc == BW_OK && *c;) {
+        const char *slash = strchr(c, '/');
+        size_t len = slash ? (size_t)(slash - c) : strlen(c);
+        const char *after = c + len + (slash ? 1 : 0);
+        bool last = !*after;
+        if (len == 0 || (len == 1 && c[0] == '.')) {
+            c = after; /* "a//b", "./a": the same directory */
+            continue;
         }
+        if (!is_glob(c, len)) {
+            for (size_t i = 0; i < cur.n && rc == BW_OK; i++)
+                rc = paths_add(&next, cur.v[i], c, len);
+        } else {
+            char comp[NAME_MAX + 1];
+            snprintf(comp, sizeof(comp), "%.*s", (int)len, c);
+            for (size_t i = 0; i < cur.n && rc == BW_OK; i++)
+                rc = match_dir(root, pat, cur.v[i], comp, last, o, max, &seen, &next, err, errlen);
+        }
+        if (rc == BW_NOMEM)
+            snprintf(err, errlen, "source '%s': out of memory for its paths", pat);
+        bw__paths_free(&cur);
+        cur = next;
+        memset(&next, 0, sizeof(next));
+        c = after;
     }
-    *n = g.gl_pathc;
-    globfree(&g);
-    qsort(out, *n, sizeof(char *), by_str);
-    *paths = out;
-    return BW_OK;
+    if (rc == BW_OK && cur.n == 0) {
+        snprintf(err, errlen, "source '%s' matches nothing below the data root", pat);
+        rc = BW_NOT_FOUND;
+    }
+    if (rc != BW_OK) {
+        bw__paths_free(&cur);
+        return rc;
+    }
+    qsort(cur.v, cur.n, sizeof(char *), by_str);
+    for (size_t i = 0; i < cur.n && rc == BW_OK; i++) {
+        rc = paths_add(out, "", cur.v[i], strlen(cur.v[i]));
+        if (rc != BW_OK)
+            snprintf(err, errlen, "source '%s': out of memory for its paths", pat);
+    }
+    bw__paths_free(&cur);
+    return rc;
+}
+
+static size_t max_sources(const bw__open_opts *o)
+{
+    return o->max_sources && o->max_sources < BW_DATASET_MAX_SOURCES ? o->max_sources
+                                                                     : BW_DATASET_MAX_SOURCES;
+}
+
+static int too_many(const bw__open_opts *o, size_t n, char *err, size_t errlen)
+{
+    snprintf(err, errlen,
+             "the dataset lists more than %zu sources once its globs are expanded%s%s%s",
+             max_sources(o), o->max_sources_flag ? " (" : "",
+             o->max_sources_flag ? o->max_sources_flag : "", o->max_sources_flag ? ")" : "");
+    (void)n;
+    return BW_TOO_BIG;
+}
+
+int bw__dataset_resolve(const char *root, const char *const *patterns, size_t npatterns,
+                        const bw__open_opts *opts, bw__paths *spelled, bw__paths *canon, char *err,
+                        size_t errlen)
+{
+    static const bw__open_opts none;
+    const bw__open_opts *o = opts ? opts : &none;
+    size_t max = max_sources(o);
+    memset(spelled, 0, sizeof(*spelled));
+    memset(canon, 0, sizeof(*canon));
+    int rc = BW_OK;
+    for (size_t p = 0; p < npatterns && rc == BW_OK; p++) {
+        rc = check_pattern(patterns[p], err, errlen);
+        if (rc == BW_OK)
+            rc = expand(root, patterns[p], o, max - spelled->n, spelled, err, errlen);
+        if (rc == BW_OK && spelled->n > max)
+            rc = too_many(o, spelled->n, err, errlen);
+    }
+    for (size_t i = 0; i < spelled->n && rc == BW_OK; i++) {
+        char real[PATH_MAX];
+        int r = resolve_in(root, spelled->v[i], real, err, errlen);
+        if (r == BW_PERMISSION_DENIED)
+            rc = r;
+        else if (r == BW_OK) {
+            const char *rel = below_root(root, real);
+            rc = paths_add(canon, "", rel[0] ? rel : ".", rel[0] ? strlen(rel) : 1);
+        } else
+            rc = paths_add(canon, "", spelled->v[i], strlen(spelled->v[i]));
+        if (rc == BW_NOMEM)
+            snprintf(err, errlen, "out of memory for %zu source paths", spelled->n);
+    }
+    if (rc != BW_OK) {
+        bw__paths_free(spelled);
+        bw__paths_free(canon);
+    }
+    return rc;
 }
 
 static int layouts_agree(bw__dataset *d, char *err, size_t errlen)
@@ -251,6 +472,7 @@ static int fingerprint(bw__dataset *d, char *err, size_t errlen)
     }
     for (size_t i = 0; i < d->nsources && !d->nfields; i++) {
         const bw__source *s = d->sources[i];
+        /* the canonical path (open_plain): one fingerprint however the path is spelled */
         EVP_DigestUpdate(h, s->path, strlen(s->path) + 1);
         EVP_DigestUpdate(h, &s->size, sizeof(s->size));
         EVP_DigestUpdate(h, &s->mtime_ns, sizeof(s->mtime_ns));
@@ -269,64 +491,59 @@ static int fingerprint(bw__dataset *d, char *err, size_t errlen)
 }
 
 static int open_npz(const char *root, const char *const *patterns, size_t npatterns,
-                    bw__dataset **out, char *err, size_t errlen);
+                    const bw__open_opts *o, bw__dataset **out, char *err, size_t errlen);
 
 /* Opens ops over patterns (npz: the array `member` of each archive; "" otherwise). */
 static int open_plain(const char *root, const bw__format_ops *ops, const char *member,
-                      const char *const *patterns, size_t npatterns, bw__dataset **out, char *err,
-                      size_t errlen)
+                      const char *const *patterns, size_t npatterns, const bw__open_opts *o,
+                      bw__dataset **out, char *err, size_t errlen)
 {
     const char *format = ops->name;
     if (npatterns == 0) {
         snprintf(err, errlen, "the dataset lists no sources");
         return BW_INVALID_ARGUMENT;
     }
+    /* Sources are opened by their canonical paths, which name them in messages, in the
+     * fingerprint and for placement by path: the same on every worker however a job spells
+     * them. */
+    bw__paths spelled = {NULL, 0, 0}, paths = {NULL, 0, 0};
+    int rc = bw__dataset_resolve(root, patterns, npatterns, o, &spelled, &paths, err, errlen);
+    bw__paths_free(&spelled);
+    if (rc != BW_OK)
+        return rc;
     bw__dataset *d = calloc(1, sizeof(*d));
-    if (!d) {
-        snprintf(err, errlen, "out of memory opening a %s dataset", format);
+    bw__source **sources = calloc(paths.n ? paths.n : 1, sizeof(*sources));
+    if (!d || !sources) {
+        free(d);
+        free(sources);
+        bw__paths_free(&paths);
+        snprintf(err, errlen, "out of memory opening a %s dataset of %zu sources", format, paths.n);
         return BW_NOMEM;
     }
     d->ops = ops;
+    d->sources = sources;
     pthread_mutex_init(&d->mu, NULL);
-    int rc = BW_OK;
-    size_t cap = 0;
     char what[256];
     snprintf(what, sizeof(what), "opening dataset=%s:%.150s patterns=%zu", format, patterns[0],
              npatterns);
     bw__progress prog;
-    bw__progress_begin(&prog, what, false, 0); /* sources opened; how many is not known */
-    for (size_t p = 0; p < npatterns && rc == BW_OK; p++) {
-        rc = check_pattern(patterns[p], err, errlen);
-        char **paths = NULL;
-        size_t n = 0;
-        if (rc == BW_OK)
-            rc = expand(root, patterns[p], &paths, &n, err, errlen);
-        for (size_t i = 0; i < n; i++) {
-            if (rc == BW_OK && d->nsources == BW_DATASET_MAX_SOURCES) {
-                snprintf(err, errlen, "more than %d sources", BW_DATASET_MAX_SOURCES);
-                rc = BW_TOO_BIG;
-            }
-            if (rc == BW_OK && d->nsources == cap) {
-                cap = cap ? cap * 2 : 8;
-                bw__source **ns = realloc(d->sources, cap * sizeof(*ns));
-                if (!ns) {
-                    snprintf(err, errlen, "out of memory for %zu sources", cap);
-                    rc = BW_NOMEM;
-                } else
-                    d->sources = ns;
-            }
-            bw__source *s = NULL;
-            if (rc == BW_OK)
-                rc = open_source(root, ops, member, paths[i], &s, err, errlen);
-            if (rc == BW_OK) {
-                d->sources[d->nsources++] = s;
-                d->total_bytes += s->size;
-                bw__progress_set(&prog, d->nsources);
-            }
-            free(paths[i]);
+    bw__progress_begin(&prog, what, true, paths.n);
+    for (size_t i = 0; i < paths.n && rc == BW_OK; i++) {
+        if (o->deadline_ms && bw__mono_ms() > o->deadline_ms) {
+            snprintf(err, errlen, "the request's deadline passed after opening %zu of %zu sources",
+                     i, paths.n);
+            rc = BW_TIMEOUT;
+            break;
         }
-        free(paths);
+        bw__source *s = NULL;
+        rc = open_source(root, ops, member, paths.v[i], o, d, &s, err, errlen);
+        if (rc == BW_OK) {
+            d->sources[d->nsources++] = s;
+            d->total_bytes += s->size;
+            bw__progress_set(&prog, d->nsources);
+        }
     }
+    bw__paths_free(&paths);
     bw__progress_end(&prog, rc == BW_OK);
     if (rc == BW_OK)
         rc = layouts_agree(d, err, errlen);
@@ -340,9 +557,12 @@ static int open_plain(const char *root, const bw__format_ops *ops, const char *m
     return BW_OK;
 }
 
-int bw__dataset_open(const char *root, const char *format, const char *const *patterns,
-                     size_t npatterns, bw__dataset **out, char *err, size_t errlen)
+int bw__dataset_open_opts(const char *root, const char *format, const char *const *patterns,
+                          size_t npatterns, const bw__open_opts *opts, bw__dataset **out, char *err,
+                          size_t errlen)
 {
+    static const bw__open_opts none;
+    const bw__open_opts *o = opts ? opts : &none;
     const bw__format_ops *ops = bw__format_find(format);
     if (!ops) {
         size_t n;
@@ -356,8 +576,14 @@ int bw__dataset_open(const char *root, const char *format, const char *const *pa
         return BW_INVALID_ARGUMENT;
     }
     if (ops == &bw__fmt_npz)
-        return open_npz(root, patterns, npatterns, out, err, errlen);
-    return open_plain(root, ops, "", patterns, npatterns, out, err, errlen);
+        return open_npz(root, patterns, npatterns, o, out, err, errlen);
+    return open_plain(root, ops, "", patterns, npatterns, o, out, err, errlen);
+}
+
+int bw__dataset_open(const char *root, const char *format, const char *const *patterns,
+                     size_t npatterns, bw__dataset **out, char *err, size_t errlen)
+{
+    return bw__dataset_open_opts(root, format, patterns, npatterns, NULL, out, err, errlen);
 }
 
 /* ---- named arrays ---- */
@@ -467,6 +693,15 @@ static bw__dataset *new_fields(const bw__format_ops *ops, char *err, size_t errl
 int bw__dataset_open_fields(const char *root, const bw__field_spec *fields, size_t n,
                             bw__dataset **out, char *err, size_t errlen)
 {
+    return bw__dataset_open_fields_opts(root, fields, n, NULL, out, err, errlen);
+}
+
+int bw__dataset_open_fields_opts(const char *root, const bw__field_spec *fields, size_t n,
+                                 const bw__open_opts *opts, bw__dataset **out, char *err,
+                                 size_t errlen)
+{
+    static const bw__open_opts none;
+    const bw__open_opts *o = opts ? opts : &none;
     if (n == 0 || n > BW_FMT_MAX_FIELDS) {
         snprintf(err, errlen, "a dataset of named arrays has 1 to %d fields (got %zu)",
                  BW_FMT_MAX_FIELDS, n);
@@ -498,8 +733,8 @@ int bw__dataset_open_fields(const char *root, const bw__field_spec *fields, size
         snprintf(err, errlen, "out of memory opening %zu fields", n);
     for (size_t k = 0; k < n && rc == BW_OK; k++) {
         names[k] = fields[k].name;
-        rc = open_plain(root, &bw__fmt_npy, "", fields[k].patterns, fields[k].npatterns, &f[k], err,
-                        errlen);
+        rc = open_plain(root, &bw__fmt_npy, "", fields[k].patterns, fields[k].npatterns, o, &f[k],
+                        err, errlen);
         if (rc != BW_OK) {
             field_fail(fields[k].name, rc, err, errlen);
             while (k-- > 0)
@@ -521,10 +756,10 @@ int bw__dataset_open_fields(const char *root, const bw__field_spec *fields, size
 /* npz: every array of the archives is a field, in the first archive's order; every archive
  * must hold the same arrays. */
 static int open_npz(const char *root, const char *const *patterns, size_t npatterns,
-                    bw__dataset **out, char *err, size_t errlen)
+                    const bw__open_opts *o, bw__dataset **out, char *err, size_t errlen)
 {
     bw__dataset *list = NULL; /* the archives, opened to list their members */
-    int rc = open_plain(root, &bw__fmt_npz, "", patterns, npatterns, &list, err, errlen);
+    int rc = open_plain(root, &bw__fmt_npz, "", patterns, npatterns, o, &list, err, errlen);
     if (rc != BW_OK)
         return rc;
     char first[4096], other[4096];
@@ -572,7 +807,9 @@ static int open_npz(const char *root, const char *const *patterns, size_t npatte
             break;
         }
         snprintf(member, sizeof(member), "%s.npy", names[k]);
-        rc = open_plain(root, &bw__fmt_npz, member, paths, list->nsources, &f[k], err, errlen);
+        bw__open_opts lo = *o; /* the archives' paths, expanded once above */
+        lo.literal = true;
+        rc = open_plain(root, &bw__fmt_npz, member, paths, list->nsources, &lo, &f[k], err, errlen);
         if (rc != BW_OK)
             field_fail(names[k], rc, err, errlen);
         else

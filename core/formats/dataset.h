@@ -39,6 +39,7 @@ typedef struct bw__dataset {
     bool indexed;
     int index_rc; /* the first index attempt's result, repeated to later callers */
     char index_err[512];
+    uint64_t memory_held; /* charged to the dataset memory budget by its sources */
     /* named arrays: the fields and their names; sources and first are field 0's */
     size_t nfields;
     struct bw__dataset **fields;
@@ -53,10 +54,44 @@ typedef struct bw__field_spec {
     size_t npatterns;
 } bw__field_spec;
 
+/* What an open may spend (docs/operating.md, "Worker budgets"); all zero: no limits. */
+typedef struct bw__open_opts {
+    uint64_t deadline_ms; /* bw__mono_ms clock: directory walks stop (BW_TIMEOUT); 0: none */
+    size_t max_sources;   /* after expanding globs (0: BW_DATASET_MAX_SOURCES) */
+    const char *max_sources_flag; /* the setting that sets it, for messages (NULL: none) */
+    bw__budget *files;            /* one per open file; NULL: not counted */
+    bw__budget *memory;           /* sources' size and record indexes; NULL: not counted */
+    bool literal;                 /* the patterns are paths bw__dataset_resolve expanded */
+} bw__open_opts;
+
+/* A list of paths relative to the data root. */
+typedef struct bw__paths {
+    char **v;
+    size_t n, cap;
+} bw__paths;
+void bw__paths_free(bw__paths *p);
+
+/* Expands `patterns` below `root` without opening any file: globs are matched directory by
+ * directory (fnmatch, a leading '.' matched only explicitly, each glob's matches sorted
+ * bytewise) and no directory that resolves outside the root is ever read. `spelled` gets the
+ * paths as the patterns name them, `canon` each one's canonical form (symbolic links and "."
+ * resolved, relative to the root; the path as spelled when it does not exist). Refuses, never
+ * naming anything outside the root: a pattern that leads outside it (BW_PERMISSION_DENIED),
+ * more than opts->max_sources paths (BW_TOO_BIG naming the flag), a walk past
+ * opts->deadline_ms (BW_TIMEOUT), a glob that matches nothing (BW_NOT_FOUND). */
+int bw__dataset_resolve(const char *root, const char *const *patterns, size_t npatterns,
+                        const bw__open_opts *opts, bw__paths *spelled, bw__paths *canon, char *err,
+                        size_t errlen);
+
 /* Opens `format` over `patterns` below `root` (a resolved directory). On failure returns a
- * code with a sentence naming the source and the reason; nothing is left open. */
+ * code with a sentence naming the source and the reason; nothing is left open. Every file is
+ * opened with O_NONBLOCK and anything but a regular file refused (a FIFO never blocks). */
 int bw__dataset_open(const char *root, const char *format, const char *const *patterns,
                      size_t npatterns, bw__dataset **out, char *err, size_t errlen);
+/* The same within opts (NULL: no limits). */
+int bw__dataset_open_opts(const char *root, const char *format, const char *const *patterns,
+                          size_t npatterns, const bw__open_opts *opts, bw__dataset **out, char *err,
+                          size_t errlen);
 
 /* Opens a dataset of the named arrays fields[0..n) (1 to BW_FMT_MAX_FIELDS, names checked by
  * bw__check_field_name and unique, format npy) and indexes it. Refuses, naming the field, a
@@ -65,6 +100,10 @@ int bw__dataset_open(const char *root, const char *format, const char *const *pa
  * holding another number of rows). */
 int bw__dataset_open_fields(const char *root, const bw__field_spec *fields, size_t n,
                             bw__dataset **out, char *err, size_t errlen);
+/* The same within opts (NULL: no limits); max_sources bounds each field's files. */
+int bw__dataset_open_fields_opts(const char *root, const bw__field_spec *fields, size_t n,
+                                 const bw__open_opts *opts, bw__dataset **out, char *err,
+                                 size_t errlen);
 
 /* The files d reads: its sources, or every field's (npz: each archive once per field). */
 size_t bw__dataset_nfiles(const bw__dataset *d);

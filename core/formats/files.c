@@ -1,7 +1,9 @@
 /* A directory of one file per sample: the directory's regular files, sorted by name (bytes,
  * strcmp order); sample i is the whole content of the i-th. Sub-directories and other entries
- * are ignored; symlinks are followed only when they resolve inside the data root. Small files
- * are read with pread, large ones mapped. */
+ * are ignored; symlinks are followed only when they resolve inside the data root (one that
+ * leads out refuses the dataset without naming where it leads). The directory's walk stops at
+ * the request's deadline (s->deadline_ms). Small files are read with pread, large ones
+ * mapped; a file is opened with O_NONBLOCK so that a FIFO put in its place never blocks. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -14,9 +16,10 @@
 
 #include <openssl/evp.h>
 
+#include "common/util.h"
 #include "formats/formats.h"
 
-enum { PREAD_MAX = 256 * 1024 };
+enum { PREAD_MAX = 256 * 1024, DEADLINE_EVERY = 256 /* entries between clock reads */ };
 
 typedef struct entry {
     char *name;   /* in the directory */
@@ -64,7 +67,15 @@ static int files_open(bw__source *s, char *err, size_t errlen)
     uint64_t cap = 0;
     int rc = BW_OK;
     struct dirent *de;
+    uint64_t seen = 0;
     while (rc == BW_OK && (de = readdir(dir)) != NULL) {
+        if (s->deadline_ms && ++seen % DEADLINE_EVERY == 0 && bw__mono_ms() > s->deadline_ms) {
+            rc = bw__fmt_fail(s, BW_TIMEOUT, 0, err, errlen,
+                              "the request's deadline passed while listing the directory (%llu "
+                              "entries read)",
+                              (unsigned long long)seen);
+            break;
+        }
         if (de->d_name[0] == '.' && (!de->d_name[1] || (de->d_name[1] == '.' && !de->d_name[2])))
             continue;
         struct stat st;
@@ -84,8 +95,8 @@ static int files_open(bw__source *s, char *err, size_t errlen)
             }
             if (s->root && !inside(s->root, real)) {
                 rc = bw__fmt_fail(s, BW_PERMISSION_DENIED, 0, err, errlen,
-                                  "entry '%s' is a symlink to %s, outside the data root",
-                                  de->d_name, real);
+                                  "entry '%s' is a symbolic link leading outside the data root",
+                                  de->d_name);
                 free(name);
                 break;
             }
@@ -165,7 +176,7 @@ static int files_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t
         snprintf(path, sizeof(path), "%s", d->e[i].target);
     else
         snprintf(path, sizeof(path), "%s/%s", s->abspath, name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return bw__fmt_fail(s, errno == ENOENT ? BW_NOT_FOUND : BW_IO, 0, err, errlen,
                             "file '%s': %s", name, strerror(errno));

@@ -110,6 +110,32 @@ typedef struct bw__layout {
 
 typedef struct bw__source bw__source;
 
+/* A budget a worker holds its open datasets to (docs/operating.md, "Worker budgets"): open
+ * files (--max-open-files) or dataset memory (--dataset-memory-bytes). Sources take from it
+ * while they are opened and indexed and give back when freed. Thread-safe. */
+typedef struct bw__budget {
+    atomic_uint_fast64_t used;
+    uint64_t limit;   /* 0: unlimited */
+    const char *what; /* "open files", "bytes of dataset memory" */
+    const char *flag; /* the setting that sets `limit`, for messages */
+    /* Called (without any lock of the budget's) when a take does not fit: frees what nobody
+     * uses (the worker's idle cached datasets) until `want` more fits or nothing is left to
+     * free. NULL: nothing can be freed. */
+    void (*reclaim)(void *ctx, struct bw__budget *b, uint64_t want);
+    void *ctx;
+} bw__budget;
+
+/* Takes n from b (NULL or n 0: BW_OK). When it does not fit, reclaims once and tries again;
+ * then BW_TOO_BIG when `own` (what the taker already holds) + n is more than the whole limit,
+ * else BW_BUSY (others hold it: try again later), with a sentence naming the budget, its limit
+ * and its flag. */
+int bw__budget_take(bw__budget *b, uint64_t n, uint64_t own, char *err, size_t errlen);
+void bw__budget_give(bw__budget *b, uint64_t n); /* NULL or 0: no-op */
+
+/* Charges n more bytes of s's memory (its record index) to s->memory: BW_OK, or the budget's
+ * error with its sentence prefixed by s's path. */
+int bw__source_charge(bw__source *s, uint64_t n, char *err, size_t errlen);
+
 typedef struct bw__format_ops {
     const char *name;
     bool is_dir; /* the source is a directory ("files") */
@@ -154,6 +180,14 @@ struct bw__source {
      * progress_base); NULL: nowhere. */
     struct bw__progress *progress;
     uint64_t progress_base;
+    /* Budgets (NULL: not counted): its descriptor against `files`, its own size and record
+     * index against `memory` (*memory_own: its dataset's total, for the too-big decision);
+     * given back by bw__source_free. */
+    bw__budget *files, *memory;
+    bool file_held;
+    uint64_t memory_held;
+    uint64_t *memory_own;
+    uint64_t deadline_ms; /* "files": the directory's walk stops here (BW_TIMEOUT); 0: none */
 };
 
 /* Indexers: the scan of s has reached byte offset `off` (reports progress, cheaply). */
@@ -212,8 +246,9 @@ typedef struct bw__starts {
 } bw__starts;
 
 int bw__starts_open(bw__source *s, char *err, size_t errlen);
-/* Appends a record start to a scan's list: BW_OK or BW_NOMEM. */
-int bw__starts_push(bw__starts *b, uint64_t off);
+/* Appends a record start to s's scan list b, charging its growth (8 bytes a record) to
+ * s->memory: BW_OK, BW_NOMEM, or the budget's error with a sentence. */
+int bw__starts_push(bw__source *s, bw__starts *b, uint64_t off, char *err, size_t errlen);
 /* Makes a finished scan's list the source's index (takes over b's array). */
 void bw__starts_install(bw__source *s, bw__starts *b);
 uint64_t bw__starts_offset(const bw__source *s, uint64_t i);

@@ -29,18 +29,19 @@ static void line_at(const bw__source *s, uint64_t off, uint64_t *end, uint64_t *
     *next = nl ? *end + 1 : s->size;
 }
 
+/* The index is 8 bytes a line, charged to the worker's dataset memory as it grows
+ * (bw__starts_push): a file of short lines costs many times its size. */
 static int lines_index(bw__source *s, char *err, size_t errlen)
 {
-    (void)err;
-    (void)errlen;
     bw__starts b = {NULL, 0, 0};
     for (uint64_t off = 0; off < s->size;) {
         uint64_t end, next;
         line_at(s, off, &end, &next);
+        int rc = BW_OK;
         if ((!skip_blank(s) || !is_blank(s->map->base + off, end - off)) &&
-            bw__starts_push(&b, off) != BW_OK) {
+            (rc = bw__starts_push(s, &b, off, err, errlen)) != BW_OK) {
             free(b.at);
-            return BW_NOMEM;
+            return rc;
         }
         off = next;
         bw__source_progress(s, off);

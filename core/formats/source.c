@@ -188,10 +188,62 @@ int bw__starts_open(bw__source *s, char *err, size_t errlen)
     return s->state ? BW_OK : BW_NOMEM;
 }
 
-int bw__starts_push(bw__starts *b, uint64_t off)
+int bw__budget_take(bw__budget *b, uint64_t n, uint64_t own, char *err, size_t errlen)
+{
+    if (!b || !n)
+        return BW_OK;
+    for (int tries = 0; tries < 2; tries++) {
+        uint_fast64_t used = atomic_load(&b->used);
+        while (!b->limit || used + n <= b->limit)
+            if (atomic_compare_exchange_weak(&b->used, &used, used + n))
+                return BW_OK;
+        if (tries == 0 && b->reclaim)
+            b->reclaim(b->ctx, b, n);
+    }
+    if (own + n > b->limit) {
+        snprintf(err, errlen,
+                 "the dataset alone needs more %s than the worker's budget of %llu (%s): "
+                 "split it or raise the limit",
+                 b->what, (unsigned long long)b->limit, b->flag);
+        return BW_TOO_BIG;
+    }
+    snprintf(err, errlen,
+             "the worker's %s are at its budget of %llu (%s), held by datasets in use: "
+             "try again later",
+             b->what, (unsigned long long)b->limit, b->flag);
+    return BW_BUSY;
+}
+
+void bw__budget_give(bw__budget *b, uint64_t n)
+{
+    if (b && n)
+        atomic_fetch_sub(&b->used, n);
+}
+
+int bw__source_charge(bw__source *s, uint64_t n, char *err, size_t errlen)
+{
+    char why[400];
+    int rc = bw__budget_take(s->memory, n, s->memory_own ? *s->memory_own : s->memory_held, why,
+                             sizeof(why));
+    if (rc != BW_OK) {
+        snprintf(err, errlen, "%s: %s", s->path, why);
+        return rc;
+    }
+    if (s->memory) {
+        s->memory_held += n;
+        if (s->memory_own)
+            *s->memory_own += n;
+    }
+    return BW_OK;
+}
+
+int bw__starts_push(bw__source *s, bw__starts *b, uint64_t off, char *err, size_t errlen)
 {
     if (b->n == b->cap) {
         uint64_t cap = b->cap ? b->cap * 2 : 256;
+        int rc = bw__source_charge(s, (cap - b->cap) * sizeof(*b->at), err, errlen);
+        if (rc != BW_OK)
+            return rc;
         uint64_t *at = realloc(b->at, cap * sizeof(*at));
         if (!at)
             return BW_NOMEM;
@@ -317,6 +369,11 @@ void bw__source_free(bw__source *s)
     bw__mapping_unref(s->map);
     if (s->fd >= 0)
         close(s->fd);
+    if (s->file_held)
+        bw__budget_give(s->files, 1);
+    bw__budget_give(s->memory, s->memory_held);
+    if (s->memory_own)
+        *s->memory_own -= s->memory_held;
     free(s);
 }
 

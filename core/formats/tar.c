@@ -287,7 +287,7 @@ static int tar_index(bw__source *s, char *err, size_t errlen)
         uint64_t next, start;
         rc = sample_at(s, off, r, &next, &start, err, errlen);
         if (rc == BW_OK)
-            rc = bw__starts_push(&b, start);
+            rc = bw__starts_push(s, &b, start, err, errlen);
         off = next;
         bw__source_progress(s, off);
     }

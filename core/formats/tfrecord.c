@@ -143,7 +143,9 @@ static bool load_sidecar(bw__source *s)
 {
     char path[4200];
     sidecar_path(s, path, sizeof(path));
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* O_NONBLOCK: a FIFO in the sidecar's place must not block the opening thread (it is
+     * refused by the fstat below). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return false;
     struct stat st;
@@ -202,9 +204,12 @@ static int tfr_index(bw__source *s, char *err, size_t errlen)
     if (s->sidecar_writable && s->abspath[0] && load_sidecar(s)) {
         s->count = st->n;
         s->indexed = true;
-        return BW_OK;
+        return bw__source_charge(s, st->n * sizeof(uint64_t), err, errlen);
     }
     uint64_t cap = 1024, n = 0, off = 0;
+    int crc = bw__source_charge(s, cap * sizeof(uint64_t), err, errlen);
+    if (crc != BW_OK)
+        return crc;
     uint64_t *offs = malloc(cap * sizeof(*offs));
     if (!offs)
         return BW_NOMEM;
@@ -216,6 +221,10 @@ static int tfr_index(bw__source *s, char *err, size_t errlen)
             return rc;
         }
         if (n == cap) {
+            if ((rc = bw__source_charge(s, cap * sizeof(*offs), err, errlen)) != BW_OK) {
+                free(offs);
+                return rc;
+            }
             uint64_t *no = realloc(offs, 2 * cap * sizeof(*offs));
             if (!no) {
                 free(offs);

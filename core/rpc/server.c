@@ -359,6 +359,16 @@ int bw__rpc_call_cancelled(bw_rpc_call *call)
                         gpr_convert_clock_type(call->deadline, GPR_CLOCK_MONOTONIC)) > 0;
 }
 
+uint64_t bw__rpc_call_deadline_ms(const bw_rpc_call *call)
+{
+    if (gpr_time_cmp(call->deadline, gpr_inf_future(call->deadline.clock_type)) == 0)
+        return 0;
+    gpr_timespec left = gpr_time_sub(gpr_convert_clock_type(call->deadline, GPR_CLOCK_MONOTONIC),
+                                     gpr_now(GPR_CLOCK_MONOTONIC));
+    int64_t ms = gpr_time_to_millis(left);
+    return bw__mono_ms() + (uint64_t)(ms > 0 ? ms : 0); /* passed: now, which is not 0 */
+}
+
 void bw__rpc_stream_start(bw_rpc_call *call, bw_rpc_next_fn next, void *state,
                           void (*free_state)(void *state))
 {

@@ -148,4 +148,7 @@ bw_arena *bw__rpc_call_msg_arena(bw_rpc_call *call);
 /* The call's deadline has passed or the client went away. */
 int bw__rpc_call_cancelled(bw_rpc_call *call);
 
+/* The call's deadline on the bw__mono_ms clock, 0 when it has none. */
+uint64_t bw__rpc_call_deadline_ms(const bw_rpc_call *call);
+
 #endif
