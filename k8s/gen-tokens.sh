@@ -3,8 +3,9 @@
 # (docs/security.md, docs/deploy.md): k8s/base/auth/tokens (the principals file,
 # `ROLE NAME TOKEN [ids=PATTERN]`), and the tokens of the admin ("ops"), worker ("storage",
 # bound to the worker ids batchwire-worker-*: the StatefulSet's pod names) and trainer
-# ("trainer") principals, each 32 random bytes in hex, in files readable by you only. An
-# existing k8s/base/auth/ is kept unless --force.
+# ("trainer") principals, each 32 random bytes in hex, and the read grants' key shared by the
+# coordinator and the workers (grant.key, `KEYID HEX`; docs/security.md, "Read grants"), in
+# files readable by you only. An existing k8s/base/auth/ is kept unless --force.
 #   k8s/gen-tokens.sh [--force] [DIR]      (DIR: default k8s/base/auth)
 set -euo pipefail
 force=0
@@ -25,4 +26,5 @@ printf '# role name token [ids=PATTERN] (docs/security.md)\nadmin ops %s\n%s\ntr
 printf '%s\n' "$admin" >"$dir/admin.token"
 printf '%s\n' "$worker" >"$dir/worker.token"
 printf '%s\n' "$trainer" >"$dir/trainer.token"
-echo "gen-tokens.sh: wrote $dir/{tokens,admin.token,worker.token,trainer.token}"
+printf 'k1 %s\n' "$(token)" >"$dir/grant.key"
+echo "gen-tokens.sh: wrote $dir/{tokens,admin.token,worker.token,trainer.token,grant.key}"

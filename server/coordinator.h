@@ -34,8 +34,10 @@ typedef struct bw_coordinator {
     const bw_coordinator_config *cfg;
     bw_membership *members;
     bw_jobs *jobs;
-    bw_auth *auth; /* who may call (--auth-tokens) */
-    char *token;   /* our bearer token for calling workers (--token-file), or NULL */
+    bw_auth *auth;     /* who may call (--auth-tokens) */
+    char *token;       /* our bearer token (--token-file), or NULL; never sent to workers with
+                        * grants on */
+    bw_grants *grants; /* --grant-key: read grants and our proof to workers; NULL: auth off */
     char bound[256];
     uint64_t start_ms;
 } bw_coordinator;

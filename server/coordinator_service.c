@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/util.h"
 #include "jobs_service.h"
 #include "placement_service.h"
 #include "rpc/common_handlers.h"
@@ -62,6 +63,11 @@ static int on_heartbeat(void *user, bw_rpc_call *call, const ProtobufCMessage *r
     out->known = known;
     out->heartbeat_interval_ms = bw__membership_heartbeat_ms(c->members);
     out->placement_version = bw__membership_version(c->members);
+    /* Leases that ended while their grants are unexpired: the worker refuses those grants
+     * (docs/security.md, "Read grants"). */
+    if (c->grants && bw__grant_revoked(c->grants, bw__unix_ms(), bw__rpc_call_arena(call),
+                                       &out->revoked, &out->n_revoked) != BW_OK)
+        return BW_NOMEM;
     *resp = &out->base;
     return BW_OK;
 }

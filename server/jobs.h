@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "auth/auth.h"
+#include "auth/grant.h"
 #include "common/arena.h"
 #include "data.pb-c.h"
 #include "jobs.pb-c.h"
@@ -55,6 +56,10 @@ int bw__jobs_compact(bw_jobs *s, uint64_t min_bytes, char *err, size_t errlen);
 typedef int (*bw_jobs_placement_fn)(void *user, bw_arena *arena,
                                     Batchwire__V1__PlacementTable **out);
 void bw__jobs_set_placement(bw_jobs *s, bw_jobs_placement_fn fn, void *user);
+
+/* Read grants (docs/security.md, "Read grants"; borrowed, NULL: off): with them every join and
+ * lease heartbeat answer carries the lease's grant, and leases that end are revoked in them. */
+void bw__jobs_set_grants(bw_jobs *s, bw_grants *grants);
 
 /* Every operation below takes the caller, `who`: a job belongs to the principal that created
  * it, and others are refused with BW_PERMISSION_DENIED unless admin (core/auth/auth.h,

@@ -266,6 +266,7 @@ static void install(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepare
         break;
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_JOINED: {
         const Batchwire__V1__RankJoined *c = rec->rank_joined;
+        bw__jobs_lease_ended(s, p->job, c->rank, r); /* the lease this join replaces */
         r->leased = true;
         snprintf(r->host, sizeof(r->host), "%s",
                  c->holder && c->holder->host ? c->holder->host : "");
@@ -279,6 +280,7 @@ static void install(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepare
     }
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_LEFT:
         /* The committed cursor stays: the next holder resumes from it. */
+        bw__jobs_lease_ended(s, p->job, rec->rank_left->rank, r);
         r->leased = false;
         r->host[0] = '\0';
         r->pid = 0;
@@ -289,6 +291,8 @@ static void install(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepare
         p->job->active_unix_ms = rec->rank_left->left_unix_ms;
         break;
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_DELETED:
+        for (uint32_t i = 0; i < p->job->world_size; i++)
+            bw__jobs_lease_ended(s, p->job, i, &p->job->ranks[i]);
         remove_job(s, p->job);
         break;
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_CURSOR_COMMITTED: {
@@ -306,8 +310,10 @@ static void install(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepare
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_ELASTIC_RESUMED: {
         const Batchwire__V1__WorldSegment *seg = rec->elastic_resumed->segment;
         bw_job *job = p->job;
-        for (uint32_t i = 0; i < job->world_size; i++)
+        for (uint32_t i = 0; i < job->world_size; i++) {
+            bw__jobs_lease_ended(s, job, i, &job->ranks[i]);
             rank_clear(&job->ranks[i]);
+        }
         free(job->ranks);
         job->ranks = p->ranks;
         job->world_size = seg->world_size;

@@ -55,6 +55,8 @@ typedef struct bw_job {
     Batchwire__V1__JobConfig *config;    /* owned, immutable (protobuf-c default allocator) */
     Batchwire__V1__DatasetInfo *dataset; /* owned, immutable */
     uint64_t fingerprint;
+    uint8_t dataset_hash[32]; /* read grants: SHA-256 of config->dataset packed (jobs_grants.c) */
+    bool dataset_hashed;
     uint64_t created_unix_ms;
     uint64_t active_unix_ms; /* the last journaled change (creation, join, commit, leave) */
     char *owner;             /* the creating principal; "" on an open service */
@@ -73,11 +75,23 @@ struct bw_jobs {
     uint64_t last_seq; /* the last record applied */
     bw_jobs_placement_fn placement;
     void *placement_user;
+    bw_grants *grants; /* read grants (jobs_grants.c); NULL: authentication off */
     /* Since this process started, for metrics (server/metrics.c); not journaled. */
     uint64_t commits;             /* cursor commits accepted */
     uint64_t takeovers_expired;   /* joins that took a rank whose holder's lease had expired */
     uint64_t takeovers_reclaimed; /* joins that reclaimed a rank from an exited holder */
 };
+
+/* Under s->mu: the read grant of rank `rank`'s lease r of `job` (docs/security.md, "Read
+ * grants"), valid for the lease's length from now, into *claims and *secret (in `arena`). With
+ * grants off both stay empty. BW_OK, or BW_NOMEM. */
+int bw__jobs_grant(bw_jobs *s, bw_job *job, uint32_t rank, const bw_rank_state *r, bw_arena *arena,
+                   ProtobufCBinaryData *claims, ProtobufCBinaryData *secret);
+
+/* Under s->mu: rank `rank`'s lease r of `job` ends (replaced by a join, left, deleted with its
+ * job, or ended by an elastic resume): its grants are refused by workers until they have
+ * expired (storage-side fencing). No-op without a lease or with grants off. */
+void bw__jobs_lease_ended(bw_jobs *s, const bw_job *job, uint32_t rank, const bw_rank_state *r);
 
 /* Under s->mu: whether r's lease is live at now_ms (monotonic): held, and heard from within
  * the lease. */

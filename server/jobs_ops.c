@@ -487,6 +487,10 @@ int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__Join
         out->cursor.len = len;
         if (!r->committed)
             free(c);
+        if (out->job && out->cursor.data &&
+            bw__jobs_grant(s, job, req->rank, r, arena, &out->grant_claims, &out->grant_secret) !=
+                BW_OK)
+            out->job = NULL;
         if (!out->job || !out->cursor.data) {
             snprintf(err, errlen, "out of memory answering the join of rank %u: retry", req->rank);
             rc = BW_NOMEM;
@@ -529,6 +533,12 @@ int bw__jobs_heartbeat(bw_jobs *s, const bw_principal *who,
             bw__jobs_live_report(r, r->lease, req->live, now);
         out->lease_ms = s->opts.lease_ms;
         out->world_size = job->world_size;
+        if (bw__jobs_grant(s, job, req->rank, r, arena, &out->grant_claims, &out->grant_secret) !=
+            BW_OK) {
+            snprintf(err, errlen, "out of memory renewing the read grant of rank %u: retry",
+                     req->rank);
+            rc = BW_NOMEM;
+        }
     }
     pthread_mutex_unlock(&s->mu);
     if (rc == BW_OK) {

@@ -99,7 +99,17 @@ int bw__describe_dataset(bw_coordinator *c, const Batchwire__V1__Dataset *datase
         co.tls.ca = c->cfg->worker_tls_ca;
         co.tls.cert = c->cfg->worker_tls_ca ? c->cfg->common.tls_cert : NULL;
         co.tls.key = c->cfg->worker_tls_ca ? c->cfg->common.tls_key : NULL;
-        co.tls.token = c->token;
+        /* With authentication on, the coordinator proves itself to this worker alone for a
+         * minute (role coordinator: Describe and Info only) and never sends a token a worker
+         * could use elsewhere (docs/security.md, "Read grants"). */
+        char proof[BW_GRANT_COORD_PROOF_MAX];
+        if (c->grants) {
+            bw__grant_coord_proof(c->grants, ids[i], bw__unix_ms(), proof);
+            co.header_name = BW_GRANT_COORD_HEADER;
+            co.header_value = proof;
+        } else {
+            co.tls.token = c->token;
+        }
         co.max_receive_bytes = 64 << 20;
         bw_rpc_channel *ch = NULL;
         char why[1024];

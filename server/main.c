@@ -128,6 +128,8 @@ int main(int argc, char **argv)
         }
     }
     if (rc == BW_OK)
+        rc = bw__daemon_grants(&cfg->common, coord.auth, &coord.grants, err, sizeof(err));
+    if (rc == BW_OK)
         rc = bw__state_dir_lock(cfg->state_dir, &lock_fd, err, sizeof(err));
     if (rc == BW_OK) {
         bw_jobs_opts jo = {cfg->state_dir,
@@ -165,6 +167,7 @@ int main(int argc, char **argv)
                                     sizeof(metrics_bound), err, sizeof(err));
     if (rc == BW_OK) {
         bw__jobs_set_placement(coord.jobs, bw__jobs_placement_table, &coord);
+        bw__jobs_set_grants(coord.jobs, coord.grants);
         bw_rpc_server_opts so;
         bw__daemon_server_opts(&cfg->common, "coordinator", &so);
         so.auth = coord.auth;
@@ -205,8 +208,10 @@ int main(int argc, char **argv)
         status = 0;
         uint64_t last_expiry = bw__mono_ms();
         while ((sig = bw__daemon_wait_signal(tick)) == 0 || sig == SIGHUP) {
-            if (sig == SIGHUP)
+            if (sig == SIGHUP) {
                 bw__daemon_auth_reload(coord.auth);
+                bw__daemon_grants_reload(coord.grants);
+            }
             bw__membership_sweep(coord.members);
             /* Idle jobs are looked for every minute, or a quarter of a shorter --job-ttl. */
             uint64_t every = (uint64_t)cfg->job_ttl_s * 250;
@@ -243,6 +248,7 @@ int main(int argc, char **argv)
     bw__membership_free(coord.members);
     bw__metrics_free(metrics);
     bw__auth_free(coord.auth);
+    bw__grants_free(coord.grants);
     free(coord.token);
     bw__config_free(options, &all);
     return status;

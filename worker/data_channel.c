@@ -59,6 +59,7 @@ typedef struct conn {
      * by a reload stops working at once */
     char *token;
     char cert_cn[BW_PRINCIPAL_NAME_MAX];
+    bw_role role; /* of the last request's credentials (authorize); NONE: without any */
     struct conn *next;
 } conn;
 
@@ -352,7 +353,8 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
                          err);
             send_error(&c->sock, NULL, status = BW_INVALID_ARGUMENT, 0, err);
             hang_up = true;
-        } else if (rc != BW_OK) {
+        } else if (rc != BW_OK || (rc = bw__worker_grant_check(w, c->role, req.msg, c->peer, err,
+                                                               sizeof(err))) != BW_OK) {
             hang_up = send_error(&c->sock, NULL, status = rc, 0, err) != BW_OK;
         } else {
             open_task ot;
@@ -443,6 +445,13 @@ static int authorize(conn *c, uint32_t kind, uint64_t len)
     char err[512];
     int rc = bw__auth_check(w->auth, m, c->token, c->cert_cn[0] ? c->cert_cn : NULL, &who, err,
                             sizeof(err));
+    /* Without credentials (trainers send grants, not tokens): the request's grant is checked
+     * once it is decoded (grant_check.c). */
+    if (rc == BW_UNAUTHENTICATED && w->grants && !c->token) {
+        who.role = BW_ROLE_NONE;
+        rc = BW_OK;
+    }
+    c->role = who.role;
     if (rc == BW_OK)
         return BW_OK;
     bad_conn_log(c->srv, "data channel: refused a request peer=%s method=%s code=%s err=%s",

@@ -226,6 +226,10 @@ static int read_open(read_call *rc, char *err, size_t errlen)
     rc->t.charge = rc->t.charge < keep ? rc->t.charge : keep;
     if (r != BW_OK)
         return r;
+    r = bw__worker_grant_check(rc->w, bw__rpc_call_principal(rc->call)->role, rc->req.msg,
+                               bw__rpc_call_peer(rc->call), err, errlen);
+    if (r != BW_OK)
+        return r;
     bw__rp *rp = NULL;
     r = bw__rp_open_until(rc->w, bw__rpc_call_peer(rc->call), rc->req.msg,
                           bw__rpc_call_deadline_ms(rc->call), &rp, err, errlen);

@@ -254,6 +254,8 @@ int main(int argc, char **argv)
     bw__pview_init(&w.placement);
     int rc = bw__daemon_auth(&cfg.common, &w.auth, &w.token, err, sizeof(err));
     if (rc == BW_OK)
+        rc = bw__daemon_grants(&cfg.common, w.auth, &w.grants, err, sizeof(err));
+    if (rc == BW_OK)
         rc = resolve_data_root(&w, err, sizeof(err));
     if (rc == BW_OK && !(w.datasets = bw__ds_cache_new(w.data_root))) {
         snprintf(err, sizeof(err), "out of memory");
@@ -285,6 +287,8 @@ int main(int argc, char **argv)
         if (cfg.max_request_bytes < cfg.common.max_message_bytes)
             so.max_receive_bytes = (int)cfg.max_request_bytes;
         so.auth = w.auth;
+        so.grants = w.grants;
+        so.self_id = w.id; /* set by default_id at the latest */
         so.raw_methods = bw__data_raw_methods;
         so.nraw_methods = bw__data_nraw_methods;
         so.on_bound = default_id;
@@ -329,6 +333,7 @@ int main(int argc, char **argv)
         bw__ds_cache_free(w.datasets);
         bw__pview_destroy(&w.placement);
         bw__auth_free(w.auth);
+        bw__grants_free(w.grants);
         free(w.token);
         bw__wm_free(w.metrics);
         bw__metrics_free(metrics);
@@ -337,8 +342,10 @@ int main(int argc, char **argv)
     }
     int sig;
     while (((sig = bw__daemon_wait_signal(200)) == 0 || sig == SIGHUP) && !atomic_load(&w.fatal))
-        if (sig == SIGHUP)
+        if (sig == SIGHUP) {
             bw__daemon_auth_reload(w.auth);
+            bw__daemon_grants_reload(w.grants);
+        }
     if (sig)
         BW_INFO("received %s; shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     bw__worker_membership_stop(&w);
@@ -349,6 +356,7 @@ int main(int argc, char **argv)
     bw__ds_cache_free(w.datasets);
     bw__pview_destroy(&w.placement);
     bw__auth_free(w.auth);
+    bw__grants_free(w.grants);
     free(w.token);
     bw__wm_free(w.metrics);
     bw__metrics_free(metrics);

@@ -111,6 +111,12 @@ static int do_heartbeat(bw_worker *w, bool *known, uint32_t *interval_ms, char *
             *interval_ms = r->heartbeat_interval_ms;
         if (r->known)
             refresh_placement(w, r->placement_version);
+        /* Leases that ended: their grants are refused from now on (storage-side fencing,
+         * docs/security.md "Read grants"); one that fails for memory comes again next time. */
+        for (size_t i = 0; w->grants && i < r->n_revoked; i++)
+            if (r->revoked[i]->job)
+                bw__grant_revoke(w->grants, r->revoked[i]->job, r->revoked[i]->rank,
+                                 r->revoked[i]->lease_tag, r->revoked[i]->until_ms);
     }
     bw__arena_reset(&arena);
     return rc;

@@ -52,8 +52,9 @@ struct bw_worker {
     char data_advertise[256]; /* empty: no data channel */
     uint64_t incarnation;
     uint64_t start_ms;
-    bw_auth *auth; /* who may call (--auth-tokens); checked for gRPC and the data channel */
-    char *token;   /* our bearer token for the coordinator (--token-file), or NULL */
+    bw_auth *auth;     /* who may call (--auth-tokens); checked for gRPC and the data channel */
+    char *token;       /* our bearer token for the coordinator (--token-file), or NULL */
+    bw_grants *grants; /* --grant-key: read grants and the coordinator's proof; NULL: auth off */
 
     /* membership: the heartbeat thread */
     bw_rpc_channel *coord;
@@ -75,6 +76,14 @@ struct bw_worker {
 
 extern const bw_rpc_handler bw__worker_handlers[];
 extern const size_t bw__worker_nhandlers;
+
+/* With read grants on (w->grants), whether a caller of `role` may read what `req` asks (a
+ * decoded ReadSamplesRequest or ReadStreamRequest): admins may; a caller without credentials
+ * or a trainer only with a grant that verifies for this worker and the request's dataset
+ * (grant_check.c). BW_OK, or BW_PERMISSION_DENIED with "METHOD: what failed" in err (logged,
+ * at most once a second). Call before anything is opened. */
+int bw__worker_grant_check(bw_worker *w, bw_role role, const ProtobufCMessage *req,
+                           const char *peer, char *err, size_t errlen);
 
 /* Opens the channel to the coordinator (checks the client TLS files). */
 int bw__worker_connect(bw_worker *w, char *err, size_t errlen);

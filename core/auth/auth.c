@@ -43,15 +43,17 @@ struct bw_auth {
 #define W BW_ROLE_WORKER
 #define T BW_ROLE_TRAINER
 #define A BW_ROLE_ADMIN
+#define C BW_ROLE_COORDINATOR
 static const unsigned allowed[BW_M__COUNT] = {
-    [BW_M_HEALTH_CHECK] = W | T | A, /* and callers without credentials */
+    [BW_M_HEALTH_CHECK] = W | T | A | C, /* and callers without credentials */
     [BW_M_COORDINATOR_INFO] = W | T | A,
     [BW_M_REGISTER_WORKER] = W | A,
     [BW_M_HEARTBEAT] = W | A,
     [BW_M_LIST_WORKERS] = T | A,
-    [BW_M_WORKER_INFO] = W | T | A,
-    /* The coordinator describes a job's dataset with its own (worker or admin) credentials. */
-    [BW_M_DATA_DESCRIBE] = W | T | A,
+    [BW_M_WORKER_INFO] = W | T | A | C,
+    /* The coordinator describes a job's dataset, proven by its grant key (role coordinator);
+     * nobody else needs to list a worker's files. */
+    [BW_M_DATA_DESCRIBE] = A | C,
     [BW_M_DATA_READ_SAMPLES] = T | A,
     [BW_M_DATA_READ_STREAM] = T | A,
     [BW_M_DATA_STATS] = T | A,
@@ -69,6 +71,7 @@ static const unsigned allowed[BW_M__COUNT] = {
 #undef W
 #undef T
 #undef A
+#undef C
 
 bool bw__auth_allowed(bw_role role, bw_method_id method)
 {
@@ -92,6 +95,8 @@ const char *bw__role_name(bw_role role)
         return "admin";
     case BW_ROLE_OPEN:
         return "open";
+    case BW_ROLE_COORDINATOR:
+        return "coordinator";
     default:
         return "none";
     }
@@ -199,6 +204,7 @@ static int parse_ids(const char *col, const char *path, int lineno, entry *e, ch
 /* One line "ROLE NAME TOKEN [ids=...]" into *e (e->ids malloc'd on success). */
 static int parse_line(char *line, const char *path, int lineno, entry *e, char *err, size_t errlen)
 {
+    memset(e, 0, sizeof(*e)); /* e->ids NULL on every error: load() frees it */
     char *save = NULL;
     char *role = strtok_r(line, " \t", &save);
     char *name = strtok_r(NULL, " \t", &save);
@@ -213,7 +219,6 @@ static int parse_line(char *line, const char *path, int lineno, entry *e, char *
                  path, lineno);
         return BW_INVALID_ARGUMENT;
     }
-    memset(e, 0, sizeof(*e));
     if (strcmp(role, "worker") == 0)
         e->role = BW_ROLE_WORKER;
     else if (strcmp(role, "trainer") == 0)
@@ -292,7 +297,7 @@ static int load(const char *path, entry **out, size_t *nout, char *err, size_t e
         }
         if (rc == BW_OK)
             n++;
-        else if (v[n].ids) { /* a duplicate after a good parse */
+        else { /* a duplicate after a good parse holds its ids; a bad line holds NULL */
             free(v[n].ids);
             v[n].ids = NULL;
         }

@@ -30,6 +30,9 @@ typedef enum bw_role {
     BW_ROLE_TRAINER = 2,
     BW_ROLE_ADMIN = 4,
     BW_ROLE_OPEN = 8, /* the anonymous principal of a service without --auth-tokens */
+    /* the coordinator calling a worker, proven by its grant-key proof (core/auth/grant.h);
+     * never in a principals file */
+    BW_ROLE_COORDINATOR = 16,
 } bw_role;
 
 enum { BW_PRINCIPAL_NAME_MAX = 256, BW_TOKEN_MAX = 4096 };

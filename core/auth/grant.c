@@ -358,8 +358,9 @@ static int sha256(const uint8_t *p, size_t n, uint8_t out[BW_GRANT_HASH_BYTES])
 int bw__grant_dataset_hash(const Batchwire__V1__Dataset *dataset, uint8_t out[BW_GRANT_HASH_BYTES])
 {
     uint8_t buf[1024];
-    size_t len;
-    uint8_t *p = pack_dataset(dataset, buf, sizeof(buf), &len);
+    size_t len = 0;
+    /* NULL (a job of synthetic samples) hashes as the empty message: no request matches it */
+    uint8_t *p = dataset ? pack_dataset(dataset, buf, sizeof(buf), &len) : buf;
     int rc = p ? sha256(p, len, out) : BW_NOMEM;
     if (p != buf)
         free(p);

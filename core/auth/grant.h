@@ -74,7 +74,7 @@ const char *bw__grants_path(const bw_grants *g);
 uint64_t bw__grant_lease_tag(uint64_t lease_lo, uint64_t lease_hi);
 
 /* SHA-256 of the packed `dataset` (protobuf-c's packing: the same bytes on every side that
- * holds the same message). BW_OK, or BW_NOMEM. */
+ * holds the same message; NULL: the empty message's). BW_OK, or BW_NOMEM. */
 int bw__grant_dataset_hash(const Batchwire__V1__Dataset *dataset, uint8_t out[BW_GRANT_HASH_BYTES]);
 
 /* What a grant says (GrantClaims without its key id). */

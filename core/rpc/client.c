@@ -122,6 +122,10 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
                      opts->target);
             return BW_NOMEM;
         }
+    } else if (opts->header_name && opts->header_value) {
+        ch->auth.key = grpc_slice_from_static_string(opts->header_name);
+        ch->auth.value = grpc_slice_from_copied_string(opts->header_value);
+        ch->nauth = 1;
     }
     *out = ch;
     return BW_OK;

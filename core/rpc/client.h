@@ -25,6 +25,10 @@ typedef struct bw_rpc_channel_opts {
      * the channel keeps its own reference), so that opening a channel reads no file; NULL:
      * built from tls at each open. tls.token and tls.server_name apply either way. */
     grpc_channel_credentials *creds;
+    /* Instead of a token: one header sent on every call (the coordinator's proof to a worker,
+     * core/auth/grant.h). header_name must be a string literal; NULL: none. */
+    const char *header_name;
+    const char *header_value;
 } bw_rpc_channel_opts;
 
 /* Opens a channel (connects lazily). Returns BW_OK, or BW_TLS/BW_INVALID_ARGUMENT with a

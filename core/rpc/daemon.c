@@ -107,6 +107,41 @@ void bw__daemon_auth_reload(bw_auth *auth)
                 err);
 }
 
+int bw__daemon_grants(const bw_daemon_common *c, const bw_auth *auth, bw_grants **grants, char *err,
+                      size_t errlen)
+{
+    *grants = NULL;
+    if (!bw__auth_enabled(auth)) {
+        if (c->grant_key)
+            BW_WARN("--grant-key %s has no effect without --auth-tokens: read grants are used "
+                    "only with authentication on",
+                    c->grant_key);
+        return BW_OK;
+    }
+    if (!c->grant_key) {
+        snprintf(err, errlen,
+                 "--auth-tokens needs --grant-key FILE too (the key the coordinator signs read "
+                 "grants with and its workers verify them with; make one with: printf 'k1 %%s\\n' "
+                 "\"$(openssl rand -hex 32)\" > grant.key; docs/security.md, \"Read grants\")");
+        return BW_INVALID_ARGUMENT;
+    }
+    return bw__grants_open(c->grant_key, grants, err, errlen);
+}
+
+void bw__daemon_grants_reload(bw_grants *grants)
+{
+    if (!grants)
+        return;
+    char err[512];
+    size_t n = 0;
+    if (bw__grants_reload(grants, &n, err, sizeof(err)) == BW_OK)
+        BW_INFO("received SIGHUP: reloaded --grant-key keys=%zu", n);
+    else
+        BW_WARN("received SIGHUP: --grant-key refused; the keys loaded before stay in force "
+                "err=%s",
+                err);
+}
+
 void bw__daemon_auth_announce(const bw_daemon_common *c, const char *role, const bw_auth *auth,
                               bool calls_tls)
 {

@@ -20,6 +20,7 @@ int bw__daemon_wait_signal(int timeout_ms);
 #include <stdint.h>
 
 #include "auth/auth.h"
+#include "auth/grant.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "rpc/server.h"
@@ -34,6 +35,7 @@ typedef struct bw_daemon_common {
     char *tls_client_ca;
     char *auth_tokens; /* principals: who may call (core/auth/auth.h); NULL: open service */
     char *token_file;  /* this daemon's own bearer token, for the calls it makes */
+    char *grant_key;   /* read grants' keys (core/auth/grant.h); required with auth_tokens */
     int64_t threads;
     int64_t max_message_bytes;
     int64_t grace_ms;
@@ -113,6 +115,19 @@ typedef struct bw_daemon_common {
          "principals allowed to call, one a line: ROLE NAME TOKEN (docs/security.md); reloaded "   \
          "on SIGHUP. Unset: anyone who reaches the daemon may do anything"},                       \
         BW_OPT_TOKEN_FILE(T, F.token_file),                                                        \
+        {"grant-key",                                                                              \
+         BW_OPT_PATH,                                                                              \
+         offsetof(T, F.grant_key),                                                                 \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "FILE",                                                                                   \
+         "keys of read grants, one a line: KEYID HEX (the first signs; docs/security.md, Read "    \
+         "grants); the same file on the coordinator and every worker; required with "              \
+         "--auth-tokens; reloaded on SIGHUP. The coordinator proves itself to workers with it: "   \
+         "its --token-file is not sent to them"},                                                  \
         {"threads", BW_OPT_INT, offsetof(T, F.threads),         "2", 1, 64, NULL,                  \
          0,         "N",        "gRPC completion-queue threads"},                                  \
         {"max-message-bytes",                                                                      \
@@ -185,6 +200,16 @@ void bw__daemon_auth_announce(const bw_daemon_common *c, const char *role, const
 
 /* On SIGHUP: reloads --auth-tokens and logs what happened. */
 void bw__daemon_auth_reload(bw_auth *auth);
+
+/* The read grants' keys of --grant-key (docs/security.md, "Read grants"): *grants NULL when
+ * authentication is off (a --grant-key without --auth-tokens is warned about: it has no
+ * effect). --auth-tokens without --grant-key is refused with a sentence naming both flags.
+ * BW_OK, or an error with a sentence naming the file. */
+int bw__daemon_grants(const bw_daemon_common *c, const bw_auth *auth, bw_grants **grants, char *err,
+                      size_t errlen);
+
+/* On SIGHUP: reloads --grant-key (NULL: nothing) and logs what happened. */
+void bw__daemon_grants_reload(bw_grants *grants);
 
 /* Fills server options from the common settings. */
 void bw__daemon_server_opts(const bw_daemon_common *c, const char *role, bw_rpc_server_opts *o);

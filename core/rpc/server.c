@@ -51,6 +51,8 @@ struct bw_rpc_server {
     size_t call_memory_limit;
     const char *role;
     bw_auth *auth;
+    bw_grants *grants;     /* opts->grants */
+    const char *self_id;   /* opts->self_id */
     bw_log_limit refusals; /* refused calls are logged at most once a second */
     atomic_int stopping;
     atomic_long live_calls;
@@ -152,6 +154,22 @@ const bw_principal *bw__rpc_call_principal(bw_rpc_call *call)
     return &call->principal;
 }
 
+/* The value of header `key` into out ("" when absent, too long or holding a NUL). */
+static void header_value(const grpc_metadata_array *md, const char *key, char *out, size_t outlen)
+{
+    out[0] = 0;
+    for (size_t i = 0; i < md->count; i++)
+        if (!grpc_slice_str_cmp(md->metadata[i].key, key)) {
+            size_t len = GRPC_SLICE_LENGTH(md->metadata[i].value);
+            const void *v = GRPC_SLICE_START_PTR(md->metadata[i].value);
+            if (len < outlen && !memchr(v, 0, len)) {
+                memcpy(out, v, len);
+                out[len] = 0;
+            }
+            return;
+        }
+}
+
 /* The token of an "authorization: Bearer TOKEN" header into out ("" when there is none; a
  * header in another form is kept whole, so that it fails as a token). */
 static void bearer_token(const grpc_metadata_array *md, char *out, size_t outlen)
@@ -193,16 +211,48 @@ static void cert_name(grpc_call *call, char *out, size_t outlen)
     grpc_auth_context_release(ctx);
 }
 
+/* With read grants: the principal of a call that carries the coordinator's proof and no
+ * token (core/auth/grant.h). */
+static int coordinator_principal(bw_rpc_call *c, bw_method_id id, const char *proof, char *why,
+                                 size_t whylen)
+{
+    int rc =
+        bw__grant_coord_verify(c->srv->grants, c->srv->self_id, proof, bw__unix_ms(), why, whylen);
+    if (rc != BW_OK)
+        return rc;
+    c->principal.role = BW_ROLE_COORDINATOR;
+    snprintf(c->principal.name, sizeof(c->principal.name), "coordinator");
+    if (bw__auth_allowed(BW_ROLE_COORDINATOR, id))
+        return BW_OK;
+    snprintf(why, whylen,
+             "the coordinator's proof allows only Data.Describe and Worker.Info, "
+             "not %s",
+             bw__methods[id].name);
+    return BW_PERMISSION_DENIED;
+}
+
 /* Authenticates and authorizes a new call (core/auth/auth.h); on refusal records the error
  * and logs it with the peer. */
-static int authorize(bw_rpc_call *c, const char *token)
+static int authorize(bw_rpc_call *c, const char *token, const char *coord_proof)
 {
     char cn[BW_PRINCIPAL_NAME_MAX];
     cert_name(c->call, cn, sizeof(cn));
     char why[384];
     bw_method_id id = (bw_method_id)(c->method - bw__methods);
-    int rc = bw__auth_check(c->srv->auth, id, token[0] ? token : NULL, cn[0] ? cn : NULL,
+    int rc;
+    if (c->srv->grants && coord_proof[0] && !token[0]) {
+        rc = coordinator_principal(c, id, coord_proof, why, sizeof(why));
+    } else {
+        rc = bw__auth_check(c->srv->auth, id, token[0] ? token : NULL, cn[0] ? cn : NULL,
                             &c->principal, why, sizeof(why));
+        /* A read without credentials (a trainer sends its grant, never its token, to a
+         * worker): its handler checks the grant before anything is opened. */
+        if (rc == BW_UNAUTHENTICATED && c->srv->grants && !token[0] &&
+            (id == BW_M_DATA_READ_SAMPLES || id == BW_M_DATA_READ_STREAM)) {
+            memset(&c->principal, 0, sizeof(c->principal));
+            rc = BW_OK;
+        }
+    }
     if (rc == BW_OK)
         return BW_OK;
     uint64_t quiet;
@@ -518,8 +568,9 @@ static void request_arrived(tag *t, bool ok)
     gpr_timespec deadline = r->deadline;
     grpc_byte_buffer *payload = r->payload;
     size_t h = r->handler;
-    char token[BW_TOKEN_MAX + 8];
+    char token[BW_TOKEN_MAX + 8], coord_proof[BW_GRANT_COORD_PROOF_MAX + 1];
     bearer_token(&r->md, token, sizeof(token));
+    header_value(&r->md, BW_GRANT_COORD_HEADER, coord_proof, sizeof(coord_proof));
     /* Keep the method's request count up before doing any work: r goes back out. */
     r->call = NULL;
     r->payload = NULL;
@@ -538,7 +589,7 @@ static void request_arrived(tag *t, bool ok)
 
     ProtobufCMessage *req = NULL;
     ProtobufCMessage *resp = NULL;
-    int rc = authorize(c, token);
+    int rc = authorize(c, token, coord_proof);
     if (rc == BW_OK && !payload)
         rc = bw__rpc_fail(c, BW_INVALID_ARGUMENT, "%s: the request carried no message",
                           c->method->name);
@@ -785,6 +836,8 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
     srv->requests_per_method = opts->requests_per_method > 0 ? opts->requests_per_method : 4;
     srv->call_memory_limit = opts->call_memory_limit;
     srv->auth = opts->auth;
+    srv->grants = opts->grants;
+    srv->self_id = opts->self_id;
     srv->nqueues = opts->threads > 0 ? opts->threads : 1;
     bw_rpc_handler *hcopy = calloc(n ? n : 1, sizeof(*hcopy));
     srv->handlers = hcopy;

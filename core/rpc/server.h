@@ -26,6 +26,7 @@
 
 #include "batchwire/batchwire.h"
 #include "auth/auth.h"
+#include "auth/grant.h"
 #include "common/arena.h"
 #include "rpc/methods.h"
 #include "rpc/tls.h"
@@ -59,6 +60,14 @@ typedef struct bw_rpc_server_opts {
      * answers UNAUTHENTICATED or PERMISSION_DENIED naming the method and is logged with the
      * peer's address. */
     bw_auth *auth;
+    /* With authentication on, a worker's read grants (core/auth/grant.h; borrowed, NULL:
+     * none) and its id (`self_id`, borrowed: set by on_bound at the latest): a call carrying
+     * the coordinator's proof for self_id (metadata BW_GRANT_COORD_HEADER) and no token is
+     * the principal "coordinator" (role BW_ROLE_COORDINATOR), and ReadSamples and ReadStream
+     * from a caller without credentials reach their handler as role BW_ROLE_NONE: the handler
+     * lets them read only with a valid grant (worker/grant_check.c). */
+    bw_grants *grants;
+    const char *self_id;
     /* Called once with the bound address (port 0 resolved) after the port is bound and before
      * the first call can run, so that what depends on the port (a worker's default id) is set
      * before any handler reads it; may be NULL. */

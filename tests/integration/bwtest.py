@@ -257,9 +257,30 @@ class Daemon:
         return self.wait(timeout)
 
 
+def grant_key(tmpdir):
+    """The test's --grant-key file (docs/security.md, "Read grants"): TMPDIR/grant.key, one
+    random key made on first use, shared by every daemon the test starts in tmpdir."""
+    path = os.path.join(tmpdir, "grant.key")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("k1 %s\n" % os.urandom(32).hex())
+    return path
+
+
+def _with_grant_key(tmpdir, args):
+    """args, and --grant-key TMPDIR/grant.key when they give --auth-tokens but no key (a
+    daemon with authentication on needs one; the coordinator and its workers share it)."""
+    args = list(args)
+    if "--auth-tokens" in args and "--grant-key" not in args:
+        args += ["--grant-key", grant_key(tmpdir)]
+    return args
+
+
 def coordinator(tmpdir, name="coordinator", state_dir=None, args=(), env=None, wait=True):
     state_dir = state_dir or tempfile.mkdtemp(prefix="state-", dir=tmpdir)
-    argv = [COORDINATOR, "--listen", "127.0.0.1:0", "--state-dir", state_dir] + list(args)
+    argv = [COORDINATOR, "--listen", "127.0.0.1:0", "--state-dir", state_dir] + _with_grant_key(
+        tmpdir, args)
     d = Daemon(name, argv, tmpdir, env=env)
     d.state_dir = state_dir
     if wait:
@@ -271,7 +292,7 @@ def worker(tmpdir, coord_addr, wid, args=(), env=None, wait=True, data_root=None
     data_root = data_root or os.path.join(tmpdir, "data")
     os.makedirs(data_root, exist_ok=True)
     argv = [WORKER, "--coordinator", coord_addr, "--listen", "127.0.0.1:0", "--data-root",
-            data_root, "--id", wid] + list(args)
+            data_root, "--id", wid] + _with_grant_key(tmpdir, args)
     d = Daemon("worker-" + wid, argv, tmpdir, env=env)
     if wait:
         d.wait_listening()

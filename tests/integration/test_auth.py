@@ -77,9 +77,10 @@ STREAMING = {"/batchwire.v1.Data/ReadSamples", "/batchwire.v1.Data/ReadStream"}
 # What each role may call (docs/security.md, "Principals and roles").
 ALLOWED = {
     "worker": {"Health/Check", "Coordinator/Info", "Coordinator/RegisterWorker",
-               "Coordinator/Heartbeat", "Placement/Get", "Worker/Info", "Data/Describe"},
+               "Coordinator/Heartbeat", "Placement/Get", "Worker/Info"},
+    # Data/Describe: the coordinator (its grant-key proof) and admins only (docs/security.md)
     "trainer": {"Health/Check", "Coordinator/Info", "Coordinator/ListWorkers", "Placement/Get",
-                "Worker/Info", "Data/Describe", "Data/ReadSamples", "Data/ReadStream",
+                "Worker/Info", "Data/ReadSamples", "Data/ReadStream",
                 "Data/Stats"} | {"Jobs/" + m for m in (
                     "GetOrCreateJob", "JoinJob", "LeaseHeartbeat", "CommitCursor", "GetJob",
                     "ListJobs", "ResumeElastic", "LeaveJob", "DeleteJob")},
@@ -187,6 +188,11 @@ def roles_and_tokens(coord, worker):
             if path.endswith("Health/Check"):
                 bt.check(code == S.OK, "%s at the %s answers without credentials" %
                          (short(path), target), details)
+            elif path in STREAMING:
+                # a read without credentials needs a read grant (test_hostile_grants.py)
+                bt.check(code == S.PERMISSION_DENIED and "no read grant" in details,
+                         "%s at the worker without a token or grant -> PERMISSION_DENIED" %
+                         short(path), "%s: %s" % (code.name, details))
             else:
                 bt.check(code == S.UNAUTHENTICATED and short(path).split("/")[1] in details,
                          "%s at the %s without a token -> UNAUTHENTICATED naming the method" %
@@ -391,8 +397,9 @@ def data_channel(tmp, coord, worker):
     s = socket.create_connection((host, int(port)), timeout=5)
     s.sendall(struct.pack("<IIQ", 0x31445742, 1, len(req)) + req)
     (typ, code), msg = frame(s)
-    bt.check(typ == 3 and code == -18 and b"ReadSamples" in msg,
-             "ReadSamples without a hello -> UNAUTHENTICATED naming the method: %s" % msg[:100])
+    bt.check(typ == 3 and code == -6 and b"ReadSamples" in msg and b"no read grant" in msg,
+             "ReadSamples without a hello or a grant -> PERMISSION_DENIED naming the method: %s"
+             % msg[:100])
     s.close()
     s = socket.create_connection((host, int(port)), timeout=5)
     tok = b"wrong-token-0123456789"

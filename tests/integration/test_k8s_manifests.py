@@ -265,8 +265,8 @@ def check_workload(doc, by_kind):
             if e.startswith("BATCHWIRE_"):
                 check(e in envs, "%s: %s reads %s" % (cn, program, e))
         # Files the daemon is told to read lie in mounted volumes.
-        for f in ("--auth-tokens", "--token-file", "--tls-cert", "--tls-key", "--tls-ca",
-                  "--tls-client-ca"):
+        for f in ("--auth-tokens", "--token-file", "--grant-key", "--tls-cert", "--tls-key",
+                  "--tls-ca", "--tls-client-ca"):
             path = flag(args, f)
             if path:
                 check(any(path.startswith(mp.rstrip("/") + "/") for mp in mounts),

@@ -1,0 +1,54 @@
+/* The worker's check of read grants (docs/security.md, "Read grants"; core/auth/grant.h):
+ * with authentication on, a ReadSamples or ReadStream request from a caller without
+ * credentials or from a trainer is served only with a valid grant for this worker and the
+ * request's dataset; admins read without one. Both transports call it once a request is
+ * decoded and before anything is opened (data_service.c, data_channel.c). */
+#include <stdio.h>
+
+#include "batchwire/batchwire.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "request.h"
+#include "worker.h"
+
+static bw_log_limit refusals; /* a hostile client cannot flood the log */
+
+int bw__worker_grant_check(bw_worker *w, bw_role role, const ProtobufCMessage *req,
+                           const char *peer, char *err, size_t errlen)
+{
+    if (!w->grants || role == BW_ROLE_ADMIN || role == BW_ROLE_OPEN)
+        return BW_OK;
+    const Batchwire__V1__ReadGrant *grant;
+    const Batchwire__V1__Dataset *dataset;
+    const char *method;
+    if (req->descriptor == &batchwire__v1__read_stream_request__descriptor) {
+        const Batchwire__V1__ReadStreamRequest *r = (const void *)req;
+        grant = r->grant;
+        dataset = r->dataset;
+        method = "ReadStream";
+    } else {
+        const Batchwire__V1__ReadSamplesRequest *r = (const void *)req;
+        grant = r->grant;
+        dataset = r->dataset;
+        method = "ReadSamples";
+    }
+    /* A trainer that authenticated with its token and sends no grant: a client from before
+     * read grants, served as then. */
+    if (role == BW_ROLE_TRAINER && !grant)
+        return BW_OK;
+    char why[768];
+    int rc =
+        role == BW_ROLE_NONE || role == BW_ROLE_TRAINER
+            ? bw__grant_verify(w->grants, w->id, grant, dataset, bw__unix_ms(), why, sizeof(why))
+            : BW_PERMISSION_DENIED;
+    if (rc == BW_PERMISSION_DENIED && role != BW_ROLE_NONE && role != BW_ROLE_TRAINER)
+        snprintf(why, sizeof(why), "role %s may not read", bw__role_name(role));
+    if (rc == BW_OK)
+        return BW_OK;
+    uint64_t quiet;
+    if (bw__log_limit_allow(&refusals, &quiet))
+        BW_WARN("read refused method=%s peer=%s code=%s not_logged_before=%llu err=%s", method,
+                peer, bw_err_name(rc), (unsigned long long)quiet, why);
+    snprintf(err, errlen, "%s: %s", method, why);
+    return rc;
+}
