@@ -31,7 +31,9 @@ int bw__sock_listen(const char *addr, int *fd, int *bound_port, char *err, size_
         }
         int one = 1;
         setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (bind(s, ai->ai_addr, ai->ai_addrlen) == 0 && listen(s, 128) == 0)
+        /* SOMAXCONN (4096 on current kernels): a burst of connections waits in the kernel
+         * for the accept loop instead of costing its clients a SYN retransmission (1 s) */
+        if (bind(s, ai->ai_addr, ai->ai_addrlen) == 0 && listen(s, SOMAXCONN) == 0)
             break;
         saved = errno;
         close(s);
