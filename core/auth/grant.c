@@ -24,7 +24,9 @@ enum {
     KEY_MIN = 32,  /* bytes */
     KEY_MAX = 256, /* bytes */
     CACHE_SLOTS = 4096,
-    DATASET_KEEP = 4096, /* a verified grant keeps the packed dataset up to this size */
+    PACK_STACK = 4096,        /* a request's dataset is packed on the stack up to this */
+    DATASET_KEEP = 64 << 10,  /* a verified grant keeps its packed dataset up to this size */
+    DATASETS_KEPT = 16 << 20, /* and all of them together up to this */
     REVOKED_BUCKETS = 1024,
 };
 
@@ -73,6 +75,7 @@ struct bw_grants {
     uint64_t rev_epoch; /* grows when a revocation is added */
     pthread_mutex_t cache_mu;
     cached *cache; /* CACHE_SLOTS, by the proof's first bytes (random: an HMAC) */
+    size_t kept;   /* bytes of packed datasets the cache keeps (DATASETS_KEPT at most) */
 };
 
 /* ---- the key file ---- */
@@ -245,8 +248,9 @@ int bw__grants_open(const char *path, bw_grants **out, char *err, size_t errlen)
     return BW_OK;
 }
 
-static void cached_clear(cached *c)
+static void cached_clear(bw_grants *g, cached *c)
 {
+    g->kept -= c->packed_len;
     free(c->claims);
     free(c->job);
     free(c->packed);
@@ -266,7 +270,7 @@ void bw__grants_free(bw_grants *g)
         }
     if (g->cache)
         for (size_t i = 0; i < CACHE_SLOTS; i++)
-            cached_clear(&g->cache[i]);
+            cached_clear(g, &g->cache[i]);
     free(g->cache);
     pthread_rwlock_destroy(&g->lock);
     pthread_mutex_destroy(&g->rev_mu);
@@ -579,6 +583,7 @@ static void cache_put(bw_grants *g, const ProtobufCBinaryData *claims, const uin
 {
     uint8_t *cc = malloc(claims->len ? claims->len : 1);
     char *job = strdup(m->job);
+    /* The dataset is kept so that a repeat compares it instead of hashing it again. */
     uint8_t *pk = packed_len <= DATASET_KEEP ? malloc(packed_len ? packed_len : 1) : NULL;
     if (!cc || !job) {
         free(cc);
@@ -591,7 +596,11 @@ static void cache_put(bw_grants *g, const ProtobufCBinaryData *claims, const uin
         memcpy(pk, packed, packed_len);
     pthread_mutex_lock(&g->cache_mu);
     cached *c = &g->cache[slot_of(proof)];
-    cached_clear(c);
+    cached_clear(g, c);
+    if (pk && g->kept + packed_len > DATASETS_KEPT) {
+        free(pk);
+        pk = NULL;
+    }
     c->used = true;
     c->keys_epoch = keys_epoch;
     c->rev_epoch = rev_epoch;
@@ -605,6 +614,7 @@ static void cache_put(bw_grants *g, const ProtobufCBinaryData *claims, const uin
     memcpy(c->dataset, m->dataset.data, BW_GRANT_HASH_BYTES);
     c->packed = pk;
     c->packed_len = pk ? packed_len : 0;
+    g->kept += c->packed_len;
     pthread_mutex_unlock(&g->cache_mu);
 }
 
@@ -708,7 +718,7 @@ int bw__grant_verify(bw_grants *g, const char *worker_id, const Batchwire__V1__R
                  dataset ? "" : ", or the request names no dataset");
         return BW_PERMISSION_DENIED;
     }
-    uint8_t buf[DATASET_KEEP];
+    uint8_t buf[PACK_STACK];
     size_t plen = 0;
     uint8_t *packed = pack_dataset(dataset, buf, sizeof(buf), &plen);
     if (!packed) {
