@@ -8,29 +8,20 @@ flag, the table does not grow, and dead ids stop counting once forgotten (--dead
 Principals and token files that others can write are warned about. Meanwhile a legitimate
 job on the same cluster reads every batch exactly as `batchwire plan` says.
 
-Requests are made with python3-grpcio and messages compiled from proto/ by Debian's protoc,
-independent of the C code under test.
+Requests are made with python3-grpcio and messages compiled from proto/ by Debian's protoc
+(test_auth's raw client), independent of the C code under test.
 """
 
 import os
 import re
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 
 import grpc
 
 import bwpy
 import bwtest as bt
-import jobs_rpc as jr
-
-_gen = tempfile.mkdtemp(prefix="bw-hostile-identity-pb2-")
-subprocess.run(["protoc", "--python_out=" + _gen, "-I", jr.PROTO_DIR,
-                os.path.join(jr.PROTO_DIR, "batchwire.proto")], check=True)
-sys.path.insert(0, _gen)
-import batchwire_pb2 as bpb  # noqa: E402
+from test_auth import Client, bpb
 
 S = grpc.StatusCode
 REGISTER = "/batchwire.v1.Coordinator/RegisterWorker"
@@ -44,7 +35,6 @@ PRINCIPALS = [  # role, name, token, binding
     ("worker", "storage", "storage-token-0123456789abcdef", "ids=store-*,spare"),
     ("worker", "solo", "solo-token-0123456789abcdef", ""),
     ("worker", "flood", "flood-token-0123456789abcdef", "ids=flood-*"),
-    ("worker", "coord", "coord-token-0123456789abcdef", ""),  # the coordinator's, to workers
     ("worker", "worker.localhost", "-", ""),  # the test PKI's worker certificate (CN)
 ]
 TOKEN = {name: tok for _r, name, tok, _b in PRINCIPALS}
@@ -72,48 +62,10 @@ def token_file(tmp, name, mode=0o600):
     return p
 
 
-def grant_key_args(tmp):
-    """--grant-key for daemons that have it (docs/security.md): with --auth-tokens they need
-    one; absent in builds before read grants."""
-    r = bt.run([bt.COORDINATOR, "--help"])
-    if "--grant-key" not in r.stdout + r.stderr:
-        return []
-    p = os.path.join(tmp, "grant.key")
-    with open(p, "w") as f:
-        f.write("k1 %s\n" % os.urandom(32).hex())
-    os.chmod(p, 0o600)
-    return ["--grant-key", p]
-
-
-class Client:
-    """Raw unary calls by path with a bearer token or a client certificate."""
-
-    def __init__(self, addr, token=None, creds=None):
-        self.ch = (grpc.secure_channel(addr, creds, options=[
-            ("grpc.ssl_target_name_override", "localhost")]) if creds
-            else grpc.insecure_channel(addr))
-        self.md = [("authorization", "Bearer " + token)] if token else []
-
-    def close(self):
-        self.ch.close()
-
-    def call(self, path, req):
-        resp = {REGISTER: bpb.RegisterWorkerResponse, HEARTBEAT: bpb.HeartbeatResponse,
-                LIST: bpb.ListWorkersResponse}[path]
-        stub = self.ch.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
-                                   response_deserializer=resp.FromString)
-        return stub(req, timeout=10, metadata=self.md)
-
-    def code(self, path, req):
-        try:
-            self.call(path, req)
-            return S.OK, ""
-        except grpc.RpcError as e:
-            return e.code(), e.details() or ""
-
-    def register(self, wid, incarnation=1):
-        return self.code(REGISTER, bpb.RegisterWorkerRequest(
-            id=wid, address="127.0.0.1:1", incarnation=incarnation))
+def register(client, wid, incarnation=1):
+    """(status code, details) of registering `wid` at a port nothing listens on."""
+    return client.code(REGISTER, bpb.RegisterWorkerRequest(
+        id=wid, address="127.0.0.1:1", incarnation=incarnation))
 
 
 def listed(coord):
@@ -127,7 +79,7 @@ def bindings(coord):
     bt.log("===== a worker token registers only the ids bound to it =====")
     before = listed(coord)
     storage = Client(coord.addr, TOKEN["storage"])
-    code, details = storage.register("evil")
+    code, details = register(storage, "evil")
     bt.check(code == S.PERMISSION_DENIED and "worker id 'evil'" in details and
              "'storage'" in details and "ids=store-*,spare" in details and
              "--auth-tokens" in details,
@@ -135,10 +87,10 @@ def bindings(coord):
              "the principal and its binding", "%s: %s" % (code.name, details))
     bt.check(listed(coord) == before, "nothing was added to ListWorkers", listed(coord))
     for wid in ("store-", "store-x.y", "spare"):
-        code, details = storage.register(wid)
+        code, details = register(storage, wid)
         bt.check(code == S.OK, "storage registers '%s' (its ids= match it)" % wid, details)
     for wid in ("store", "Store-1", "xstore-1", "spare2", "sparE", "st0re-1"):
-        code, details = storage.register(wid)
+        code, details = register(storage, wid)
         bt.check(code == S.PERMISSION_DENIED and "worker id '%s'" % wid in details,
                  "storage registering '%s' -> PERMISSION_DENIED (no pattern matches)" % wid,
                  "%s: %s" % (code.name, details))
@@ -148,27 +100,27 @@ def bindings(coord):
     bt.check("evil" not in listed(coord), "'evil' is still not listed")
 
     solo = Client(coord.addr, TOKEN["solo"])
-    code, details = solo.register("solo-2")
+    code, details = register(solo, "solo-2")
     bt.check(code == S.PERMISSION_DENIED and "add ids=PATTERN to principal 'solo'" in details,
              "solo (no ids=) registering 'solo-2' -> PERMISSION_DENIED saying how to bind it",
              "%s: %s" % (code.name, details))
-    code, details = solo.register("solo")
+    code, details = register(solo, "solo")
     bt.check(code == S.OK, "solo registers 'solo', its own name", details)
     code, details = solo.code(HEARTBEAT, bpb.HeartbeatRequest(id="store-1", incarnation=1))
     bt.check(code == S.PERMISSION_DENIED,
              "solo heartbeating the live store-1 -> PERMISSION_DENIED", details)
-    code, details = solo.register("store-1", incarnation=77)
+    code, details = register(solo, "store-1", incarnation=77)
     bt.check(code == S.PERMISSION_DENIED, "solo registering the live store-1 -> PERMISSION_DENIED",
              details)
     solo.close()
 
     alice = Client(coord.addr, TOKEN["alice"])
-    code, details = alice.register("alice")
+    code, details = register(alice, "alice")
     bt.check(code == S.PERMISSION_DENIED, "a trainer registering a worker -> PERMISSION_DENIED",
              details)
     alice.close()
     ops = Client(coord.addr, TOKEN["ops"])
-    code, details = ops.register("any-id-at-all")
+    code, details = register(ops, "any-id-at-all")
     bt.check(code == S.OK, "an admin registers any id", details)
     ops.close()
     c = Client(coord.addr, TOKEN["ops"])
@@ -190,7 +142,7 @@ def caps(coord):
     details = {}
     t0 = time.monotonic()
     for i in range(300):
-        code, d = flood.register("flood-%d" % i)
+        code, d = register(flood, "flood-%d" % i)
         codes[code] = codes.get(code, 0) + 1
         details.setdefault(code, d)
     t = time.monotonic() - t0
@@ -205,7 +157,7 @@ def caps(coord):
     bt.check(sum(i.startswith("flood-") for i in ids) == PER_PRINCIPAL,
              "ListWorkers holds %d flood ids, not 300" % PER_PRINCIPAL, ids)
     time.sleep(1.1)  # one more refusal a second later is logged with the count left out
-    code, d = flood.register("flood-300")
+    code, d = register(flood, "flood-300")
     flood.close()
     coord.wait_log(r"principal=flood registration refused code=BW_TOO_BIG "
                    r"not_logged_before=[1-9]\d* err=worker id 'flood-300'")
@@ -218,7 +170,7 @@ def caps(coord):
     n = len(listed(coord))
     accepted = 0
     for i in range(TOTAL + 10):
-        code, d = ops.register("admin-%d" % i)
+        code, d = register(ops, "admin-%d" % i)
         accepted += code == S.OK
         if code != S.OK:
             break
@@ -228,7 +180,7 @@ def caps(coord):
              "RESOURCE_EXHAUSTED naming it (%d accepted after %d)" % (TOTAL, accepted, n),
              "%s: %s" % (code.name, d))
     storage = Client(coord.addr, TOKEN["storage"])
-    code, d = storage.register("store-new")
+    code, d = register(storage, "store-new")
     storage.close()
     bt.check(code == S.RESOURCE_EXHAUSTED and "--max-workers" in d,
              "a bound id is refused too while the table is full", d)
@@ -244,7 +196,7 @@ def forgotten(coord):
     ids = listed(coord)
     bt.check("store-1" in ids, "the live store-1 is still listed", ids)
     flood = Client(coord.addr, TOKEN["flood"])
-    code, d = flood.register("flood-again")
+    code, d = register(flood, "flood-again")
     bt.check(code == S.OK, "flood may register again once its dead ids are forgotten", d)
     flood.close()
     bt.check(re.search(r"worker=flood-\d+ address=127.0.0.1:1 forgotten: dead for more than "
@@ -252,21 +204,21 @@ def forgotten(coord):
              "the coordinator logs each forgotten id")
 
 
-def certificate(tmp, gk):
+def certificate(tmp):
     bt.log("===== the same binding for a client certificate's CN =====")
     pki = bt.make_pki(tmp)
     path = os.path.join(tmp, "tls-principals")
     write_principals(path)
     coord = bt.coordinator(tmp, name="tls-coordinator", args=[
         "--auth-tokens", path, "--tls-cert", pki["server_crt"], "--tls-key", pki["server_key"],
-        "--tls-client-ca", pki["ca"]] + gk)
+        "--tls-client-ca", pki["ca"]])
     root = open(pki["ca"], "rb").read()
     creds = grpc.ssl_channel_credentials(root, open(pki["worker_key"], "rb").read(),
                                          open(pki["worker_crt"], "rb").read())
     c = Client(coord.addr, None, creds)
-    code, details = c.register("worker.localhost")
+    code, details = register(c, "worker.localhost")
     bt.check(code == S.OK, "CN worker.localhost registers the id worker.localhost", details)
-    code, details = c.register("rogue")
+    code, details = register(c, "rogue")
     bt.check(code == S.PERMISSION_DENIED and "'worker.localhost'" in details and
              "worker id 'rogue'" in details,
              "and is refused 'rogue' (PERMISSION_DENIED naming id and principal)", details)
@@ -285,6 +237,8 @@ def file_modes(tmp, coord):
     text = open(coord.log_path).read()
     bt.check(re.search(r"the --auth-tokens file can be written by its group.*mode=620", text),
              "a group-writable principals file is warned about at start")
+    bt.check(re.search(r"the --grant-key file can be written by its group.*mode=660", text),
+             "and a group-writable grant key")
     path = coord.auth_path
     os.chmod(path, 0o602)
     coord.send(signal.SIGHUP)
@@ -321,19 +275,19 @@ def legitimate_job(tmp, coord, arr, batch):
 
 
 def test(tmp):
-    gk = grant_key_args(tmp)
+    os.chmod(bt.grant_key(tmp), 0o660)  # the daemons' --grant-key (bwtest adds it)
     principals = os.path.join(tmp, "principals")
     write_principals(principals, 0o620)
     root = os.path.join(tmp, "data")
     os.makedirs(root)
     arr = bwpy.gen_npy(root, "ds", 200, (3, 5))
     coord = listening(bt.coordinator(tmp, wait=False, args=[
-        "--auth-tokens", principals, "--token-file", token_file(tmp, "coord"),
+        "--auth-tokens", principals,
         "--heartbeat-ms", "1000", "--dead-after", "3", "--dead-worker-ttl", str(TTL_S),
-        "--max-workers-per-principal", str(PER_PRINCIPAL), "--max-workers", str(TOTAL)] + gk))
+        "--max-workers-per-principal", str(PER_PRINCIPAL), "--max-workers", str(TOTAL)]))
     coord.auth_path = principals
     worker = listening(bt.worker(tmp, coord.addr, "store-1", data_root=root, wait=False, args=[
-        "--auth-tokens", principals, "--token-file", token_file(tmp, "storage", 0o660)] + gk))
+        "--auth-tokens", principals, "--token-file", token_file(tmp, "storage", 0o660)]))
     worker.wait_log(r"registered with coordinator")
     bt.check(re.search(r"the --token-file file can be written by its group.*mode=660",
                        worker.log_text()), "the worker warns about its group-writable token file")
@@ -343,9 +297,10 @@ def test(tmp):
     forgotten(coord)
     file_modes(tmp, coord)
     legitimate_job(tmp, coord, arr, 8)
+    os.chmod(bt.grant_key(tmp), 0o600)
     bt.check(worker.running() and coord.running(), "both daemons are still up")
     bt.check(worker.stop() == 0 and coord.stop() == 0, "and stop cleanly")
-    certificate(tmp, gk)
+    certificate(tmp)
 
 
 if __name__ == "__main__":
