@@ -32,10 +32,6 @@ int bw__worker_grant_check(bw_worker *w, bw_role role, const ProtobufCMessage *r
         dataset = r->dataset;
         method = "ReadSamples";
     }
-    /* A trainer that authenticated with its token and sends no grant: a client from before
-     * read grants, served as then. */
-    if (role == BW_ROLE_TRAINER && !grant)
-        return BW_OK;
     char why[768];
     int rc =
         role == BW_ROLE_NONE || role == BW_ROLE_TRAINER

@@ -211,7 +211,12 @@ def roles_and_tokens(coord, worker):
                 code, details = c.code(path, req)
                 c.close()
                 allowed = short(path) in ALLOWED[role]
-                if allowed:
+                if allowed and path in STREAMING:
+                    # a trainer reads only with its lease's grant (test_hostile_grants.py)
+                    bt.check(code == S.PERMISSION_DENIED and "no read grant" in details,
+                             "%s as a %s without a read grant -> PERMISSION_DENIED" %
+                             (short(path), role), "%s: %s" % (code.name, details))
+                elif allowed:
                     bt.check(code not in (S.UNAUTHENTICATED, S.PERMISSION_DENIED) or
                              "belongs to another" in details or "registered by another" in
                              details or "not an id" in details or "may not register worker id"
@@ -418,6 +423,16 @@ def data_channel(tmp, coord, worker):
     s.sendall(struct.pack("<IIQ", 0x31445742, 3, len(tok)) + tok)
     (typ, code), msg = frame(s)
     bt.check(typ == 2, "a hello with a trainer's token -> END")
+    s.sendall(struct.pack("<IIQ", 0x31445742, 1, len(req)) + req)
+    (typ, code), msg = frame(s)
+    bt.check(typ == 3 and code == -6 and b"no read grant" in msg,
+             "but ReadSamples without a read grant is refused on that connection: %s" % msg[:100])
+    s.close()
+    s = socket.create_connection((host, int(port)), timeout=5)
+    tok = TOKENS["ops"][1].encode()
+    s.sendall(struct.pack("<IIQ", 0x31445742, 3, len(tok)) + tok)
+    (typ, code), msg = frame(s)
+    bt.check(typ == 2, "a hello with an admin's token -> END")
     s.sendall(struct.pack("<IIQ", 0x31445742, 1, len(req)) + req)
     (typ, code), msg = frame(s)
     bt.check(typ == 1, "then ReadSamples is served on that connection (a SAMPLE frame)")
