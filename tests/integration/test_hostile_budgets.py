@@ -145,9 +145,11 @@ def spellings(c, w, root, metrics_addr):
              "one open dataset for the four (%d open, %d before), one descriptor on nl.txt" %
              (sets, before_sets))
     grew = (rss1 - rss0) / 1024.0
-    bt.check(grew < 2 * NL_LINES * 8 / (1 << 20),
-             "the worker's anonymous memory grew %.1f MiB for the four (one index: %d MiB)" %
-             (grew, NL_LINES * 8 >> 20))
+    # four indexes would be 128 MiB; one is 32 (under ASan its quarantine keeps the 16 MiB
+    # the index grew from, and more)
+    bt.check(grew < 3 * NL_LINES * 8 / (1 << 20),
+             "the worker's anonymous memory grew %.1f MiB for the four (one index: %d MiB, "
+             "four: %d)" % (grew, NL_LINES * 8 >> 20, 4 * NL_LINES * 8 >> 20))
     refused(c, "text", ["big.txt"], SC.RESOURCE_EXHAUSTED,
             ["dataset memory", "--dataset-memory-bytes", str(MEMORY)],
             "a file whose line index alone (128 MiB) is over the budget", quick=20)
@@ -168,9 +170,11 @@ def fifo_and_links(c, w, root):
                       ("etc/no-such-file-xyz", "a missing file through a link to /etc"),
                       ("rootlink/*/*/*", "a glob through a link to /"),
                       ("rootlink/etc/passwd", "a file through a link to /")]:
-        d = refused(c, "text", [src], SC.PERMISSION_DENIED, ["outside the data root"], what)
-        bt.check("/etc" not in d and "/usr" not in d and "passwd:" not in d,
-                 "and the message names nothing outside the root")
+        d, _code = refused(c, "text", [src], SC.PERMISSION_DENIED, ["outside the data root"],
+                           what)
+        outside = [p for p in (" /", "'/", "root:x:") if p in d]  # a resolved path, a line
+        bt.check(not outside, "and the message names nothing outside the root (only the path "
+                 "as given)", outside)
 
 
 def idle_connections(c, w, coord, arr, rows):

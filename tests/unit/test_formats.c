@@ -1,6 +1,7 @@
 /* Dataset readers over memory: npy headers (versions, shapes, refusals), TFRecord (CRC-32C
  * vectors, index, sidecar validation), lines, tar (checksums, pax, grouping), and datasets on
- * disk (globs, escapes, the generator's content, named arrays from .npy files and .npz). */
+ * disk (globs, escapes, the generator's content, named arrays from .npy files and .npz;
+ * FIFOs, links out of the root, canonical paths, bounded sources, walk deadlines, budgets). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -602,11 +603,122 @@ static void test_fields(void **state)
     assert_int_equal(bw_test_dir_remove(root), 0);
 }
 
+/* ---- hostile paths and budgets (docs/formats.md, "A dataset"; docs/operating.md, "Worker
+ * budgets") ---- */
+
+static void mkdir_in(const char *rel)
+{
+    char p[1024];
+    snprintf(p, sizeof(p), "%s/%s", root, rel);
+    assert_int_equal(mkdir(p, 0755), 0);
+}
+
+static void test_hostile(void **state)
+{
+    (void)state;
+    char made[512];
+    assert_int_equal(bw_test_dir_make(made, sizeof(made), "hostile"), 0);
+    assert_non_null(realpath(made, root));
+    bw__dataset *d = NULL;
+    /* a FIFO is refused at once, by name or through a glob (opening it blocking would hang) */
+    char p[1024];
+    snprintf(p, sizeof(p), "%s/fifo.txt", root);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    const char *fifo[][1] = {{"fifo.txt"}, {"fif?.txt"}};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(bw__dataset_open(root, "text", fifo[i], 1, &d, err, sizeof(err)),
+                         BW_INVALID_ARGUMENT);
+        assert_non_null(strstr(err, "not a regular file"));
+    }
+    /* links out of the root: refused before any directory outside is read, naming nothing
+     * outside, and a missing file behind one is refused the same way */
+    snprintf(p, sizeof(p), "%s/up", root);
+    assert_int_equal(symlink("/", p), 0);
+    const char *out[][1] = {{"up/*"}, {"up/etc/*"}, {"up/etc/hostname"}, {"up/no-such-xyz"}};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(bw__dataset_open(root, "text", out[i], 1, &d, err, sizeof(err)),
+                         BW_PERMISSION_DENIED);
+        assert_non_null(strstr(err, "outside the data root"));
+        assert_null(strstr(err, " /etc")); /* the path as given ('up/etc/...'), never resolved */
+        assert_null(strstr(err, "'/etc"));
+    }
+    /* one canonical name, fingerprint and source path however the path is spelled */
+    mkdir_in("c");
+    write_file("c/x.txt", "a\nb\n", 4);
+    snprintf(p, sizeof(p), "%s/alias", root);
+    assert_int_equal(symlink("c", p), 0);
+    const char *spell[][1] = {{"c/x.txt"}, {"./c/x.txt"}, {"c//x.t?t"}, {"alias/x.txt"}};
+    char fp[33] = "";
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(bw__dataset_open(root, "text", spell[i], 1, &d, err, sizeof(err)), BW_OK);
+        assert_string_equal(d->sources[0]->path, "c/x.txt");
+        if (i)
+            assert_string_equal(d->fingerprint, fp);
+        memcpy(fp, d->fingerprint, sizeof(fp));
+        bw__dataset_free(d);
+    }
+    /* bounded sources, and a walk past its deadline */
+    mkdir_in("wide");
+    for (int i = 0; i < 600; i++) {
+        char rel[64];
+        snprintf(rel, sizeof(rel), "wide/f%03d.txt", i);
+        write_file(rel, "x\n", 2);
+    }
+    const char *wide[] = {"wide/*.txt"};
+    bw__open_opts o = {.max_sources = 100, .max_sources_flag = "--max-sources"};
+    assert_int_equal(bw__dataset_open_opts(root, "text", wide, 1, &o, &d, err, sizeof(err)),
+                     BW_TOO_BIG);
+    assert_non_null(strstr(err, "--max-sources"));
+    o = (bw__open_opts){.deadline_ms = 1};
+    bw__paths sp, cn;
+    assert_int_equal(bw__dataset_resolve(root, wide, 1, &o, &sp, &cn, err, sizeof(err)),
+                     BW_TIMEOUT);
+    assert_non_null(strstr(err, "deadline"));
+    /* the open-files budget: a dataset over it alone is BW_TOO_BIG, one that others' files
+     * keep out is BW_BUSY; what is taken is given back when a dataset is freed */
+    bw__budget files = {.limit = 3, .what = "open files", .flag = "--max-open-files"};
+    atomic_init(&files.used, 0);
+    o = (bw__open_opts){.files = &files};
+    const char *four[] = {"c/x.txt", "c/x.txt", "c/x.txt", "c/x.txt"};
+    assert_int_equal(bw__dataset_open_opts(root, "text", four, 4, &o, &d, err, sizeof(err)),
+                     BW_TOO_BIG);
+    assert_non_null(strstr(err, "--max-open-files"));
+    assert_int_equal(atomic_load(&files.used), 0);
+    bw__dataset *d2 = NULL;
+    assert_int_equal(bw__dataset_open_opts(root, "text", four, 2, &o, &d, err, sizeof(err)), BW_OK);
+    assert_int_equal(atomic_load(&files.used), 2);
+    assert_int_equal(bw__dataset_open_opts(root, "text", four, 2, &o, &d2, err, sizeof(err)),
+                     BW_BUSY);
+    bw__dataset_free(d);
+    assert_int_equal(atomic_load(&files.used), 0);
+    /* the memory budget: a line index (8 bytes a line) over it is refused while it grows */
+    char lines[4096];
+    memset(lines, '\n', sizeof(lines));
+    write_file("nl.txt", lines, sizeof(lines));
+    bw__budget mem = {.limit = sizeof(bw__source) + 8192, .what = "bytes", .flag = "--mem"};
+    atomic_init(&mem.used, 0);
+    o = (bw__open_opts){.memory = &mem};
+    const char *nl[] = {"nl.txt"};
+    assert_int_equal(bw__dataset_open_opts(root, "text", nl, 1, &o, &d, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(d, err, sizeof(err)), BW_TOO_BIG);
+    assert_non_null(strstr(err, "--mem"));
+    bw__dataset_free(d);
+    assert_int_equal(atomic_load(&mem.used), 0);
+    mem.limit = sizeof(bw__source) + 4096 * 8;
+    assert_int_equal(bw__dataset_open_opts(root, "text", nl, 1, &o, &d, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(d, err, sizeof(err)), BW_OK);
+    assert_int_equal(d->length, 4096);
+    bw__dataset_free(d);
+    assert_int_equal(bw_test_dir_remove(root), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_npy), cmocka_unit_test(test_tfrecord), cmocka_unit_test(test_lines),
-        cmocka_unit_test(test_tar), cmocka_unit_test(test_dataset),  cmocka_unit_test(test_fields),
+        cmocka_unit_test(test_npy),     cmocka_unit_test(test_tfrecord),
+        cmocka_unit_test(test_lines),   cmocka_unit_test(test_tar),
+        cmocka_unit_test(test_dataset), cmocka_unit_test(test_fields),
+        cmocka_unit_test(test_hostile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
