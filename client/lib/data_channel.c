@@ -5,8 +5,8 @@
  * the place the sink gives. The transport's state is its own: the TLS context (the PEM files
  * are read once, when it is created), the pool of idle connections (a request that ended
  * cleanly leaves its connection there) and the data channels found unusable, whose workers
- * are asked over gRPC for a while, and the bearer token for the hello. With authentication on,
- * each request also carries the lease's read grant (docs/security.md, "Read grants").
+ * are asked over gRPC for a while. It sends no hello and no bearer token: with authentication
+ * on, each request carries the lease's read grant (docs/data-channel.md, "Credentials").
  */
 #include <errno.h>
 #include <pthread.h>
@@ -44,7 +44,6 @@ enum {
 typedef struct dchan_state {
     struct ssl_ctx_st *tls; /* data channels speak TLS (the loader does); NULL: plain TCP */
     bw__grant_src grant;    /* each request's read grant */
-    char *token;            /* sent in the hello of each new connection, or NULL */
     pthread_mutex_t mu;     /* guards idle and suspended; held across no I/O */
     /* idle connections, most recently used last */
     size_t nidle;
@@ -66,36 +65,6 @@ static void dconn_free(bw__dconn *c)
     free(c->buf);
     free(c->address);
     free(c);
-}
-
-/* The hello on a new connection when the loader has a token (docs/data-channel.md): the
- * worker answers END, or an error (e.g. UNAUTHENTICATED) with its message. */
-static int hello(bw_dsock *sock, const char *token, uint64_t deadline, char *err, size_t errlen)
-{
-    size_t len = strlen(token);
-    uint8_t h[BW_DCHAN_REQ_HEADER];
-    bw__dchan_put_req_header(h, BW_DCHAN_KIND_AUTH, len);
-    struct iovec iov[2] = {{h, sizeof(h)}, {(void *)token, len}};
-    int rc = bw__dsock_writev_all(sock, iov, 2, deadline, err, errlen);
-    uint8_t fh[BW_DCHAN_FRAME_HEADER];
-    if (rc == BW_OK)
-        rc = bw__dsock_read_all(sock, fh, sizeof(fh), deadline, NULL, err, errlen);
-    if (rc != BW_OK)
-        return rc;
-    bw_dchan_frame f;
-    bw__dchan_get_frame(fh, &f);
-    if (f.type == BW_DCHAN_END)
-        return BW_OK;
-    char msg[BW_DCHAN_MAX_MESSAGE + 1] = "";
-    if (f.type == BW_DCHAN_ERROR && f.a <= BW_DCHAN_MAX_MESSAGE &&
-        bw__dsock_read_all(sock, msg, (size_t)f.a, deadline, NULL, err, errlen) == BW_OK) {
-        msg[f.a] = 0;
-        int code = (int)(int32_t)f.code;
-        snprintf(err, errlen, "%s", msg);
-        return code < 0 && strcmp(bw_err_name(code), "BW_UNKNOWN_ERROR") != 0 ? code : BW_PROTOCOL;
-    }
-    snprintf(err, errlen, "unexpected answer to the hello (frame type %u)", f.type);
-    return BW_PROTOCOL;
 }
 
 static int dconn_get(dchan_state *s, const char *address, int timeout_ms, bw__dconn **out,
@@ -125,8 +94,6 @@ static int dconn_get(dchan_state *s, const char *address, int timeout_ms, bw__dc
         else
             rc = bw__dsock_tls(&sock, s->tls, host, deadline, err, errlen);
     }
-    if (rc == BW_OK && s->token)
-        rc = hello(&sock, s->token, deadline, err, errlen);
     if (rc != BW_OK) {
         bw__dsock_close(&sock);
         return rc;
@@ -253,7 +220,6 @@ static void destroy(void *state)
     for (size_t i = 0; i < s->nsuspended; i++)
         free(s->suspended[i].address);
     bw__dchan_tls_ctx_free(s->tls);
-    free(s->token);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
@@ -268,13 +234,6 @@ static int create(const bw__worker_opts *opts, void **state, char *err, size_t e
     }
     pthread_mutex_init(&s->mu, NULL);
     s->grant = opts->grant;
-    /* A failed copy of the token is an error, never a hello left out (docs/architecture.md,
-     * "Failure"). */
-    if (opts->rpc.tls.token && !(s->token = strdup(opts->rpc.tls.token))) {
-        destroy(s);
-        snprintf(err, errlen, "out of memory copying the bearer token for the data channel");
-        return BW_NOMEM;
-    }
     int rc = bw__tls_client_enabled(&opts->rpc.tls)
                  ? bw__dchan_tls_client_ctx(&opts->rpc.tls, &s->tls, err, errlen)
                  : BW_OK;

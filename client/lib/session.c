@@ -270,7 +270,7 @@ typedef struct proof_slot {
 
 struct bw__grant {
     size_t claims_len;
-    uint8_t claims[BW_XFER_CLAIMS_MAX];
+    uint8_t claims[BW_GRANT_CLAIMS_MAX];
     uint8_t secret[BW_GRANT_SECRET_BYTES];
     /* Each worker's proof, computed once per grant: open addressing by worker id, at most
      * half full; cap is 0 or a power of two. */
@@ -368,12 +368,12 @@ int bw__session_set_grant(bw__session *s, const char *what, ProtobufCBinaryData 
         return BW_OK;
     bw__grant *g = NULL;
     int rc = BW_OK;
-    if (claims->len == 0 || claims->len > BW_XFER_CLAIMS_MAX ||
+    if (claims->len == 0 || claims->len > BW_GRANT_CLAIMS_MAX ||
         secret->len != BW_GRANT_SECRET_BYTES) {
         snprintf(err, errlen,
                  "%s: the coordinator's read grant is malformed (claims of %zu bytes, expected 1 "
                  "to %d; a secret of %zu bytes, expected %d)",
-                 what, claims->len, BW_XFER_CLAIMS_MAX, secret->len, BW_GRANT_SECRET_BYTES);
+                 what, claims->len, BW_GRANT_CLAIMS_MAX, secret->len, BW_GRANT_SECRET_BYTES);
         rc = BW_PROTOCOL;
     } else if (!(g = calloc(1, sizeof(*g)))) {
         snprintf(err, errlen, "%s: out of memory for the lease's read grant", what);
@@ -756,10 +756,11 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
         int trc = bw__auth_read_token_file(token_file, &s->token, err, errlen);
         if (trc != BW_OK)
             return trc;
-        s->chopts.rpc.tls.token = s->token;
     }
+    /* The token goes to the coordinator only; workers get the lease's grant (chopts.grant). */
     s->chopts.grant = (bw__grant_src){grant_src_get, s};
     bw_rpc_channel_opts co = s->chopts.rpc;
+    co.tls.token = s->token;
     co.target = o->coordinator;
     co.tls.server_name = o->tls_server_name;
     int rc = bw__rpc_channel_open(&co, &s->coord, err, errlen);

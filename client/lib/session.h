@@ -30,8 +30,8 @@ typedef struct bw__grant bw__grant;
 
 typedef struct bw__session {
     bw_rpc_channel *coord;
-    /* The settings the transports are created from: TLS and token (the coordinator's too;
-     * target unset), and the session's read grant as their grant source. */
+    /* The settings the transports are created from: TLS (the coordinator's too; target unset),
+     * never the token, and the session's read grant as their grant source. */
     bw__worker_opts chopts;
     int timeout_ms;
     int retry_ms; /* joins and commits retry this long while the coordinator is away */
@@ -41,7 +41,7 @@ typedef struct bw__session {
     char *job;
     uint32_t rank, world;
     uint64_t lease_id, lease_id_hi; /* 128 bits: docs/security.md, "Leases" */
-    char *token;                    /* bearer token (--token-file), or NULL */
+    char *token;                    /* bearer token (--token-file), or NULL: coordinator only */
     bool finished;                  /* the last epoch was delivered: leave saying so */
     uint32_t heartbeat_ms;
     bw_arena job_arena; /* holds `summary` */
@@ -146,7 +146,7 @@ bool bw__session_grant(bw__session *s, const char *worker_id, bw__grant_copy *ou
 /* The read grant in a coordinator's answer (`what`: "JoinJob" or "LeaseHeartbeat", for the
  * message) becomes the session's: the old one's secret and proofs are wiped, and so is the
  * answer's copy of the secret. Neither claims nor secret (authentication off): unchanged.
- * BW_PROTOCOL for a malformed grant (claims empty or over BW_XFER_CLAIMS_MAX bytes, a secret
+ * BW_PROTOCOL for a malformed grant (claims empty or over BW_GRANT_CLAIMS_MAX bytes, a secret
  * not BW_GRANT_SECRET_BYTES long), BW_NOMEM; on error the session's grant is unchanged. The
  * session calls it with each answer; exposed for tests. */
 int bw__session_set_grant(bw__session *s, const char *what, ProtobufCBinaryData *claims,

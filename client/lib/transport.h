@@ -24,10 +24,7 @@
 #include "rpc/client.h"
 #include "rpc/dchan.h"
 
-enum {
-    BW_XFER_ERRLEN = 1024,
-    BW_XFER_CLAIMS_MAX = 1024, /* the longest packed GrantClaims the loader accepts */
-};
+enum { BW_XFER_ERRLEN = 1024 };
 
 /* What a request asks for: BW_DCHAN_KIND_READ_SAMPLES (a ReadSamplesRequest) or
  * BW_DCHAN_KIND_READ_STREAM (a ReadStreamRequest); both transports carry the same message. */
@@ -37,14 +34,14 @@ typedef struct bw__read_req {
 } bw__read_req;
 
 /*
- * Read grants (docs/security.md, "Read grants"). With authentication on, each request carries
- * the lease's grant -- the coordinator's claims, and a proof bound to the worker it goes to.
- * The transports take both from a grant source (the session's, given at create) for each
- * request.
+ * Read grants (docs/security.md, "Read grants"). With authentication on, the loader never
+ * sends its bearer token to a worker: each request carries the lease's grant instead -- the
+ * coordinator's claims, and a proof bound to the worker it goes to. The transports take both
+ * from a grant source (the session's, given at create) for each request.
  */
 typedef struct bw__grant_copy {
     size_t claims_len;
-    uint8_t claims[BW_XFER_CLAIMS_MAX];
+    uint8_t claims[BW_GRANT_CLAIMS_MAX];
     uint8_t proof[BW_GRANT_PROOF_BYTES];
 } bw__grant_copy;
 
@@ -58,7 +55,8 @@ typedef struct bw__grant_src {
 
 /* What a transport is created from: the loader's settings for workers. */
 typedef struct bw__worker_opts {
-    /* TLS files, bearer token and the message limit; the target is unset. */
+    /* TLS files and the message limit; the target is unset, and the token is never used: no
+     * bearer token goes to a worker, whatever this holds. */
     bw_rpc_channel_opts rpc;
     bw__grant_src grant;
 } bw__worker_opts;

@@ -4,8 +4,8 @@
  * its unit test and fuzz target). gRPC has no descriptor to poll: recv reads the stream to
  * its end. Its state is its own: the channel to each worker, kept across placement versions,
  * and the credentials they share (the PEM files are read once, when the transport is created,
- * and never under its lock). With authentication on, each request carries the lease's read
- * grant (docs/security.md, "Read grants"). */
+ * and never under its lock). Worker channels carry no bearer token: each request carries the
+ * lease's read grant instead (docs/security.md, "Read grants"). */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -25,7 +25,6 @@ typedef struct grpc_state {
     grpc_channel_credentials *creds; /* every worker channel's */
     bw_rpc_channel_opts opts;        /* for each worker channel (target set per worker) */
     bw__grant_src grant;             /* each request's read grant */
-    char *token;                     /* opts.tls.token's copy */
     pthread_mutex_t mu;              /* guards the channel cache; held across no I/O */
     size_t n, cap;
     char **addrs;
@@ -45,7 +44,6 @@ static void destroy(void *state)
     free(g->addrs);
     if (g->creds)
         grpc_channel_credentials_release(g->creds);
-    free(g->token);
     pthread_mutex_destroy(&g->mu);
     free(g);
     grpc_shutdown();
@@ -63,24 +61,18 @@ static int create(const bw__worker_opts *wo, void **state, char *err, size_t err
     }
     pthread_mutex_init(&g->mu, NULL);
     /* Workers are verified by their own names (no server-name override); the files are read
-     * into g->creds now, so a channel opened later reads nothing. */
+     * into g->creds now, so a channel opened later reads nothing. No token: g->opts.tls.token
+     * stays NULL, so no channel to a worker sends "authorization". */
     const bw_rpc_channel_opts *opts = &wo->rpc;
     g->opts.max_receive_bytes = opts->max_receive_bytes;
     g->opts.max_reconnect_ms = opts->max_reconnect_ms;
     g->opts.tls.use_tls = bw__tls_client_enabled(&opts->tls);
     g->grant = wo->grant;
     int rc = bw__tls_client_credentials(&opts->tls, &g->creds, err, errlen);
-    /* A failed copy of the token is an error, never calls without it (docs/architecture.md,
-     * "Failure"). */
-    if (rc == BW_OK && opts->tls.token && !(g->token = strdup(opts->tls.token))) {
-        snprintf(err, errlen, "out of memory copying the bearer token for worker channels");
-        rc = BW_NOMEM;
-    }
     if (rc != BW_OK) {
         destroy(g);
         return rc;
     }
-    g->opts.tls.token = g->token;
     g->opts.creds = g->creds;
     *state = g;
     return BW_OK;

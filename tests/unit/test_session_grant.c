@@ -1,8 +1,9 @@
 /* The loader's read grant (client/lib/session.c, transport.h; docs/security.md, "Read
  * grants"): the session keeps the coordinator's grant and gives each worker's proof (cached
  * per worker per grant, the same as bw__grant_proof computes); a request to a worker carries
- * the claims and that worker's proof and nothing else, which a listener standing for a
- * worker's data channel captures here. */
+ * the claims and that worker's proof and nothing else; the data-channel transport sends no
+ * hello and no token, only the request with its grant, which a listener standing for a worker
+ * captures here. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -83,7 +84,7 @@ static void grants_and_proofs(void **state)
                      BW_PROTOCOL);
     assert_non_null(strstr(err, "LeaseHeartbeat"));
     assert_non_null(strstr(err, "secret of 16 bytes"));
-    static uint8_t big[BW_XFER_CLAIMS_MAX + 1];
+    static uint8_t big[BW_GRANT_CLAIMS_MAX + 1];
     uint8_t secret[BW_GRANT_SECRET_BYTES] = {7};
     ProtobufCBinaryData cbig = {sizeof(big), big}, k32 = {sizeof(secret), secret};
     assert_int_equal(bw__session_set_grant(&s, "LeaseHeartbeat", &cbig, &k32, err, sizeof(err)),
@@ -235,15 +236,17 @@ static void arrived(void *ctx, uint64_t len)
     (void)ctx, (void)len;
 }
 
-/* The data-channel transport sends the request with its grant (claims and this worker's
- * proof, never the secret). */
-static void data_channel_sends_grant(void **state)
+/* The data-channel transport created from settings that hold a token sends neither a hello
+ * nor the token: the first bytes on the connection are the request, with its grant. */
+static void data_channel_sends_grant_not_token(void **state)
 {
     (void)state;
     bw__session s;
     session_init(&s);
     give(&s, "claims-for-dchan", 4);
+    static const char token[] = "trainer-token-must-not-leave-0123456789";
     bw__worker_opts wo = {.grant = {src_get, &s}};
+    wo.rpc.tls.token = token;
     char err[256];
     bw__transport t;
     assert_int_equal(bw__transport_open(&bw__transport_dchan_ops, &wo, &t, err, sizeof(err)),
@@ -278,7 +281,8 @@ static void data_channel_sends_grant(void **state)
     uint32_t kind = 0;
     uint64_t len = 0;
     assert_int_equal(bw__dchan_get_req_header(c.hdr, &kind, &len, err, sizeof(err)), BW_OK);
-    assert_int_equal(kind, BW_DCHAN_KIND_READ_SAMPLES);
+    assert_int_equal(kind, BW_DCHAN_KIND_READ_SAMPLES); /* no AUTH hello first */
+    assert_null(memmem(c.body, c.len, token, strlen(token)));
     Batchwire__V1__ReadSamplesRequest *got =
         batchwire__v1__read_samples_request__unpack(NULL, c.len, c.body);
     assert_non_null(got);
@@ -298,7 +302,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(grants_and_proofs),
         cmocka_unit_test(granted_request),
-        cmocka_unit_test(data_channel_sends_grant),
+        cmocka_unit_test(data_channel_sends_grant_not_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
