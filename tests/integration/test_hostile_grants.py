@@ -7,7 +7,9 @@ dataset, a proof made for another worker, changed claims, and the grant of a lea
 another process taking the rank over. The coordinator's proof on Data.Describe, captured by a
 rogue worker, is refused at a real worker and never allows a read; the coordinator sends no
 token to workers. Meanwhile a legitimate job reads every sample of its dataset, the same bytes
-on both transports, and no log holds a grant's secret or proof.
+on both transports; a trainer's loader (the client library, which sends grants and no token to
+workers) reads every batch exactly as `batchwire plan` says over both transports; and no log
+holds a grant's secret or proof.
 
 Requests are made with python3-grpcio, raw sockets and messages compiled from proto/ by
 Debian's protoc, independent of the C code under test; proofs are computed here with hmac.
@@ -191,9 +193,38 @@ def rogue_capture(tmp, coord):
     return md["x-batchwire-coordinator"]
 
 
+def legitimate_loaders(tmp, coord, arr, w):
+    """A trainer's loader (the client library: grants, no token to workers) against the worker
+    whose principals file lists no trainer, on both transports: every batch exactly as
+    `batchwire plan` says."""
+    bt.log("===== legitimate jobs: the loader, both transports =====")
+    batchwire = bwpy.import_batchwire()
+    before = len(open(w.log_path).read())
+    want = bwpy.plan("--mode", "torch", "--num-samples", len(arr), "--world-size", 1,
+                     "--batch-size", 8, "--epoch", 0)[0]
+    for transport in ("auto", "grpc"):
+        got = []
+        with batchwire.Loader(coordinator=coord.addr, job="legit-" + transport,
+                              dataset=bwpy.NPY, batch_size=8, rank=0, world_size=1,
+                              job_epochs=1, transport=transport,
+                              token_file=token_file(tmp, "alice")) as loader:
+            for b in loader:
+                got.append((b.indices.tolist(), b.numpy().copy()))
+        bt.check(len(got) == len(want) and all(
+            g == x["indices"] and y.tobytes() == arr[g].tobytes()
+            for (g, y), x in zip(got, want)),
+            "transport %s: alice's loader read all %d batches exactly as planned from w1, "
+            "whose principals file has no trainer" % (transport, len(want)),
+            "%d batches, %d planned" % (len(got), len(want)))
+    new = open(w.log_path).read()[before:]
+    bt.check("refused" not in new, "and the worker refused nothing meanwhile (no token was sent "
+             "to it: one would be UNAUTHENTICATED there)", new[-600:])
+
+
 def test(tmp):
     data = os.path.join(tmp, "data")
     os.makedirs(data)
+    arr = bwpy.gen_npy(data, "ds", 96, (3, 5))
     for d in ("a", "b"):
         r = bt.cli("gen", "--format", "npy", "--out", os.path.join(data, d),
                    "--num-samples", str(N), "--shape", "4", "--dtype", "float32")
@@ -302,6 +333,8 @@ def test(tmp):
     bt.check(code == S.OK, "bob's grant reads job-b's dataset")
     time.sleep((LEASE_MS + SKEW_MS) / 1000 + 0.5)
     refused_both(w, daddr, old, "expired", "a grant past its expiry (and the skew)")
+
+    legitimate_loaders(tmp, coord, arr, w)
 
     bt.log("===== afterwards =====")
     code, samples = Raw(w.addr).read(dpb.ReadSamplesRequest(
