@@ -11,16 +11,39 @@
   certificate.
 * Without TLS, each daemon with --auth-tokens warns once at start that tokens and grants cross
   the network in clear; with TLS on its listener and its calls, it does not.
+* A registered worker cannot make a trainer allocate more than the dataset's largest sample:
+  a fake worker (this file: registration and heartbeats with python3-grpcio, the data channel
+  with a raw socket) announces a text line one byte larger than the largest source file, far
+  below the dataset's total size; the trainer refuses it before reading it, naming the worker
+  and the bound.
 """
 
 import json
 import os
 import re
+import socket
 import ssl
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 import urllib.error
 import urllib.request
 
+import grpc
+
 import bwtest as bt
+import jobs_rpc as jr
+
+_gen = tempfile.mkdtemp(prefix="bw-hostile-tls-pb2-")
+subprocess.run(["protoc", "--python_out=" + _gen, "-I", jr.PROTO_DIR] +
+               [os.path.join(jr.PROTO_DIR, p) for p in ("batchwire.proto", "data.proto")],
+               check=True)
+sys.path.insert(0, _gen)
+import batchwire_pb2 as bpb  # noqa: E402
+import data_pb2 as dpb  # noqa: E402
 
 TOKENS = {
     "ops": ("admin", "ops-token-0123456789abcdef"),
@@ -199,6 +222,127 @@ def tls(tmp, principals, mtok, plain_digests):
         bt.check(d.stop() == 0, "%s stops cleanly" % d.name)
 
 
+DCHAN_MAGIC, DCHAN_SAMPLE = 0x31445742, 1  # docs/data-channel.md, "Protocol"
+
+
+class FakeWorker:
+    """Registers as worker `wid` (a data channel only; its gRPC address refuses connections),
+    heartbeats, and answers each ReadSamples on the data channel with a SAMPLE frame
+    announcing `announce` bytes for the first index asked, then closes. It runs in a process of
+    its own (fake_main): threads here would hang the test's forks of batchwire."""
+
+    def __init__(self, coord_addr, wid, announce):
+        self.announce = announce
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        dead = socket.create_server(("127.0.0.1", 0))  # bound, then closed: refuses
+        self.grpc_addr = "127.0.0.1:%d" % dead.getsockname()[1]
+        dead.close()
+        self.chan = grpc.insecure_channel(coord_addr)
+        self.wid, self.inc = wid, int.from_bytes(os.urandom(7), "little")
+        call = self.chan.unary_unary("/batchwire.v1.Coordinator/RegisterWorker",
+                                     request_serializer=bpb.RegisterWorkerRequest.SerializeToString,
+                                     response_deserializer=bpb.RegisterWorkerResponse.FromString)
+        r = call(bpb.RegisterWorkerRequest(
+            id=wid, address=self.grpc_addr, incarnation=self.inc,
+            data_address="127.0.0.1:%d" % self.lsock.getsockname()[1]), timeout=10)
+        self.interval = max(r.heartbeat_interval_ms, 50) / 1000.0
+        threading.Thread(target=self.beat, daemon=True).start()
+        print("registered", flush=True)
+        while True:
+            c, _ = self.lsock.accept()
+            threading.Thread(target=self.answer, args=(c,), daemon=True).start()
+
+    def beat(self):
+        call = self.chan.unary_unary("/batchwire.v1.Coordinator/Heartbeat",
+                                     request_serializer=bpb.HeartbeatRequest.SerializeToString,
+                                     response_deserializer=bpb.HeartbeatResponse.FromString)
+        while True:
+            time.sleep(self.interval)
+            try:
+                call(bpb.HeartbeatRequest(id=self.wid, incarnation=self.inc), timeout=5)
+            except grpc.RpcError:
+                pass
+
+    def answer(self, c):
+        c.settimeout(10)
+        try:
+            while True:
+                magic, kind, n = struct.unpack("<IIQ", self.read(c, 16))
+                body = self.read(c, n)
+                if magic != DCHAN_MAGIC or kind != 1:
+                    continue  # a hello: nothing to answer here
+                req = dpb.ReadSamplesRequest.FromString(body)
+                print("asked %s" % list(req.indices), flush=True)
+                c.sendall(struct.pack("<IIQQ", DCHAN_SAMPLE, 0, req.indices[0], self.announce))
+                c.sendall(b"x" * 4096)  # the start of its bytes; the rest never comes
+                break
+        except (OSError, EOFError):
+            pass
+        c.close()
+
+    @staticmethod
+    def read(c, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = c.recv(n - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return buf
+
+
+def allocation_bound(tmp):
+    bt.log("===== a worker announcing more than the largest sample is refused =====")
+    text = os.path.join(tmp, "data", "t")
+    os.makedirs(text, exist_ok=True)
+    sizes = []
+    for i, (lines, width) in enumerate(((40, 99), (80, 199), (200, 499), (20, 9))):
+        with open(os.path.join(text, "part-%d.txt" % i), "w") as f:
+            f.write(("%s\n" % ("l" * width)) * lines)
+        sizes.append(lines * (width + 1))
+    largest, total = max(sizes), sum(sizes)
+    coord = bt.coordinator(tmp, name="coordinator-bound", args=["--heartbeat-ms", 200])
+    w1 = bt.worker(tmp, coord.addr, "w1")
+    coord.wait_log(r"worker=w1 address=\S+ peer=\S+ registered")
+
+    def read(job, timeout_ms=10000):
+        # --log-level info: the failover lines say why each attempt failed.
+        return bt.cli("fetch", "--coordinator", coord.addr, "--job", job, "--dataset",
+                      "text:t/*.txt", "--rank", 0, "--world-size", 1, "--batch-size", 8,
+                      "--epochs", 1, "--timeout-ms", timeout_ms, "--log-level", "info",
+                      timeout=120)
+
+    r = read("bound")
+    got = sorted(i for b in batches(r) for i in b["indices"])
+    bt.check(r.returncode == 0 and got == list(range(340)),
+             "the text job reads its 340 lines once from w1", r.stderr[-2000:])
+    bt.check(w1.stop() == 0, "w1 stops cleanly")
+    coord.wait_log(r"worker=w1 address=\S+ marked dead", timeout=15)
+    out = os.path.join(tmp, "fake-worker.out")
+    with open(out, "w") as f:
+        fake = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--fake-worker",
+                                 coord.addr, "fake", str(largest + 1)], stdout=f,
+                                stderr=subprocess.STDOUT, env=bt.child_env())
+    try:
+        coord.wait_log(r"worker=fake address=\S+ peer=\S+ registered")
+        r = read("bound", timeout_ms=3000)
+    finally:
+        fake.kill()
+        fake.wait(10)
+    asked = open(out).read().count("asked ")
+    bt.check(asked > 0, "the trainer asked the fake worker for samples (%d requests)" % asked,
+             open(out).read()[-2000:])
+    bt.check(r.returncode != 0 and not batches(r) and '"samples_received":0' in r.stdout,
+             "nothing taken from the fake worker (exit %d)" % r.returncode, r.stdout[-1000:])
+    refused = re.search(r"worker fake data channel \S+: worker sent sample \d+ \(\d+ bytes at 0 "
+                        r"of %d\) where sample \d+ at 0 \(at most %d bytes\) was due" %
+                        (largest + 1, largest), r.stderr)
+    bt.check(refused, "a sample of %d bytes announced (the dataset holds %d) is refused at the "
+             "largest source's %d bytes, naming the worker" % (largest + 1, total, largest),
+             r.stderr[-3000:])
+    bt.check(coord.stop() == 0, "the coordinator stops cleanly")
+
+
 def test(tmp):
     data = os.path.join(tmp, "data")
     os.makedirs(data, exist_ok=True)
@@ -210,7 +354,11 @@ def test(tmp):
     mtok = secret_file(tmp, "metrics.token", METRICS_TOKEN)
     digests = plaintext(tmp, principals, mtok)
     tls(tmp, principals, mtok, digests)
+    allocation_bound(tmp)
 
 
 if __name__ == "__main__":
-    bt.main(test, timeout=240)
+    if sys.argv[1:2] == ["--fake-worker"]:
+        FakeWorker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        bt.main(test, timeout=240)
