@@ -117,9 +117,10 @@ typedef struct bw_loader_options {
      * runs. */
     int retry_ms;
 
-    /* A file whose first line is the bearer token to present to the coordinator and the
-     * workers when they require one (--auth-tokens; docs/security.md). NULL: the
-     * BATCHWIRE_TOKEN_FILE environment variable, else no token. */
+    /* A file whose first line is the bearer token to present to the coordinator when it
+     * requires one (--auth-tokens; docs/security.md). Never sent to a worker: reads carry the
+     * lease's read grant instead ("Read grants"). NULL: the BATCHWIRE_TOKEN_FILE environment
+     * variable, else no token. */
     const char *token_file;
 
     /* The number of epochs this rank will run, when known (0: unknown). Once the last one has
