@@ -6,6 +6,8 @@
   trainer refuses it on both transports, naming the address it dialled and what the
   certificate names, and receives not one sample from it. With the legitimate worker back,
   the same job reads every sample exactly once an epoch, the same bytes on both transports.
+* The coordinator verifies workers the same way (Data.Describe through the rogue is refused,
+  named), and a worker its coordinator.
 * --metrics-auth: /metrics without the bearer token, or with another, is 401 and shows no job
   name; with it, 200 and the job's series. Over TLS the endpoint is HTTPS with the daemon's
   certificate.
@@ -169,7 +171,8 @@ def tls(tmp, principals, mtok, plain_digests):
     coord = bt.coordinator(tmp, name="coordinator-tls", args=[
         "--heartbeat-ms", 200, "--tls-cert", pki["server_crt"], "--tls-key", pki["server_key"],
         "--worker-tls-ca", pki["ca"], "--auth-tokens", principals,
-        "--token-file", token_file(tmp, "coord"), "--metrics-listen", "127.0.0.1:0", "--metrics-auth", mtok])
+        "--token-file", token_file(tmp, "coord"), "--metrics-listen", "127.0.0.1:0",
+        "--metrics-auth", mtok])
 
     def worker(wid, cert, key):
         return bt.worker(tmp, coord.addr, wid, args=ca + [
@@ -210,6 +213,15 @@ def tls(tmp, principals, mtok, plain_digests):
                      "--transport auto: the data channel's refusal names both too",
                      r.stderr[-3000:])
 
+    # The coordinator verifies it the same way when it asks it to describe a new dataset.
+    r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "tls-new", "--dataset",
+               "npy:d/*.npy", "--rank", 0, "--world-size", 1, "--batch-size", 8, "--epochs", 1,
+               "--retry-ms", 0, *creds, timeout=60)
+    bt.check(r.returncode != 0 and "could not describe the dataset" in r.stderr and
+             "the certificate there names %s" % ROGUE_NAMES in r.stderr,
+             "the coordinator refuses to describe a dataset through the rogue, naming what its "
+             "certificate names", r.stderr[-2000:])
+
     bt.log("===== the legitimate worker back: the same job finishes exactly =====")
     bt.check(rogue.stop() == 0, "the rogue stops cleanly")
     coord.wait_log(r"worker=rogue address=\S+ marked dead", timeout=15)
@@ -220,6 +232,19 @@ def tls(tmp, principals, mtok, plain_digests):
                  plain_digests, "TLS again, --transport %s: the same bytes" % t)
     for d in (w1, coord):
         bt.check(d.stop() == 0, "%s stops cleanly" % d.name)
+
+    # A worker verifies its coordinator: one serving a CA-valid certificate for another host
+    # is refused, named.
+    other_coord = bt.coordinator(tmp, name="coordinator-other", args=[
+        "--tls-cert", other[0], "--tls-key", other[1]])
+    w9 = bt.worker(tmp, other_coord.addr, "w9", args=ca)
+    w9.wait_log(r"Peer name 127\.0\.0\.1 is not in peer certificate \(the certificate there "
+                r"names %s" % re.escape(ROGUE_NAMES), timeout=15)
+    bt.ok("a worker refuses a coordinator whose certificate names another host, naming both")
+    bt.check("registered" not in other_coord.log_text(),
+             "nothing registered at that coordinator")
+    for d in (w9, other_coord):
+        d.stop()
 
 
 DCHAN_MAGIC, DCHAN_SAMPLE = 0x31445742, 1  # docs/data-channel.md, "Protocol"
