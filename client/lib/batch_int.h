@@ -1,5 +1,6 @@
-/* A batch as the loader fills it: its buffers (batch.c), named arrays (arrays.c) and the
- * fields of tar and JSON Lines samples (fields.c). Nothing here is part of the public API. */
+/* A batch as the loader fills it: its memory and the holds on it (batch.c), named arrays
+ * (arrays.c) and the fields of tar and JSON Lines samples (fields.c). Nothing here is part of
+ * the public API. */
 #ifndef BW_CLIENT_BATCH_INT_H
 #define BW_CLIENT_BATCH_INT_H
 
@@ -20,6 +21,7 @@ struct bw_batch {
     uint8_t *data;           /* host copy (pinned when delivering to a GPU) */
     size_t nbytes, cap;
     bool pinned;
+    bw_hold *hold;              /* the hold on data taken since the batch was filled, or NULL */
     struct bw__gpu_stream *gpu; /* device delivery: the slot's stream, or NULL */
     int device;
     void *dev;
@@ -49,11 +51,25 @@ struct bw_batch {
 /* Sizes the per-sample arrays for up to max_count samples; with data_bytes > 0 and
  * `pinned`, allocates that much page-locked data memory up front. */
 int bw__batch_init(bw_batch *b, size_t max_count, size_t data_bytes, bool pinned);
+/* Frees b; a hold still viewing its bytes keeps them (they outlive the loader). */
 void bw__batch_free(bw_batch *b);
+/* The loader fills b again: a hold still viewing its bytes takes its buffer, and b continues
+ * with a spare buffer of its kind (one a released hold gave back), else a new one as large
+ * (none when out of memory: the fetch then allocates). */
+void bw__batch_reuse(bw_batch *b);
 /* Makes room for nbytes of data (keeps the buffer when it is large enough). */
 int bw__batch_reserve(bw_batch *b, size_t nbytes);
-/* Copies the batch's data to its device (when it has one). */
-int bw__batch_to_device(bw_batch *b);
+
+/* ---- holds: batch bytes kept past the loader's next batch (bw_loader_hold) ---- */
+
+typedef struct bw__holds bw__holds;
+
+/* The holds of one loader (a reference for the loader); BW_NOMEM. */
+int bw__holds_new(bw__holds **out);
+/* The loader is closing: drops its reference; buffers released later are freed. */
+void bw__holds_close(bw__holds *p);
+/* A reference to the hold on b's bytes (b->hold, created when NULL); BW_NOMEM. */
+int bw__hold_take(bw__holds *p, bw_batch *b, bw_hold **out);
 
 /* ---- arrays.c: batches of named arrays (bw_batch_array) ---- */
 

@@ -1,6 +1,6 @@
-/* The loader's GPU path (gpu.h): pinned host buffers for batches, device buffers, and one
- * CUDA stream per batch slot for asynchronous copies; without CUDA (BW_HAVE_CUDA unset) the
- * same calls allocate ordinary memory and refuse devices with BW_NO_DEVICE. */
+/* The loader's GPU path (gpu.h): devices, device buffers, and one CUDA stream per batch slot
+ * for asynchronous copies; without CUDA (BW_HAVE_CUDA unset) the same calls refuse devices
+ * with BW_NO_DEVICE. A batch's pinned host buffer is batch.c's. */
 #include "gpu.h"
 
 #include <stdio.h>
@@ -44,24 +44,6 @@ int bw__gpu_check(int device, char *err, size_t errlen)
         return BW_NO_DEVICE;
     }
     return BW_OK;
-}
-
-void *bw__gpu_host_alloc(size_t n, bool pinned)
-{
-    void *p = NULL;
-    if (pinned && cudaHostAlloc(&p, n ? n : 1, cudaHostAllocPortable) == cudaSuccess)
-        return p;
-    return pinned ? NULL : malloc(n ? n : 1);
-}
-
-void bw__gpu_host_free(void *p, bool pinned)
-{
-    if (!p)
-        return;
-    if (pinned)
-        cudaFreeHost(p);
-    else
-        free(p);
 }
 
 int bw__gpu_stream_new(int device, bw__gpu_stream **out, char *err, size_t errlen)
@@ -149,18 +131,6 @@ int bw__gpu_check(int device, char *err, size_t errlen)
     return no_cuda(err, errlen);
 }
 
-void *bw__gpu_host_alloc(size_t n, bool pinned)
-{
-    (void)pinned;
-    return malloc(n ? n : 1);
-}
-
-void bw__gpu_host_free(void *p, bool pinned)
-{
-    (void)pinned;
-    free(p);
-}
-
 int bw__gpu_stream_new(int device, bw__gpu_stream **out, char *err, size_t errlen)
 {
     (void)device;
@@ -197,3 +167,18 @@ int bw__gpu_copy(bw__gpu_stream *s, void *dst, const void *src, size_t n, char *
 }
 
 #endif
+
+int bw__gpu_upload(bw__gpu_stream *s, const void *src, size_t n, void **dptr, size_t *cap,
+                   char *err, size_t errlen)
+{
+    if (n > *cap) {
+        bw__gpu_free(s, *dptr);
+        *dptr = NULL;
+        *cap = 0;
+        int rc = bw__gpu_alloc(s, n, dptr, err, errlen);
+        if (rc != BW_OK)
+            return rc;
+        *cap = n;
+    }
+    return bw__gpu_copy(s, *dptr, src, n, err, errlen);
+}

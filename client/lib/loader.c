@@ -38,29 +38,35 @@ static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
     return bw__batch_plan_arrays(b, l->session.summary->dataset);
 }
 
-/* Reads a planned batch: by index (map-style) or as runs of stream records (iterable). */
-static int fetch(bw_loader *l, bw_batch *b)
+/* Fills a slot with its planned batch, in the order a reader follows it: the slot's memory
+ * (batch.c: a hold still viewing its last batch keeps those bytes), the read -- by index
+ * (map-style) or as runs of stream records (iterable) -- through the fetch loop, the samples'
+ * fields, and the copy to the slot's device. BW_OK, or an error with b->err. */
+static int fill(bw_loader *l, bw_batch *b)
 {
     /* No read starts while the lease may have lapsed (docs/client.md, "Fencing"), and none
      * once it is lost. */
     int rc = bw__session_lease_gate(&l->session, true, b->err, sizeof(b->err));
     if (rc != BW_OK)
         return b->rc = rc;
+    bw__batch_reuse(b);
     rc = l->stream ? bw__stream_fetch_batch(&l->fctx, l->stream, l->plan, b)
                    : bw__fetch_batch(&l->fctx, b);
-    return rc == BW_OK ? bw__batch_split_fields(b, l->fields) : rc;
+    if (rc == BW_OK)
+        rc = bw__batch_split_fields(b, l->fields);
+    if (rc == BW_OK && b->gpu)
+        rc = bw__gpu_upload(b->gpu, b->data, b->nbytes, &b->dev, &b->dev_cap, b->err,
+                            sizeof(b->err));
+    return b->rc = rc;
 }
 
-/* A fetch thread's batch: fetched, then copied to its device. A fetch cut short by an
- * interrupt (bw_interrupt) is made again once the interrupt is cleared -- the batch is still
- * wanted, and the trainer's bw_loader_next returned BW_INTERRUPTED meanwhile -- unless the
- * loader closes or moves elsewhere first. */
+/* A fetch thread's batch. A fill cut short by an interrupt (bw_interrupt) is made again once
+ * the interrupt is cleared -- the batch is still wanted, and the trainer's bw_loader_next
+ * returned BW_INTERRUPTED meanwhile -- unless the loader closes or moves elsewhere first. */
 static int fetch_slot(bw_loader *l, bw_batch *b, unsigned gen)
 {
     for (;;) {
-        int rc = fetch(l, b);
-        if (rc == BW_OK)
-            return bw__batch_to_device(b);
+        int rc = fill(l, b);
         if (rc != BW_INTERRUPTED)
             return rc;
         pthread_mutex_lock(&l->mu);
@@ -181,9 +187,7 @@ static int position(bw_loader *l, uint64_t epoch, uint64_t step)
     atomic_store(&l->session.live.epoch, epoch);
     atomic_store(&l->session.live.step, step);
     atomic_store(&l->session.live.epoch_steps, l->end_step);
-    if (l->held < l->nslots)
-        bw__hold_leave_slot(&l->slot_hold[l->held], &l->slots[l->held]);
-    for (size_t i = 0; i < l->nslots; i++)
+    for (size_t i = 0; i < l->nslots; i++) /* a hold on a slot's batch keeps it (batch.c) */
         l->state[i] = SLOT_FREE;
     l->held = l->nslots;
     l->generation++;
@@ -345,8 +349,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         l->nslots = (depth < 1 ? 1 : depth) + 1;
         l->slots = calloc(l->nslots, sizeof(*l->slots));
         l->state = calloc(l->nslots, sizeof(*l->state));
-        l->slot_hold = calloc(l->nslots, sizeof(*l->slot_hold));
-        if (!l->slots || !l->state || !l->slot_hold || bw__holds_new(&l->holds) != BW_OK)
+        if (!l->slots || !l->state || bw__holds_new(&l->holds) != BW_OK)
             rc = bw__loader_fail(l, BW_NOMEM, "out of memory for %zu batch slots", l->nslots);
         /* Device delivery: pinned host buffers and a stream per slot, so a slot's copy to
          * the GPU overlaps the other slots' network receives. */
@@ -434,8 +437,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
     if (lost != BW_OK)
         return lost; /* not even a batch already fetched: the rank is another process's */
     pthread_mutex_lock(&l->mu);
-    if (l->held < l->nslots) {
-        bw__hold_leave_slot(&l->slot_hold[l->held], &l->slots[l->held]);
+    if (l->held < l->nslots) { /* its batch stays valid for a hold on it (batch.c) */
         l->state[l->held] = SLOT_FREE;
         l->held = l->nslots;
         pthread_cond_signal(&l->work_cv); /* one slot: one fetch can start */
@@ -467,9 +469,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
         char first[sizeof(b->err)];
         snprintf(first, sizeof(first), "%s", b->err);
         pthread_mutex_unlock(&l->mu);
-        int rc = fetch(l, b);
-        if (rc == BW_OK)
-            rc = b->rc = bw__batch_to_device(b);
+        int rc = fill(l, b);
         pthread_mutex_lock(&l->mu);
         l->state[slot] = SLOT_READY;
         if (rc != BW_OK) {
@@ -543,7 +543,7 @@ int bw_loader_hold(bw_loader *l, const bw_batch *b, bw_hold **out)
     pthread_mutex_lock(&l->mu);
     int rc = BW_FAILED_PRECONDITION;
     if (l->held < l->nslots && b == &l->slots[l->held]) {
-        if ((rc = bw__hold_take(l->holds, &l->slot_hold[l->held], b, out)) != BW_OK)
+        if ((rc = bw__hold_take(l->holds, &l->slots[l->held], out)) != BW_OK)
             bw__loader_fail(l, rc, "bw_loader_hold: out of memory for a hold on the batch");
     } else
         bw__loader_fail(l, rc,
@@ -764,12 +764,9 @@ void bw_loader_close(bw_loader *l)
     for (size_t i = 0; i < l->nthreads; i++)
         pthread_join(l->threads[i], NULL);
     free(l->threads);
-    for (size_t i = 0; l->slot_hold && i < l->nslots; i++)
-        bw__hold_leave_slot(&l->slot_hold[i], &l->slots[i]); /* held bytes outlive the loader */
-    bw__holds_close(l->holds);
-    free(l->slot_hold);
     for (size_t i = 0; l->slots && i < l->nslots; i++)
-        bw__batch_free(&l->slots[i]);
+        bw__batch_free(&l->slots[i]); /* held bytes outlive the loader */
+    bw__holds_close(l->holds);
     free(l->slots);
     free(l->state);
     bw__plan_free(l->plan);

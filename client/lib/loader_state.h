@@ -14,7 +14,6 @@
 #include "batchwire/loader.h"
 #include "common/arena.h"
 #include "fetch.h"
-#include "hold.h"
 #include "jobs.pb-c.h"
 #include "jobs/plan.h"
 #include "loader_limits.h"
@@ -57,9 +56,8 @@ struct bw_loader {
     size_t nslots;
     bw_batch *slots;
     enum slot_state *state;
-    size_t held;         /* slot handed out last, or nslots */
-    bw__holds *holds;    /* bw_loader_hold's, shared with the holds themselves */
-    bw_hold **slot_hold; /* per slot: the hold on its batch, or NULL */
+    size_t held;      /* slot handed out last, or nslots */
+    bw__holds *holds; /* bw_loader_hold's, shared with the holds themselves */
     unsigned generation;
     size_t nthreads;
     pthread_t *threads;
