@@ -37,8 +37,6 @@ typedef struct bw__ds_limits {
 } bw__ds_limits;
 /* Call before any request. */
 void bw__ds_cache_set_limits(bw__ds_cache *c, const bw__ds_limits *lim);
-/* What the cached datasets hold now of the two budgets. Thread-safe. */
-void bw__ds_cache_usage(bw__ds_cache *c, uint64_t *open_files, uint64_t *memory_bytes);
 
 /* The open dataset for `spec` (opened on first use; reopened when a source changed), keyed by
  * its canonical file set: every spelling of the same files is one entry. The caller holds a

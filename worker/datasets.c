@@ -96,12 +96,6 @@ void bw__ds_cache_set_limits(bw__ds_cache *c, const bw__ds_limits *lim)
     c->memory.limit = lim->memory_bytes;
 }
 
-void bw__ds_cache_usage(bw__ds_cache *c, uint64_t *open_files, uint64_t *memory_bytes)
-{
-    *open_files = atomic_load(&c->files.used);
-    *memory_bytes = atomic_load(&c->memory.used);
-}
-
 void bw__ds_cache_set_metrics(bw__ds_cache *c, bw__wm *m)
 {
     c->metrics = m;

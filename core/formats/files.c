@@ -130,6 +130,12 @@ static int files_open(bw__source *s, char *err, size_t errlen)
             s->mtime_ns = mt;
     }
     closedir(dir);
+    /* the listing is the source's index: charged to the worker's dataset memory */
+    uint64_t bytes = cap * sizeof(*d->e);
+    for (uint64_t i = 0; rc == BW_OK && i < d->n; i++)
+        bytes += strlen(d->e[i].name) + 1 + (d->e[i].target ? strlen(d->e[i].target) + 1 : 0);
+    if (rc == BW_OK)
+        rc = bw__source_charge(s, bytes, err, errlen);
     if (rc != BW_OK)
         return rc;
     qsort(d->e, d->n, sizeof(*d->e), by_name);
