@@ -15,9 +15,15 @@
 (t) (a)'s fetch for 64 KiB and 1 MiB samples against two workers serving TLS (a second,
     TLS coordinator): the data channel over TLS against gRPC over TLS.
 
+With --auth (part a only), the daemons run with authentication on (--auth-tokens and
+--grant-key): each fetch authenticates to the coordinator and every read carries its lease's
+read grant, checked by the workers (docs/security.md, "Read grants") -- to compare with a run
+without it.
+
 Medians of --repeat runs (interleaved, so that load on the machine hits both sides alike).
 Usage (after the README's build):
     /usr/bin/python3 bench/bench_client.py [--build build] [--quick] [--repeat N] [--parts abct]
+                                           [--auth]
 """
 
 import argparse
@@ -260,7 +266,11 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
     ap.add_argument("--parts", default="abct",
                     help="which measurements to run (default abct; t: with TLS)")
+    ap.add_argument("--auth", action="store_true",
+                    help="authentication and read grants on (with --parts a only)")
     args = ap.parse_args()
+    if args.auth and args.parts != "a":
+        ap.error("--auth measures part a only: give --parts a")
     repeat = args.repeat or (3 if args.quick else 5)
     build = os.path.abspath(args.build)
     os.environ.setdefault("BW_BUILD_DIR", build)
@@ -274,13 +284,34 @@ def main():
     tmp = tempfile.mkdtemp(prefix="bench-client-")
     root = os.path.join(tmp, "data")
     os.makedirs(root)
-    report = {"a": [], "b": [], "c": [], "t": []}
+    report = {"a": [], "b": [], "c": [], "t": [], "auth": args.auth}
+    coord_args, worker_args, status_args, fetch_args = [], [], [], []
+    if args.auth:  # bwtest adds the shared --grant-key
+        tokens = {"admin": "bench-admin-" + os.urandom(16).hex(),
+                  "trainer": "bench-trainer-" + os.urandom(16).hex(),
+                  "worker": "bench-worker-" + os.urandom(16).hex()}
+        principals = os.path.join(tmp, "principals")
+        with open(principals, "w") as f:
+            f.write("admin ops %s\ntrainer t %s\nworker storage %s ids=w*\n" %
+                    (tokens["admin"], tokens["trainer"], tokens["worker"]))
+        tf = {}
+        for k, v in tokens.items():
+            tf[k] = os.path.join(tmp, k + ".token")
+            with open(tf[k], "w") as f:
+                f.write(v + "\n")
+            os.chmod(tf[k], 0o600)
+        os.chmod(principals, 0o600)
+        coord_args = ["--auth-tokens", principals]
+        worker_args = coord_args + ["--token-file", tf["worker"]]
+        status_args = ["--token-file", tf["admin"]]
+        fetch_args = ["--token-file", tf["trainer"]]
     try:
-        coord = bt.coordinator(tmp)
-        workers = [bt.worker(tmp, coord.addr, "w%d" % i, data_root=root) for i in range(2)]
+        coord = bt.coordinator(tmp, args=coord_args)
+        workers = [bt.worker(tmp, coord.addr, "w%d" % i, data_root=root, args=worker_args)
+                   for i in range(2)]
         bt.poll(lambda: sum(w["state"] == "alive"
-                            for w in bt.status_json(coord.addr)["workers"]) == 2, 20,
-                what="two live workers")
+                            for w in bt.status_json(coord.addr, status_args)["workers"]) == 2,
+                20, what="two live workers")
         log("cluster: coordinator %s, workers %s" % (coord.addr, [w.addr for w in workers]))
         if "t" in args.parts:
             tls_rates(bt, tmp, root, repeat, args.quick, report)
@@ -300,16 +331,17 @@ def main():
             # and the first batch are then a few per cent of the time.
             epochs = max(1, (128 * MiB if args.quick else 512 * MiB) // total)
             fetch_runs, fetch_sps, grpc_runs, tcp_runs, tcp2_runs = [], [], [], [], []
-            fetch_rate(bt, coord.addr, "warm-" + name, ds, batch, 1)  # job, page cache
+            fetch_rate(bt, coord.addr, "warm-" + name, ds, batch, 1, extra=fetch_args)
             for i in range("a" in args.parts and repeat):
-                mib, sps, _ = fetch_rate(bt, coord.addr, "a-%s-%d" % (name, i), ds, batch, epochs)
+                mib, sps, _ = fetch_rate(bt, coord.addr, "a-%s-%d" % (name, i), ds, batch, epochs,
+                                         extra=fetch_args)
                 fetch_runs.append(mib)
                 fetch_sps.append(sps)
                 tcp_runs.append(tcp_rate(tcp_bin, path, off, n * sample, batch * sample, epochs))
                 tcp2_runs.append(tcp_rate(tcp_bin, path, off, n * sample, batch * sample, epochs,
                                           len(workers)))
                 mib, _, _ = fetch_rate(bt, coord.addr, "g-%s-%d" % (name, i), ds, batch, epochs,
-                                       "grpc")
+                                       "grpc", extra=fetch_args)
                 grpc_runs.append(mib)
             if "a" in args.parts:
                 row = {"sample": sample, "batch": batch, "samples": n, "epochs": epochs,

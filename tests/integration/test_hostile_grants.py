@@ -254,6 +254,26 @@ def test(tmp):
         dpb.ReadSamplesRequest(dataset=DS_A, indices=[0]))
     bt.check(code == S.PERMISSION_DENIED, "and allows no read", "%s: %s" % (code, details))
 
+    # A proof made here with the shared key, as the coordinator makes one for w1: Describe
+    # and nothing else; expired, refused.
+    kid, khex = open(bt.grant_key(tmp)).read().split()
+
+    def coord_proof(wid, expires_ms):
+        mac = hmac.new(bytes.fromhex(khex), b"bw-coord-v1\0" + wid.encode() + b"\0" +
+                       str(expires_ms).encode(), hashlib.sha256).hexdigest()
+        return "%s.%d.%s" % (kid, expires_ms, mac)
+    good = [("x-batchwire-coordinator", coord_proof("w1", int(time.time() * 1000) + 30000))]
+    code, details = Raw(w.addr, good).describe(DS_A)
+    bt.check(code == S.OK, "a coordinator proof for w1 describes at w1 (role coordinator)",
+             "%s: %s" % (code, details))
+    code, details = Raw(w.addr, good).read(dpb.ReadSamplesRequest(dataset=DS_A, indices=[0]))
+    bt.check(code == S.PERMISSION_DENIED and "only Data.Describe" in details,
+             "but may not read", "%s: %s" % (code, details))
+    old = [("x-batchwire-coordinator", coord_proof("w1", int(time.time() * 1000) - 10000))]
+    code, details = Raw(w.addr, old).describe(DS_A)
+    bt.check(code == S.PERMISSION_DENIED and "expired" in details,
+             "an expired coordinator proof is refused", "%s: %s" % (code, details))
+
     bt.log("===== jobs created through w1 (the coordinator's proof, no token) =====")
     alice = jr.Jobs(coord.addr, token=TOKENS["alice"][1])
     bob = jr.Jobs(coord.addr, token=TOKENS["bob"][1])
