@@ -14,7 +14,9 @@ authentication on:
   holder can compute; the test computes it from the grant key) is served -- so the refusal is
   the binding to the worker id, nothing else.
 * The trainer, whose token is in the coordinator's principals file but not in the workers',
-  reads every batch of an epoch exactly as `batchwire plan` says, on both transports.
+  reads every batch of an epoch exactly as `batchwire plan` says, on both transports,
+  map-style and streams; so do two shares of its rank, the second with share 0's lease (its
+  grant); a share without the lease has no grant and is refused ("no read grant").
 
 The rogue and the replays use python3-grpcio and messages compiled from proto/ by Debian's
 protoc, independent of the C code under test.
@@ -262,7 +264,9 @@ def captured(rogue):
     return out, calls, conns
 
 
-def nothing_secret(rogue, keys):
+def nothing_secret(rogue, keys, granted):
+    """What the rogue received: no token and no hello anywhere; the first `granted` reads (all
+    but the lease-less share's) each with a grant whose secret is nowhere."""
     bt.log("===== what the rogue received =====")
     reads, calls, conns = captured(rogue)
     kinds = sorted({(t, m) for t, m, _r, _b in reads})
@@ -280,9 +284,11 @@ def nothing_secret(rogue, keys):
              [md for _m, md, _b in calls][:3])
     bt.check(all(kind != DCHAN_AUTH for _raw, reqs in conns for kind, _b in reqs),
              "no data-channel connection sends a hello (kind 3)")
+    reads = reads[:granted]
     bare = [r for r in reads if not (r[2].HasField("grant") and r[2].grant.claims and
                                      len(r[2].grant.proof) == 32)]
-    bt.check(not bare, "each of the %d reads carries a read grant" % len(reads), bare[:1])
+    bt.check(not bare, "each of the %d reads of the lease holders carries a read grant" %
+             len(reads), bare[:1])
     secrets = {grant_secret(keys, r[2].grant.claims) for r in reads}
     bt.check(not any(x in everything or x.hex().encode() in everything for x in secrets),
              "none of their grants' %d secrets is in anything the rogue received" %
@@ -356,6 +362,38 @@ def alice_epoch(tmp, coord, data, transport, stream, rogue, keys, w1):
             replay(captured(rogue)[0][start:], keys, w1)
 
 
+def shares(tmp, coord, arr, rogue):
+    """A share of the rank reads with the grant of the lease it is given (its own heartbeats
+    renew it); without the lease it has no grant (nor sends a token), and the workers serve it
+    nothing. Returns how many reads the rogue had received before the share without one."""
+    bt.log("===== shares of a rank: with the lease's grant, and without a lease =====")
+    batchwire = bwpy.import_batchwire()
+    want = bwpy.plan("--mode", "torch", "--num-samples", len(arr), "--world-size", 1,
+                     "--batch-size", BATCH, "--epoch", 0)[0]
+    args = dict(coordinator=coord.addr, job="alice-shares", dataset=bwpy.NPY, batch_size=BATCH,
+                rank=0, world_size=1, timeout=5, token_file=token_file(tmp, "alice"))
+    got = {}
+    with batchwire.Loader(share=(0, 2), **args) as l0:
+        with batchwire.Loader(share=(1, 2), lease=l0.lease(), **args) as l1:
+            got[1] = [(b.indices.tolist(), b.numpy().tobytes()) for b in l1]
+        got[0] = [(b.indices.tolist(), b.numpy().tobytes()) for b in l0]
+        for i in (0, 1):
+            mine = want[i::2]
+            bt.check(len(got[i]) == len(mine) and all(
+                g == w["indices"] and x == arr[g].tobytes() for (g, x), w in zip(got[i], mine)),
+                "share %d of 2 reads its %d batches exactly" % (i, len(mine)),
+                "%d batches, %d planned" % (len(got[i]), len(mine)))
+        granted = len(captured(rogue)[0])
+        try:
+            with batchwire.Loader(share=(1, 2), **args) as bare:
+                n = sum(1 for _ in bare)
+            raise bt.TestFailure("a share without the lease read %d batches" % n)
+        except batchwire.PermissionDeniedError as e:
+            bt.check("no read grant" in str(e),
+                     "a share without the lease: PermissionDeniedError, no read grant", str(e))
+    return granted
+
+
 def test(tmp):
     coord_principals = os.path.join(tmp, "principals-coordinator")
     write_principals(coord_principals, PRINCIPALS)
@@ -385,7 +423,7 @@ def test(tmp):
             bt.check(new and set(new) == {"grpc"},
                      "--transport grpc: the rogue was asked again, over gRPC only (%d reads)" %
                      len(new))
-        nothing_secret(rogue, keys)
+        nothing_secret(rogue, keys, shares(tmp, coord, arr, rogue))
     finally:
         rogue.stop()
     bt.check(w1.running() and coord.running(), "both daemons are still up")
