@@ -161,10 +161,11 @@ def caps(coord):
     flood.close()
     coord.wait_log(r"principal=flood registration refused code=BW_TOO_BIG "
                    r"not_logged_before=[1-9]\d* err=worker id 'flood-300'")
-    lines = len(re.findall(r"registration refused", open(coord.log_path).read()))
-    bt.check(code == S.RESOURCE_EXHAUSTED and lines <= int(t) + 4,
-             "the refusals are logged at most once a second (%d lines in all, with how many "
-             "were left out)" % lines)
+    lines = len(re.findall(r"principal=flood registration refused",
+                           open(coord.log_path).read()))
+    bt.check(code == S.RESOURCE_EXHAUSTED and lines <= int(t) + 3,
+             "the %d refusals are logged at most once a second (%d lines, with how many were "
+             "left out)" % (300 - PER_PRINCIPAL + 1, lines))
 
     ops = Client(coord.addr, TOKEN["ops"])
     n = len(listed(coord))
