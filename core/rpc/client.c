@@ -33,6 +33,9 @@ struct bw_rpc_channel {
     const bw_rpc_method *registered[BW_CHANNEL_METHODS_MAX];
     void *handles[BW_CHANNEL_METHODS_MAX];
     size_t nregistered;
+    /* What the target's certificate names, read once (under mu) after gRPC's name check
+     * failed: for the error; "": not read yet. */
+    char peer_names[400];
 };
 
 int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, char *err,
@@ -182,8 +185,22 @@ static int trailer_code(const grpc_metadata_array *md)
     return 1;
 }
 
+/* What the certificate at ch's target names (bw__tls_probe_names), probed once per channel:
+ * a peer that fails gRPC's name check fails it on every call. */
+static void peer_names(bw_rpc_channel *ch, char *names, size_t len)
+{
+    pthread_mutex_lock(&ch->mu);
+    snprintf(names, len, "%s", ch->peer_names);
+    pthread_mutex_unlock(&ch->mu);
+    if (*names || bw__tls_probe_names(ch->target, 1000, names, len) != BW_OK)
+        return;
+    pthread_mutex_lock(&ch->mu);
+    snprintf(ch->peer_names, sizeof(ch->peer_names), "%s", names);
+    pthread_mutex_unlock(&ch->mu);
+}
+
 /* The error for a failed call: the peer's exact code when it sent one, and a sentence. */
-static int call_error(const bw_rpc_channel *ch, const bw_rpc_method *m, grpc_status_code status,
+static int call_error(bw_rpc_channel *ch, const bw_rpc_method *m, grpc_status_code status,
                       grpc_slice details, const grpc_metadata_array *trailing, char *err,
                       size_t errlen)
 {
@@ -199,7 +216,7 @@ static int call_error(const bw_rpc_channel *ch, const bw_rpc_method *m, grpc_sta
         !strstr(d, "the certificate there names")) {
         /* gRPC says which name it checked, not what the certificate names: read it. */
         char names[400];
-        bw__tls_probe_names(ch->target, 1000, names, sizeof(names));
+        peer_names(ch, names, sizeof(names));
         snprintf(named, sizeof(named),
                  " (the certificate there names %s: a CA-valid certificate for another host "
                  "is refused; docs/security.md, \"Worker certificates\")",
