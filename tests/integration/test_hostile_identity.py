@@ -1,6 +1,7 @@
 """Worker identity under a hostile worker credential (docs/security.md, "Worker ids"): a worker
 principal registers and heartbeats only the ids its principals-file line binds (ids=PATTERN,
-else its own name; an admin any id), also with a client certificate instead of a token;
+else its own name; an admin any id), also with a client certificate instead of a token, and a
+binding narrowed on SIGHUP stops the worker's heartbeats until it is bound again;
 refusals are PERMISSION_DENIED naming the id, the principal and how to bind it, add nothing
 to ListWorkers, and are logged at most once a second. Registrations are capped per principal
 (--max-workers-per-principal) and in total (--max-workers): RESOURCE_EXHAUSTED naming the
@@ -46,10 +47,12 @@ def listening(d):
     return d
 
 
-def write_principals(path, mode=0o600):
+def write_principals(path, mode=0o600, rebind=None):
+    """The principals file; rebind: {name: binding} instead of PRINCIPALS' own."""
     with open(path, "w") as f:
         f.write("# role name token [ids=PATTERN,...]\n")
         for role, name, tok, binding in PRINCIPALS:
+            binding = (rebind or {}).get(name, binding)
             f.write(" ".join(x for x in (role, name, tok, binding) if x) + "\n")
     os.chmod(path, mode)
 
@@ -257,6 +260,29 @@ def file_modes(tmp, coord):
              "and not about one only its owner can write", r.stderr)
 
 
+def narrowed(coord):
+    bt.log("===== a binding narrowed on SIGHUP stops the worker's heartbeats =====")
+
+    def state():
+        c = Client(coord.addr, TOKEN["ops"])
+        w = [x for x in c.call(LIST, bpb.ListWorkersRequest()).workers if x.id == "store-1"]
+        c.close()
+        return w[0].state if w else None
+
+    write_principals(coord.auth_path, rebind={"storage": "ids=other-*"})
+    coord.send(signal.SIGHUP)
+    coord.wait_log(r"worker=store-1 address=\S+ peer=- principal=storage heartbeat refused "
+                   r"code=BW_PERMISSION_DENIED .*ids=other-\* do not match it", timeout=10)
+    bt.poll(lambda: state() == bpb.WORKER_STATE_DEAD, 15, interval=0.2,
+            what="store-1 marked dead")
+    bt.ok("store-1's heartbeats are refused (logged) and it is marked dead")
+    write_principals(coord.auth_path)
+    coord.send(signal.SIGHUP)
+    bt.poll(lambda: state() == bpb.WORKER_STATE_ALIVE, 15, interval=0.2,
+            what="store-1 alive again")
+    bt.ok("bound again, its next heartbeat makes it alive")
+
+
 def legitimate_job(tmp, coord, arr, batch):
     bt.log("===== a legitimate job on the same cluster =====")
     batchwire = bwpy.import_batchwire()
@@ -297,6 +323,7 @@ def test(tmp):
     caps(coord)
     forgotten(coord)
     file_modes(tmp, coord)
+    narrowed(coord)
     legitimate_job(tmp, coord, arr, 8)
     os.chmod(bt.grant_key(tmp), 0o600)
     bt.check(worker.running() and coord.running(), "both daemons are still up")
