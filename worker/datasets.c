@@ -312,15 +312,20 @@ static int resolve(bw__ds_cache *c, const Batchwire__V1__Dataset *spec, uint64_t
         if (df)
             ok = ok && key_str(&r->key, &len, &cap, "\x01") &&
                  key_str(&r->key, &len, &cap, df->name) && key_str(&r->key, &len, &cap, df->format);
+        char why[768];
+        bw__paths spelled;
         if (npat == 0) {
-            snprintf(err, errlen, "%s%s%slists no sources", df ? "field '" : "",
-                     df ? df->name : "the dataset ", df ? "' " : "");
+            snprintf(why, sizeof(why), "the dataset lists no sources");
             rc = BW_INVALID_ARGUMENT;
+        } else {
+            rc = bw__dataset_resolve(c->root, (const char *const *)pat, npat, &o, &spelled,
+                                     &r->canon[k], why, sizeof(why));
+        }
+        if (rc != BW_OK) { /* as bw__dataset_open_fields says it: naming the field */
+            snprintf(err, errlen, "%s%s%s%s", df ? "field '" : "", df ? df->name : "",
+                     df ? "': " : "", why);
             break;
         }
-        bw__paths spelled;
-        rc = bw__dataset_resolve(c->root, (const char *const *)pat, npat, &o, &spelled,
-                                 &r->canon[k], err, errlen);
         for (size_t i = 0; rc == BW_OK && i < r->canon[k].n; i++)
             ok = ok && key_str(&r->key, &len, &cap, r->canon[k].v[i]);
         bw__paths_free(&spelled);
