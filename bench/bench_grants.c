@@ -128,9 +128,9 @@ int main(int argc, char **argv)
     int reps = 5, threads = 2;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--reps") == 0)
-            reps = atoi(argv[i + 1]);
+            reps = (int)strtol(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--threads") == 0)
-            threads = atoi(argv[i + 1]);
+            threads = (int)strtol(argv[i + 1], NULL, 10);
         else
             die("usage: bench_grants [--reps N] [--threads N]");
     }
@@ -186,7 +186,8 @@ int main(int argc, char **argv)
         double *v = calloc((size_t)reps, sizeof(*v));
         for (int k = 0; k < reps; k++) {
             bw_grants *cold = NULL;
-            int wfd = mkstemp(strcpy(path, "/tmp/bench-grants-XXXXXX"));
+            snprintf(path, sizeof(path), "/tmp/bench-grants-XXXXXX");
+            int wfd = mkstemp(path);
             if (wfd < 0 || write(wfd, key, sizeof(key) - 1) != (ssize_t)(sizeof(key) - 1))
                 die("cannot write the key file");
             close(wfd);

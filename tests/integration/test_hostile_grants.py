@@ -178,12 +178,22 @@ def rogue_capture(tmp, coord):
         "/batchwire.v1.Coordinator/RegisterWorker",
         request_serializer=lambda m: m.SerializeToString(),
         response_deserializer=bpb.RegisterWorkerResponse.FromString)
+    beat = grpc.insecure_channel(coord.addr).unary_unary(
+        "/batchwire.v1.Coordinator/Heartbeat", request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=bpb.HeartbeatResponse.FromString)
+    md = [("authorization", "Bearer " + TOKENS["rogue"][1])]
     reg(bpb.RegisterWorkerRequest(id="rogue", address="127.0.0.1:%d" % port, incarnation=1),
-        timeout=10, metadata=[("authorization", "Bearer " + TOKENS["rogue"][1])])
+        timeout=10, metadata=md)
     alice = jr.Jobs(coord.addr, token=TOKENS["alice"][1])
-    e = alice.expect_error("GetOrCreateJob", pb.GetOrCreateJobRequest(
-        name="probe", world_size=1, config=pb.JobConfig(
-            dataset=DS_A, sampler=pb.SamplerConfig(mode=jr.TORCH, batch_size=8))))
+    e = None
+    for _ in range(5):  # the rogue is the only live worker (it heartbeats while it is asked)
+        beat(bpb.HeartbeatRequest(id="rogue", incarnation=1), timeout=10, metadata=md)
+        e = alice.expect_error("GetOrCreateJob", pb.GetOrCreateJobRequest(
+            name="probe", world_size=1, config=pb.JobConfig(
+                dataset=DS_A, sampler=pb.SamplerConfig(mode=jr.TORCH, batch_size=8))))
+        if seen:
+            break
+        time.sleep(0.2)
     alice.close()
     server.stop(0)
     bt.check(seen, "the coordinator asked the rogue worker to describe (%s)" % e.details[:80])
@@ -285,9 +295,13 @@ def test(tmp):
     ja = alice.join("job-a", 0, 1, host="node-a", pid=100)
     bt.check(len(ja.grant_secret) == 32 and ja.grant_claims,
              "JoinJob hands the lease holder a grant (claims and a 32-byte secret)")
+    time.sleep(0.01)  # a later expiry (claims minted in the same millisecond are the same)
     hb = alice.heartbeat("job-a", 0, ja)
-    bt.check(hb.grant_claims and hb.grant_claims != ja.grant_claims,
-             "each lease heartbeat renews it")
+    c0, c1 = (dpb.GrantClaims.FromString(x.grant_claims) for x in (ja, hb))
+    bt.check(c1.expires_ms > c0.expires_ms and c1.lease_tag == c0.lease_tag and
+             (c1.job, c1.rank) == ("job-a", 0) and len(c1.dataset) == 32,
+             "each lease heartbeat renews it (same job, rank and lease tag, a later expiry)",
+             (c0, c1))
     all_a = dpb.ReadSamplesRequest(dataset=DS_A, indices=list(range(N)), grant=grant(ja))
 
     bt.log("===== the lease holder reads; an admin reads without a grant =====")
