@@ -846,9 +846,6 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
                  o->coordinator);
         return BW_PROTOCOL;
     }
-    if ((rc = bw__session_set_grant(s, "JoinJob", &jresp->grant_claims, &jresp->grant_secret, err,
-                                    errlen)) != BW_OK)
-        return rc;
     s->summary = jresp->job;
     s->resume_cursor = start.len ? start : jresp->cursor;
     s->lease_id = jresp->lease_id;
@@ -857,6 +854,11 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     s->claimed = s->confirms = true;
     vouch(s, sent, jresp->lease_ms);
     atomic_store(&s->seen_version, jresp->placement_version);
+    /* After the lease is ours: a grant refused here fails the open, and closing the session
+     * then gives the rank back (LeaveJob) instead of leaving it held until the lease ends. */
+    if ((rc = bw__session_set_grant(s, "JoinJob", &jresp->grant_claims, &jresp->grant_secret, err,
+                                    errlen)) != BW_OK)
+        return rc;
 
     bw__placement *p = bw__session_placement(s, true, err, errlen);
     if (!p)
