@@ -107,8 +107,8 @@ static int describe(bw_worker *w, bw_rpc_call *call, const Batchwire__V1__Descri
 {
     bw__wds *e = NULL;
     char err[1400];
-    int rc = bw__rp_open_dataset(w, bw__rpc_call_peer(call), "Describe", r->dataset, NULL, true, &e,
-                                 err, sizeof(err));
+    int rc = bw__rp_open_dataset_until(w, bw__rpc_call_peer(call), "Describe", r->dataset, NULL,
+                                       true, bw__rpc_call_deadline_ms(call), &e, err, sizeof(err));
     if (rc != BW_OK)
         return bw__rpc_fail(call, rc, "%s", err);
     const bw__dataset *d = bw__ds_dataset(e);

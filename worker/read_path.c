@@ -272,6 +272,14 @@ int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
     return open_dataset(w, peer, method, spec, fingerprint, index, 0, out, err, errlen);
 }
 
+int bw__rp_open_dataset_until(bw_worker *w, const char *peer, const char *method,
+                              const Batchwire__V1__Dataset *spec, const char *fingerprint,
+                              bool index, uint64_t deadline_ms, bw__wds **out, char *err,
+                              size_t errlen)
+{
+    return open_dataset(w, peer, method, spec, fingerprint, index, deadline_ms, out, err, errlen);
+}
+
 /* Routing by source: the shard of the source holding dataset index `index` (indexed). */
 static uint32_t source_shard(const bw__dataset *d, uint64_t index, const Batchwire__V1__Routing *rt)
 {

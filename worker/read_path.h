@@ -57,6 +57,11 @@ int bw__rp_open_until(bw_worker *w, const char *peer, const ProtobufCMessage *re
 int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
                         const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
                         bw__wds **out, char *err, size_t errlen);
+/* The same with the request's deadline for directory walks (as bw__rp_open_until). */
+int bw__rp_open_dataset_until(bw_worker *w, const char *peer, const char *method,
+                              const Batchwire__V1__Dataset *spec, const char *fingerprint,
+                              bool index, uint64_t deadline_ms, bw__wds **out, char *err,
+                              size_t errlen);
 
 /* Reads without checks over an open dataset (taken over: put when the read is closed), for
  * bw__rp_open and tests. `indices` are borrowed. Counts into stats (may be NULL). NULL when out

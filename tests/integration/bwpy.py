@@ -119,6 +119,24 @@ def plan(*args):
 NPY = "npy:ds/part-00000.npy"
 
 
+def job_reads_plan(coord_addr, arr, batch, what, **loader_args):
+    """Rank 0 of 1 of a job "legit" over NPY (arr: np.load of it) reads one epoch: checks that
+    every batch is the one `batchwire plan` gives, with the file's samples."""
+    batchwire = import_batchwire()
+    want = plan("--mode", "torch", "--num-samples", len(arr), "--world-size", 1,
+                "--batch-size", batch, "--epoch", 0)[0]
+    got = []
+    with batchwire.Loader(coordinator=coord_addr, job="legit", dataset=NPY, batch_size=batch,
+                          rank=0, world_size=1, job_epochs=1, **loader_args) as loader:
+        for b in loader:
+            got.append((b.indices.tolist(), b.numpy().copy()))
+    bt.check(len(got) == len(want) and all(
+        g == w["indices"] and x.tobytes() == arr[g].tobytes()
+        for (g, x), w in zip(got, want)),
+        "%s read all %d batches exactly as batchwire plan says, samples equal to the file's" %
+        (what, len(want)), "%d batches, %d planned" % (len(got), len(want)))
+
+
 def npy_cluster(tmpdir, n, shape=(3, 5), nworkers=2):
     """The usual start of a test: the package, a data root holding a float32 .npy dataset
     "ds" of n samples (the dataset spec is NPY) and a cluster serving the root.

@@ -244,21 +244,9 @@ def closed(s):
         return True
 
 
-def legitimate_job(coord, arr, batch=8):
+def legitimate_job(coord, arr):
     bt.log("===== a legitimate job on the same worker =====")
-    batchwire = bwpy.import_batchwire()
-    want = bwpy.plan("--mode", "torch", "--num-samples", len(arr), "--world-size", 1,
-                     "--batch-size", batch, "--epoch", 0)[0]
-    got = []
-    with batchwire.Loader(coordinator=coord.addr, job="legit", dataset=bwpy.NPY,
-                          batch_size=batch, rank=0, world_size=1, job_epochs=1) as loader:
-        for b in loader:
-            got.append((b.indices.tolist(), b.numpy().copy()))
-    bt.check(len(got) == len(want) and all(
-        g == w["indices"] and x.tobytes() == arr[g].tobytes()
-        for (g, x), w in zip(got, want)),
-        "the legitimate job read all %d batches exactly as batchwire plan says" % len(want),
-        "%d batches, %d planned" % (len(got), len(want)))
+    bwpy.job_reads_plan(coord.addr, arr, 8, "the legitimate job")
 
 
 def escapes(coord):
