@@ -212,9 +212,10 @@ static int call_error(bw_rpc_channel *ch, const bw_rpc_method *m, grpc_status_co
      * own error relayed here may carry the hint already). */
     const char *hint = "";
     char named[600];
-    if (status == GRPC_STATUS_UNAVAILABLE && ch->tls && strstr(d, "is not in peer certificate") &&
-        !strstr(d, "the certificate there names")) {
-        /* gRPC says which name it checked, not what the certificate names: read it. */
+    if (status == GRPC_STATUS_UNAVAILABLE && ch->tls && strncmp(d, "failed to connect", 17) == 0 &&
+        strstr(d, "is not in peer certificate")) {
+        /* gRPC says which name it checked, not what the certificate names: read it. Only for
+         * this channel's own connection (gRPC's words), not for a peer's relayed error. */
         char names[400];
         peer_names(ch, names, sizeof(names));
         snprintf(named, sizeof(named),
@@ -222,7 +223,8 @@ static int call_error(bw_rpc_channel *ch, const bw_rpc_method *m, grpc_status_co
                  "is refused; docs/security.md, \"Worker certificates\")",
                  names);
         hint = named;
-    } else if (status == GRPC_STATUS_UNAVAILABLE && ch->tls && !strstr(d, "(TLS: check")) {
+    } else if (status == GRPC_STATUS_UNAVAILABLE && ch->tls && !strstr(d, "(TLS: check") &&
+               !strstr(d, "the certificate there names")) {
         hint = " (TLS: check that --tls-ca signed the server's certificate and, if the server "
                "requires client certificates, that --tls-cert/--tls-key are given and signed by "
                "its --tls-client-ca)";
