@@ -473,7 +473,7 @@ int bw__grant_revoked(bw_grants *g, uint64_t now_ms, bw_arena *arena,
     if (g->nrev && !v)
         rc = BW_NOMEM;
     size_t k = 0;
-    for (size_t b = 0; rc == BW_OK && b < REVOKED_BUCKETS; b++)
+    for (size_t b = 0; v && b < REVOKED_BUCKETS; b++) /* v NULL: none (or no memory) */
         for (revoked *r = g->rev[b]; rc == BW_OK && r; r = r->next) {
             Batchwire__V1__RevokedLease *x = bw__arena_alloc(arena, sizeof(*x));
             char *job = bw__arena_alloc(arena, strlen(r->job) + 1);
@@ -797,7 +797,7 @@ int bw__grant_coord_verify(bw_grants *g, const char *worker_id, const char *valu
     for (int i = 0; ok && i < 32; i++) {
         int hi = hexval(dot2[1 + 2 * i]), lo = hexval(dot2[2 + 2 * i]);
         ok = hi >= 0 && lo >= 0;
-        mac[i] = (uint8_t)(hi << 4 | lo);
+        mac[i] = ok ? (uint8_t)(hi << 4 | lo) : 0;
     }
     if (!ok) {
         snprintf(err, errlen,
