@@ -16,9 +16,11 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 #include "test_dir.h"
 #include "batchwire/batchwire.h"
+#include "rpc/dchan.h"
 #include "rpc/tls.h"
 
 static char dir[256];
@@ -235,6 +237,50 @@ static void test_expired(void **state)
     assert_err_has("--tls-ca", "certificate is expired");
 }
 
+static X509 *read_cert(const char *name)
+{
+    FILE *f = fopen(path(name), "rb");
+    assert_non_null(f);
+    X509 *x = PEM_read_X509(f, NULL, NULL, NULL);
+    fclose(f);
+    assert_non_null(x);
+    return x;
+}
+
+/* What a refused worker's certificate names, as the errors give it (docs/security.md,
+ * "Worker certificates"): DNS and IP subject alternative names in order, IPv6 included, or
+ * the CN when there are none; a short buffer is cut, never overrun. */
+static void test_cert_names(void **state)
+{
+    (void)state;
+    char names[256];
+    X509 *x = read_cert("server.pem");
+    bw__tls_cert_names(x, names, sizeof(names));
+    assert_string_equal(names, "DNS:localhost, IP:127.0.0.1");
+    memset(names, 'z', sizeof(names));
+    bw__tls_cert_names(x, names, 12);
+    assert_string_equal(names, "DNS:localho");
+    X509_free(x);
+    x = read_cert("other.pem");
+    bw__tls_cert_names(x, names, sizeof(names));
+    assert_string_equal(names, "no DNS or IP subject alternative name (CN=o)");
+    X509_free(x);
+
+    x = X509_new();
+    assert_non_null(x);
+    X509V3_CTX ctx;
+    X509V3_set_ctx_nodb(&ctx);
+    X509V3_set_ctx(&ctx, x, x, NULL, NULL, 0);
+    X509_EXTENSION *ext = X509V3_EXT_conf_nid(NULL, &ctx, NID_subject_alt_name,
+                                              "IP:2001:db8::7, DNS:*.w.example, email:a@b.c");
+    assert_non_null(ext);
+    assert_int_equal(X509_add_ext(x, ext, -1), 1);
+    X509_EXTENSION_free(ext);
+    bw__tls_cert_names(x, names, sizeof(names));
+    assert_string_equal(names, "IP:2001:db8::7, DNS:*.w.example");
+    X509_free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -244,6 +290,7 @@ int main(void)
         cmocka_unit_test(test_malformed_pem),
         cmocka_unit_test(test_swapped_and_mismatched),
         cmocka_unit_test(test_expired),
+        cmocka_unit_test(test_cert_names),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
