@@ -254,24 +254,10 @@ static int load(const char *path, entry **out, size_t *nout, char *err, size_t e
     entry *v = NULL;
     size_t n = 0, cap = 0;
     int rc = BW_OK;
-    char line[8192];
+    char line[8192], *p = NULL;
     int lineno = 0;
-    while (rc == BW_OK && fgets(line, sizeof(line), f)) {
-        lineno++;
-        size_t len = strlen(line);
-        if (len == sizeof(line) - 1 && line[len - 1] != '\n') {
-            snprintf(err, errlen, "%s line %d: longer than %zu bytes", path, lineno,
-                     sizeof(line) - 2);
-            rc = BW_INVALID_ARGUMENT;
-            break;
-        }
-        while (len && isspace((unsigned char)line[len - 1]))
-            line[--len] = 0;
-        char *p = line;
-        while (isspace((unsigned char)*p))
-            p++;
-        if (!*p || *p == '#')
-            continue;
+    while (rc == BW_OK &&
+           (rc = bw__config_line(f, line, sizeof(line), path, &lineno, &p, err, errlen)) == BW_OK) {
         if (n == cap) {
             cap = cap ? 2 * cap : 8;
             entry *nv = realloc(v, cap * sizeof(*v));
@@ -302,6 +288,7 @@ static int load(const char *path, entry **out, size_t *nout, char *err, size_t e
             v[n].ids = NULL;
         }
     }
+    rc = rc == 1 ? BW_OK : rc; /* the end of the file */
     if (rc == BW_OK && ferror(f)) {
         snprintf(err, errlen, "--auth-tokens %s: read error", path);
         rc = BW_IO;

@@ -160,23 +160,9 @@ static int load(const char *path, keyring *out, char *err, size_t errlen)
     keyring r = {NULL, 0};
     size_t cap = 0;
     int rc = BW_OK, lineno = 0;
-    char line[1024];
-    while (rc == BW_OK && fgets(line, sizeof(line), f)) {
-        lineno++;
-        size_t len = strlen(line);
-        if (len == sizeof(line) - 1 && line[len - 1] != '\n') {
-            snprintf(err, errlen, "--grant-key %s line %d: longer than %zu bytes", path, lineno,
-                     sizeof(line) - 2);
-            rc = BW_INVALID_ARGUMENT;
-            break;
-        }
-        while (len && isspace((unsigned char)line[len - 1]))
-            line[--len] = 0;
-        char *p = line;
-        while (isspace((unsigned char)*p))
-            p++;
-        if (!*p || *p == '#')
-            continue;
+    char line[1024], *p = NULL;
+    while (rc == BW_OK &&
+           (rc = bw__config_line(f, line, sizeof(line), path, &lineno, &p, err, errlen)) == BW_OK) {
         if (r.n == cap) {
             cap = cap ? 2 * cap : 4;
             key *nk = realloc(r.keys, cap * sizeof(*nk));
@@ -198,6 +184,7 @@ static int load(const char *path, keyring *out, char *err, size_t errlen)
             r.n++;
     }
     OPENSSL_cleanse(line, sizeof(line));
+    rc = rc == 1 ? BW_OK : rc; /* the end of the file */
     if (rc == BW_OK && ferror(f)) {
         snprintf(err, errlen, "--grant-key %s: read error", path);
         rc = BW_IO;
