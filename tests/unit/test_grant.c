@@ -80,6 +80,31 @@ static void mint(bw_grants *g, minted *m, const Batchwire__V1__Dataset *ds, uint
     m->grant.proof.len = sizeof(m->proof);
 }
 
+/* The usual start: keys K1 and dataset "a.npy" (cmocka setup and teardown). */
+typedef struct fixture {
+    bw_grants *g;
+    Batchwire__V1__Dataset ds;
+    char *src[1];
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof(*f));
+    f->g = open_keys(K1);
+    dataset(&f->ds, f->src, "a.npy");
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    bw__grants_free(f->g);
+    free(f);
+    unlink(path);
+    return 0;
+}
+
 static int verify(bw_grants *g, minted *m, const char *worker, const Batchwire__V1__Dataset *ds,
                   uint64_t now, char *err, size_t errlen)
 {
@@ -89,11 +114,9 @@ static int verify(bw_grants *g, minted *m, const char *worker, const Batchwire__
 
 static void test_good_grant_and_cache(void **state)
 {
-    (void)state;
-    bw_grants *g = open_keys(K1);
-    Batchwire__V1__Dataset ds;
-    char *src[1];
-    dataset(&ds, src, "a.npy");
+    fixture *f = *state;
+    bw_grants *g = f->g;
+    Batchwire__V1__Dataset ds = f->ds;
     minted m;
     mint(g, &m, &ds, NOW + 10000, 42, "w1");
     char err[512];
@@ -113,17 +136,13 @@ static void test_good_grant_and_cache(void **state)
                      BW_PERMISSION_DENIED);
     assert_non_null(strstr(err, "no read grant"));
     bw__arena_reset(&m.arena);
-    bw__grants_free(g);
-    unlink(path);
 }
 
 static void test_expired(void **state)
 {
-    (void)state;
-    bw_grants *g = open_keys(K1);
-    Batchwire__V1__Dataset ds;
-    char *src[1];
-    dataset(&ds, src, "a.npy");
+    fixture *f = *state;
+    bw_grants *g = f->g;
+    Batchwire__V1__Dataset ds = f->ds;
     minted m;
     mint(g, &m, &ds, NOW, 1, "w1");
     char err[512];
@@ -137,8 +156,6 @@ static void test_expired(void **state)
     assert_int_equal(verify(g, &m, "w1", &ds, NOW + 60000, err, sizeof(err)), BW_PERMISSION_DENIED);
     assert_non_null(strstr(err, "expired"));
     bw__arena_reset(&m.arena);
-    bw__grants_free(g);
-    unlink(path);
 }
 
 static void test_unknown_key_and_rotation(void **state)
@@ -194,11 +211,10 @@ static void test_unknown_key_and_rotation(void **state)
 
 static void test_tampered_other_worker_other_dataset(void **state)
 {
-    (void)state;
-    bw_grants *g = open_keys(K1);
-    Batchwire__V1__Dataset ds, other;
-    char *src[1], *src2[1];
-    dataset(&ds, src, "a.npy");
+    fixture *f = *state;
+    bw_grants *g = f->g;
+    Batchwire__V1__Dataset ds = f->ds, other;
+    char *src2[1];
     dataset(&other, src2, "b.npy");
     minted m;
     mint(g, &m, &ds, NOW + 10000, 5, "w1");
@@ -238,17 +254,13 @@ static void test_tampered_other_worker_other_dataset(void **state)
                      BW_PERMISSION_DENIED);
     assert_non_null(strstr(err, "malformed"));
     bw__arena_reset(&m.arena);
-    bw__grants_free(g);
-    unlink(path);
 }
 
 static void test_revoked(void **state)
 {
-    (void)state;
-    bw_grants *g = open_keys(K1);
-    Batchwire__V1__Dataset ds;
-    char *src[1];
-    dataset(&ds, src, "a.npy");
+    fixture *f = *state;
+    bw_grants *g = f->g;
+    Batchwire__V1__Dataset ds = f->ds;
     uint64_t tag = bw__grant_lease_tag(7, 8);
     assert_int_not_equal(tag, bw__grant_lease_tag(7, 9));
     minted m;
@@ -276,14 +288,11 @@ static void test_revoked(void **state)
     assert_int_equal(n, 0);
     bw__arena_reset(&a);
     bw__arena_reset(&m.arena);
-    bw__grants_free(g);
-    unlink(path);
 }
 
 static void test_coordinator_proof(void **state)
 {
-    (void)state;
-    bw_grants *g = open_keys(K1);
+    bw_grants *g = ((fixture *)*state)->g;
     char p[BW_GRANT_COORD_PROOF_MAX], err[512];
     bw__grant_coord_proof(g, "w1", NOW, p);
     assert_int_equal(strncmp(p, "k1.", 3), 0);
@@ -305,8 +314,6 @@ static void test_coordinator_proof(void **state)
     assert_int_equal(bw__grant_coord_verify(g, "w1", "k1.x.y", NOW, err, sizeof(err)),
                      BW_PERMISSION_DENIED);
     assert_non_null(strstr(err, "malformed"));
-    bw__grants_free(g);
-    unlink(path);
 }
 
 static void test_key_file_errors(void **state)
@@ -344,12 +351,12 @@ static void test_key_file_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_good_grant_and_cache),
-        cmocka_unit_test(test_expired),
+        cmocka_unit_test_setup_teardown(test_good_grant_and_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_expired, setup, teardown),
         cmocka_unit_test(test_unknown_key_and_rotation),
-        cmocka_unit_test(test_tampered_other_worker_other_dataset),
-        cmocka_unit_test(test_revoked),
-        cmocka_unit_test(test_coordinator_proof),
+        cmocka_unit_test_setup_teardown(test_tampered_other_worker_other_dataset, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_revoked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_coordinator_proof, setup, teardown),
         cmocka_unit_test(test_key_file_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
