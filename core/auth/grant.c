@@ -28,6 +28,7 @@ enum {
     DATASET_KEEP = 64 << 10,  /* a verified grant keeps its packed dataset up to this size */
     DATASETS_KEPT = 16 << 20, /* and all of them together up to this */
     REVOKED_BUCKETS = 1024,
+    CACHE_LOCKS = 64, /* reads of different grants rarely wait for each other */
 };
 
 typedef struct key {
@@ -72,8 +73,8 @@ struct bw_grants {
     pthread_mutex_t rev_mu;
     revoked *rev[REVOKED_BUCKETS];
     size_t nrev;
-    uint64_t rev_epoch; /* grows when a revocation is added */
-    pthread_mutex_t cache_mu;
+    uint64_t rev_epoch;                    /* grows when a revocation is added */
+    pthread_mutex_t cache_mu[CACHE_LOCKS]; /* slot i is under cache_mu[i % CACHE_LOCKS] */
     cached *cache; /* CACHE_SLOTS, by the proof's first bytes (random: an HMAC) */
     size_t kept;   /* bytes of packed datasets the cache keeps (DATASETS_KEPT at most) */
 };
@@ -225,7 +226,8 @@ int bw__grants_open(const char *path, bw_grants **out, char *err, size_t errlen)
     }
     pthread_rwlock_init(&g->lock, NULL);
     pthread_mutex_init(&g->rev_mu, NULL);
-    pthread_mutex_init(&g->cache_mu, NULL);
+    for (size_t i = 0; i < CACHE_LOCKS; i++)
+        pthread_mutex_init(&g->cache_mu[i], NULL);
     int rc = load(path, &g->ring, err, errlen);
     if (rc != BW_OK) {
         bw__grants_free(g);
@@ -237,7 +239,7 @@ int bw__grants_open(const char *path, bw_grants **out, char *err, size_t errlen)
 
 static void cached_clear(bw_grants *g, cached *c)
 {
-    g->kept -= c->packed_len;
+    __atomic_sub_fetch(&g->kept, c->packed_len, __ATOMIC_RELAXED);
     free(c->claims);
     free(c->job);
     free(c->packed);
@@ -261,7 +263,8 @@ void bw__grants_free(bw_grants *g)
     free(g->cache);
     pthread_rwlock_destroy(&g->lock);
     pthread_mutex_destroy(&g->rev_mu);
-    pthread_mutex_destroy(&g->cache_mu);
+    for (size_t i = 0; i < CACHE_LOCKS; i++)
+        pthread_mutex_destroy(&g->cache_mu[i]);
     free(g->path);
     free(g);
 }
@@ -545,8 +548,9 @@ static bool cache_get(bw_grants *g, const ProtobufCBinaryData *claims, const uin
                       uint64_t keys_epoch, const uint8_t *packed, size_t packed_len, hit *h)
 {
     bool found = false;
-    pthread_mutex_lock(&g->cache_mu);
-    cached *c = &g->cache[slot_of(proof)];
+    size_t slot = slot_of(proof);
+    pthread_mutex_lock(&g->cache_mu[slot % CACHE_LOCKS]);
+    cached *c = &g->cache[slot];
     if (c->used && c->keys_epoch == keys_epoch && c->claims_len == claims->len &&
         memcmp(c->proof, proof, BW_GRANT_PROOF_BYTES) == 0 &&
         memcmp(c->claims, claims->data, claims->len) == 0 && strlen(c->job) < sizeof(h->job)) {
@@ -560,7 +564,7 @@ static bool cache_get(bw_grants *g, const ProtobufCBinaryData *claims, const uin
         h->same_dataset =
             c->packed && c->packed_len == packed_len && memcmp(c->packed, packed, packed_len) == 0;
     }
-    pthread_mutex_unlock(&g->cache_mu);
+    pthread_mutex_unlock(&g->cache_mu[slot % CACHE_LOCKS]);
     return found;
 }
 
@@ -581,10 +585,11 @@ static void cache_put(bw_grants *g, const ProtobufCBinaryData *claims, const uin
     memcpy(cc, claims->data, claims->len);
     if (pk)
         memcpy(pk, packed, packed_len);
-    pthread_mutex_lock(&g->cache_mu);
-    cached *c = &g->cache[slot_of(proof)];
+    size_t slot = slot_of(proof);
+    pthread_mutex_lock(&g->cache_mu[slot % CACHE_LOCKS]);
+    cached *c = &g->cache[slot];
     cached_clear(g, c);
-    if (pk && g->kept + packed_len > DATASETS_KEPT) {
+    if (pk && __atomic_load_n(&g->kept, __ATOMIC_RELAXED) + packed_len > DATASETS_KEPT) {
         free(pk);
         pk = NULL;
     }
@@ -601,8 +606,8 @@ static void cache_put(bw_grants *g, const ProtobufCBinaryData *claims, const uin
     memcpy(c->dataset, m->dataset.data, BW_GRANT_HASH_BYTES);
     c->packed = pk;
     c->packed_len = pk ? packed_len : 0;
-    g->kept += c->packed_len;
-    pthread_mutex_unlock(&g->cache_mu);
+    __atomic_add_fetch(&g->kept, c->packed_len, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g->cache_mu[slot % CACHE_LOCKS]);
 }
 
 /* The checks that hold for a cached grant too: expiry and revocation. */
