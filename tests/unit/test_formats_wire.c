@@ -1,6 +1,7 @@
 /* The worker's hand-built SampleBatch messages, decoded by protobuf-c: every message stays
  * under the limit, samples larger than it arrive in chunks that reassemble, tar fields and
- * stream offsets are encoded, and payloads are the generator's bytes. */
+ * stream offsets are encoded, and payloads are the generator's bytes; and the dataset cache's
+ * canonical keys and open-files budget. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -257,12 +258,45 @@ static void test_corrupt_midway(void **state)
     bw__ds_cache_free(c);
 }
 
+/* The dataset cache (worker/datasets.c): one entry however a path is spelled, and the
+ * open-files budget -- idle datasets are closed to make room, one in use is not (BW_BUSY), a
+ * dataset over the whole budget is BW_TOO_BIG naming the flag. */
+static void test_cache_budgets(void **state)
+{
+    (void)state;
+    bw__ds_cache *c = bw__ds_cache_new(root);
+    bw__ds_limits lim = {.max_open_files = 2};
+    bw__ds_cache_set_limits(c, &lim);
+    char *a[] = {"a.tfrecord"}, *dot[] = {"./a.tfrecord"}, *glob[] = {"[ab].tfrecord"};
+    char *three[] = {"a.tfrecord", "a.tfrecord", "a.tfrecord"};
+    Batchwire__V1__Dataset da = spec("tfrecord", a, 1), ddot = spec("tfrecord", dot, 1);
+    Batchwire__V1__Dataset dglob = spec("tfrecord", glob, 1), d3 = spec("tfrecord", three, 3);
+    bw__wds *e = NULL, *e2 = NULL;
+    assert_int_equal(bw__ds_get(c, &da, &e, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__ds_get(c, &ddot, &e2, err, sizeof(err)), BW_OK);
+    assert_ptr_equal(e2, e); /* "./a.tfrecord" is "a.tfrecord" */
+    assert_false(bw__ds_ready(c, &dglob));
+    bw__ds_put(e2);
+    /* a.tfrecord and b.tfrecord need 2 files; a.tfrecord's dataset holds 1 and is in use */
+    assert_int_equal(bw__ds_get(c, &dglob, &e2, err, sizeof(err)), BW_BUSY);
+    assert_non_null(strstr(err, "--max-open-files"));
+    bw__ds_put(e); /* now idle: closed to make room */
+    assert_int_equal(bw__ds_get(c, &dglob, &e2, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__ds_dataset(e2)->nsources, 2);
+    assert_false(bw__ds_ready(c, &da));
+    bw__ds_put(e2);
+    assert_int_equal(bw__ds_get(c, &d3, &e, err, sizeof(err)), BW_TOO_BIG);
+    assert_non_null(strstr(err, "alone needs more open files than the worker's budget of 2"));
+    bw__ds_cache_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_samples_chunked),
         cmocka_unit_test(test_stream_records),
         cmocka_unit_test(test_corrupt_midway),
+        cmocka_unit_test(test_cache_budgets),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
