@@ -20,6 +20,16 @@ static void filled(bw_batch *b, size_t n, uint8_t byte)
     b->nbytes = n;
 }
 
+/* A loader's holds, and a filled batch with a hold on it. */
+static bw__holds *held(bw_batch *b, size_t n, uint8_t byte, bw_hold **h)
+{
+    bw__holds *holds = NULL;
+    assert_int_equal(bw__holds_new(&holds), BW_OK);
+    filled(b, n, byte);
+    assert_int_equal(bw__hold_take(holds, b, h), BW_OK);
+    return holds;
+}
+
 static void assert_bytes(const void *p, size_t n, uint8_t byte)
 {
     for (size_t i = 0; i < n; i++)
@@ -46,14 +56,11 @@ static void test_reuse_unheld(void **state)
 static void test_reuse_held(void **state)
 {
     (void)state;
-    bw__holds *holds = NULL;
-    assert_int_equal(bw__holds_new(&holds), BW_OK);
     bw_batch b;
-    filled(&b, 5000, 0xab);
+    bw_hold *h = NULL;
+    bw__holds *holds = held(&b, 5000, 0xab, &h);
     uint8_t *first = b.data;
     size_t cap = b.cap;
-    bw_hold *h = NULL;
-    assert_int_equal(bw__hold_take(holds, &b, &h), BW_OK);
     assert_ptr_equal(bw_hold_data(h), first);
     assert_int_equal(bw_hold_nbytes(h), 5000);
 
@@ -83,13 +90,10 @@ static void test_reuse_held(void **state)
 static void test_reuse_released(void **state)
 {
     (void)state;
-    bw__holds *holds = NULL;
-    assert_int_equal(bw__holds_new(&holds), BW_OK);
     bw_batch b;
-    filled(&b, 100, 0x11);
-    uint8_t *data = b.data;
     bw_hold *h = NULL, *again = NULL;
-    assert_int_equal(bw__hold_take(holds, &b, &h), BW_OK);
+    bw__holds *holds = held(&b, 100, 0x11, &h);
+    uint8_t *data = b.data;
     assert_int_equal(bw__hold_take(holds, &b, &again), BW_OK);
     assert_ptr_equal(h, again); /* one hold per batch, referenced twice */
     bw_hold_release(h);
@@ -105,12 +109,9 @@ static void test_reuse_released(void **state)
 static void test_hold_outlives_loader(void **state)
 {
     (void)state;
-    bw__holds *holds = NULL;
-    assert_int_equal(bw__holds_new(&holds), BW_OK);
     bw_batch b;
-    filled(&b, 3000, 0x5a);
     bw_hold *h = NULL;
-    assert_int_equal(bw__hold_take(holds, &b, &h), BW_OK);
+    bw__holds *holds = held(&b, 3000, 0x5a, &h);
     bw__batch_free(&b);
     bw__holds_close(holds);
     assert_bytes(bw_hold_data(h), 3000, 0x5a);
