@@ -20,6 +20,7 @@
 #include "auth/grant.h"
 #include "batchwire/batchwire.h"
 #include "common/util.h"
+#include "common/version.h"
 
 enum { CACHED = 1000000, FRESH = 20000, MAX_THREADS = 64 };
 
@@ -125,8 +126,12 @@ static Batchwire__V1__ReadGrant *mint(bw_grants *g, const Batchwire__V1__Dataset
 
 int main(int argc, char **argv)
 {
+    if (bw__version_flag(argc, argv, "bench_grants"))
+        return 0;
     int reps = 5, threads = 2;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 == argc)
+            die("usage: bench_grants [--reps N] [--threads N] (each flag takes a value)");
         if (strcmp(argv[i], "--reps") == 0)
             reps = (int)strtol(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--threads") == 0)
