@@ -15,6 +15,7 @@
 #include <openssl/evp.h>
 
 #include "batchwire/batchwire.h"
+#include "common/config.h"
 #include "common/log.h"
 #include "common/text.h"
 

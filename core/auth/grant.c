@@ -18,6 +18,7 @@
 
 #include "auth/auth.h"
 #include "batchwire/batchwire.h"
+#include "common/config.h"
 #include "common/text.h"
 
 enum {

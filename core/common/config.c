@@ -1,5 +1,6 @@
 /* The configuration tables (config.h): flags, BATCHWIRE_* variables and --help from one
- * table per program, with errors that name the setting and its value. */
+ * table per program, with errors that name the setting and its value; and the line reader of
+ * the daemons' configuration files (--auth-tokens, --grant-key). */
 #include "common/config.h"
 
 #include <ctype.h>
@@ -413,4 +414,27 @@ int bw__config_main(const char *prog, const char *synopsis, const char *descript
         return 2;
     }
     return -1;
+}
+
+int bw__config_line(FILE *f, char *buf, size_t len, const char *path, int *lineno, char **line,
+                    char *err, size_t errlen)
+{
+    while (fgets(buf, (int)len, f)) {
+        ++*lineno;
+        size_t n = strlen(buf);
+        if (n == len - 1 && buf[n - 1] != '\n') {
+            snprintf(err, errlen, "%s line %d: longer than %zu bytes", path, *lineno, len - 2);
+            return BW_INVALID_ARGUMENT;
+        }
+        while (n && isspace((unsigned char)buf[n - 1]))
+            buf[--n] = 0;
+        char *p = buf;
+        while (isspace((unsigned char)*p))
+            p++;
+        if (*p && *p != '#') {
+            *line = p;
+            return BW_OK;
+        }
+    }
+    return 1;
 }

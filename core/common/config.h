@@ -75,4 +75,12 @@ int bw__config_main(const char *prog, const char *synopsis, const char *descript
 /* Validates a HOST:PORT / [V6]:PORT / unix:PATH address; on failure writes why to err. */
 int bw__addr_validate(const char *addr, char *err, size_t errlen);
 
+/* The next line of a daemon's configuration file `f` (--auth-tokens, --grant-key) that holds
+ * something: blank lines and '#' comments are passed over, surrounding white space removed.
+ * `buf` (len bytes) receives it and *line points into it; *lineno counts the lines read.
+ * BW_OK; 1 at the end of the file; BW_INVALID_ARGUMENT with "PATH line N: longer than M bytes"
+ * in err. */
+int bw__config_line(FILE *f, char *buf, size_t len, const char *path, int *lineno, char **line,
+                    char *err, size_t errlen);
+
 #endif

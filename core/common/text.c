@@ -109,26 +109,3 @@ int bw__check_field_name(const char *v, char *err, size_t errlen)
     }
     return rc;
 }
-
-int bw__config_line(FILE *f, char *buf, size_t len, const char *path, int *lineno, char **line,
-                    char *err, size_t errlen)
-{
-    while (fgets(buf, (int)len, f)) {
-        ++*lineno;
-        size_t n = strlen(buf);
-        if (n == len - 1 && buf[n - 1] != '\n') {
-            snprintf(err, errlen, "%s line %d: longer than %zu bytes", path, *lineno, len - 2);
-            return BW_INVALID_ARGUMENT;
-        }
-        while (n && isspace((unsigned char)buf[n - 1]))
-            buf[--n] = 0;
-        char *p = buf;
-        while (isspace((unsigned char)*p))
-            p++;
-        if (*p && *p != '#') {
-            *line = p;
-            return BW_OK;
-        }
-    }
-    return 1;
-}

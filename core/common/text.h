@@ -31,12 +31,4 @@ int bw__check_field_name(const char *v, char *err, size_t errlen);
 enum { BW_NAME_MAX = 255, BW_JOB_NAME_MAX = BW_NAME_MAX };
 enum { BW_FIELD_NAME_MAX = 64 }; /* a dataset's field names (bytes) */
 
-/* The next line of a daemon's configuration file `f` (--auth-tokens, --grant-key) that holds
- * something: blank lines and '#' comments are passed over, surrounding white space removed.
- * `buf` (len bytes) receives it and *line points into it; *lineno counts the lines read.
- * BW_OK; 1 at the end of the file; BW_INVALID_ARGUMENT with "PATH line N: longer than M bytes"
- * in err. */
-int bw__config_line(FILE *f, char *buf, size_t len, const char *path, int *lineno, char **line,
-                    char *err, size_t errlen);
-
 #endif
