@@ -166,8 +166,10 @@ def test(tmpdir):
         bt.check(stat.S_IMODE(os.stat(auth).st_mode) == 0o700 and
                  all(stat.S_IMODE(os.stat(p).st_mode) == 0o600
                      for p in glob.glob(os.path.join(auth, "*"))) and
-                 len(glob.glob(os.path.join(auth, "*"))) == 4,
-                 "the job's tokens are 0600 files in a 0700 directory")
+                 sorted(os.listdir(auth)) == ["admin.token", "grant.key", "tokens",
+                                              "trainer.token", "worker.token"],
+                 "the job's tokens and grant key are 0600 files in a 0700 directory",
+                 sorted(os.listdir(auth)))
         sc.release_now(job)
 
         # 2. Requeued by Slurm itself in epoch 1 (SIGTERM to every step, like scancel).
