@@ -257,6 +257,28 @@ class Daemon:
         return self.wait(timeout)
 
 
+def write_principals(path, rows, mode=0o600):
+    """A principals file for --auth-tokens (docs/security.md, "Principals and roles"): one line
+    per row of (role, name, token) or (role, name, token, binding), a binding such as
+    "ids=w-*" or None; mode: the file's permissions (a test of the file-mode warning gives
+    another)."""
+    with open(path, "w") as f:
+        f.write("# role name token [ids=PATTERN,...]\n")
+        for row in rows:
+            f.write(" ".join(str(x) for x in row if x) + "\n")
+    os.chmod(path, mode)
+    return path
+
+
+def secret_file(tmpdir, name, text, mode=0o600):
+    """TMPDIR/NAME holding `text` and a newline (a --token-file or --metrics-auth file)."""
+    path = os.path.join(tmpdir, name)
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    os.chmod(path, mode)
+    return path
+
+
 def grant_key(tmpdir):
     """The test's --grant-key file (docs/security.md, "Read grants"): TMPDIR/grant.key, one
     random key made on first use, shared by every daemon the test starts in tmpdir."""

@@ -58,18 +58,11 @@ PERMISSION_DENIED = -6  # BW_PERMISSION_DENIED on the data channel
 
 
 def write_principals(path, names):
-    with open(path, "w") as f:
-        for n in names:
-            f.write("%s %s %s\n" % (TOKENS[n][0], n, TOKENS[n][1]))
-    os.chmod(path, 0o600)
+    bt.write_principals(path, [(TOKENS[n][0], n, TOKENS[n][1]) for n in names])
 
 
 def token_file(tmp, name):
-    p = os.path.join(tmp, "token-" + name)
-    with open(p, "w") as f:
-        f.write(TOKENS[name][1] + "\n")
-    os.chmod(p, 0o600)
-    return p
+    return bt.secret_file(tmp, "token-" + name, TOKENS[name][1])
 
 
 def proof(secret, worker_id):

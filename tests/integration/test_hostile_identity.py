@@ -49,20 +49,12 @@ def listening(d):
 
 def write_principals(path, mode=0o600, rebind=None):
     """The principals file; rebind: {name: binding} instead of PRINCIPALS' own."""
-    with open(path, "w") as f:
-        f.write("# role name token [ids=PATTERN,...]\n")
-        for role, name, tok, binding in PRINCIPALS:
-            binding = (rebind or {}).get(name, binding)
-            f.write(" ".join(x for x in (role, name, tok, binding) if x) + "\n")
-    os.chmod(path, mode)
+    bt.write_principals(path, [(role, name, tok, (rebind or {}).get(name, binding))
+                               for role, name, tok, binding in PRINCIPALS], mode)
 
 
 def token_file(tmp, name, mode=0o600):
-    p = os.path.join(tmp, "token-" + name)
-    with open(p, "w") as f:
-        f.write(TOKEN[name] + "\n")
-    os.chmod(p, mode)
-    return p
+    return bt.secret_file(tmp, "token-" + name, TOKEN[name], mode)
 
 
 def register(client, wid, incarnation=1):

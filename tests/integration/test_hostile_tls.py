@@ -63,22 +63,11 @@ ROGUE_NAMES = "DNS:other.example, IP:127.0.0.2"
 
 
 def write_principals(path):
-    with open(path, "w") as f:
-        for name, (role, tok) in TOKENS.items():
-            f.write("%s %s %s\n" % (role, name, tok))
-    os.chmod(path, 0o600)
-
-
-def secret_file(tmp, name, text):
-    p = os.path.join(tmp, name)
-    with open(p, "w") as f:
-        f.write(text + "\n")
-    os.chmod(p, 0o600)
-    return p
+    bt.write_principals(path, [(role, name, tok) for name, (role, tok) in TOKENS.items()])
 
 
 def token_file(tmp, name):
-    return secret_file(tmp, "token-" + name, TOKENS[name][1])
+    return bt.secret_file(tmp, "token-" + name, TOKENS[name][1])
 
 
 def fetch(coord, job, transport, creds, timeout_ms=10000):
@@ -376,7 +365,7 @@ def test(tmp):
     bt.check(r.returncode == 0, "batchwire gen wrote the dataset", r.stderr)
     principals = os.path.join(tmp, "principals")
     write_principals(principals)
-    mtok = secret_file(tmp, "metrics.token", METRICS_TOKEN)
+    mtok = bt.secret_file(tmp, "metrics.token", METRICS_TOKEN)
     digests = plaintext(tmp, principals, mtok)
     tls(tmp, principals, mtok, digests)
     allocation_bound(tmp)

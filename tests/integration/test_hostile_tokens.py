@@ -67,19 +67,11 @@ READS = ("/batchwire.v1.Data/ReadSamples", "/batchwire.v1.Data/ReadStream")
 
 
 def write_principals(path, names):
-    with open(path, "w") as f:
-        for name in names:
-            role, tok, binding = PRINCIPALS[name]
-            f.write(" ".join(x for x in (role, name, tok, binding) if x) + "\n")
-    os.chmod(path, 0o600)
+    bt.write_principals(path, [(PRINCIPALS[n][0], n) + PRINCIPALS[n][1:] for n in names])
 
 
 def token_file(tmp, name):
-    p = os.path.join(tmp, "token-" + name)
-    with open(p, "w") as f:
-        f.write(PRINCIPALS[name][1] + "\n")
-    os.chmod(p, 0o600)
-    return p
+    return bt.secret_file(tmp, "token-" + name, PRINCIPALS[name][1])
 
 
 def grant_keys(path):
