@@ -1,7 +1,7 @@
 """A small client of the coordinator's Jobs service for tests and benchmarks (not a test).
 
-Python stubs for proto/jobs.proto (and data.proto, which it imports) are generated with
-Debian's protoc into a temporary directory at import time; calls go through python3-grpcio
+Python stubs for proto/jobs.proto, data.proto, batchwire.proto and health.proto (pb, dpb, bpb,
+hpb) are generated with Debian's protoc into a temporary directory at import time; calls go through python3-grpcio
 by method path, so no grpc plugin is needed.
 """
 
@@ -18,12 +18,17 @@ SOURCE_DIR = os.environ.get(
 PROTO_DIR = os.path.join(SOURCE_DIR, "proto")
 
 _gen = tempfile.mkdtemp(prefix="bw-pb2-")
-subprocess.run(["protoc", "--python_out=" + _gen, "-I", PROTO_DIR,
-                os.path.join(PROTO_DIR, "jobs.proto"), os.path.join(PROTO_DIR, "data.proto")],
-               check=True)
+subprocess.run(["protoc", "--python_out=" + _gen, "-I", PROTO_DIR] +
+               [os.path.join(PROTO_DIR, p) for p in
+                ("jobs.proto", "data.proto", "batchwire.proto", "health.proto")], check=True)
 sys.path.insert(0, _gen)
 import jobs_pb2 as pb  # noqa: E402
-import data_pb2  # noqa: E402,F401
+import data_pb2  # noqa: E402
+import batchwire_pb2  # noqa: E402
+import health_pb2  # noqa: E402
+
+# short names for the tests (jr.dpb, jr.bpb, jr.hpb)
+dpb, bpb, hpb = data_pb2, batchwire_pb2, health_pb2
 
 TORCH = pb.SAMPLER_MODE_TORCH
 ACCELERATE = pb.SAMPLER_MODE_ACCELERATE

@@ -13,9 +13,6 @@ import os
 import signal
 import socket
 import struct
-import subprocess
-import sys
-import tempfile
 import time
 
 import grpc
@@ -24,15 +21,7 @@ import bwpy
 import bwtest as bt
 import jobs_rpc as jr
 
-_gen = tempfile.mkdtemp(prefix="bw-auth-pb2-")
-subprocess.run(["protoc", "--python_out=" + _gen, "-I", jr.PROTO_DIR] +
-               [os.path.join(jr.PROTO_DIR, p) for p in
-                ("batchwire.proto", "data.proto", "jobs.proto", "health.proto")], check=True)
-sys.path.insert(0, _gen)
-import batchwire_pb2 as bpb  # noqa: E402
-import data_pb2 as dpb  # noqa: E402
-import health_pb2 as hpb  # noqa: E402
-pb = jr.pb
+pb, dpb, bpb, hpb = jr.pb, jr.dpb, jr.bpb, jr.hpb
 
 S = grpc.StatusCode
 TOKENS = {

@@ -21,9 +21,6 @@ import hmac
 import os
 import socket
 import struct
-import subprocess
-import sys
-import tempfile
 import time
 
 import grpc
@@ -32,14 +29,7 @@ import bwpy
 import bwtest as bt
 import jobs_rpc as jr
 
-_gen = tempfile.mkdtemp(prefix="bw-hostile-grants-pb2-")
-subprocess.run(["protoc", "--python_out=" + _gen, "-I", jr.PROTO_DIR] +
-               [os.path.join(jr.PROTO_DIR, p) for p in ("batchwire.proto", "data.proto")],
-               check=True)
-sys.path.insert(0, _gen)
-import batchwire_pb2 as bpb  # noqa: E402
-import data_pb2 as dpb  # noqa: E402
-pb = jr.pb
+pb, dpb, bpb = jr.pb, jr.dpb, jr.bpb
 
 S = grpc.StatusCode
 TOKENS = {  # the coordinator's principals

@@ -28,7 +28,6 @@ import ssl
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -39,13 +38,7 @@ import grpc
 import bwtest as bt
 import jobs_rpc as jr
 
-_gen = tempfile.mkdtemp(prefix="bw-hostile-tls-pb2-")
-subprocess.run(["protoc", "--python_out=" + _gen, "-I", jr.PROTO_DIR] +
-               [os.path.join(jr.PROTO_DIR, p) for p in ("batchwire.proto", "data.proto")],
-               check=True)
-sys.path.insert(0, _gen)
-import batchwire_pb2 as bpb  # noqa: E402
-import data_pb2 as dpb  # noqa: E402
+pb, dpb, bpb = jr.pb, jr.dpb, jr.bpb
 
 TOKENS = {
     "ops": ("admin", "ops-token-0123456789abcdef"),

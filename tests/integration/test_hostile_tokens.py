@@ -27,9 +27,6 @@ import hmac
 import os
 import socket
 import struct
-import subprocess
-import sys
-import tempfile
 import threading
 from concurrent import futures
 
@@ -40,13 +37,7 @@ import bwpy
 import bwtest as bt
 import jobs_rpc as jr
 
-_gen = tempfile.mkdtemp(prefix="bw-hostile-tokens-pb2-")
-subprocess.run(["protoc", "--python_out=" + _gen, "-I", jr.PROTO_DIR] +
-               [os.path.join(jr.PROTO_DIR, p) for p in ("batchwire.proto", "data.proto")],
-               check=True)
-sys.path.insert(0, _gen)
-import batchwire_pb2 as bpb  # noqa: E402
-import data_pb2 as dpb  # noqa: E402
+pb, dpb, bpb = jr.pb, jr.dpb, jr.bpb
 
 S = grpc.StatusCode
 ROGUE_ID = "rogue-1"
