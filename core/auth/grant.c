@@ -122,8 +122,8 @@ static int parse_key(char *line, const char *path, int lineno, key *k, char *err
     size_t hl = strlen(hex);
     if (hl < 2 * KEY_MIN || hl > 2 * KEY_MAX || hl % 2) {
         snprintf(err, errlen,
-                 "--grant-key %s line %d: key '%s' has %zu hex digits; it needs an even number "
-                 "from %d to %d (openssl rand -hex 32)",
+                 "--grant-key %s line %d: key '%s' is %zu characters long; it needs an even "
+                 "number from %d to %d of hex digits (openssl rand -hex 32)",
                  path, lineno, id, hl, 2 * KEY_MIN, 2 * KEY_MAX);
         return BW_INVALID_ARGUMENT;
     }

@@ -324,7 +324,7 @@ static void test_key_file_errors(void **state)
     } cases[] = {
         {"# nothing\n\n", "holds no key"},
         {"k1\n", "line 1: expected two fields"},
-        {"\nk1 0011\n", "line 2: key 'k1' has 4 hex digits"},
+        {"\nk1 0011\n", "line 2: key 'k1' is 4 characters long"},
         {"k/1 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", "key id"},
         {"k1 zz112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", "not hex"},
         {"k1 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"
