@@ -247,12 +247,12 @@ def worker_sigstop_3s(ctx):
     return _sigstop(ctx, "worker_sigstop_3s", "w1", 3.0)
 
 
-def _partition(ctx, name, host, seconds, link=False):
+def _partition(ctx, name, host, seconds, link=False, extra=()):
     """`host` cut off for `seconds`: dropped at the bridge, or (link=True) its own eth0 down,
-    which its peers see as silence and it sees as ENETUNREACH."""
+    which its peers see as silence and it sees as ENETUNREACH; `extra`: the ranks' options."""
     cut = (lambda: ctx.net.link(host, False)) if link else (lambda: ctx.net.partition(host))
     heal = (lambda: ctx.net.link(host, True)) if link else (lambda: ctx.net.heal(host))
-    ranks = start_held(ctx, "f-" + name.replace("_", "-"))
+    ranks = start_held(ctx, "f-" + name.replace("_", "-"), extra=extra)
     rejoin = {}
 
     def watch_rejoin():
@@ -372,6 +372,18 @@ def worker_latency_50ms(ctx, delay_ms=50, name="worker_latency_50ms"):
 def worker_latency_200ms(ctx):
     """(full) The same with 200 ms added each way."""
     return worker_latency_50ms(ctx, 200, "worker_latency_200ms")
+
+
+# A batch budget long enough to wait out a 30 s outage (issue 25's measurement).
+LONG_TIMEOUT_MS = 120000
+
+
+def trainer_partition_30s_wait(ctx):
+    """(new) One trainer cut off for 30 s with --timeout-ms 120000, so that it waits the
+    outage out: it must deliver again within the recovery bound of the heal, every batch
+    exact, whatever its batch budget (connection attempts are bounded on their own)."""
+    return _partition(ctx, "trainer_partition_30s_wait", "t1", 30.0,
+                      extra=["--timeout-ms", LONG_TIMEOUT_MS])
 
 
 def trainer_partition_30s(ctx):
@@ -760,7 +772,8 @@ SHORT = [worker_sigkill, loss_10, worker_sigstop_3s, worker_partition_2s, coord_
          coord_restart, coord_sigstop_3s, trainer_partition_2s, file_truncated,
          file_overwritten, file_deleted, coord_disk_full, trainer_sigkill, trainer_sigstop_lease]
 FULL = SHORT + [worker_partition_30s, coord_partition_30s, worker_link_down_5s,
-                worker_latency_50ms, worker_latency_200ms, trainer_partition_30s]
+                worker_latency_50ms, worker_latency_200ms, trainer_partition_30s,
+                trainer_partition_30s_wait]
 
 
 # ---------------------------------------------------------------------------------------
