@@ -37,7 +37,8 @@ enum {
     BW_DCONN_BUF = 64 << 10,
     BW_DCONN_IDLE_MAX = 64,      /* idle connections kept */
     BW_DCONN_SUSPENDED_MAX = 64, /* unreachable data channels remembered */
-    BW_DCONN_SUSPEND_MS = 30000, /* ... for this long */
+    BW_DCONN_SUSPEND_MS = 30000, /* ... for this long when refused */
+    BW_DCONN_RETRY_MS = 1000,    /* ... when unreachable: this long, doubled each time, to 30 s */
 };
 
 /* The transport's state (one per loader). */
@@ -54,6 +55,7 @@ typedef struct dchan_state {
     struct {
         char *address;
         uint64_t until;
+        unsigned failed; /* connection attempts in a row that failed */
     } suspended[BW_DCONN_SUSPENDED_MAX];
 } dchan_state;
 
@@ -66,6 +68,8 @@ static void dconn_free(bw__dconn *c)
     free(c->address);
     free(c);
 }
+
+static void dconn_reached(dchan_state *s, const char *address);
 
 static int dconn_get(dchan_state *s, const char *address, int timeout_ms, bw__dconn **out,
                      char *err, size_t errlen)
@@ -83,9 +87,14 @@ static int dconn_get(dchan_state *s, const char *address, int timeout_ms, bw__dc
         (*out)->reused = true;
         return BW_OK;
     }
-    uint64_t deadline = bw__mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
+    /* Each attempt has its own deadlines, well inside the request's (dchan.h). */
+    int connect_ms =
+        timeout_ms < BW_DCHAN_CONNECT_TIMEOUT_MS ? timeout_ms : BW_DCHAN_CONNECT_TIMEOUT_MS;
+    int handshake_ms =
+        timeout_ms < BW_DCHAN_HANDSHAKE_TIMEOUT_MS ? timeout_ms : BW_DCHAN_HANDSHAKE_TIMEOUT_MS;
     bw_dsock sock = {-1, NULL};
-    int rc = bw__sock_connect(address, timeout_ms, &sock.fd, err, errlen);
+    int rc = bw__sock_connect(address, connect_ms, &sock.fd, err, errlen);
+    uint64_t deadline = bw__mono_ms() + (uint64_t)(handshake_ms > 0 ? handshake_ms : 1);
     if (rc == BW_OK && s->tls) {
         char host[256], port[16];
         rc = bw__sock_split(address, host, sizeof(host), port, sizeof(port));
@@ -98,6 +107,7 @@ static int dconn_get(dchan_state *s, const char *address, int timeout_ms, bw__dc
         bw__dsock_close(&sock);
         return rc;
     }
+    dconn_reached(s, address);
     bw__dconn *c = calloc(1, sizeof(*c));
     if (!c || !(c->address = strdup(address)) || !(c->buf = malloc(BW_DCONN_BUF))) {
         if (c)
@@ -254,9 +264,16 @@ static size_t find_suspended(dchan_state *s, const char *address)
     return s->nsuspended;
 }
 
-static void dconn_suspend(dchan_state *s, const char *address, const char *worker, const char *why)
+/* Asks address's worker over gRPC for a while: 30 s after the worker refused a request on
+ * its data channel (at its connection limit, or an older worker); after a connection attempt
+ * that failed -- a silent or restarting host, a name not resolved yet, the trainer's own
+ * network, a port not published -- for 1 s, doubled with each such attempt in a row up to
+ * 30 s, so that a data channel is back within about a second of a heal, and a data port that
+ * stays unreachable costs one connection attempt now and then (docs/data-channel.md). */
+static void dconn_suspend(dchan_state *s, const char *address, const char *worker, const char *why,
+                          bool connecting)
 {
-    uint64_t until = bw__mono_ms() + BW_DCONN_SUSPEND_MS;
+    uint64_t now = bw__mono_ms(), ms = BW_DCONN_SUSPEND_MS;
     pthread_mutex_lock(&s->mu);
     size_t i = find_suspended(s, address);
     bool fresh = i == s->nsuspended;
@@ -269,15 +286,38 @@ static void dconn_suspend(dchan_state *s, const char *address, const char *worke
         pthread_mutex_unlock(&s->mu);
         return; /* out of memory: not remembered, so the next fetch tries the channel again */
     }
-    if (fresh)
+    if (fresh) {
+        s->suspended[i].failed = 0;
         s->nsuspended++;
-    bool was_active = !fresh && s->suspended[i].until > bw__mono_ms();
-    s->suspended[i].until = until;
+    }
+    bool was_active = !fresh && s->suspended[i].until > now;
+    if (connecting) {
+        unsigned k = s->suspended[i].failed++;
+        ms = (uint64_t)BW_DCONN_RETRY_MS << (k < 5 ? k : 5);
+        if (ms > BW_DCONN_SUSPEND_MS)
+            ms = BW_DCONN_SUSPEND_MS;
+    } else {
+        s->suspended[i].failed = 0;
+    }
+    s->suspended[i].until = now + ms;
     pthread_mutex_unlock(&s->mu);
     if (!was_active)
         BW_WARN("worker=%s data_channel=%s unusable; fetching from this worker over gRPC for the "
-                "next %d s (docs/data-channel.md) err=%s",
-                worker, address, BW_DCONN_SUSPEND_MS / 1000, why);
+                "next %.1f s (docs/data-channel.md) err=%s",
+                worker, address, (double)ms / 1000.0, why);
+}
+
+/* A connection to address was made: it is no longer suspended, and the next timeout counts
+ * from 1 s again. */
+static void dconn_reached(dchan_state *s, const char *address)
+{
+    pthread_mutex_lock(&s->mu);
+    size_t i = find_suspended(s, address);
+    if (i < s->nsuspended) {
+        free(s->suspended[i].address);
+        s->suspended[i] = s->suspended[--s->nsuspended];
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 static bool dconn_suspended(dchan_state *s, const char *address)
@@ -375,7 +415,7 @@ static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req,
     if (rc != BW_OK && rc != BW_INTERRUPTED) {
         /* An unreachable data port (a firewall, a port not published): the worker may still
          * answer over gRPC. */
-        dconn_suspend(s, x->address, wr->id, e);
+        dconn_suspend(s, x->address, wr->id, e, true);
         res->fallback = true;
     } else {
         rc = send_req(x, false, e, sizeof(e));
@@ -466,7 +506,7 @@ static bool error_frame(bw__xfer *x, bw__xres *res)
      * gRPC, at once. */
     if ((code == BW_UNAVAILABLE || code == BW_PROTOCOL || code == BW_UNIMPLEMENTED) &&
         x->nsamples == 0) {
-        dconn_suspend(x->s, x->address, x->wid, x->msg);
+        dconn_suspend(x->s, x->address, x->wid, x->msg, false);
         res->fallback = true;
         return end(x, res, code, false, x->msg);
     }

@@ -61,7 +61,7 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
         return BW_NOMEM;
     }
     int backoff = opts->max_reconnect_ms > 0 ? opts->max_reconnect_ms : 1000;
-    grpc_arg args[9];
+    grpc_arg args[11];
     size_t nargs = 0;
     args[nargs].type = GRPC_ARG_INTEGER;
     args[nargs].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -74,8 +74,21 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
     args[nargs].type = GRPC_ARG_INTEGER;
     args[nargs].key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS;
     args[nargs++].value.integer = backoff < 100 ? backoff : 100;
-    /* Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the minimum connect
-     * timeout, and 100 ms cut slow TLS handshakes short on a loaded machine. */
+    /* Each connection attempt (TCP connect, TLS handshake, HTTP/2 settings) has its own
+     * deadline: gRPC takes GRPC_ARG_MIN_RECONNECT_BACKOFF_MS as its minimum connect timeout,
+     * 20 s by default, so an attempt that began during a partition would outlive the heal by
+     * up to 20 s (SYNs retransmitted at 1, 3, 7, 15 s). After BW_RPC_CONNECT_TIMEOUT_MS the
+     * attempt is abandoned and the next one starts on a fresh socket after the backoff above
+     * (docs/operating.md, "Networks"). Not 100 ms: that cut slow TLS handshakes short on a
+     * loaded machine. */
+    args[nargs].type = GRPC_ARG_INTEGER;
+    args[nargs].key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS;
+    args[nargs++].value.integer = BW_RPC_CONNECT_TIMEOUT_MS;
+    /* Names are resolved again when a connection fails (a pod back on a new IP under the same
+     * name), at most once per BW_RPC_RERESOLVE_MS instead of gRPC's 30 s. */
+    args[nargs].type = GRPC_ARG_INTEGER;
+    args[nargs].key = GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS;
+    args[nargs++].value.integer = BW_RPC_RERESOLVE_MS;
     /* Keepalive: a connection whose peer went silent (a partition, a paused host) is found
      * dead within about four seconds and its calls fail at once, instead of waiting out TCP's
      * retransmissions; the channel then reconnects as above (docs/operating.md, "Networks").

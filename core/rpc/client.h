@@ -84,6 +84,10 @@ bool bw__rpc_channel_wait(bw_rpc_channel *ch, int timeout_ms);
  * about BW_RPC_KEEPALIVE_MS + BW_RPC_KEEPALIVE_TIMEOUT_MS. */
 enum { BW_RPC_KEEPALIVE_MS = 2000, BW_RPC_KEEPALIVE_TIMEOUT_MS = 2000 };
 
+/* One connection attempt's deadline (TCP, TLS, HTTP/2 settings), and the least time between
+ * two resolutions of a channel's name (docs/operating.md, "Networks"). */
+enum { BW_RPC_CONNECT_TIMEOUT_MS = 2000, BW_RPC_RERESOLVE_MS = 1000 };
+
 /* A server-streaming call being read. Not thread-safe: one reader per stream. */
 typedef struct bw_rpc_stream bw_rpc_stream;
 

@@ -75,6 +75,12 @@ int bw__sock_connect(const char *addr, int timeout_ms, int *fd, char *err, size_
  * and TCP_USER_TIMEOUT, so that data unacknowledged for BW_SOCK_USER_TIMEOUT_MS fails the
  * connection instead of retransmitting for minutes. Best effort: a setting the kernel refuses
  * is skipped. */
+/* One connection attempt's deadlines on the data channel: the TCP connect and, on top of it,
+ * the TLS handshake, whatever time the request still has; a failed attempt is made again on a
+ * fresh socket (docs/operating.md, "Networks"). Without the cap a connect that began during a
+ * partition lives on after the heal, its SYN retransmitted at 1, 3, 7, 15 s. */
+enum { BW_DCHAN_CONNECT_TIMEOUT_MS = 1000, BW_DCHAN_HANDSHAKE_TIMEOUT_MS = 2000 };
+
 enum {
     BW_SOCK_KEEPIDLE_S = 2,
     BW_SOCK_KEEPINTVL_S = 1,

@@ -197,7 +197,9 @@ int bw__dsock_tls(bw_dsock *s, SSL_CTX *ctx, const char *host, uint64_t deadline
                 snprintf(why, sizeof(why), "certificate verification failed: %s",
                          X509_verify_cert_error_string(v));
             snprintf(err, errlen, "TLS handshake: %s", why);
-            return BW_TLS;
+            /* A handshake that ran out of time is a silent peer, not a TLS failure: the
+             * caller tries again on a fresh connection. */
+            return rc == BW_TIMEOUT || rc == BW_INTERRUPTED ? rc : BW_TLS;
         }
     }
 }
