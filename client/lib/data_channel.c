@@ -291,8 +291,13 @@ static void dconn_suspend(dchan_state *s, const char *address, const char *worke
         s->nsuspended++;
     }
     bool was_active = !fresh && s->suspended[i].until > now;
+    unsigned k = s->suspended[i].failed;
+    if (connecting && was_active) { /* a request started before the suspension: no new try */
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
     if (connecting) {
-        unsigned k = s->suspended[i].failed++;
+        s->suspended[i].failed++;
         ms = (uint64_t)BW_DCONN_RETRY_MS << (k < 5 ? k : 5);
         if (ms > BW_DCONN_SUSPEND_MS)
             ms = BW_DCONN_SUSPEND_MS;
@@ -301,23 +306,34 @@ static void dconn_suspend(dchan_state *s, const char *address, const char *worke
     }
     s->suspended[i].until = now + ms;
     pthread_mutex_unlock(&s->mu);
-    if (!was_active)
+    /* One warning per outage; its later retries are debug lines. */
+    if (!was_active && (!connecting || k == 0))
         BW_WARN("worker=%s data_channel=%s unusable; fetching from this worker over gRPC for the "
-                "next %.1f s (docs/data-channel.md) err=%s",
-                worker, address, (double)ms / 1000.0, why);
+                "next %.1f s%s (docs/data-channel.md) err=%s",
+                worker, address, (double)ms / 1000.0,
+                connecting ? ", then trying it again (1 s, doubling to 30 s)" : "", why);
+    else if (!was_active)
+        BW_DEBUG("worker=%s data_channel=%s still unusable (%u attempts); over gRPC for the next "
+                 "%.1f s err=%s",
+                 worker, address, k + 1, (double)ms / 1000.0, why);
 }
 
 /* A connection to address was made: it is no longer suspended, and the next timeout counts
  * from 1 s again. */
 static void dconn_reached(dchan_state *s, const char *address)
 {
+    unsigned failed = 0;
     pthread_mutex_lock(&s->mu);
     size_t i = find_suspended(s, address);
     if (i < s->nsuspended) {
+        failed = s->suspended[i].failed;
         free(s->suspended[i].address);
         s->suspended[i] = s->suspended[--s->nsuspended];
     }
     pthread_mutex_unlock(&s->mu);
+    if (failed)
+        BW_INFO("data_channel=%s reachable again after %u failed connection attempts", address,
+                failed);
 }
 
 static bool dconn_suspended(dchan_state *s, const char *address)

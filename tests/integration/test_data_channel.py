@@ -630,6 +630,51 @@ def test(tmpdir):
              "the client asked again on new connections (%d times) and failed over to no other "
              "worker" % err.count("an idle connection was closed"), err[-3000:])
 
+    # --- a data port unreachable at first and reachable later (published late, a heal): the
+    # client asks that worker over gRPC meanwhile, tries the data channel again 1 s after the
+    # first failed connection (doubling while it fails), and uses it again as soon as a
+    # connection is made -- one warning for the outage, one line when it is over; the batches
+    # are exact throughout (docs/data-channel.md).
+    probes = [socket.socket(), socket.socket()]
+    for p in probes:
+        p.bind(("127.0.0.1", 0))
+    d5, late = ["127.0.0.1:%d" % p.getsockname()[1] for p in probes]
+    for p in probes:
+        p.close()  # nothing listens at `late` until the proxy below starts
+    w5 = bt.worker(tmpdir, coord.addr, "w5", data_root=root,
+                   args=["--data-listen", d5, "--data-advertise", late])
+    bt.poll(lambda: bt.workers_by_id(bt.status_json(coord.addr)).get("w5", {}).get("state") ==
+            "alive", 15, interval=0.1, what="w5 alive")
+    cfg5 = dict(mode="torch", B=7, shuffle=True, seed=11)
+    slow = e2e.Fetch(coord.addr, "dc-late", "npy:" + SMALL, cfg5, 0, world=1,
+                     extra=["--epochs", 400, "--log-level", "info"], gate_after=20)
+    bt.poll(lambda: slow.batches_seen() >= 20, 30, interval=0.02, what="20 batches")
+    time.sleep(1.5)  # the first retry (1 s) fails too: the next comes 2 s after it
+    proxy = bt.Daemon("proxy-w5", [sys.executable, os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "faults", "delay_proxy.py"),
+        late, d5, 0], tmpdir)
+    proxy.wait_listening(15)
+    t_up = time.monotonic()
+    slow.open_gate()
+    bt.poll(lambda: "data_channel=%s reachable again" % late in slow.stderr(), 10, interval=0.05,
+            what="the client to use w5's data channel again")
+    back_s = time.monotonic() - t_up
+    got, _ = slow.ok(120, "the fetch across w5's late data port")
+    err = slow.stderr()
+    warns = [x for x in err.splitlines() if "data_channel=%s unusable" % late in x]
+    bt.check(equals_plan(got, cfg5, small, 400),
+             "with w5's data port reachable only later: %d batches equal the plan and numpy's "
+             "rows" % len(got))
+    bt.check(len(warns) == 1 and "worker=w5" in warns[0] and "trying it again" in warns[0] and
+             "failed while serving" not in err,
+             "... one warning for the outage (%s), no failover to another worker" %
+             (warns[0].split("WARN", 1)[-1][:160] if warns else "none"), err[-3000:])
+    bt.check(back_s <= 5.0, "... and the data channel was used again %.2f s after its port "
+             "became reachable (retries 1 s, 2 s, 4 s after failures)" % back_s)
+    w5.stop()
+    proxy.kill9()
+    coord.wait_log(r"worker=w5 address=\S+ marked dead", timeout=15)
+
     # --- a worker at its data-connection limit refuses more connections with BW_UNAVAILABLE
     # (its clients fetch from it over gRPC, not elsewhere), and closes idle connections.
     w4 = bt.worker(tmpdir, coord.addr, "w4", data_root=root,
