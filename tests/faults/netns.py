@@ -5,19 +5,31 @@ Topology (one `Net`): a "switch" namespace holding a bridge `br0`, and one names
 -- `coord`, `w1`..`w3`, `t0`..`t3` -- each with one interface `eth0`, a veth created directly
 inside the two namespaces (`ip -n HOST link add eth0 type veth peer name pHOST netns SWITCH`),
 so nothing appears in the root namespace. Hosts have addresses in 10.231.0.0/24 on that
-bridge only. Every daemon and every client runs inside its host's namespace: in the root
-namespace of these machines a TCP connect to any address "succeeds" (a sandbox proxy
-answers), so a dead or cut-off host can only be observed from inside a test namespace.
+bridge only, and names: each host namespace has its own hosts file, /etc/netns/<ns>/hosts
+(which `ip netns exec` bind-mounts over /etc/hosts), mapping `coord`, `w1`..`w3`, `t0`..`t3`
+to their addresses, so the daemons advertise and the clients dial names (glibc's
+getaddrinfo and gRPC's resolver both read it). The files are written before any process
+starts in a namespace and rewritten in place (same inode, one write of the same length:
+the bind mounts keep pointing at it) when a host moves. Every daemon and every client runs
+inside its host's namespace: in the root namespace of these machines a TCP connect to any
+address "succeeds" (a sandbox proxy answers), so a dead or cut-off host can only be observed
+from inside a test namespace.
 
 Faults (all applied in the switch namespace or to processes this harness started):
   net.partition(host) / net.heal(host)   nft bridge-family drop of every frame to or from the
                                          host's switch port (a silent partition: no RST, no
                                          ICMP; the peers see timeouts)
+  net.partition(host, "in" / "out")      one way only: the frames to the host (its port as
+                                         oifname) or only those from it (iifname)
   net.partition_for(host, seconds)       the same, healed after `seconds` (blocks); returns
                                          (t_start, t_end) in time.monotonic()
   net.loss(percent) / net.loss_off()     random loss of `percent` % of the frames crossing the
                                          bridge (`numgen random mod 100 < P drop`), every host
   net.link(host, up)                     the host's own eth0 down/up (ENETUNREACH at once)
+  net.readdress(host, last_octet)        the host's eth0 gets a new address (the old one
+                                         removed), every hosts file names the new one
+  FaultCluster.move_worker(wid, octet), .move_coordinator(octet)  a daemon SIGKILLed and
+                                         started again on a new address under the same name
   FaultCluster.kill9(name), .pause(name), .resume(name), .restart_coordinator()
   FaultCluster.start_worker(wid, delay_ms=D)  clients reach the worker only through a proxy
                                          delaying each direction by D ms (delay_proxy.py)
@@ -25,13 +37,15 @@ Faults (all applied in the switch namespace or to processes this harness started
                                          (.fill_state_dir() / .free_state_dir(): a disk full)
 
 Namespace names are `bwf<pid>-<host>`, so concurrent runs do not collide; a run killed before
-it could clean up leaves namespaces whose <pid> is dead, and the next run deletes those (and
-only those). Needs root (ip netns, nft).
+it could clean up leaves namespaces (and their /etc/netns/<ns> directories) whose <pid> is
+dead, and the next run deletes those (and only those). Needs root (ip netns, nft).
 """
 
+import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +64,10 @@ WORKER_PORT = 7701
 WORKER_DATA_PORT = 7702
 PROXY_OFFSET = 10  # a delayed worker is advertised at its ports + 10 (delay_proxy.py)
 NFT_TABLE = "bwfault"
+NETNS_ETC = "/etc/netns"  # ip netns exec bind-mounts /etc/netns/<ns>/<file> over /etc/<file>
+# The nft sets a partition puts a host's switch port in: both ways, only the frames to it
+# (leaving the bridge through its port: oifname), only the frames from it (iifname).
+CUT_SETS = {"both": "cut", "in": "cut_in", "out": "cut_out"}
 
 
 def sh(argv, timeout=20, check=True, input_data=None):
@@ -74,12 +92,17 @@ def have_privileges():
 
 
 def reap_stale():
-    """Deletes namespaces left by runs of this harness whose process is gone."""
+    """Deletes namespaces left by runs of this harness whose process is gone, and their hosts
+    files' directories."""
     r = sh(["ip", "netns", "list"], check=False)
     for line in r.stdout.splitlines():
         m = re.match(r"(bwf(\d+)-\S+)", line.strip())
         if m and not os.path.exists("/proc/%s" % m.group(2)):
             sh(["ip", "netns", "del", m.group(1)], check=False)
+    for d in glob.glob(os.path.join(NETNS_ETC, "bwf*-*")):
+        m = re.match(r"bwf(\d+)-", os.path.basename(d))
+        if m and not os.path.exists("/proc/%s" % m.group(1)):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 class Net:
@@ -91,9 +114,12 @@ class Net:
         self.switch = self.prefix + "sw"
         self.hosts = dict(hosts)
         self.created = []
-        self.cut = set()
+        self.etc = []  # the /etc/netns/<ns> directories this Net made
+        self.made_etc = not os.path.isdir(NETNS_ETC)
+        self.cut = {}  # host -> "both", "in" or "out"
         t = time.monotonic()
         try:
+            self._write_hosts()  # before any process starts in a namespace
             self._add_ns(self.switch)
             sh(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
             sh(["ip", "-n", self.switch, "link", "set", "br0", "up"])
@@ -109,15 +135,52 @@ class Net:
             sh(["ip", "netns", "exec", self.switch, "nft", "-f", "-"], input_data=(
                 "table bridge %s {\n"
                 "  set cut { type ifname; }\n"
+                "  set cut_in { type ifname; }\n"
+                "  set cut_out { type ifname; }\n"
                 "  chain filt { type filter hook forward priority 0; policy accept;\n"
-                "    iifname @cut drop; oifname @cut drop; }\n"
+                "    iifname @cut drop; oifname @cut drop;\n"
+                "    oifname @cut_in drop; iifname @cut_out drop; }\n"
                 "  chain lossy { type filter hook forward priority 1; policy accept; }\n"
                 "}\n" % NFT_TABLE))
         except BaseException:
             self.close()
             raise
-        bt.log("network: %d host namespaces on bridge br0 in %s (%s.0/24), set up in %.2fs" %
-               (len(self.hosts), self.switch, SUBNET, time.monotonic() - t))
+        bt.log("network: %d host namespaces on bridge br0 in %s (%s.0/24, names in %s), set up "
+               "in %.2fs" % (len(self.hosts), self.switch, SUBNET,
+                             os.path.join(NETNS_ETC, self.prefix + "*", "hosts"),
+                             time.monotonic() - t))
+
+    def hosts_text(self):
+        """The hosts file every host namespace has: localhost, then each host's address and
+        name. Each line has the same width whatever the address (padded), so that a host that
+        moves changes no line's length."""
+        lines = ["127.0.0.1       localhost", "::1             localhost ip6-localhost"]
+        lines += ["%-15s %s" % (self.ip(h), h) for h in sorted(self.hosts)]
+        return "".join("%-40s\n" % x for x in lines)
+
+    def hosts_path(self, host):
+        return os.path.join(NETNS_ETC, self.ns(host), "hosts")
+
+    def _write_hosts(self):
+        """Writes every host namespace's hosts file: created the first time, then rewritten
+        in place -- one pwrite at offset 0 of a text as long as the old one, on the same inode:
+        `ip netns exec` bind-mounted that inode over /etc/hosts in each process already
+        running there, so a rename would go unseen, and a truncate-then-write would let a
+        lookup in between find no name."""
+        text = self.hosts_text().encode()
+        for h in self.hosts:
+            path = self.hosts_path(h)
+            d = os.path.dirname(path)
+            if not os.path.isdir(d):
+                os.makedirs(d)
+                self.etc.append(d)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                if os.pwrite(fd, text, 0) != len(text):
+                    raise bt.TestFailure("short write to %s" % path)
+                os.ftruncate(fd, len(text))
+            finally:
+                os.close(fd)
 
     def _add_ns(self, ns):
         sh(["ip", "netns", "add", ns])
@@ -132,6 +195,25 @@ class Net:
     def ip(self, host):
         return "%s.%d" % (SUBNET, self.hosts[host])
 
+    def readdress(self, host, last):
+        """`host`'s eth0 gets the address SUBNET.<last> in place of its own (removed first:
+        removing a primary address would take a secondary one with it), and every
+        namespace's hosts file names the new one. Processes there keep running; sockets
+        bound to the old address are dead from then on."""
+        last = int(last)
+        if not 1 <= last <= 254 or last in (v for h, v in self.hosts.items() if h != host):
+            raise bt.TestFailure("readdress(%s, %d): not a free host address in %s.0/24 (in "
+                                 "use: %s)" % (host, last, SUBNET, sorted(self.hosts.values())))
+        ns, old = self.ns(host), self.ip(host)
+        if last == self.hosts[host]:
+            return
+        sh(["ip", "-n", ns, "addr", "del", "%s/24" % old, "dev", "eth0"])
+        self.hosts[host] = last
+        sh(["ip", "-n", ns, "addr", "add", "%s/24" % self.ip(host), "dev", "eth0"])
+        self._write_hosts()
+        bt.log("network: %s moved from %s to %s (hosts files rewritten)" %
+               (host, old, self.ip(host)))
+
     def argv(self, host, argv):
         """argv run inside `host`'s namespace (ip netns exec execs it: same pid)."""
         return ["ip", "netns", "exec", self.ns(host)] + [str(a) for a in argv]
@@ -140,19 +222,27 @@ class Net:
         sh(["ip", "netns", "exec", self.switch, "nft"] + list(args))
 
     # -- faults -------------------------------------------------------------------------
-    def partition(self, host):
-        self._nft("add", "element", "bridge", NFT_TABLE, "cut", "{ %s }" % self.port(host))
-        self.cut.add(host)
+    def partition(self, host, direction="both"):
+        """Drops the frames to and from `host` at the bridge, or (direction "in") only those
+        to it, or ("out") only those from it."""
+        if direction not in CUT_SETS:
+            raise bt.TestFailure("partition(%s, %r): the direction is one of %s" %
+                                 (host, direction, ", ".join(sorted(CUT_SETS))))
+        self.heal(host)
+        self._nft("add", "element", "bridge", NFT_TABLE, CUT_SETS[direction],
+                  "{ %s }" % self.port(host))
+        self.cut[host] = direction
 
     def heal(self, host):
         if host in self.cut:
-            self._nft("delete", "element", "bridge", NFT_TABLE, "cut", "{ %s }" % self.port(host))
-            self.cut.discard(host)
+            self._nft("delete", "element", "bridge", NFT_TABLE, CUT_SETS[self.cut[host]],
+                      "{ %s }" % self.port(host))
+            del self.cut[host]
 
-    def partition_for(self, host, seconds, started=None):
-        """Partitions `host` for `seconds`; calls started() once the rule is in. Returns
-        (t_start, t_end) in monotonic time."""
-        self.partition(host)
+    def partition_for(self, host, seconds, started=None, direction="both"):
+        """Partitions `host` (`direction`: partition()) for `seconds`; calls started() once
+        the rule is in. Returns (t_start, t_end) in monotonic time."""
+        self.partition(host, direction)
         t0 = time.monotonic()
         if started:
             started()
@@ -176,6 +266,14 @@ class Net:
         for ns in reversed(self.created):
             sh(["ip", "netns", "del", ns], check=False)
         self.created = []
+        for d in self.etc:
+            shutil.rmtree(d, ignore_errors=True)
+        self.etc = []
+        if self.made_etc:
+            try:
+                os.rmdir(NETNS_ETC)  # kept while another run's files are in it
+            except OSError:
+                pass
 
 
 # ---------------------------------------------------------------------------------------
@@ -242,8 +340,10 @@ class Rank(e2e.Fetch):
 
 
 class FaultCluster:
-    """A coordinator in `coord`, workers w1..w3 in their namespaces over one data root, fixed
-    addresses (so a restarted daemon comes back where it was)."""
+    """A coordinator in `coord`, workers w1..w3 in their namespaces over one data root. Every
+    daemon and client names the others by host name (`coord:7700`; a worker advertises
+    `wN:7701` and `wN:7702`), and listens on its host's address: a daemon restarted in place
+    comes back where it was, one moved (move_worker, move_coordinator) under the same name."""
 
     def __init__(self, tmpdir, net, lease_ms=10000, heartbeat_ms=None, dead_after=None,
                  worker_args=(), state_tmpfs_mib=None):
@@ -268,7 +368,7 @@ class FaultCluster:
             self.coord_args += ["--heartbeat-ms", heartbeat_ms]
         if dead_after is not None:
             self.coord_args += ["--dead-after", dead_after]
-        self.addr = "%s:%d" % (net.ip("coord"), COORD_PORT)
+        self.addr = "coord:%d" % COORD_PORT  # what workers, ranks and `batchwire status` dial
         self.worker_args = list(worker_args)
         self.coord = None
         self.workers = {}
@@ -279,7 +379,8 @@ class FaultCluster:
         self.wait_alive(3)
 
     def start_coordinator(self, timeout=15):
-        argv = self.net.argv("coord", [bt.COORDINATOR, "--listen", self.addr, "--state-dir",
+        listen = "%s:%d" % (self.net.ip("coord"), COORD_PORT)
+        argv = self.net.argv("coord", [bt.COORDINATOR, "--listen", listen, "--state-dir",
                                        self.state_dir] + self.coord_args)
         self.coord = bt.Daemon("coordinator", argv, self.tmpdir)
         self.coord.wait_listening(timeout)
@@ -287,9 +388,11 @@ class FaultCluster:
 
     def start_worker(self, wid, timeout=15, delay_ms=None):
         """Starts worker `wid`; with delay_ms, clients reach it (gRPC and data channel) only
-        through delay_proxy.py in its namespace, which delays each direction by delay_ms."""
+        through delay_proxy.py in its namespace, which delays each direction by delay_ms.
+        It listens on its host's address and advertises its host's name."""
         ip = self.net.ip(wid)
-        extra = []
+        extra = ["--advertise", "%s:%d" % (wid, WORKER_PORT),
+                 "--data-advertise", "%s:%d" % (wid, WORKER_DATA_PORT)]
         if delay_ms:
             for port in (WORKER_PORT, WORKER_DATA_PORT):
                 p = bt.Daemon("delay-%s-%d" % (wid, port), self.net.argv(wid, [
@@ -298,8 +401,8 @@ class FaultCluster:
                     self.tmpdir)
                 p.wait_listening(timeout)
                 self.proxies.append(p)
-            extra = ["--advertise", "%s:%d" % (ip, WORKER_PORT + PROXY_OFFSET),
-                     "--data-advertise", "%s:%d" % (ip, WORKER_DATA_PORT + PROXY_OFFSET)]
+            extra = ["--advertise", "%s:%d" % (wid, WORKER_PORT + PROXY_OFFSET),
+                     "--data-advertise", "%s:%d" % (wid, WORKER_DATA_PORT + PROXY_OFFSET)]
         argv = self.net.argv(wid, [
             bt.WORKER, "--coordinator", self.addr, "--listen", "%s:%d" % (ip, WORKER_PORT),
             "--data-listen", "%s:%d" % (ip, WORKER_DATA_PORT), "--data-root", self.root,
@@ -332,6 +435,23 @@ class FaultCluster:
         """SIGKILLs the coordinator and starts it again on the same address and state
         directory; returns (t_kill, t_listening)."""
         t_kill = self.kill9("coord")
+        self.start_coordinator()
+        return t_kill, time.monotonic()
+
+    def move_worker(self, wid, last):
+        """Worker `wid` SIGKILLed, its host moved to SUBNET.<last> (net.readdress: every hosts
+        file names the new address), and started again there with the same name and id;
+        returns (t_kill, t_listening)."""
+        t_kill = self.kill9(wid)
+        self.net.readdress(wid, last)
+        self.start_worker(wid)
+        return t_kill, time.monotonic()
+
+    def move_coordinator(self, last):
+        """The coordinator SIGKILLed, its host moved to SUBNET.<last>, and started again there
+        under the same name on the same state directory; returns (t_kill, t_listening)."""
+        t_kill = self.kill9("coord")
+        self.net.readdress("coord", last)
         self.start_coordinator()
         return t_kill, time.monotonic()
 

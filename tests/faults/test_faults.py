@@ -29,18 +29,24 @@ for 2 s; SIGKILL and restart of the coordinator; SIGSTOP of the coordinator for 
 of a trainer for 2 s; a dataset file truncated, overwritten in place and deleted under the
 ranks (the same workers serving another job meanwhile); the coordinator's state directory's
 disk full; a trainer SIGKILLed and restarted; a trainer SIGSTOPped past its lease and taken
-over. The full set (BW_FAULTS=full) adds 30 s partitions of a worker, of the coordinator and
-of a trainer, a worker's own link down for 5 s, and 50 ms and 200 ms of latency each way to
-one worker (a delaying TCP proxy) for a whole run.
+over; a worker and the coordinator each SIGKILLed and started again on a new address under
+the same name (every host names the others through its namespace's hosts file: netns.py);
+the frames to a worker dropped for 5 s, its own delivered, and the reverse. The full set
+(BW_FAULTS=full) adds 30 s partitions of a worker, of the coordinator and of a trainer (with
+the default batch budget, and with one long enough to wait the outage out), a worker's own
+link down for 5 s, and 50 ms and 200 ms of latency each way to one worker (a delaying TCP
+proxy) for a whole run.
 
 Scenarios that today's code is known to fail are listed in XFAIL with the reason and the
 figure measured: they run, their failure is reported as XFAIL and does not fail the test; one
 that passes is reported as XPASS (remove it from XFAIL). BW_FAULTS_STRICT=1 makes XFAILs fail.
 
 Environment: BW_FAULTS=short|full (default short), BW_FAULTS_ONLY=name[,name] to run some
-scenarios, BW_FAULTS_STRICT=1, plus bwtest.py's BW_BIN_DIR etc. Needs root (namespaces, nft,
-a tmpfs for the coordinator's state directory); without it the test prints SKIP and exits 77
-(skipped, for ctest).
+scenarios, BW_FAULTS_STRICT=1, BW_FAULTS_TABLE=PATH to write the recovery table of the
+scenarios run (markdown, for scripts/recovery-table: tests/faults/README.md), plus
+bwtest.py's BW_BIN_DIR etc. Needs root (namespaces, nft, /etc/netns, a tmpfs for the
+coordinator's state directory); without it the test prints SKIP and exits 77 (skipped, for
+ctest).
 """
 
 import glob
@@ -182,6 +188,9 @@ def bounded(name, m, stall_bound=None):
         over.append("the coordinator listed every worker alive %s after the heal > %.1f s" %
                     ("never (60 s)" if m["rejoin"] is None else "%.2f s" % m["rejoin"],
                      RECOVERY_BOUND_S))
+    if "done" in m and m["done"] > m["done_bound"]:
+        over.append("the ranks finished %.2f s after the fault's end > %.2f s (a slow batch "
+                    "after another, each under the stall bound)" % (m["done"], m["done_bound"]))
     if m.get("exit_lag", 0) > RECOVERY_BOUND_S:
         over.append("a rank exited %.2f s after its last batch > %.1f s" %
                     (m["exit_lag"], RECOVERY_BOUND_S))
@@ -247,10 +256,12 @@ def worker_sigstop_3s(ctx):
     return _sigstop(ctx, "worker_sigstop_3s", "w1", 3.0)
 
 
-def _partition(ctx, name, host, seconds, link=False, extra=()):
-    """`host` cut off for `seconds`: dropped at the bridge, or (link=True) its own eth0 down,
+def _partition(ctx, name, host, seconds, link=False, extra=(), direction="both"):
+    """`host` cut off for `seconds`: dropped at the bridge -- both ways, or (direction "in")
+    only the frames to it, or ("out") only those from it -- or (link=True) its own eth0 down,
     which its peers see as silence and it sees as ENETUNREACH; `extra`: the ranks' options."""
-    cut = (lambda: ctx.net.link(host, False)) if link else (lambda: ctx.net.partition(host))
+    cut = ((lambda: ctx.net.link(host, False)) if link else
+           (lambda: ctx.net.partition(host, direction)))
     heal = (lambda: ctx.net.link(host, True)) if link else (lambda: ctx.net.heal(host))
     ranks = start_held(ctx, "f-" + name.replace("_", "-"), extra=extra)
     rejoin = {}
@@ -292,6 +303,10 @@ def _partition(ctx, name, host, seconds, link=False, extra=()):
     proven_s = ctx.cl.lease_ms * (0.9 - 1 / 3.0) / 1e3
     if host == "coord" and seconds > proven_s:
         bound += seconds - proven_s
+    # A trainer cut off itself delivers nothing until the heal: its stall includes the
+    # partition, and after the heal it has the recovery bound.
+    if host.startswith("t") and seconds > STALL_BOUND_S:
+        bound = seconds + RECOVERY_BOUND_S
     return bounded(name, m, bound)
 
 
@@ -343,6 +358,103 @@ def worker_link_down_5s(ctx):
     return _partition(ctx, "worker_link_down_5s", "w2", 5.0, link=True)
 
 
+def worker_oneway_in(ctx):
+    """(17) The frames to one worker dropped at the bridge for 5 s, its own delivered (its
+    requests and heartbeats arrive, the answers to them do not)."""
+    return _partition(ctx, "worker_oneway_in", "w3", 5.0, direction="in")
+
+
+def worker_oneway_out(ctx):
+    """(18) The frames from one worker dropped at the bridge for 5 s, those to it delivered
+    (it hears every request and no answer gets out)."""
+    return _partition(ctx, "worker_oneway_out", "w3", 5.0, direction="out")
+
+
+# Where a moved host goes (the last octet of its new address, netns.SUBNET); not moved back:
+# every daemon and client names hosts (netns.FaultCluster), so no later scenario depends on
+# an address, and a restart of the daemon (after a failed scenario too) is at the new one.
+NEW_ADDRESS = {"w2": 112, "coord": 102}
+
+
+def _heard_since(cl, t):
+    """Whether the coordinator lists all 3 workers alive, each with a heartbeat received
+    after monotonic time `t` (so from a worker process, and at a coordinator, that exist
+    after a move)."""
+    try:
+        st = cl.status()
+    except bt.TestFailure:
+        return False
+    ago = time.monotonic() - t
+    return len([w for w in st["workers"] if w["state"] == "alive" and
+                w["seconds_since_heartbeat"] < ago]) == 3
+
+
+def _moved(ctx, name, host):
+    """`host`'s daemon SIGKILLed under the ranks and started again on a new address under the
+    same name, id and state directory (the hosts files of every namespace rewritten first).
+    The ranks (committing their cursors at the end, at the coordinator) fetch as the daemon is
+    killed -- let on by STEP_ON batches (step_on), so none can have finished -- and are
+    released once it listens again at the new address, which is the fault's end: from then
+    every rank must deliver again, the coordinator list all 3 workers alive with a heartbeat
+    heard since, and every rank exit (its final commit made at the moved coordinator) within
+    RECOVERY_BOUND_S; every batch exact, every rank's committed cursor its end."""
+    cl = ctx.cl
+    job = "f-" + name.replace("_", "-")
+    ranks = start_held(ctx, job, extra=["--commit"])
+    old = ctx.net.ip(host)
+    step_on(ranks)
+    if host == "coord":
+        t0, t1 = cl.move_coordinator(NEW_ADDRESS[host])
+    else:
+        t0, t1 = cl.move_worker(host, NEW_ADDRESS[host])
+    release(ranks)
+    rejoin = {}
+
+    def watch_rejoin():
+        try:
+            bt.poll(lambda: _heard_since(cl, t1), 60, interval=0.1,
+                    what="3 live workers heard from after the move")
+            rejoin["s"] = time.monotonic() - t1
+        except bt.TestFailure:
+            rejoin["s"] = None
+
+    w = threading.Thread(target=watch_rejoin, daemon=True)
+    w.start()
+    m = finish(ctx, name, ranks, t0, t1)
+    # Followed, not just routed around: a moved worker still dialled at its old address costs
+    # every batch that tries it an attempt (3.3 s each, under the stall bound), and the ranks
+    # take tens of seconds (measured: 29 and 49 s with the hosts files left naming the old
+    # address).
+    m["done"] = max(p.exited_at() for p in ranks) - t1
+    m["done_bound"] = RECOVERY_BOUND_S + 2 * ctx.fault_free_s
+    w.join(70)
+    m["rejoin"] = rejoin.get("s")
+    _committed_at_end(ctx, name, job, " (the ranks commit at the coordinator's name)")
+    rj = "never (60 s)" if m["rejoin"] is None else "%.2f s" % m["rejoin"]
+    m["note"] = ("%s (%s moved %s -> %s); every worker heard from again %s after it listened; "
+                 "the ranks done %.2f s after, their final commits made%s" %
+                 (rec_cell(m["recovery"]), host, old, ctx.net.ip(host), rj, m["done"],
+                  " at the moved coordinator" if host == "coord" else ""))
+    bt.log("%s: %s down %.2f s (SIGKILL to listening at %s); all 3 workers alive with a "
+           "heartbeat since (coordinator's view) %s after; the ranks finished %.2f s after "
+           "(fault-free run %.2f s); every rank committed its end" %
+           (name, host, t1 - t0, ctx.net.ip(host), rj, m["done"], ctx.fault_free_s))
+    wait_healthy(ctx)
+    return bounded(name, m, STALL_BOUND_S)
+
+
+def worker_new_ip(ctx):
+    """(15) A worker SIGKILLed mid-epoch and started again at once on a new address under
+    the same name (w2: the hosts files name the new one) and id."""
+    return _moved(ctx, "worker_new_ip", "w2")
+
+
+def coord_new_ip(ctx):
+    """(16) The coordinator SIGKILLed and started again at once on a new address under the
+    same name, on the same state directory."""
+    return _moved(ctx, "coord_new_ip", "coord")
+
+
 def worker_latency_50ms(ctx, delay_ms=50, name="worker_latency_50ms"):
     """(full) One worker reachable only with 50 ms added each way (a delaying proxy) for a
     whole run: every batch must still be exact, no stall over the bound."""
@@ -357,6 +469,7 @@ def worker_latency_50ms(ctx, delay_ms=50, name="worker_latency_50ms"):
         m = finish(ctx, name, ranks, t0, t0)
         m["recovery"] = None  # the fault lasts the whole run
         m["fault"] = m["run"]
+        m["note"] = "-- (the ranks ran %.2f s; fault-free %.2f s)" % (m["run"], ctx.fault_free_s)
         bt.log("%s: the ranks ran %.2f s (fault-free: %.2f s)" % (name, m["run"],
                                                                  ctx.fault_free_s))
         return bounded(name, m, STALL_BOUND_S)
@@ -415,6 +528,8 @@ def trainer_partition_30s(ctx):
     others = [p for p in ranks if p is not cut]
     m = finish(ctx, "trainer_partition_30s", others, t0, t1)
     m["exit_lag"] = 0.0
+    m["note"] = ("the rank stops with \"could not be fetched\" after %.1f s (two batch "
+                 "budgets); the others go on (%s)" % (t_exit, rec_cell(m["recovery"])))
     wait_healthy(ctx)
     if t_exit > GIVE_UP_BOUND_S:
         raise bt.TestFailure("trainer_partition_30s: rank 1 took %.1f s to give up" % t_exit)
@@ -511,6 +626,11 @@ def _file_changed(ctx, how):
         m = finish(ctx, name, others, t0, t0)
         m["recovery"] = max(stops)  # the changed dataset's ranks: until each stopped
         m["fault"] = 0.0
+        m["note"] = ("its 4 ranks stop %.2f-%.2f s after with %s naming the file or the "
+                     "dataset, every batch before exact; 4 ranks of another dataset on the "
+                     "same workers finish exactly; no worker dies" %
+                     (min(stops), max(stops), " or ".join(
+                         "`%s`" % c for c in DATA_GONE if any(c in x for x in msgs))))
         dead = [w for w, d in cl.workers.items() if not d.running()]
         if dead:
             raise bt.TestFailure("%s: worker(s) %s died" % (name, ", ".join(dead)))
@@ -675,6 +795,11 @@ def coord_disk_full(ctx):
         raise bt.TestFailure("%s: after a restart the coordinator holds the cursors %r, the ranks "
                              "committed %r" % (name, got, last))
     wait_healthy(ctx)
+    m["note"] = ("joins and commits refused at once, naming the directory (\"state directory is "
+                 "full ... No space left on device\"); the coordinator stays up, batches keep "
+                 "flowing; once space is freed the ranks, restarted, resume exactly from the "
+                 "cursors acknowledged before and deliver %.2f s after; a restarted "
+                 "coordinator holds every commit" % m["recovery"])
     bt.log("%s: the coordinator stayed up; after the space was freed the 4 ranks resumed from "
            "step %d exactly and committed (first batch %.2f s after), and a restarted "
            "coordinator holds their cursors %r" % (name, COMMIT_STEP, m["recovery"], got))
@@ -710,6 +835,9 @@ def trainer_sigkill(ctx):
     _committed_at_end(ctx, name, job)
     m["recovery"] = again.times[0] - t0
     m["fault"] = t_start - t0
+    m["note"] = ("its rank back at once (restart reclaim, not after the %.0f s lease): first "
+                 "batch %.2f s after the kill, then every batch from its committed cursor "
+                 "exactly" % (cl.lease_ms / 1e3, m["recovery"]))
     bt.log("%s: rank 1 killed after %d batches; restarted, it delivered its first batch %.2f s "
            "after the kill (%.2f s after its start; lease %.0f s) and all %d from step %d "
            "exactly" % (name, len(dead.result()[0]), m["recovery"], again.times[0] - t_start,
@@ -757,6 +885,11 @@ def trainer_sigstop_lease(ctx):
     m = finish(ctx, name, others, t0, t0, skip=COMMIT_STEP)
     _committed_at_end(ctx, name, job, " (did the stale rank commit?)")
     m.update(recovery=stopped, fault=t1 - t0)
+    m["note"] = ("a new process for the rank takes it over, first batch %.2f s after its start, "
+                 "exact from the committed cursor; the stopped one, continued, stops %.2f s "
+                 "later with `BW_LEASE_LOST` and commits nothing (it handed out %d batch%s it "
+                 "had fetched before its first heartbeat was refused)" %
+                 (takeover, stopped, len(mine) - seen, "" if len(mine) - seen == 1 else "es"))
     lost = next((x for x in err.splitlines() if "BW_LEASE_LOST" in x), "")
     bt.log("%s: rank 1 paused %.1f s; a new process took rank 1 over %.2f s after it started "
            "and read its %d batches from step %d exactly; the stale one, continued, stopped "
@@ -770,13 +903,88 @@ def trainer_sigstop_lease(ctx):
 
 SHORT = [worker_sigkill, loss_10, worker_sigstop_3s, worker_partition_2s, coord_partition_2s,
          coord_restart, coord_sigstop_3s, trainer_partition_2s, file_truncated,
-         file_overwritten, file_deleted, coord_disk_full, trainer_sigkill, trainer_sigstop_lease]
+         file_overwritten, file_deleted, coord_disk_full, trainer_sigkill, trainer_sigstop_lease,
+         worker_new_ip, coord_new_ip, worker_oneway_in, worker_oneway_out]
 FULL = SHORT + [worker_partition_30s, coord_partition_30s, worker_link_down_5s,
                 worker_latency_50ms, worker_latency_200ms, trainer_partition_30s,
                 trainer_partition_30s_wait]
 
 
 # ---------------------------------------------------------------------------------------
+# the recovery table (docs/operating.md, "Measured recovery"; scripts/recovery-table)
+
+# scenario -> its row's fault, one line (a scenario not here gets its docstring's first line).
+TABLE_FAULT = {
+    "worker_sigkill": "worker SIGKILL mid-epoch",
+    "loss_10": "10 % packet loss on every host for 5 s",
+    "worker_sigstop_3s": "worker SIGSTOP 3 s",
+    "worker_partition_2s": "worker partitioned 2 s",
+    "coord_partition_2s": "coordinator partitioned 2 s",
+    "coord_restart": "coordinator SIGKILL and restart",
+    "coord_sigstop_3s": "coordinator SIGSTOP 3 s",
+    "trainer_partition_2s": "trainer partitioned 2 s",
+    "file_truncated": "a dataset file truncated to half while 4 ranks read it",
+    "file_overwritten": "a dataset file overwritten in place (same size)",
+    "file_deleted": "a dataset file deleted",
+    "coord_disk_full": "the coordinator's state directory's disk full",
+    "trainer_sigkill": "trainer SIGKILL, started again at once",
+    "trainer_sigstop_lease": "trainer SIGSTOP 11 s (past its 10 s lease)",
+    "worker_new_ip": "worker SIGKILL, started again at once on a new IP under the same name",
+    "coord_new_ip": "coordinator SIGKILL, started again at once on a new IP under the same name",
+    "worker_oneway_in": "frames to a worker dropped 5 s (its own delivered)",
+    "worker_oneway_out": "frames from a worker dropped 5 s (those to it delivered)",
+    "worker_disk_stall_10s": "a worker's disk reads stall 10 s (other workers hold the same "
+                             "shards)",
+    "worker_partition_30s": "worker partitioned 30 s (full set)",
+    "coord_partition_30s": "coordinator partitioned 30 s (full set)",
+    "worker_link_down_5s": "worker's own link down 5 s (full set)",
+    "worker_latency_50ms": "50 ms added each way to one worker, whole run (full set)",
+    "worker_latency_200ms": "200 ms added each way to one worker, whole run (full set)",
+    "trainer_partition_30s": "trainer partitioned 30 s (full set)",
+    "trainer_partition_30s_wait": "trainer partitioned 30 s with `--timeout-ms 120000` (full "
+                                  "set)",
+}
+TABLE_HEAD = "| fault | recovery | longest stall |\n|---|---|---|\n"
+
+
+def cell_s(v):
+    return "--" if v is None else "%.2f s" % v
+
+
+def rec_cell(v):
+    """A recovery figure (recovery_s: None where every rank had delivered all before the
+    fault's end)."""
+    return "none (every rank done before the fault's end)" if v is None else "%.2f s" % v
+
+
+def table_row(name, fn, verdict, m, detail):
+    """One markdown row: the fault, the recovery (the scenario's note where it gave one, which
+    holds its figures; else the figure, with the time until the coordinator listed every
+    worker alive where it was measured), the longest stall. A run that failed says so."""
+    doc = getattr(fn, "__doc__", None) or name
+    fault = TABLE_FAULT.get(name) or doc.strip().splitlines()[0]
+    rec = m.get("note")
+    if rec is None:
+        rec = rec_cell(m["recovery"]) if "recovery" in m else "--"
+        if "rejoin" in m:
+            healed = any(x in name for x in ("partition", "oneway", "link"))
+            rec += "; workers listed alive again %s after the %s" % (
+                "never (60 s)" if m["rejoin"] is None else "%.2f s" % m["rejoin"],
+                "heal" if healed else "fault's end")
+    if verdict not in ("PASS", "XPASS"):
+        rec += " -- **%s**: %s" % (verdict, detail)
+    cells = [fault, rec, cell_s(m.get("stall"))]
+    return "| %s |\n" % " | ".join(" ".join(c.replace("|", "\\|").split()) for c in cells)
+
+
+def write_table(path, results, fns):
+    """The table of the scenarios run, in run order, to `path` (BW_FAULTS_TABLE)."""
+    with open(path, "w") as f:
+        f.write(TABLE_HEAD)
+        for name, verdict, m, detail, _ in results:
+            f.write(table_row(name, fns.get(name), verdict, m, detail))
+    bt.log("recovery table (%d rows) written to %s; scripts/recovery-table %s puts it in "
+           "docs/operating.md" % (len(results), path, path))
 
 
 def test(tmpdir):
@@ -787,6 +995,10 @@ def test(tmpdir):
     scenarios = FULL if MODE == "full" else SHORT
     only = [s for s in os.environ.get("BW_FAULTS_ONLY", "").split(",") if s]
     if only:
+        unknown = sorted(set(only) - {s.__name__ for s in FULL})
+        if unknown:
+            raise bt.TestFailure("BW_FAULTS_ONLY names no scenario %s (the scenarios: %s)" %
+                                 (", ".join(unknown), ", ".join(s.__name__ for s in FULL)))
         scenarios = [s for s in FULL if s.__name__ in only]
     net = netns.Net()
     results = []
@@ -860,6 +1072,8 @@ def test(tmpdir):
     print("bounds: recovery (fault end -> every rank delivering) %.1f s, stall %.1f s; "
           "fault-free run of the 4 ranks: %.2f s" %
           (RECOVERY_BOUND_S, STALL_BOUND_S, ctx.fault_free_s), flush=True)
+    if os.environ.get("BW_FAULTS_TABLE"):
+        write_table(os.environ["BW_FAULTS_TABLE"], results, {f.__name__: f for f in FULL})
     bad = [n for n, v, _, _, _ in results if v == "FAIL" or (STRICT and v == "XFAIL")]
     if bad:
         raise bt.TestFailure("scenarios failed: %s" % ", ".join(bad))
