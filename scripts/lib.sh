@@ -18,11 +18,13 @@ BW_DEMO_PACKAGES=(python3 python3-numpy)
 # slurmctld, slurmd, slurm-client and munge run a real single-node Slurm for the launcher's
 # test (tests/slurm/). The lint tests (tests/lint/) need clang-format, clang-tidy and cppcheck
 # (they fail, not skip, without them); python3-cffi and python3-mypy serve the Python
-# binding's generated declarations and its type check.
+# binding's generated declarations and its type check. python3-fusepy (and its libfuse2) is
+# the fault suite's stalling disk (tests/faults/stall_fs.py; run as root, libfuse mounts
+# without fusermount, and the suite unmounts with umount).
 BW_TEST_PACKAGES=(python3 python3-grpcio python3-protobuf protobuf-compiler python3-numpy
     python3-yaml python3-torch clang-format clang-tidy cppcheck python3-cffi python3-mypy
     iproute2 procps nftables iptables prometheus python3-venv python3-setuptools python3-wheel
-    python3-pip slurmctld slurmd slurm-client munge)
+    python3-pip slurmctld slurmd slurm-client munge python3-fusepy)
 # test_k8s_manifests.py renders k8s/ with kubectl's kustomize and validates it with Node.js
 # (npm's kubernetes-models, tests/k8s/package.json): Debian's kubernetes-client, nodejs and
 # npm, unless a kubectl or an npm of another origin is installed (their files would clash).

@@ -386,10 +386,13 @@ class FaultCluster:
         self.coord.wait_listening(timeout)
         return self.coord
 
-    def start_worker(self, wid, timeout=15, delay_ms=None):
+    def start_worker(self, wid, timeout=15, delay_ms=None, data_via=None):
         """Starts worker `wid`; with delay_ms, clients reach it (gRPC and data channel) only
         through delay_proxy.py in its namespace, which delays each direction by delay_ms.
-        It listens on its host's address and advertises its host's name."""
+        With data_via (a directory: a stall_fs.StallMount of the data root), the worker sees
+        that directory at the data root's own path -- a bind mount in the mount namespace
+        `ip netns exec` gives it alone -- so its dataset paths and fingerprints are the
+        others'. It listens on its host's address and advertises its host's name."""
         ip = self.net.ip(wid)
         extra = ["--advertise", "%s:%d" % (wid, WORKER_PORT),
                  "--data-advertise", "%s:%d" % (wid, WORKER_DATA_PORT)]
@@ -403,10 +406,14 @@ class FaultCluster:
                 self.proxies.append(p)
             extra = ["--advertise", "%s:%d" % (wid, WORKER_PORT + PROXY_OFFSET),
                      "--data-advertise", "%s:%d" % (wid, WORKER_DATA_PORT + PROXY_OFFSET)]
-        argv = self.net.argv(wid, [
+        argv = [
             bt.WORKER, "--coordinator", self.addr, "--listen", "%s:%d" % (ip, WORKER_PORT),
             "--data-listen", "%s:%d" % (ip, WORKER_DATA_PORT), "--data-root", self.root,
-            "--id", wid] + extra + self.worker_args)
+            "--id", wid] + extra + self.worker_args
+        if data_via:  # exec: the worker keeps the pid
+            argv = ["sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh",
+                    data_via, self.root] + argv
+        argv = self.net.argv(wid, argv)
         d = bt.Daemon("worker-" + wid, argv, self.tmpdir)
         d.wait_listening(timeout)
         self.workers[wid] = d

@@ -487,6 +487,77 @@ def worker_latency_200ms(ctx):
     return worker_latency_50ms(ctx, 200, "worker_latency_200ms")
 
 
+DISK_STALL_S = 10.0
+
+
+def worker_disk_stall_10s(ctx):
+    """(new) Worker w1's disk stops answering for 10 s under the ranks: w1 reads the data root
+    through stall_fs.py (a FUSE passthrough, bind-mounted over the data root in w1's own mount
+    namespace), w2 and w3 read the same files directly. Its page cache dropped while the ranks
+    are held, every read of w1's then stalls; the ranks are released into it and must fail over
+    to w2/w3 within STALL_BOUND_S, every batch exact. w1 stays up, its stalled reads go on once
+    the disk answers, and the coordinator lists all 3 workers alive within RECOVERY_BOUND_S
+    of the stall's end. Afterwards w1 is a plain worker again. Skipped (SKIP, not a failure)
+    where FUSE is not available: no /dev/fuse, no fusepy/libfuse 2, or the mount refused."""
+    import stall_fs
+    name, cl = "worker_disk_stall_10s", ctx.cl
+    okf, why = stall_fs.available()
+    mnt = None
+    if okf:
+        try:
+            mnt = stall_fs.StallMount(ctx.tmpdir, cl.root, "w1")
+        except bt.TestFailure as e:
+            said = [x for x in str(e).splitlines() if x.startswith("fuse: ")]
+            if not said:  # libfuse's own line is missing: not a refused mount
+                raise
+            okf, why = False, "mounting FUSE failed: %s" % said[0]
+    if not okf:
+        bt.log("SKIP: %s: %s" % (name, why))
+        return dict(skipped=why)
+    try:
+        cl.workers["w1"].stop()
+        cl.start_worker("w1", data_via=mnt.mountpoint)
+        wait_healthy(ctx)
+        ranks = start_held(ctx, "f-disk-stall")  # w1 serves its part through FUSE
+        t0, nfiles = mnt.stall()
+        release(ranks)
+        time.sleep(max(0.0, DISK_STALL_S - (time.monotonic() - t0)))
+        t1 = mnt.unstall()
+        m = finish(ctx, name, ranks, t0, t1)
+        stalled = mnt.stalled_reads()
+        if not stalled:
+            raise bt.TestFailure("%s: no read of w1's stalled (%d files invalidated): the fault "
+                                 "never reached the worker" % (name, nfiles))
+        if not cl.workers["w1"].running():
+            raise bt.TestFailure("%s: w1 exited during its disk stall:\n%s" %
+                                 (name, cl.workers["w1"].log_text()[-3000:]))
+        e2e.check_clean_log("worker w1", cl.workers["w1"].log_text())
+        mnt.daemon.wait_log(r"goes on after", RECOVERY_BOUND_S, count=stalled)
+        try:
+            bt.poll(lambda: cl.alive() == ["w1", "w2", "w3"], 60, interval=0.1,
+                    what="3 live workers")
+            m["rejoin"] = time.monotonic() - t1
+        except bt.TestFailure:
+            m["rejoin"] = None
+        # How often a rank waited out w1 (a gap over 1 s): once per batch that routed samples to
+        # it, an attempt's deadline each -- a fetch's suspects last that batch only.
+        waits = max(sum(1 for a, b in zip([t0] + p.times, p.times) if b > t0 and b - a > 1.0)
+                    for p in ranks)
+        alive = "never (60 s)" if m["rejoin"] is None else "%.2f s" % m["rejoin"]
+        m["note"] = ("%s; w1 stayed up, listed alive %s after the stall; a rank waited out w1 up "
+                     "to %d times" % (cell_s(m["recovery"]), alive, waits))
+        bt.log("%s: %d of w1's reads stalled %.1f s and went on; w1 stayed up; all 3 workers "
+               "listed alive %s after the stall; a rank waited out w1 (a gap over 1 s) up to %d "
+               "times" % (name, stalled, t1 - t0, alive, waits))
+        return bounded(name, m, STALL_BOUND_S)
+    finally:
+        mnt.unstall()
+        cl.workers["w1"].stop()
+        mnt.close()
+        cl.start_worker("w1")
+        wait_healthy(ctx)
+
+
 # A batch budget long enough to wait out a 30 s outage (issue 25's measurement).
 LONG_TIMEOUT_MS = 120000
 
@@ -904,7 +975,8 @@ def trainer_sigstop_lease(ctx):
 SHORT = [worker_sigkill, loss_10, worker_sigstop_3s, worker_partition_2s, coord_partition_2s,
          coord_restart, coord_sigstop_3s, trainer_partition_2s, file_truncated,
          file_overwritten, file_deleted, coord_disk_full, trainer_sigkill, trainer_sigstop_lease,
-         worker_new_ip, coord_new_ip, worker_oneway_in, worker_oneway_out]
+         worker_new_ip, coord_new_ip, worker_oneway_in, worker_oneway_out,
+         worker_disk_stall_10s]
 FULL = SHORT + [worker_partition_30s, coord_partition_30s, worker_link_down_5s,
                 worker_latency_50ms, worker_latency_200ms, trainer_partition_30s,
                 trainer_partition_30s_wait]
@@ -1034,6 +1106,8 @@ def test(tmpdir):
                 m = fn(ctx)
                 verdict = "XPASS" if name in XFAIL else "PASS"
                 detail = ""
+                if m.get("skipped"):  # this machine cannot apply the fault (no FUSE)
+                    verdict, detail = "SKIP", m["skipped"]
             except bt.TestFailure as e:
                 m = getattr(e, "measure", {})
                 verdict = "XFAIL" if name in XFAIL else "FAIL"
