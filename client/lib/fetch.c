@@ -59,6 +59,94 @@ static void suspects_clear(bw__suspects *s)
     s->n = 0;
 }
 
+void bw__fetch_avoid_init(bw__fetch_avoid *a)
+{
+    memset(a, 0, sizeof(*a));
+    pthread_mutex_init(&a->mu, NULL);
+}
+
+void bw__fetch_avoid_destroy(bw__fetch_avoid *a)
+{
+    for (size_t i = 0; i < a->n; i++)
+        free(a->e[i].id);
+    a->n = 0;
+    pthread_mutex_destroy(&a->mu);
+}
+
+/* The entry of worker `id` (a->n if none); a->mu held. */
+static size_t avoid_find(const bw__fetch_avoid *a, const char *id)
+{
+    size_t i = 0;
+    while (i < a->n && strcmp(a->e[i].id, id) != 0)
+        i++;
+    return i;
+}
+
+/* A fetch begins: the workers still avoided are its first suspects. */
+static void avoid_seed(bw__fetch_avoid *a, bw__suspects *s)
+{
+    if (!a)
+        return;
+    uint64_t now = bw__mono_ms();
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = 0; i < a->n; i++)
+        if (a->e[i].until > now)
+            suspect(s, a->e[i].id);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Worker `id` failed a request (fetch.h, bw__fetch_avoid). */
+static void avoid_strike(bw__fetch_avoid *a, const char *id, uint64_t attempt)
+{
+    if (!a)
+        return;
+    uint64_t now = bw__mono_ms();
+    pthread_mutex_lock(&a->mu);
+    size_t i = avoid_find(a, id);
+    if (i == a->n && a->n == BW_FETCH_AVOID_MAX) { /* forget the one avoided the shortest */
+        size_t k = 0;
+        for (size_t j = 1; j < a->n; j++)
+            if (a->e[j].until < a->e[k].until)
+                k = j;
+        free(a->e[k].id);
+        a->e[k] = a->e[--a->n];
+        i = a->n;
+    }
+    if (i == a->n) {
+        char *copy = strdup(id);
+        if (!copy) { /* out of memory: not remembered, as before this table */
+            pthread_mutex_unlock(&a->mu);
+            return;
+        }
+        a->e[i].id = copy;
+        a->e[i].until = 0;
+        a->e[i].strikes = 0;
+        a->n++;
+    }
+    /* Failures of requests started before the worker was avoided are one failure. */
+    if (a->e[i].until <= now) {
+        unsigned k = a->e[i].strikes < 16 ? a->e[i].strikes : 16;
+        uint64_t ms = attempt << k;
+        a->e[i].until = now + (ms < BW_FETCH_AVOID_MAX_MS ? ms : BW_FETCH_AVOID_MAX_MS);
+        a->e[i].strikes++;
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Worker `id` answered a request in full: no longer avoided. */
+static void avoid_forget(bw__fetch_avoid *a, const char *id)
+{
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mu);
+    size_t i = avoid_find(a, id);
+    if (i < a->n) {
+        free(a->e[i].id);
+        a->e[i] = a->e[--a->n];
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+
 /* One request of a round: its items, in order, and where the next sample goes. */
 typedef struct fetch_req {
     size_t worker;
@@ -321,7 +409,8 @@ typedef struct verdict {
     char fatal_err[BW_XFER_ERRLEN]; /* the message of `fatal` (e.g. the changed file's name) */
 } verdict;
 
-static void judge(const bw__placement *p, fetch_req *r, bw__suspects *suspects, verdict *v)
+static void judge(const bw__fetch_ctx *ctx, const bw__placement *p, fetch_req *r,
+                  bw__suspects *suspects, verdict *v)
 {
     const char *wid = p->workers[r->worker].id;
     int rc = r->res.rc;
@@ -333,6 +422,7 @@ static void judge(const bw__placement *p, fetch_req *r, bw__suspects *suspects, 
     if (rc == BW_OK) {
         for (size_t i = r->nsamples; i < r->n; i++)
             r->items[i]->done = true; /* probes */
+        avoid_forget(ctx->avoid, wid);
         return;
     }
     drop_partial(r);
@@ -360,6 +450,8 @@ static void judge(const bw__placement *p, fetch_req *r, bw__suspects *suspects, 
         return;
     }
     v->refresh = true;
+    if (rc != BW_WRONG_OWNER)
+        avoid_strike(ctx->avoid, wid, attempt_ms(ctx));
     if (rc != BW_WRONG_OWNER && suspect(suspects, wid)) {
         if (r->stats)
             atomic_fetch_add(&r->stats->failovers, 1);
@@ -388,6 +480,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
     size_t remaining = 0;
     for (size_t u = 0; u < n; u++)
         remaining += !items[u].done;
+    avoid_seed(ctx->avoid, &suspects);
     while (rc == BW_OK && remaining > 0) {
         if (bw__interrupted()) {
             rc = BW_INTERRUPTED;
@@ -448,7 +541,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
                     r->x = NULL;
                     if (kind->finished)
                         kind->finished(kind->kctx, r->items, r->k, &r->res);
-                    judge(p, r, &suspects, &v);
+                    judge(ctx, p, r, &suspects, &v);
                 }
                 if (v.err[0])
                     snprintf(last, sizeof(last), "%s", v.err);

@@ -9,6 +9,7 @@
 #ifndef BW_CLIENT_FETCH_H
 #define BW_CLIENT_FETCH_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -58,6 +59,27 @@ typedef struct bw__fetch_stats {
     atomic_uint_fast64_t samples_received, bytes_received;
 } bw__fetch_stats;
 
+/* Workers this loader found failed in recent fetches (silent for an attempt's time,
+ * unreachable, gone mid-request): later fetches route around them from their start, as around
+ * a worker that failed during the fetch itself (route.h), until `until`: one attempt's time
+ * after the first failure, doubled with each failure in a row up to BW_FETCH_AVOID_MAX_MS. A
+ * request it answers forgets it. So a worker that stays up but stops answering -- its disk
+ * stalls, one direction of its network is cut -- costs a loader one attempt now and then, not
+ * one per batch, while the coordinator still lists it (docs/operating.md, "Networks"). */
+enum { BW_FETCH_AVOID_MAX = 64, BW_FETCH_AVOID_MAX_MS = 30000 };
+typedef struct bw__fetch_avoid {
+    pthread_mutex_t mu;
+    size_t n;
+    struct {
+        char *id;
+        uint64_t until;   /* monotonic ms */
+        unsigned strikes; /* failures in a row */
+    } e[BW_FETCH_AVOID_MAX];
+} bw__fetch_avoid;
+
+void bw__fetch_avoid_init(bw__fetch_avoid *a);
+void bw__fetch_avoid_destroy(bw__fetch_avoid *a);
+
 typedef struct bw__fetch_ctx {
     /* The current placement table, a reference (refreshed first when `refresh`); NULL when
      * none was ever fetched (err says why). */
@@ -76,6 +98,7 @@ typedef struct bw__fetch_ctx {
      * of timeout_ms, at least 1000. */
     int attempt_ms;
     bw__fetch_stats *stats; /* counted into when not NULL */
+    bw__fetch_avoid *avoid; /* remembered across fetches when not NULL */
     bool field_table;       /* tar: ask for each sample's field table (formats/field_table.h) */
 } bw__fetch_ctx;
 

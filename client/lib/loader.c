@@ -257,6 +257,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         return BW_NOMEM;
     }
     pthread_mutex_init(&l->mu, NULL);
+    bw__fetch_avoid_init(&l->favoid);
     bw__cond_init_mono(&l->work_cv); /* waited on a slice at a time (common/interrupt.h) */
     bw__cond_init_mono(&l->ready_cv);
     int64_t rank, world;
@@ -310,6 +311,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->fctx.placement = session_placement;
     l->fctx.placement_arg = &l->session;
     l->fctx.stats = &l->fstats;
+    l->fctx.avoid = &l->favoid;
     l->fctx.dataset = job->config->dataset;
     l->fctx.fingerprint = job->dataset->fingerprint;
     l->fctx.sample_bytes = job->dataset->layout ? job->dataset->layout->sample_bytes : 0;
@@ -777,6 +779,7 @@ void bw_loader_close(bw_loader *l)
     bw__session_close(&l->session);
     bw__job_request_free(&l->jr);
     pthread_mutex_destroy(&l->mu);
+    bw__fetch_avoid_destroy(&l->favoid);
     pthread_cond_destroy(&l->work_cv);
     pthread_cond_destroy(&l->ready_cv);
     free(l);

@@ -29,6 +29,7 @@ struct bw_loader {
     bw__job_request jr;
     bw__fetch_ctx fctx;
     bw__fetch_stats fstats; /* what the fetch loop counts (bw_loader_get_stats) */
+    bw__fetch_avoid favoid; /* workers the fetch loop found failed lately */
     bool data_channel;      /* fetch over the workers' data channels where they offer one */
     uint32_t rank;
     uint64_t job_fingerprint;
