@@ -51,6 +51,7 @@ ctest).
 
 import glob
 import os
+import re
 import shutil
 import signal
 import struct
@@ -1033,7 +1034,8 @@ FULL = SHORT + [worker_partition_30s, coord_partition_30s, worker_link_down_5s,
 # ---------------------------------------------------------------------------------------
 # the recovery table (docs/operating.md, "Measured recovery"; scripts/recovery-table)
 
-# scenario -> its row's fault, one line (a scenario not here gets its docstring's first line).
+# scenario -> its row's fault, one line (a scenario not here gets its docstring's first
+# sentence).
 TABLE_FAULT = {
     "worker_sigkill": "worker SIGKILL mid-epoch",
     "loss_10": "10 % packet loss on every host for 5 s",
@@ -1081,8 +1083,9 @@ def table_row(name, fn, verdict, m, detail):
     """One markdown row: the fault, the recovery (the scenario's note where it gave one, which
     holds its figures; else the figure, with the time until the coordinator listed every
     worker alive where it was measured), the longest stall. A run that failed says so."""
-    doc = getattr(fn, "__doc__", None) or name
-    fault = TABLE_FAULT.get(name) or doc.strip().splitlines()[0]
+    # Else the docstring's first sentence, without its "(N)" / "(full)" tag.
+    doc = re.sub(r"^\([^)]*\) ", "", " ".join((getattr(fn, "__doc__", None) or name).split()))
+    fault = TABLE_FAULT.get(name) or re.split(r"(?<=[^.]\.) ", doc, 1)[0].rstrip(".:")
     rec = m.get("note")
     if rec is None:
         rec = rec_cell(m["recovery"]) if "recovery" in m else "--"
@@ -1092,7 +1095,7 @@ def table_row(name, fn, verdict, m, detail):
                 "never (60 s)" if m["rejoin"] is None else "%.2f s" % m["rejoin"],
                 "heal" if healed else "fault's end")
     if verdict not in ("PASS", "XPASS"):
-        rec += " -- **%s**: %s" % (verdict, detail)
+        rec = ("" if rec == "--" else rec + " -- ") + "**%s**: %s" % (verdict, detail)
     cells = [fault, rec, cell_s(m.get("stall"))]
     return "| %s |\n" % " | ".join(" ".join(c.replace("|", "\\|").split()) for c in cells)
 
