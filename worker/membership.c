@@ -152,7 +152,7 @@ static void *membership_thread(void *arg)
     uint64_t backoff = 100;
     char err[1024], last_err[1024] = "";
     uint64_t last_err_ms = 0;
-    do {
+    for (;;) {
         int rc;
         if (!registered) {
             /* --takeover is for this process's start; registering again after the
@@ -168,7 +168,7 @@ static void *membership_thread(void *arg)
         } else {
             bool known = true;
             rc = do_heartbeat(w, &known, &interval, err, sizeof(err));
-            if (rc == BW_OK && !known) {
+            if (rc == BW_OK && !known) { /* registers again at once, not an interval later */
                 BW_WARN("worker=%s the coordinator does not know this worker (it restarted?); "
                         "registering again",
                         w->id);
@@ -196,16 +196,21 @@ static void *membership_thread(void *arg)
                 snprintf(last_err, sizeof(last_err), "%s", err);
                 last_err_ms = now;
             }
-            /* Wait by driving the channel's reconnection (a restarted coordinator is found as
-             * soon as it listens), then check for a stop. */
-            bw__rpc_channel_wait(w->coord, (int)(registered ? interval : backoff));
-            if (nap(w, 0))
+            /* Wait by driving the channel's reconnection: a restarted or moved coordinator is
+             * tried as soon as a connection to it is made (docs/operating.md, "Networks"). A
+             * coordinator that answered with an error leaves the channel connected: then wait
+             * the whole pause, or this loop would spin. */
+            uint64_t pause = registered ? interval : backoff, w0 = bw__mono_ms();
+            bool up = bw__rpc_channel_wait(w->coord, (int)pause);
+            if (nap(w, up && bw__mono_ms() - w0 < 2 ? pause : 0))
                 break;
             if (!registered)
                 backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
             continue;
         }
-    } while (!nap(w, interval));
+        if (nap(w, interval))
+            break;
+    }
     return NULL;
 }
 

@@ -79,8 +79,8 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
      * 20 s by default, so an attempt that began during a partition would outlive the heal by
      * up to 20 s (SYNs retransmitted at 1, 3, 7, 15 s). After BW_RPC_CONNECT_TIMEOUT_MS the
      * attempt is abandoned and the next one starts on a fresh socket after the backoff above
-     * (docs/operating.md, "Networks"). Not 100 ms: that cut slow TLS handshakes short on a
-     * loaded machine. */
+     * (docs/operating.md, "Networks"). 1 s: one SYN per attempt, and time for a TLS
+     * handshake on a loaded machine (100 ms cut those short). */
     args[nargs].type = GRPC_ARG_INTEGER;
     args[nargs].key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS;
     args[nargs++].value.integer = BW_RPC_CONNECT_TIMEOUT_MS;

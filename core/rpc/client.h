@@ -86,7 +86,7 @@ enum { BW_RPC_KEEPALIVE_MS = 2000, BW_RPC_KEEPALIVE_TIMEOUT_MS = 2000 };
 
 /* One connection attempt's deadline (TCP, TLS, HTTP/2 settings), and the least time between
  * two resolutions of a channel's name (docs/operating.md, "Networks"). */
-enum { BW_RPC_CONNECT_TIMEOUT_MS = 2000, BW_RPC_RERESOLVE_MS = 1000 };
+enum { BW_RPC_CONNECT_TIMEOUT_MS = 1000, BW_RPC_RERESOLVE_MS = 1000 };
 
 /* A server-streaming call being read. Not thread-safe: one reader per stream. */
 typedef struct bw_rpc_stream bw_rpc_stream;
