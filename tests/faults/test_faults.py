@@ -507,6 +507,10 @@ def worker_latency_50ms(ctx, delay_ms=50, name="worker_latency_50ms"):
     cl = ctx.cl
     cl.workers["w1"].stop()
     cl.start_worker("w1", delay_ms=delay_ms)
+    # The restarted w1 advertises the proxy's address: it gets its id once the coordinator has
+    # declared the stopped one dead. Until then the placement still lists w1 at its old
+    # address, and the ranks would simply route around it (the run then never saw the delay).
+    _wait_worker_at(ctx, "w1", "w1:%d" % (netns.WORKER_PORT + netns.PROXY_OFFSET))
     wait_healthy(ctx)
     try:
         ranks = start_held(ctx, "f-latency")
@@ -525,7 +529,19 @@ def worker_latency_50ms(ctx, delay_ms=50, name="worker_latency_50ms"):
             p.kill9()
         cl.proxies = []
         cl.start_worker("w1")
+        _wait_worker_at(ctx, "w1", "w1:%d" % netns.WORKER_PORT)
         wait_healthy(ctx)
+
+
+def _wait_worker_at(ctx, wid, address, timeout=30):
+    """Until the coordinator lists worker `wid` alive at `address`."""
+    def there():
+        try:
+            return any(w["id"] == wid and w["state"] == "alive" and w["address"] == address
+                       for w in ctx.cl.status()["workers"])
+        except bt.TestFailure:
+            return False
+    bt.poll(there, timeout, interval=0.2, what="worker %s alive at %s" % (wid, address))
 
 
 def worker_latency_200ms(ctx):
