@@ -73,36 +73,49 @@ void bw__fetch_avoid_destroy(bw__fetch_avoid *a)
     pthread_mutex_destroy(&a->mu);
 }
 
-/* The entry of worker `id` (a->n if none); a->mu held. */
-static size_t avoid_find(const bw__fetch_avoid *a, const char *id)
+/* An entry's key: the worker's id and its address in the placement, so that a worker back
+ * at another address (a new process) is not avoided for what the old one did. */
+static void avoid_key(const bw__worker_ref *w, char *key, size_t len)
+{
+    snprintf(key, len, "%s\n%s", w->id, w->address);
+}
+
+/* The entry for key (a->n if none); a->mu held. */
+static size_t avoid_find(const bw__fetch_avoid *a, const char *key)
 {
     size_t i = 0;
-    while (i < a->n && strcmp(a->e[i].id, id) != 0)
+    while (i < a->n && strcmp(a->e[i].id, key) != 0)
         i++;
     return i;
 }
 
-/* A fetch begins: the workers still avoided are its first suspects. */
-static void avoid_seed(bw__fetch_avoid *a, bw__suspects *s)
+/* A fetch's first round: the workers of p still avoided are its first suspects. */
+static void avoid_seed(bw__fetch_avoid *a, const bw__placement *p, bw__suspects *s)
 {
     if (!a)
         return;
     uint64_t now = bw__mono_ms();
+    char key[600];
     pthread_mutex_lock(&a->mu);
-    for (size_t i = 0; i < a->n; i++)
-        if (a->e[i].until > now)
-            suspect(s, a->e[i].id);
+    for (size_t w = 0; a->n && w < p->nworkers; w++) {
+        avoid_key(&p->workers[w], key, sizeof(key));
+        size_t i = avoid_find(a, key);
+        if (i < a->n && a->e[i].until > now)
+            suspect(s, p->workers[w].id);
+    }
     pthread_mutex_unlock(&a->mu);
 }
 
-/* Worker `id` failed a request (fetch.h, bw__fetch_avoid). */
-static void avoid_strike(bw__fetch_avoid *a, const char *id, uint64_t attempt)
+/* Worker w failed a request (fetch.h, bw__fetch_avoid). */
+static void avoid_strike(bw__fetch_avoid *a, const bw__worker_ref *w, uint64_t attempt)
 {
     if (!a)
         return;
     uint64_t now = bw__mono_ms();
+    char key[600];
+    avoid_key(w, key, sizeof(key));
     pthread_mutex_lock(&a->mu);
-    size_t i = avoid_find(a, id);
+    size_t i = avoid_find(a, key);
     if (i == a->n && a->n == BW_FETCH_AVOID_MAX) { /* forget the one avoided the shortest */
         size_t k = 0;
         for (size_t j = 1; j < a->n; j++)
@@ -113,7 +126,7 @@ static void avoid_strike(bw__fetch_avoid *a, const char *id, uint64_t attempt)
         i = a->n;
     }
     if (i == a->n) {
-        char *copy = strdup(id);
+        char *copy = strdup(key);
         if (!copy) { /* out of memory: not remembered, as before this table */
             pthread_mutex_unlock(&a->mu);
             return;
@@ -133,13 +146,15 @@ static void avoid_strike(bw__fetch_avoid *a, const char *id, uint64_t attempt)
     pthread_mutex_unlock(&a->mu);
 }
 
-/* Worker `id` answered a request in full: no longer avoided. */
-static void avoid_forget(bw__fetch_avoid *a, const char *id)
+/* Worker w answered a request in full: no longer avoided. */
+static void avoid_forget(bw__fetch_avoid *a, const bw__worker_ref *w)
 {
     if (!a)
         return;
+    char key[600];
+    avoid_key(w, key, sizeof(key));
     pthread_mutex_lock(&a->mu);
-    size_t i = avoid_find(a, id);
+    size_t i = avoid_find(a, key);
     if (i < a->n) {
         free(a->e[i].id);
         a->e[i] = a->e[--a->n];
@@ -422,7 +437,7 @@ static void judge(const bw__fetch_ctx *ctx, const bw__placement *p, fetch_req *r
     if (rc == BW_OK) {
         for (size_t i = r->nsamples; i < r->n; i++)
             r->items[i]->done = true; /* probes */
-        avoid_forget(ctx->avoid, wid);
+        avoid_forget(ctx->avoid, &p->workers[r->worker]);
         return;
     }
     drop_partial(r);
@@ -451,7 +466,7 @@ static void judge(const bw__fetch_ctx *ctx, const bw__placement *p, fetch_req *r
     }
     v->refresh = true;
     if (rc != BW_WRONG_OWNER)
-        avoid_strike(ctx->avoid, wid, attempt_ms(ctx));
+        avoid_strike(ctx->avoid, &p->workers[r->worker], attempt_ms(ctx));
     if (rc != BW_WRONG_OWNER && suspect(suspects, wid)) {
         if (r->stats)
             atomic_fetch_add(&r->stats->failovers, 1);
@@ -480,7 +495,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
     size_t remaining = 0;
     for (size_t u = 0; u < n; u++)
         remaining += !items[u].done;
-    avoid_seed(ctx->avoid, &suspects);
+    bool seeded = false;
     while (rc == BW_OK && remaining > 0) {
         if (bw__interrupted()) {
             rc = BW_INTERRUPTED;
@@ -497,6 +512,9 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
             bw__placement_put(p); /* an empty table routes nothing */
             v.refresh = true;
         } else {
+            if (!seeded)
+                avoid_seed(ctx->avoid, p, &suspects);
+            seeded = true;
             size_t m = 0;
             for (size_t u = 0; u < n; u++)
                 if (!items[u].done)

@@ -63,15 +63,16 @@ typedef struct bw__fetch_stats {
  * unreachable, gone mid-request): later fetches route around them from their start, as around
  * a worker that failed during the fetch itself (route.h), until `until`: one attempt's time
  * after the first failure, doubled with each failure in a row up to BW_FETCH_AVOID_MAX_MS. A
- * request it answers forgets it. So a worker that stays up but stops answering -- its disk
- * stalls, one direction of its network is cut -- costs a loader one attempt now and then, not
- * one per batch, while the coordinator still lists it (docs/operating.md, "Networks"). */
+ * request it answers forgets it, and so does its return at another address. So a worker that stays
+ * up but stops answering -- its disk stalls, one direction of its network is cut -- costs a loader
+ * one attempt now and then, not one per batch, while the coordinator still lists it
+ * (docs/operating.md, "Networks"). */
 enum { BW_FETCH_AVOID_MAX = 64, BW_FETCH_AVOID_MAX_MS = 30000 };
 typedef struct bw__fetch_avoid {
     pthread_mutex_t mu;
     size_t n;
     struct {
-        char *id;
+        char *id;         /* the worker's id and address: at a new address, a new worker */
         uint64_t until;   /* monotonic ms */
         unsigned strikes; /* failures in a row */
     } e[BW_FETCH_AVOID_MAX];
