@@ -136,6 +136,13 @@ def test(tmpdir):
     for transport in ("auto", "grpc"):
         victim = failover(cl, st, c, ref, ahead, transport, "stream-failover-" + transport)
         cl.workers[victim] = bt.worker(tmpdir, cl.addr, victim, data_root=cl.root)
+        # Restarted at another port, it gets its id once the killed one is declared dead;
+        # until then the coordinator still lists the killed one alive, and the next run's
+        # ranks would route around it instead of reading from the new one.
+        bt.poll(lambda: (lambda w: w.get("state") == "alive" and
+                         w.get("address") == cl.workers[victim].addr)(
+            bt.workers_by_id(bt.status_json(cl.addr)).get(victim, {})), 15, interval=0.05,
+            what="%s alive at its new address" % victim)
         cl.wait_alive(3)
     cl.stop()
 
