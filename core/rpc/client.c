@@ -38,6 +38,14 @@ struct bw_rpc_channel {
     char peer_names[400];
 };
 
+/* Appends the channel argument key = value to args[*n]. */
+static void int_arg(grpc_arg *args, size_t *n, const char *key, int value)
+{
+    args[*n].type = GRPC_ARG_INTEGER;
+    args[*n].key = (char *)key;
+    args[(*n)++].value.integer = value;
+}
+
 int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, char *err,
                          size_t errlen)
 {
@@ -63,17 +71,12 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
     int backoff = opts->max_reconnect_ms > 0 ? opts->max_reconnect_ms : 1000;
     grpc_arg args[11];
     size_t nargs = 0;
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[nargs++].value.integer = opts->max_receive_bytes > 0 ? opts->max_receive_bytes : 4 << 20;
+    int_arg(args, &nargs, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+            opts->max_receive_bytes > 0 ? opts->max_receive_bytes : 4 << 20);
     /* A restarted peer should be reachable again within about a second, not gRPC's default
      * two minutes. */
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
-    args[nargs++].value.integer = backoff;
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS;
-    args[nargs++].value.integer = backoff < 100 ? backoff : 100;
+    int_arg(args, &nargs, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, backoff);
+    int_arg(args, &nargs, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, backoff < 100 ? backoff : 100);
     /* Each connection attempt (TCP connect, TLS handshake, HTTP/2 settings) has its own
      * deadline: gRPC takes GRPC_ARG_MIN_RECONNECT_BACKOFF_MS as its minimum connect timeout,
      * 20 s by default, so an attempt that began during a partition would outlive the heal by
@@ -81,30 +84,18 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
      * attempt is abandoned and the next one starts on a fresh socket after the backoff above
      * (docs/operating.md, "Networks"). 1 s: one SYN per attempt, and time for a TLS
      * handshake on a loaded machine (100 ms cut those short). */
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS;
-    args[nargs++].value.integer = BW_RPC_CONNECT_TIMEOUT_MS;
+    int_arg(args, &nargs, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, BW_RPC_CONNECT_TIMEOUT_MS);
     /* Names are resolved again when a connection fails (a pod back on a new IP under the same
      * name), at most once per BW_RPC_RERESOLVE_MS instead of gRPC's 30 s. */
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS;
-    args[nargs++].value.integer = BW_RPC_RERESOLVE_MS;
+    int_arg(args, &nargs, GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, BW_RPC_RERESOLVE_MS);
     /* Keepalive: a connection whose peer went silent (a partition, a paused host) is found
      * dead within about four seconds and its calls fail at once, instead of waiting out TCP's
      * retransmissions; the channel then reconnects as above (docs/operating.md, "Networks").
      * Servers accept these pings (core/rpc/server.c). */
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = GRPC_ARG_KEEPALIVE_TIME_MS;
-    args[nargs++].value.integer = BW_RPC_KEEPALIVE_MS;
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS;
-    args[nargs++].value.integer = BW_RPC_KEEPALIVE_TIMEOUT_MS;
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS;
-    args[nargs++].value.integer = 1;
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA;
-    args[nargs++].value.integer = 0;
+    int_arg(args, &nargs, GRPC_ARG_KEEPALIVE_TIME_MS, BW_RPC_KEEPALIVE_MS);
+    int_arg(args, &nargs, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, BW_RPC_KEEPALIVE_TIMEOUT_MS);
+    int_arg(args, &nargs, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    int_arg(args, &nargs, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     if (opts->tls.server_name) {
         args[nargs].type = GRPC_ARG_STRING;
         args[nargs].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
