@@ -65,44 +65,56 @@ void bw__fetch_avoid_init(bw__fetch_avoid *a)
     pthread_mutex_init(&a->mu, NULL);
 }
 
-void bw__fetch_avoid_destroy(bw__fetch_avoid *a)
-{
-    for (size_t i = 0; i < a->n; i++)
-        free(a->e[i].id);
-    a->n = 0;
-    pthread_mutex_destroy(&a->mu);
-}
-
-/* An entry's key: the worker's id and its address in the placement, so that a worker back
- * at another address (a new process) is not avoided for what the old one did. */
-static void avoid_key(const bw__worker_ref *w, char *key, size_t len)
-{
-    snprintf(key, len, "%s\n%s", w->id, w->address);
-}
-
-/* The entry for key (a->n if none); a->mu held. */
-static size_t avoid_find(const bw__fetch_avoid *a, const char *key)
+/* The entry of worker `id` (a->n if none); a->mu held. */
+static size_t avoid_find(const bw__fetch_avoid *a, const char *id)
 {
     size_t i = 0;
-    while (i < a->n && strcmp(a->e[i].id, key) != 0)
+    while (i < a->n && strcmp(a->e[i].id, id) != 0)
         i++;
     return i;
 }
 
-/* A fetch's first round: the workers of p still avoided are its first suspects. */
-static void avoid_seed(bw__fetch_avoid *a, const bw__placement *p, bw__suspects *s)
+static void avoid_drop(bw__fetch_avoid *a, size_t i)
+{
+    free(a->e[i].id);
+    free(a->e[i].address);
+    a->e[i] = a->e[--a->n];
+}
+
+void bw__fetch_avoid_destroy(bw__fetch_avoid *a)
+{
+    while (a->n)
+        avoid_drop(a, a->n - 1);
+    pthread_mutex_destroy(&a->mu);
+}
+
+/* A fetch begins: the workers still avoided are its first suspects. */
+static void avoid_seed(bw__fetch_avoid *a, bw__suspects *s)
 {
     if (!a)
         return;
     uint64_t now = bw__mono_ms();
-    char key[600];
     pthread_mutex_lock(&a->mu);
-    for (size_t w = 0; a->n && w < p->nworkers; w++) {
-        avoid_key(&p->workers[w], key, sizeof(key));
-        size_t i = avoid_find(a, key);
-        if (i < a->n && a->e[i].until > now)
-            suspect(s, p->workers[w].id);
-    }
+    for (size_t i = 0; i < a->n; i++)
+        if (a->e[i].until > now)
+            suspect(s, a->e[i].id);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* After routing by placement p: a worker p lists at another address than the one that failed
+ * is another process -- the next fetches do not avoid it. */
+static void avoid_moved(bw__fetch_avoid *a, const bw__placement *p)
+{
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = a->n; i-- > 0;)
+        for (size_t w = 0; w < p->nworkers; w++)
+            if (strcmp(p->workers[w].id, a->e[i].id) == 0) {
+                if (strcmp(p->workers[w].address, a->e[i].address) != 0)
+                    avoid_drop(a, i);
+                break;
+            }
     pthread_mutex_unlock(&a->mu);
 }
 
@@ -112,26 +124,30 @@ static void avoid_strike(bw__fetch_avoid *a, const bw__worker_ref *w, uint64_t a
     if (!a)
         return;
     uint64_t now = bw__mono_ms();
-    char key[600];
-    avoid_key(w, key, sizeof(key));
     pthread_mutex_lock(&a->mu);
-    size_t i = avoid_find(a, key);
+    size_t i = avoid_find(a, w->id);
+    if (i < a->n && strcmp(a->e[i].address, w->address) != 0) { /* another process */
+        avoid_drop(a, i);
+        i = a->n;
+    }
     if (i == a->n && a->n == BW_FETCH_AVOID_MAX) { /* forget the one avoided the shortest */
         size_t k = 0;
         for (size_t j = 1; j < a->n; j++)
             if (a->e[j].until < a->e[k].until)
                 k = j;
-        free(a->e[k].id);
-        a->e[k] = a->e[--a->n];
+        avoid_drop(a, k);
         i = a->n;
     }
     if (i == a->n) {
-        char *copy = strdup(key);
-        if (!copy) { /* out of memory: not remembered, as before this table */
+        char *id = strdup(w->id), *address = strdup(w->address);
+        if (!id || !address) { /* out of memory: not remembered, as before this table */
+            free(id);
+            free(address);
             pthread_mutex_unlock(&a->mu);
             return;
         }
-        a->e[i].id = copy;
+        a->e[i].id = id;
+        a->e[i].address = address;
         a->e[i].until = 0;
         a->e[i].strikes = 0;
         a->n++;
@@ -146,19 +162,15 @@ static void avoid_strike(bw__fetch_avoid *a, const bw__worker_ref *w, uint64_t a
     pthread_mutex_unlock(&a->mu);
 }
 
-/* Worker w answered a request in full: no longer avoided. */
-static void avoid_forget(bw__fetch_avoid *a, const bw__worker_ref *w)
+/* Worker `id` answered a request in full: no longer avoided. */
+static void avoid_forget(bw__fetch_avoid *a, const char *id)
 {
     if (!a)
         return;
-    char key[600];
-    avoid_key(w, key, sizeof(key));
     pthread_mutex_lock(&a->mu);
-    size_t i = avoid_find(a, key);
-    if (i < a->n) {
-        free(a->e[i].id);
-        a->e[i] = a->e[--a->n];
-    }
+    size_t i = avoid_find(a, id);
+    if (i < a->n)
+        avoid_drop(a, i);
     pthread_mutex_unlock(&a->mu);
 }
 
@@ -437,7 +449,7 @@ static void judge(const bw__fetch_ctx *ctx, const bw__placement *p, fetch_req *r
     if (rc == BW_OK) {
         for (size_t i = r->nsamples; i < r->n; i++)
             r->items[i]->done = true; /* probes */
-        avoid_forget(ctx->avoid, &p->workers[r->worker]);
+        avoid_forget(ctx->avoid, wid);
         return;
     }
     drop_partial(r);
@@ -495,7 +507,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
     size_t remaining = 0;
     for (size_t u = 0; u < n; u++)
         remaining += !items[u].done;
-    bool seeded = false;
+    avoid_seed(ctx->avoid, &suspects);
     while (rc == BW_OK && remaining > 0) {
         if (bw__interrupted()) {
             rc = BW_INTERRUPTED;
@@ -512,15 +524,13 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
             bw__placement_put(p); /* an empty table routes nothing */
             v.refresh = true;
         } else {
-            if (!seeded)
-                avoid_seed(ctx->avoid, p, &suspects);
-            seeded = true;
             size_t m = 0;
             for (size_t u = 0; u < n; u++)
                 if (!items[u].done)
                     shards[m++] = kind->shard(kind->kctx, &items[u], p->num_shards);
             /* route[] by pending item, then spread over all items for make_requests */
             int rrc = bw__route_items(p, shards, m, &suspects, route);
+            avoid_moved(ctx->avoid, p);
             static const char every[] = "every storage worker failed: ";
             if (rrc == BW_UNAVAILABLE && strncmp(last, every, sizeof(every) - 1) != 0) {
                 char why[BW_XFER_ERRLEN];

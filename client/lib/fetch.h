@@ -72,7 +72,8 @@ typedef struct bw__fetch_avoid {
     pthread_mutex_t mu;
     size_t n;
     struct {
-        char *id;         /* the worker's id and address: at a new address, a new worker */
+        char *id;
+        char *address;    /* where it failed: at another address it is another process */
         uint64_t until;   /* monotonic ms */
         unsigned strikes; /* failures in a row */
     } e[BW_FETCH_AVOID_MAX];

@@ -474,9 +474,13 @@ static void *lease_thread(void *arg)
                         s->rank, err);
             snprintf(s->hb_err, sizeof(s->hb_err), "%s", err);
             failed_at = bw__mono_ms();
+            /* At most a second apart (or the heartbeat interval, if shorter): after a heal
+             * the lease is confirmed again within about a second (docs/operating.md,
+             * "Networks"), not a heartbeat interval later. */
+            uint64_t cap = s->heartbeat_ms < 1000 ? s->heartbeat_ms : 1000;
             backoff = backoff ? backoff * 2 : 50;
-            if (backoff > s->heartbeat_ms)
-                backoff = s->heartbeat_ms;
+            if (backoff > cap)
+                backoff = cap;
         }
         pthread_cond_broadcast(&s->cv);
     }
