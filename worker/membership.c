@@ -225,6 +225,9 @@ int bw__worker_connect(bw_worker *w, char *err, size_t errlen)
     co.tls.server_name = w->cfg->tls_server_name;
     co.tls.token = w->token;
     co.max_receive_bytes = (int)w->cfg->common.max_message_bytes;
+    /* A daemon's: a coordinator back on a new IP is found a second after the stale address's
+     * attempt began (rpc/client.h). */
+    co.connect_ms = BW_RPC_DAEMON_CONNECT_MS;
     return bw__rpc_channel_open(&co, &w->coord, err, errlen);
 }
 

@@ -82,9 +82,10 @@ int bw__rpc_channel_open(const bw_rpc_channel_opts *opts, bw_rpc_channel **out, 
      * 20 s by default, so an attempt that began during a partition would outlive the heal by
      * up to 20 s (SYNs retransmitted at 1, 3, 7, 15 s). After BW_RPC_CONNECT_TIMEOUT_MS the
      * attempt is abandoned and the next one starts on a fresh socket after the backoff above
-     * (docs/operating.md, "Networks"). 1 s: one SYN per attempt, and time for a TLS
-     * handshake on a loaded machine (100 ms cut those short). */
-    int_arg(args, &nargs, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, BW_RPC_CONNECT_TIMEOUT_MS);
+     * (docs/operating.md, "Networks"). Not 100 ms: that cut slow TLS handshakes short on a
+     * loaded machine (client.h, BW_RPC_CONNECT_TIMEOUT_MS). */
+    int_arg(args, &nargs, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+            opts->connect_ms > 0 ? opts->connect_ms : BW_RPC_CONNECT_TIMEOUT_MS);
     /* Names are resolved again when a connection fails (a pod back on a new IP under the same
      * name), at most once per BW_RPC_RERESOLVE_MS instead of gRPC's 30 s. */
     int_arg(args, &nargs, GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, BW_RPC_RERESOLVE_MS);

@@ -21,6 +21,7 @@ typedef struct bw_rpc_channel_opts {
     bw_tls_client_files tls;
     int max_receive_bytes; /* largest response accepted (0: 4 MiB) */
     int max_reconnect_ms;  /* cap on the reconnect backoff (0: 1000) */
+    int connect_ms;        /* one connection attempt's deadline (0: BW_RPC_CONNECT_TIMEOUT_MS) */
     /* Credentials built once by the caller (bw__tls_client_credentials from tls; borrowed,
      * the channel keeps its own reference), so that opening a channel reads no file; NULL:
      * built from tls at each open. tls.token and tls.server_name apply either way. */
@@ -84,9 +85,16 @@ bool bw__rpc_channel_wait(bw_rpc_channel *ch, int timeout_ms);
  * about BW_RPC_KEEPALIVE_MS + BW_RPC_KEEPALIVE_TIMEOUT_MS. */
 enum { BW_RPC_KEEPALIVE_MS = 2000, BW_RPC_KEEPALIVE_TIMEOUT_MS = 2000 };
 
-/* One connection attempt's deadline (TCP, TLS, HTTP/2 settings), and the least time between
- * two resolutions of a channel's name (docs/operating.md, "Networks"). */
-enum { BW_RPC_CONNECT_TIMEOUT_MS = 1000, BW_RPC_RERESOLVE_MS = 1000 };
+/* One connection attempt's deadline (TCP, TLS, HTTP/2 settings) -- 2 s by default, since a
+ * trainer process shares its cores with training (with two ASan-built torch ranks on 2 cores,
+ * 1 s attempts did not complete); 1 s for a worker's channel to its coordinator, a daemon's
+ * (BW_RPC_DAEMON_CONNECT_MS) -- and the least time between two resolutions of a channel's name
+ * (docs/operating.md, "Networks"). */
+enum {
+    BW_RPC_CONNECT_TIMEOUT_MS = 2000,
+    BW_RPC_DAEMON_CONNECT_MS = 1000,
+    BW_RPC_RERESOLVE_MS = 1000,
+};
 
 /* A server-streaming call being read. Not thread-safe: one reader per stream. */
 typedef struct bw_rpc_stream bw_rpc_stream;
