@@ -1,37 +1,59 @@
 /*
  * Coordinator benchmark: starts build/bin/batchwire-coordinator on a fresh state directory
- * and measures, over gRPC on loopback,
+ * (under /var/tmp: a real disk, not tmpfs) and measures, over gRPC on loopback,
  *   1. acknowledged CommitCursor calls per second (each acknowledged only after fdatasync;
- *      concurrent commits share one fsync) with 1 and with T concurrent trainers;
- *   2. the time for 1,000 ranks to join one job, then 1,000 ranks heartbeating at the
- *      interval the coordinator asks for, for --seconds (default 10; --seconds 60 for the
- *      full minute), counting failed heartbeats and ranks whose lease lapsed.
+ *      concurrent commits share one fsync) with 1 and with T concurrent trainers. Every
+ *      trainer is a rank of its own with its own lease and keeps exactly one commit
+ *      outstanding; by default each has its own connection (--connections). The client
+ *      drives them asynchronously on --client-threads completion queues, so that the client
+ *      costs little of the machine it shares with the coordinator;
+ *   2. the time for --ranks ranks (default 10,000) to join one job (--join-window joins
+ *      outstanding at a time), then those ranks heartbeating at the interval the coordinator
+ *      asks for (its default lease gives 3,333 ms) for --seconds, with the coordinator's CPU
+ *      time over that window (from /proc/PID/stat), failed heartbeats and lapsed leases;
+ *   3. how long `batchwire status` (--bin/batchwire) and one scrape of /metrics take with
+ *      those ranks held.
+ * Each phase also reports the coordinator's CPU time per operation.
  *
  * Usage: bench_coordinator [--bin DIR] [--state DIR] [--threads T] [--commit-seconds S]
- *                          [--ranks N] [--seconds S] [--lease-ms MS]
+ *                          [--connections C] [--client-threads K] [--coord-threads N]
+ *                          [--ranks N] [--seconds S] [--lease-ms MS] [--join-window W]
+ *                          [--skip-single 1]
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
 
 #include "batchwire/batchwire.h"
 #include "common/util.h"
 #include "common/version.h"
 #include "cursor/cursor.h"
-#include "rpc/client.h"
+#include "rpc/methods.h"
 
 static char bin_dir[1024] = "build/bin";
 static char state_dir[1024] = "";
-static int threads = 16, commit_seconds = 5, nranks = 1000, hb_seconds = 10, lease_ms = 10000;
+static int threads = 64, commit_seconds = 5, nranks = 10000, hb_seconds = 10, lease_ms = 10000;
+static int connections = 0, client_threads = 1, coord_threads = 2, join_window = 256;
+static int skip_single = 0;
 static char addr[256];
-static uint64_t fingerprint;
+static int metrics_port;
+static pid_t coord_pid;
 
 static double now_s(void)
 {
@@ -40,20 +62,54 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
+/* The coordinator's user + system CPU seconds so far (/proc/PID/stat fields 14 and 15). */
+static double coord_cpu_s(void)
+{
+    char path[64], buf[2048];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)coord_pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* the command may hold spaces */
+    unsigned long long ut = 0, st = 0;
+    if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2)
+        return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+    return 0;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        abort();
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
 static pid_t start_coordinator(void)
 {
     int fds[2];
     if (pipe(fds) != 0)
         abort();
+    metrics_port = free_port();
     pid_t pid = fork();
     if (pid == 0) {
         dup2(fds[1], 2);
         close(fds[0]);
-        char exe[1100], lease[32];
+        char exe[1100], lease[32], th[32], metrics[64];
         snprintf(exe, sizeof(exe), "%s/batchwire-coordinator", bin_dir);
         snprintf(lease, sizeof(lease), "%d", lease_ms);
+        snprintf(th, sizeof(th), "%d", coord_threads);
+        snprintf(metrics, sizeof(metrics), "127.0.0.1:%d", metrics_port);
         execl(exe, exe, "--listen", "127.0.0.1:0", "--state-dir", state_dir, "--lease-ms", lease,
-              "--threads", "2", "--max-world-size", "100000", (char *)NULL);
+              "--threads", th, "--max-world-size", "100000", "--metrics-listen", metrics,
+              (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -81,29 +137,150 @@ static pid_t start_coordinator(void)
     return pid;
 }
 
-static bw_rpc_channel *channel(void)
+/* ---- asynchronous unary calls on completion queues ---- */
+
+/* One connection of its own (a local subchannel pool: channels with the same arguments would
+ * otherwise share one TCP connection), with every method registered once. */
+typedef struct conn {
+    grpc_channel *ch;
+    void *methods[BW_M__COUNT];
+} conn;
+
+static conn *conn_open(void)
 {
-    bw_rpc_channel_opts o;
-    memset(&o, 0, sizeof(o));
-    o.target = addr;
-    bw_rpc_channel *ch;
-    char err[512];
-    if (bw__rpc_channel_open(&o, &ch, err, sizeof(err)) != BW_OK) {
-        fprintf(stderr, "bench: %s\n", err);
-        exit(1);
-    }
-    return ch;
+    conn *c = calloc(1, sizeof(*c));
+    grpc_arg a[1];
+    a[0].type = GRPC_ARG_INTEGER;
+    a[0].key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
+    a[0].value.integer = 1;
+    grpc_channel_args args = {1, a};
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    c->ch = grpc_channel_create(addr, creds, &args);
+    grpc_channel_credentials_release(creds);
+    for (int m = 0; m < BW_M__COUNT; m++)
+        c->methods[m] = grpc_channel_register_call(c->ch, bw__methods[m].path, NULL, NULL);
+    return c;
 }
 
-static void must(int rc, const char *what, const char *err)
+static void conn_close(conn *c)
 {
-    if (rc != BW_OK) {
-        fprintf(stderr, "bench: %s: %s\n", what, err);
+    grpc_channel_destroy(c->ch);
+    free(c);
+}
+
+/* One call in flight; the tag of its batch is the slot itself. */
+typedef struct slot {
+    grpc_call *call;
+    grpc_byte_buffer *send, *recv;
+    grpc_metadata_array imd, tmd;
+    grpc_status_code status;
+    grpc_slice details;
+    grpc_op ops[6];
+    bw_method_id method;
+    double t0;
+    void *owner;
+} slot;
+
+static void slot_start(slot *s, conn *c, grpc_completion_queue *cq, bw_method_id m,
+                       const ProtobufCMessage *req, int timeout_ms)
+{
+    size_t len = protobuf_c_message_get_packed_size(req);
+    grpc_slice sl = grpc_slice_malloc(len);
+    protobuf_c_message_pack(req, GRPC_SLICE_START_PTR(sl));
+    s->send = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    s->recv = NULL;
+    s->method = m;
+    grpc_metadata_array_init(&s->imd);
+    grpc_metadata_array_init(&s->tmd);
+    s->details = grpc_empty_slice();
+    gpr_timespec deadline =
+        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+    s->call = grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                                  c->methods[m], deadline, NULL);
+    memset(s->ops, 0, sizeof(s->ops));
+    s->ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    s->ops[1].op = GRPC_OP_SEND_MESSAGE;
+    s->ops[1].data.send_message.send_message = s->send;
+    s->ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    s->ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    s->ops[3].data.recv_initial_metadata.recv_initial_metadata = &s->imd;
+    s->ops[4].op = GRPC_OP_RECV_MESSAGE;
+    s->ops[4].data.recv_message.recv_message = &s->recv;
+    s->ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    s->ops[5].data.recv_status_on_client.trailing_metadata = &s->tmd;
+    s->ops[5].data.recv_status_on_client.status = &s->status;
+    s->ops[5].data.recv_status_on_client.status_details = &s->details;
+    s->t0 = now_s();
+    if (grpc_call_start_batch(s->call, s->ops, 6, s, NULL) != GRPC_CALL_OK) {
+        fprintf(stderr, "bench: cannot start a %s call\n", bw__methods[m].name);
         exit(1);
     }
 }
 
-static void create(bw_rpc_channel *ch, const char *name, uint32_t world)
+/* After the slot's batch completed: the response unpacked (protobuf-c's allocator; free with
+ * protobuf_c_message_free_unpacked) when the call succeeded and want is set, and the status. */
+static grpc_status_code slot_end(slot *s, bool want, ProtobufCMessage **resp, char *err,
+                                 size_t errlen)
+{
+    grpc_status_code st = s->status;
+    if (resp)
+        *resp = NULL;
+    if (st != GRPC_STATUS_OK) {
+        char *d = grpc_slice_to_c_string(s->details);
+        snprintf(err, errlen, "%s: status %d: %s", bw__methods[s->method].name, (int)st, d);
+        gpr_free(d);
+    } else if (want && s->recv) {
+        grpc_byte_buffer_reader r;
+        grpc_byte_buffer_reader_init(&r, s->recv);
+        grpc_slice all = grpc_byte_buffer_reader_readall(&r);
+        grpc_byte_buffer_reader_destroy(&r);
+        *resp = protobuf_c_message_unpack(bw__methods[s->method].response, NULL,
+                                          GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
+        grpc_slice_unref(all);
+    }
+    if (s->recv)
+        grpc_byte_buffer_destroy(s->recv);
+    grpc_byte_buffer_destroy(s->send);
+    grpc_slice_unref(s->details);
+    grpc_metadata_array_destroy(&s->imd);
+    grpc_metadata_array_destroy(&s->tmd);
+    grpc_call_unref(s->call);
+    s->call = NULL;
+    return st;
+}
+
+/* The next event of cq, waiting at most until `until` (monotonic seconds); NULL on timeout. */
+static slot *next_event(grpc_completion_queue *cq, double until)
+{
+    double left = until - now_s();
+    gpr_timespec d =
+        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                     gpr_time_from_micros(left > 0 ? (int64_t)(left * 1e6) : 0, GPR_TIMESPAN));
+    grpc_event ev = grpc_completion_queue_next(cq, d, NULL);
+    if (ev.type != GRPC_OP_COMPLETE)
+        return NULL;
+    return ev.tag;
+}
+
+static void drain_cq(grpc_completion_queue *cq)
+{
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* ---- a job and its ranks ---- */
+
+static uint64_t create(conn *c, const char *name, uint32_t world)
 {
     Batchwire__V1__SamplerConfig sc = BATCHWIRE__V1__SAMPLER_CONFIG__INIT;
     sc.mode = BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_TORCH;
@@ -115,295 +292,575 @@ static void create(bw_rpc_channel *ch, const char *name, uint32_t world)
     req.name = (char *)name;
     req.config = &cfg;
     req.world_size = world;
-    bw_arena a;
-    bw__arena_init(&a, 0);
-    ProtobufCMessage *resp;
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    slot s;
+    slot_start(&s, c, cq, BW_M_JOBS_GET_OR_CREATE, &req.base, 30000);
+    next_event(cq, now_s() + 60);
     char err[1024];
-    must(bw__rpc_call(ch, BW_METHOD(BW_M_JOBS_GET_OR_CREATE), &req.base, &a, &resp, 10000, err,
-                      sizeof(err)),
-         "GetOrCreateJob", err);
-    fingerprint = ((Batchwire__V1__GetOrCreateJobResponse *)resp)->job->fingerprint;
-    bw__arena_reset(&a);
+    ProtobufCMessage *resp;
+    if (slot_end(&s, true, &resp, err, sizeof(err)) != GRPC_STATUS_OK || !resp) {
+        fprintf(stderr, "bench: GetOrCreateJob: %s\n", err);
+        exit(1);
+    }
+    uint64_t fp = ((Batchwire__V1__GetOrCreateJobResponse *)resp)->job->fingerprint;
+    protobuf_c_message_free_unpacked(resp, NULL);
+    drain_cq(cq);
+    return fp;
 }
 
-/* A lease id: 128 bits (lo, hi). */
-typedef struct lease_id {
-    uint64_t lo, hi;
-} lease_id;
+/* A rank: its lease once joined, and its own progress. */
+typedef struct rank_agent {
+    slot s;
+    conn *c;
+    uint32_t rank;
+    uint64_t lease_lo, lease_hi;
+    uint32_t hb_ms;
+    uint64_t step;
+    bool busy;
+    /* latencies (commits) */
+    double *lat;
+    size_t nlat, cap;
+} rank_agent;
 
-static int join(bw_rpc_channel *ch, const char *job, uint32_t rank, uint32_t world, lease_id *lease,
-                uint32_t *hb_ms, char *err, size_t errlen)
+static void start_join(rank_agent *a, grpc_completion_queue *cq, const char *job, uint32_t world)
 {
     Batchwire__V1__Holder h = BATCHWIRE__V1__HOLDER__INIT;
     h.host = "bench";
-    h.pid = 100000 + rank;
+    h.pid = 100000 + a->rank;
     Batchwire__V1__JoinJobRequest req = BATCHWIRE__V1__JOIN_JOB_REQUEST__INIT;
     req.job = (char *)job;
-    req.rank = rank;
+    req.rank = a->rank;
     req.world_size = world;
     req.holder = &h;
-    bw_arena a;
-    bw__arena_init(&a, 0);
-    ProtobufCMessage *resp;
-    int rc = bw__rpc_call(ch, BW_METHOD(BW_M_JOBS_JOIN), &req.base, &a, &resp, 30000, err, errlen);
-    if (rc == BW_OK) {
-        lease->lo = ((Batchwire__V1__JoinJobResponse *)resp)->lease_id;
-        lease->hi = ((Batchwire__V1__JoinJobResponse *)resp)->lease_id_hi;
-        *hb_ms = ((Batchwire__V1__JoinJobResponse *)resp)->heartbeat_ms;
-    }
-    bw__arena_reset(&a);
-    return rc;
+    a->s.owner = a;
+    a->busy = true;
+    slot_start(&a->s, a->c, cq, BW_M_JOBS_JOIN, &req.base, 60000);
 }
+
+static void end_join(rank_agent *a)
+{
+    char err[1024];
+    ProtobufCMessage *resp;
+    a->busy = false;
+    if (slot_end(&a->s, true, &resp, err, sizeof(err)) != GRPC_STATUS_OK || !resp) {
+        fprintf(stderr, "bench: JoinJob of rank %u: %s\n", a->rank, err);
+        exit(1);
+    }
+    const Batchwire__V1__JoinJobResponse *j = (const void *)resp;
+    a->lease_lo = j->lease_id;
+    a->lease_hi = j->lease_id_hi;
+    a->hb_ms = j->heartbeat_ms;
+    protobuf_c_message_free_unpacked(resp, NULL);
+}
+
+/* Joins ranks[0..n) with at most `window` joins outstanding, driven from this thread. */
+static void join_all(rank_agent *ranks, size_t n, const char *job, uint32_t world, int window)
+{
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    size_t next = 0, done = 0;
+    int out = 0;
+    while (done < n) {
+        while (out < window && next < n) {
+            start_join(&ranks[next++], cq, job, world);
+            out++;
+        }
+        slot *s = next_event(cq, now_s() + 60);
+        if (!s) {
+            fprintf(stderr, "bench: a join took over a minute\n");
+            exit(1);
+        }
+        end_join(s->owner);
+        out--;
+        done++;
+    }
+    drain_cq(cq);
+}
+
+static void fsyncs(double *count, double *sum);
+static double self_cpu_s(void);
 
 /* ---- 1. commits ---- */
 
-typedef struct committer {
-    bw_rpc_channel *ch;
-    uint32_t rank, world;
+typedef struct commit_ctx {
+    const char *job;
+    uint64_t fingerprint;
+    uint32_t world;
+    rank_agent *ranks;
+    size_t first, count; /* this thread's ranks */
     double until;
-    uint64_t done;
-    double *lat;
-    size_t nlat, cap;
-} committer;
+    uint64_t done, failed;
+} commit_ctx;
 
-static void *commit_loop(void *arg)
+static void start_commit(commit_ctx *x, rank_agent *a, grpc_completion_queue *cq)
 {
-    committer *c = arg;
-    lease_id lease;
-    uint32_t hb;
-    char err[1024];
-    char job[32];
-    snprintf(job, sizeof(job), "commits-%u", c->world);
-    must(join(c->ch, job, c->rank, c->world, &lease, &hb, err, sizeof(err)), "JoinJob", err);
-    for (uint64_t step = 1; now_s() < c->until; step++) {
-        Batchwire__V1__Cursor cur = BATCHWIRE__V1__CURSOR__INIT;
-        cur.job = job;
-        cur.job_fingerprint = fingerprint;
-        cur.rank = c->rank;
-        cur.world_size = c->world;
-        cur.step = step;
-        size_t len;
-        uint8_t *bin = bw__cursor_encode(&cur, &len);
-        Batchwire__V1__CommitCursorRequest req = BATCHWIRE__V1__COMMIT_CURSOR_REQUEST__INIT;
-        req.job = job;
-        req.rank = c->rank;
-        req.lease_id = lease.lo;
-        req.lease_id_hi = lease.hi;
-        req.cursor.data = bin;
-        req.cursor.len = len;
-        bw_arena a;
-        bw__arena_init(&a, 0);
-        ProtobufCMessage *resp;
-        double t0 = now_s();
-        must(bw__rpc_call(c->ch, BW_METHOD(BW_M_JOBS_COMMIT_CURSOR), &req.base, &a, &resp, 10000,
-                          err, sizeof(err)),
-             "CommitCursor", err);
-        double dt = now_s() - t0;
-        bw__arena_reset(&a);
-        free(bin);
-        if (c->nlat == c->cap) {
-            c->cap = c->cap ? c->cap * 2 : 1024;
-            c->lat = realloc(c->lat, c->cap * sizeof(double));
-        }
-        c->lat[c->nlat++] = dt;
-        c->done++;
-    }
-    return NULL;
+    Batchwire__V1__Cursor cur = BATCHWIRE__V1__CURSOR__INIT;
+    cur.job = (char *)x->job;
+    cur.job_fingerprint = x->fingerprint;
+    cur.rank = a->rank;
+    cur.world_size = x->world;
+    cur.step = ++a->step;
+    size_t len;
+    uint8_t *bin = bw__cursor_encode(&cur, &len);
+    Batchwire__V1__CommitCursorRequest req = BATCHWIRE__V1__COMMIT_CURSOR_REQUEST__INIT;
+    req.job = (char *)x->job;
+    req.rank = a->rank;
+    req.lease_id = a->lease_lo;
+    req.lease_id_hi = a->lease_hi;
+    req.cursor.data = bin;
+    req.cursor.len = len;
+    a->s.owner = a;
+    a->busy = true;
+    slot_start(&a->s, a->c, cq, BW_M_JOBS_COMMIT_CURSOR, &req.base, 10000);
+    free(bin);
 }
 
-static int cmp_double(const void *a, const void *b)
+static void *commit_thread(void *arg)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+    commit_ctx *x = arg;
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    for (size_t i = 0; i < x->count; i++)
+        start_commit(x, &x->ranks[x->first + i], cq);
+    size_t out = x->count;
+    while (out > 0) {
+        slot *s = next_event(cq, now_s() + 30);
+        if (!s) {
+            fprintf(stderr, "bench: a commit took over 30 s\n");
+            exit(1);
+        }
+        rank_agent *a = s->owner;
+        double dt = now_s() - s->t0;
+        char err[1024];
+        a->busy = false;
+        if (slot_end(s, false, NULL, err, sizeof(err)) != GRPC_STATUS_OK) {
+            fprintf(stderr, "bench: CommitCursor of rank %u: %s\n", a->rank, err);
+            x->failed++;
+        } else {
+            x->done++;
+            if (a->nlat == a->cap) {
+                a->cap = a->cap ? a->cap * 2 : 1024;
+                a->lat = realloc(a->lat, a->cap * sizeof(double));
+            }
+            a->lat[a->nlat++] = dt;
+        }
+        if (now_s() < x->until)
+            start_commit(x, a, cq);
+        else
+            out--;
+    }
+    drain_cq(cq);
+    return NULL;
 }
 
 static void bench_commits(uint32_t world)
 {
-    bw_rpc_channel *chs[4];
-    for (int i = 0; i < 4; i++)
-        chs[i] = channel();
+    int nconn = connections > 0 ? connections : (int)world;
+    if (nconn > (int)world)
+        nconn = (int)world;
+    conn **cs = calloc((size_t)nconn, sizeof(*cs));
+    for (int i = 0; i < nconn; i++)
+        cs[i] = conn_open();
     char job[32];
     snprintf(job, sizeof(job), "commits-%u", world);
-    fingerprint = 0;
-    create(chs[0], job, world);
-    committer *cs = calloc(world, sizeof(*cs));
-    pthread_t *ts = calloc(world, sizeof(*ts));
-    double t0 = now_s();
+    uint64_t fp = create(cs[0], job, world);
+    rank_agent *ranks = calloc(world, sizeof(*ranks));
     for (uint32_t i = 0; i < world; i++) {
-        cs[i] = (committer){chs[i % 4], i, world, t0 + commit_seconds, 0, NULL, 0, 0};
-        pthread_create(&ts[i], NULL, commit_loop, &cs[i]);
+        ranks[i].rank = i;
+        ranks[i].c = cs[i % (uint32_t)nconn];
     }
-    uint64_t total = 0;
-    size_t nl = 0;
-    for (uint32_t i = 0; i < world; i++) {
+    join_all(ranks, world, job, world, 64);
+    int k = client_threads < (int)world ? client_threads : (int)world;
+    commit_ctx *xs = calloc((size_t)k, sizeof(*xs));
+    pthread_t *ts = calloc((size_t)k, sizeof(*ts));
+    double fc0, fs0;
+    fsyncs(&fc0, &fs0);
+    double cpu0 = coord_cpu_s(), me0 = self_cpu_s(), t0 = now_s();
+    for (int i = 0; i < k; i++) {
+        size_t per = world / (size_t)k, first = per * (size_t)i;
+        xs[i] = (commit_ctx){
+            job, fp, world, ranks, first, i == k - 1 ? world - first : per, t0 + commit_seconds,
+            0,   0};
+        pthread_create(&ts[i], NULL, commit_thread, &xs[i]);
+    }
+    uint64_t total = 0, failed = 0;
+    for (int i = 0; i < k; i++) {
         pthread_join(ts[i], NULL);
-        total += cs[i].done;
-        nl += cs[i].nlat;
+        total += xs[i].done;
+        failed += xs[i].failed;
     }
-    double el = now_s() - t0;
+    double el = now_s() - t0, cpu = coord_cpu_s() - cpu0, me = self_cpu_s() - me0;
+    double fc1, fs1;
+    fsyncs(&fc1, &fs1);
+    size_t nl = 0;
+    for (uint32_t i = 0; i < world; i++)
+        nl += ranks[i].nlat;
     double *all = malloc((nl ? nl : 1) * sizeof(double));
-    size_t k = 0;
+    size_t at = 0;
     for (uint32_t i = 0; i < world; i++) {
-        memcpy(all + k, cs[i].lat, cs[i].nlat * sizeof(double));
-        k += cs[i].nlat;
-        free(cs[i].lat);
+        memcpy(all + at, ranks[i].lat, ranks[i].nlat * sizeof(double));
+        at += ranks[i].nlat;
+        free(ranks[i].lat);
     }
     qsort(all, nl, sizeof(double), cmp_double);
-    printf("commits, %3u concurrent trainers: %8.0f acknowledged commits/s (%" PRIu64
-           " in %.1f s), latency p50 %.2f ms, p99 %.2f ms\n",
-           world, (double)total / el, total, el, nl ? all[nl / 2] * 1e3 : 0.0,
-           nl ? all[nl * 99 / 100] * 1e3 : 0.0);
+    printf("commits, %3u concurrent trainers (%d connections, %d client threads): %8.0f "
+           "acknowledged commits/s (%" PRIu64 " in %.1f s, %" PRIu64 " failed), latency p50 "
+           "%.2f ms, p99 %.2f ms, max %.2f ms; coordinator CPU %.0f%% of a core, %.1f us/commit; "
+           "client CPU %.1f us/commit; %.0f group commits (%.1f commits each, write+fdatasync "
+           "%.3f ms mean)\n",
+           world, nconn, k, (double)total / el, total, el, failed, nl ? all[nl / 2] * 1e3 : 0.0,
+           nl ? all[nl * 99 / 100] * 1e3 : 0.0, nl ? all[nl - 1] * 1e3 : 0.0, 100.0 * cpu / el,
+           total ? cpu / (double)total * 1e6 : 0.0, total ? me / (double)total * 1e6 : 0.0,
+           fc1 - fc0, fc1 > fc0 ? (double)total / (fc1 - fc0) : 0.0,
+           fc1 > fc0 ? (fs1 - fs0) / (fc1 - fc0) * 1e3 : 0.0);
+    fflush(stdout);
     free(all);
-    free(cs);
+    free(ranks);
+    free(xs);
     free(ts);
-    for (int i = 0; i < 4; i++)
-        bw__rpc_channel_close(chs[i]);
+    for (int i = 0; i < nconn; i++)
+        conn_close(cs[i]);
+    free(cs);
 }
 
-/* ---- 2. 1,000 ranks ---- */
+/* ---- 2. many ranks: joins, heartbeats ---- */
 
-typedef struct ranker {
-    bw_rpc_channel *ch;
-    uint32_t first, count;
-    lease_id *leases;
-    uint32_t hb_ms;
-    double hb_until;
-    uint64_t beats, failures;
+typedef struct hb_ctx {
+    rank_agent *ranks;
+    size_t first, count;
+    double start, until;
+    uint64_t beats, failures, skipped;
     double max_lat;
-    pthread_barrier_t *joined, *go;
-} ranker;
+    double *lat;
+    size_t nlat, cap;
+} hb_ctx;
 
-static void *rank_loop(void *arg)
+static void start_heartbeat(rank_agent *a, grpc_completion_queue *cq)
 {
-    ranker *r = arg;
+    Batchwire__V1__LeaseHeartbeatRequest req = BATCHWIRE__V1__LEASE_HEARTBEAT_REQUEST__INIT;
+    req.job = "ranks";
+    req.rank = a->rank;
+    req.lease_id = a->lease_lo;
+    req.lease_id_hi = a->lease_hi;
+    a->s.owner = a;
+    a->busy = true;
+    slot_start(&a->s, a->c, cq, BW_M_JOBS_LEASE_HEARTBEAT, &req.base, 10000);
+}
+
+static void end_heartbeat(hb_ctx *x, slot *s)
+{
+    rank_agent *a = s->owner;
+    double dt = now_s() - s->t0;
     char err[1024];
-    for (uint32_t i = 0; i < r->count; i++)
-        must(join(r->ch, "ranks", r->first + i, (uint32_t)nranks, &r->leases[i], &r->hb_ms, err,
-                  sizeof(err)),
-             "JoinJob", err);
-    pthread_barrier_wait(r->joined);
-    pthread_barrier_wait(r->go); /* hb_until is set between the two */
-    /* Each rank heartbeats every hb_ms; this thread spreads its ranks over the interval. */
-    double start = now_s();
-    double period = r->hb_ms / 1000.0;
-    for (uint64_t round = 0;; round++) {
-        for (uint32_t i = 0; i < r->count; i++) {
-            double due = start + (double)round * period + period * i / r->count;
-            double now = now_s();
-            if (due >= r->hb_until)
-                return NULL;
-            if (due > now)
-                usleep((useconds_t)((due - now) * 1e6));
-            Batchwire__V1__LeaseHeartbeatRequest req = BATCHWIRE__V1__LEASE_HEARTBEAT_REQUEST__INIT;
-            req.job = "ranks";
-            req.rank = r->first + i;
-            req.lease_id = r->leases[i].lo;
-            req.lease_id_hi = r->leases[i].hi;
-            bw_arena a;
-            bw__arena_init(&a, 0);
-            ProtobufCMessage *resp;
-            double t0 = now_s();
-            int rc = bw__rpc_call(r->ch, BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), &req.base, &a, &resp,
-                                  10000, err, sizeof(err));
-            double dt = now_s() - t0;
-            bw__arena_reset(&a);
-            r->beats++;
-            r->failures += rc != BW_OK;
-            r->max_lat = dt > r->max_lat ? dt : r->max_lat;
-        }
+    a->busy = false;
+    x->beats++;
+    if (slot_end(s, false, NULL, err, sizeof(err)) != GRPC_STATUS_OK) {
+        if (x->failures++ == 0)
+            fprintf(stderr, "bench: LeaseHeartbeat of rank %u: %s\n", a->rank, err);
     }
+    x->max_lat = dt > x->max_lat ? dt : x->max_lat;
+    if (x->nlat == x->cap) {
+        x->cap = x->cap ? x->cap * 2 : 4096;
+        x->lat = realloc(x->lat, x->cap * sizeof(double));
+    }
+    x->lat[x->nlat++] = dt;
+}
+
+/* Each rank heartbeats every hb_ms, the thread's ranks spread evenly over the interval. */
+static void *hb_thread(void *arg)
+{
+    hb_ctx *x = arg;
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    double period = x->ranks[x->first].hb_ms / 1000.0;
+    size_t out = 0;
+    for (uint64_t n = 0;; n++) {
+        uint64_t round = n / x->count;
+        size_t i = n % x->count;
+        double due = x->start + (double)round * period + period * (double)i / (double)x->count;
+        if (due >= x->until)
+            break;
+        for (;;) {
+            double now = now_s();
+            if (now >= due)
+                break;
+            slot *s = next_event(cq, due);
+            if (s) {
+                end_heartbeat(x, s);
+                out--;
+            }
+        }
+        rank_agent *a = &x->ranks[x->first + i];
+        if (a->busy) {
+            x->skipped++; /* the previous beat has not been answered yet */
+            continue;
+        }
+        start_heartbeat(a, cq);
+        out++;
+    }
+    while (out > 0) {
+        slot *s = next_event(cq, now_s() + 30);
+        if (!s)
+            break;
+        end_heartbeat(x, s);
+        out--;
+    }
+    drain_cq(cq);
+    return NULL;
+}
+
+/* Runs `argv` (argv[0] a path), its stdout to `out` (may be NULL: discarded); returns the
+ * seconds it took and its exit status in *status. */
+static double run_timed(char *const argv[], const char *out, int *status)
+{
+    double t0 = now_s();
+    pid_t p = fork();
+    if (p == 0) {
+        FILE *o = freopen(out ? out : "/dev/null", "w", stdout);
+        (void)o;
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    waitpid(p, status, 0);
+    return now_s() - t0;
+}
+
+/* One GET /metrics over HTTP/1.0: seconds taken, bytes and lines of the response; the
+ * response itself into keep (NULL: not kept; malloc'ed). */
+static double scrape_into(size_t *bytes, size_t *lines, char **keep)
+{
+    double t0 = now_s();
+    *bytes = *lines = 0;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)metrics_port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    const char *rq = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, rq, strlen(rq)) != (ssize_t)strlen(rq)) {
+        close(fd);
+        return -1;
+    }
+    char buf[65536];
+    ssize_t n;
+    size_t cap = 0;
+    if (keep)
+        *keep = NULL;
+    while ((n = read(fd, buf, sizeof(buf))) > 0) {
+        if (keep) {
+            if (*bytes + (size_t)n + 1 > cap) {
+                cap = (*bytes + (size_t)n + 1) * 2;
+                *keep = realloc(*keep, cap);
+            }
+            memcpy(*keep + *bytes, buf, (size_t)n);
+            (*keep)[*bytes + (size_t)n] = 0;
+        }
+        *bytes += (size_t)n;
+        for (ssize_t i = 0; i < n; i++)
+            *lines += buf[i] == '\n';
+    }
+    close(fd);
+    return now_s() - t0;
+}
+
+static double scrape(size_t *bytes, size_t *lines)
+{
+    return scrape_into(bytes, lines, NULL);
+}
+
+/* The journal's group commits so far, from /metrics: how many and their seconds in total. */
+static void fsyncs(double *count, double *sum)
+{
+    size_t b, l;
+    char *m = NULL;
+    *count = *sum = 0;
+    if (scrape_into(&b, &l, &m) < 0 || !m)
+        return;
+    const char *c = strstr(m, "batchwire_coordinator_journal_fsync_duration_seconds_count ");
+    const char *s = strstr(m, "batchwire_coordinator_journal_fsync_duration_seconds_sum ");
+    if (c)
+        *count = strtod(strchr(c, ' ') + 1, NULL);
+    if (s)
+        *sum = strtod(strchr(s, ' ') + 1, NULL);
+    free(m);
+}
+
+/* This process's CPU seconds so far. */
+static double self_cpu_s(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + (double)u.ru_utime.tv_usec / 1e6 +
+           (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec / 1e6;
 }
 
 static void bench_ranks(void)
 {
-    enum { T = 20 };
-    bw_rpc_channel *chs[4];
-    for (int i = 0; i < 4; i++)
-        chs[i] = channel();
-    create(chs[0], "ranks", (uint32_t)nranks);
-    ranker rs[T];
-    pthread_t ts[T];
-    pthread_barrier_t joined, go;
-    pthread_barrier_init(&joined, NULL, T + 1);
-    pthread_barrier_init(&go, NULL, T + 1);
-    double t0 = now_s();
-    for (int i = 0; i < T; i++) {
-        uint32_t per = (uint32_t)nranks / T, first = per * (uint32_t)i;
-        uint32_t count = i == T - 1 ? (uint32_t)nranks - first : per;
-        rs[i] = (ranker){chs[i % 4], first,   count, calloc(count, sizeof(lease_id)), 0, 0, 0, 0,
-                         0,          &joined, &go};
-        pthread_create(&ts[i], NULL, rank_loop, &rs[i]);
+    int nconn = connections > 0 ? connections : 64;
+    conn **cs = calloc((size_t)nconn, sizeof(*cs));
+    for (int i = 0; i < nconn; i++)
+        cs[i] = conn_open();
+    create(cs[0], "ranks", (uint32_t)nranks);
+    rank_agent *ranks = calloc((size_t)nranks, sizeof(*ranks));
+    for (int i = 0; i < nranks; i++) {
+        ranks[i].rank = (uint32_t)i;
+        ranks[i].c = cs[i % nconn];
     }
-    pthread_barrier_wait(&joined);
-    double join_s = now_s() - t0;
-    double hb_until = now_s() + hb_seconds;
-    for (int i = 0; i < T; i++)
-        rs[i].hb_until = hb_until;
-    pthread_barrier_wait(&go);
-    printf("ranks: %d ranks joined one job in %.3f s (%.0f joins/s, each journaled and fsynced)\n",
-           nranks, join_s, nranks / join_s);
-    uint64_t beats = 0, failures = 0;
+    double cpu0 = coord_cpu_s(), t0 = now_s();
+    join_all(ranks, (size_t)nranks, "ranks", (uint32_t)nranks, join_window);
+    double join_s = now_s() - t0, join_cpu = coord_cpu_s() - cpu0;
+    printf("ranks: %d ranks joined one job in %.3f s (%.0f joins/s, %d outstanding at a time, "
+           "each journaled and fsynced); coordinator CPU %.1f us/join\n",
+           nranks, join_s, nranks / join_s, join_window, join_cpu / nranks * 1e6);
+    fflush(stdout);
+
+    int k = client_threads;
+    hb_ctx *xs = calloc((size_t)k, sizeof(*xs));
+    pthread_t *ts = calloc((size_t)k, sizeof(*ts));
+    double start = now_s() + 0.05;
+    cpu0 = coord_cpu_s();
+    double w0 = now_s();
+    for (int i = 0; i < k; i++) {
+        size_t per = (size_t)nranks / (size_t)k, first = per * (size_t)i;
+        xs[i].ranks = ranks;
+        xs[i].first = first;
+        xs[i].count = i == k - 1 ? (size_t)nranks - first : per;
+        xs[i].start = start;
+        xs[i].until = start + hb_seconds;
+        pthread_create(&ts[i], NULL, hb_thread, &xs[i]);
+    }
+    uint64_t beats = 0, failures = 0, skipped = 0;
     double max_lat = 0;
-    for (int i = 0; i < T; i++) {
+    size_t nl = 0;
+    for (int i = 0; i < k; i++) {
         pthread_join(ts[i], NULL);
-        beats += rs[i].beats;
-        failures += rs[i].failures;
-        max_lat = rs[i].max_lat > max_lat ? rs[i].max_lat : max_lat;
-        free(rs[i].leases);
+        beats += xs[i].beats;
+        failures += xs[i].failures;
+        skipped += xs[i].skipped;
+        max_lat = xs[i].max_lat > max_lat ? xs[i].max_lat : max_lat;
+        nl += xs[i].nlat;
     }
+    double window = now_s() - w0, hb_cpu = coord_cpu_s() - cpu0;
+    double *all = malloc((nl ? nl : 1) * sizeof(double));
+    size_t at = 0;
+    for (int i = 0; i < k; i++) {
+        memcpy(all + at, xs[i].lat, xs[i].nlat * sizeof(double));
+        at += xs[i].nlat;
+        free(xs[i].lat);
+    }
+    qsort(all, nl, sizeof(double), cmp_double);
+    printf("ranks: %d ranks heartbeating every %u ms for %d s: %" PRIu64 " heartbeats (%.0f/s), "
+           "%" PRIu64 " failed, %" PRIu64 " skipped (previous unanswered), p50 %.2f ms, p99 "
+           "%.2f ms, slowest %.2f ms; coordinator CPU %.2f s in %.1f s = %.1f%% of one core "
+           "(%.1f us/heartbeat)\n",
+           nranks, ranks[0].hb_ms, hb_seconds, beats, (double)beats / window, failures, skipped,
+           nl ? all[nl / 2] * 1e3 : 0.0, nl ? all[nl * 99 / 100] * 1e3 : 0.0, max_lat * 1e3, hb_cpu,
+           window, 100.0 * hb_cpu / window, beats ? hb_cpu / (double)beats * 1e6 : 0.0);
+    fflush(stdout);
+    free(all);
+
+    /* 3. status and metrics with the ranks held */
+    char exe[1100], json_out[1100];
+    snprintf(exe, sizeof(exe), "%s/batchwire", bin_dir);
+    snprintf(json_out, sizeof(json_out), "%s/status.json", state_dir);
+    char *table[] = {exe, "status", "--coordinator", addr, NULL};
+    char *one[] = {exe, "status", "--coordinator", addr, "--job", "ranks", NULL};
+    char *json[] = {exe, "status", "--coordinator", addr, "--json", NULL};
+    int st_t, st_o, st_j;
+    double tt = run_timed(table, NULL, &st_t);
+    double to = run_timed(one, NULL, &st_o);
+    double tj = run_timed(json, json_out, &st_j);
+    printf("status at %d ranks: `batchwire status` %.3f s (exit %d), `--job ranks` %.3f s "
+           "(exit %d), `--json` %.3f s (exit %d)\n",
+           nranks, tt, WEXITSTATUS(st_t), to, WEXITSTATUS(st_o), tj, WEXITSTATUS(st_j));
+    size_t bytes, lines;
+    double tm = scrape(&bytes, &lines);
+    printf("metrics at %d ranks: one scrape of /metrics %.3f s, %zu bytes, %zu lines\n", nranks, tm,
+           bytes, lines);
+
     /* Every lease must still be live. */
     Batchwire__V1__GetJobRequest g = BATCHWIRE__V1__GET_JOB_REQUEST__INIT;
     g.name = "ranks";
-    bw_arena a;
-    bw__arena_init(&a, 0);
-    ProtobufCMessage *resp;
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    slot s;
+    slot_start(&s, cs[0], cq, BW_M_JOBS_GET, &g.base, 30000);
+    next_event(cq, now_s() + 60);
     char err[1024];
-    must(
-        bw__rpc_call(chs[0], BW_METHOD(BW_M_JOBS_GET), &g.base, &a, &resp, 10000, err, sizeof(err)),
-        "GetJob", err);
+    ProtobufCMessage *resp;
+    if (slot_end(&s, true, &resp, err, sizeof(err)) != GRPC_STATUS_OK || !resp) {
+        fprintf(stderr, "bench: GetJob: %s\n", err);
+        exit(1);
+    }
     const Batchwire__V1__GetJobResponse *gr = (const void *)resp;
     size_t live = 0;
     for (size_t i = 0; i < gr->n_ranks; i++)
         live += gr->ranks[i]->lease == BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_LIVE;
-    printf("ranks: %d ranks heartbeating every %u ms for %d s: %" PRIu64
-           " heartbeats (%.0f/s), %" PRIu64 " failed, slowest %.2f ms; %zu of %d leases live "
-           "at the end\n",
-           nranks, rs[0].hb_ms, hb_seconds, beats, (double)beats / hb_seconds, failures,
-           max_lat * 1e3, live, nranks);
-    bw__arena_reset(&a);
-    pthread_barrier_destroy(&joined);
-    pthread_barrier_destroy(&go);
-    for (int i = 0; i < 4; i++)
-        bw__rpc_channel_close(chs[i]);
+    printf("ranks: %zu of %d leases live at the end\n", live, nranks);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    drain_cq(cq);
+    free(xs);
+    free(ts);
+    free(ranks);
+    for (int i = 0; i < nconn; i++)
+        conn_close(cs[i]);
+    free(cs);
 }
 
 int main(int argc, char **argv)
 {
     if (bw__version_flag(argc, argv, "bench_coordinator"))
         return 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--bin"))
+    static const struct {
+        const char *name;
+        int *v;
+        int min;
+    } ints[] = {
+        {"--threads", &threads, 1},
+        {"--commit-seconds", &commit_seconds, 1},
+        {"--connections", &connections, 0},
+        {"--client-threads", &client_threads, 1},
+        {"--coord-threads", &coord_threads, 1},
+        {"--ranks", &nranks, 1},
+        {"--seconds", &hb_seconds, 1},
+        {"--lease-ms", &lease_ms, 100},
+        {"--join-window", &join_window, 1},
+        {"--skip-single", &skip_single, 0},
+    };
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_coordinator: %s needs a value\n", argv[i]);
+            return 2;
+        }
+        bool known = false;
+        if (!strcmp(argv[i], "--bin")) {
             snprintf(bin_dir, sizeof(bin_dir), "%s", argv[i + 1]);
-        else if (!strcmp(argv[i], "--state"))
+            known = true;
+        } else if (!strcmp(argv[i], "--state")) {
             snprintf(state_dir, sizeof(state_dir), "%s", argv[i + 1]);
-        else if (!strcmp(argv[i], "--threads"))
-            threads = (int)strtol(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--commit-seconds"))
-            commit_seconds = (int)strtol(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--ranks"))
-            nranks = (int)strtol(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--seconds"))
-            hb_seconds = (int)strtol(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--lease-ms"))
-            lease_ms = (int)strtol(argv[i + 1], NULL, 10);
-        else {
+            known = true;
+        }
+        for (size_t k = 0; !known && k < sizeof(ints) / sizeof(ints[0]); k++) {
+            if (strcmp(argv[i], ints[k].name) != 0)
+                continue;
+            char *end;
+            long v = strtol(argv[i + 1], &end, 10);
+            if (*end || v < ints[k].min || v > 10000000) {
+                fprintf(stderr, "bench_coordinator: %s %s: expected an integer >= %d\n", argv[i],
+                        argv[i + 1], ints[k].min);
+                return 2;
+            }
+            *ints[k].v = (int)v;
+            known = true;
+        }
+        if (!known) {
             fprintf(stderr, "bench_coordinator: unknown option %s (see the comment at the top)\n",
                     argv[i]);
             return 2;
         }
     }
-    if (threads < 1 || nranks < 20 || hb_seconds < 1 || commit_seconds < 1) {
-        fprintf(stderr, "bench_coordinator: --threads >= 1, --ranks >= 20, --seconds >= 1\n");
+    if (client_threads > nranks || client_threads > threads) {
+        fprintf(stderr, "bench_coordinator: --client-threads exceeds --threads or --ranks\n");
         return 2;
     }
     if (!state_dir[0]) {
@@ -413,16 +870,21 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    pid_t pid = start_coordinator();
+    signal(SIGPIPE, SIG_IGN);
+    coord_pid = start_coordinator();
     if (!addr[0]) {
         fprintf(stderr, "bench_coordinator: the coordinator did not start\n");
         return 1;
     }
-    printf("coordinator %s, state directory %s\n", addr, state_dir);
-    bench_commits(1);
+    grpc_init();
+    printf("coordinator %s (%d completion-queue threads), state directory %s\n", addr,
+           coord_threads, state_dir);
+    if (!skip_single)
+        bench_commits(1);
     bench_commits((uint32_t)threads);
     bench_ranks();
-    kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
+    kill(coord_pid, SIGTERM);
+    waitpid(coord_pid, NULL, 0);
+    grpc_shutdown();
     return 0;
 }
