@@ -49,7 +49,8 @@ enum {
     HEARTBEAT_MS = 1000, /* the coordinator's defaults (server/main.c) */
     DEAD_AFTER = 3,
     LEASE_MS = 10000,
-    TICK_EVERY = 256, /* operations between looks at the clock */
+    TICK_EVERY = 16, /* operations between looks at the clock (a Placement.Get at 1,000
+                      * workers takes milliseconds) */
 };
 
 static const bw_principal anyone = {BW_ROLE_OPEN, ""};
@@ -64,7 +65,7 @@ static struct {
     uint32_t sample; /* operations timed for the per-call costs that do not depend on R */
     char state[512];
     bool log_info, quick;
-} opt = {.shards = 65536, .sample = 2000};
+} opt = {.shards = 0, .sample = 0}; /* 0: the default of the mode (main) */
 
 static void usage(void)
 {
@@ -151,6 +152,7 @@ typedef struct phase {
 typedef struct mark {
     double wall, cpu;
     uint64_t jbytes;
+    bool counted; /* the journal was open at the start (restarts and compaction: no growth) */
 } mark;
 
 /* ---- the simulated coordinator ---- */
@@ -183,7 +185,16 @@ static uint64_t journal_bytes(sim *S)
 
 static mark start(sim *S)
 {
-    return (mark){now_s(), cpu_s(), S->jobs ? journal_bytes(S) : 0};
+    return (mark){now_s(), cpu_s(), S->jobs ? journal_bytes(S) : 0, S->jobs != NULL};
+}
+
+static void print_phase(const phase *p)
+{
+    double per = p->ops ? p->cpu / (double)p->ops * 1e6 : 0;
+    double tot_cpu = p->ops ? p->cpu * (double)p->total / (double)p->ops : 0;
+    printf("  %-34s %9" PRIu64 " %9" PRIu64 " %9.3f %9.3f %10.2f %10.2f %9.1f %9.1f\n", p->name,
+           p->ops, p->total, p->wall, p->cpu, per, tot_cpu, p->rss,
+           p->ops ? (double)p->jbytes / (double)p->ops : 0);
 }
 
 static phase *finish(sim *S, mark m, const char *name, uint64_t ops, uint64_t total)
@@ -195,7 +206,10 @@ static phase *finish(sim *S, mark m, const char *name, uint64_t ops, uint64_t to
     p->wall = now_s() - m.wall;
     p->cpu = cpu_s() - m.cpu;
     p->rss = proc_mib("VmRSS");
-    p->jbytes = S->jobs ? journal_bytes(S) - m.jbytes : 0;
+    uint64_t now_bytes = S->jobs ? journal_bytes(S) : 0;
+    p->jbytes = m.counted && now_bytes >= m.jbytes ? now_bytes - m.jbytes : 0;
+    print_phase(p);
+    fflush(stdout);
     return p;
 }
 
@@ -484,6 +498,7 @@ typedef struct churn {
     double expected, bound;  /* fractions */
     uint64_t max_per_worker; /* most shards a single lost/new worker took or gave */
     double max_load_ratio;   /* most shards on one worker / (shards / n), before */
+    uint32_t used256;        /* workers owning at least one of the loader's 256 shards */
     double wall_ms;          /* one full owner computation (shards x n scores) */
     bool ok;
 } churn;
@@ -547,6 +562,11 @@ static churn measure_churn(uint32_t N, uint32_t shards, bool die_)
     for (uint32_t i = 0; i < N; i++)
         most = per[i] > most ? per[i] : most;
     c.max_load_ratio = (double)most / ((double)shards / N);
+    memset(per, 0, total * sizeof(*per)); /* per[] as a set: the owners of shards 0..255 */
+    for (uint32_t s = 0; s < shards && s < LOADER_SHARDS; s++)
+        per[before[s]] = 1;
+    for (uint32_t i = 0; i < N; i++)
+        c.used256 += per[i] != 0;
     memset(per, 0, total * sizeof(*per));
     if (die_) {
         /* k distinct victims, spread deterministically (a stride prime to N) */
@@ -613,15 +633,6 @@ static double file_size(const char *dir, const char *name)
     return stat(path, &st) == 0 ? (double)st.st_size : 0;
 }
 
-static void print_phase(const phase *p)
-{
-    double per = p->ops ? p->cpu / (double)p->ops * 1e6 : 0;
-    double tot_cpu = p->ops ? p->cpu * (double)p->total / (double)p->ops : 0;
-    printf("  %-34s %9" PRIu64 " %9" PRIu64 " %9.3f %9.3f %10.2f %10.2f %9.1f %9.1f\n", p->name,
-           p->ops, p->total, p->wall, p->cpu, per, tot_cpu, p->rss,
-           p->ops ? (double)p->jbytes / (double)p->ops : 0);
-}
-
 static const phase *find_phase(const sim *S, const char *name)
 {
     for (size_t i = 0; i < S->nph; i++)
@@ -650,6 +661,11 @@ static bool run_point(uint32_t W, uint32_t R)
         exit(1);
     }
     S->coord.cfg = &S->cfg;
+    printf("\n== %u workers, %u ranks (%u job%s of %u), state %s ==\n", W, R, S->njobs,
+           S->njobs == 1 ? "" : "s", S->world, S->dir);
+    printf("  %-34s %9s %9s %9s %9s %10s %10s %9s %9s\n", "operation", "timed", "stands for",
+           "wall s", "CPU s", "CPU us/op", "CPU s all", "RSS MiB", "jB/op");
+    fflush(stdout);
     double rss0 = proc_mib("VmRSS");
     bw_journal_report rep;
     open_state(S, &rep);
@@ -714,8 +730,7 @@ static bool run_point(uint32_t W, uint32_t R)
     S->jobs = NULL;
     m = start(S);
     open_state(S, &rep);
-    phase *p = finish(S, m, "restart: replay journal", rep.records_replayed, rep.records_replayed);
-    p->jbytes = 0;
+    finish(S, m, "restart: replay journal", rep.records_replayed, rep.records_replayed);
     uint64_t replayed_records = rep.records_replayed;
 
     /* 7. compaction: the snapshot of R ranks (their leases and cursors) */
@@ -724,8 +739,7 @@ static bool run_point(uint32_t W, uint32_t R)
     int rc = bw__jobs_compact(S->jobs, 0, err, sizeof(err));
     if (rc != BW_OK)
         die("compact", rc, err);
-    p = finish(S, m, "compaction (snapshot)", 1, 1);
-    p->jbytes = 0;
+    finish(S, m, "compaction (snapshot)", 1, 1);
     double snap_bytes = file_size(S->dir, "snapshot");
 
     /* 8. restart from the snapshot; the worker table is in memory only, so it starts empty */
@@ -735,8 +749,7 @@ static bool run_point(uint32_t W, uint32_t R)
     m = start(S);
     open_state(S, &rep);
     new_members(S);
-    p = finish(S, m, "restart: load snapshot", 1, 1);
-    p->jbytes = 0;
+    finish(S, m, "restart: load snapshot", 1, 1);
 
     /* 9. the failover storm: every worker heartbeats (unknown) and registers again, every rank
      * heartbeats its lease (kept across the restart) and, as the placement version changed,
@@ -767,20 +780,34 @@ static bool run_point(uint32_t W, uint32_t R)
     }
     finish(S, m, "storm: ranks join again", R, R);
 
+    /* The size of one Placement.Get answer (the live workers and 256 owners): what every rank
+     * downloads after a placement change. */
+    size_t answer_bytes;
+    {
+        bw_arena a;
+        bw__arena_init(&a, 0);
+        Batchwire__V1__PlacementTable *t = NULL;
+        uint32_t owners[LOADER_SHARDS];
+        if (bw__jobs_placement_table(&S->coord, &a, &t) != BW_OK || !t)
+            die("placement table", BW_NOMEM, "out of memory");
+        placement_get(S, &a, LOADER_SHARDS, owners);
+        t->num_shards = LOADER_SHARDS;
+        t->n_owners = LOADER_SHARDS;
+        t->owners = owners;
+        answer_bytes = batchwire__v1__placement_table__get_packed_size(t);
+        bw__arena_reset(&a);
+    }
+
     /* ---- report ---- */
     double hwm = proc_mib("VmHWM");
-    printf("\n== %u workers, %u ranks (%u job%s of %u), state %s ==\n", W, R, S->njobs,
-           S->njobs == 1 ? "" : "s", S->world, S->dir);
-    printf("  %-34s %9s %9s %9s %9s %10s %10s %9s %9s\n", "operation", "timed", "stands for",
-           "wall s", "CPU s", "CPU us/op", "CPU s all", "RSS MiB", "jB/op");
-    for (size_t i = 0; i < S->nph; i++)
-        print_phase(&S->ph[i]);
     double rank_kib = (rss_after_ranks - rss_before_ranks) * 1024.0 / R;
     printf("  memory: %.1f MiB RSS at start, %.1f MiB peak; %.2f KiB per joined rank\n", rss0, hwm,
            rank_kib);
     printf("  journal: %.0f bytes for %" PRIu64 " records before compaction; snapshot %.0f "
            "bytes (%.0f per rank)\n",
            (double)jrecords_bytes, replayed_records, snap_bytes, snap_bytes / R);
+    printf("  Placement.Get answer (%u workers, %d owners): %zu bytes; all ranks once: %.1f MiB\n",
+           W, LOADER_SHARDS, answer_bytes, (double)answer_bytes * R / 1048576.0);
     printf("  worker heartbeat rounds carried by the phases: %" PRIu64 "\n", S->worker_rounds);
     /* Steady state at the defaults: each rank heartbeats every lease/3, each worker every
      * heartbeat interval (server/main.c). */
@@ -796,9 +823,9 @@ static bool run_point(uint32_t W, uint32_t R)
     printf("bench_sim {\"workers\":%u,\"ranks\":%u,\"jobs\":%u,\"world\":%u,\"rss_start_mib\":%.1f,"
            "\"rss_peak_mib\":%.1f,\"kib_per_rank\":%.3f,\"journal_bytes\":%" PRIu64
            ",\"journal_records\":%" PRIu64 ",\"snapshot_bytes\":%.0f,\"lease_hb_cores\":%.4f,"
-           "\"worker_hb_cores\":%.4f,\"phases\":[",
+           "\"worker_hb_cores\":%.4f,\"placement_answer_bytes\":%zu,\"phases\":[",
            W, R, S->njobs, S->world, rss0, hwm, rank_kib, jrecords_bytes, replayed_records,
-           snap_bytes, lease_cores, worker_cores);
+           snap_bytes, lease_cores, worker_cores, answer_bytes);
     for (size_t i = 0; i < S->nph; i++) {
         const phase *q = &S->ph[i];
         printf("%s{\"name\":\"%s\",\"ops\":%" PRIu64 ",\"stands_for\":%" PRIu64
@@ -852,8 +879,14 @@ int main(int argc, char **argv)
             usage();
         }
     }
+    /* --quick (the ctest bench/sim_quick): small enough for the sanitizer build on 2 busy
+     * cores, with enough shards that the churn bound stays tight (4 sigma is 0.003 at p = 0.01). */
+    if (!opt.shards)
+        opt.shards = opt.quick ? 16384 : 65536;
+    if (!opt.sample)
+        opt.sample = opt.quick ? 100 : 2000;
     parse_points(points      ? points
-                 : opt.quick ? "10:1000,100:10000"
+                 : opt.quick ? "10:1000,100:3000"
                              : "10:1000,100:10000,1000:100000");
     /* The coordinator logs every join at INFO; by default only warnings (marked-dead workers)
      * reach stderr, so that the figures are the coordinator's work, not the terminal's. */
@@ -869,23 +902,25 @@ int main(int argc, char **argv)
     printf("\n== placement churn: %u shards; rendezvous promise: k of N lost move k/N of the "
            "shards, none between survivors ==\n",
            opt.shards);
-    printf("  %-6s %6s %4s %9s %9s %9s %9s %12s %10s %8s %s\n", "event", "N", "k", "moved",
-           "fraction", "expected", "bound", "wrong moves", "max/worker", "load max", "check");
+    printf("  %-6s %6s %4s %9s %9s %9s %9s %12s %10s %8s %8s %s\n", "event", "N", "k", "moved",
+           "fraction", "expected", "bound", "wrong moves", "max/worker", "load max", "used/256",
+           "check");
     for (size_t i = 0; i < opt.npoints; i++)
         for (int d = 1; d >= 0; d--) {
             churn c = measure_churn(opt.workers[i], opt.shards, d);
             double frac = (double)c.moved / c.shards;
             printf("  %-6s %6u %4u %9" PRIu64 " %9.5f %9.5f %9.5f %12" PRIu64 " %10" PRIu64
-                   " %8.2f %s\n",
+                   " %8.2f %8u %s\n",
                    d ? "die" : "join", c.n, c.k, c.moved, frac, c.expected, c.bound, c.moved_wrong,
-                   c.max_per_worker, c.max_load_ratio, c.ok ? "ok" : "FAILED");
-            printf("bench_sim_churn {\"event\":\"%s\",\"workers\":%u,\"k\":%u,\"shards\":%u,"
-                   "\"moved\":%" PRIu64 ",\"fraction\":%.6f,\"expected\":%.6f,\"bound\":%.6f,"
-                   "\"wrong_moves\":%" PRIu64 ",\"max_per_worker\":%" PRIu64
-                   ",\"load_max_ratio\":%.3f,\"owner_ms\":%.2f,\"ok\":%s}\n",
-                   d ? "die" : "join", c.n, c.k, c.shards, c.moved, frac, c.expected, c.bound,
-                   c.moved_wrong, c.max_per_worker, c.max_load_ratio, c.wall_ms,
-                   c.ok ? "true" : "false");
+                   c.max_per_worker, c.max_load_ratio, c.used256, c.ok ? "ok" : "FAILED");
+            printf(
+                "bench_sim_churn {\"event\":\"%s\",\"workers\":%u,\"k\":%u,\"shards\":%u,"
+                "\"moved\":%" PRIu64 ",\"fraction\":%.6f,\"expected\":%.6f,\"bound\":%.6f,"
+                "\"wrong_moves\":%" PRIu64 ",\"max_per_worker\":%" PRIu64
+                ",\"load_max_ratio\":%.3f,\"workers_used_256\":%u,\"owner_ms\":%.2f,\"ok\":%s}\n",
+                d ? "die" : "join", c.n, c.k, c.shards, c.moved, frac, c.expected, c.bound,
+                c.moved_wrong, c.max_per_worker, c.max_load_ratio, c.used256, c.wall_ms,
+                c.ok ? "true" : "false");
             ok &= c.ok;
         }
     printf("\nbench_sim: %s\n", ok ? "every churn check held" : "a churn check FAILED");
