@@ -535,8 +535,9 @@ static churn measure_churn(uint32_t N, uint32_t shards, bool die_)
     churn c = {.n = N, .shards = shards};
     c.k = N / 100 ? N / 100 : 1;
     /* Dying: dead after 2 x 100 ms of silence (long enough for N registrations, short enough
-     * to wait for); joining: nobody may die, so the coordinator's default interval. */
-    const uint32_t hb = die_ ? 100 : HEARTBEAT_MS, dead_after = 2;
+     * to wait for); joining: nobody may die, however long the owner computation takes (seconds
+     * at 1,000 workers on a busy machine). */
+    const uint32_t hb = die_ ? 100 : 3600000, dead_after = 2;
     bw_membership_opts mo = {hb, dead_after, 3600000, 0, 0, NULL};
     bw_membership *m = bw__membership_new(&mo);
     uint32_t total = die_ ? N : N + c.k;
