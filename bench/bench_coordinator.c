@@ -45,11 +45,12 @@
 #include "common/version.h"
 #include "cursor/cursor.h"
 #include "rpc/methods.h"
+#include "rpc/server.h"
 
 static char bin_dir[1024] = "build/bin";
 static char state_dir[1024] = "";
 static int threads = 64, commit_seconds = 5, nranks = 10000, hb_seconds = 10, lease_ms = 10000;
-static int connections = 0, client_threads = 1, coord_threads = 2, join_window = 256;
+static int connections = 0, client_threads = 1, coord_threads = 2, join_window = 1024;
 static int skip_single = 0;
 static char addr[256];
 static int metrics_port;
@@ -533,9 +534,20 @@ typedef struct hb_ctx {
     size_t nlat, cap;
 } hb_ctx;
 
+/* Each heartbeat carries the rank's progress, as a Loader's does (20 batches of 32 samples of
+ * 4 KiB since the last; every 50th rank runs at half speed, so that lags show). */
 static void start_heartbeat(rank_agent *a, grpc_completion_queue *cq)
 {
+    a->step += a->rank % 50 == 7 ? 10 : 20;
+    Batchwire__V1__RankLive live = BATCHWIRE__V1__RANK_LIVE__INIT;
+    live.epoch_steps = 1000000;
+    live.epoch = a->step / live.epoch_steps;
+    live.step = a->step % live.epoch_steps;
+    live.batches = a->step;
+    live.samples = a->step * 32;
+    live.bytes = a->step * 32 * 4096;
     Batchwire__V1__LeaseHeartbeatRequest req = BATCHWIRE__V1__LEASE_HEARTBEAT_REQUEST__INIT;
+    req.live = &live;
     req.job = "ranks";
     req.rank = a->rank;
     req.lease_id = a->lease_lo;
@@ -876,6 +888,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_coordinator: the coordinator did not start\n");
         return 1;
     }
+    bw__rpc_quiet_mutex_checks(); /* as the coordinator does (core/rpc/server.h) */
     grpc_init();
     printf("coordinator %s (%d completion-queue threads), state directory %s\n", addr,
            coord_threads, state_dir);

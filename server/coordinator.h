@@ -28,6 +28,9 @@ typedef struct bw_coordinator_config {
     int64_t max_workers;
     int64_t max_workers_per_principal;
     int64_t dead_worker_ttl_s;
+    /* /metrics: per-rank series only for jobs of at most this many ranks; larger jobs are
+     * summarised per job (server/metrics.c, docs/operating.md "Metrics") */
+    int64_t metrics_rank_series;
 } bw_coordinator_config;
 
 typedef struct bw_coordinator {

@@ -66,6 +66,9 @@ static const bw_opt options[] = {
      "FILE:OFFSET",
      "after a corruption report: cut that journal file there, losing every change from that "
      "record on (the cut bytes are kept beside it)"},
+    {"metrics-rank-series", BW_OPT_INT, C(metrics_rank_series), "64", 0, 1048576, NULL, 0, "N",
+     "/metrics shows per-rank series for jobs of at most N ranks; a larger job's ranks are "
+     "summarised per job (slowest, fastest, lag; docs/operating.md, \"Metrics\")"},
     {"worker-tls-ca", BW_OPT_PATH, C(worker_tls_ca), NULL, 0, 0, NULL, 0, "FILE",
      "verify workers' certificates with this CA when calling them (dataset descriptions); "
      "--tls-cert/--tls-key are then the client certificate"},

@@ -37,6 +37,11 @@ enum {
     RANK_COMMIT_AGE,
     PRINCIPAL_JOBS,
     JOBS_LIMIT,
+    JOB_REPORTING,
+    JOB_RATE,
+    JOB_LAG,
+    JOB_COMMITTED,
+    JOB_COMMIT_AGE,
     NCOLLECTED
 };
 
@@ -96,6 +101,27 @@ static const bw_metric_def COLLECTED[NCOLLECTED] = {
                          "The job quotas: global (--max-jobs) and per_principal "
                          "(--max-jobs-per-principal, for trainer principals)",
                          "quota"),
+    /* Per job whatever its size: what the per-rank series say, summarised (a job of 10,000
+     * ranks would otherwise be 70,000 series). */
+    [JOB_REPORTING] = GAUGE("batchwire_coordinator_job_ranks_reporting",
+                            "The job's ranks whose current holder has reported progress with "
+                            "its lease heartbeats",
+                            "job_name"),
+    [JOB_RATE] = GAUGE("batchwire_coordinator_job_batches_per_second",
+                       "Batches per second over the ranks that report, per holder's last "
+                       "heartbeat window: the sum, and the slowest (min) and fastest (max) rank",
+                       "job_name", "stat"),
+    [JOB_LAG] = GAUGE("batchwire_coordinator_job_lag_steps",
+                      "How many steps the ranks that report are behind the job's furthest "
+                      "rank: the median and the furthest behind (max)",
+                      "job_name", "stat"),
+    [JOB_COMMITTED] = GAUGE("batchwire_coordinator_job_ranks_committed",
+                            "The job's ranks that have committed a cursor", "job_name"),
+    [JOB_COMMIT_AGE] = GAUGE("batchwire_coordinator_job_commit_age_seconds",
+                             "Seconds since a rank's last committed cursor was journaled (wall "
+                             "clock), over the ranks that committed: the newest (min) and the "
+                             "oldest (max)",
+                             "job_name", "stat"),
 };
 
 static const bw_metric_def FSYNC = {
@@ -131,13 +157,14 @@ typedef struct job_row {
     char *name;
     char *owner; /* the principal that created it (quota use) */
     uint32_t world, held, expired;
+    size_t first, nrows; /* its rank rows: ranks[first .. first + nrows) */
 } job_row;
 
 typedef struct rank_row {
     size_t job; /* index into the job rows */
     uint32_t rank;
     bool reported, committed;
-    uint64_t epoch, step, batches; /* reported by the holder */
+    uint64_t epoch, step, batches, epoch_steps; /* reported by the holder */
     double per_s;
     uint64_t committed_epoch, committed_step;
     double commit_age_s;
@@ -180,6 +207,7 @@ static bool copy_job(snapshot *sn, const bw_jobs *s, const bw_job *job, uint64_t
     }
     j->world = job->world_size;
     j->held = j->expired = 0;
+    j->first = sn->nr;
     for (uint32_t k = 0; k < job->world_size; k++) {
         const bw_rank_state *r = &job->ranks[k];
         bool live = bw__jobs_lease_live(s, r, mono_ms);
@@ -193,6 +221,7 @@ static bool copy_job(snapshot *sn, const bw_jobs *s, const bw_job *job, uint64_t
                         l->epoch,
                         l->step,
                         l->rate.total[0],
+                        l->epoch_steps,
                         l->rate.per_s[0],
                         r->epoch,
                         r->step,
@@ -205,6 +234,7 @@ static bool copy_job(snapshot *sn, const bw_jobs *s, const bw_job *job, uint64_t
             return false;
         }
     }
+    j->nrows = sn->nr - j->first;
     sn->nj++;
     return true;
 }
@@ -255,6 +285,60 @@ static void emit_quotas(bw__cm *m, bw_metrics_sink *sink, const snapshot *sn)
     free(owners);
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One job's rank rows (rows[0 .. j->nrows)) summarised into the JOB_* families. */
+static void emit_job_summary(bw__cm *m, bw_metrics_sink *sink, const job_row *j,
+                             const rank_row *rows)
+{
+    size_t reporting = 0, committed = 0;
+    double rsum = 0, rmin = 0, rmax = 0, amin = 0, amax = 0;
+    uint64_t front = 0;
+    for (size_t k = 0; k < j->nrows; k++) {
+        const rank_row *r = &rows[k];
+        if (r->reported) {
+            rmin = reporting == 0 || r->per_s < rmin ? r->per_s : rmin;
+            rmax = reporting == 0 || r->per_s > rmax ? r->per_s : rmax;
+            rsum += r->per_s;
+            uint64_t pos = r->epoch * r->epoch_steps + r->step;
+            front = pos > front ? pos : front;
+            reporting++;
+        }
+        if (r->committed) {
+            amin = committed == 0 || r->commit_age_s < amin ? r->commit_age_s : amin;
+            amax = committed == 0 || r->commit_age_s > amax ? r->commit_age_s : amax;
+            committed++;
+        }
+    }
+    const char *name = j->name;
+    bw__metrics_emit(sink, m->f[JOB_REPORTING], (const char *[]){name}, (double)reporting);
+    bw__metrics_emit(sink, m->f[JOB_COMMITTED], (const char *[]){name}, (double)committed);
+    if (committed) {
+        bw__metrics_emit(sink, m->f[JOB_COMMIT_AGE], (const char *[]){name, "min"}, amin);
+        bw__metrics_emit(sink, m->f[JOB_COMMIT_AGE], (const char *[]){name, "max"}, amax);
+    }
+    if (!reporting)
+        return;
+    bw__metrics_emit(sink, m->f[JOB_RATE], (const char *[]){name, "sum"}, rsum);
+    bw__metrics_emit(sink, m->f[JOB_RATE], (const char *[]){name, "min"}, rmin);
+    bw__metrics_emit(sink, m->f[JOB_RATE], (const char *[]){name, "max"}, rmax);
+    uint64_t *lag = malloc(reporting * sizeof(*lag));
+    if (!lag)
+        return; /* this scrape without the lag */
+    size_t n = 0;
+    for (size_t k = 0; k < j->nrows; k++)
+        if (rows[k].reported)
+            lag[n++] = front - (rows[k].epoch * rows[k].epoch_steps + rows[k].step);
+    qsort(lag, n, sizeof(*lag), cmp_u64);
+    bw__metrics_emit(sink, m->f[JOB_LAG], (const char *[]){name, "median"}, (double)lag[n / 2]);
+    bw__metrics_emit(sink, m->f[JOB_LAG], (const char *[]){name, "max"}, (double)lag[n - 1]);
+    free(lag);
+}
+
 static void emit_jobs(bw__cm *m, bw_metrics_sink *sink, const snapshot *sn)
 {
     bw__metrics_emit(sink, m->f[JOBS], NULL, (double)sn->njobs);
@@ -271,8 +355,12 @@ static void emit_jobs(bw__cm *m, bw_metrics_sink *sink, const snapshot *sn)
         bw__metrics_emit(sink, m->f[RANKS], (const char *[]){j->name, "free"},
                          j->world - j->held - j->expired);
     }
+    for (size_t i = 0; i < sn->nj; i++)
+        emit_job_summary(m, sink, &sn->jobs[i], sn->ranks + sn->jobs[i].first);
     for (size_t i = 0; i < sn->nr; i++) {
         const rank_row *r = &sn->ranks[i];
+        if ((int64_t)sn->jobs[r->job].world > m->c->cfg->metrics_rank_series)
+            continue; /* summarised above */
         char rank[16];
         snprintf(rank, sizeof(rank), "%" PRIu32, r->rank);
         const char *v[] = {sn->jobs[r->job].name, rank};

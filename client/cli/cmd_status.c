@@ -2,6 +2,7 @@
  * jobs with every rank's progress, rates and lag -- as a table or JSON, once or every few
  * seconds (--watch). Everything comes from the coordinator: rates are its own, over windows
  * between the heartbeats that carry the counters (core/common/rate.h). */
+#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -16,10 +17,11 @@
 #include "text_safe.h"
 
 typedef struct status_cfg {
-    char *coordinator, *job;
+    char *coordinator, *job, *ranks;
     bool json;
-    int64_t timeout_ms, watch;
+    int64_t timeout_ms, watch, limit;
     bw_cli_tls tls;
+    bw_status_view view; /* from --limit and --ranks */
 } status_cfg;
 
 enum { WATCH_DEFAULT_S = 2 };
@@ -34,6 +36,14 @@ static const bw_opt options[] = {
      "print one JSON object instead of a table (with --watch: one per line, per refresh)"},
     {"watch", BW_OPT_INT, offsetof(status_cfg, watch), "0", 0, 86400, NULL, BW_OPT_NO_ENV,
      "[SECONDS]", "show the status again every SECONDS (2 when none is given) until interrupted"},
+    {"limit", BW_OPT_INT, offsetof(status_cfg, limit), "32", 0, 1 << 30, NULL, 0, "N",
+     "the table lists at most N ranks of a job, the unusual first (lease expired or none, then "
+     "the furthest behind), after a summary of all of them; 0 lists every rank (JSON always "
+     "has every rank)"},
+    {"ranks", BW_OPT_STRING, offsetof(status_cfg, ranks), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
+     "FROM-TO",
+     "list exactly these ranks (inclusive, e.g. 0-99, or one rank: 7), in the table "
+     "and in JSON: pages through a large job"},
     {"timeout-ms", BW_OPT_INT, offsetof(status_cfg, timeout_ms), "5000", 1, 3600000, NULL, 0, "MS",
      "deadline of each call"},
     BW_CLI_TLS_OPTS(status_cfg, tls),
@@ -91,7 +101,7 @@ static size_t mixed_versions(const Batchwire__V1__InfoResponse *info,
 
 static void print_json(const Batchwire__V1__InfoResponse *info,
                        const Batchwire__V1__ListWorkersResponse *lw, const bw_status_jobs *jobs,
-                       const char *target)
+                       const char *target, const bw_status_view *view)
 {
     printf("{\"coordinator\":{\"address\":");
     bw__json_string(stdout, target);
@@ -147,7 +157,7 @@ static void print_json(const Batchwire__V1__InfoResponse *info,
         putchar('}');
     }
     printf("],");
-    bw__status_jobs_json(jobs);
+    bw__status_jobs_json(jobs, view);
     printf("}\n");
 }
 
@@ -255,14 +265,14 @@ static int show(const status_cfg *cfg, bw_rpc_channel *ch, char *err, size_t err
         rc = bw__status_job_fetch(ch, &arena, (int)cfg->timeout_ms, cfg->job, cfg->coordinator,
                                   &jobs, err, errlen);
         if (rc == BW_OK && cfg->json) {
-            bw__status_job_json(jobs.jobs[0]);
+            bw__status_job_json(jobs.jobs[0], &cfg->view);
             putchar('\n');
         } else if (rc == BW_OK &&
                    (rc = make_safe(NULL, NULL, &jobs, &arena, err, errlen)) == BW_OK) {
             if (cfg->watch && isatty(STDOUT_FILENO))
                 printf("\033[H\033[2J");
             printf("coordinator %s\n\n", cfg->coordinator);
-            bw__status_job_table(jobs.jobs[0]);
+            bw__status_job_table(jobs.jobs[0], &cfg->view);
         }
         fflush(stdout);
         bw__arena_reset(&arena);
@@ -276,12 +286,12 @@ static int show(const status_cfg *cfg, bw_rpc_channel *ch, char *err, size_t err
     if (rc == BW_OK)
         rc = bw__status_jobs_fetch(ch, &arena, (int)cfg->timeout_ms, &jobs, err, errlen);
     if (rc == BW_OK && cfg->json) {
-        print_json((const void *)info, (const void *)lw, &jobs, cfg->coordinator);
+        print_json((const void *)info, (const void *)lw, &jobs, cfg->coordinator, &cfg->view);
     } else if (rc == BW_OK && (rc = make_safe(info, lw, &jobs, &arena, err, errlen)) == BW_OK) {
         if (cfg->watch && isatty(STDOUT_FILENO))
             printf("\033[H\033[2J"); /* a refresh replaces the screen */
         print_table((const void *)info, (const void *)lw, cfg->coordinator);
-        bw__status_jobs_table(&jobs);
+        bw__status_jobs_table(&jobs, &cfg->view);
     }
     fflush(stdout);
     bw__arena_reset(&arena);
@@ -294,6 +304,30 @@ static void on_interrupt(int sig)
 {
     (void)sig;
     interrupted = 1;
+}
+
+/* --ranks FROM-TO (or one rank) into v; BW_OK or BW_INVALID_ARGUMENT with a sentence. */
+static int parse_ranks(const char *text, bw_status_view *v, char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    unsigned long long from = strtoull(text, &end, 10), to = from;
+    bool ok = errno == 0 && end != text && text[0] != '-';
+    if (ok && *end == '-') {
+        const char *t = end + 1;
+        to = strtoull(t, &end, 10);
+        ok = errno == 0 && end != t && t[0] != '-';
+    }
+    if (!ok || *end || from > to || to > UINT32_MAX) {
+        snprintf(err, errlen,
+                 "--ranks '%.100s': expected FROM-TO with FROM <= TO (e.g. 0-99) or one rank",
+                 text);
+        return BW_INVALID_ARGUMENT;
+    }
+    v->range = true;
+    v->from = (uint32_t)from;
+    v->to = (uint32_t)to;
+    return BW_OK;
 }
 
 /* `--watch` may be given without a value: it then means --watch=WATCH_DEFAULT_S. */
@@ -325,7 +359,9 @@ int bw__cmd_status(int argc, char **argv)
         "--coordinator HOST:PORT [--job NAME] [--json] [--watch [SECONDS]] [options]",
         "Shows the workers the coordinator knows (id, address, state, seconds since the last "
         "heartbeat, samples and MiB served per second) and its jobs with every rank's lease, "
-        "committed progress, position, lag behind the fastest rank and rates. Rates are the "
+        "committed progress, position, lag behind the fastest rank and rates (a summary of a "
+        "job's ranks by lease and lag, then at most --limit ranks, the unusual first; --ranks "
+        "FROM-TO pages). Rates are the "
         "coordinator's, over the last window of at least a second between the heartbeats that "
         "carry each worker's and loader's counters. A live worker whose version or commit "
         "differs from the coordinator's is flagged (MIXED VERSIONS). --job NAME shows that job "
@@ -338,6 +374,11 @@ int bw__cmd_status(int argc, char **argv)
         fprintf(stderr, "batchwire status: %s\n", err);
         status = 2;
     }
+    if (status < 0 && cfg.ranks && parse_ranks(cfg.ranks, &cfg.view, err, sizeof(err)) != BW_OK) {
+        fprintf(stderr, "batchwire status: %s\n", err);
+        status = 2;
+    }
+    cfg.view.limit = (size_t)cfg.limit;
     if (status >= 0) {
         bw__config_free(options, &cfg);
         return status;

@@ -149,7 +149,56 @@ static void job_rates(const Batchwire__V1__GetJobResponse *g, double *samples, d
         }
 }
 
-void bw__status_job_json(const Batchwire__V1__GetJobResponse *job)
+/* The job's ranks counted by lease, commits and progress, with the lag's median and maximum
+ * (and the rank furthest behind) over the ranks that report progress. */
+typedef struct rank_summary {
+    size_t live, expired, none, committed, reporting;
+    int64_t lag_median, lag_max;
+    uint32_t lag_max_rank;
+} rank_summary;
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void summarise(const Batchwire__V1__GetJobResponse *g, const int64_t *lag, rank_summary *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->lag_median = s->lag_max = -1;
+    for (size_t r = 0; r < g->n_ranks; r++) {
+        const Batchwire__V1__RankProgress *p = g->ranks[r];
+        s->live += p->lease == BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_LIVE;
+        s->expired += p->lease == BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_EXPIRED;
+        s->committed += p->committed;
+        if (lag && lag[r] >= 0) {
+            s->reporting++;
+            if (lag[r] > s->lag_max) {
+                s->lag_max = lag[r];
+                s->lag_max_rank = p->rank;
+            }
+        }
+    }
+    s->none = g->n_ranks - s->live - s->expired;
+    int64_t *sorted = s->reporting ? malloc(s->reporting * sizeof(*sorted)) : NULL;
+    if (sorted) {
+        size_t n = 0;
+        for (size_t r = 0; r < g->n_ranks; r++)
+            if (lag[r] >= 0)
+                sorted[n++] = lag[r];
+        qsort(sorted, n, sizeof(*sorted), cmp_i64);
+        s->lag_median = sorted[n / 2];
+        free(sorted);
+    }
+}
+
+static bool in_view(const bw_status_view *v, uint32_t rank)
+{
+    return !v->range || (rank >= v->from && rank <= v->to);
+}
+
+void bw__status_job_json(const Batchwire__V1__GetJobResponse *job, const bw_status_view *v)
 {
     const Batchwire__V1__JobSummary *s = job->job;
     printf("{\"name\":");
@@ -162,16 +211,28 @@ void bw__status_job_json(const Batchwire__V1__GetJobResponse *job)
     job_rates(job, &jsamples, &jbytes);
     printf(",\"samples_per_s\":%.1f,\"bytes_per_s\":%.0f", jsamples, jbytes);
     int64_t *lag = lags(job);
+    rank_summary rs;
+    summarise(job, lag, &rs);
+    printf(",\"rank_summary\":{\"live\":%zu,\"expired\":%zu,\"none\":%zu,\"committed\":%zu,"
+           "\"reporting\":%zu,\"lag_median_steps\":%" PRId64 ",\"lag_max_steps\":%" PRId64,
+           rs.live, rs.expired, rs.none, rs.committed, rs.reporting, rs.lag_median, rs.lag_max);
+    if (rs.reporting)
+        printf(",\"lag_max_rank\":%" PRIu32, rs.lag_max_rank);
+    putchar('}');
     printf(",\"history\":[");
     for (size_t h = 0; h < s->n_history; h++)
         printf("%s{\"epoch\":%" PRIu64 ",\"start_step\":%" PRIu64 ",\"world_size\":%" PRIu32 "}",
                h ? "," : "", s->history[h]->epoch, s->history[h]->start_step,
                s->history[h]->world_size);
     printf("],\"ranks\":[");
+    bool first = true;
     for (size_t r = 0; r < job->n_ranks; r++) {
         const Batchwire__V1__RankProgress *p = job->ranks[r];
-        printf("%s{\"rank\":%" PRIu32 ",\"lease\":\"%s\"", r ? "," : "", p->rank,
+        if (!in_view(v, p->rank))
+            continue;
+        printf("%s{\"rank\":%" PRIu32 ",\"lease\":\"%s\"", first ? "" : ",", p->rank,
                lease_name(p->lease));
+        first = false;
         if (p->holder) {
             printf(",\"host\":");
             bw__json_string(stdout, p->holder->host);
@@ -196,27 +257,79 @@ void bw__status_job_json(const Batchwire__V1__GetJobResponse *job)
     free(lag);
 }
 
-void bw__status_jobs_json(const bw_status_jobs *j)
+void bw__status_jobs_json(const bw_status_jobs *j, const bw_status_view *v)
 {
     printf("\"jobs\":[");
     for (size_t i = 0; i < j->n; i++) {
         if (i)
             putchar(',');
-        bw__status_job_json(j->jobs[i]);
+        bw__status_job_json(j->jobs[i], v);
     }
     printf("]");
 }
 
-void bw__status_jobs_table(const bw_status_jobs *j)
+void bw__status_jobs_table(const bw_status_jobs *j, const bw_status_view *v)
 {
     printf("\njobs: %zu\n", j->n);
     for (size_t i = 0; i < j->n; i++) {
         putchar('\n');
-        bw__status_job_table(j->jobs[i]);
+        bw__status_job_table(j->jobs[i], v);
     }
 }
 
-void bw__status_job_table(const Batchwire__V1__GetJobResponse *g)
+/* Orders rank indexes for the table's selection: lease expired, then none, then live; then
+ * furthest behind first; then by rank. */
+static const Batchwire__V1__GetJobResponse *order_job;
+static const int64_t *order_lag;
+
+static int lease_class(Batchwire__V1__LeaseState s)
+{
+    return s == BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_EXPIRED ? 0
+           : s == BATCHWIRE__V1__LEASE_STATE__LEASE_STATE_LIVE  ? 2
+                                                                : 1;
+}
+
+static int unusual_first(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    int cx = lease_class(order_job->ranks[x]->lease), cy = lease_class(order_job->ranks[y]->lease);
+    if (cx != cy)
+        return cx - cy;
+    int64_t lx = order_lag ? order_lag[x] : -1, ly = order_lag ? order_lag[y] : -1;
+    if (lx != ly)
+        return lx > ly ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static int by_index(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The indexes of the ranks the table shows into *out (malloc'ed; NULL with n 0 when memory
+ * ran out), in rank order. */
+static size_t pick_rows(const Batchwire__V1__GetJobResponse *g, const int64_t *lag,
+                        const bw_status_view *v, size_t **out)
+{
+    size_t *idx = malloc((g->n_ranks + 1) * sizeof(*idx));
+    *out = idx;
+    if (!idx)
+        return 0;
+    size_t n = 0;
+    for (size_t r = 0; r < g->n_ranks; r++)
+        if (in_view(v, g->ranks[r]->rank))
+            idx[n++] = r;
+    if (v->range || v->limit == 0 || n <= v->limit)
+        return n;
+    order_job = g; /* the CLI prints from one thread */
+    order_lag = lag;
+    qsort(idx, n, sizeof(*idx), unusual_first);
+    qsort(idx, v->limit, sizeof(*idx), by_index);
+    return v->limit;
+}
+
+void bw__status_job_table(const Batchwire__V1__GetJobResponse *g, const bw_status_view *v)
 {
     const Batchwire__V1__JobSummary *s = g->job;
     size_t live = 0, committed = 0;
@@ -238,9 +351,20 @@ void bw__status_job_table(const Batchwire__V1__GetJobResponse *g)
                    h + 1 < s->n_history ? "," : "\n");
     }
     int64_t *lag = lags(g);
+    rank_summary rs;
+    summarise(g, lag, &rs);
+    printf("  ranks by lease: %zu live, %zu expired, %zu none", rs.live, rs.expired, rs.none);
+    if (rs.reporting)
+        printf("; %zu report progress, lag behind the furthest rank: median %" PRId64
+               ", max %" PRId64 " steps (rank %" PRIu32 ")",
+               rs.reporting, rs.lag_median, rs.lag_max, rs.lag_max_rank);
+    putchar('\n');
+    size_t *rows = NULL;
+    size_t nrows = pick_rows(g, lag, v, &rows);
     printf("  %4s  %-7s  %-28s  %14s  %6s  %10s  %14s  %6s  %10s  %8s\n", "RANK", "LEASE", "HOLDER",
            "LAST HEARTBEAT", "EPOCH", "STEP", "AT EPOCH:STEP", "LAG", "SAMPLES/S", "MIB/S");
-    for (size_t r = 0; r < g->n_ranks; r++) {
+    for (size_t k = 0; k < nrows; k++) {
+        size_t r = rows[k];
         const Batchwire__V1__RankProgress *p = g->ranks[r];
         char holder[300] = "-", ago[32] = "-", epoch[24] = "-", step[24] = "-";
         char at[48] = "-", lagt[24] = "-", sps[24] = "-", mibs[24] = "-";
@@ -263,5 +387,10 @@ void bw__status_job_table(const Batchwire__V1__GetJobResponse *g)
         printf("  %4" PRIu32 "  %-7s  %-28s  %14s  %6s  %10s  %14s  %6s  %10s  %8s\n", p->rank,
                lease_name(p->lease), holder, ago, epoch, step, at, lagt, sps, mibs);
     }
+    if (!v->range && nrows < g->n_ranks)
+        printf("  ... %zu of %zu ranks shown (lease expired or none first, then the furthest "
+               "behind); --limit 0 shows every rank, --ranks FROM-TO a range\n",
+               nrows, g->n_ranks);
+    free(rows);
     free(lag);
 }

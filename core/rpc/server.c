@@ -5,6 +5,7 @@
 
 #include "rpc/client.h" /* BW_RPC_KEEPALIVE_MS */
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -809,11 +810,32 @@ static bool is_raw(const bw_rpc_server_opts *opts, const bw_rpc_method *m)
     return false;
 }
 
+void bw__rpc_quiet_mutex_checks(void)
+{
+    /* absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore), under the inline
+     * namespaces of the builds we know (Debian 12's first); an enum class is an int to the
+     * ABI. */
+    static const char *const names[] = {
+        "_ZN4absl7debian329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE",
+        "_ZN4absl29SetMutexDeadlockDetectionModeENS_15OnDeadlockCycleE",
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        void *sym = dlsym(RTLD_DEFAULT, names[i]);
+        if (sym) {
+            void (*set_mode)(int);
+            memcpy(&set_mode, &sym, sizeof(set_mode));
+            set_mode(0); /* kIgnore */
+            return;
+        }
+    }
+}
+
 int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *handlers, size_t n,
                          void *user, bw_rpc_server **out, char *bound, size_t boundlen, char *err,
                          size_t errlen)
 {
     *out = NULL;
+    bw__rpc_quiet_mutex_checks();
     grpc_server_credentials *creds = NULL;
     int rc = bw__tls_server_credentials(&opts->tls, &creds, err, errlen);
     if (rc != BW_OK)

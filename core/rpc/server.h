@@ -86,6 +86,13 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
                          void *user, bw_rpc_server **out, char *bound, size_t boundlen, char *err,
                          size_t errlen);
 
+/* gRPC's locks are abseil's, and Debian's abseil is built with its deadlock detection on: a
+ * debug aid that updates a graph of lock acquisitions on every lock, 8-10% of the
+ * coordinator's CPU per call (docs/performance.md, "Coordinator"). This turns it off, as a
+ * release build of abseil has it; with an abseil whose symbol it does not know, nothing
+ * changes. Process-wide; any thread, any time. bw__rpc_server_start calls it. */
+void bw__rpc_quiet_mutex_checks(void);
+
 /* Stops accepting calls, lets running calls finish for up to grace_ms, cancels the rest,
  * joins the threads and frees everything. It waits for every deferred call to be finished (or
  * begun and ended) by its owner: whatever finishes them must keep running until it returns.
