@@ -23,6 +23,7 @@
  *                  [--sample N] [--log-info]
  * Output: a table per point on stdout and one JSON line per point ("bench_sim {...}").
  */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -49,8 +50,9 @@ enum {
     HEARTBEAT_MS = 1000, /* the coordinator's defaults (server/main.c) */
     DEAD_AFTER = 3,
     LEASE_MS = 10000,
-    TICK_EVERY = 16, /* operations between looks at the clock (a Placement.Get at 1,000
-                      * workers takes milliseconds) */
+    LEASE_BEAT_MS = LEASE_MS / 3, /* a rank's heartbeat interval (JoinJob's heartbeat_ms) */
+    TICK_EVERY = 16,              /* operations between looks at the clock (a Placement.Get at 1,000
+                                   * workers takes milliseconds) */
 };
 
 static const bw_principal anyone = {BW_ROLE_OPEN, ""};
@@ -172,7 +174,7 @@ typedef struct sim {
     size_t nph;
 } sim;
 
-static void die(const char *what, int rc, const char *err)
+__attribute__((noreturn)) static void die(const char *what, int rc, const char *err)
 {
     fprintf(stderr, "bench_sim: %s: %s (%s)\n", what, err, bw_err_name(rc));
     exit(1);
@@ -533,6 +535,8 @@ static double owners_now(bw_membership *m, uint32_t shards, uint32_t *owner, siz
 static churn measure_churn(uint32_t N, uint32_t shards, bool die_)
 {
     churn c = {.n = N, .shards = shards};
+    if (N < 2 || shards == 0)
+        die("churn", BW_INVALID_ARGUMENT, "needs 2 or more workers and 1 or more shards");
     c.k = N / 100 ? N / 100 : 1;
     /* Dying: dead after 2 x 100 ms of silence (long enough for N registrations, short enough
      * to wait for); joining: nobody may die, however long the owner computation takes (seconds
@@ -642,6 +646,25 @@ static const phase *find_phase(const sim *S, const char *name)
     return NULL;
 }
 
+/* Removes the state directory: its files (journal, snapshot, lock) and itself. */
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[1024];
+    while (d && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (unlink(path) != 0)
+            fprintf(stderr, "bench_sim: cannot remove %s: %s\n", path, strerror(errno));
+    }
+    if (d)
+        closedir(d);
+    if (rmdir(dir) != 0)
+        fprintf(stderr, "bench_sim: cannot remove %s: %s\n", dir, strerror(errno));
+}
+
 static bool run_point(uint32_t W, uint32_t R)
 {
     sim *S = calloc(1, sizeof(*S));
@@ -723,7 +746,7 @@ static bool run_point(uint32_t W, uint32_t R)
      * `sample` calls stand for all R ranks fetching it once */
     m = start(S);
     run_ops(S, op_placement, sample);
-    finish(S, m, "placement gets (256 shards)", sample, R);
+    finish(S, m, "Placement.Get calls (256 shards)", sample, R);
 
     /* 6. restart: replay the journal (no snapshot yet) */
     uint64_t jrecords_bytes = journal_bytes(S);
@@ -766,7 +789,7 @@ static bool run_point(uint32_t W, uint32_t R)
     finish(S, m, "storm: lease heartbeats", R, R);
     m = start(S);
     run_ops(S, op_placement, sample);
-    finish(S, m, "storm: placement gets", sample, R);
+    finish(S, m, "storm: Placement.Get calls", sample, R);
     m = start(S);
     {
         bw_arena a;
@@ -810,11 +833,11 @@ static bool run_point(uint32_t W, uint32_t R)
     printf("  Placement.Get answer (%u workers, %d owners): %zu bytes; all ranks once: %.1f MiB\n",
            W, LOADER_SHARDS, answer_bytes, (double)answer_bytes * R / 1048576.0);
     printf("  worker heartbeat rounds carried by the phases: %" PRIu64 "\n", S->worker_rounds);
-    /* Steady state at the defaults: each rank heartbeats every lease/3, each worker every
-     * heartbeat interval (server/main.c). */
+    /* Steady state at the defaults: each rank heartbeats every lease / 3 ms (the integer
+     * JoinJob answers as heartbeat_ms), each worker every heartbeat interval (server/main.c). */
     const phase *lh = find_phase(S, "lease heartbeats (all ranks)");
     const phase *wh = find_phase(S, "worker heartbeats (all workers)");
-    double lease_cores = lh->cpu / (LEASE_MS / 3 / 1000.0);
+    double lease_cores = lh->cpu / ((double)LEASE_BEAT_MS / 1000.0);
     double worker_cores = wh->cpu / (HEARTBEAT_MS / 1000.0);
     printf("  steady state at the defaults: lease heartbeats %.3f cores, worker heartbeats "
            "%.3f cores\n",
@@ -840,11 +863,7 @@ static bool run_point(uint32_t W, uint32_t R)
 
     bw__jobs_close(S->jobs);
     bw__membership_free(S->members);
-    /* the state directory goes: journal, snapshot, lock */
-    char cmd[700];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", S->dir);
-    if (strchr(S->dir, '\'') || system(cmd) != 0)
-        fprintf(stderr, "bench_sim: could not remove %s\n", S->dir);
+    remove_dir(S->dir);
     free(S->incarnation);
     free(S->leases);
     free(S);
