@@ -4,9 +4,10 @@
  * before reading any of it, waits for the request's charge in the in-flight budget (executor.h)
  * before reading the body, decodes it bounded by that charge (request.h), opens the read on the
  * executor's pool (read_path.h: the same checks as gRPC) and writes each record's frame header
- * and bytes with one sendmsg per batch of frames -- large records straight from the mapped
- * file, small ones gathered into a staging buffer first. A client that sends garbage gets an
- * ERROR frame and the connection is closed; the worker keeps serving everyone else.
+ * and bytes with one sendmsg per batch of frames -- records straight from the dataset's mapped
+ * file, frame headers (and small records of a file mapped for them alone) gathered into a
+ * staging buffer first. A client that sends garbage gets an ERROR frame and the connection is
+ * closed; the worker keeps serving everyone else.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -32,8 +33,8 @@
 
 enum {
     THREAD_STACK = 256 << 10, /* per connection; serve() needs a few KiB */
-    STAGE_BYTES = 256 << 10,  /* small samples are gathered up to this much per send */
-    COPY_MAX = 32 << 10,      /* samples below this are copied into the staging buffer */
+    STAGE_BYTES = 256 << 10,  /* frame headers and copied records, per send */
+    COPY_MAX = 32 << 10,      /* records of their own below this are copied into the stage */
     PENDING_MAX = 32,         /* large samples gathered into one sendmsg, at most */
     SEND_BYTES = 4 << 20,     /* bytes gathered into one sendmsg, about */
     IOV_CAP = 1024,
@@ -97,9 +98,11 @@ static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
 }
 
 /* ---- sending ----
- * Frames are gathered into one iovec list: headers and small records copied into the staging
- * buffer, large records as pointers into the mapped file (held until sent), and written with
- * one sendmsg per PENDING_MAX records or SEND_BYTES bytes. A request's buffers are allocated
+ * Frames are gathered into one iovec list: headers copied into the staging buffer, records as
+ * pointers into the dataset's mapping (which the open read holds), records of a file mapped
+ * for them alone as pointers into it (held until sent; copied into the staging buffer below
+ * COPY_MAX), and written with one sendmsg per PENDING_MAX held records, SEND_BYTES bytes or
+ * IOV_CAP pieces. A request's buffers are allocated
  * once it is admitted and freed when it is answered: an idle connection holds none. */
 
 typedef struct wbuf {
@@ -110,6 +113,7 @@ typedef struct wbuf {
     size_t niov, pending;
     bw__rp_rec *recs; /* PENDING_MAX, referenced by iov */
     size_t nrec;
+    bool mapped; /* iov references a dataset's mapping (held by the open read) */
     char err[256];
 } wbuf;
 
@@ -154,6 +158,7 @@ static int flush(wbuf *o)
     for (size_t i = 0; i < o->nrec; i++)
         bw__record_release(&o->recs[i].rec);
     o->nrec = o->niov = o->pending = o->len = 0;
+    o->mapped = false;
     return rc;
 }
 
@@ -165,6 +170,19 @@ static int make_room(wbuf *o)
         o->niov + 2 + BW_FMT_MAX_FIELDS <= IOV_CAP)
         return BW_OK;
     return flush(o);
+}
+
+/* Every byte of r lies in a dataset's mapping, which the open read holds until it closes (not
+ * in a file mapped for this record, nor in the record itself: a tar field table). */
+static bool in_dataset_mapping(const bw__record *r)
+{
+    const uint8_t *self = (const uint8_t *)r, *after = (const uint8_t *)(r + 1);
+    if (r->owner_is_own)
+        return false;
+    for (size_t p = 0; p < r->nparts; p++)
+        if (r->parts[p].p >= self && r->parts[p].p < after)
+            return false;
+    return true;
 }
 
 /* Stages bytes (the caller made room). */
@@ -218,7 +236,15 @@ static int serve_read(wbuf *o, bw__rp *rp, int *status)
         if (rc != BW_OK)
             return send_error(o->sock, o, *status = rc, 0, err);
         stage_frame(o, BW_DCHAN_SAMPLE, 0, r->key, r->rec.size);
-        if (r->rec.size < COPY_MAX) {
+        if (in_dataset_mapping(&r->rec)) {
+            /* In a dataset's mapping, which the open read holds until it closes: referenced
+             * without holding the record (docs/performance.md, "Client": copying even 4 KiB
+             * records into the stage was a third of the worker's time). */
+            for (size_t p = 0; p < r->rec.nparts; p++)
+                add_iov(o, r->rec.parts[p].p, r->rec.parts[p].len);
+            o->mapped = o->mapped || r->rec.size > 0;
+            bw__record_release(&r->rec);
+        } else if (r->rec.size < COPY_MAX) {
             for (size_t p = 0; p < r->rec.nparts; p++)
                 stage(o, r->rec.parts[p].p, r->rec.parts[p].len);
             bw__record_release(&r->rec);
@@ -229,7 +255,7 @@ static int serve_read(wbuf *o, bw__rp *rp, int *status)
         }
     }
     int rc = BW_OK;
-    if (o->nrec) {
+    if (o->nrec || o->mapped) {
         /* Records still to be sent straight from the mapping: the kernel copies them after
          * the read's end check, so send them, then check the files again before END -- a
          * file changed meanwhile fails the request (docs/formats.md, "Files that change

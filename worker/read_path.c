@@ -18,6 +18,7 @@ struct bw__rp {
     const Batchwire__V1__Dataset *spec;  /* bw__rp_open: the request's (borrowed) */
     bw__wm_served served;                /* bw__rp_meter */
     uint64_t unmetered, unmetered_bytes; /* served, not yet added to `served` */
+    uint64_t unstated, unstated_bytes;   /* read, not yet added to `stats` */
     bool stream, locate_only, at_end;
     bool field_table; /* tar samples start with their field table (field_table.h) */
     /* ReadSamples */
@@ -40,16 +41,22 @@ struct bw__rp {
  * channel's throughput at 4 KiB records. */
 enum { CHECK_EVERY = 64 };
 
-/* Served records are added to the shared metrics every METER_EVERY records and when the read
- * closes: one atomic add per record and counter, contended by every read of the dataset,
- * would cost more than the counting is worth at small records. */
+/* Served records are added to the shared metrics and the worker's totals every METER_EVERY
+ * records and when the read closes: one atomic add per record and counter, contended by every
+ * read of the dataset, would cost more than the counting is worth at small records. */
 enum { METER_EVERY = 64 };
 
 static void meter(bw__rp *rp)
 {
-    bw__counter_add(rp->served.samples, rp->unmetered);
-    bw__counter_add(rp->served.bytes, rp->unmetered_bytes);
-    rp->unmetered = rp->unmetered_bytes = 0;
+    if (rp->unmetered) {
+        bw__counter_add(rp->served.samples, rp->unmetered);
+        bw__counter_add(rp->served.bytes, rp->unmetered_bytes);
+    }
+    if (rp->unstated && rp->stats) { /* the worker's totals (heartbeats, GetStats) */
+        atomic_fetch_add(&rp->stats->records_read, rp->unstated);
+        atomic_fetch_add(&rp->stats->record_bytes_read, rp->unstated_bytes);
+    }
+    rp->unmetered = rp->unmetered_bytes = rp->unstated = rp->unstated_bytes = 0;
 }
 
 static bw__rp *rp_new(bw__wds *e, bw__data_stats *stats)
@@ -216,10 +223,8 @@ int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
     else
         rp->touched[src / 8] |= (uint8_t)(1u << (src % 8));
     rp->count++;
-    if (rp->stats) {
-        atomic_fetch_add(&rp->stats->records_read, 1);
-        atomic_fetch_add(&rp->stats->record_bytes_read, out->rec.size);
-    }
+    rp->unstated++;
+    rp->unstated_bytes += out->rec.size;
     if (rp->field_table && (rc = bw__field_table_prepend(&out->rec, why, sizeof(why))) != BW_OK) {
         snprintf(err, errlen, "%s: %s", rp->stream ? "ReadStream" : "ReadSamples", why);
         bw__record_release(&out->rec);
