@@ -115,6 +115,13 @@ typedef struct bw__sink {
      * count (a connection that ends inside a sample loses that sample, whole). */
     void (*arrived)(void *ctx, uint64_t len);
     void *ctx;
+    /* May be NULL. The sample due `ahead` samples after the next one place() expects (0: that
+     * one), when its key, size and place are known before its header arrives (fixed-size
+     * samples): *key, *size and *dest as place() would give them, so that a transport may
+     * receive several samples straight into their places with one read -- it still calls
+     * place() and arrived() for each, in order, once its header has arrived and matched.
+     * false: not known; place() decides. Changes nothing. */
+    bool (*peek)(void *ctx, size_t ahead, uint64_t *key, uint64_t *size, uint8_t **dest);
 } bw__sink;
 
 /* How a request ended. */

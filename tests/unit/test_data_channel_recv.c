@@ -1,0 +1,346 @@
+/* The data-channel client's receiving (client/lib/data_channel.c; docs/data-channel.md,
+ * "Protocol"): a listener standing for a worker answers one request with scripted frames,
+ * written in pieces of random sizes with pauses between some, so that reads end inside frame
+ * headers and inside samples. Fixed-size samples go through the many-at-a-time path (the sink
+ * peeks, as the fetch loop's does for fixed-size samples), and without peek through the usual
+ * one; either way every byte lands in its place, samples count in order, and an ERROR frame,
+ * an early END, an unexpected sample or a connection cut mid-sample ends the request as the
+ * protocol says, with the samples before it complete. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "../../client/lib/transport.h"
+#include "data.pb-c.h"
+#include "rpc/dchan.h"
+
+/* ---- the scripted worker ---- */
+
+typedef struct script {
+    uint8_t *bytes;
+    size_t len, cap;
+    bool cut; /* close the connection after the bytes (else keep it open until the client
+               * has read them) */
+} script;
+
+static void put(script *s, const void *p, size_t n)
+{
+    if (s->len + n > s->cap) {
+        s->cap = (s->len + n) * 2;
+        s->bytes = realloc(s->bytes, s->cap);
+        assert_non_null(s->bytes);
+    }
+    memcpy(s->bytes + s->len, p, n);
+    s->len += n;
+}
+
+static void put_frame(script *s, uint32_t type, int32_t code, uint64_t a, uint64_t b)
+{
+    uint8_t h[BW_DCHAN_FRAME_HEADER];
+    bw_dchan_frame f = {type, (uint32_t)code, a, b};
+    bw__dchan_put_frame(h, &f);
+    put(s, h, sizeof(h));
+}
+
+static uint8_t pattern(uint64_t key, size_t i)
+{
+    return (uint8_t)(key * 31 + i * 7 + 1);
+}
+
+/* A SAMPLE frame for key with size bytes of its pattern. */
+static void put_sample(script *s, uint64_t key, size_t size)
+{
+    put_frame(s, BW_DCHAN_SAMPLE, 0, key, size);
+    for (size_t i = 0; i < size; i++) {
+        uint8_t b = pattern(key, i);
+        put(s, &b, 1);
+    }
+}
+
+typedef struct worker {
+    int lfd;
+    script *sc;
+    unsigned seed;
+    size_t max_piece;
+} worker;
+
+static bool read_n(int fd, uint8_t *p, size_t n)
+{
+    while (n) {
+        ssize_t r = read(fd, p, n);
+        if (r <= 0)
+            return false;
+        p += r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+static void *serve(void *arg)
+{
+    worker *w = arg;
+    int fd = accept(w->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    uint8_t h[BW_DCHAN_REQ_HEADER], body[4096];
+    uint32_t kind;
+    uint64_t len;
+    char err[128];
+    if (read_n(fd, h, sizeof(h)) &&
+        bw__dchan_get_req_header(h, &kind, &len, err, sizeof(err)) == BW_OK &&
+        len <= sizeof(body) && read_n(fd, body, (size_t)len)) {
+        unsigned r = w->seed;
+        for (size_t off = 0; off < w->sc->len;) {
+            r = r * 1103515245u + 12345u;
+            size_t n = 1 + (r >> 8) % w->max_piece;
+            if (n > w->sc->len - off)
+                n = w->sc->len - off;
+            ssize_t wr = send(fd, w->sc->bytes + off, n, MSG_NOSIGNAL);
+            if (wr <= 0)
+                break;
+            off += (size_t)wr;
+            if ((r >> 20) % 4 == 0)
+                usleep(300); /* the client reads what came so far */
+        }
+        if (!w->sc->cut) { /* until the client has read everything and closed or pooled it */
+            struct pollfd pf = {fd, POLLIN, 0};
+            poll(&pf, 1, 2000);
+        }
+    }
+    close(fd);
+    return NULL;
+}
+
+/* ---- the sink: fixed-size samples, as the fetch loop's ---- */
+
+typedef struct sinkctx {
+    const uint64_t *keys;
+    size_t n, k;
+    uint64_t size;
+    uint8_t *buf;
+    unsigned places;
+} sinkctx;
+
+static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uint64_t len,
+                 uint8_t **dest, char *err, size_t errlen)
+{
+    sinkctx *c = arg;
+    if (c->k >= c->n || key != c->keys[c->k] || size != c->size || chunk_off || len != size) {
+        snprintf(err, errlen, "sample %llu where %llu was due", (unsigned long long)key,
+                 (unsigned long long)(c->k < c->n ? c->keys[c->k] : 0));
+        return BW_PROTOCOL;
+    }
+    c->places++;
+    *dest = c->buf + c->k * c->size;
+    return BW_OK;
+}
+
+static void arrived(void *arg, uint64_t len)
+{
+    sinkctx *c = arg;
+    assert_int_equal(len, c->size);
+    c->k++;
+}
+
+static bool peek(void *arg, size_t ahead, uint64_t *key, uint64_t *size, uint8_t **dest)
+{
+    sinkctx *c = arg;
+    if (c->k + ahead >= c->n)
+        return false;
+    *key = c->keys[c->k + ahead];
+    *size = c->size;
+    *dest = c->buf + (c->k + ahead) * c->size;
+    return true;
+}
+
+/* Runs one request against a worker answering `sc` in pieces of at most max_piece bytes;
+ * the sink expects keys[0..n) of `size` bytes. Returns the request's outcome; *done: samples
+ * that arrived, checked byte for byte. */
+static int run(script *sc, const uint64_t *keys, size_t n, size_t size, bool with_peek,
+               size_t max_piece, unsigned seed, size_t *done, bw__xres *res)
+{
+    char err[256];
+    bw__worker_opts wo;
+    memset(&wo, 0, sizeof(wo));
+    bw__transport t;
+    assert_int_equal(bw__transport_open(&bw__transport_dchan_ops, &wo, &t, err, sizeof(err)),
+                     BW_OK);
+    worker w = {-1, sc, seed, max_piece};
+    int port = 0;
+    assert_int_equal(bw__sock_listen("127.0.0.1:0", &w.lfd, &port, err, sizeof(err)), BW_OK);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, serve, &w), 0);
+    char daddr[64];
+    snprintf(daddr, sizeof(daddr), "127.0.0.1:%d", port);
+    bw__worker_ref wr = {"w-test", "127.0.0.1:1", daddr};
+    uint64_t idx[1] = {0};
+    Batchwire__V1__ReadSamplesRequest rs = BATCHWIRE__V1__READ_SAMPLES_REQUEST__INIT;
+    rs.indices = idx;
+    rs.n_indices = 1;
+    bw__read_req req = {BW_DCHAN_KIND_READ_SAMPLES, &rs.base};
+    bw__xfer *x = NULL;
+    memset(res, 0, sizeof(*res));
+    assert_int_equal(t.ops->start(t.state, &wr, &req, 10000, &x, res), BW_OK);
+    uint8_t *buf = calloc(n ? n : 1, size ? size : 1);
+    assert_non_null(buf);
+    sinkctx c = {keys, n, 0, size, buf, 0};
+    bw__sink sink = {place, arrived, &c, with_peek ? peek : NULL};
+    while (!t.ops->recv(x, &sink, res)) {
+        struct pollfd pf = {t.ops->fd(x), POLLIN, 0};
+        poll(&pf, 1, 1000);
+    }
+    t.ops->finish(x);
+    bw__transport_close(&t); /* closes the pooled connection: the worker's thread ends */
+    pthread_join(th, NULL);
+    close(w.lfd);
+    for (size_t k = 0; k < c.k; k++)
+        for (size_t i = 0; i < size; i++)
+            if (buf[k * size + i] != pattern(keys[k], i))
+                fail_msg("sample %zu (key %llu) byte %zu: %u, want %u", k,
+                         (unsigned long long)keys[k], i, buf[k * size + i], pattern(keys[k], i));
+    assert_true(c.places >= c.k);
+    free(buf);
+    *done = c.k;
+    return res->rc;
+}
+
+static uint64_t *shuffled_keys(size_t n, unsigned seed)
+{
+    uint64_t *k = malloc(n * sizeof(*k));
+    assert_non_null(k);
+    unsigned r = seed;
+    for (size_t i = 0; i < n; i++) {
+        r = r * 1103515245u + 12345u;
+        k[i] = i * 1000 + (r >> 16) % 1000; /* distinct, any order the request asked */
+    }
+    return k;
+}
+
+/* Every sample of the request, then END: sizes below and above a read's usual size, more
+ * samples than one read posts, pieces from 1 byte up; with and without peek. */
+static void whole_responses(void **state)
+{
+    (void)state;
+    static const struct {
+        size_t n, size, piece;
+    } cases[] = {{600, 40, 7000},    {600, 40, 37}, {300, 256, 65536}, {40, 4096, 1500},
+                 {12, 70000, 30000}, {5, 1, 3},     {3, 0, 10}};
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
+        for (int with_peek = 0; with_peek < 2; with_peek++) {
+            size_t n = cases[ci].n, size = cases[ci].size;
+            uint64_t *keys = shuffled_keys(n, (unsigned)ci + 1);
+            script sc = {0};
+            for (size_t k = 0; k < n; k++)
+                put_sample(&sc, keys[k], size);
+            put_frame(&sc, BW_DCHAN_END, 0, n, 0);
+            size_t done = 0;
+            bw__xres res;
+            int rc = run(&sc, keys, n, size, with_peek, cases[ci].piece, (unsigned)ci * 7 + 3,
+                         &done, &res);
+            if (rc != BW_OK)
+                fail_msg("case %zu (peek %d): %s", ci, with_peek, res.err);
+            assert_int_equal(done, n);
+            free(sc.bytes);
+            free(keys);
+        }
+}
+
+/* An ERROR frame after some samples: those are complete, the request ends with the code and
+ * the message (the bytes after an unexpected header go through the usual path). */
+static void error_after_samples(void **state)
+{
+    (void)state;
+    for (size_t piece = 5; piece <= 5000; piece *= 10)
+        for (int with_peek = 0; with_peek < 2; with_peek++) {
+            size_t n = 120, size = 100, good = 50;
+            uint64_t *keys = shuffled_keys(n, 9);
+            script sc = {0};
+            for (size_t k = 0; k < good; k++)
+                put_sample(&sc, keys[k], size);
+            static const char msg[] = "ReadSamples: shard 3 is owned by w-other now";
+            put_frame(&sc, BW_DCHAN_ERROR, BW_WRONG_OWNER, sizeof(msg) - 1, 0);
+            put(&sc, msg, sizeof(msg) - 1);
+            size_t done = 0;
+            bw__xres res;
+            assert_int_equal(run(&sc, keys, n, size, with_peek, piece, 11, &done, &res),
+                             BW_WRONG_OWNER);
+            assert_non_null(strstr(res.err, msg));
+            assert_int_equal(done, good);
+            free(sc.bytes);
+            free(keys);
+        }
+}
+
+/* END before every sample: the transport ends well with the samples that came (the fetch
+ * loop then finds the request short); a sample not due is refused by place(); a connection
+ * cut inside a sample loses only that sample. */
+static void short_wrong_and_cut(void **state)
+{
+    (void)state;
+    for (int with_peek = 0; with_peek < 2; with_peek++) {
+        size_t n = 20, size = 64, done = 0;
+        uint64_t *keys = shuffled_keys(n, 5);
+        bw__xres res;
+
+        script sc = {0};
+        for (size_t k = 0; k < 10; k++)
+            put_sample(&sc, keys[k], size);
+        put_frame(&sc, BW_DCHAN_END, 0, 10, 0);
+        assert_int_equal(run(&sc, keys, n, size, with_peek, 50, 1, &done, &res), BW_OK);
+        assert_int_equal(done, 10);
+        free(sc.bytes);
+
+        memset(&sc, 0, sizeof(sc));
+        for (size_t k = 0; k < 7; k++)
+            put_sample(&sc, keys[k], size);
+        put_sample(&sc, keys[9], size); /* not the one due */
+        for (size_t k = 8; k < n; k++)
+            put_sample(&sc, keys[k], size);
+        put_frame(&sc, BW_DCHAN_END, 0, n, 0);
+        assert_int_equal(run(&sc, keys, n, size, with_peek, 300, 2, &done, &res), BW_PROTOCOL);
+        assert_int_equal(done, 7);
+        assert_non_null(strstr(res.err, "where"));
+        free(sc.bytes);
+
+        memset(&sc, 0, sizeof(sc));
+        for (size_t k = 0; k < 12; k++)
+            put_sample(&sc, keys[k], size);
+        put_frame(&sc, BW_DCHAN_SAMPLE, 0, keys[12], size);
+        put(&sc, "half", 4);
+        sc.cut = true;
+        assert_int_equal(run(&sc, keys, n, size, with_peek, 100, 3, &done, &res), BW_UNAVAILABLE);
+        assert_int_equal(done, 12);
+        free(sc.bytes);
+
+        /* a size other than the fixed one: refused, after the samples before it */
+        memset(&sc, 0, sizeof(sc));
+        for (size_t k = 0; k < 4; k++)
+            put_sample(&sc, keys[k], size);
+        put_sample(&sc, keys[4], size + 1);
+        put_frame(&sc, BW_DCHAN_END, 0, 5, 0);
+        assert_int_equal(run(&sc, keys, n, size, with_peek, 1000, 4, &done, &res), BW_PROTOCOL);
+        assert_int_equal(done, 4);
+        free(sc.bytes);
+        free(keys);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(whole_responses),
+        cmocka_unit_test(error_after_samples),
+        cmocka_unit_test(short_wrong_and_cut),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
