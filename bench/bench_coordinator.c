@@ -279,6 +279,41 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Latencies (seconds), appended as calls complete, sorted for quantiles. */
+typedef struct lats {
+    double *v;
+    size_t n, cap;
+} lats;
+
+static void lats_add(lats *l, double x)
+{
+    if (l->n == l->cap) {
+        l->cap = l->cap ? l->cap * 2 : 1024;
+        l->v = realloc(l->v, l->cap * sizeof(double));
+        if (!l->v)
+            abort();
+    }
+    l->v[l->n++] = x;
+}
+
+/* Appends `from` to `into` and frees it. */
+static void lats_take(lats *into, lats *from)
+{
+    for (size_t i = 0; i < from->n; i++)
+        lats_add(into, from->v[i]);
+    free(from->v);
+    memset(from, 0, sizeof(*from));
+}
+
+/* The q-quantile (0 <= q < 1) in milliseconds, after sorting; 0 when empty. */
+static double lats_ms(lats *l, double q)
+{
+    if (!l->n)
+        return 0;
+    qsort(l->v, l->n, sizeof(double), cmp_double);
+    return l->v[(size_t)(q * (double)l->n)] * 1e3;
+}
+
 /* ---- a job and its ranks ---- */
 
 static uint64_t create(conn *c, const char *name, uint32_t world)
@@ -318,9 +353,7 @@ typedef struct rank_agent {
     uint32_t hb_ms;
     uint64_t step;
     bool busy;
-    /* latencies (commits) */
-    double *lat;
-    size_t nlat, cap;
+    lats lat; /* commits */
 } rank_agent;
 
 static void start_join(rank_agent *a, grpc_completion_queue *cq, const char *job, uint32_t world)
@@ -437,11 +470,7 @@ static void *commit_thread(void *arg)
             x->failed++;
         } else {
             x->done++;
-            if (a->nlat == a->cap) {
-                a->cap = a->cap ? a->cap * 2 : 1024;
-                a->lat = realloc(a->lat, a->cap * sizeof(double));
-            }
-            a->lat[a->nlat++] = dt;
+            lats_add(&a->lat, dt);
         }
         if (now_s() < x->until)
             start_commit(x, a, cq);
@@ -491,29 +520,22 @@ static void bench_commits(uint32_t world)
     double el = now_s() - t0, cpu = coord_cpu_s() - cpu0, me = self_cpu_s() - me0;
     double fc1, fs1;
     fsyncs(&fc1, &fs1);
-    size_t nl = 0;
+    lats all = {0};
     for (uint32_t i = 0; i < world; i++)
-        nl += ranks[i].nlat;
-    double *all = malloc((nl ? nl : 1) * sizeof(double));
-    size_t at = 0;
-    for (uint32_t i = 0; i < world; i++) {
-        memcpy(all + at, ranks[i].lat, ranks[i].nlat * sizeof(double));
-        at += ranks[i].nlat;
-        free(ranks[i].lat);
-    }
-    qsort(all, nl, sizeof(double), cmp_double);
+        lats_take(&all, &ranks[i].lat);
+    double p50 = lats_ms(&all, 0.5), p99 = lats_ms(&all, 0.99);
+    double pmax = all.n ? all.v[all.n - 1] * 1e3 : 0.0; /* sorted by lats_ms */
     printf("commits, %3u concurrent trainers (%d connections, %d client threads): %8.0f "
            "acknowledged commits/s (%" PRIu64 " in %.1f s, %" PRIu64 " failed), latency p50 "
            "%.2f ms, p99 %.2f ms, max %.2f ms; coordinator CPU %.0f%% of a core, %.1f us/commit; "
            "client CPU %.1f us/commit; %.0f group commits (%.1f commits each, write+fdatasync "
            "%.3f ms mean)\n",
-           world, nconn, k, (double)total / el, total, el, failed, nl ? all[nl / 2] * 1e3 : 0.0,
-           nl ? all[nl * 99 / 100] * 1e3 : 0.0, nl ? all[nl - 1] * 1e3 : 0.0, 100.0 * cpu / el,
+           world, nconn, k, (double)total / el, total, el, failed, p50, p99, pmax, 100.0 * cpu / el,
            total ? cpu / (double)total * 1e6 : 0.0, total ? me / (double)total * 1e6 : 0.0,
            fc1 - fc0, fc1 > fc0 ? (double)total / (fc1 - fc0) : 0.0,
            fc1 > fc0 ? (fs1 - fs0) / (fc1 - fc0) * 1e3 : 0.0);
     fflush(stdout);
-    free(all);
+    free(all.v);
     free(ranks);
     free(xs);
     free(ts);
@@ -530,8 +552,7 @@ typedef struct hb_ctx {
     double start, until;
     uint64_t beats, failures, skipped;
     double max_lat;
-    double *lat;
-    size_t nlat, cap;
+    lats lat;
 } hb_ctx;
 
 /* Each heartbeat carries the rank's progress, as a Loader's does (20 batches of 32 samples of
@@ -569,11 +590,7 @@ static void end_heartbeat(hb_ctx *x, slot *s)
             fprintf(stderr, "bench: LeaseHeartbeat of rank %u: %s\n", a->rank, err);
     }
     x->max_lat = dt > x->max_lat ? dt : x->max_lat;
-    if (x->nlat == x->cap) {
-        x->cap = x->cap ? x->cap * 2 : 4096;
-        x->lat = realloc(x->lat, x->cap * sizeof(double));
-    }
-    x->lat[x->nlat++] = dt;
+    lats_add(&x->lat, dt);
 }
 
 /* Each rank heartbeats every hb_ms, the thread's ranks spread evenly over the interval. */
@@ -744,33 +761,26 @@ static void bench_ranks(void)
     }
     uint64_t beats = 0, failures = 0, skipped = 0;
     double max_lat = 0;
-    size_t nl = 0;
+    lats all = {0};
     for (int i = 0; i < k; i++) {
         pthread_join(ts[i], NULL);
         beats += xs[i].beats;
         failures += xs[i].failures;
         skipped += xs[i].skipped;
         max_lat = xs[i].max_lat > max_lat ? xs[i].max_lat : max_lat;
-        nl += xs[i].nlat;
+        lats_take(&all, &xs[i].lat);
     }
     double window = now_s() - w0, hb_cpu = coord_cpu_s() - cpu0;
-    double *all = malloc((nl ? nl : 1) * sizeof(double));
-    size_t at = 0;
-    for (int i = 0; i < k; i++) {
-        memcpy(all + at, xs[i].lat, xs[i].nlat * sizeof(double));
-        at += xs[i].nlat;
-        free(xs[i].lat);
-    }
-    qsort(all, nl, sizeof(double), cmp_double);
+    double hp50 = lats_ms(&all, 0.5), hp99 = lats_ms(&all, 0.99);
     printf("ranks: %d ranks heartbeating every %u ms for %d s: %" PRIu64 " heartbeats (%.0f/s), "
            "%" PRIu64 " failed, %" PRIu64 " skipped (previous unanswered), p50 %.2f ms, p99 "
            "%.2f ms, slowest %.2f ms; coordinator CPU %.2f s in %.1f s = %.1f%% of one core "
            "(%.1f us/heartbeat)\n",
            nranks, ranks[0].hb_ms, hb_seconds, beats, (double)beats / window, failures, skipped,
-           nl ? all[nl / 2] * 1e3 : 0.0, nl ? all[nl * 99 / 100] * 1e3 : 0.0, max_lat * 1e3, hb_cpu,
-           window, 100.0 * hb_cpu / window, beats ? hb_cpu / (double)beats * 1e6 : 0.0);
+           hp50, hp99, max_lat * 1e3, hb_cpu, window, 100.0 * hb_cpu / window,
+           beats ? hb_cpu / (double)beats * 1e6 : 0.0);
     fflush(stdout);
-    free(all);
+    free(all.v);
 
     /* 3. status and metrics with the ranks held */
     char exe[1100], json_out[1100];
