@@ -261,18 +261,24 @@ static void worker_heartbeat(bw_membership *m, uint32_t i, uint64_t incarnation,
     (void)bw__membership_version(m);
 }
 
+/* Worker i heartbeats; told it is unknown (after a coordinator restart), it registers again,
+ * as worker/ does on known = false. */
+static void worker_beat(sim *S, uint32_t i)
+{
+    bool known;
+    worker_heartbeat(S->members, i, S->incarnation[i], &known);
+    if (!known) {
+        char err[512];
+        int rc = register_worker(S->members, i, S->incarnation[i], err, sizeof(err));
+        if (rc != BW_OK)
+            die("worker re-registration", rc, err);
+    }
+}
+
 static void worker_round(sim *S)
 {
-    for (uint32_t i = 0; i < S->W; i++) {
-        bool known;
-        worker_heartbeat(S->members, i, S->incarnation[i], &known);
-        if (!known) {
-            char err[512];
-            int rc = register_worker(S->members, i, S->incarnation[i], err, sizeof(err));
-            if (rc != BW_OK)
-                die("worker re-registration", rc, err);
-        }
-    }
+    for (uint32_t i = 0; i < S->W; i++)
+        worker_beat(S, i);
     S->last_round = now_s();
     S->worker_rounds++;
 }
@@ -473,22 +479,6 @@ static void op_placement(sim *S, uint32_t g, bw_arena *a)
     (void)g;
     uint32_t owners[LOADER_SHARDS];
     placement_get(S, a, LOADER_SHARDS, owners);
-}
-
-/* A trainer's view of a worker heartbeat answer after the coordinator restarted: unknown, so
- * it registers again (worker/ does this on known = false). */
-static void op_worker_back(sim *S, uint32_t i, bw_arena *a)
-{
-    (void)a;
-    bool known;
-    i %= S->W;
-    worker_heartbeat(S->members, i, S->incarnation[i], &known);
-    if (!known) {
-        char err[512];
-        int rc = register_worker(S->members, i, S->incarnation[i], err, sizeof(err));
-        if (rc != BW_OK)
-            die("re-register", rc, err);
-    }
 }
 
 /* ---- placement churn ---- */
@@ -714,17 +704,8 @@ static bool run_point(uint32_t W, uint32_t R)
     /* 2. R ranks join (journaled; durable at the end) */
     m = start(S);
     double rss_before_ranks = proc_mib("VmRSS");
-    {
-        bw_arena a;
-        bw__arena_init(&a, 0);
-        for (uint32_t g = 0; g < R; g++) {
-            join(S, g, &a);
-            bw__arena_reset(&a);
-            if (g % TICK_EVERY == TICK_EVERY - 1)
-                tick(S);
-        }
-        sync_all(S);
-    }
+    run_ops(S, join, R);
+    sync_all(S);
     finish(S, m, "ranks join", R, R);
     double rss_after_ranks = proc_mib("VmRSS");
 
@@ -781,7 +762,7 @@ static bool run_point(uint32_t W, uint32_t R)
      * journaled) */
     m = start(S);
     for (uint32_t i = 0; i < W; i++)
-        op_worker_back(S, i, NULL);
+        worker_beat(S, i);
     S->last_round = now_s();
     finish(S, m, "storm: workers register again", W, W);
     m = start(S);
@@ -791,17 +772,8 @@ static bool run_point(uint32_t W, uint32_t R)
     run_ops(S, op_placement, sample);
     finish(S, m, "storm: Placement.Get calls", sample, R);
     m = start(S);
-    {
-        bw_arena a;
-        bw__arena_init(&a, 0);
-        for (uint32_t g = 0; g < R; g++) {
-            join(S, g, &a);
-            bw__arena_reset(&a);
-            if (g % TICK_EVERY == TICK_EVERY - 1)
-                tick(S);
-        }
-        sync_all(S);
-    }
+    run_ops(S, join, R);
+    sync_all(S);
     finish(S, m, "storm: ranks join again", R, R);
 
     /* The size of one Placement.Get answer (the live workers and 256 owners): what every rank
