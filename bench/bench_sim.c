@@ -797,8 +797,9 @@ static bool run_point(uint32_t W, uint32_t R)
     /* ---- report ---- */
     double hwm = proc_mib("VmHWM");
     double rank_kib = (rss_after_ranks - rss_before_ranks) * 1024.0 / R;
-    printf("  memory: %.1f MiB RSS at start, %.1f MiB peak; %.2f KiB per joined rank\n", rss0, hwm,
-           rank_kib);
+    printf("  memory: %.1f MiB RSS at start, %.1f MiB peak of the process so far; %.2f KiB per "
+           "joined rank\n",
+           rss0, hwm, rank_kib);
     printf("  journal: %.0f bytes for %" PRIu64 " records before compaction; snapshot %.0f "
            "bytes (%.0f per rank)\n",
            (double)jrecords_bytes, replayed_records, snap_bytes, snap_bytes / R);
