@@ -168,6 +168,7 @@ typedef struct sim {
     bw_coordinator_config cfg;
     uint64_t *incarnation; /* per worker */
     bw_lease *leases;      /* per rank (job r / world, rank r % world) */
+    uint64_t *fingerprint; /* per job, as GetOrCreateJob answered it (cursors carry it) */
     double last_round;     /* the workers' last heartbeat round */
     uint64_t worker_rounds;
     phase ph[24];
@@ -349,6 +350,7 @@ static void create_jobs(sim *S)
                                  err, sizeof(err));
         if (rc != BW_OK)
             die("create a job", rc, err);
+        S->fingerprint[j] = resp->job->fingerprint;
         bw__arena_reset(&a);
     }
     sync_all(S);
@@ -413,11 +415,8 @@ static void commit(sim *S, uint32_t g, uint64_t step, bw_arena *a)
     uint32_t job = g / S->world;
     char name[64], err[1024];
     job_name(job, name, sizeof(name));
-    pthread_mutex_lock(&S->jobs->mu); /* the fingerprint, as a trainer has it from its join */
-    uint64_t fp = bw__jobs_find(S->jobs, name)->fingerprint;
-    pthread_mutex_unlock(&S->jobs->mu);
     Batchwire__V1__Cursor c = BATCHWIRE__V1__CURSOR__INIT;
-    c.job_fingerprint = fp;
+    c.job_fingerprint = S->fingerprint[job];
     c.rank = g % S->world;
     c.world_size = world_of(S, job);
     c.step = step;
@@ -666,7 +665,8 @@ static bool run_point(uint32_t W, uint32_t R)
     S->njobs = (R + S->world - 1) / S->world;
     S->incarnation = calloc(W, sizeof(*S->incarnation));
     S->leases = calloc(R, sizeof(*S->leases));
-    if (!S->incarnation || !S->leases)
+    S->fingerprint = calloc(S->njobs, sizeof(*S->fingerprint));
+    if (!S->incarnation || !S->leases || !S->fingerprint)
         die("sim", BW_NOMEM, "out of memory");
     snprintf(S->dir, sizeof(S->dir), "%s/bench_sim.XXXXXX", opt.state);
     if (!mkdtemp(S->dir)) {
@@ -839,6 +839,7 @@ static bool run_point(uint32_t W, uint32_t R)
     remove_dir(S->dir);
     free(S->incarnation);
     free(S->leases);
+    free(S->fingerprint);
     free(S);
     return true;
 }
