@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #ifdef BW_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -23,18 +24,35 @@
 #include "batch_int.h"
 #include "gpu.h"
 
+/* Buffers from this size are aligned to and advised into transparent huge pages: a new
+ * batch buffer's pages are faulted in by the kernel's copy of the first samples received into
+ * it, and with 4 KiB pages those faults were a tenth of the client's CPU at 1 MiB samples
+ * (docs/performance.md, "Client"). */
+enum { HUGE_FROM = 4 << 20, HUGE_PAGE = 2 << 20 };
+
+static void *plain_alloc(size_t n)
+{
+    if (n < HUGE_FROM)
+        return malloc(n ? n : 1);
+    size_t whole = (n + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    void *p = aligned_alloc(HUGE_PAGE, whole);
+    if (p)
+        (void)madvise(p, whole, MADV_HUGEPAGE); /* advice: without it, 4 KiB pages */
+    return p;
+}
+
 /* Page-locked host memory when `pinned` (faster, asynchronous copies to a device), else
- * malloc. */
+ * plain_alloc. */
 static void *host_alloc(size_t n, bool pinned)
 {
 #ifdef BW_HAVE_CUDA
     void *p = NULL;
     if (pinned && cudaHostAlloc(&p, n ? n : 1, cudaHostAllocPortable) == cudaSuccess)
         return p;
-    return pinned ? NULL : malloc(n ? n : 1);
+    return pinned ? NULL : plain_alloc(n);
 #else
     (void)pinned;
-    return malloc(n ? n : 1);
+    return plain_alloc(n);
 #endif
 }
 
