@@ -6,7 +6,13 @@
     over the workers' data channels (the default) and with --transport grpc -- against a raw
     TCP loopback transfer of the same bytes in batch-sized writes over one connection
     (build/bench/bench_client_tcp); target >= 0.75 of raw TCP for 64 KiB and larger. Also
-    reported: raw TCP over one connection per worker (two), each carrying half of each batch;
+    reported: raw TCP over one connection per worker (two), each carrying half of each batch
+    (the honest limit: as parallel as two workers); the same fetch shuffled (--shuffle --seed 0)
+    against two-connection raw TCP sending the same samples in the same order (the order
+    `batchwire plan --shuffle` gives, read from the same random offsets of the mapped file);
+    and the Python binding (batchwire.Loader, plan order, the same dataset, batch size, epochs
+    and prefetch, timed the same way: from opening the loader to the last batch) against
+    `batchwire fetch`;
 (b) the Python binding (batchwire.Loader, shuffled, batch.torch()) against PyTorch's
     DataLoader(num_workers=2, shuffle=True) over the same .npy (np.load with mmap, one row per
     __getitem__, default collate), same batch size; target: faster;
@@ -82,13 +88,45 @@ def fetch_rate(bt, coord, job, dataset, batch, epochs, transport="auto", extra=(
     return s["bytes"] / MiB / s["seconds"], s["samples"] / s["seconds"], s
 
 
-def tcp_rate(tcp_bin, path, offset, nbytes, chunk, repeat, conns=1):
+def tcp_rate(tcp_bin, path, offset, nbytes, chunk, repeat, conns=1, order=None, sample=0):
     r = subprocess.run([tcp_bin, path, str(offset), str(nbytes), str(chunk), str(repeat),
-                        str(conns)],
+                        str(conns)] + ([order, str(sample)] if order else []),
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError("bench_client_tcp failed: %s" % r.stderr)
     return json.loads(r.stdout)["mib_per_s"]
+
+
+def shuffled_order(bt, path, n, batch, epochs):
+    """The samples a shuffled fetch (--shuffle --seed 0, one rank) reads, epoch after epoch, in
+    a file for bench_client_tcp: `batchwire plan`'s batches, u64 each."""
+    import struct
+    with open(path, "wb") as f:
+        for e in range(epochs):
+            r = bt.cli("plan", "--mode", "torch", "--num-samples", n, "--world-size", 1,
+                       "--batch-size", batch, "--shuffle", "--seed", 0, "--epoch", e, "--rank", 0,
+                       timeout=600)
+            if r.returncode != 0:
+                raise RuntimeError("batchwire plan failed: %s" % r.stderr)
+            idx = [i for line in r.stdout.splitlines() if line.strip()
+                   for i in json.loads(line)["indices"]]
+            if len(idx) != n:
+                raise RuntimeError("batchwire plan gave %d indices for %d samples" % (len(idx), n))
+            f.write(struct.pack("<%dQ" % n, *idx))
+
+
+def loader_rate(batchwire, coord, job, dataset, batch, epochs):
+    """(a)'s fetch through the Python binding: the same options, timed as `batchwire fetch`
+    times itself (from opening the loader to the last batch of the last epoch)."""
+    t0 = time.perf_counter()
+    nbytes = 0
+    with batchwire.Loader(coordinator=coord, job=job, dataset=dataset, batch_size=batch,
+                          rank=0, world_size=1, prefetch=4) as lo:
+        for _ in lo.epochs(epochs):
+            for b in lo:
+                nbytes += b.nbytes
+        secs = time.perf_counter() - t0
+    return nbytes / MiB / secs
 
 
 # ---------------------------------------------------------------------------
@@ -331,7 +369,11 @@ def main():
             # and the first batch are then a few per cent of the time.
             epochs = max(1, (128 * MiB if args.quick else 512 * MiB) // total)
             fetch_runs, fetch_sps, grpc_runs, tcp_runs, tcp2_runs = [], [], [], [], []
+            shuf_runs, tcp2_shuf_runs, loader_runs = [], [], []
             fetch_rate(bt, coord.addr, "warm-" + name, ds, batch, 1, extra=fetch_args)
+            order = os.path.join(tmp, "order-%s" % name)
+            if "a" in args.parts:
+                shuffled_order(bt, order, n, batch, epochs)
             for i in range("a" in args.parts and repeat):
                 mib, sps, _ = fetch_rate(bt, coord.addr, "a-%s-%d" % (name, i), ds, batch, epochs,
                                          extra=fetch_args)
@@ -343,6 +385,14 @@ def main():
                 mib, _, _ = fetch_rate(bt, coord.addr, "g-%s-%d" % (name, i), ds, batch, epochs,
                                        "grpc", extra=fetch_args)
                 grpc_runs.append(mib)
+                mib, _, _ = fetch_rate(bt, coord.addr, "s-%s-%d" % (name, i), ds, batch, epochs,
+                                       extra=fetch_args + ["--shuffle", "--seed", 0])
+                shuf_runs.append(mib)
+                tcp2_shuf_runs.append(tcp_rate(tcp_bin, path, off, n * sample, batch * sample,
+                                               epochs, len(workers), order, sample))
+                if not args.auth:  # the binding reads no token file here
+                    loader_runs.append(loader_rate(batchwire, coord.addr, "l-%s-%d" % (name, i),
+                                                   ds, batch, epochs))
             if "a" in args.parts:
                 row = {"sample": sample, "batch": batch, "samples": n, "epochs": epochs,
                        "fetch_mib_s": median(fetch_runs), "fetch_samples_s": median(fetch_sps),
@@ -352,6 +402,12 @@ def main():
                 row["ratio"] = row["fetch_mib_s"] / row["tcp_mib_s"]
                 row["grpc_ratio"] = row["grpc_mib_s"] / row["tcp_mib_s"]
                 row["ratio2"] = row["fetch_mib_s"] / row["tcp2_mib_s"]
+                row.update({"shuffled_mib_s": median(shuf_runs),
+                            "tcp2_shuffled_mib_s": median(tcp2_shuf_runs),
+                            "loader_mib_s": median(loader_runs), "shuffled_runs": shuf_runs,
+                            "tcp2_shuffled_runs": tcp2_shuf_runs, "loader_runs": loader_runs})
+                row["ratio2_shuffled"] = row["shuffled_mib_s"] / row["tcp2_shuffled_mib_s"]
+                row["loader_vs_fetch"] = row["loader_mib_s"] / row["fetch_mib_s"]
                 report["a"].append(row)
                 log("(a) %s x %d: fetch %.0f MiB/s (%.0f samples/s), fetch over gRPC %.0f MiB/s, "
                     "raw TCP %.0f MiB/s (%d connections: %.0f), ratio %.2f (gRPC %.2f; vs %d "
@@ -359,6 +415,14 @@ def main():
                     % (human(sample), batch, row["fetch_mib_s"], row["fetch_samples_s"],
                        row["grpc_mib_s"], row["tcp_mib_s"], len(workers), row["tcp2_mib_s"],
                        row["ratio"], row["grpc_ratio"], len(workers), row["ratio2"]))
+                log("(a) %s x %d shuffled: fetch %.0f MiB/s, raw TCP (%d connections, the same "
+                    "order) %.0f MiB/s, ratio %.2f; batchwire.Loader (plan order) %.0f MiB/s, "
+                    "%.2f of fetch"
+                    % (human(sample), batch, row["shuffled_mib_s"], len(workers),
+                       row["tcp2_shuffled_mib_s"], row["ratio2_shuffled"], row["loader_mib_s"],
+                       row["loader_vs_fetch"]))
+            if os.path.exists(order):
+                os.remove(order)
 
             # (b) the same dataset through Python: batchwire.Loader vs torch DataLoader
             max_batches = max(8, (64 * MiB if args.quick else 256 * MiB) // (batch * sample))
@@ -451,6 +515,16 @@ def print_markdown(rep, repeat):
             human(r["sample"]), r["batch"], r["fetch_mib_s"], r["fetch_samples_s"],
             r["tcp_mib_s"], r["ratio"], r["grpc_mib_s"], r["grpc_ratio"], r["tcp2_mib_s"],
             r["ratio2"]))
+    out.append("\n(a) shuffled (--shuffle --seed 0) against raw TCP over 2 connections sending "
+               "the same samples in the same order; and batchwire.Loader against `batchwire "
+               "fetch`, plan order (median of %d)\n" % repeat)
+    out.append("| sample | batch | fetch shuffled MiB/s | raw TCP shuffled, 2 connections MiB/s "
+               "| fetch / that | Loader MiB/s | Loader / fetch |")
+    out.append("|---|---|---|---|---|---|---|")
+    for r in rep["a"]:
+        out.append("| %s | %d | %.0f | %.0f | %.2f | %.0f | %.2f |" % (
+            human(r["sample"]), r["batch"], r["shuffled_mib_s"], r["tcp2_shuffled_mib_s"],
+            r["ratio2_shuffled"], r["loader_mib_s"], r["loader_vs_fetch"]))
     out.append("\n(b) Python: batchwire.Loader + batch.torch() vs torch DataLoader(num_workers=2)"
                " (median of %d)\n" % repeat)
     out.append("| sample | batch | batches | batchwire MiB/s | samples/s | DataLoader MiB/s | "

@@ -3,7 +3,7 @@
  * fetches over CONNS loopback TCP connections (default 1), with no framing and no protocol,
  * and reports the rate.
  *
- *     bench_client_tcp FILE OFFSET BYTES CHUNK REPEAT [CONNS]
+ *     bench_client_tcp FILE OFFSET BYTES CHUNK REPEAT [CONNS [ORDER SAMPLE]]
  *
  * FILE is mapped and bytes [OFFSET, OFFSET + BYTES) are sent REPEAT times as batches of CHUNK
  * bytes. With CONNS connections, sender thread i writes part i of every batch (CONNS equal
@@ -11,6 +11,14 @@
  * CHUNK-byte buffer (as a client fills a reusable batch buffer from several workers). Prints
  * one JSON line: {"bytes":N,"seconds":S,"mib_per_s":M}. Timing starts before the connections
  * are accepted and ends when every byte has arrived.
+ *
+ * With ORDER and SAMPLE, the range holds samples of SAMPLE bytes (CHUNK a multiple of it) and
+ * they are sent in the order ORDER gives -- a file of REPEAT * BYTES / SAMPLE sample numbers,
+ * u64 little-endian, e.g. a shuffled epoch's batches one after the other (bench_client.py
+ * writes them from `batchwire plan --shuffle`): each batch's samples are read from their
+ * places in the mapping, sender i writing part i of them (whole samples) with one writev of
+ * up to IOV_MAX pieces at a time, so the baseline reads the same random offsets a shuffled
+ * fetch reads.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -25,6 +33,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +43,8 @@ enum { MAX_CONNS = 16 };
 
 typedef struct sender {
     const uint8_t *data;
+    const uint64_t *order; /* NULL: in file order; else the samples of SAMPLE bytes to send */
+    uint64_t sample;
     uint64_t bytes, chunk, repeat;
     uint16_t port;
     unsigned part, conns;
@@ -65,6 +76,38 @@ static int parse_u64(const char *s, uint64_t *out)
     return 0;
 }
 
+/* Writes samples order[from, to) of SAMPLE bytes each from the mapping, IOV_MAX at a time. */
+static int write_samples(int fd, const sender *s, uint64_t from, uint64_t to)
+{
+    enum { IOV_BATCH = 1024 };
+    struct iovec iov[IOV_BATCH];
+    while (from < to) {
+        size_t n = 0;
+        for (; n < IOV_BATCH && from + n < to; n++)
+            iov[n] = (struct iovec){(void *)(s->data + s->order[from + n] * s->sample),
+                                    (size_t)s->sample};
+        from += n;
+        for (size_t i = 0; i < n;) {
+            ssize_t w = writev(fd, iov + i, (int)(n - i));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                perror("bench_client_tcp: writev");
+                return 1;
+            }
+            for (size_t left = (size_t)w; left && i < n;) { /* skip what was written */
+                size_t take = left < iov[i].iov_len ? left : iov[i].iov_len;
+                iov[i].iov_base = (uint8_t *)iov[i].iov_base + take;
+                iov[i].iov_len -= take;
+                left -= take;
+                if (!iov[i].iov_len)
+                    i++;
+            }
+        }
+    }
+    return 0;
+}
+
 static void *send_main(void *arg)
 {
     sender *s = arg;
@@ -87,6 +130,13 @@ static void *send_main(void *arg)
         for (uint64_t off = 0; off < s->bytes && !s->rc;) {
             uint64_t n = s->bytes - off < s->chunk ? s->bytes - off : s->chunk;
             uint64_t from, to;
+            if (s->order) { /* this part's whole samples, from where the order puts them */
+                uint64_t first = (r * s->bytes + off) / s->sample;
+                part_of(n / s->sample, s->part, s->conns, &from, &to);
+                s->rc = write_samples(fd, s, first + from, first + to);
+                off += n;
+                continue;
+            }
             part_of(n, s->part, s->conns, &from, &to);
             uint64_t done = from;
             while (done < to) {
@@ -109,7 +159,8 @@ static void *send_main(void *arg)
 
 typedef struct receiver {
     int fd;
-    uint8_t *buf; /* the whole batch buffer; this receiver fills its part */
+    uint8_t *buf;    /* the whole batch buffer; this receiver fills its part */
+    uint64_t sample; /* with an order: parts are whole samples */
     uint64_t bytes, chunk, repeat;
     unsigned part, conns;
     int rc;
@@ -123,7 +174,9 @@ static void *recv_main(void *arg)
         for (uint64_t off = 0; off < r->bytes && !r->rc;) {
             uint64_t n = r->bytes - off < r->chunk ? r->bytes - off : r->chunk;
             uint64_t from, to;
-            part_of(n, r->part, r->conns, &from, &to);
+            part_of(n / r->sample, r->part, r->conns, &from, &to);
+            from *= r->sample;
+            to *= r->sample;
             while (from < to) {
                 ssize_t got = read(r->fd, r->buf + from, (size_t)(to - from));
                 if (got < 0 && errno == EINTR)
@@ -147,13 +200,43 @@ int main(int argc, char **argv)
     if (bw__version_flag(argc, argv, "bench_client_tcp"))
         return 0;
     uint64_t offset, bytes, chunk, repeat;
-    uint64_t conns = 1;
-    if ((argc != 6 && argc != 7) || parse_u64(argv[2], &offset) || parse_u64(argv[3], &bytes) ||
-        parse_u64(argv[4], &chunk) || parse_u64(argv[5], &repeat) || chunk == 0 ||
-        (argc == 7 && (parse_u64(argv[6], &conns) || conns < 1 || conns > MAX_CONNS))) {
-        fprintf(stderr, "usage: bench_client_tcp FILE OFFSET BYTES CHUNK REPEAT [CONNS 1-%d]\n",
+    uint64_t conns = 1, sample = 1;
+    if ((argc != 6 && argc != 7 && argc != 9) || parse_u64(argv[2], &offset) ||
+        parse_u64(argv[3], &bytes) || parse_u64(argv[4], &chunk) || parse_u64(argv[5], &repeat) ||
+        chunk == 0 ||
+        (argc >= 7 && (parse_u64(argv[6], &conns) || conns < 1 || conns > MAX_CONNS)) ||
+        (argc == 9 &&
+         (parse_u64(argv[8], &sample) || sample == 0 || chunk % sample || bytes % sample))) {
+        fprintf(stderr,
+                "usage: bench_client_tcp FILE OFFSET BYTES CHUNK REPEAT [CONNS 1-%d [ORDER "
+                "SAMPLE]]\n(with ORDER, BYTES and CHUNK are multiples of SAMPLE)\n",
                 MAX_CONNS);
         return 2;
+    }
+    uint64_t *order = NULL;
+    if (argc == 9) {
+        uint64_t want = repeat * (bytes / sample);
+        FILE *f = fopen(argv[7], "rb");
+        order = malloc((size_t)(want ? want : 1) * sizeof(*order));
+        size_t got = f && order ? fread(order, sizeof(*order), (size_t)want, f) : 0;
+        int extra = f ? fgetc(f) : EOF;
+        if (f)
+            fclose(f);
+        if (got != want || extra != EOF) {
+            fprintf(stderr,
+                    "bench_client_tcp: %s: expected %" PRIu64 " sample numbers (u64) and nothing "
+                    "more, read %zu\n",
+                    argv[7], want, got);
+            return 1;
+        }
+        for (uint64_t i = 0; i < want; i++) /* read in host order: bench_client.py writes "<Q" */
+            if (order[i] >= bytes / sample) {
+                fprintf(stderr,
+                        "bench_client_tcp: %s: sample %" PRIu64 " at %" PRIu64
+                        " is past the %" PRIu64 " samples of the range\n",
+                        argv[7], order[i], i, bytes / sample);
+                return 1;
+            }
     }
     int fd = open(argv[1], O_RDONLY);
     struct stat st;
@@ -188,8 +271,8 @@ int main(int argc, char **argv)
     pthread_t sth[MAX_CONNS], rth[MAX_CONNS];
     double t0 = now_s();
     for (unsigned i = 0; i < conns; i++) {
-        s[i] =
-            (sender){map + offset, bytes, chunk, repeat, ntohs(a.sin_port), i, (unsigned)conns, 0};
+        s[i] = (sender){map + offset,      order, sample,          bytes, chunk, repeat,
+                        ntohs(a.sin_port), i,     (unsigned)conns, 0};
         if (pthread_create(&sth[i], NULL, send_main, &s[i]) != 0)
             return 1;
     }
@@ -199,7 +282,7 @@ int main(int argc, char **argv)
             perror("bench_client_tcp: accept");
             return 1;
         }
-        rv[i] = (receiver){cs, buf, bytes, chunk, repeat, i, (unsigned)conns, 0};
+        rv[i] = (receiver){cs, buf, sample, bytes, chunk, repeat, i, (unsigned)conns, 0};
         if (pthread_create(&rth[i], NULL, recv_main, &rv[i]) != 0)
             return 1;
     }
@@ -217,6 +300,7 @@ int main(int argc, char **argv)
     }
     close(ls);
     free(buf);
+    free(order);
     munmap(map, (size_t)st.st_size);
     printf("{\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"mib_per_s\":%.1f}\n", total, secs,
            secs > 0 ? (double)total / (1 << 20) / secs : 0.0);
