@@ -1,6 +1,6 @@
 /* The Jobs service's handlers. They run on completion-queue threads and never wait for a
- * disk: each one applies its change (jobs_ops.c) and answers from the journal's writer thread
- * once the change is durable (group commit). Creating a job first asks a live worker to
+ * disk: each one applies its change (jobs_ops.c) and answers from the journal's notifier
+ * thread once the change is durable (group commit). Creating a job first asks a live worker to
  * describe the dataset, on a thread of its own. */
 #include "jobs_service.h"
 

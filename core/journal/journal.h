@@ -12,8 +12,9 @@
  * possibly older ones not yet removed, which are skipped).
  *
  * Durability: bw__journal_append only queues a record; one writer thread writes everything
- * queued in one write() and one fdatasync() (group commit) and then runs the callbacks of
- * every record that became durable. Acknowledge a change only from such a callback.
+ * queued in one write() and one fdatasync() (group commit) and goes on to the next, while a
+ * notifier thread runs the callbacks of every record that became durable, in turn.
+ * Acknowledge a change only from such a callback.
  *
  * Recovery (bw__journal_open): loads the snapshot, replays the records after it in order, and
  * classifies a record that fails its checks:
@@ -92,7 +93,8 @@ typedef void (*bw_journal_done_fn)(void *arg, int rc);
 
 /* Runs fn(arg, rc) once record `seq` is durable: at once, in the calling thread, when it
  * already is (or the journal has failed, or the disk is full, or memory for the wait ran
- * out: rc BW_NOMEM); otherwise later, on the writer thread. */
+ * out: rc BW_NOMEM); otherwise later, on the journal's notifier thread (one thread: callbacks
+ * never run concurrently with each other, and a slow one delays the others, not the disk). */
 void bw__journal_when_durable(bw_journal *j, uint64_t seq, bw_journal_done_fn fn, void *arg);
 
 /* Blocks until record `seq` is durable; returns BW_OK, BW_IO, or BW_UNAVAILABLE once the

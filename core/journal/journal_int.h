@@ -28,6 +28,12 @@ struct bw_journal {
     pthread_cond_t done; /* durability, rotation and failure */
     pthread_t thread;
     bool thread_started;
+    /* The notifier: runs the callbacks of records made durable, so that the writer goes on
+     * to the next group commit while answers are sent (journal.c, "notifier"). */
+    pthread_cond_t settle; /* the notifier: durable_seq moved, or the writer stopped */
+    pthread_t notifier;
+    bool notifier_started;
+    bool writer_done; /* the writer has exited: the notifier settles what is left and stops */
     bool closing;
     int failed; /* errno of the first failed write/fsync */
     /* ENOSPC or EDQUOT while the disk is full: the last write found no space, was cut back,
@@ -76,7 +82,7 @@ uint64_t bw__journal_get64(const uint8_t *p);
  * errno set. */
 int bw__journal_create_file(bw_journal *j, uint64_t first_seq);
 
-/* Starts the writer thread. */
+/* Starts the writer and notifier threads. */
 int bw__journal_start(bw_journal *j);
 
 /* Frees the struct (no thread running, fd closed by the caller or -1). */

@@ -397,6 +397,7 @@ int bw__journal_open(const char *dir, const char *truncate_at, bw_journal_snapsh
     pthread_mutex_init(&j->mu, NULL);
     bw__cond_init_mono(&j->wake); /* the writer's timed waits on a full disk */
     pthread_cond_init(&j->done, NULL);
+    pthread_cond_init(&j->settle, NULL);
     if (!(j->dir = strdup(dir))) {
         snprintf(err, errlen, "journal %s: out of memory", dir);
         bw__journal_free(j);
