@@ -5,9 +5,9 @@
  * before reading the body, decodes it bounded by that charge (request.h), opens the read on the
  * executor's pool (read_path.h: the same checks as gRPC) and writes each record's frame header
  * and bytes with one sendmsg per batch of frames -- records straight from the dataset's mapped
- * file, frame headers (and small records of a file mapped for them alone) gathered into a
- * staging buffer first. A client that sends garbage gets an ERROR frame and the connection is
- * closed; the worker keeps serving everyone else.
+ * file, frame headers and records under 1 KiB (or under 32 KiB, of a file mapped for them
+ * alone) gathered into a staging buffer first. A client that sends garbage gets an ERROR frame
+ * and the connection is closed; the worker keeps serving everyone else.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -35,6 +35,7 @@ enum {
     THREAD_STACK = 256 << 10, /* per connection; serve() needs a few KiB */
     STAGE_BYTES = 256 << 10,  /* frame headers and copied records, per send */
     COPY_MAX = 32 << 10,      /* records of their own below this are copied into the stage */
+    REF_MIN = 1 << 10,        /* records in a dataset's mapping from this size are sent from it */
     PENDING_MAX = 32,         /* large samples gathered into one sendmsg, at most */
     SEND_BYTES = 4 << 20,     /* bytes gathered into one sendmsg, about */
     IOV_CAP = 1024,
@@ -99,10 +100,10 @@ static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
 
 /* ---- sending ----
  * Frames are gathered into one iovec list: headers copied into the staging buffer, records as
- * pointers into the dataset's mapping (which the open read holds), records of a file mapped
- * for them alone as pointers into it (held until sent; copied into the staging buffer below
- * COPY_MAX), and written with one sendmsg per PENDING_MAX held records, SEND_BYTES bytes or
- * IOV_CAP pieces. A request's buffers are allocated
+ * pointers into the dataset's mapping (which the open read holds; copied into the staging
+ * buffer below REF_MIN), records of a file mapped for them alone as pointers into it (held
+ * until sent; copied below COPY_MAX), and written with one sendmsg per PENDING_MAX held
+ * records, SEND_BYTES bytes or IOV_CAP pieces. A request's buffers are allocated
  * once it is admitted and freed when it is answered: an idle connection holds none. */
 
 typedef struct wbuf {
@@ -236,10 +237,12 @@ static int serve_read(wbuf *o, bw__rp *rp, int *status)
         if (rc != BW_OK)
             return send_error(o->sock, o, *status = rc, 0, err);
         stage_frame(o, BW_DCHAN_SAMPLE, 0, r->key, r->rec.size);
-        if (in_dataset_mapping(&r->rec)) {
+        if (r->rec.size >= REF_MIN && in_dataset_mapping(&r->rec)) {
             /* In a dataset's mapping, which the open read holds until it closes: referenced
-             * without holding the record (docs/performance.md, "Client": copying even 4 KiB
-             * records into the stage was a third of the worker's time). */
+             * without holding the record (docs/performance.md, "Client": copying 4 KiB records
+             * into the stage was a third of the worker's time; below REF_MIN the copy costs
+             * less than the kernel's two iovec pieces per record -- at 256 B the worker spent
+             * about a fifth more CPU per sample sending from the mapping). */
             for (size_t p = 0; p < r->rec.nparts; p++)
                 add_iov(o, r->rec.parts[p].p, r->rec.parts[p].len);
             o->mapped = o->mapped || r->rec.size > 0;
