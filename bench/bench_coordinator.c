@@ -74,11 +74,27 @@ static double coord_cpu_s(void)
     size_t n = fread(buf, 1, sizeof(buf) - 1, f);
     fclose(f);
     buf[n] = 0;
-    const char *p = strrchr(buf, ')'); /* the command may hold spaces */
-    unsigned long long ut = 0, st = 0;
-    if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2)
-        return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-    return 0;
+    /* After the command (which may hold spaces and parentheses): fields 3, 4, ...; utime and
+     * stime are fields 14 and 15. */
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    p++;
+    unsigned long long v[2] = {0, 0};
+    for (int field = 3; field <= 15; field++) {
+        while (*p == ' ')
+            p++;
+        char *end = p;
+        if (field >= 14)
+            v[field - 14] = strtoull(p, &end, 10);
+        else
+            while (*end && *end != ' ')
+                end++;
+        if (end == p)
+            return 0;
+        p = end;
+    }
+    return (double)(v[0] + v[1]) / (double)sysconf(_SC_CLK_TCK);
 }
 
 static int free_port(void)
@@ -138,6 +154,15 @@ static pid_t start_coordinator(void)
     return pid;
 }
 
+/* calloc that aborts when memory runs out (a benchmark has nothing better to do). */
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p)
+        abort();
+    return p;
+}
+
 /* ---- asynchronous unary calls on completion queues ---- */
 
 /* One connection of its own (a local subchannel pool: channels with the same arguments would
@@ -149,7 +174,7 @@ typedef struct conn {
 
 static conn *conn_open(void)
 {
-    conn *c = calloc(1, sizeof(*c));
+    conn *c = xcalloc(1, sizeof(*c));
     grpc_arg a[1];
     a[0].type = GRPC_ARG_INTEGER;
     a[0].key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
@@ -185,6 +210,10 @@ typedef struct slot {
 static void slot_start(slot *s, conn *c, grpc_completion_queue *cq, bw_method_id m,
                        const ProtobufCMessage *req, int timeout_ms)
 {
+    if (!c) {
+        fprintf(stderr, "bench: a %s call without a connection\n", bw__methods[m].name);
+        exit(1);
+    }
     size_t len = protobuf_c_message_get_packed_size(req);
     grpc_slice sl = grpc_slice_malloc(len);
     protobuf_c_message_pack(req, GRPC_SLICE_START_PTR(sl));
@@ -486,21 +515,23 @@ static void bench_commits(uint32_t world)
     int nconn = connections > 0 ? connections : (int)world;
     if (nconn > (int)world)
         nconn = (int)world;
-    conn **cs = calloc((size_t)nconn, sizeof(*cs));
+    if (nconn < 1)
+        nconn = 1;
+    conn **cs = xcalloc((size_t)nconn, sizeof(*cs));
     for (int i = 0; i < nconn; i++)
         cs[i] = conn_open();
     char job[32];
     snprintf(job, sizeof(job), "commits-%u", world);
     uint64_t fp = create(cs[0], job, world);
-    rank_agent *ranks = calloc(world, sizeof(*ranks));
+    rank_agent *ranks = xcalloc(world, sizeof(*ranks));
     for (uint32_t i = 0; i < world; i++) {
         ranks[i].rank = i;
         ranks[i].c = cs[i % (uint32_t)nconn];
     }
     join_all(ranks, world, job, world, 64);
     int k = client_threads < (int)world ? client_threads : (int)world;
-    commit_ctx *xs = calloc((size_t)k, sizeof(*xs));
-    pthread_t *ts = calloc((size_t)k, sizeof(*ts));
+    commit_ctx *xs = xcalloc((size_t)k, sizeof(*xs));
+    pthread_t *ts = xcalloc((size_t)k, sizeof(*ts));
     double fc0, fs0;
     fsyncs(&fc0, &fs0);
     double cpu0 = coord_cpu_s(), me0 = self_cpu_s(), t0 = now_s();
@@ -681,6 +712,8 @@ static double scrape_into(size_t *bytes, size_t *lines, char **keep)
             if (*bytes + (size_t)n + 1 > cap) {
                 cap = (*bytes + (size_t)n + 1) * 2;
                 *keep = realloc(*keep, cap);
+                if (!*keep)
+                    abort();
             }
             memcpy(*keep + *bytes, buf, (size_t)n);
             (*keep)[*bytes + (size_t)n] = 0;
@@ -727,11 +760,11 @@ static double self_cpu_s(void)
 static void bench_ranks(void)
 {
     int nconn = connections > 0 ? connections : 64;
-    conn **cs = calloc((size_t)nconn, sizeof(*cs));
+    conn **cs = xcalloc((size_t)nconn, sizeof(*cs));
     for (int i = 0; i < nconn; i++)
         cs[i] = conn_open();
     create(cs[0], "ranks", (uint32_t)nranks);
-    rank_agent *ranks = calloc((size_t)nranks, sizeof(*ranks));
+    rank_agent *ranks = xcalloc((size_t)nranks, sizeof(*ranks));
     for (int i = 0; i < nranks; i++) {
         ranks[i].rank = (uint32_t)i;
         ranks[i].c = cs[i % nconn];
@@ -745,8 +778,8 @@ static void bench_ranks(void)
     fflush(stdout);
 
     int k = client_threads;
-    hb_ctx *xs = calloc((size_t)k, sizeof(*xs));
-    pthread_t *ts = calloc((size_t)k, sizeof(*ts));
+    hb_ctx *xs = xcalloc((size_t)k, sizeof(*xs));
+    pthread_t *ts = xcalloc((size_t)k, sizeof(*ts));
     double start = now_s() + 0.05;
     cpu0 = coord_cpu_s();
     double w0 = now_s();

@@ -334,7 +334,8 @@ static void emit_job_summary(bw__cm *m, bw_metrics_sink *sink, const job_row *j,
         if (rows[k].reported)
             lag[n++] = front - (rows[k].epoch * rows[k].epoch_steps + rows[k].step);
     qsort(lag, n, sizeof(*lag), cmp_u64);
-    bw__metrics_emit(sink, m->f[JOB_LAG], (const char *[]){name, "median"}, (double)lag[n / 2]);
+    size_t mid = n / 2;
+    bw__metrics_emit(sink, m->f[JOB_LAG], (const char *[]){name, "median"}, (double)lag[mid]);
     bw__metrics_emit(sink, m->f[JOB_LAG], (const char *[]){name, "max"}, (double)lag[n - 1]);
     free(lag);
 }
