@@ -138,6 +138,29 @@ static int dconn_get(dchan_state *s, const char *address, int timeout_ms, bw__dc
     return BW_OK;
 }
 
+/* One recvmsg into iov[0..n) without waiting: BW_OK with *got bytes (0: none yet), or
+ * BW_UNAVAILABLE when the connection closed or failed. */
+static int dconn_recvmsg(bw__dconn *c, struct iovec *iov, size_t n, size_t *got, char *err,
+                         size_t errlen)
+{
+    struct msghdr mh;
+    memset(&mh, 0, sizeof(mh));
+    mh.msg_iov = iov;
+    mh.msg_iovlen = n;
+    ssize_t r;
+    do
+        r = recvmsg(c->s.fd, &mh, MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    *got = r > 0 ? (size_t)r : 0;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return BW_OK;
+    if (r <= 0) {
+        snprintf(err, errlen, "%s", r == 0 ? "the worker closed the connection" : strerror(errno));
+        return BW_UNAVAILABLE;
+    }
+    return BW_OK;
+}
+
 static int dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t *got, char *err,
                       size_t errlen)
 {
@@ -170,26 +193,16 @@ static int dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t 
     struct iovec iov[2] = {{dst, n}, {c->buf, ahead}};
     if (!direct)
         iov[0] = (struct iovec){c->buf, c->read_ahead || n > ahead ? BW_DCONN_BUF : n};
-    struct msghdr mh;
-    memset(&mh, 0, sizeof(mh));
-    mh.msg_iov = iov;
-    mh.msg_iovlen = direct ? 2 : 1;
-    ssize_t r;
-    do
-        r = recvmsg(c->s.fd, &mh, MSG_DONTWAIT);
-    while (r < 0 && errno == EINTR);
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-        return BW_OK;
-    if (r <= 0) {
-        snprintf(err, errlen, "%s", r == 0 ? "the worker closed the connection" : strerror(errno));
-        return BW_UNAVAILABLE;
-    }
+    size_t r;
+    int rc = dconn_recvmsg(c, iov, direct ? 2 : 1, &r, err, errlen);
+    if (rc != BW_OK || r == 0)
+        return rc;
     if (direct) {
-        *got = (size_t)r < n ? (size_t)r : n;
-        c->len = (size_t)r - *got;
+        *got = r < n ? r : n;
+        c->len = r - *got;
         return BW_OK;
     }
-    c->len = (size_t)r;
+    c->len = r;
     *got = c->len < n ? c->len : n;
     memcpy(dst, c->buf, *got);
     c->pos = *got;
@@ -608,21 +621,10 @@ static int spec_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *use
     memcpy(sp->hdr[0], x->hdr, pre);
     if (all)
         sp->iov[niov++] = (struct iovec){c->buf, BW_DCHAN_FRAME_HEADER};
-    struct msghdr mh;
-    memset(&mh, 0, sizeof(mh));
-    mh.msg_iov = sp->iov;
-    mh.msg_iovlen = niov;
-    ssize_t r;
-    do
-        r = recvmsg(c->s.fd, &mh, MSG_DONTWAIT);
-    while (r < 0 && errno == EINTR);
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-        return BW_OK;
-    if (r <= 0) {
-        snprintf(err, errlen, "%s", r == 0 ? "the worker closed the connection" : strerror(errno));
-        return BW_UNAVAILABLE;
-    }
-    size_t left = (size_t)r, done = 0, j = 0;
+    size_t left = 0, done = 0, j = 0;
+    int rc = dconn_recvmsg(c, sp->iov, niov, &left, err, errlen);
+    if (rc != BW_OK || left == 0)
+        return rc;
     *got = left;
     if (lead) {
         size_t take = left < x->need - x->got ? left : x->need - x->got;
@@ -646,7 +648,7 @@ static int spec_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *use
         x->hgot = 0;
         bw__dchan_get_frame(sp->hdr[j], &x->f);
         if (x->f.type != BW_DCHAN_SAMPLE || x->f.a != sp->key[j] || x->f.b != size) {
-            int rc = respool(c, sp->iov, lead + 2 * j + 1, niov, left);
+            rc = respool(c, sp->iov, lead + 2 * j + 1, niov, left);
             memcpy(x->hdr, sp->hdr[j], sizeof(x->hdr));
             *ended = rc == BW_OK ? frame(x, sink, res)
                                  : end(x, res, rc, false, "out of memory for a frame");
@@ -654,7 +656,7 @@ static int spec_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *use
         }
         x->any = true;
         uint8_t *d = NULL;
-        int rc = sink->place(sink->ctx, x->f.a, size, 0, size, &d, err, errlen);
+        rc = sink->place(sink->ctx, x->f.a, size, 0, size, &d, err, errlen);
         if (rc == BW_OK && d != sp->dest[j]) {
             snprintf(err, errlen, "sample %llu's place moved while it was received",
                      (unsigned long long)x->f.a);
