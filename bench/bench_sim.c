@@ -783,8 +783,9 @@ static bool run_point(uint32_t W, uint32_t R)
         bw_arena a;
         bw__arena_init(&a, 0);
         Batchwire__V1__PlacementTable *t = NULL;
+        uint64_t version = 0;
         uint32_t owners[LOADER_SHARDS];
-        if (bw__jobs_placement_table(&S->coord, &a, &t) != BW_OK || !t)
+        if (bw__jobs_placement_table(&S->coord, &a, &version, &t) != BW_OK || !t)
             die("placement table", BW_NOMEM, "out of memory");
         placement_get(S, &a, LOADER_SHARDS, owners);
         t->num_shards = LOADER_SHARDS;

@@ -51,9 +51,11 @@ bw_journal *bw__jobs_journal(bw_jobs *s);
  * from one thread (the daemon's main loop). */
 int bw__jobs_compact(bw_jobs *s, uint64_t min_bytes, char *err, size_t errlen);
 
-/* The placement table to hand out (GetJob, heartbeats): filled into `arena`, or *out = NULL
- * when there is none. Called without the jobs lock held. */
-typedef int (*bw_jobs_placement_fn)(void *user, bw_arena *arena,
+/* The placement to hand out (GetJob, heartbeats): its version into *version, and, when `out`
+ * is not NULL, the table filled into `arena` (*out = NULL when there is none). Joins and
+ * heartbeats ask only for the version, which costs nothing per worker; GetJob asks for the
+ * table. Called without the jobs lock held. */
+typedef int (*bw_jobs_placement_fn)(void *user, bw_arena *arena, uint64_t *version,
                                     Batchwire__V1__PlacementTable **out);
 void bw__jobs_set_placement(bw_jobs *s, bw_jobs_placement_fn fn, void *user);
 

@@ -23,12 +23,15 @@ static uint64_t placement_version(bw_jobs *s, bw_arena *arena,
     bw_jobs_placement_fn fn = s->placement;
     void *user = s->placement_user;
     pthread_mutex_unlock(&s->mu);
-    Batchwire__V1__PlacementTable *t = NULL;
-    if (fn && fn(user, arena, &t) != BW_OK)
-        t = NULL;
+    uint64_t version = 0;
     if (table)
-        *table = t;
-    return t ? t->version : 0;
+        *table = NULL;
+    if (fn && fn(user, arena, &version, table) != BW_OK) {
+        version = 0;
+        if (table)
+            *table = NULL;
+    }
+    return version;
 }
 
 /* A list of 1 to MAX_SOURCES paths, each text (`what`: the message's place). */

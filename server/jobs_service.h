@@ -32,6 +32,7 @@ int bw__describe_dataset(bw_coordinator *c, const Batchwire__V1__Dataset *datase
 void bw__jobs_service_drain(void);
 
 /* A bw_jobs_placement_fn over the coordinator's membership (`user` is the bw_coordinator). */
-int bw__jobs_placement_table(void *user, bw_arena *arena, Batchwire__V1__PlacementTable **out);
+int bw__jobs_placement_table(void *user, bw_arena *arena, uint64_t *version,
+                             Batchwire__V1__PlacementTable **out);
 
 #endif
