@@ -102,8 +102,11 @@ def test(tmp):
     w1.wait_log(r"placement version \d+: 2 live workers")
     w2.wait_log(r"placement version \d+: 2 live workers")
     fetch(coord.addr, "two-default-ids")
-    both = bt.poll(lambda: (lambda s: s if s.get(id1, 0) > 0 and s.get(id2, 0) > 0 else None)(
-        served(coord.addr)), 20, interval=0.2, what="both workers to report samples served")
+    # Workers report their counters with their heartbeats, each on its own schedule: wait
+    # until both have reported and the reports cover the job, not just until both are > 0.
+    both = bt.poll(lambda: (lambda s: s if s.get(id1, 0) > 0 and s.get(id2, 0) > 0 and
+                            sum(s.values()) >= NUM_SAMPLES else None)(served(coord.addr)),
+                   20, interval=0.2, what="both workers to report the job's samples served")
     bt.check(sum(both.values()) >= NUM_SAMPLES,
              "both workers served the job's reads: %s" % both)
     bt.check(w1.running() and w2.running(), "neither evicted the other")
