@@ -43,6 +43,7 @@
 #include "server/coordinator.h"
 #include "server/jobs_int.h"
 #include "server/jobs_service.h"
+#include "server/placement_service.h"
 
 enum {
     MAX_POINTS = 8,
@@ -306,7 +307,9 @@ static void new_members(sim *S)
 {
     bw_membership_opts mo = {HEARTBEAT_MS, DEAD_AFTER, 3600000, 0, 0, NULL};
     S->members = bw__membership_new(&mo);
-    if (!S->members)
+    bw__owner_cache_free(S->coord.owners); /* a restart forgets what it had computed */
+    S->coord.owners = bw__owner_cache_new();
+    if (!S->members || !S->coord.owners)
         die("membership", BW_NOMEM, "out of memory");
     S->coord.members = S->members;
 }
@@ -473,11 +476,15 @@ static void op_commit1(sim *S, uint32_t g, bw_arena *a)
     commit(S, g, 1, a);
 }
 
+/* Placement.Get's own table builder (server/placement_service.h), with the coordinator's
+ * cache of owners per placement version. */
 static void op_placement(sim *S, uint32_t g, bw_arena *a)
 {
     (void)g;
-    uint32_t owners[LOADER_SHARDS];
-    placement_get(S, a, LOADER_SHARDS, owners);
+    Batchwire__V1__PlacementTable *t = NULL;
+    int rc = bw__placement_table(&S->coord, a, LOADER_SHARDS, &t);
+    if (rc != BW_OK || !t->n_owners)
+        die("placement", rc == BW_OK ? BW_UNAVAILABLE : rc, "no live workers");
 }
 
 /* ---- placement churn ---- */
@@ -837,6 +844,8 @@ static bool run_point(uint32_t W, uint32_t R)
 
     bw__jobs_close(S->jobs);
     bw__membership_free(S->members);
+    bw__owner_cache_free(S->coord.owners);
+    S->coord.owners = NULL;
     remove_dir(S->dir);
     free(S->incarnation);
     free(S->leases);

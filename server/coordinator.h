@@ -33,9 +33,13 @@ typedef struct bw_coordinator_config {
     int64_t metrics_rank_series;
 } bw_coordinator_config;
 
+typedef struct bw_owner_cache bw_owner_cache;
+
 typedef struct bw_coordinator {
     const bw_coordinator_config *cfg;
     bw_membership *members;
+    bw_owner_cache *owners; /* Placement.Get's owners per version (placement_service.h); NULL:
+                               computed per call */
     bw_jobs *jobs;
     bw_auth *auth;     /* who may call (--auth-tokens) */
     char *token;       /* our bearer token (--token-file), or NULL; never sent to workers with

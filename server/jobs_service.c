@@ -3,6 +3,7 @@
  * thread once the change is durable (group commit). Creating a job first asks a live worker to
  * describe the dataset, on a thread of its own. */
 #include "jobs_service.h"
+#include "placement_service.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -293,29 +294,7 @@ int bw__jobs_placement_table(void *user, bw_arena *a, uint64_t *version,
         *version = bw__membership_version(c->members);
         return BW_OK;
     }
-    *out = NULL;
-    Batchwire__V1__PlacementTable *t = bw__arena_alloc(a, sizeof(*t));
-    char **ids = NULL, **addrs = NULL, **daddrs = NULL;
-    size_t n = 0;
-    if (!t)
-        return BW_NOMEM;
-    batchwire__v1__placement_table__init(t);
-    int rc = bw__membership_live(c->members, a, &t->version, &ids, &addrs, &daddrs, &n);
-    if (rc != BW_OK)
-        return rc;
-    Batchwire__V1__PlacementWorker *pw = bw__arena_alloc(a, (n + 1) * sizeof(*pw));
-    t->workers = bw__arena_alloc(a, (n + 1) * sizeof(*t->workers));
-    if (!pw || !t->workers)
-        return BW_NOMEM;
-    for (size_t i = 0; i < n; i++) {
-        batchwire__v1__placement_worker__init(&pw[i]);
-        pw[i].id = ids[i];
-        pw[i].address = addrs[i];
-        pw[i].data_address = daddrs[i];
-        t->workers[i] = &pw[i];
-    }
-    t->n_workers = n;
-    *version = t->version;
-    *out = t;
-    return BW_OK;
+    int rc = bw__placement_table(c, a, 0, out);
+    *version = rc == BW_OK ? (*out)->version : 0;
+    return rc;
 }

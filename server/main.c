@@ -13,6 +13,7 @@
 #include "coordinator.h"
 #include "jobs_service.h"
 #include "metrics.h"
+#include "placement_service.h"
 
 /* The settings: the coordinator's own, and when to compact its journal (only this file uses
  * those). */
@@ -125,7 +126,7 @@ int main(int argc, char **argv)
                                        (uint32_t)cfg->max_workers,
                                        (uint32_t)cfg->max_workers_per_principal,
                                        coord.auth};
-        if (!(coord.members = bw__membership_new(&mo))) {
+        if (!(coord.members = bw__membership_new(&mo)) || !(coord.owners = bw__owner_cache_new())) {
             rc = BW_NOMEM;
             snprintf(err, sizeof(err), "out of memory for the worker table");
         }
@@ -249,6 +250,7 @@ int main(int argc, char **argv)
     if (lock_fd >= 0)
         close(lock_fd);
     bw__membership_free(coord.members);
+    bw__owner_cache_free(coord.owners);
     bw__metrics_free(metrics);
     bw__auth_free(coord.auth);
     bw__grants_free(coord.grants);

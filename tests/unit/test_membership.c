@@ -1,6 +1,7 @@
 /* The coordinator's worker table (server/membership.c): which principal may register which
  * id (its ids= binding), the caps on the table, and dead workers leaving it
- * (docs/security.md, "Worker ids"). */
+ * (docs/security.md, "Worker ids"), and the placement table built from it, whose owners are
+ * kept per placement version (server/placement_service.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,7 +14,9 @@
 #include <unistd.h>
 
 #include "batchwire/batchwire.h"
+#include "placement/placement.h"
 #include "server/membership.h"
+#include "server/placement_service.h"
 
 static char path[64];
 
@@ -128,12 +131,61 @@ static void test_forget(void **state)
     bw__membership_free(m);
 }
 
+/* The owners Placement.Get hands out are rendezvous hashing over the live workers sorted by
+ * id, whether computed or kept from an earlier call, and follow every change of the set. */
+static void check_owners(bw_coordinator *c, uint32_t shards, const char *const *ids, size_t n,
+                         uint64_t *version)
+{
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    for (int round = 0; round < 2; round++) { /* computed, then kept */
+        Batchwire__V1__PlacementTable *t = NULL;
+        assert_int_equal(bw__placement_table(c, &a, shards, &t), BW_OK);
+        assert_int_equal(t->n_workers, n);
+        assert_int_equal(t->n_owners, shards);
+        for (size_t i = 0; i < n; i++)
+            assert_string_equal(t->workers[i]->id, ids[i]);
+        for (uint32_t s = 0; s < shards; s++)
+            assert_int_equal(t->owners[s], bw__placement_owner(ids, n, s));
+        *version = t->version;
+    }
+    bw__arena_reset(&a);
+}
+
+static void test_placement_owners(void **state)
+{
+    (void)state;
+    const bw_membership_opts o = {60000, 3, 3600000, 100, 100, NULL};
+    bw_coordinator c;
+    memset(&c, 0, sizeof(c));
+    c.members = bw__membership_new(&o);
+    c.owners = bw__owner_cache_new();
+    assert_non_null(c.members);
+    assert_non_null(c.owners);
+    bw_principal open = {BW_ROLE_OPEN, ""};
+    char err[1024];
+    const char *three[] = {"a", "b", "c"}, *four[] = {"a", "b", "c", "d"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(reg(c.members, &open, three[i], err, sizeof(err)), BW_OK);
+    uint64_t v3, v3b, v4;
+    check_owners(&c, 64, three, 3, &v3);
+    check_owners(&c, 17, three, 3, &v3b); /* another shard count, same version */
+    assert_true(v3 == v3b);
+    assert_int_equal(reg(c.members, &open, "d", err, sizeof(err)), BW_OK);
+    check_owners(&c, 17, four, 4, &v4); /* the shard count kept last: not what was kept */
+    check_owners(&c, 64, four, 4, &v4);
+    assert_true(v4 != v3);
+    bw__owner_cache_free(c.owners);
+    bw__membership_free(c.members);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_binding),
         cmocka_unit_test(test_caps),
         cmocka_unit_test(test_forget),
+        cmocka_unit_test(test_placement_owners),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
