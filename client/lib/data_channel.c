@@ -685,9 +685,8 @@ static int spec_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *use
     }
     /* Post about twice what arrived: a read that posts far more than has arrived spends its
      * time on iovecs. */
-    sp->cap = done == m && !all ? (m * 2 < SPEC_MAX ? m * 2 : SPEC_MAX)
-              : done * 2 > 8    ? done * 2
-                                : 8;
+    size_t cap = done == m && !all ? m * 2 : done * 2 > 8 ? done * 2 : 8;
+    sp->cap = cap < SPEC_MAX ? cap : SPEC_MAX; /* the slots' arrays hold SPEC_MAX */
     return BW_OK;
 }
 
