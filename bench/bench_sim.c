@@ -38,6 +38,7 @@
 #include "batchwire/batchwire.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "common/version.h"
 #include "cursor/cursor.h"
 #include "placement/placement.h"
 #include "server/coordinator.h"
@@ -858,6 +859,8 @@ static bool run_point(uint32_t W, uint32_t R)
 
 int main(int argc, char **argv)
 {
+    if (bw__version_flag(argc, argv, "bench_sim"))
+        return 0;
     snprintf(opt.state, sizeof(opt.state), "/var/tmp");
     const char *points = NULL;
     for (int i = 1; i < argc; i++) {
