@@ -6,12 +6,14 @@ BW_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # What building needs (Debian 12 / Ubuntu 22.04+ package names); the default build includes
 # the unit tests, hence cmocka.
 BW_BUILD_PACKAGES=(gcc libc6-dev make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev
-    protobuf-c-compiler libssl-dev openssl ca-certificates libcmocka-dev libmicrohttpd-dev)
+    protobuf-c-compiler libssl-dev openssl ca-certificates libcmocka-dev libmicrohttpd-dev
+    libturbojpeg0-dev)
 # What the demo needs on top (its verifier, scripts/demo_verify.py).
 BW_DEMO_PACKAGES=(python3 python3-numpy)
 # What running the test suite needs on top.
 # protoc builds the Python stubs the interop tests use; python3-torch is the reference the
-# sampler and binding tests compare with; iproute2's ss shows which worker served a batch;
+# sampler and binding tests compare with, python3-pil and python3-torchvision the transforms'
+# (tests/integration/test_transform_equiv.py); iproute2's ss shows which worker served a batch;
 # prometheus brings promtool, which lints every /metrics scrape the tests take (the package
 # also installs Prometheus's server, which the tests do not use); python3-venv, -setuptools,
 # -wheel and -pip install the Python package offline into a venv (test_pip_install.py);
@@ -24,7 +26,8 @@ BW_DEMO_PACKAGES=(python3 python3-numpy)
 BW_TEST_PACKAGES=(python3 python3-grpcio python3-protobuf protobuf-compiler python3-numpy
     python3-yaml python3-torch clang-format clang-tidy cppcheck python3-cffi python3-mypy
     iproute2 procps nftables iptables prometheus python3-venv python3-setuptools python3-wheel
-    python3-pip slurmctld slurmd slurm-client munge python3-fusepy)
+    python3-pip slurmctld slurmd slurm-client munge python3-fusepy python3-pil
+    python3-torchvision)
 # test_k8s_manifests.py renders k8s/ with kubectl's kustomize and validates it with Node.js
 # (npm's kubernetes-models, tests/k8s/package.json): Debian's kubernetes-client, nodejs and
 # npm, unless a kubectl or an npm of another origin is installed (their files would clash).
