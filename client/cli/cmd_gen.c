@@ -10,6 +10,9 @@
  * Per format, sample i is: npy: bytes(i, itemsize * prod(shape)) as one row; tfrecord, files:
  * bytes(i, len(i)); jsonl: the line {"index":I,"hex":"HEX"} with HEX = hex of bytes(i, len(i));
  * tar: members sampleNNNNNNNN.bin = bytes(i, len(i)) and sampleNNNNNNNN.json = {"index":I}.
+ * jpeg and tar-jpeg: image i of core/formats/synth.h as a JPEG, one file per sample
+ * (samples/sampleNNNNNNNN.jpg, read as format files) or in WebDataset shards with its class
+ * (sampleNNNNNNNN.jpg and sampleNNNNNNNN.cls, read as format tar).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -25,20 +28,33 @@
 #include "common/text.h"
 #include "formats/synth.h"
 
-enum { F_NPY, F_TFRECORD, F_JSONL, F_TAR, F_FILES, F_NPZ };
+#include <turbojpeg.h>
+
+enum { F_NPY, F_TFRECORD, F_JSONL, F_TAR, F_FILES, F_NPZ, F_JPEG, F_TAR_JPEG };
 
 typedef struct gen_cfg {
     int format;
     char *out;
     int64_t num_samples, sample_bytes, sample_bytes_max, files, progress_ms;
+    int64_t seed, image_min, image_max;
     char *shape, *dtype;
     char *fields; /* --fields values, one a line */
 } gen_cfg;
 
 static const bw_opt options[] = {
     {"format", BW_OPT_ENUM, offsetof(gen_cfg, format), NULL, 0, 0,
-     "npy|tfrecord|jsonl|tar|files|npz", BW_OPT_NO_ENV | BW_OPT_REQUIRED, "FORMAT",
-     "dataset format to write (npz: named arrays in uncompressed .npz archives; needs --fields)"},
+     "npy|tfrecord|jsonl|tar|files|npz|jpeg|tar-jpeg", BW_OPT_NO_ENV | BW_OPT_REQUIRED, "FORMAT",
+     "dataset format to write (npz: named arrays in uncompressed .npz archives; needs --fields; "
+     "jpeg: one JPEG image per file, read as format files; tar-jpeg: WebDataset shards of "
+     "NAME.jpg and NAME.cls members, read as format tar)"},
+    {"seed", BW_OPT_INT, offsetof(gen_cfg, seed), "0", 0, INT64_MAX, NULL, BW_OPT_NO_ENV, "S",
+     "jpeg and tar-jpeg: the images are a pure function of this seed and their index"},
+    {"image-min", BW_OPT_INT, offsetof(gen_cfg, image_min), "64", 1, 8192, NULL, BW_OPT_NO_ENV,
+     "PX", "jpeg and tar-jpeg: the least height and width of an image"},
+    {"image-max", BW_OPT_INT, offsetof(gen_cfg, image_max), "640", 1, 8192, NULL, BW_OPT_NO_ENV,
+     "PX",
+     "jpeg and tar-jpeg: the greatest height and width of an image (each side is drawn "
+     "in [image-min, image-max])"},
     {"fields", BW_OPT_LIST, offsetof(gen_cfg, fields), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
      "NAME:DTYPE[:D1,D2,..] ...",
      "npy and npz: a dataset of named arrays indexed together (features and labels), one "
@@ -510,6 +526,124 @@ static int gen_fields(gen *g, const gen_cfg *cfg)
     return 0;
 }
 
+/* ---- images (--format jpeg|tar-jpeg; docs/formats.md, "Synthetic JPEG images") ---- */
+
+/* Image i's JPEG: quality 75 + q % 21 and chroma subsampling 4:4:4, 4:2:2 or 4:2:0 by
+ * (q >> 32) % 3, q = iword(2); its class iword(3) % 10. */
+static int jpeg_sample(gen *g, tjhandle tj, uint64_t i, uint8_t **jpg, unsigned long *jlen)
+{
+    const gen_cfg *cfg = g->cfg;
+    int h, w;
+    bw__synth_image_size((uint64_t)cfg->seed, i, (int)cfg->image_min, (int)cfg->image_max, &h, &w);
+    size_t need = (size_t)h * (size_t)w * 3;
+    if (need > g->bufcap) {
+        free(g->buf);
+        g->bufcap = need;
+        g->buf = malloc(need);
+        if (!g->buf) {
+            fprintf(stderr, "batchwire gen: out of memory\n");
+            exit(1);
+        }
+    }
+    bw__synth_image_fill((uint64_t)cfg->seed, i, h, w, g->buf);
+    uint64_t q = bw__synth_image_word((uint64_t)cfg->seed, i, 2);
+    static const int sub[3] = {TJSAMP_444, TJSAMP_422, TJSAMP_420};
+    *jpg = NULL;
+    *jlen = 0;
+    if (tjCompress2(tj, g->buf, w, 0, h, TJPF_RGB, jpg, jlen, sub[(q >> 32) % 3],
+                    75 + (int)(q % 21), 0) != 0) {
+        snprintf(g->err, sizeof(g->err), "sample %llu: JPEG encoding failed: %s",
+                 (unsigned long long)i, tjGetErrorStr2(tj));
+        return 1;
+    }
+    return 0;
+}
+
+static int gen_images(gen *g, const gen_cfg *cfg)
+{
+    if (cfg->image_min > cfg->image_max) {
+        snprintf(g->err, sizeof(g->err), "--image-min %lld is larger than --image-max %lld",
+                 (long long)cfg->image_min, (long long)cfg->image_max);
+        return 2;
+    }
+    bool tar = cfg->format == F_TAR_JPEG;
+    uint64_t n = (uint64_t)cfg->num_samples, nfiles = tar ? (uint64_t)cfg->files : 1;
+    char name[256], what[200];
+    if (!tar) {
+        snprintf(name, sizeof(name), "%.200s/samples", cfg->out);
+        if (mkdir(name, 0755) != 0 && errno != EEXIST) {
+            snprintf(g->err, sizeof(g->err), "%s: %s", name, strerror(errno));
+            return 1;
+        }
+    }
+    tjhandle tj = tjInitCompress();
+    if (!tj) {
+        snprintf(g->err, sizeof(g->err), "TurboJPEG: %s", tjGetErrorStr2(NULL));
+        return 1;
+    }
+    snprintf(what, sizeof(what), "writing format=%s samples=%llu out=%.100s",
+             tar ? "tar-jpeg" : "jpeg", (unsigned long long)n, cfg->out);
+    bw__progress prog;
+    bw__progress_begin(&prog, what, false, n);
+    uint64_t bytes = 0;
+    int rc = 0;
+    for (uint64_t k = 0; k < nfiles && rc == 0; k++) {
+        uint64_t a = k * n / nfiles, b = (k + 1) * n / nfiles;
+        FILE *f = NULL;
+        if (tar) {
+            snprintf(name, sizeof(name), "shard-%05llu.tar", (unsigned long long)k);
+            if (!(f = create(g, name)))
+                rc = 1;
+        }
+        for (uint64_t i = a; i < b && rc == 0; i++) {
+            uint8_t *jpg;
+            unsigned long jlen;
+            if ((rc = jpeg_sample(g, tj, i, &jpg, &jlen)) != 0)
+                break;
+            char mname[64];
+            snprintf(mname, sizeof(mname), "%ssample%08llu.jpg", tar ? "" : "samples/",
+                     (unsigned long long)i);
+            if (tar) {
+                char cls[8];
+                int cl = snprintf(cls, sizeof(cls), "%d",
+                                  (int)(bw__synth_image_word((uint64_t)cfg->seed, i, 3) % 10));
+                tar_member(f, mname, jpg, jlen);
+                snprintf(mname, sizeof(mname), "sample%08llu.cls", (unsigned long long)i);
+                tar_member(f, mname, (const uint8_t *)cls, (uint64_t)cl);
+            } else {
+                FILE *one = create(g, mname);
+                rc = one ? (fwrite(jpg, 1, jlen, one), finish(g, one, mname)) : 1;
+            }
+            bytes += jlen;
+            tjFree(jpg);
+            bw__progress_update(&prog, i + 1);
+        }
+        if (f) {
+            static const uint8_t zeros[1024];
+            fwrite(zeros, 1, sizeof(zeros), f);
+            int frc = finish(g, f, name);
+            rc = rc ? rc : frc;
+        }
+    }
+    tjDestroy(tj);
+    bw__progress_end(&prog, rc == 0);
+    if (rc != 0)
+        return rc;
+    printf("{\"format\":\"%s\",\"content\":\"jpeg\",\"dir\":", tar ? "tar" : "files");
+    bw__json_string(stdout, cfg->out);
+    printf(",\"sources\":[");
+    for (uint64_t k = 0; k < nfiles; k++)
+        if (tar)
+            printf("%s\"shard-%05llu.tar\"", k ? "," : "", (unsigned long long)k);
+        else
+            printf("\"samples\"");
+    printf("],\"num_samples\":%llu,\"seed\":%lld,\"image_min\":%lld,\"image_max\":%lld,"
+           "\"jpeg_bytes\":%llu}\n",
+           (unsigned long long)n, (long long)cfg->seed, (long long)cfg->image_min,
+           (long long)cfg->image_max, (unsigned long long)bytes);
+    return 0;
+}
+
 static int run_gen(int argc, char **argv);
 
 int bw__cmd_gen(int argc, char **argv)
@@ -571,6 +705,21 @@ static int run_gen(int argc, char **argv)
             fprintf(stderr, "batchwire gen: %s\n", g.err);
         bw__config_free(options, &cfg);
         return frc;
+    }
+    if (cfg.format == F_JPEG || cfg.format == F_TAR_JPEG) {
+        int irc = 1;
+        if (mkdir(cfg.out, 0755) != 0 && errno != EEXIST) {
+            snprintf(g.err, sizeof(g.err), "--out %s: %s", cfg.out, strerror(errno));
+        } else {
+            bw__log_to_stderr("gen", BW_LOG_INFO);
+            bw__progress_interval_ms = (uint64_t)cfg.progress_ms;
+            irc = gen_images(&g, &cfg);
+        }
+        if (irc != 0)
+            fprintf(stderr, "batchwire gen: %s\n", g.err);
+        free(g.buf);
+        bw__config_free(options, &cfg);
+        return irc;
     }
     g.lo = (uint64_t)cfg.sample_bytes;
     g.hi = cfg.sample_bytes_max > cfg.sample_bytes ? (uint64_t)cfg.sample_bytes_max : g.lo;
