@@ -36,7 +36,7 @@ typedef struct gen_cfg {
     int format;
     char *out;
     int64_t num_samples, sample_bytes, sample_bytes_max, files, progress_ms;
-    int64_t seed, image_min, image_max;
+    int64_t seed, image_min, image_max, quality;
     char *shape, *dtype;
     char *fields; /* --fields values, one a line */
 } gen_cfg;
@@ -55,6 +55,9 @@ static const bw_opt options[] = {
      "PX",
      "jpeg and tar-jpeg: the greatest height and width of an image (each side is drawn "
      "in [image-min, image-max])"},
+    {"quality", BW_OPT_INT, offsetof(gen_cfg, quality), "0", 0, 100, NULL, BW_OPT_NO_ENV, "Q",
+     "jpeg and tar-jpeg: 0 varies the JPEG quality (75-95) and chroma subsampling per image; "
+     "1-100 writes every image at quality Q with 4:4:4 subsampling"},
     {"fields", BW_OPT_LIST, offsetof(gen_cfg, fields), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
      "NAME:DTYPE[:D1,D2,..] ...",
      "npy and npz: a dataset of named arrays indexed together (features and labels), one "
@@ -529,7 +532,7 @@ static int gen_fields(gen *g, const gen_cfg *cfg)
 /* ---- images (--format jpeg|tar-jpeg; docs/formats.md, "Synthetic JPEG images") ---- */
 
 /* Image i's JPEG: quality 75 + q % 21 and chroma subsampling 4:4:4, 4:2:2 or 4:2:0 by
- * (q >> 32) % 3, q = iword(2); its class iword(3) % 10. */
+ * (q >> 32) % 3, q = iword(2), unless --quality fixes them; its class iword(3) % 10. */
 static int jpeg_sample(gen *g, tjhandle tj, uint64_t i, uint8_t **jpg, unsigned long *jlen)
 {
     const gen_cfg *cfg = g->cfg;
@@ -550,8 +553,9 @@ static int jpeg_sample(gen *g, tjhandle tj, uint64_t i, uint8_t **jpg, unsigned 
     static const int sub[3] = {TJSAMP_444, TJSAMP_422, TJSAMP_420};
     *jpg = NULL;
     *jlen = 0;
-    if (tjCompress2(tj, g->buf, w, 0, h, TJPF_RGB, jpg, jlen, sub[(q >> 32) % 3],
-                    75 + (int)(q % 21), 0) != 0) {
+    int quality = cfg->quality ? (int)cfg->quality : 75 + (int)(q % 21);
+    if (tjCompress2(tj, g->buf, w, 0, h, TJPF_RGB, jpg, jlen,
+                    cfg->quality ? TJSAMP_444 : sub[(q >> 32) % 3], quality, 0) != 0) {
         snprintf(g->err, sizeof(g->err), "sample %llu: JPEG encoding failed: %s",
                  (unsigned long long)i, tjGetErrorStr2(tj));
         return 1;

@@ -55,8 +55,8 @@ static uint8_t clamp8(int v)
 void bw__synth_image_fill(uint64_t seed, uint64_t index, int h, int w, uint8_t *rgb)
 {
 #define W(k) bw__synth_image_word(seed, index, (k))
-    uint64_t bg = W(3);
-    int dir = (int)(W(4) % 4);
+    uint64_t bg = W(4);
+    int dir = (int)(bg % 4);
     int64_t span = dir == 0 ? w : dir == 1 ? h : (int64_t)w + h;
     for (int y = 0; y < h; y++)
         for (int x = 0; x < w; x++) {
