@@ -3,8 +3,10 @@
  * coordinator and the client library call for the same configuration. Prints, for each rank
  * (ascending) and each step (ascending), one JSON object per line:
  *   {"rank":0,"step":0,"indices":[3,1,4],"real":3,"padding":[0,0,0]}
- * `step` counts from the start of the epoch. Other tools parse this output: keep the
- * contract in docs/semantics.md in step with it.
+ * `step` counts from the start of the epoch. With --mix-size (a mixture of datasets,
+ * core/jobs/mixture.h) each line also has "sources" beside "indices", which are then indices
+ * within each sample's source. Other tools parse this output: keep the contract in
+ * docs/semantics.md in step with it.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "jobs/mixture.h"
 #include "jobs/plan.h"
 
 #define UNSET (-1)
@@ -27,6 +30,8 @@ typedef struct plan_cfg {
     bool dispatch_batches, pad_single_process;
     int64_t skip, resume_world, resume_step;
     bool metadata;
+    char *mix_sizes; /* --mix-size values, one a line */
+    int64_t mix_samples;
 } plan_cfg;
 
 #define I64_MAX_TEXT INT64_MAX
@@ -37,7 +42,7 @@ static const bw_opt options[] = {
      "whose semantics: torch (DistributedSampler + DataLoader), accelerate (BatchSamplerShard) "
      "or iterable (IterableDatasetShard); required"},
     {"num-samples", BW_OPT_INT, offsetof(plan_cfg, num_samples), NULL, 0, 1ll << 62, NULL,
-     BW_OPT_NO_ENV, "N", "dataset length (iterable: stream length); required"},
+     BW_OPT_NO_ENV, "N", "dataset length (iterable: stream length); required without --mix-size"},
     {"world-size", BW_OPT_INT, offsetof(plan_cfg, world_size), NULL, 1, 1 << 20, NULL,
      BW_OPT_NO_ENV, "R", "number of ranks (after the resize, with --resume-from-world); required"},
     {"batch-size", BW_OPT_INT, offsetof(plan_cfg, batch_size), NULL, 1, 1 << 24, NULL,
@@ -50,9 +55,9 @@ static const bw_opt options[] = {
      "shuffle seed, 64-bit (negative values are two's complement, as in torch)"},
     {"epoch", BW_OPT_INT, offsetof(plan_cfg, epoch), "0", 0, INT64_MAX, NULL, BW_OPT_NO_ENV, "E",
      "epoch, as given to set_epoch()"},
-    {"shuffle-algo", BW_OPT_ENUM, offsetof(plan_cfg, shuffle_algo), "torch", 0, 0, "torch|feistel",
+    {"shuffle-algo", BW_OPT_ENUM, offsetof(plan_cfg, shuffle_algo), NULL, 0, 0, "torch|feistel",
      BW_OPT_NO_ENV, "ALGO",
-     "torch: bit-exact torch.randperm (4-8 bytes a sample); feistel: O(1) memory, not "
+     "torch (default): bit-exact torch.randperm (4-8 bytes a sample); feistel: O(1) memory, not "
      "torch-identical"},
     {"drop-last", BW_OPT_BOOL, offsetof(plan_cfg, drop_last), "false", 0, 0, NULL, BW_OPT_NO_ENV,
      NULL,
@@ -87,11 +92,20 @@ static const bw_opt options[] = {
      NULL,
      "print one {\"metadata\":{...}} line first (steps per rank, equal_batches, "
      "torch_identical)"},
+    {"mix-size", BW_OPT_LIST, offsetof(plan_cfg, mix_sizes), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
+     "N=WEIGHT",
+     "a mixture's source: its number of samples N and its weight (a positive decimal, e.g. "
+     "0.7); repeat for each source, in order (at most 256). Replaces --num-samples; each "
+     "batch then has \"sources\" beside \"indices\" (docs/semantics.md, Mixtures)"},
+    {"mix-samples", BW_OPT_INT, offsetof(plan_cfg, mix_samples), NULL, 1, 1ll << 62, NULL,
+     BW_OPT_NO_ENV, "E", "the mixture's epoch size (default: the sum of the sources' sizes)"},
     BW_OPT_END,
 };
 
 static const char synopsis[] =
-    "--mode torch|accelerate|iterable --num-samples N --world-size R --batch-size B [options]";
+    "--mode torch|accelerate|iterable --num-samples N --world-size R --batch-size B [options]\n"
+    "       batchwire plan --mode torch|accelerate --mix-size N=WEIGHT [--mix-size N=WEIGHT ...] "
+    "[--mix-samples E] --world-size R --batch-size B [options]";
 static const char description[] =
     "Prints the batches each rank receives in one epoch, one JSON object per line, ranks "
     "ascending then steps ascending:\n"
@@ -140,28 +154,164 @@ static int bad(const char *msg)
     return 2;
 }
 
-static void print_metadata(const bw__plan *p, uint64_t first_rank, uint64_t last_rank)
+/* The plan of one dataset or of a mixture: what the printing below asks of either. */
+typedef struct view {
+    bw__plan *plan;       /* one dataset */
+    bw__mix_sampler *mix; /* a mixture (plan NULL) */
+} view;
+
+static uint64_t view_first_step(const view *v)
 {
-    const bw__sampler_cfg *c = bw__plan_config(p);
+    return v->mix ? bw__sampler_first_step(bw__mix_sampler_positions(v->mix))
+                  : bw__plan_first_step(v->plan);
+}
+
+static uint64_t view_end_step(const view *v, uint64_t rank)
+{
+    return v->mix ? bw__sampler_end_step(bw__mix_sampler_positions(v->mix), rank)
+                  : bw__plan_end_step(v->plan, rank);
+}
+
+static bool view_equal_batches(const view *v)
+{
+    return v->mix ? bw__sampler_equal_batches(bw__mix_sampler_positions(v->mix))
+                  : bw__plan_equal_batches(v->plan);
+}
+
+static size_t view_max_batch(const view *v)
+{
+    return v->mix ? bw__sampler_max_batch(bw__mix_sampler_positions(v->mix))
+                  : bw__plan_max_batch(v->plan);
+}
+
+static int view_batch(const view *v, uint64_t rank, uint64_t step, bw__batch *b, uint32_t *sources)
+{
+    return v->mix ? bw__mix_sampler_batch(v->mix, rank, step, b, sources)
+                  : bw__plan_batch(v->plan, rank, step, b);
+}
+
+static void view_free(view *v)
+{
+    bw__plan_free(v->plan);
+    bw__mix_sampler_free(v->mix);
+}
+
+static void print_metadata(const view *v, const bw__sampler_cfg *c, uint64_t first_rank,
+                           uint64_t last_rank)
+{
+    const bw__sampler *ps = v->mix ? bw__mix_sampler_positions(v->mix) : NULL;
     printf("{\"metadata\":{\"mode\":\"%s\",\"num_samples\":%" PRIu64 ",\"world_size\":%" PRIu64
            ",\"batch_size\":%" PRIu64 ",\"epoch\":%" PRIu64 ",\"first_step\":%" PRIu64
            ",\"end_step\":[",
-           bw__sampler_mode_name(c->mode), c->num_samples, bw__plan_world_size(p), c->batch_size,
-           bw__plan_epoch(p), bw__plan_first_step(p));
+           bw__sampler_mode_name(c->mode), c->num_samples,
+           ps ? bw__sampler_world_size(ps) : bw__plan_world_size(v->plan), c->batch_size, c->epoch,
+           view_first_step(v));
     for (uint64_t r = first_rank; r <= last_rank; r++)
-        printf("%s%" PRIu64, r == first_rank ? "" : ",", bw__plan_end_step(p, r));
-    printf("],\"equal_batches\":%s,\"torch_identical\":%s}}\n",
-           bw__plan_equal_batches(p) ? "true" : "false",
+        printf("%s%" PRIu64, r == first_rank ? "" : ",", view_end_step(v, r));
+    printf("],\"equal_batches\":%s,\"torch_identical\":%s",
+           view_equal_batches(v) ? "true" : "false",
            c->shuffle && c->shuffle_algo == BW__SHUFFLE_FEISTEL ? "false" : "true");
+    if (v->mix) {
+        const bw__mixture *m = bw__mix_sampler_mixture(v->mix);
+        printf(",\"mix_samples\":%" PRIu64 ",\"mix_counts\":[", bw__mixture_samples(m));
+        for (size_t j = 0; j < bw__mixture_nsources(m); j++)
+            printf("%s%" PRIu64, j ? "," : "", bw__mixture_count(m, j));
+        printf("]");
+    }
+    printf("}}\n");
+}
+
+/* --mix-size values: "N=WEIGHT" a line, at most BW__MIX_MAX_SOURCES. */
+static int parse_mix_sizes(const char *text, uint64_t *sizes, uint64_t *weights, size_t *n,
+                           char *err, size_t errlen)
+{
+    *n = 0;
+    for (const char *line = text; line && *line;) {
+        const char *nl = strchr(line, '\n');
+        size_t len = nl ? (size_t)(nl - line) : strlen(line);
+        char item[128];
+        if (len >= sizeof(item)) {
+            snprintf(err, errlen, "--mix-size '%.40s...': longer than %zu characters", line,
+                     sizeof(item) - 1);
+            return 2;
+        }
+        memcpy(item, line, len);
+        item[len] = '\0';
+        line = nl ? nl + 1 : NULL;
+        if (*n == BW__MIX_MAX_SOURCES) {
+            snprintf(err, errlen,
+                     "--mix-size given more than %d times: a mixture has at most %d "
+                     "sources",
+                     BW__MIX_MAX_SOURCES, BW__MIX_MAX_SOURCES);
+            return 2;
+        }
+        const char *eq = strchr(item, '=');
+        if (!eq || eq == item) {
+            snprintf(err, errlen,
+                     "--mix-size '%s': expected N=WEIGHT (the source's number of "
+                     "samples and its weight, e.g. 1000=0.7)",
+                     item);
+            return 2;
+        }
+        uint64_t size = 0;
+        for (const char *c = item; c < eq; c++) {
+            if (*c < '0' || *c > '9') {
+                snprintf(err, errlen, "--mix-size '%s': the size '%.*s' is not a whole number",
+                         item, (int)(eq - item), item);
+                return 2;
+            }
+            size = size * 10 + (uint64_t)(*c - '0');
+            if (size > BW__MIX_MAX_SAMPLES) {
+                snprintf(err, errlen, "--mix-size '%s': the size is above 2^62", item);
+                return 2;
+            }
+        }
+        if (size == 0) {
+            snprintf(err, errlen, "--mix-size '%s': a source needs at least one sample (N = 0)",
+                     item);
+            return 2;
+        }
+        char why[256];
+        if (bw__mix_weight_parse(eq + 1, &weights[*n], why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "--mix-size '%s': %s", item, why);
+            return 2;
+        }
+        sizes[(*n)++] = size;
+    }
+    return 0;
+}
+
+/* What --mix-size excludes, or 0. */
+static const char *mix_conflict(const plan_cfg *pc)
+{
+    if (pc->num_samples != UNSET)
+        return "--num-samples and --mix-size exclude each other: a mixture's epoch size is "
+               "--mix-samples (default: the sum of the sources' sizes)";
+    if (pc->shuffle)
+        return "--shuffle does not apply to a mixture: it draws each source's samples in a seeded "
+               "permutation and interleaves the sources by the seed already (docs/semantics.md, "
+               "Mixtures)";
+    if (pc->shuffle_algo != UNSET)
+        return "--shuffle-algo does not apply to a mixture: its permutations are its own "
+               "(docs/semantics.md, Mixtures)";
+    if (pc->mode == BW__MODE_ITERABLE)
+        return "--mode iterable: streams do not mix yet; plan a mixture in torch or accelerate "
+               "mode";
+    return NULL;
 }
 
 static int run(const plan_cfg *pc)
 {
     char err[512];
+    bool mixture = pc->mix_sizes != NULL;
     if (pc->mode == UNSET)
         return bad("--mode is required (torch, accelerate or iterable)");
-    if (pc->num_samples == UNSET)
-        return bad("--num-samples is required");
+    if (mixture && mix_conflict(pc))
+        return bad(mix_conflict(pc));
+    if (!mixture && pc->mix_samples != UNSET)
+        return bad("--mix-samples needs the mixture's sources (--mix-size N=WEIGHT, repeated)");
+    if (!mixture && pc->num_samples == UNSET)
+        return bad("--num-samples is required (or --mix-size for a mixture)");
     if (pc->world_size == UNSET)
         return bad("--world-size is required");
     if (pc->batch_size == UNSET)
@@ -169,18 +319,33 @@ static int run(const plan_cfg *pc)
     if ((pc->resume_world == UNSET) != (pc->resume_step == UNSET))
         return bad("--resume-from-world and --resume-from-step must be given together");
 
+    uint64_t sizes[BW__MIX_MAX_SOURCES], weights[BW__MIX_MAX_SOURCES];
+    bw__mix_spec mix = {sizes, weights, 0,
+                        pc->mix_samples == UNSET ? 0 : (uint64_t)pc->mix_samples};
+    uint64_t num_samples = (uint64_t)pc->num_samples;
+    if (mixture) {
+        if (parse_mix_sizes(pc->mix_sizes, sizes, weights, &mix.nsources, err, sizeof(err)))
+            return bad(err);
+        bw__mixture *m;
+        if (bw__mixture_new(&m, &mix, pc->seed, (uint64_t)pc->epoch, err, sizeof(err)) != 0)
+            return bad(err);
+        num_samples = bw__mixture_samples(m);
+        bw__mixture_free(m);
+    }
+
     bw__plan_spec spec;
     memset(&spec, 0, sizeof(spec));
     bw__sampler_cfg *c = &spec.sampler;
     bw__sampler_cfg_init(c);
     c->mode = (bw__sampler_mode)pc->mode;
-    c->num_samples = (uint64_t)pc->num_samples;
+    c->num_samples = num_samples;
     c->world_size = (uint64_t)(pc->resume_world != UNSET ? pc->resume_world : pc->world_size);
     c->batch_size = (uint64_t)pc->batch_size;
     c->shuffle = pc->shuffle;
     c->seed = pc->seed;
     c->epoch = (uint64_t)pc->epoch;
-    c->shuffle_algo = (bw__shuffle_algo)pc->shuffle_algo;
+    c->shuffle_algo =
+        pc->shuffle_algo == UNSET ? BW__SHUFFLE_TORCH : (bw__shuffle_algo)pc->shuffle_algo;
     c->drop_last = pc->drop_last;
     c->sampler_drop_last = pc->sampler_drop_last;
     c->split_batches = pc->split_batches;
@@ -213,8 +378,10 @@ static int run(const plan_cfg *pc)
     spec.nsources = 1;
     spec.history = history;
     spec.nhistory = pc->resume_world != UNSET ? 2 : 1;
-    bw__plan *p;
-    int rc = bw__plan_new(&spec, c->epoch, false, &p, err, sizeof(err));
+    view v = {NULL, NULL};
+    int rc = mixture ? bw__mix_sampler_new(&v.mix, &mix, c, history, spec.nhistory, c->epoch, err,
+                                           sizeof(err))
+                     : bw__plan_new(&spec, c->epoch, false, &v.plan, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "batchwire plan: %s\n", err);
         return rc == BW_INVALID_ARGUMENT ? 2 : 1;
@@ -223,31 +390,33 @@ static int run(const plan_cfg *pc)
     uint64_t first_rank = pc->rank == UNSET ? 0 : (uint64_t)pc->rank;
     uint64_t last_rank = pc->rank == UNSET ? R - 1 : (uint64_t)pc->rank;
     if (pc->metadata)
-        print_metadata(p, first_rank, last_rank);
-    if (!bw__plan_equal_batches(p))
+        print_metadata(&v, c, first_rank, last_rank);
+    if (!view_equal_batches(&v))
         fprintf(stderr, "batchwire plan: note: ranks get different numbers of batches "
                         "(even_batches off); a DDP job would hang on the shorter ranks\n");
     fflush(stdout);
 
-    size_t cap = bw__plan_max_batch(p);
+    size_t cap = view_max_batch(&v);
     bw__batch b = {malloc(cap * sizeof(uint64_t)), malloc(cap), 0, 0};
+    uint32_t *sources = malloc(cap * sizeof(*sources));
     out_buf *o = malloc(sizeof(*o));
-    if (!b.indices || !b.padding || !o) {
+    if (!b.indices || !b.padding || !sources || !o) {
         free(b.indices);
         free(b.padding);
+        free(sources);
         free(o);
-        bw__plan_free(p);
+        view_free(&v);
         fprintf(stderr, "batchwire plan: out of memory\n");
         return 1;
     }
     o->len = 0;
-    uint64_t start = bw__plan_first_step(p);
+    uint64_t start = view_first_step(&v);
     if ((uint64_t)pc->skip > start)
         start = (uint64_t)pc->skip;
     for (uint64_t r = first_rank; r <= last_rank; r++) {
-        uint64_t end = bw__plan_end_step(p, r);
+        uint64_t end = view_end_step(&v, r);
         for (uint64_t step = start; step < end; step++) {
-            if (bw__plan_batch(p, r, step, &b) != 0)
+            if (view_batch(&v, r, step, &b, sources) != 0)
                 break;
             put_str(o, "{\"rank\":");
             put_u64(o, r);
@@ -258,6 +427,14 @@ static int run(const plan_cfg *pc)
                 if (j)
                     put_str(o, ",");
                 put_u64(o, b.indices[j]);
+            }
+            if (mixture) {
+                put_str(o, "],\"sources\":[");
+                for (size_t j = 0; j < b.count; j++) {
+                    if (j)
+                        put_str(o, ",");
+                    put_u64(o, sources[j]);
+                }
             }
             put_str(o, "],\"real\":");
             put_u64(o, b.real);
@@ -271,7 +448,8 @@ static int run(const plan_cfg *pc)
     free(o);
     free(b.indices);
     free(b.padding);
-    bw__plan_free(p);
+    free(sources);
+    view_free(&v);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "batchwire plan: cannot write the output\n");
         return 1;
@@ -287,6 +465,8 @@ int bw__cmd_plan(int argc, char **argv)
     pc.mode = UNSET;
     pc.num_samples = pc.world_size = pc.batch_size = pc.rank = UNSET;
     pc.resume_world = pc.resume_step = UNSET;
+    pc.shuffle_algo = UNSET;
+    pc.mix_samples = UNSET;
     int status = bw__config_main("batchwire plan", synopsis, description, options, &pc, argc, argv);
     if (status < 0)
         status = run(&pc);

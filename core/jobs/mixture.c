@@ -1,0 +1,436 @@
+/*
+ * Mixtures (mixture.h). Every rule here is written out in docs/semantics.md ("Mixtures")
+ * precisely enough to be re-implemented from the text; tests/integration/test_mixture_plan.py
+ * does so and compares. Keep the two in step.
+ *
+ * The interleave is a balanced binary tree over the sources; each internal node merges its
+ * two halves by jittered ideal times. Finding the source of a position walks down the tree,
+ * asking at each node how many of the first p elements come from its left half: an estimate
+ * p * A / M that the order never misses by a whole element (docs/semantics.md proves it),
+ * corrected by at most two exact O(1) tests. Products reach 2^124: they are computed in
+ * unsigned __int128.
+ */
+#include "jobs/mixture.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batchwire/batchwire.h"
+#include "jobs/job_sampler.h"
+#include "sampler/feistel.h"
+
+typedef unsigned long long ull;
+typedef unsigned __int128 u128;
+
+#define GOLDEN 0x9e3779b97f4a7c15ull
+#define TAG_PERMUTATION 1u
+#define TAG_JITTER 2u
+#define JITTER_BITS 32
+
+struct bw__mixture {
+    size_t nsources;
+    uint64_t samples, seed, epoch;
+    uint64_t *sizes;  /* n_j */
+    uint64_t *counts; /* c_j */
+    uint64_t *prefix; /* prefix[j] = c_0 + ... + c_{j-1}; prefix[nsources] = E */
+};
+
+struct bw__mix_sampler {
+    bw__mixture *mix;
+    bw__sampler *positions;
+};
+
+static int refuse(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Writes the sentence; returns BW_INVALID_ARGUMENT. */
+static int refuse(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return BW_INVALID_ARGUMENT;
+}
+
+int bw__mix_weight_parse(const char *text, uint64_t *units, char *err, size_t errlen)
+{
+    uint64_t whole = 0, frac = 0;
+    int whole_digits = 0, frac_digits = 0;
+    const char *c = text;
+    for (; *c >= '0' && *c <= '9'; c++) {
+        whole = whole * 10 + (uint64_t)(*c - '0');
+        if (whole > BW__MIX_MAX_WEIGHT / BW__MIX_WEIGHT_UNIT)
+            return refuse(err, errlen, "weight '%s' is above the largest weight, 1000000000", text);
+        whole_digits++;
+    }
+    if (*c == '.') {
+        for (c++; *c >= '0' && *c <= '9'; c++) {
+            if (++frac_digits > 9)
+                return refuse(err, errlen, "weight '%s' has more than 9 digits after the point",
+                              text);
+            frac = frac * 10 + (uint64_t)(*c - '0');
+        }
+    }
+    if (*c != '\0' || whole_digits + frac_digits == 0)
+        return refuse(err, errlen,
+                      "weight '%s' is not a decimal number (digits with at most one point, "
+                      "e.g. 0.7 or 70)",
+                      text);
+    for (int i = frac_digits; i < 9; i++)
+        frac *= 10;
+    uint64_t value = whole * BW__MIX_WEIGHT_UNIT + frac;
+    if (value == 0)
+        return refuse(err, errlen, "weight '%s' is not positive", text);
+    if (value > BW__MIX_MAX_WEIGHT)
+        return refuse(err, errlen, "weight '%s' is above the largest weight, 1000000000", text);
+    *units = value;
+    return BW_OK;
+}
+
+/* SplitMix64's output function applied to z + golden (docs/semantics.md, "The hash H"). */
+static uint64_t mix64(uint64_t z)
+{
+    z += GOLDEN;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t hash(const uint64_t *words, size_t n)
+{
+    uint64_t h = 0;
+    for (size_t i = 0; i < n; i++)
+        h = mix64(h ^ words[i]);
+    return h;
+}
+
+uint64_t bw__mix_permute(uint64_t seed, uint32_t source, uint64_t pass, uint64_t n, uint64_t i)
+{
+    const uint64_t words[] = {TAG_PERMUTATION, seed, source, pass};
+    /* bw__feistel_init's round keys are mix64(key + r * golden), r = 0..5: the SplitMix64
+     * sequence from the key, as the doc states. */
+    bw__feistel f;
+    bw__feistel_init(&f, n, hash(words, 4));
+    return bw__feistel_at(&f, i);
+}
+
+/* Largest remainder: c_j = floor(E w_j / T) plus one for the E - sum(floor) sources whose
+ * remainders E w_j mod T are largest, ties to the lower index. */
+typedef struct remainder {
+    u128 r;
+    size_t j;
+} remainder;
+
+static int by_remainder(const void *a, const void *b)
+{
+    const remainder *x = a, *y = b;
+    if (x->r != y->r)
+        return x->r > y->r ? -1 : 1;
+    return x->j < y->j ? -1 : (x->j > y->j);
+}
+
+/* E, or 0 after writing why the spec is refused. */
+static uint64_t check_spec(const bw__mix_spec *spec, char *err, size_t errlen)
+{
+    if (spec->nsources == 0 || spec->nsources > BW__MIX_MAX_SOURCES) {
+        refuse(err, errlen, "a mixture has 1 to %d sources, not %zu", BW__MIX_MAX_SOURCES,
+               spec->nsources);
+        return 0;
+    }
+    uint64_t sum = 0;
+    for (size_t j = 0; j < spec->nsources; j++) {
+        if (spec->sizes[j] == 0 || spec->sizes[j] > BW__MIX_MAX_SAMPLES) {
+            refuse(err, errlen, "source %zu has %llu samples; a source holds 1 to 2^62", j,
+                   (ull)spec->sizes[j]);
+            return 0;
+        }
+        if (spec->weights[j] == 0 || spec->weights[j] > BW__MIX_MAX_WEIGHT) {
+            refuse(err, errlen,
+                   "source %zu has weight %llu x 10^-9; weights are positive and at most 10^9", j,
+                   (ull)spec->weights[j]);
+            return 0;
+        }
+        sum += spec->sizes[j]; /* each <= 2^62 and at most 256 of them: no wrap */
+    }
+    uint64_t E = spec->samples ? spec->samples : sum; /* the sum is at least 1 */
+    if (E > BW__MIX_MAX_SAMPLES) {
+        refuse(err, errlen,
+               spec->samples ? "the mixture's epoch size %llu is above 2^62"
+                             : "the sources' sizes sum to %llu, above 2^62: give the epoch's "
+                               "size explicitly",
+               (ull)E);
+        return 0;
+    }
+    return E;
+}
+
+int bw__mixture_new(bw__mixture **out, const bw__mix_spec *spec, uint64_t seed, uint64_t epoch,
+                    char *err, size_t errlen)
+{
+    *out = NULL;
+    uint64_t E = check_spec(spec, err, errlen);
+    if (E == 0)
+        return BW_INVALID_ARGUMENT;
+    if (epoch >= UINT64_MAX / E)
+        return refuse(err, errlen,
+                      "epoch %llu is too large for a mixture of %llu samples: (epoch + 1) x %llu "
+                      "must stay below 2^64 (epochs up to %llu)",
+                      (ull)epoch, (ull)E, (ull)E, (ull)(UINT64_MAX / E - 1));
+    size_t S = spec->nsources;
+    bw__mixture *m = calloc(1, sizeof(*m));
+    remainder *rem = calloc(S, sizeof(*rem));
+    if (m) {
+        m->sizes = calloc(S, sizeof(*m->sizes));
+        m->counts = calloc(S, sizeof(*m->counts));
+        m->prefix = calloc(S + 1, sizeof(*m->prefix));
+    }
+    if (!m || !rem || !m->sizes || !m->counts || !m->prefix) {
+        free(rem);
+        bw__mixture_free(m);
+        if (err && errlen)
+            snprintf(err, errlen, "out of memory for a mixture of %zu sources", S);
+        return BW_NOMEM;
+    }
+    m->nsources = S;
+    m->samples = E;
+    m->seed = seed;
+    m->epoch = epoch;
+    memcpy(m->sizes, spec->sizes, S * sizeof(*m->sizes));
+    u128 total = 0;
+    for (size_t j = 0; j < S; j++)
+        total += spec->weights[j];
+    uint64_t given = 0;
+    for (size_t j = 0; j < S; j++) {
+        u128 share = (u128)E * spec->weights[j];
+        m->counts[j] = (uint64_t)(share / total);
+        given += m->counts[j];
+        rem[j].r = share % total;
+        rem[j].j = j;
+    }
+    qsort(rem, S, sizeof(*rem), by_remainder);
+    /* sum floor(E w_j / T) > E - S, so fewer than S sources get one more */
+    for (uint64_t i = 0; i < E - given; i++)
+        m->counts[rem[i].j]++;
+    free(rem);
+    for (size_t j = 0; j < S; j++)
+        m->prefix[j + 1] = m->prefix[j] + m->counts[j];
+    *out = m;
+    return BW_OK;
+}
+
+void bw__mixture_free(bw__mixture *m)
+{
+    if (!m)
+        return;
+    free(m->sizes);
+    free(m->counts);
+    free(m->prefix);
+    free(m);
+}
+
+uint64_t bw__mixture_samples(const bw__mixture *m)
+{
+    return m->samples;
+}
+
+size_t bw__mixture_nsources(const bw__mixture *m)
+{
+    return m->nsources;
+}
+
+uint64_t bw__mixture_epoch(const bw__mixture *m)
+{
+    return m->epoch;
+}
+
+uint64_t bw__mixture_size(const bw__mixture *m, size_t source)
+{
+    return m->sizes[source];
+}
+
+uint64_t bw__mixture_count(const bw__mixture *m, size_t source)
+{
+    return m->counts[source];
+}
+
+/* One internal node of the interleave tree: sources [lo, hi), split at mid; A samples on the
+ * left (side 0), B on the right (side 1). */
+typedef struct node {
+    const bw__mixture *m;
+    uint64_t lo, hi, A, B;
+} node;
+
+static void node_at(node *n, const bw__mixture *m, uint64_t lo, uint64_t hi)
+{
+    uint64_t mid = lo + (hi - lo) / 2;
+    n->m = m;
+    n->lo = lo;
+    n->hi = hi;
+    n->A = m->prefix[mid] - m->prefix[lo];
+    n->B = m->prefix[hi] - m->prefix[mid];
+}
+
+static uint64_t jitter(const node *n, uint64_t side, uint64_t k)
+{
+    const uint64_t words[] = {TAG_JITTER, n->m->seed, n->m->epoch, n->lo, n->hi, side, k};
+    return hash(words, 7) >> (64 - JITTER_BITS);
+}
+
+/*
+ * Where left element k sits in the node's merged sequence: k plus the right elements whose
+ * key (2^32 m + v_m) A is below left k's key X = (2^32 k + u_k) B. With m0 = floor(X / (2^32
+ * A)) and X = 2^32 A m0 + r2, every m < m0 is below, every m > m0 is not, and m0 is below
+ * when v_m0 A < r2. X reaches 2^156, so m0 and r2 are computed from k B = q1 A + r1:
+ * X = 2^32 A q1 + (2^32 r1 + u_k B), the bracket below 2^32 (A + B) <= 2^94.
+ */
+static uint64_t left_position(const node *n, uint64_t k)
+{
+    if (n->B == 0)
+        return k;
+    u128 kb = (u128)k * n->B;
+    uint64_t q1 = (uint64_t)(kb / n->A), r1 = (uint64_t)(kb % n->A);
+    u128 y = ((u128)r1 << JITTER_BITS) + (u128)jitter(n, 0, k) * n->B;
+    u128 unit = (u128)n->A << JITTER_BITS;
+    uint64_t m0 = q1 + (uint64_t)(y / unit);
+    u128 r2 = y % unit;
+    uint64_t before = m0 >= n->B ? n->B : (u128)jitter(n, 1, m0) * n->A < r2 ? m0 + 1 : m0;
+    return k + before;
+}
+
+/* Left elements among the node's first p elements (p <= A + B). */
+static uint64_t left_before(const node *n, uint64_t p)
+{
+    if (n->A == 0)
+        return 0;
+    uint64_t c = (uint64_t)((u128)p * n->A / (n->A + n->B));
+    while (c < n->A && left_position(n, c) < p)
+        c++;
+    while (c > 0 && left_position(n, c - 1) >= p)
+        c--;
+    return c;
+}
+
+void bw__mixture_locate(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64_t *k)
+{
+    uint64_t lo = 0, hi = m->nsources;
+    while (hi - lo > 1) {
+        node n;
+        node_at(&n, m, lo, hi);
+        uint64_t left = left_before(&n, pos);
+        if (left < n.A && left_position(&n, left) == pos) {
+            hi = lo + (hi - lo) / 2;
+            pos = left;
+        } else {
+            lo = lo + (hi - lo) / 2;
+            pos -= left;
+        }
+    }
+    *source = (uint32_t)lo;
+    *k = pos;
+}
+
+uint64_t bw__mixture_consumed(const bw__mixture *m, uint32_t source, uint64_t pos)
+{
+    uint64_t lo = 0, hi = m->nsources;
+    while (hi - lo > 1) {
+        node n;
+        node_at(&n, m, lo, hi);
+        uint64_t mid = lo + (hi - lo) / 2, left = left_before(&n, pos);
+        if (source < mid) {
+            hi = mid;
+            pos = left;
+        } else {
+            lo = mid;
+            pos -= left;
+        }
+    }
+    return pos;
+}
+
+uint64_t bw__mixture_stream_position(const bw__mixture *m, uint32_t source, uint64_t k)
+{
+    /* (epoch + 1) * E < 2^64 was checked, and c_j <= E */
+    return m->epoch * m->counts[source] + k;
+}
+
+uint64_t bw__mixture_index(const bw__mixture *m, uint32_t source, uint64_t k)
+{
+    uint64_t t = bw__mixture_stream_position(m, source, k), n = m->sizes[source];
+    return bw__mix_permute(m->seed, source, t / n, n, t % n);
+}
+
+void bw__mixture_at(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64_t *index)
+{
+    uint64_t k;
+    bw__mixture_locate(m, pos, source, &k);
+    *index = bw__mixture_index(m, *source, k);
+}
+
+int bw__mix_sampler_new(bw__mix_sampler **out, const bw__mix_spec *spec, const bw__sampler_cfg *cfg,
+                        const Batchwire__V1__WorldSegment *const *history, size_t nhistory,
+                        uint64_t epoch, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (cfg->mode == BW__MODE_ITERABLE)
+        return refuse(err, errlen,
+                      "mode iterable: streams do not mix yet; a mixture is sharded in torch or "
+                      "accelerate mode");
+    if (cfg->shuffle)
+        return refuse(err, errlen,
+                      "shuffle: a mixture orders its sources itself (a seeded permutation "
+                      "within each source, a seeded interleave); leave shuffle off");
+    bw__mix_sampler *s = calloc(1, sizeof(*s));
+    if (!s) {
+        if (err && errlen)
+            snprintf(err, errlen, "out of memory for a mixture's sampler");
+        return BW_NOMEM;
+    }
+    int rc = bw__mixture_new(&s->mix, spec, cfg->seed, epoch, err, errlen);
+    if (s->mix) { /* set exactly when rc is BW_OK */
+        bw__sampler_cfg positions = *cfg;
+        positions.num_samples = s->mix->samples;
+        rc = bw__job_sampler_new_cfg(&positions, history, nhistory, epoch, false, &s->positions,
+                                     err, errlen);
+    }
+    if (rc != BW_OK) {
+        bw__mix_sampler_free(s);
+        return rc;
+    }
+    *out = s;
+    return BW_OK;
+}
+
+void bw__mix_sampler_free(bw__mix_sampler *s)
+{
+    if (!s)
+        return;
+    bw__sampler_free(s->positions);
+    bw__mixture_free(s->mix);
+    free(s);
+}
+
+const bw__mixture *bw__mix_sampler_mixture(const bw__mix_sampler *s)
+{
+    return s->mix;
+}
+
+const bw__sampler *bw__mix_sampler_positions(const bw__mix_sampler *s)
+{
+    return s->positions;
+}
+
+int bw__mix_sampler_batch(const bw__mix_sampler *s, uint64_t rank, uint64_t step, bw__batch *out,
+                          uint32_t *sources)
+{
+    int rc = bw__sampler_batch(s->positions, rank, step, out);
+    if (rc != BW_OK)
+        return rc;
+    for (size_t i = 0; i < out->count; i++)
+        bw__mixture_at(s->mix, out->indices[i], &sources[i], &out->indices[i]);
+    return BW_OK;
+}
