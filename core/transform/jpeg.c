@@ -46,7 +46,11 @@ int bw__tf_jpeg_decode(void *tj, const uint8_t *in, size_t inlen, uint64_t max_p
         snprintf(err, errlen, "decode: corrupt JPEG header: %s", tjGetErrorStr2(tj));
         return BW_CORRUPT;
     }
-    if (*w < 1 || *h < 1 || (uint64_t)*w * (uint64_t)*h > max_pixels) {
+    if (*w < 1 || *h < 1) {
+        snprintf(err, errlen, "decode: corrupt JPEG header: image size %dx%d", *w, *h);
+        return BW_CORRUPT;
+    }
+    if ((uint64_t)*w * (uint64_t)*h > max_pixels) {
         snprintf(err, errlen, "decode: the JPEG is %dx%d pixels, more than the limit of %llu", *w,
                  *h, (unsigned long long)max_pixels);
         return BW_TOO_BIG;

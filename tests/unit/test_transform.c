@@ -1,0 +1,458 @@
+/* Transforms (core/transform/): the spec parser's answers and errors, the canonical text, the
+ * output shape, and the pipeline on edge cases (1x1 images, upscaling, crops outside the
+ * image, odd sizes, grayscale and CMYK JPEGs, corrupt input, limits, scratch reuse). The
+ * comparison with Pillow and torchvision is tests/integration/test_transform_equiv.py. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+#include <turbojpeg.h>
+
+#include "batchwire/batchwire.h"
+#include "transform/transform.h"
+
+static char err[2048];
+
+static void parses_to(const char *text, const char *canon)
+{
+    bw__tf_spec s;
+    char buf[BW_TF_CANON_MAX];
+    if (bw__tf_parse(text, &s, err, sizeof(err)) != BW_OK)
+        fail_msg("'%s' refused: %s", text, err);
+    assert_true(bw__tf_format(&s, buf, sizeof(buf)) > 0);
+    assert_string_equal(buf, canon);
+    /* The canonical text parses to itself. */
+    bw__tf_spec again;
+    char buf2[BW_TF_CANON_MAX];
+    assert_int_equal(bw__tf_parse(buf, &again, err, sizeof(err)), BW_OK);
+    assert_true(bw__tf_format(&again, buf2, sizeof(buf2)) > 0);
+    assert_string_equal(buf, buf2);
+}
+
+static void refused(const char *text, const char *why)
+{
+    bw__tf_spec s;
+    err[0] = '\0';
+    assert_int_equal(bw__tf_parse(text, &s, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    if (!strstr(err, why))
+        fail_msg("'%s': error '%s' does not say '%s'", text, err, why);
+}
+
+static void test_parse_valid(void **state)
+{
+    (void)state;
+    parses_to("decode", "decode");
+    parses_to(" decode | resize( 256 ) |center_crop(224)",
+              "decode|resize(256)|center_crop(224,224)");
+    parses_to("decode|random_resized_crop(224)|flip|normalize(0.485,0.456,0.406;0.229,0.224,"
+              "0.225)|chw|cast(bfloat16)",
+              "decode|random_resized_crop(224,224,0.080000000000000002,1,0.75,"
+              "1.3333333333333333)|flip(0.5)|normalize(0.485000014,0.456,0.405999988;"
+              "0.229000002,0.224000007,0.224999994)|chw|cast(bfloat16)");
+    parses_to("decode|random_resized_crop(32,48,0.5,1)", "decode|random_resized_crop(32,48,0.5,"
+                                                         "1,0.75,1.3333333333333333)");
+    parses_to("decode|random_resized_crop(32,48,0.5,1,1,2)",
+              "decode|random_resized_crop(32,48,0.5,1,1,2)");
+    parses_to("decode|resized_crop(-3,5,30,200,24)|flip(1)|resize(7,9)",
+              "decode|resized_crop(-3,5,30,200,24)|flip(1)|resize(7,9)");
+    parses_to("decode|chw|normalize(0,0,0;1,1,1)", "decode|chw|normalize(0,0,0;1,1,1)");
+    parses_to("decode|cast(float32)|cast(float16)", "decode|cast(float32)|cast(float16)");
+    parses_to("decode|cast(uint8)", "decode|cast(uint8)");
+    bw__tf_spec s;
+    assert_int_equal(bw__tf_parse("decode|normalize(0.1,0.2,0.3;1e-3,2,3)", &s, err, sizeof(err)),
+                     BW_OK);
+    /* torch.tensor([0.1]) is the float32 nearest the double 0.1 */
+    assert_true(s.ops[1].mean[0] == (float)0.1 && s.ops[1].std[0] == (float)1e-3);
+}
+
+static void test_parse_errors(void **state)
+{
+    (void)state;
+    refused("", "the spec is empty");
+    refused("decode|", "op 2 is empty");
+    refused("decode||resize(3)", "op 2 is empty");
+    refused("resize(3)", "must start with decode");
+    refused("decode|decode", "decode must be the first op");
+    refused("decode|Resize(3)", "expected an op name");
+    refused("decode|blur(3)", "unknown op");
+    refused("decode|resize", "0 arguments given");
+    refused("decode|resize()", "empty argument list");
+    refused("decode|resize(1,2,3)", "3 arguments given");
+    refused("decode|resize(0)", "size 0 is out of range [1, 16384]");
+    refused("decode|resize(16385)", "out of range");
+    refused("decode|resize(2x)", "size '2x' is not an integer");
+    refused("decode|resize(3,)", "argument 2 is empty");
+    refused("decode|resize(3) x", "expected NAME or NAME(ARGS)");
+    refused("decode|resize(3;4)", "unexpected ';'");
+    refused("decode|center_crop(-1)", "out of range");
+    refused("decode|resized_crop(0,0,0,5,3)", "height 0 is out of range");
+    refused("decode|resized_crop(0,0,5,5)", "4 arguments given");
+    refused("decode|random_resized_crop(32,32,0,1)", "need 0 < scale_lo");
+    refused("decode|random_resized_crop(32,32,0.9,0.5)", "need 0 < scale_lo <= scale_hi");
+    refused("decode|random_resized_crop(32,32,0.5,1.5)", "scale_hi <= 1");
+    refused("decode|random_resized_crop(32,32,0.5,1,2,1)", "need 0 < ratio_lo <= ratio_hi");
+    refused("decode|random_resized_crop(32,32,0.5)", "3 arguments given");
+    refused("decode|random_resized_crop(32,32,nan,1)", "not a finite decimal number");
+    refused("decode|flip(1.5)", "probability 1.5 is not in [0, 1]");
+    refused("decode|flip(x)", "probability 'x' is not a finite");
+    refused("decode|normalize(1,2,3)", "usage normalize(M1,M2,M3;S1,S2,S3)");
+    refused("decode|normalize(1,2;3,4,5,6)", "usage normalize");
+    refused("decode|normalize(0,0,0;1,0,1)", "std 0 is zero");
+    refused("decode|normalize(0,0,0;1,1e-50,1)", "is zero (in float32)");
+    refused("decode|normalize(0,0,0;1,1,1e40)", "overflows float32");
+    refused("decode|normalize(0,0,0;1,1,1)|normalize(0,0,0;1,1,1)", "takes the uint8 image");
+    refused("decode|normalize(0,0,0;1,1,1)|resize(3)", "image ops work on the uint8 HWC image");
+    refused("decode|chw|flip", "image ops work on the uint8 HWC image");
+    refused("decode|chw|chw", "channels-first already");
+    refused("decode|cast(int8)", "type 'int8' is not one of");
+    refused("decode|cast(float16)|cast(float32)", "cast once");
+    refused("decode|normalize(0,0,0;1,1,1)|cast(uint8)", "cast(uint8) of float32");
+    refused("decode|truncate(5)", "not implemented yet");
+    refused("decode|pad(5,0)", "not implemented yet");
+    refused("decode|resize(3)\x01", "not printable");
+    char big[BW_TF_SPEC_MAX + 10];
+    memset(big, ' ', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    refused(big, "more than 1024");
+    char many[400] = "decode";
+    for (int k = 0; k < BW_TF_MAX_OPS; k++)
+        strcat(many, "|flip");
+    refused(many, "op 17 'flip': more than 16 ops");
+    /* The op is named by position and text. */
+    refused("decode|resize(3)|center_crop(0,4)", "transform op 3 'center_crop(0,4)': height 0");
+}
+
+static void test_output_shape(void **state)
+{
+    (void)state;
+    bw__tf_spec s;
+    bw__tf_shape sh;
+    assert_int_equal(bw__tf_parse("decode|random_resized_crop(224)|flip|normalize(0,0,0;1,1,1)|"
+                                  "chw|cast(float16)",
+                                  &s, err, sizeof(err)),
+                     BW_OK);
+    assert_int_equal(bw__tf_output_shape(&s, &sh, err, sizeof(err)), BW_OK);
+    assert_int_equal(sh.dtype, BW_TF_FLOAT16);
+    assert_int_equal(sh.chw, 1);
+    assert_int_equal(sh.dims[0], 3);
+    assert_int_equal(sh.dims[1], 224);
+    assert_int_equal(sh.dims[2], 224);
+    assert_int_equal(sh.bytes, 3 * 224 * 224 * 2);
+    assert_int_equal(bw__tf_parse("decode|center_crop(10,20)|resize(5)", &s, err, sizeof(err)),
+                     BW_OK);
+    assert_int_equal(bw__tf_output_shape(&s, &sh, err, sizeof(err)), BW_OK);
+    assert_int_equal(sh.dims[0], 5);
+    assert_int_equal(sh.dims[1], 10);
+    assert_int_equal(sh.dims[2], 3);
+    assert_int_equal(bw__tf_parse("decode|resized_crop(0,0,30,20,10)", &s, err, sizeof(err)),
+                     BW_OK);
+    assert_int_equal(bw__tf_output_shape(&s, &sh, err, sizeof(err)), BW_OK);
+    assert_int_equal(sh.dims[0], 15); /* int(10 * 30 / 20) */
+    assert_int_equal(sh.dims[1], 10);
+    assert_int_equal(bw__tf_parse("decode|resize(256)|flip", &s, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__tf_output_shape(&s, &sh, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "the output size depends on each image"));
+}
+
+/* ---- the pipeline ---- */
+
+static uint8_t *encode(const uint8_t *px, int h, int w, int pf, int sub, int q, unsigned long *len)
+{
+    tjhandle tj = tjInitCompress();
+    uint8_t *out = NULL;
+    *len = 0;
+    assert_int_equal(tjCompress2(tj, px, w, 0, h, pf, &out, len, sub, q, 0), 0);
+    tjDestroy(tj);
+    return out;
+}
+
+typedef struct run_out {
+    int rc;
+    bw__tf_result res;
+    uint8_t *data;
+} run_out;
+
+static run_out run(bw__tf_scratch *s, const char *spec, const uint8_t *jpg, size_t len,
+                   uint64_t index)
+{
+    bw__tf_spec sp;
+    if (bw__tf_parse(spec, &sp, err, sizeof(err)) != BW_OK)
+        fail_msg("%s: %s", spec, err);
+    run_out o;
+    static uint8_t buf[4 << 20];
+    bw__tf_key key = {7, 1, 2, index};
+    o.data = buf;
+    o.rc = bw__tf_run(&sp, s, &key, jpg, len, buf, sizeof(buf), &o.res, err, sizeof(err));
+    return o;
+}
+
+static void test_one_pixel_and_upscale(void **state)
+{
+    (void)state;
+    bw__tf_scratch *s = bw__tf_scratch_new(0);
+    assert_non_null(s);
+    const uint8_t px[3] = {200, 30, 90};
+    unsigned long len;
+    uint8_t *jpg = encode(px, 1, 1, TJPF_RGB, TJSAMP_444, 100, &len);
+    run_out o = run(s, "decode", jpg, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    assert_int_equal(o.res.shape.bytes, 3);
+    uint8_t one[3];
+    memcpy(one, o.data, 3);
+    /* Upscaling a constant image keeps it constant, whatever the sizes. */
+    o = run(s, "decode|resize(37,5)", jpg, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    assert_int_equal(o.res.shape.dims[0], 37);
+    assert_int_equal(o.res.shape.dims[1], 5);
+    for (int i = 0; i < 37 * 5 * 3; i++)
+        assert_int_equal(o.data[i], one[i % 3]);
+    /* random_resized_crop of a 1x1 image: the whole pixel. */
+    o = run(s, "decode|random_resized_crop(4,6)", jpg, len, 3);
+    assert_int_equal(o.rc, BW_OK);
+    assert_int_equal(o.res.ndraws, 1);
+    assert_int_equal(o.res.draws[0].box[2], 1);
+    assert_int_equal(o.res.draws[0].box[3], 1);
+    for (int i = 0; i < 4 * 6 * 3; i++)
+        assert_int_equal(o.data[i], one[i % 3]);
+    /* center_crop larger than the image: the pixel in the middle, zeros around it
+     * (torchvision pads (3 - 1) // 2 = 1 before). */
+    o = run(s, "decode|center_crop(3,4)", jpg, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    for (int y = 0; y < 3; y++)
+        for (int x = 0; x < 4; x++)
+            for (int c = 0; c < 3; c++)
+                assert_int_equal(o.data[(y * 4 + x) * 3 + c], y == 1 && x == 1 ? one[c] : 0);
+    tjFree(jpg);
+    bw__tf_scratch_free(s);
+}
+
+static void test_crop_outside_and_odd_sizes(void **state)
+{
+    (void)state;
+    enum { H = 13, W = 7 };
+    uint8_t px[H * W * 3];
+    for (int i = 0; i < H * W * 3; i++)
+        px[i] = (uint8_t)(i * 37 + 11);
+    unsigned long len;
+    uint8_t *jpg = encode(px, H, W, TJPF_RGB, TJSAMP_420, 90, &len);
+    bw__tf_scratch *s = bw__tf_scratch_new(0);
+    run_out o = run(s, "decode", jpg, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    static uint8_t img[H * W * 3];
+    memcpy(img, o.data, sizeof(img));
+    /* A box entirely outside: zeros. */
+    o = run(s, "decode|resized_crop(100,100,5,5,5,5)", jpg, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    for (int i = 0; i < 5 * 5 * 3; i++)
+        assert_int_equal(o.data[i], 0);
+    /* A box over the top-left corner: zeros, then the image. */
+    o = run(s, "decode|resized_crop(-2,-3,4,5,4,5)", jpg, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    for (int y = 0; y < 4; y++)
+        for (int x = 0; x < 5; x++)
+            for (int c = 0; c < 3; c++) {
+                int sy = y - 2, sx = x - 3;
+                int want = sy >= 0 && sx >= 0 ? img[(sy * W + sx) * 3 + c] : 0;
+                assert_int_equal(o.data[(y * 5 + x) * 3 + c], want);
+            }
+    /* center_crop with odd differences: Python's round((13 - 4) / 2) = round(4.5) = 4,
+     * round((7 - 2) / 2) = round(2.5) = 2 (halves to even). */
+    o = run(s, "decode|center_crop(4,2)", jpg, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    for (int y = 0; y < 4; y++)
+        for (int x = 0; x < 2; x++)
+            for (int c = 0; c < 3; c++)
+                assert_int_equal(o.data[(y * 2 + x) * 3 + c], img[((y + 4) * W + x + 2) * 3 + c]);
+    int64_t top, left;
+    bw__tf_center_box(13, 8, 2, 3, &top, &left); /* 5.5 -> 6, 2.5 -> 2 */
+    assert_int_equal(top, 6);
+    assert_int_equal(left, 2);
+    bw__tf_center_box(4, 4, 7, 9, &top, &left); /* padded: (7-4)//2, (9-4)//2 before */
+    assert_int_equal(top, -1);
+    assert_int_equal(left, -2);
+    /* flip twice is the identity; flip(1) mirrors rows. */
+    o = run(s, "decode|flip(1)", jpg, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    assert_int_equal(o.res.draws[0].flipped, 1);
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++)
+            for (int c = 0; c < 3; c++)
+                assert_int_equal(o.data[(y * W + x) * 3 + c], img[(y * W + (W - 1 - x)) * 3 + c]);
+    o = run(s, "decode|flip(1)|flip(1)", jpg, len, 0);
+    assert_memory_equal(o.data, img, sizeof(img));
+    /* chw moves channels first. */
+    o = run(s, "decode|chw", jpg, len, 0);
+    assert_int_equal(o.res.shape.dims[0], 3);
+    for (int i = 0; i < H * W; i++)
+        for (int c = 0; c < 3; c++)
+            assert_int_equal(o.data[c * H * W + i], img[i * 3 + c]);
+    /* Shorter side: 7 -> 3, 13 -> int(3 * 13 / 7) = 5. */
+    o = run(s, "decode|resize(3)", jpg, len, 0);
+    assert_int_equal(o.res.shape.dims[0], 5);
+    assert_int_equal(o.res.shape.dims[1], 3);
+    tjFree(jpg);
+    bw__tf_scratch_free(s);
+}
+
+static void test_gray_and_cmyk(void **state)
+{
+    (void)state;
+    enum { H = 9, W = 11 };
+    uint8_t gray[H * W], cmyk[H * W * 4];
+    for (int i = 0; i < H * W; i++)
+        gray[i] = (uint8_t)(i * 23);
+    for (int i = 0; i < H * W * 4; i++)
+        cmyk[i] = (uint8_t)(i * 29 + 5);
+    unsigned long len;
+    bw__tf_scratch *s = bw__tf_scratch_new(0);
+    uint8_t *jpg = encode(gray, H, W, TJPF_GRAY, TJSAMP_GRAY, 95, &len);
+    /* What TurboJPEG decodes the gray JPEG to, replicated into R, G and B. */
+    tjhandle tj = tjInitDecompress();
+    uint8_t g[H * W], k4[H * W * 4];
+    assert_int_equal(tjDecompress2(tj, jpg, len, g, W, 0, H, TJPF_GRAY, 0), 0);
+    run_out o = run(s, "decode", jpg, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    for (int i = 0; i < H * W * 3; i++)
+        assert_int_equal(o.data[i], g[i / 3]);
+    tjFree(jpg);
+    jpg = encode(cmyk, H, W, TJPF_CMYK, TJSAMP_444, 95, &len);
+    assert_int_equal(tjDecompress2(tj, jpg, len, k4, W, 0, H, TJPF_CMYK, 0), 0);
+    o = run(s, "decode", jpg, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    /* Pillow's reading: inverted CMYK, then R = (255 - K) - C * (255 - K) / 255 rounded as
+     * Pillow's MULDIV255; written here in floating point with its rounding instead. */
+    for (int i = 0; i < H * W; i++)
+        for (int c = 0; c < 3; c++) {
+            int C = 255 - k4[i * 4 + c], nk = k4[i * 4 + 3];
+            int t = C * nk + 128;
+            int want = nk - (t + (t >> 8)) / 256;
+            assert_int_equal(o.data[i * 3 + c], want);
+            double exact = nk - C * nk / 255.0;
+            assert_true(o.data[i * 3 + c] >= exact - 1 && o.data[i * 3 + c] <= exact + 1);
+        }
+    tjFree(jpg);
+    tjDestroy(tj);
+    bw__tf_scratch_free(s);
+}
+
+static void test_errors_and_limits(void **state)
+{
+    (void)state;
+    enum { H = 40, W = 50 };
+    static uint8_t px[H * W * 3];
+    for (int i = 0; i < H * W * 3; i++)
+        px[i] = (uint8_t)(i ^ (i >> 5));
+    unsigned long len;
+    uint8_t *jpg = encode(px, H, W, TJPF_RGB, TJSAMP_420, 80, &len);
+    bw__tf_scratch *s = bw__tf_scratch_new(H * W - 1);
+    run_out o = run(s, "decode", jpg, len, 0);
+    assert_int_equal(o.rc, BW_TOO_BIG);
+    assert_non_null(strstr(err, "50x40 pixels, more than the limit of 1999"));
+    bw__tf_scratch_free(s);
+    s = bw__tf_scratch_new(0);
+    o = run(s, "decode", jpg, len / 2, 0);
+    assert_int_equal(o.rc, BW_CORRUPT);
+    assert_non_null(strstr(err, "op 1: decode: corrupt JPEG (50x40): Premature end"));
+    o = run(s, "decode", jpg + 2, len - 2, 0);
+    assert_int_equal(o.rc, BW_CORRUPT);
+    assert_non_null(strstr(err, "not a JPEG"));
+    uint8_t bad[64];
+    memcpy(bad, jpg, sizeof(bad));
+    memset(bad + 2, 0xee, sizeof(bad) - 2);
+    o = run(s, "decode", bad, sizeof(bad), 0);
+    assert_int_equal(o.rc, BW_CORRUPT);
+    assert_non_null(strstr(err, "corrupt JPEG header"));
+    /* A result larger than the caller's buffer. */
+    bw__tf_spec sp;
+    bw__tf_result res;
+    uint8_t small[100];
+    bw__tf_key key = {0, 0, 0, 0};
+    assert_int_equal(bw__tf_parse("decode|resize(10,10)", &sp, err, sizeof(err)), BW_OK);
+    assert_int_equal(
+        bw__tf_run(&sp, s, &key, jpg, len, small, sizeof(small), &res, err, sizeof(err)),
+        BW_TOO_BIG);
+    assert_non_null(strstr(err, "is 300 bytes, more than the 100 of the output buffer"));
+    /* A crop beyond the pixel limit. */
+    bw__tf_scratch_free(s);
+    s = bw__tf_scratch_new(H * W);
+    o = run(s, "decode|resized_crop(0,0,1000,1000,2,2)", jpg, len, 0);
+    assert_int_equal(o.rc, BW_TOO_BIG);
+    assert_non_null(strstr(err, "op 2 (resized_crop): 1000x1000 pixels is more than the limit"));
+    /* The scratch stays usable after errors, and once warm does not grow. */
+    o = run(s, "decode|random_resized_crop(16)|flip|normalize(0,0,0;1,1,1)|chw", jpg, len, 1);
+    assert_int_equal(o.rc, BW_OK);
+    size_t warm = bw__tf_scratch_bytes(s);
+    for (uint64_t i = 2; i < 50; i++) {
+        o = run(s, "decode|random_resized_crop(16)|flip|normalize(0,0,0;1,1,1)|chw", jpg, len, i);
+        assert_int_equal(o.rc, BW_OK);
+    }
+    assert_true(bw__tf_scratch_bytes(s) <= warm + 2 * (H * W * 3 + 4096));
+    tjFree(jpg);
+    bw__tf_scratch_free(s);
+    bw__tf_scratch_free(NULL);
+}
+
+static void test_rng(void **state)
+{
+    (void)state;
+    bw__tf_key k = {1, 2, 3, 4};
+    bw__tf_rng a, b;
+    bw__tf_rng_init(&a, &k, 0);
+    bw__tf_rng_init(&b, &k, 0);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(bw__tf_rng_next(&a), bw__tf_rng_next(&b));
+    bw__tf_rng_init(&b, &k, 1);
+    bw__tf_rng_init(&a, &k, 0);
+    assert_int_not_equal(bw__tf_rng_next(&a), bw__tf_rng_next(&b));
+    int hist[7] = {0};
+    for (int i = 0; i < 7000; i++) {
+        double u = bw__tf_rng_uniform(&a);
+        assert_true(u >= 0 && u < 1);
+        hist[bw__tf_rng_below(&a, 7)]++;
+        assert_int_equal(bw__tf_rng_below(&a, 1), 0);
+    }
+    for (int i = 0; i < 7; i++)
+        assert_true(hist[i] > 800 && hist[i] < 1200);
+    /* Ten misses on a 1 x 1000 strip (any area of the range needs a taller crop): the
+     * fallback's central crop of the widest allowed ratio, 4/3 of the height: round(1.33). */
+    double scale[2] = {0.08, 1}, ratio[2] = {0.75, 4.0 / 3.0};
+    int64_t box[4];
+    bw__tf_rng_init(&a, &k, 0);
+    bw__tf_rrc_params(&a, 1, 1000, scale, ratio, box);
+    assert_int_equal(box[0], 0);
+    assert_int_equal(box[2], 1);
+    assert_int_equal(box[3], 1);
+    assert_int_equal(box[1], 499);
+    /* A 1000 x 1 strip: the fallback's tallest crop, round(1 / 0.75) = 1 row. */
+    bw__tf_rrc_params(&a, 1000, 1, scale, ratio, box);
+    assert_int_equal(box[2], 1);
+    assert_int_equal(box[0], 499);
+    /* Inside the image, always. */
+    for (uint64_t i = 0; i < 2000; i++) {
+        k.index = i;
+        bw__tf_rng_init(&a, &k, 3);
+        int h = 1 + (int)(i % 97), w = 1 + (int)(i * 7 % 113);
+        bw__tf_rrc_params(&a, h, w, scale, ratio, box);
+        assert_true(box[0] >= 0 && box[1] >= 0 && box[2] >= 1 && box[3] >= 1);
+        assert_true(box[0] + box[2] <= h && box[1] + box[3] <= w);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_valid),
+        cmocka_unit_test(test_parse_errors),
+        cmocka_unit_test(test_output_shape),
+        cmocka_unit_test(test_one_pixel_and_upscale),
+        cmocka_unit_test(test_crop_outside_and_odd_sizes),
+        cmocka_unit_test(test_gray_and_cmyk),
+        cmocka_unit_test(test_errors_and_limits),
+        cmocka_unit_test(test_rng),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
