@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "batchwire/batchwire.h"
+#include "common/log.h"
 #include "jobs/job_sampler.h"
 #include "sampler/feistel.h"
 
@@ -32,9 +33,10 @@ typedef unsigned __int128 u128;
 struct bw__mixture {
     size_t nsources;
     uint64_t samples, seed, epoch;
-    uint64_t *sizes;  /* n_j */
-    uint64_t *counts; /* c_j */
-    uint64_t *prefix; /* prefix[j] = c_0 + ... + c_{j-1}; prefix[nsources] = E */
+    uint64_t *sizes;       /* n_j */
+    uint64_t *counts;      /* c_j */
+    uint64_t *prefix;      /* prefix[j] = c_0 + ... + c_{j-1}; prefix[nsources] = E */
+    uint64_t jitter_state; /* H(2, seed, epoch) */
 };
 
 struct bw__mix_sampler {
@@ -200,6 +202,8 @@ int bw__mixture_new(bw__mixture **out, const bw__mix_spec *spec, uint64_t seed, 
     m->samples = E;
     m->seed = seed;
     m->epoch = epoch;
+    const uint64_t jitter_words[] = {TAG_JITTER, seed, epoch};
+    m->jitter_state = hash(jitter_words, 3);
     memcpy(m->sizes, spec->sizes, S * sizeof(*m->sizes));
     u128 total = 0;
     for (size_t j = 0; j < S; j++)
@@ -261,57 +265,82 @@ uint64_t bw__mixture_count(const bw__mixture *m, size_t source)
 /* One internal node of the interleave tree: sources [lo, hi), split at mid; A samples on the
  * left (side 0), B on the right (side 1). */
 typedef struct node {
-    const bw__mixture *m;
-    uint64_t lo, hi, A, B;
+    uint64_t lo, mid, hi, A, B;
+    uint64_t state; /* H(2, seed, epoch, lo, hi): the jitter hash before its last two words */
 } node;
 
 static void node_at(node *n, const bw__mixture *m, uint64_t lo, uint64_t hi)
 {
-    uint64_t mid = lo + (hi - lo) / 2;
-    n->m = m;
     n->lo = lo;
+    n->mid = lo + (hi - lo) / 2;
     n->hi = hi;
-    n->A = m->prefix[mid] - m->prefix[lo];
-    n->B = m->prefix[hi] - m->prefix[mid];
+    n->A = m->prefix[n->mid] - m->prefix[lo];
+    n->B = m->prefix[hi] - m->prefix[n->mid];
+    n->state = mix64(mix64(m->jitter_state ^ lo) ^ hi);
 }
 
+/* H(2, seed, epoch, lo, hi, side, k) >> 32, continuing the node's hash state. */
 static uint64_t jitter(const node *n, uint64_t side, uint64_t k)
 {
-    const uint64_t words[] = {TAG_JITTER, n->m->seed, n->m->epoch, n->lo, n->hi, side, k};
-    return hash(words, 7) >> (64 - JITTER_BITS);
+    return mix64(mix64(n->state ^ side) ^ k) >> (64 - JITTER_BITS);
+}
+
+/* floor(x / d) and x mod d for x < 2^128, d < 2^64; 64-bit division when x fits. */
+static uint64_t divmod(u128 x, uint64_t d, uint64_t *rem)
+{
+    if (x >> 64 == 0) {
+        *rem = (uint64_t)x % d;
+        return (uint64_t)x / d;
+    }
+    *rem = (uint64_t)(x % d);
+    return (uint64_t)(x / d);
 }
 
 /*
- * Where left element k sits in the node's merged sequence: k plus the right elements whose
- * key (2^32 m + v_m) A is below left k's key X = (2^32 k + u_k) B. With m0 = floor(X / (2^32
- * A)) and X = 2^32 A m0 + r2, every m < m0 is below, every m > m0 is not, and m0 is below
- * when v_m0 A < r2. X reaches 2^156, so m0 and r2 are computed from k B = q1 A + r1:
- * X = 2^32 A q1 + (2^32 r1 + u_k B), the bracket below 2^32 (A + B) <= 2^94.
+ * Where left element k (A > 0) sits in the node's merged sequence: k plus the right elements
+ * whose key (2^32 m + v_m) A is below left k's key X = (2^32 k + u_k) B. With m0 = floor(X /
+ * (2^32 A)) and X = 2^32 A m0 + r2, every m < m0 is below, every m > m0 is not, and m0 is
+ * below when v_m0 A < r2. X reaches 2^156, so it is split: k B = q1 A + r1 gives X = 2^32 A
+ * q1 + y with y = 2^32 r1 + u_k B < 2^32 (A + B); then y = 2^32 yh + yl (yl < 2^32) and
+ * yh = q2 A + r gives m0 = q1 + q2 and r2 = 2^32 r + yl. Every division is by A.
  */
 static uint64_t left_position(const node *n, uint64_t k)
 {
     if (n->B == 0)
         return k;
-    u128 kb = (u128)k * n->B;
-    uint64_t q1 = (uint64_t)(kb / n->A), r1 = (uint64_t)(kb % n->A);
+    uint64_t r1, r, q1 = divmod((u128)k * n->B, n->A, &r1);
     u128 y = ((u128)r1 << JITTER_BITS) + (u128)jitter(n, 0, k) * n->B;
-    u128 unit = (u128)n->A << JITTER_BITS;
-    uint64_t m0 = q1 + (uint64_t)(y / unit);
-    u128 r2 = y % unit;
-    uint64_t before = m0 >= n->B ? n->B : (u128)jitter(n, 1, m0) * n->A < r2 ? m0 + 1 : m0;
-    return k + before;
+    uint64_t q2 = divmod(y >> JITTER_BITS, n->A, &r);
+    uint64_t m0 = q1 + q2;
+    if (m0 >= n->B)
+        return k + n->B;
+    u128 r2 = ((u128)r << JITTER_BITS) | (uint64_t)(y & ((1ull << JITTER_BITS) - 1));
+    return k + m0 + ((u128)jitter(n, 1, m0) * n->A < r2);
 }
 
-/* Left elements among the node's first p elements (p <= A + B). */
-static uint64_t left_before(const node *n, uint64_t p)
+/*
+ * Left elements among the node's first p elements (p <= A + B); *at_p tells whether element
+ * p itself is a left one (then it is left element number the result). docs/semantics.md
+ * proves the count within 1 of p A / (A + B), so it is floor(p A / (A + B)) or one more:
+ * one or two O(1) tests.
+ */
+static uint64_t left_before(const node *n, uint64_t p, bool *at_p)
 {
+    *at_p = false;
     if (n->A == 0)
         return 0;
-    uint64_t c = (uint64_t)((u128)p * n->A / (n->A + n->B));
-    while (c < n->A && left_position(n, c) < p)
-        c++;
-    while (c > 0 && left_position(n, c - 1) >= p)
-        c--;
+    u128 pa = (u128)p * n->A;
+    uint64_t c = pa >> 64 ? (uint64_t)(pa / (n->A + n->B)) : (uint64_t)pa / (n->A + n->B);
+    if (c < n->A) {
+        uint64_t at = left_position(n, c);
+        if (at < p && ++c < n->A)
+            at = left_position(n, c);
+        *at_p = c < n->A && at == p;
+    }
+#ifndef NDEBUG
+    BW_INVARIANT(c == 0 || left_position(n, c - 1) < p, "a mixture's left count is not too high");
+    BW_INVARIANT(c == n->A || left_position(n, c) >= p, "a mixture's left count is not too low");
+#endif
     return c;
 }
 
@@ -321,12 +350,13 @@ void bw__mixture_locate(const bw__mixture *m, uint64_t pos, uint32_t *source, ui
     while (hi - lo > 1) {
         node n;
         node_at(&n, m, lo, hi);
-        uint64_t left = left_before(&n, pos);
-        if (left < n.A && left_position(&n, left) == pos) {
-            hi = lo + (hi - lo) / 2;
+        bool at;
+        uint64_t left = left_before(&n, pos, &at);
+        if (at) {
+            hi = n.mid;
             pos = left;
         } else {
-            lo = lo + (hi - lo) / 2;
+            lo = n.mid;
             pos -= left;
         }
     }
@@ -340,12 +370,13 @@ uint64_t bw__mixture_consumed(const bw__mixture *m, uint32_t source, uint64_t po
     while (hi - lo > 1) {
         node n;
         node_at(&n, m, lo, hi);
-        uint64_t mid = lo + (hi - lo) / 2, left = left_before(&n, pos);
-        if (source < mid) {
-            hi = mid;
+        bool at;
+        uint64_t left = left_before(&n, pos, &at);
+        if (source < n.mid) {
+            hi = n.mid;
             pos = left;
         } else {
-            lo = mid;
+            lo = n.mid;
             pos -= left;
         }
     }
