@@ -119,9 +119,11 @@ void bw__tf_resize(const bw__tf_image *src, bw__tf_image *dst, uint8_t *tmp, voi
 {
     int c = src->c, sh = src->h, sw = src->w, dh = dst->h, dw = dst->w;
     int kh = kernel_size(sw, dw), kv = kernel_size(sh, dh);
-    int32_t *bh = coef, *khw = bh + 2 * (size_t)dw, *bv = khw + (size_t)dw * (size_t)kh;
+    /* The doubles first: coef is malloc'd, so they are aligned, and the int32s after them. */
+    double *w = coef;
+    int32_t *bh = (int32_t *)(void *)(w + (kh > kv ? kh : kv));
+    int32_t *khw = bh + 2 * (size_t)dw, *bv = khw + (size_t)dw * (size_t)kh;
     int32_t *kvw = bv + 2 * (size_t)dh;
-    double *w = (double *)(kvw + (size_t)dh * (size_t)kv);
     /* Pillow skips a pass whose size does not change (and copies when neither does). */
     int horiz = dw != sw, vert = dh != sh;
     if (!horiz && !vert) {

@@ -59,7 +59,7 @@ static int parse_int(const pctx *c, const char *s, const char *what, int64_t lo,
 
 static int parse_side(const pctx *c, const char *s, const char *what, int *out)
 {
-    int64_t v;
+    int64_t v = 0;
     int rc = parse_int(c, s, what, 1, BW_TF_MAX_SIDE, &v);
     *out = (int)v;
     return rc;
@@ -267,7 +267,7 @@ static int parse_op(const pctx *c, const char *name, size_t nl, const parsed_arg
             return fail(c, "normalize takes the uint8 image (x / 255); the data is %s here",
                         dtype_names[v->dtype]);
         for (int k = 0; k < 6; k++) {
-            double d;
+            double d = 0;
             if ((rc = parse_real(c, a->text[k], k < 3 ? "mean" : "std", &d)) != BW_OK)
                 return rc;
             /* torch.tensor([...], dtype=float32) rounds the Python float (a double). */

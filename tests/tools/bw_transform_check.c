@@ -135,6 +135,8 @@ int main(int argc, char **argv)
     void *out = malloc(cap);
     if (!s || !out) {
         fprintf(stderr, "bw_transform_check: out of memory\n");
+        free(out);
+        bw__tf_scratch_free(s);
         return 1;
     }
     uint64_t first = key.index;
@@ -164,8 +166,15 @@ int main(int argc, char **argv)
         char name[4200];
         snprintf(name, sizeof(name), "%s/%d.raw", outdir, n);
         FILE *f = fopen(name, "wb");
-        if (!f || fwrite(out, 1, res.shape.bytes, f) != res.shape.bytes || fclose(f) != 0) {
+        int bad = !f;
+        if (f) {
+            bad = fwrite(out, 1, res.shape.bytes, f) != res.shape.bytes;
+            bad |= fclose(f) != 0;
+        }
+        if (bad) {
             fprintf(stderr, "bw_transform_check: %s: cannot write\n", name);
+            free(out);
+            bw__tf_scratch_free(s);
             return 1;
         }
         printf("\"ok\":true,\"dtype\":\"%s\",\"chw\":%d,\"shape\":[%d,%d,%d],\"draws\":[",
