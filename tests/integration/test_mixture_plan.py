@@ -338,6 +338,17 @@ def test_no_repeat_before_exhaustion():
     bt.ok("no sample twice within a pass across 8 epochs; up-sampled passes re-permuted")
 
 
+def test_torch_ranks_do_not_lock():
+    """Two equal sources at two ranks: without the jitter rank 0 would get only source 0."""
+    out = plan("--mode", "torch", "--world-size", 2, "--batch-size", 10, "--seed", 3,
+               *mix_args([1000, 1000], ["1", "1"], 2000))
+    for rank in (0, 1):
+        src = [s for b in out if b["rank"] == rank for s in b["sources"]]
+        share = src.count(0) / len(src)
+        bt.check(0.4 < share < 0.6, "torch, rank %d: source 0 is %.1f%% of its samples"
+                 % (rank, 100 * share))
+
+
 def real_samples(batches):
     return Counter((s, i, ) for b in batches
                    for s, i, pad in zip(b["sources"], b["indices"], b["padding"]) if not pad)
@@ -447,6 +458,7 @@ def main(_tmpdir):
     test_equals_reference()
     test_window_bound()
     test_no_repeat_before_exhaustion()
+    test_torch_ranks_do_not_lock()
     test_elastic()
     test_resume_far()
     test_refusals()
