@@ -89,13 +89,14 @@ class Batch:
     the loader moved on raises FailedPreconditionError.
     """
 
-    __slots__ = ("_loader", "_ptr", "_gen", "_hold", "_spans", "_fieldtab", "epoch", "step",
-                 "count", "real", "indices", "padding", "nbytes", "dtype", "shape", "device",
-                 "arrays", "__weakref__")
+    __slots__ = ("_loader", "_ptr", "_gen", "_hold", "_spans", "_fieldtab", "_idx_raw",
+                 "_pad_raw", "_indices", "_padding", "epoch", "step", "count", "real", "nbytes",
+                 "dtype", "shape", "device", "arrays", "__weakref__")
 
     def __init__(self, loader: "Loader", ptr: CData, gen: int) -> None:
-        import numpy as np
-
+        # Called once a batch: no numpy and no loop over the samples here. indices and padding
+        # are copied out of the slot as bytes (valid forever, as the slot is reused) and become
+        # numpy arrays when first asked for; dtypes come from a table (_dtype).
         L = _lib.lib()
         self._loader = loader
         self._ptr = ptr
@@ -106,34 +107,27 @@ class Batch:
         self._fieldtab: Union[None, List[List[Tuple[str, int, int]]], errors.Error] = None
         self.epoch = int(L.bw_batch_epoch(ptr))
         self.step = int(L.bw_batch_step(ptr))
-        self.count = int(L.bw_batch_count(ptr))
+        self.count = n = int(L.bw_batch_count(ptr))
         self.real = int(L.bw_batch_real(ptr))
         self.nbytes = int(L.bw_batch_nbytes(ptr))
         self.device = int(L.bw_batch_device(ptr))
-        self.indices: "np.ndarray[Any, Any]"
-        self.padding: "np.ndarray[Any, Any]"
-        if self.count:
-            idx = ffi.buffer(L.bw_batch_indices(ptr), 8 * self.count)
-            pad = ffi.buffer(L.bw_batch_padding(ptr), self.count)
-            self.indices = np.frombuffer(idx, dtype=np.uint64).astype(np.int64)
-            self.padding = np.frombuffer(pad, dtype=np.uint8).astype(bool)
-        else:
-            self.indices = np.zeros(0, dtype=np.int64)
-            self.padding = np.zeros(0, dtype=bool)
+        self._idx_raw = ffi.buffer(L.bw_batch_indices(ptr), 8 * n)[:] if n else b""
+        self._pad_raw = ffi.buffer(L.bw_batch_padding(ptr), n)[:] if n else b""
+        self._indices: "Optional[np.ndarray[Any, Any]]" = None
+        self._padding: "Optional[np.ndarray[Any, Any]]" = None
         ndim = int(L.bw_batch_ndim(ptr))
         self.shape: Optional[Tuple[int, ...]]
         self.dtype: "Optional[np.dtype[Any]]"
         if ndim:
-            shp = L.bw_batch_shape(ptr)
-            self.shape = tuple(int(shp[d]) for d in range(ndim))
-            self.dtype = np.dtype(_lib.text(L.bw_batch_dtype(ptr)))
-            want = self.dtype.itemsize
-            for d in self.shape:
+            self.shape = shape = tuple(ffi.unpack(L.bw_batch_shape(ptr), ndim))
+            self.dtype = dtype = _dtype(ffi.string(L.bw_batch_dtype(ptr)))
+            want = dtype.itemsize
+            for d in shape:
                 want *= d
             if want != self.nbytes:
                 raise errors.ProtocolError(
                     "batch of step %d: shape %r of %s needs %d bytes, the batch has %d" %
-                    (self.step, self.shape, self.dtype.str, want, self.nbytes))
+                    (self.step, shape, dtype.str, want, self.nbytes))
         else:
             self.shape = None
             self.dtype = None
@@ -141,6 +135,32 @@ class Batch:
         self.arrays = _batch_arrays(L, ptr, self.step, self.nbytes)
         if not loader._reuse_buffers:
             self._hold = _Hold(loader, self)
+
+    @property
+    def indices(self) -> "np.ndarray[Any, Any]":
+        """The sample indices, a numpy int64 array (a copy, valid forever)."""
+        if self._indices is None:
+            import numpy as np
+
+            self._indices = np.frombuffer(self._idx_raw, dtype=np.uint64).astype(np.int64)
+        return self._indices
+
+    @indices.setter
+    def indices(self, value: "np.ndarray[Any, Any]") -> None:
+        self._indices = value
+
+    @property
+    def padding(self) -> "np.ndarray[Any, Any]":
+        """A numpy bool array, True for the padding duplicates (a copy, valid forever)."""
+        if self._padding is None:
+            import numpy as np
+
+            self._padding = np.frombuffer(self._pad_raw, dtype=np.uint8).astype(bool)
+        return self._padding
+
+    @padding.setter
+    def padding(self, value: "np.ndarray[Any, Any]") -> None:
+        self._padding = value
 
     def __repr__(self) -> str:
         extra = "" if self.shape is None else " shape=%r dtype=%s" % (self.shape, self.dtype)
@@ -408,11 +428,25 @@ class Batch:
         return arr
 
 
+# numpy dtypes by the library's dtype text (b"<f4"): a batch's dtype is one lookup.
+_DTYPES: Dict[bytes, "np.dtype[Any]"] = {}
+
+
+def _dtype(text: bytes) -> "np.dtype[Any]":
+    """The numpy dtype of a batch's or array's dtype text (bw_batch_dtype, bw_array)."""
+    dt = _DTYPES.get(text)
+    if dt is None:
+        import numpy as np
+
+        dt = np.dtype(text.decode("utf-8", "replace"))
+        if len(_DTYPES) < 256:  # a handful in practice; never unbounded
+            _DTYPES[text] = dt
+    return dt
+
+
 def _batch_arrays(L: CData, ptr: CData, step: int, nbytes: int) -> Optional[List[ArraySpec]]:
     """Datasets of named arrays: [(name, numpy dtype, shape, offset, nbytes)] of a batch
     (bw_batch_array), checked against its bytes; None for other datasets."""
-    import numpy as np
-
     n = int(L.bw_batch_narrays(ptr))
     if not n:
         return None
@@ -422,9 +456,9 @@ def _batch_arrays(L: CData, ptr: CData, step: int, nbytes: int) -> Optional[List
         rc = L.bw_batch_array(ptr, k, a)
         if rc != BW_OK:
             raise _lib.error(rc, "array %d of the batch of step %d" % (k, step))
-        dtype = np.dtype(_lib.text(a.dtype))
+        dtype = _dtype(ffi.string(a.dtype))
         name = _lib.text(a.name)
-        shape = tuple(int(a.shape[d]) for d in range(a.ndim))
+        shape = tuple(ffi.unpack(a.shape, a.ndim)) if a.ndim else ()
         want = dtype.itemsize
         for d in shape:
             want *= d
@@ -671,14 +705,14 @@ class _Hold:
 
     def __init__(self, loader: "Loader", batch: Batch) -> None:
         L = _lib.lib()
-        h = ffi.new("bw_hold **")
         with loader._lock:
             batch._check()
+            h = loader._hold_out  # the loader's, used under its lock
             rc = L.bw_loader_hold(loader._h(), batch._ptr, h)
             if rc != BW_OK:
                 loader._raise(rc)
-        self._h: Optional[CData] = h[0]
-        self.address: int = _address(L.bw_hold_data(h[0]))
+            self._h: Optional[CData] = h[0]
+        self.address: int = _address(L.bw_hold_data(self._h))
 
     def __del__(self) -> None:
         h, self._h = getattr(self, "_h", None), None
@@ -810,6 +844,10 @@ class Loader:
         self._iterated = False
         check_fork_safe("Loader")
         self._lock = threading.RLock()
+        # Out-parameters of bw_loader_next and bw_loader_hold, used under the lock: one each,
+        # not one a batch.
+        self._next_out = ffi.new("const bw_batch **")
+        self._hold_out = ffi.new("bw_hold **")
         _runtime.prepare()
         L = _lib.lib()
         if isinstance(resume, dict) and not elastic:
@@ -936,7 +974,8 @@ class Loader:
         with self._lock:
             h = self._h()
             self._move_on()
-            out = ffi.new("const bw_batch **")
+            out = self._next_out
+            out[0] = ffi.NULL
             try:
                 rc = _runtime.call(_lib.lib().bw_loader_next, h, out)
                 if rc == BW_END_OF_EPOCH:
