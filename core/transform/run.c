@@ -207,12 +207,27 @@ static void cast_values(const void *src, bw__tf_dtype from, void *dst, bw__tf_dt
     }
 }
 
-static void to_chw(const uint8_t *src, uint8_t *dst, int h, int w, size_t es)
+/* One loop per element size, so that each is a plain typed copy. */
+#define TO_CHW(T)                                                                                  \
+    do {                                                                                           \
+        const T *in = src;                                                                         \
+        T *out = dst;                                                                              \
+        for (size_t i = 0; i < plane; i++) {                                                       \
+            out[i] = in[i * 3];                                                                    \
+            out[plane + i] = in[i * 3 + 1];                                                        \
+            out[2 * plane + i] = in[i * 3 + 2];                                                    \
+        }                                                                                          \
+    } while (0)
+
+static void to_chw(const void *src, void *dst, int h, int w, size_t es)
 {
     size_t plane = (size_t)h * (size_t)w;
-    for (size_t i = 0; i < plane; i++)
-        for (size_t ch = 0; ch < 3; ch++)
-            memcpy(dst + (ch * plane + i) * es, src + (i * 3 + ch) * es, es);
+    if (es == 1)
+        TO_CHW(uint8_t);
+    else if (es == 2)
+        TO_CHW(uint16_t);
+    else
+        TO_CHW(float);
 }
 
 static const char *const op_names[] = {

@@ -133,9 +133,10 @@ typedef struct bw__tf_image {
     int h, w, c;
 } bw__tf_image;
 
-/* Pillow's bilinear resampling with antialias (docs/transforms.md, "resize"): src (h x w x c)
- * to dst (dh x dw x c, allocated by the caller). tmp holds the horizontal pass: at least
- * src.h * dw * c bytes; coef at least bw__tf_resize_coef_bytes(src, dh, dw) bytes. */
+/* Pillow's bilinear resampling with antialias (docs/transforms.md, "resize"): src (h x w x c,
+ * c <= 4) to dst (dh x dw x c, allocated by the caller). tmp holds the horizontal pass: at
+ * least src.h * dw * c bytes; coef at least bw__tf_resize_coef_bytes(sh, sw, dh, dw) bytes,
+ * suitably aligned for a double (from malloc). */
 size_t bw__tf_resize_coef_bytes(int sh, int sw, int dh, int dw);
 void bw__tf_resize(const bw__tf_image *src, bw__tf_image *dst, uint8_t *tmp, void *coef);
 
