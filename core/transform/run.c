@@ -79,11 +79,6 @@ typedef struct value {
     int chw;
 } value;
 
-static size_t elem_size(bw__tf_dtype d)
-{
-    return d == BW_TF_UINT8 ? 1 : d == BW_TF_FLOAT32 ? 4 : 2;
-}
-
 static bw__tf_image image_of(bw__tf_scratch *s, const value *v)
 {
     bw__tf_image im = {s->buf[v->k], v->h, v->w, 3};
@@ -323,15 +318,15 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
             v.dtype = BW_TF_FLOAT32;
             break;
         case BW_TF_CHW:
-            bytes = n * elem_size(v.dtype);
+            bytes = n * bw__tf_dtype_size(v.dtype);
             if (!(dst = slot(s, 1 - v.k, bytes)))
                 return nomem(err, errlen, what, bytes);
-            to_chw(s->buf[v.k], dst, v.h, v.w, elem_size(v.dtype));
+            to_chw(s->buf[v.k], dst, v.h, v.w, bw__tf_dtype_size(v.dtype));
             v.k = 1 - v.k;
             v.chw = 1;
             break;
         case BW_TF_CAST:
-            bytes = n * elem_size(op->cast);
+            bytes = n * bw__tf_dtype_size(op->cast);
             if (!(dst = slot(s, 1 - v.k, bytes)))
                 return nomem(err, errlen, what, bytes);
             cast_values(s->buf[v.k], v.dtype, dst, op->cast, n);
@@ -343,12 +338,7 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
             return rc;
     }
     bw__tf_shape *sh = &res->shape;
-    sh->dtype = v.dtype;
-    sh->chw = v.chw;
-    sh->dims[0] = v.chw ? 3 : v.h;
-    sh->dims[1] = v.chw ? v.h : v.w;
-    sh->dims[2] = v.chw ? v.w : 3;
-    sh->bytes = (size_t)v.h * (size_t)v.w * 3 * elem_size(v.dtype);
+    bw__tf_shape_set(sh, v.dtype, v.chw, v.h, v.w);
     if (sh->bytes > outcap) {
         snprintf(err, errlen,
                  "the result (%dx%dx%d %s) is %zu bytes, more than the %zu of the "

@@ -392,9 +392,20 @@ int bw__tf_parse(const char *text, bw__tf_spec *out, char *err, size_t errlen)
     return walk(text, out, &v, err, errlen);
 }
 
-static size_t dtype_size(bw__tf_dtype d)
+size_t bw__tf_dtype_size(bw__tf_dtype d)
 {
     return d == BW_TF_UINT8 ? 1 : d == BW_TF_FLOAT32 ? 4 : 2;
+}
+
+void bw__tf_shape_set(bw__tf_shape *out, bw__tf_dtype d, int chw, int h, int w)
+{
+    memset(out, 0, sizeof(*out));
+    out->dtype = d;
+    out->chw = chw;
+    out->dims[0] = chw ? 3 : h;
+    out->dims[1] = chw ? h : w;
+    out->dims[2] = chw ? w : 3;
+    out->bytes = (size_t)h * (size_t)w * 3 * bw__tf_dtype_size(d);
 }
 
 int bw__tf_output_shape(const bw__tf_spec *spec, bw__tf_shape *out, char *err, size_t errlen)
@@ -417,13 +428,7 @@ int bw__tf_output_shape(const bw__tf_spec *spec, bw__tf_shape *out, char *err, s
                  canon);
         return BW_INVALID_ARGUMENT;
     }
-    memset(out, 0, sizeof(*out));
-    out->dtype = v.dtype;
-    out->chw = v.chw;
-    out->dims[0] = v.chw ? 3 : v.h;
-    out->dims[1] = v.chw ? v.h : v.w;
-    out->dims[2] = v.chw ? v.w : 3;
-    out->bytes = (size_t)v.h * (size_t)v.w * 3 * dtype_size(v.dtype);
+    bw__tf_shape_set(out, v.dtype, v.chw, v.h, v.w);
     return BW_OK;
 }
 

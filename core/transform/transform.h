@@ -86,6 +86,10 @@ typedef struct bw__tf_shape {
 } bw__tf_shape;
 int bw__tf_output_shape(const bw__tf_spec *spec, bw__tf_shape *out, char *err, size_t errlen);
 
+/* Bytes of one value of d; the shape of an h x w x 3 image of d in the layout chw says. */
+size_t bw__tf_dtype_size(bw__tf_dtype d);
+void bw__tf_shape_set(bw__tf_shape *out, bw__tf_dtype d, int chw, int h, int w);
+
 /* What makes a sample's random choices: pure function of these and the op's position. */
 typedef struct bw__tf_key {
     uint64_t seed, epoch, source, index;

@@ -31,6 +31,7 @@ import torchvision.transforms.functional as F
 from PIL import Image, JpegImagePlugin
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bwdata as bd  # noqa: E402
 import bwtest as bt  # noqa: E402
 
 TOOL = os.path.join(bt.BUILD_DIR, "tests", "bw_transform_check")
@@ -41,13 +42,7 @@ STD = [0.229, 0.224, 0.225]
 NORM = "normalize(0.485,0.456,0.406;0.229,0.224,0.225)"
 
 
-def mix(z):
-    z &= M64
-    z ^= z >> 30
-    z = (z * 0xBF58476D1CE4E5B9) & M64
-    z ^= z >> 27
-    z = (z * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
+mix = bd._mix_int  # splitmix64's finalizer (docs/formats.md)
 
 
 # ---- docs/transforms.md, "Random choices", written from the document ----
@@ -125,10 +120,8 @@ def synth_image(seed, i, lo, hi):
                 m &= ((x + y) // 4) % 2 == 1
         for c in range(3):
             img[..., c][m] = (b >> (8 * c)) & 255
-    noise = iword(seed, i, 1000)
-    p = np.arange(h * w, dtype=object)
-    z = [mix(noise + int(k) * G) for k in p]
-    z = np.array(z, dtype=np.uint64).reshape(h, w)
+    noise = np.full(h * w, iword(seed, i, 1000), dtype=np.uint64)
+    z = bd._mix(noise + np.arange(h * w, dtype=np.uint64) * np.uint64(G)).reshape(h, w)
     for c in range(3):
         img[..., c] += ((z >> np.uint64(8 * c)) % np.uint64(25)).astype(np.int64) - 12
     return np.clip(img, 0, 255).astype(np.uint8)
