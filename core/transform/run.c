@@ -234,6 +234,11 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
                size_t inlen, void *out, size_t outcap, bw__tf_result *res, char *err, size_t errlen)
 {
     memset(res, 0, sizeof(*res));
+    if (spec->n < 1 || spec->n > BW_TF_MAX_OPS || spec->ops[0].kind != BW_TF_DECODE) {
+        snprintf(err, errlen,
+                 "transform: not a spec bw__tf_parse accepted (it starts with decode)");
+        return BW_INVALID_ARGUMENT;
+    }
     value v = {SLOT_A, 0, 0, BW_TF_UINT8, 0};
     char what[48];
     for (int k = 0; k < spec->n; k++) {
@@ -350,7 +355,6 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
                  sh->bytes, outcap);
         return BW_TOO_BIG;
     }
-    if (spec->n > 0)
-        memcpy(out, s->buf[v.k], sh->bytes);
+    memcpy(out, s->buf[v.k], sh->bytes);
     return BW_OK;
 }

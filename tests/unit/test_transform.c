@@ -377,6 +377,12 @@ static void test_errors_and_limits(void **state)
         bw__tf_run(&sp, s, &key, jpg, len, small, sizeof(small), &res, err, sizeof(err)),
         BW_TOO_BIG);
     assert_non_null(strstr(err, "is 300 bytes, more than the 100 of the output buffer"));
+    /* A spec that did not come from the parser. */
+    bw__tf_spec empty;
+    memset(&empty, 0, sizeof(empty));
+    assert_int_equal(
+        bw__tf_run(&empty, s, &key, jpg, len, small, sizeof(small), &res, err, sizeof(err)),
+        BW_INVALID_ARGUMENT);
     /* A crop beyond the pixel limit. */
     bw__tf_scratch_free(s);
     s = bw__tf_scratch_new(H * W);
