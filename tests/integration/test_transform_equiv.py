@@ -4,7 +4,8 @@ same JPEG files (issue 28's acceptance, item 2):
 * the images: `batchwire gen --format jpeg` at two size ranges (1-40 and 64-640 px a side,
   every chroma subsampling) and JPEGs Pillow writes (grayscale, CMYK, progressive, 1x1,
   quality 100, 4:2:0 at odd sizes); the generator's sizes and pixels also checked against an
-  independent numpy reading of docs/formats.md, and `tar-jpeg` against `jpeg`;
+  independent numpy reading of docs/formats.md, `tar-jpeg` against `jpeg`, and both served by
+  a worker (format files: the JPEG bytes; format tar: fields jpg and cls);
 * decode equal to Image.open(f).convert("RGB") byte for byte;
 * resize(S), resize(H,W) (down and up), center_crop (inside and larger than the image) and
   resized_crop (boxes partly outside) within 1 per channel value of torchvision's functional
@@ -424,6 +425,30 @@ def check_tar(tmpdir, files):
     bt.ok("tar-jpeg: WebDataset shards of the same JPEGs with their classes")
 
 
+def check_served(tmpdir, files):
+    """gen's two layouts are datasets a worker serves: files (one JPEG each) and tar (jpg and
+    cls fields per WebDataset sample)."""
+    coord = bt.coordinator(tmpdir)
+    w = bt.worker(tmpdir, coord.addr, "w1", data_root=tmpdir)
+    c = bd.DataClient(tmpdir, w.addr)
+    info = c.describe("files", ["small/samples"])
+    bt.check(info.length == 14, "the jpeg output is a files dataset of 14 samples", info)
+    got = c.read("files", ["small/samples"], list(range(14)))
+    bt.check([g["data"] for g in got] == [open(f, "rb").read() for f in files[:14]],
+             "a worker serves gen's JPEG files as they are")
+    info = c.describe("tar", ["wds/shard-*.tar"])
+    bt.check(info.length == 14, "the tar-jpeg output is a tar dataset of 14 samples", info)
+    got = c.read("tar", ["wds/shard-*.tar"], list(range(14)))
+    for i, g in enumerate(got):
+        jpg = open(files[i], "rb").read()
+        cls = str(iword(11, i, 3) % 10).encode()
+        bt.check(g["fields"] == [("jpg", len(jpg)), ("cls", len(cls))] and
+                 g["data"] == jpg + cls,
+                 "WebDataset sample %d served as fields jpg and cls" % i, g["fields"])
+    c.close()
+    bt.ok("gen's jpeg and tar-jpeg outputs served by a worker as files and tar datasets")
+
+
 def test(tmpdir):
     bt.check(os.access(TOOL, os.X_OK), "%s is built" % TOOL)
     files = make_images(tmpdir)
@@ -433,6 +458,7 @@ def test(tmpdir):
     check_random(tmpdir, files)
     check_corrupt(tmpdir, files)
     check_tar(tmpdir, files)
+    check_served(tmpdir, files)
 
 
 if __name__ == "__main__":
