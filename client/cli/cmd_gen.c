@@ -565,11 +565,6 @@ static int jpeg_sample(gen *g, tjhandle tj, uint64_t i, uint8_t **jpg, unsigned 
 
 static int gen_images(gen *g, const gen_cfg *cfg)
 {
-    if (cfg->image_min > cfg->image_max) {
-        snprintf(g->err, sizeof(g->err), "--image-min %lld is larger than --image-max %lld",
-                 (long long)cfg->image_min, (long long)cfg->image_max);
-        return 2;
-    }
     bool tar = cfg->format == F_TAR_JPEG;
     uint64_t n = (uint64_t)cfg->num_samples, nfiles = tar ? (uint64_t)cfg->files : 1;
     char name[256], what[200];
@@ -712,7 +707,11 @@ static int run_gen(int argc, char **argv)
     }
     if (cfg.format == F_JPEG || cfg.format == F_TAR_JPEG) {
         int irc = 1;
-        if (mkdir(cfg.out, 0755) != 0 && errno != EEXIST) {
+        if (cfg.image_min > cfg.image_max) {
+            snprintf(g.err, sizeof(g.err), "--image-min %lld is larger than --image-max %lld",
+                     (long long)cfg.image_min, (long long)cfg.image_max);
+            irc = 2;
+        } else if (mkdir(cfg.out, 0755) != 0 && errno != EEXIST) {
             snprintf(g.err, sizeof(g.err), "--out %s: %s", cfg.out, strerror(errno));
         } else {
             bw__log_to_stderr("gen", BW_LOG_INFO);

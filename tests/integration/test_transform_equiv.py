@@ -423,6 +423,11 @@ def check_tar(tmpdir, files):
     bt.check(names == ["sample%08d.%s" % (i, e) for i in range(14) for e in ("jpg", "cls")],
              "tar-jpeg members in sample order, jpg then cls", names)
     bt.ok("tar-jpeg: WebDataset shards of the same JPEGs with their classes")
+    bad = os.path.join(tmpdir, "bad")
+    r = bt.cli("gen", "--format", "jpeg", "--out", bad, "--image-min", 100, "--image-max", 50)
+    bt.check(r.returncode == 2 and "--image-min 100 is larger than --image-max 50" in r.stderr
+             and not os.path.exists(bad), "gen refuses --image-min > --image-max, writing nothing",
+             r.stderr)
 
 
 def check_served(tmpdir, files):
