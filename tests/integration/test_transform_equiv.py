@@ -14,7 +14,8 @@ same JPEG files (issue 28's acceptance, item 2):
   cast(bfloat16) equal to torch's conversions;
 * random_resized_crop: the parameters drawn by an independent Python implementation of the
   PRNG and algorithm docs/transforms.md states (fallback included), applied exactly;
-  deterministic for a key, different across indexes, epochs and seeds;
+  deterministic for a key, different across indexes, epochs and seeds; distributed as
+  torchvision's own draws (mean area share, log aspect ratio, fallback share);
 * corrupt JPEGs (truncated, garbage, empty, PNG) refused with an error naming the file, the
   index and the op, where Pillow refuses them too.
 """
@@ -326,6 +327,25 @@ def check_random(tmpdir, files):
         bt.check(got == want, "random_resized_crop boxes for %dx%d %s %s as docs/transforms.md "
                  "computes them" % (h, w, sc, ra),
                  [(i, a, b) for i, (a, b) in enumerate(zip(got, want)) if a != b][:5])
+    # Same distribution as torchvision's own draws (its generator, not ours): mean crop area
+    # share, mean log aspect ratio and the share of fallbacks, 20,000 draws each.
+    import torchvision.transforms as T
+    torch.manual_seed(0)
+    for h, w in ((480, 640), (100, 1000)):
+        p = subprocess.run([TOOL, "--rrc-params", str(h), str(w), "0.08", "1", repr(3 / 4),
+                            repr(4 / 3), "20000", "--seed", "5"],
+                           capture_output=True, text=True, timeout=60)
+        ours = np.array([[int(v) for v in line.split()] for line in p.stdout.splitlines()])
+        img = torch.empty(1, h, w)
+        tv = np.array([T.RandomResizedCrop.get_params(img, [0.08, 1.0], [3 / 4, 4 / 3])
+                       for _ in range(20000)])
+        fb = rrc_params(Rng(0, 0, 0, 0, 0), h, w, (2.0, 2.0))  # every try misses
+        for name, f, tol in (("area share", lambda b: b[:, 2] * b[:, 3] / (h * w), 0.01),
+                             ("log aspect", lambda b: np.log(b[:, 3] / b[:, 2]), 0.01),
+                             ("fallback share", lambda b: (b == fb).all(axis=1), 0.02)):
+            a, b = float(f(ours).mean()), float(f(tv).mean())
+            bt.check(abs(a - b) < tol, "random_resized_crop on %dx%d: mean %s %.4f, torchvision's "
+                     "%.4f" % (h, w, name, a, b))
     # A whole training pipeline, its draws re-derived and applied with torchvision.
     spec = "decode|random_resized_crop(224)|flip(0.5)|" + NORM + "|chw"
     key = (1234, 3, 2, 500)
