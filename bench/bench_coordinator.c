@@ -1,6 +1,8 @@
 /*
  * Coordinator benchmark: starts build/bin/batchwire-coordinator on a fresh state directory
  * (under /var/tmp: a real disk, not tmpfs) and measures, over gRPC on loopback,
+ * Phases 1 and 2 run twice: over unary calls (the baseline) and with each rank's commits or
+ * heartbeats as messages on a Jobs.Session stream of its own, as a Loader sends them.
  *   1. acknowledged CommitCursor calls per second (each acknowledged only after fdatasync;
  *      concurrent commits share one fsync) with 1 and with T concurrent trainers. Every
  *      trainer is a rank of its own with its own lease and keeps exactly one commit
@@ -205,6 +207,7 @@ typedef struct slot {
     bw_method_id method;
     double t0;
     void *owner;
+    bool streamed; /* a message on the owner's Jobs.Session stream, not a call of its own */
 } slot;
 
 static void slot_start(slot *s, conn *c, grpc_completion_queue *cq, bw_method_id m,
@@ -221,6 +224,7 @@ static void slot_start(slot *s, conn *c, grpc_completion_queue *cq, bw_method_id
     grpc_slice_unref(sl);
     s->recv = NULL;
     s->method = m;
+    s->streamed = false;
     grpc_metadata_array_init(&s->imd);
     grpc_metadata_array_init(&s->tmd);
     s->details = grpc_empty_slice();
@@ -248,14 +252,153 @@ static void slot_start(slot *s, conn *c, grpc_completion_queue *cq, bw_method_id
     }
 }
 
+/* ---- the same requests as messages on a Jobs.Session stream (docs/architecture.md) ----
+ *
+ * One stream per rank, as a Loader's session keeps one, opened on its first message on the
+ * completion queue of the thread that drives it; one message outstanding, as a trainer's
+ * commits are. */
+
+typedef struct stream {
+    grpc_call *call;
+    bool started; /* initial metadata sent and asked for */
+    uint64_t id;
+} stream;
+
+static void slot_start_msg(slot *s, stream *st, conn *c, grpc_completion_queue *cq, bw_method_id m,
+                           const ProtobufCMessage *req)
+{
+    Batchwire__V1__SessionRequest sr = BATCHWIRE__V1__SESSION_REQUEST__INIT;
+    sr.id = ++st->id;
+    if (m == BW_M_JOBS_COMMIT_CURSOR) {
+        sr.op_case = BATCHWIRE__V1__SESSION_REQUEST__OP_COMMIT;
+        sr.commit = (Batchwire__V1__CommitCursorRequest *)req;
+    } else {
+        sr.op_case = BATCHWIRE__V1__SESSION_REQUEST__OP_HEARTBEAT;
+        sr.heartbeat = (Batchwire__V1__LeaseHeartbeatRequest *)req;
+    }
+    if (!st->call)
+        st->call = grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                                       c->methods[BW_M_JOBS_SESSION],
+                                                       gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    size_t len = protobuf_c_message_get_packed_size(&sr.base);
+    grpc_slice sl = grpc_slice_malloc(len);
+    protobuf_c_message_pack(&sr.base, GRPC_SLICE_START_PTR(sl));
+    s->send = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    s->recv = NULL;
+    s->method = m;
+    s->streamed = true;
+    s->call = st->call;
+    grpc_metadata_array_init(&s->imd);
+    grpc_metadata_array_init(&s->tmd);
+    s->details = grpc_empty_slice();
+    memset(s->ops, 0, sizeof(s->ops));
+    size_t n = 0;
+    if (!st->started)
+        s->ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    s->ops[n].op = GRPC_OP_SEND_MESSAGE;
+    s->ops[n++].data.send_message.send_message = s->send;
+    if (!st->started) {
+        s->ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+        s->ops[n++].data.recv_initial_metadata.recv_initial_metadata = &s->imd;
+    }
+    s->ops[n].op = GRPC_OP_RECV_MESSAGE;
+    s->ops[n++].data.recv_message.recv_message = &s->recv;
+    st->started = true;
+    s->t0 = now_s();
+    if (grpc_call_start_batch(s->call, s->ops, n, s, NULL) != GRPC_CALL_OK) {
+        fprintf(stderr, "bench: cannot send a %s message on the stream\n", bw__methods[m].name);
+        exit(1);
+    }
+}
+
+/* Half-closes the streams of agents[0..n) (the agent's slot is its tag) and waits for their
+ * status on cq. */
+static void streams_close(slot *const *slots, stream *const *sts, size_t n,
+                          grpc_completion_queue *cq)
+{
+    size_t out = 0;
+    for (size_t i = 0; i < n; i++) {
+        slot *s = slots[i];
+        if (!sts[i]->call)
+            continue;
+        s->call = sts[i]->call;
+        s->details = grpc_empty_slice();
+        grpc_metadata_array_init(&s->tmd);
+        memset(s->ops, 0, sizeof(s->ops));
+        s->ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+        s->ops[1].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+        s->ops[1].data.recv_status_on_client.trailing_metadata = &s->tmd;
+        s->ops[1].data.recv_status_on_client.status = &s->status;
+        s->ops[1].data.recv_status_on_client.status_details = &s->details;
+        if (grpc_call_start_batch(s->call, s->ops, 2, s, NULL) == GRPC_CALL_OK)
+            out++;
+    }
+    while (out > 0) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type != GRPC_OP_COMPLETE)
+            break;
+        out--;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!sts[i]->call)
+            continue;
+        slot *s = slots[i];
+        if (s->status != GRPC_STATUS_OK) {
+            char *d = grpc_slice_to_c_string(s->details);
+            fprintf(stderr, "bench: a Jobs.Session stream ended with status %d: %s\n",
+                    (int)s->status, d);
+            gpr_free(d);
+        }
+        grpc_slice_unref(s->details);
+        grpc_metadata_array_destroy(&s->tmd);
+        grpc_call_unref(sts[i]->call);
+        memset(sts[i], 0, sizeof(*sts[i]));
+    }
+}
+
 /* After the slot's batch completed: the response unpacked (protobuf-c's allocator; free with
  * protobuf_c_message_free_unpacked) when the call succeeded and want is set, and the status. */
 static grpc_status_code slot_end(slot *s, bool want, ProtobufCMessage **resp, char *err,
                                  size_t errlen)
 {
-    grpc_status_code st = s->status;
     if (resp)
         *resp = NULL;
+    if (s->streamed) {
+        /* The message's answer: its own error, or none (the stream stays open). */
+        s->streamed = false;
+        grpc_status_code st = GRPC_STATUS_OK;
+        Batchwire__V1__SessionResponse *r = NULL;
+        if (s->recv) {
+            grpc_byte_buffer_reader rd;
+            grpc_byte_buffer_reader_init(&rd, s->recv);
+            grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+            grpc_byte_buffer_reader_destroy(&rd);
+            r = batchwire__v1__session_response__unpack(NULL, GRPC_SLICE_LENGTH(all),
+                                                        GRPC_SLICE_START_PTR(all));
+            grpc_slice_unref(all);
+            grpc_byte_buffer_destroy(s->recv);
+        }
+        if (!r) {
+            snprintf(err, errlen, "%s: the stream ended or answered garbage",
+                     bw__methods[s->method].name);
+            st = GRPC_STATUS_UNAVAILABLE;
+        } else if (r->error_code && r->error_code[0]) {
+            snprintf(err, errlen, "%s: %s: %s", bw__methods[s->method].name, r->error_code,
+                     r->error_message);
+            st = GRPC_STATUS_UNKNOWN;
+        }
+        if (r)
+            batchwire__v1__session_response__free_unpacked(r, NULL);
+        (void)want;
+        grpc_byte_buffer_destroy(s->send);
+        grpc_slice_unref(s->details);
+        grpc_metadata_array_destroy(&s->imd);
+        grpc_metadata_array_destroy(&s->tmd);
+        s->call = NULL; /* the stream's */
+        return st;
+    }
+    grpc_status_code st = s->status;
     if (st != GRPC_STATUS_OK) {
         char *d = grpc_slice_to_c_string(s->details);
         snprintf(err, errlen, "%s: status %d: %s", bw__methods[s->method].name, (int)st, d);
@@ -382,8 +525,26 @@ typedef struct rank_agent {
     uint32_t hb_ms;
     uint64_t step;
     bool busy;
-    lats lat; /* commits */
+    lats lat;  /* commits */
+    stream st; /* Jobs.Session, when the phase runs over streams */
 } rank_agent;
+
+/* Closes the Jobs.Session streams of ranks[first .. first + count) on cq. */
+static void close_rank_streams(rank_agent *ranks, size_t first, size_t count,
+                               grpc_completion_queue *cq)
+{
+    slot **slots = calloc(count ? count : 1, sizeof(*slots));
+    stream **sts = calloc(count ? count : 1, sizeof(*sts));
+    if (!slots || !sts)
+        abort();
+    for (size_t i = 0; i < count; i++) {
+        slots[i] = &ranks[first + i].s;
+        sts[i] = &ranks[first + i].st;
+    }
+    streams_close(slots, sts, count, cq);
+    free(slots);
+    free(sts);
+}
 
 static void start_join(rank_agent *a, grpc_completion_queue *cq, const char *job, uint32_t world)
 {
@@ -452,6 +613,7 @@ typedef struct commit_ctx {
     size_t first, count; /* this thread's ranks */
     double until;
     uint64_t done, failed;
+    bool streams; /* commits as Jobs.Session messages */
 } commit_ctx;
 
 static void start_commit(commit_ctx *x, rank_agent *a, grpc_completion_queue *cq)
@@ -473,7 +635,10 @@ static void start_commit(commit_ctx *x, rank_agent *a, grpc_completion_queue *cq
     req.cursor.len = len;
     a->s.owner = a;
     a->busy = true;
-    slot_start(&a->s, a->c, cq, BW_M_JOBS_COMMIT_CURSOR, &req.base, 10000);
+    if (x->streams)
+        slot_start_msg(&a->s, &a->st, a->c, cq, BW_M_JOBS_COMMIT_CURSOR, &req.base);
+    else
+        slot_start(&a->s, a->c, cq, BW_M_JOBS_COMMIT_CURSOR, &req.base, 10000);
     free(bin);
 }
 
@@ -506,11 +671,12 @@ static void *commit_thread(void *arg)
         else
             out--;
     }
+    close_rank_streams(x->ranks, x->first, x->count, cq);
     drain_cq(cq);
     return NULL;
 }
 
-static void bench_commits(uint32_t world)
+static void bench_commits(uint32_t world, bool streams)
 {
     int nconn = connections > 0 ? connections : (int)world;
     if (nconn > (int)world)
@@ -521,7 +687,7 @@ static void bench_commits(uint32_t world)
     for (int i = 0; i < nconn; i++)
         cs[i] = conn_open();
     char job[32];
-    snprintf(job, sizeof(job), "commits-%u", world);
+    snprintf(job, sizeof(job), "commits-%u-%s", world, streams ? "stream" : "unary");
     uint64_t fp = create(cs[0], job, world);
     rank_agent *ranks = xcalloc(world, sizeof(*ranks));
     for (uint32_t i = 0; i < world; i++) {
@@ -538,8 +704,8 @@ static void bench_commits(uint32_t world)
     for (int i = 0; i < k; i++) {
         size_t per = world / (size_t)k, first = per * (size_t)i;
         xs[i] = (commit_ctx){
-            job, fp, world, ranks, first, i == k - 1 ? world - first : per, t0 + commit_seconds,
-            0,   0};
+            job, fp, world,  ranks, first, i == k - 1 ? world - first : per, t0 + commit_seconds,
+            0,   0,  streams};
         pthread_create(&ts[i], NULL, commit_thread, &xs[i]);
     }
     uint64_t total = 0, failed = 0;
@@ -556,12 +722,14 @@ static void bench_commits(uint32_t world)
         lats_take(&all, &ranks[i].lat);
     double p50 = lats_ms(&all, 0.5), p99 = lats_ms(&all, 0.99);
     double pmax = all.n ? all.v[all.n - 1] * 1e3 : 0.0; /* sorted by lats_ms */
-    printf("commits, %3u concurrent trainers (%d connections, %d client threads): %8.0f "
+    printf("commits over %s, %3u concurrent trainers (%d connections, %d client threads): "
+           "%8.0f "
            "acknowledged commits/s (%" PRIu64 " in %.1f s, %" PRIu64 " failed), latency p50 "
            "%.2f ms, p99 %.2f ms, max %.2f ms; coordinator CPU %.0f%% of a core, %.1f us/commit; "
            "client CPU %.1f us/commit; %.0f group commits (%.1f commits each, write+fdatasync "
            "%.3f ms mean)\n",
-           world, nconn, k, (double)total / el, total, el, failed, p50, p99, pmax, 100.0 * cpu / el,
+           streams ? "a Jobs.Session stream each" : "unary calls", world, nconn, k,
+           (double)total / el, total, el, failed, p50, p99, pmax, 100.0 * cpu / el,
            total ? cpu / (double)total * 1e6 : 0.0, total ? me / (double)total * 1e6 : 0.0,
            fc1 - fc0, fc1 > fc0 ? (double)total / (fc1 - fc0) : 0.0,
            fc1 > fc0 ? (fs1 - fs0) / (fc1 - fc0) * 1e3 : 0.0);
@@ -584,11 +752,12 @@ typedef struct hb_ctx {
     uint64_t beats, failures, skipped;
     double max_lat;
     lats lat;
+    bool streams; /* heartbeats as Jobs.Session messages */
 } hb_ctx;
 
 /* Each heartbeat carries the rank's progress, as a Loader's does (20 batches of 32 samples of
  * 4 KiB since the last; every 50th rank runs at half speed, so that lags show). */
-static void start_heartbeat(rank_agent *a, grpc_completion_queue *cq)
+static void start_heartbeat(rank_agent *a, grpc_completion_queue *cq, bool streams)
 {
     a->step += a->rank % 50 == 7 ? 10 : 20;
     Batchwire__V1__RankLive live = BATCHWIRE__V1__RANK_LIVE__INIT;
@@ -606,7 +775,10 @@ static void start_heartbeat(rank_agent *a, grpc_completion_queue *cq)
     req.lease_id_hi = a->lease_hi;
     a->s.owner = a;
     a->busy = true;
-    slot_start(&a->s, a->c, cq, BW_M_JOBS_LEASE_HEARTBEAT, &req.base, 10000);
+    if (streams)
+        slot_start_msg(&a->s, &a->st, a->c, cq, BW_M_JOBS_LEASE_HEARTBEAT, &req.base);
+    else
+        slot_start(&a->s, a->c, cq, BW_M_JOBS_LEASE_HEARTBEAT, &req.base, 10000);
 }
 
 static void end_heartbeat(hb_ctx *x, slot *s)
@@ -652,7 +824,7 @@ static void *hb_thread(void *arg)
             x->skipped++; /* the previous beat has not been answered yet */
             continue;
         }
-        start_heartbeat(a, cq);
+        start_heartbeat(a, cq, x->streams);
         out++;
     }
     while (out > 0) {
@@ -662,6 +834,7 @@ static void *hb_thread(void *arg)
         end_heartbeat(x, s);
         out--;
     }
+    close_rank_streams(x->ranks, x->first, x->count, cq);
     drain_cq(cq);
     return NULL;
 }
@@ -757,6 +930,53 @@ static double self_cpu_s(void)
            (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec / 1e6;
 }
 
+/* The ranks heartbeat for --seconds, over unary calls or their streams; one line of figures. */
+static void run_heartbeats(rank_agent *ranks, bool streams)
+{
+    int k = client_threads;
+    hb_ctx *xs = xcalloc((size_t)k, sizeof(*xs));
+    pthread_t *ts = xcalloc((size_t)k, sizeof(*ts));
+    double start = now_s() + 0.05;
+    double cpu0 = coord_cpu_s(), me0 = self_cpu_s();
+    double w0 = now_s();
+    for (int i = 0; i < k; i++) {
+        size_t per = (size_t)nranks / (size_t)k, first = per * (size_t)i;
+        xs[i].ranks = ranks;
+        xs[i].first = first;
+        xs[i].count = i == k - 1 ? (size_t)nranks - first : per;
+        xs[i].start = start;
+        xs[i].until = start + hb_seconds;
+        xs[i].streams = streams;
+        pthread_create(&ts[i], NULL, hb_thread, &xs[i]);
+    }
+    uint64_t beats = 0, failures = 0, skipped = 0;
+    double max_lat = 0;
+    lats all = {0};
+    for (int i = 0; i < k; i++) {
+        pthread_join(ts[i], NULL);
+        beats += xs[i].beats;
+        failures += xs[i].failures;
+        skipped += xs[i].skipped;
+        max_lat = xs[i].max_lat > max_lat ? xs[i].max_lat : max_lat;
+        lats_take(&all, &xs[i].lat);
+    }
+    double window = now_s() - w0, hb_cpu = coord_cpu_s() - cpu0, me = self_cpu_s() - me0;
+    double hp50 = lats_ms(&all, 0.5), hp99 = lats_ms(&all, 0.99);
+    printf("ranks: %d ranks heartbeating over %s every %u ms for %d s: %" PRIu64
+           " heartbeats (%.0f/s), %" PRIu64 " failed, %" PRIu64
+           " skipped (previous unanswered), p50 %.2f ms, p99 %.2f ms, slowest %.2f ms; "
+           "coordinator CPU %.2f s in %.1f s = %.1f%% of one core (%.1f us/heartbeat); client "
+           "CPU %.1f us/heartbeat\n",
+           nranks, streams ? "a Jobs.Session stream each" : "unary calls", ranks[0].hb_ms,
+           hb_seconds, beats, (double)beats / window, failures, skipped, hp50, hp99, max_lat * 1e3,
+           hb_cpu, window, 100.0 * hb_cpu / window, beats ? hb_cpu / (double)beats * 1e6 : 0.0,
+           beats ? me / (double)beats * 1e6 : 0.0);
+    fflush(stdout);
+    free(all.v);
+    free(xs);
+    free(ts);
+}
+
 static void bench_ranks(void)
 {
     int nconn = connections > 0 ? connections : 64;
@@ -777,43 +997,8 @@ static void bench_ranks(void)
            nranks, join_s, nranks / join_s, join_window, join_cpu / nranks * 1e6);
     fflush(stdout);
 
-    int k = client_threads;
-    hb_ctx *xs = xcalloc((size_t)k, sizeof(*xs));
-    pthread_t *ts = xcalloc((size_t)k, sizeof(*ts));
-    double start = now_s() + 0.05;
-    cpu0 = coord_cpu_s();
-    double w0 = now_s();
-    for (int i = 0; i < k; i++) {
-        size_t per = (size_t)nranks / (size_t)k, first = per * (size_t)i;
-        xs[i].ranks = ranks;
-        xs[i].first = first;
-        xs[i].count = i == k - 1 ? (size_t)nranks - first : per;
-        xs[i].start = start;
-        xs[i].until = start + hb_seconds;
-        pthread_create(&ts[i], NULL, hb_thread, &xs[i]);
-    }
-    uint64_t beats = 0, failures = 0, skipped = 0;
-    double max_lat = 0;
-    lats all = {0};
-    for (int i = 0; i < k; i++) {
-        pthread_join(ts[i], NULL);
-        beats += xs[i].beats;
-        failures += xs[i].failures;
-        skipped += xs[i].skipped;
-        max_lat = xs[i].max_lat > max_lat ? xs[i].max_lat : max_lat;
-        lats_take(&all, &xs[i].lat);
-    }
-    double window = now_s() - w0, hb_cpu = coord_cpu_s() - cpu0;
-    double hp50 = lats_ms(&all, 0.5), hp99 = lats_ms(&all, 0.99);
-    printf("ranks: %d ranks heartbeating every %u ms for %d s: %" PRIu64 " heartbeats (%.0f/s), "
-           "%" PRIu64 " failed, %" PRIu64 " skipped (previous unanswered), p50 %.2f ms, p99 "
-           "%.2f ms, slowest %.2f ms; coordinator CPU %.2f s in %.1f s = %.1f%% of one core "
-           "(%.1f us/heartbeat)\n",
-           nranks, ranks[0].hb_ms, hb_seconds, beats, (double)beats / window, failures, skipped,
-           hp50, hp99, max_lat * 1e3, hb_cpu, window, 100.0 * hb_cpu / window,
-           beats ? hb_cpu / (double)beats * 1e6 : 0.0);
-    fflush(stdout);
-    free(all.v);
+    run_heartbeats(ranks, false);
+    run_heartbeats(ranks, true);
 
     /* 3. status and metrics with the ranks held */
     char exe[1100], json_out[1100];
@@ -854,8 +1039,6 @@ static void bench_ranks(void)
     printf("ranks: %zu of %d leases live at the end\n", live, nranks);
     protobuf_c_message_free_unpacked(resp, NULL);
     drain_cq(cq);
-    free(xs);
-    free(ts);
     free(ranks);
     for (int i = 0; i < nconn; i++)
         conn_close(cs[i]);
@@ -935,9 +1118,13 @@ int main(int argc, char **argv)
     grpc_init();
     printf("coordinator %s (%d completion-queue threads), state directory %s\n", addr,
            coord_threads, state_dir);
-    if (!skip_single)
-        bench_commits(1);
-    bench_commits((uint32_t)threads);
+    /* Each phase over unary calls (the baseline) and over Jobs.Session streams, in this run. */
+    if (!skip_single) {
+        bench_commits(1, false);
+        bench_commits(1, true);
+    }
+    bench_commits((uint32_t)threads, false);
+    bench_commits((uint32_t)threads, true);
     bench_ranks();
     kill(coord_pid, SIGTERM);
     waitpid(coord_pid, NULL, 0);

@@ -14,6 +14,7 @@
 
 #include "batchwire/batchwire.h"
 #include "server/jobs_int.h"
+#include "server/jobs_service.h"
 #include "server/membership.h"
 #include "auth/auth.h"
 #include "rpc/methods.h"
@@ -36,7 +37,7 @@ static const bw_method_id methods[] = {
     BW_M_JOBS_GET_OR_CREATE,  BW_M_JOBS_JOIN,  BW_M_JOBS_LEASE_HEARTBEAT,
     BW_M_JOBS_COMMIT_CURSOR,  BW_M_JOBS_GET,   BW_M_JOBS_LIST,
     BW_M_JOBS_RESUME_ELASTIC, BW_M_JOBS_LEAVE, BW_M_JOBS_DELETE,
-    BW_M_REGISTER_WORKER,     BW_M_HEARTBEAT,
+    BW_M_REGISTER_WORKER,     BW_M_HEARTBEAT,  BW_M_JOBS_SESSION,
 };
 
 static void must(int ok)
@@ -151,6 +152,20 @@ static int handle(bw_method_id m, const bw_principal *who, const ProtobufCMessag
         bool known;
         return bw__membership_heartbeat(members, who, r->id ? r->id : "", r->incarnation, &known,
                                         err, errlen);
+    }
+    case BW_M_JOBS_SESSION: {
+        /* One message of the stream, authorized as the call it carries (server/jobs_service.c,
+         * on_session_msg) */
+        const Batchwire__V1__SessionRequest *r = (const void *)req;
+        bw_method_id as = bw__jobs_session_method(r);
+        if (as != BW_M__COUNT && !bw__auth_allowed(who->role, as)) {
+            snprintf(err, errlen, "refused as %s", bw__methods[as].name);
+            return BW_PERMISSION_DENIED;
+        }
+        Batchwire__V1__SessionResponse sresp = BATCHWIRE__V1__SESSION_RESPONSE__INIT;
+        int rc = bw__jobs_session_op(jobs, who, r, a, &sresp, &ws, err, errlen);
+        must(sresp.id == r->id);
+        return rc;
     }
     default:
         return BW_OK;

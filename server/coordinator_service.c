@@ -105,6 +105,7 @@ const bw_rpc_handler bw__coordinator_handlers[] = {
     {BW_METHOD(BW_M_JOBS_RESUME_ELASTIC), bw__jobs_on_resume},
     {BW_METHOD(BW_M_JOBS_LEAVE), bw__jobs_on_leave},
     {BW_METHOD(BW_M_JOBS_DELETE), bw__jobs_on_delete},
+    {BW_METHOD(BW_M_JOBS_SESSION), bw__jobs_on_session},
 };
 const size_t bw__coordinator_nhandlers =
     sizeof(bw__coordinator_handlers) / sizeof(bw__coordinator_handlers[0]);

@@ -23,28 +23,43 @@ typedef struct reply {
     const ProtobufCMessage *resp;
 } reply;
 
+/* What a change's answer becomes once the journal has spoken (jrc): the handler's own rc, or
+ * the journal's failure with its sentence in why. One place for the unary calls and the
+ * session stream's messages. */
+static int durable_rc(bw_coordinator *c, int rc, int jrc, char *why, size_t whylen)
+{
+    if (jrc == BW_NOMEM) {
+        snprintf(why, whylen,
+                 "the coordinator ran out of memory waiting for this change to be durable: retry");
+        return BW_NOMEM;
+    }
+    if (jrc == BW_UNAVAILABLE && rc != BW_UNAVAILABLE) {
+        /* The disk is full (a change refused for it already says so, and stays as it is). */
+        char full[512];
+        if (!bw__journal_full(bw__jobs_journal(c->jobs), full, sizeof(full)))
+            snprintf(full, sizeof(full), "no space left");
+        snprintf(why, whylen,
+                 "the coordinator's state directory is full (%s), and this answer depends on a "
+                 "change not yet on disk (it is written once there is space): retry",
+                 full);
+        return BW_UNAVAILABLE;
+    }
+    if (jrc != BW_OK && jrc != BW_UNAVAILABLE) {
+        snprintf(why, whylen,
+                 "the coordinator's journal failed before this change was durable; it restarts "
+                 "from what is on disk: retry");
+        return BW_UNAVAILABLE;
+    }
+    return rc;
+}
+
 static void reply_durable(void *arg, int jrc)
 {
     reply *r = arg;
-    int rc = r->rc;
-    if (jrc == BW_NOMEM)
-        rc = bw__rpc_fail(r->call, BW_NOMEM,
-                          "the coordinator ran out of memory waiting for this change to be "
-                          "durable: retry");
-    else if (jrc == BW_UNAVAILABLE && rc != BW_UNAVAILABLE) {
-        /* The disk is full (a change refused for it already says so, and stays as it is). */
-        char why[512];
-        if (!bw__journal_full(bw__jobs_journal(r->c->jobs), why, sizeof(why)))
-            snprintf(why, sizeof(why), "no space left");
-        rc = bw__rpc_fail(r->call, BW_UNAVAILABLE,
-                          "the coordinator's state directory is full (%s), and this answer "
-                          "depends on a change not yet on disk (it is written once there is "
-                          "space): retry",
-                          why);
-    } else if (jrc != BW_OK && jrc != BW_UNAVAILABLE)
-        rc = bw__rpc_fail(r->call, BW_UNAVAILABLE,
-                          "the coordinator's journal failed before this change was durable; it "
-                          "restarts from what is on disk: retry");
+    char why[768];
+    int rc = durable_rc(r->c, r->rc, jrc, why, sizeof(why));
+    if (rc != r->rc)
+        bw__rpc_fail(r->call, rc, "%s", why);
     bw__rpc_finish(r->call, rc, rc == BW_OK ? r->resp : NULL);
 }
 
@@ -281,6 +296,120 @@ int bw__jobs_on_list(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
     int rc = bw__jobs_list(c->jobs, bw__rpc_call_principal(call), bw__rpc_call_arena(call), &out,
                            &wait_seq, err, sizeof(err));
     return answer(c, call, "ListJobs", rc, out ? &out->base : NULL, wait_seq, err);
+}
+
+/* ---- Jobs.Session: a trainer session's commits and heartbeats on one stream ----
+ *
+ * Each message is the unary call it carries: authorized by the same table entry
+ * (bw__rpc_authorize_as; a role that may not make the call ends the stream), handled by the
+ * same operation of jobs_ops.c with the stream's principal (which checks the job's owner and
+ * the lease), answered once durable through durable_rc. Its error -- LEASE_LOST above all --
+ * is that message's answer (code and sentence, worded as the unary call's) and the stream
+ * stays open. */
+
+typedef struct session_reply {
+    bw_coordinator *c;
+    bw_rpc_msg *m;
+    int rc;
+    const char *method; /* "CommitCursor", for sentences */
+    char err[1536];
+    Batchwire__V1__SessionResponse resp;
+} session_reply;
+
+static void session_durable(void *arg, int jrc)
+{
+    session_reply *r = arg;
+    char why[768];
+    int rc = durable_rc(r->c, r->rc, jrc, why, sizeof(why));
+    Batchwire__V1__SessionResponse *out = &r->resp;
+    if (rc != BW_OK) {
+        if (rc != r->rc)
+            snprintf(r->err, sizeof(r->err), "%s", why);
+        else if (r->err[0] == '\0')
+            snprintf(r->err, sizeof(r->err), "%s", bw_strerror(rc));
+        out->result_case = BATCHWIRE__V1__SESSION_RESPONSE__RESULT__NOT_SET;
+        out->error_code = (char *)bw_err_name(rc);
+        out->error_message = r->err;
+    }
+    bw__rpc_msg_answer(r->m, BW_OK, &out->base);
+}
+
+bw_method_id bw__jobs_session_method(const Batchwire__V1__SessionRequest *r)
+{
+    switch (r->op_case) {
+    case BATCHWIRE__V1__SESSION_REQUEST__OP_COMMIT:
+        return BW_M_JOBS_COMMIT_CURSOR;
+    case BATCHWIRE__V1__SESSION_REQUEST__OP_HEARTBEAT:
+        return BW_M_JOBS_LEASE_HEARTBEAT;
+    default:
+        return BW_M__COUNT;
+    }
+}
+
+int bw__jobs_session_op(bw_jobs *jobs, const bw_principal *who,
+                        const Batchwire__V1__SessionRequest *r, bw_arena *a,
+                        Batchwire__V1__SessionResponse *out, uint64_t *wait_seq, char *err,
+                        size_t errlen)
+{
+    out->id = r->id;
+    if (r->op_case == BATCHWIRE__V1__SESSION_REQUEST__OP_COMMIT) {
+        out->result_case = BATCHWIRE__V1__SESSION_RESPONSE__RESULT_COMMIT;
+        return bw__jobs_commit(jobs, who, r->commit, a, &out->commit, wait_seq, err, errlen);
+    }
+    if (r->op_case == BATCHWIRE__V1__SESSION_REQUEST__OP_HEARTBEAT) {
+        out->result_case = BATCHWIRE__V1__SESSION_RESPONSE__RESULT_HEARTBEAT;
+        return bw__jobs_heartbeat(jobs, who, r->heartbeat, a, &out->heartbeat, wait_seq, err,
+                                  errlen);
+    }
+    snprintf(err, errlen,
+             "message %llu carries no request (a SessionRequest holds a commit or a "
+             "heartbeat)",
+             (unsigned long long)r->id);
+    return BW_INVALID_ARGUMENT;
+}
+
+static int on_session_msg(void *state, bw_rpc_msg *m, const ProtobufCMessage *req,
+                          ProtobufCMessage **resp)
+{
+    (void)resp;
+    bw_coordinator *c = state;
+    const Batchwire__V1__SessionRequest *r = (const void *)req;
+    bw_rpc_call *call = bw__rpc_msg_call(m);
+    bw_method_id as = bw__jobs_session_method(r);
+    if (as == BW_M__COUNT)
+        return bw__rpc_fail(call, BW_INVALID_ARGUMENT,
+                            "Jobs.Session: message %llu carries no request (a SessionRequest "
+                            "holds a commit or a heartbeat)",
+                            (unsigned long long)r->id);
+    int rc = bw__rpc_authorize_as(call, as);
+    if (rc != BW_OK)
+        return rc;
+    session_reply *out = bw__arena_alloc(bw__rpc_msg_arena(m), sizeof(*out));
+    if (!out)
+        return bw__rpc_fail(call, BW_NOMEM, "Jobs.Session: out of memory for an answer");
+    memset(out, 0, sizeof(*out));
+    out->c = c;
+    out->m = m;
+    out->method = as == BW_M_JOBS_COMMIT_CURSOR ? "CommitCursor" : "LeaseHeartbeat";
+    batchwire__v1__session_response__init(&out->resp);
+    uint64_t wait_seq = 0;
+    char err[1536] = "";
+    rc = bw__jobs_session_op(c->jobs, bw__rpc_call_principal(call), r, bw__rpc_msg_arena(m),
+                             &out->resp, &wait_seq, err, sizeof(err));
+    out->rc = rc;
+    if (rc != BW_OK && err[0])
+        snprintf(out->err, sizeof(out->err), "%s: %s", out->method, err);
+    bw__journal_when_durable(bw__jobs_journal(c->jobs), wait_seq, session_durable, out);
+    return BW_RPC_DEFERRED;
+}
+
+int bw__jobs_on_session(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                        ProtobufCMessage **resp)
+{
+    (void)req;
+    (void)resp;
+    bw__rpc_bidi_start(call, on_session_msg, user, NULL);
+    return BW_RPC_STREAM;
 }
 
 /* The placement table for GetJob and lease heartbeats: the live workers and their version. */

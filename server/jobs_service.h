@@ -18,6 +18,22 @@ BW__JOBS_HANDLER(bw__jobs_on_list);
 BW__JOBS_HANDLER(bw__jobs_on_resume);
 BW__JOBS_HANDLER(bw__jobs_on_leave);
 BW__JOBS_HANDLER(bw__jobs_on_delete);
+/* Jobs.Session, a bidirectional stream (core/rpc/server.h): each message a CommitCursor or
+ * LeaseHeartbeat, handled as the unary call. */
+BW__JOBS_HANDLER(bw__jobs_on_session);
+
+/* The unary method a Jobs.Session message stands for (BW_M_JOBS_COMMIT_CURSOR,
+ * BW_M_JOBS_LEASE_HEARTBEAT), whose authorization it gets; BW_M__COUNT when it carries none. */
+bw_method_id bw__jobs_session_method(const Batchwire__V1__SessionRequest *r);
+
+/* Applies a Jobs.Session message's operation (bw__jobs_commit, bw__jobs_heartbeat) for `who`,
+ * whom the caller has authorized for bw__jobs_session_method(r): sets out's id and result
+ * (memory from `a`) and returns the operation's rc, *wait_seq and err, as the unary handler
+ * gets them. */
+int bw__jobs_session_op(bw_jobs *jobs, const bw_principal *who,
+                        const Batchwire__V1__SessionRequest *r, bw_arena *a,
+                        Batchwire__V1__SessionResponse *out, uint64_t *wait_seq, char *err,
+                        size_t errlen);
 
 /*
  * Asks a live worker (any; the next one if it cannot answer) to describe `dataset`

@@ -15,6 +15,7 @@
 
 #include "auth/auth.h"
 #include "auth/grant.h"
+#include "common/errors.h"
 #include "common/interrupt.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -164,6 +165,96 @@ static void coord_waiting(void *arg, uint64_t waited_ms)
     coord_warn(c, why);
 }
 
+/* ---- the session stream (docs/architecture.md, "The session stream") ----
+ *
+ * A commit or a heartbeat costs the coordinator a message on an open stream instead of a
+ * unary call of its own (docs/performance.md, "Coordinator"). Each request on it is the
+ * unary call it carries -- same request, same answer, same error codes and sentences -- so
+ * the callers below cannot tell the two apart: the stream is a cheaper transport, not a
+ * second protocol. */
+
+/* One request on the session stream: BW_OK or the coordinator's error for it (as the unary
+ * call would give), a failure of the stream (then closed: the next request reopens it), or
+ * BW_UNIMPLEMENTED from a coordinator without Jobs.Session. Under stream_mu. */
+static int stream_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMessage *req,
+                       bw_arena *a, ProtobufCMessage **resp, bw_rpc_waiting_fn waiting, void *arg,
+                       char *err, size_t errlen)
+{
+    *resp = NULL;
+    int rc = BW_OK;
+    if (!s->stream)
+        rc = bw__rpc_bidi_open(s->coord, BW_METHOD(BW_M_JOBS_SESSION), &s->stream, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    Batchwire__V1__SessionRequest sreq = BATCHWIRE__V1__SESSION_REQUEST__INIT;
+    sreq.id = ++s->stream_next_id;
+    bool commit = m == BW_METHOD(BW_M_JOBS_COMMIT_CURSOR);
+    if (commit) {
+        sreq.op_case = BATCHWIRE__V1__SESSION_REQUEST__OP_COMMIT;
+        sreq.commit = (Batchwire__V1__CommitCursorRequest *)req;
+    } else {
+        sreq.op_case = BATCHWIRE__V1__SESSION_REQUEST__OP_HEARTBEAT;
+        sreq.heartbeat = (Batchwire__V1__LeaseHeartbeatRequest *)req;
+    }
+    ProtobufCMessage *out = NULL;
+    rc = bw__rpc_bidi_call(s->stream, m, &sreq.base, a, &out, s->timeout_ms, waiting, arg, err,
+                           errlen);
+    const Batchwire__V1__SessionResponse *r = (const void *)out;
+    const char *target = bw__rpc_channel_target(s->coord);
+    if (rc == BW_OK && r->id != sreq.id) {
+        snprintf(err, errlen, "%s to %s: the session stream answered request %llu with %llu",
+                 m->name, target, (unsigned long long)sreq.id, (unsigned long long)r->id);
+        rc = BW_PROTOCOL;
+    } else if (rc == BW_OK && r->error_code && r->error_code[0]) {
+        /* The request's own error: worded as the unary call's (call_error, core/rpc). */
+        int code = bw__err_from_name(r->error_code);
+        rc = code > 0 || code == BW_OK ? BW_PROTOCOL : code;
+        snprintf(err, errlen, "%s to %s: %s: %s", m->name, target,
+                 bw__grpc_status_name(bw__err_to_grpc(rc)),
+                 r->error_message && r->error_message[0] ? r->error_message : bw_strerror(rc));
+        return rc; /* the stream stays open */
+    } else if (rc == BW_OK) {
+        *resp = commit ? &r->commit->base : &r->heartbeat->base;
+        if (!*resp ||
+            r->result_case != (commit ? BATCHWIRE__V1__SESSION_RESPONSE__RESULT_COMMIT
+                                      : BATCHWIRE__V1__SESSION_RESPONSE__RESULT_HEARTBEAT)) {
+            *resp = NULL;
+            snprintf(err, errlen, "%s to %s: the session stream's answer carries no %s", m->name,
+                     target, m->response->name);
+            rc = BW_PROTOCOL;
+        }
+    }
+    if (rc != BW_OK) {
+        bw__rpc_bidi_close(s->stream);
+        s->stream = NULL;
+    }
+    return rc;
+}
+
+/* One try of a commit or a heartbeat: on the session stream when it is free, else (or with a
+ * coordinator that has no stream) as a unary call. */
+static int coord_once(bw__session *s, const bw_rpc_method *m, const ProtobufCMessage *req,
+                      bw_arena *a, ProtobufCMessage **resp, bw_rpc_waiting_fn waiting, void *arg,
+                      char *err, size_t errlen)
+{
+    bool streamed =
+        m == BW_METHOD(BW_M_JOBS_COMMIT_CURSOR) || m == BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT);
+    if (streamed && !atomic_load(&s->no_stream) && pthread_mutex_trylock(&s->stream_mu) == 0) {
+        int rc = stream_call(s, m, req, a, resp, waiting, arg, err, errlen);
+        if (rc == BW_UNIMPLEMENTED) {
+            atomic_store(&s->no_stream, true);
+            BW_DEBUG("job=%s rank=%u the coordinator has no Jobs.Session: unary calls from now "
+                     "on err=%s",
+                     s->job, s->rank, err);
+        }
+        pthread_mutex_unlock(&s->stream_mu);
+        if (rc != BW_UNIMPLEMENTED)
+            return rc;
+    }
+    return bw__rpc_call_watched(s->coord, m, req, a, resp, s->timeout_ms, waiting, arg, err,
+                                errlen);
+}
+
 /* A call to the coordinator, tried again with jittered exponential backoff (50 ms doubling
  * to 1 s, each pause drawn from its upper half) while the answer says the coordinator is
  * unreachable or restarting (transient()), until s->retry_ms has passed. While it retries it
@@ -188,8 +279,7 @@ static int coord_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMes
     uint64_t backoff = 50;
     unsigned seed = (unsigned)(c.t0 ^ (uint64_t)getpid() ^ s->rank);
     for (c.tries = 1;; c.tries++) {
-        int rc = bw__rpc_call_watched(s->coord, m, req, a, resp, s->timeout_ms, coord_waiting, &c,
-                                      err, errlen);
+        int rc = coord_once(s, m, req, a, resp, coord_waiting, &c, err, errlen);
         if (!transient(rc) && rc != BW_INTERRUPTED)
             atomic_store(&s->reached, true); /* an answer */
         if (transient(rc) && !atomic_load(&s->reached) && bw__rpc_unknown_host(err)) {
@@ -419,8 +509,8 @@ static int heartbeat_once(bw__session *s, bool retry, char *err, size_t errlen)
     uint64_t sent = bw__mono_ms();
     int rc = retry ? coord_call(s, BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), &req.base, &a, &resp, err,
                                 errlen)
-                   : bw__rpc_call(s->coord, BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), &req.base, &a,
-                                  &resp, s->timeout_ms, err, errlen);
+                   : coord_once(s, BW_METHOD(BW_M_JOBS_LEASE_HEARTBEAT), &req.base, &a, &resp, NULL,
+                                NULL, err, errlen);
     Batchwire__V1__LeaseHeartbeatResponse *r = (void *)resp;
     if (rc == BW_OK)
         rc = bw__session_set_grant(s, "LeaseHeartbeat", &r->grant_claims, &r->grant_secret, err,
@@ -721,6 +811,7 @@ int bw__session_open(bw__session *s, const bw_loader_options *o, const bw__job_r
     memset(s, 0, sizeof(*s));
     bw__interrupt_enable(); /* this process's waits notice bw_interrupt from now on */
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->stream_mu, NULL);
     bw__cond_init_mono(&s->cv);
     bw__arena_init(&s->job_arena, 0);
     s->rank = rank;
@@ -1036,6 +1127,7 @@ void bw__session_close(bw__session *s)
      * share leaves nothing (the rank is share 0's), nor does a loader whose lease is lost. */
     if (s->coord && s->claimed && !atomic_load(&s->lease_lost))
         leave_job(s);
+    bw__rpc_bidi_close(s->stream); /* no thread uses it any more */
     bw__placement_put(s->placement);
     grant_free(s->grant);
     bw__rpc_channel_close(s->coord);
@@ -1046,6 +1138,7 @@ void bw__session_close(bw__session *s)
     free(s->token);
     free(s->job);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->stream_mu);
     pthread_cond_destroy(&s->cv);
     memset(s, 0, sizeof(*s));
 }

@@ -81,6 +81,15 @@ typedef struct bw__session {
     atomic_uint_least32_t lease_ms;
     atomic_uint_fast64_t vouched_ms;
     atomic_bool cancelled; /* the loader is closing: waits for the lease end (BW_CANCELLED) */
+    /* Commits and heartbeats travel on one Jobs.Session stream (session.c, "The session
+     * stream"), one request at a time: whoever holds stream_mu uses it, and a request that
+     * finds it busy goes as a unary call. `stream` is NULL until first use and after a
+     * failure (reopened on the next use); no_stream: the coordinator has no Jobs.Session
+     * (an older one), so every request is a unary call. */
+    pthread_mutex_t stream_mu;
+    bw_rpc_bidi *stream;     /* under stream_mu */
+    uint64_t stream_next_id; /* under stream_mu */
+    atomic_bool no_stream;
 } bw__session;
 
 /* How a loader joins its job. */

@@ -68,6 +68,9 @@ static const unsigned allowed[BW_M__COUNT] = {
     [BW_M_JOBS_RESUME_ELASTIC] = T | A,
     [BW_M_JOBS_LEAVE] = T | A,
     [BW_M_JOBS_DELETE] = T | A,
+    /* The stream itself; each message on it is authorized again as the unary call it carries
+     * (CommitCursor, LeaseHeartbeat: server/jobs_service.c). */
+    [BW_M_JOBS_SESSION] = T | A,
 };
 #undef W
 #undef T

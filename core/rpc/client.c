@@ -629,3 +629,204 @@ void bw__rpc_stream_close(bw_rpc_stream *st)
     grpc_metadata_array_destroy(&st->trailing_md);
     free(st);
 }
+
+/* ---- bidirectional streams (client.h) ---- */
+
+enum { BI_OPEN = 1, BI_STATUS, BI_IO, BI_CLOSE };
+
+struct bw_rpc_bidi {
+    bw_rpc_channel *ch;
+    const bw_rpc_method *m;
+    grpc_completion_queue *cq;
+    grpc_call *call;
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_status_code status;
+    grpc_slice details;
+    const char *error_string;
+    grpc_byte_buffer *send, *recv;
+    int pending; /* batches started and not yet completed */
+    bool got_md; /* RECV_INITIAL_METADATA asked for */
+    bool ended;  /* the status is in (or the call is cancelled): no more exchanges */
+    bool status_done;
+    grpc_op ops[3], status_op, close_op;
+};
+
+/* Takes one completion off the stream's queue, waiting at most until `until`; its tag, or 0
+ * on timeout. */
+static intptr_t bidi_next(bw_rpc_bidi *b, gpr_timespec until)
+{
+    grpc_event ev = grpc_completion_queue_next(b->cq, until, NULL);
+    if (ev.type != GRPC_OP_COMPLETE)
+        return 0;
+    b->pending--;
+    if ((intptr_t)ev.tag == BI_STATUS)
+        b->status_done = true;
+    return (intptr_t)ev.tag;
+}
+
+int bw__rpc_bidi_open(bw_rpc_channel *ch, const bw_rpc_method *m, bw_rpc_bidi **out, char *err,
+                      size_t errlen)
+{
+    *out = NULL;
+    bw_rpc_bidi *b = calloc(1, sizeof(*b));
+    if (!b) {
+        snprintf(err, errlen, "%s to %s: out of memory for a stream", m->name, ch->target);
+        return BW_NOMEM;
+    }
+    b->ch = ch;
+    b->m = m;
+    b->cq = grpc_completion_queue_create_for_next(NULL);
+    b->call = grpc_channel_create_registered_call(ch->channel, NULL, GRPC_PROPAGATE_DEFAULTS, b->cq,
+                                                  method_handle(ch, m),
+                                                  gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    b->details = grpc_empty_slice();
+    grpc_metadata_array_init(&b->initial_md);
+    grpc_metadata_array_init(&b->trailing_md);
+    memset(b->ops, 0, sizeof(b->ops));
+    b->ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    b->ops[0].data.send_initial_metadata.count = ch->nauth;
+    b->ops[0].data.send_initial_metadata.metadata = &ch->auth;
+    memset(&b->status_op, 0, sizeof(b->status_op));
+    b->status_op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    b->status_op.data.recv_status_on_client.trailing_metadata = &b->trailing_md;
+    b->status_op.data.recv_status_on_client.status = &b->status;
+    b->status_op.data.recv_status_on_client.status_details = &b->details;
+    b->status_op.data.recv_status_on_client.error_string = &b->error_string;
+    bool ok =
+        grpc_call_start_batch(b->call, b->ops, 1, (void *)(intptr_t)BI_OPEN, NULL) == GRPC_CALL_OK;
+    b->pending += ok;
+    ok = ok && grpc_call_start_batch(b->call, &b->status_op, 1, (void *)(intptr_t)BI_STATUS,
+                                     NULL) == GRPC_CALL_OK;
+    b->pending += ok;
+    if (!ok) {
+        snprintf(err, errlen, "%s to %s: cannot start the call", m->name, ch->target);
+        bw__rpc_bidi_close(b);
+        return BW_INTERNAL;
+    }
+    *out = b;
+    return BW_OK;
+}
+
+int bw__rpc_bidi_call(bw_rpc_bidi *b, const bw_rpc_method *as, const ProtobufCMessage *req,
+                      bw_arena *arena, ProtobufCMessage **resp, int timeout_ms,
+                      bw_rpc_waiting_fn waiting, void *arg, char *err, size_t errlen)
+{
+    *resp = NULL;
+    if (bw__interrupted())
+        return interrupted_error(b->ch, as, err, errlen);
+    if (b->ended) {
+        snprintf(err, errlen, "%s to %s: the stream %s has ended", as->name, b->ch->target,
+                 b->m->name);
+        return BW_UNAVAILABLE;
+    }
+    b->send = pack(req);
+    b->recv = NULL;
+    memset(b->ops, 0, sizeof(b->ops));
+    size_t n = 0;
+    b->ops[n].op = GRPC_OP_SEND_MESSAGE;
+    b->ops[n++].data.send_message.send_message = b->send;
+    if (!b->got_md) {
+        b->ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+        b->ops[n++].data.recv_initial_metadata.recv_initial_metadata = &b->initial_md;
+        b->got_md = true;
+    }
+    b->ops[n].op = GRPC_OP_RECV_MESSAGE;
+    b->ops[n++].data.recv_message.recv_message = &b->recv;
+    if (grpc_call_start_batch(b->call, b->ops, n, (void *)(intptr_t)BI_IO, NULL) != GRPC_CALL_OK) {
+        grpc_byte_buffer_destroy(b->send);
+        b->send = NULL;
+        b->ended = true;
+        snprintf(err, errlen, "%s to %s: cannot send on the stream %s", as->name, b->ch->target,
+                 b->m->name);
+        return BW_INTERNAL;
+    }
+    b->pending++;
+    /* Waited a slice at a time: an interrupt cancels the call, as does the exchange's own
+     * deadline (the call has none: it outlives every exchange). */
+    uint64_t t0 = bw__mono_ms(), end = t0 + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
+    bool cancelled = false, timed_out = false;
+    for (;;) {
+        uint64_t now = bw__mono_ms();
+        int left = now < end ? (int)(end - now) : 0;
+        int slice = bw__interrupt_slice(left);
+        gpr_timespec until = cancelled || timed_out ? gpr_inf_future(GPR_CLOCK_MONOTONIC)
+                                                    : deadline_in(slice > 0 ? slice : 1);
+        intptr_t t = bidi_next(b, until);
+        if (t == BI_IO)
+            break;
+        if (t != 0 || cancelled || timed_out)
+            continue;
+        if (bw__interrupted()) {
+            grpc_call_cancel(b->call, NULL);
+            cancelled = true;
+        } else if (bw__mono_ms() >= end) {
+            grpc_call_cancel(b->call, NULL);
+            timed_out = true;
+        } else if (waiting) {
+            waiting(arg, bw__mono_ms() - t0);
+        }
+    }
+    grpc_byte_buffer_destroy(b->send);
+    b->send = NULL;
+    if (b->recv && !cancelled && !timed_out) {
+        int rc = unpack_response(b->ch, b->m, b->recv, arena, resp, err, errlen);
+        grpc_byte_buffer_destroy(b->recv);
+        b->recv = NULL;
+        b->ended = rc != BW_OK;
+        return rc;
+    }
+    if (b->recv)
+        grpc_byte_buffer_destroy(b->recv);
+    b->recv = NULL;
+    b->ended = true;
+    if (cancelled)
+        return interrupted_error(b->ch, as, err, errlen);
+    if (timed_out) {
+        snprintf(err, errlen, "%s to %s: %s: no answer on the stream %s within %d ms", as->name,
+                 b->ch->target, bw__grpc_status_name(GRPC_STATUS_DEADLINE_EXCEEDED), b->m->name,
+                 timeout_ms);
+        return BW_TIMEOUT;
+    }
+    /* The server ended the stream: its status says why. */
+    while (!b->status_done && bidi_next(b, gpr_inf_future(GPR_CLOCK_MONOTONIC)) != 0)
+        ;
+    if (b->status == GRPC_STATUS_OK) {
+        snprintf(err, errlen, "%s to %s: the server ended the stream %s", as->name, b->ch->target,
+                 b->m->name);
+        return BW_UNAVAILABLE;
+    }
+    return call_error(b->ch, as, b->status, b->details, &b->trailing_md, err, errlen);
+}
+
+void bw__rpc_bidi_close(bw_rpc_bidi *b)
+{
+    if (!b)
+        return;
+    if (!b->ended && !b->status_done) {
+        /* Idle: say so, and let the server end the call with its status; a server that does
+         * not in a moment is cut off. */
+        memset(&b->close_op, 0, sizeof(b->close_op));
+        b->close_op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+        if (grpc_call_start_batch(b->call, &b->close_op, 1, (void *)(intptr_t)BI_CLOSE, NULL) ==
+            GRPC_CALL_OK)
+            b->pending++;
+        while (!b->status_done && bidi_next(b, deadline_in(200)) != 0)
+            ;
+    }
+    if (!b->status_done)
+        grpc_call_cancel(b->call, NULL);
+    while (b->pending > 0 && bidi_next(b, gpr_inf_future(GPR_CLOCK_MONOTONIC)) != 0)
+        ;
+    grpc_call_unref(b->call);
+    queue_destroy(b->cq);
+    if (b->send)
+        grpc_byte_buffer_destroy(b->send);
+    if (b->recv)
+        grpc_byte_buffer_destroy(b->recv);
+    grpc_slice_unref(b->details);
+    if (b->error_string)
+        gpr_free((void *)b->error_string);
+    grpc_metadata_array_destroy(&b->initial_md);
+    grpc_metadata_array_destroy(&b->trailing_md);
+    free(b);
+}

@@ -124,4 +124,32 @@ uint32_t bw__rpc_stream_retry_after_ms(const bw_rpc_stream *st);
 /* Cancels the call if it has not ended and frees everything. NULL is a no-op. */
 void bw__rpc_stream_close(bw_rpc_stream *st);
 
+/* ---- bidirectional streams: one request and its answer at a time ----
+ *
+ * A long-lived call (Jobs.Session) on which each bw__rpc_bidi_call sends one message and
+ * waits for the next one. The call has no deadline of its own; each exchange has one. Not
+ * thread-safe: one caller at a time per stream (the caller serializes). */
+typedef struct bw_rpc_bidi bw_rpc_bidi;
+
+/* Starts the call (nothing is sent until the first exchange). BW_OK, or an error with a
+ * sentence in err. */
+int bw__rpc_bidi_open(bw_rpc_channel *ch, const bw_rpc_method *method, bw_rpc_bidi **out, char *err,
+                      size_t errlen);
+
+/*
+ * Sends `req` and waits up to timeout_ms for the stream's next message, unpacked into `arena`
+ * as method->response. Errors read as those of a unary call of method `as` (the call the
+ * message carries: "Jobs.CommitCursor to TARGET: STATUS: details"): the stream's status when
+ * it ended (BW_UNIMPLEMENTED from a server without the method), BW_TIMEOUT when no answer came
+ * in time, BW_INTERRUPTED on bw_interrupt (as bw__rpc_call_watched, with `waiting`). After any
+ * error the stream is over: close it (a new one may be opened).
+ */
+int bw__rpc_bidi_call(bw_rpc_bidi *b, const bw_rpc_method *as, const ProtobufCMessage *req,
+                      bw_arena *arena, ProtobufCMessage **resp, int timeout_ms,
+                      bw_rpc_waiting_fn waiting, void *arg, char *err, size_t errlen);
+
+/* Ends the call (half-closes it when it is idle, else cancels it) and frees everything. NULL
+ * is a no-op. */
+void bw__rpc_bidi_close(bw_rpc_bidi *b);
+
 #endif

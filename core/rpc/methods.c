@@ -63,4 +63,12 @@ const bw_rpc_method bw__methods[BW_M__COUNT] = {
     [BW_M_JOBS_DELETE] = {"/batchwire.v1.Jobs/DeleteJob", "Jobs.DeleteJob",
                           &batchwire__v1__delete_job_request__descriptor,
                           &batchwire__v1__delete_job_response__descriptor},
+    [BW_M_JOBS_SESSION] = {"/batchwire.v1.Jobs/Session", "Jobs.Session",
+                           &batchwire__v1__session_request__descriptor,
+                           &batchwire__v1__session_response__descriptor},
 };
+
+bool bw__method_bidi(const bw_rpc_method *m)
+{
+    return m == &bw__methods[BW_M_JOBS_SESSION];
+}

@@ -3,6 +3,7 @@
 #ifndef BW_RPC_METHODS_H
 #define BW_RPC_METHODS_H
 
+#include <stdbool.h>
 #include <protobuf-c/protobuf-c.h>
 
 #include "batchwire.pb-c.h"
@@ -31,6 +32,7 @@ typedef enum bw_method_id {
     BW_M_JOBS_LEAVE,
     BW_M_DATA_STATS,
     BW_M_JOBS_DELETE,
+    BW_M_JOBS_SESSION, /* bidirectional stream (bw__method_bidi) */
     BW_M__COUNT
 } bw_method_id;
 
@@ -42,6 +44,10 @@ typedef struct bw_rpc_method {
 } bw_rpc_method;
 
 extern const bw_rpc_method bw__methods[BW_M__COUNT];
+
+/* Whether `m` is a bidirectional stream (its requests arrive one message at a time on an open
+ * call: core/rpc/server.h, "Bidirectional streams"). Methods outside bw__methods are not. */
+bool bw__method_bidi(const bw_rpc_method *m);
 
 /* The method with id `id`. */
 #define BW_METHOD(id) (&bw__methods[id])

@@ -59,6 +59,9 @@ struct bw_rpc_server {
     atomic_long live_calls;
 
     tag shutdown_tag;
+    /* Bidirectional streams still open (under mu): a stop cancels them at once, since they
+     * would otherwise hold the grace period whole (they end only when a client says so). */
+    struct bidi *streams;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool shutdown_done;
@@ -118,10 +121,12 @@ struct bw_rpc_call {
     grpc_metadata trailers[2];
     int cancelled;
     grpc_op ops[4];
+    struct bidi *bidi; /* a bidirectional stream's state (bw__rpc_bidi_start) */
 };
 
 static void post_request(request *r);
 static void post_unknown(unknown_request *u);
+static void bidi_begin(bw_rpc_call *c);
 
 static void *queue_thread(void *arg)
 {
@@ -496,7 +501,17 @@ static void stream_sent(tag *t, bool ok)
     stream_pump(c);
 }
 
+static int unpack_into(bw_rpc_call *c, grpc_byte_buffer *payload, bw_arena *arena,
+                       ProtobufCMessage **req);
+
 static int unpack(bw_rpc_call *c, grpc_byte_buffer *payload, ProtobufCMessage **req)
+{
+    return unpack_into(c, payload, &c->arena, req);
+}
+
+/* Unpacks one message of c's method into `arena`, after the checks of rpc/proto_check.h. */
+static int unpack_into(bw_rpc_call *c, grpc_byte_buffer *payload, bw_arena *arena,
+                       ProtobufCMessage **req)
 {
     grpc_byte_buffer_reader reader;
     if (!grpc_byte_buffer_reader_init(&reader, payload))
@@ -511,7 +526,7 @@ static int unpack(bw_rpc_call *c, grpc_byte_buffer *payload, ProtobufCMessage **
         return bw__rpc_fail(c, rc, "%s: %s", c->method->name, why);
     }
     *req =
-        protobuf_c_message_unpack(c->method->request, &c->arena.pb, len, GRPC_SLICE_START_PTR(all));
+        protobuf_c_message_unpack(c->method->request, &arena->pb, len, GRPC_SLICE_START_PTR(all));
     grpc_slice_unref(all);
     if (!*req)
         return bw__rpc_fail(c, BW_INVALID_ARGUMENT,
@@ -520,6 +535,342 @@ static int unpack(bw_rpc_call *c, grpc_byte_buffer *payload, ProtobufCMessage **
                             c->method->name, len, c->method->request->name,
                             c->srv->call_memory_limit);
     return BW_OK;
+}
+
+/* ---- bidirectional streams (server.h) ----
+ *
+ * Every change of a stream's state happens under its lock: completions arrive on the call's
+ * completion-queue thread, answers on any thread (the journal's notifier). `refs` counts what
+ * may still touch the state -- each batch in flight and each message not yet answered -- and
+ * the last one frees it. Batches: one RECV_MESSAGE, one SEND_MESSAGE, RECV_CLOSE_ON_SERVER
+ * (from the start, in a batch of its own: it completes only when the call ends) and, once,
+ * SEND_STATUS_FROM_SERVER. */
+
+struct bw_rpc_msg {
+    bw_rpc_msg *next; /* the stream's queue, in arrival order */
+    struct bidi *b;
+    bw_arena arena;
+    bool answered;
+    grpc_byte_buffer *out; /* the packed answer */
+};
+
+typedef struct btag {
+    tag t;
+    struct bidi *b;
+} btag;
+
+typedef struct bidi {
+    pthread_mutex_t mu;
+    bw_rpc_call *call;
+    bw_rpc_msg_fn fn;
+    void *state;
+    void (*free_state)(void *state);
+    struct bidi *prev, *next; /* bw_rpc_server.streams */
+    bw_rpc_msg *head, *tail;  /* received, not yet sent (answered or not) */
+    int queued;               /* messages in the queue */
+    int refs;
+    bool reading, sending, half_closed, ending, status_started;
+    int end_rc;    /* the status the stream ends with (BW_OK: a clean end) */
+    uint64_t sent; /* answers sent */
+    btag recv_t, send_t, close_t, status_t;
+    grpc_byte_buffer *recv;
+    grpc_op recv_op, send_ops[2], close_op, status_ops[2];
+} bidi;
+
+void bw__rpc_bidi_start(bw_rpc_call *call, bw_rpc_msg_fn fn, void *state,
+                        void (*free_state)(void *state))
+{
+    bidi *b = calloc(1, sizeof(*b));
+    if (!b) {
+        call->bidi = NULL; /* request_arrived answers BW_INTERNAL */
+        if (free_state)
+            free_state(state);
+        return;
+    }
+    pthread_mutex_init(&b->mu, NULL);
+    b->call = call;
+    b->fn = fn;
+    b->state = state;
+    b->free_state = free_state;
+    call->bidi = b;
+}
+
+bw_arena *bw__rpc_msg_arena(bw_rpc_msg *m)
+{
+    return &m->arena;
+}
+
+bw_rpc_call *bw__rpc_msg_call(bw_rpc_msg *m)
+{
+    return m->b->call;
+}
+
+int bw__rpc_authorize_as(bw_rpc_call *c, bw_method_id id)
+{
+    if (bw__auth_allowed(c->principal.role, id))
+        return BW_OK;
+    uint64_t quiet;
+    if (bw__log_limit_allow(&c->srv->refusals, &quiet))
+        BW_WARN("request refused role=%s method=%s on=%s peer=%s code=%s not_logged_before=%llu",
+                c->srv->role, bw__methods[id].name, c->method->name, bw__rpc_call_peer(c),
+                bw_err_name(BW_PERMISSION_DENIED), (unsigned long long)quiet);
+    return bw__rpc_fail(c, BW_PERMISSION_DENIED, "%s: principal '%s' (role %s) may not call %s",
+                        c->method->name, c->principal.name, bw__role_name(c->principal.role),
+                        bw__methods[id].name);
+}
+
+static void msg_free(bw_rpc_msg *m)
+{
+    if (m->out)
+        grpc_byte_buffer_destroy(m->out);
+    bw__arena_reset(&m->arena);
+    free(m);
+}
+
+static void bidi_free(bidi *b)
+{
+    while (b->head) {
+        bw_rpc_msg *m = b->head;
+        b->head = m->next;
+        msg_free(m);
+    }
+    if (b->recv)
+        grpc_byte_buffer_destroy(b->recv);
+    if (b->free_state)
+        b->free_state(b->state);
+    pthread_mutex_destroy(&b->mu);
+    bw_rpc_call *c = b->call;
+    bw_rpc_server *srv = c->srv;
+    pthread_mutex_lock(&srv->mu);
+    if (b->prev)
+        b->prev->next = b->next;
+    else if (srv->streams == b)
+        srv->streams = b->next;
+    if (b->next)
+        b->next->prev = b->prev;
+    pthread_mutex_unlock(&srv->mu);
+    c->bidi = NULL;
+    free(b);
+    call_free(c);
+}
+
+/* Ends the stream with rc (under b->mu): nothing more is read or sent but the status. */
+static void bidi_end(bidi *b, int rc)
+{
+    if (b->ending)
+        return;
+    b->ending = true;
+    b->end_rc = rc;
+}
+
+static void bidi_recv_done(tag *t, bool ok);
+static void bidi_send_done(tag *t, bool ok);
+static void bidi_batch_done(tag *t, bool ok);
+
+/* Starts what the stream's state allows (under b->mu): the next answer's send, the next read,
+ * the status. Returns true when the state is to be freed (nothing may touch it any more). */
+static bool bidi_progress(bidi *b)
+{
+    bw_rpc_call *c = b->call;
+    if (!b->sending && !b->ending && b->head && b->head->answered) {
+        memset(b->send_ops, 0, sizeof(b->send_ops));
+        size_t n = 0;
+        if (!c->metadata_sent)
+            b->send_ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        b->send_ops[n].op = GRPC_OP_SEND_MESSAGE;
+        b->send_ops[n++].data.send_message.send_message = b->head->out;
+        if (grpc_call_start_batch(c->call, b->send_ops, n, &b->send_t.t, NULL) == GRPC_CALL_OK) {
+            c->metadata_sent = true;
+            b->sending = true;
+            b->refs++;
+        } else {
+            bidi_end(b, bw__rpc_fail(c, BW_INTERNAL, "%s: cannot send an answer", c->method->name));
+        }
+    }
+    if (!b->reading && !b->half_closed && !b->ending && b->queued < BW_RPC_BIDI_WINDOW) {
+        memset(&b->recv_op, 0, sizeof(b->recv_op));
+        b->recv_op.op = GRPC_OP_RECV_MESSAGE;
+        b->recv_op.data.recv_message.recv_message = &b->recv;
+        b->recv = NULL;
+        if (grpc_call_start_batch(c->call, &b->recv_op, 1, &b->recv_t.t, NULL) == GRPC_CALL_OK) {
+            b->reading = true;
+            b->refs++;
+        } else {
+            bidi_end(b,
+                     bw__rpc_fail(c, BW_INTERNAL, "%s: cannot read the stream", c->method->name));
+        }
+    }
+    if (!b->status_started && !b->sending && (b->ending || (b->half_closed && !b->head))) {
+        b->status_started = true;
+        int rc = b->ending ? b->end_rc : BW_OK;
+        memset(b->status_ops, 0, sizeof(b->status_ops));
+        size_t n = 0;
+        if (!c->metadata_sent)
+            b->status_ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->metadata_sent = true;
+        grpc_op *st = &b->status_ops[n++];
+        st->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        st->data.send_status_from_server.status = bw__err_to_grpc(rc);
+        if (rc != BW_OK) {
+            if (c->message[0] == '\0')
+                snprintf(c->message, sizeof(c->message), "%s", bw_strerror(rc));
+            c->details = grpc_slice_from_copied_string(c->message);
+            st->data.send_status_from_server.status_details = &c->details;
+            c->trailers[0].key = grpc_slice_from_static_string("bw-error");
+            c->trailers[0].value = grpc_slice_from_static_string(bw_err_name(rc));
+            st->data.send_status_from_server.trailing_metadata_count = 1;
+            st->data.send_status_from_server.trailing_metadata = c->trailers;
+        }
+        BW_DEBUG("stream ended method=%s peer=%s messages=%llu code=%s err=%s", c->method->name,
+                 bw__rpc_call_peer(c), (unsigned long long)b->sent, bw_err_name(rc),
+                 rc == BW_OK ? "" : c->message);
+        if (grpc_call_start_batch(c->call, b->status_ops, n, &b->status_t.t, NULL) == GRPC_CALL_OK)
+            b->refs++;
+    }
+    return b->refs == 0;
+}
+
+static void bidi_unlock(bidi *b)
+{
+    bool done = bidi_progress(b);
+    pthread_mutex_unlock(&b->mu);
+    if (done)
+        bidi_free(b);
+}
+
+/* The call is a stream now: its end is watched, and the first message read. */
+static void bidi_begin(bw_rpc_call *c)
+{
+    bidi *b = c->bidi;
+    b->recv_t = (btag){{bidi_recv_done}, b};
+    b->send_t = (btag){{bidi_send_done}, b};
+    b->close_t = (btag){{bidi_batch_done}, b};
+    b->status_t = (btag){{bidi_batch_done}, b};
+    pthread_mutex_lock(&c->srv->mu);
+    b->next = c->srv->streams;
+    if (b->next)
+        b->next->prev = b;
+    c->srv->streams = b;
+    pthread_mutex_unlock(&c->srv->mu);
+    pthread_mutex_lock(&b->mu);
+    memset(&b->close_op, 0, sizeof(b->close_op));
+    b->close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    b->close_op.data.recv_close_on_server.cancelled = &c->cancelled;
+    if (grpc_call_start_batch(c->call, &b->close_op, 1, &b->close_t.t, NULL) == GRPC_CALL_OK)
+        b->refs++;
+    else
+        bidi_end(b, bw__rpc_fail(c, BW_INTERNAL, "%s: cannot watch the stream", c->method->name));
+    bidi_unlock(b);
+}
+
+void bw__rpc_msg_answer(bw_rpc_msg *m, int rc, const ProtobufCMessage *resp)
+{
+    bidi *b = m->b;
+    grpc_byte_buffer *out = NULL;
+    if (rc == BW_OK && !resp)
+        rc = bw__rpc_fail(b->call, BW_INTERNAL, "%s: message handler returned no answer",
+                          b->call->method->name);
+    if (rc == BW_OK) { /* packed outside the lock */
+        size_t len = protobuf_c_message_get_packed_size(resp);
+        grpc_slice sl = grpc_slice_malloc(len);
+        protobuf_c_message_pack(resp, GRPC_SLICE_START_PTR(sl));
+        out = grpc_raw_byte_buffer_create(&sl, 1);
+        grpc_slice_unref(sl); /* the byte buffer holds its own reference */
+    }
+    pthread_mutex_lock(&b->mu);
+    m->answered = true;
+    m->out = out;
+    b->refs--;
+    if (rc != BW_OK)
+        bidi_end(b, rc);
+    bidi_unlock(b);
+}
+
+static void bidi_recv_done(tag *t, bool ok)
+{
+    bidi *b = ((btag *)t)->b;
+    bw_rpc_call *c = b->call;
+    pthread_mutex_lock(&b->mu);
+    b->reading = false;
+    b->refs--;
+    grpc_byte_buffer *payload = b->recv;
+    b->recv = NULL;
+    bool stopping = atomic_load(&c->srv->stopping);
+    if (!ok || !payload || b->ending || stopping) {
+        if (stopping)
+            bidi_end(b, bw__rpc_fail(c, BW_UNAVAILABLE, "%s: the %s is shutting down: retry",
+                                     c->method->name, c->srv->role));
+        else if (!ok)
+            bidi_end(b, bw__rpc_fail(c, BW_CANCELLED, "%s: stream cancelled", c->method->name));
+        else if (!payload)
+            b->half_closed = true; /* the client sends no more */
+        if (payload)
+            grpc_byte_buffer_destroy(payload);
+        bidi_unlock(b);
+        return;
+    }
+    bw_rpc_msg *m = calloc(1, sizeof(*m));
+    if (!m) {
+        grpc_byte_buffer_destroy(payload);
+        bidi_end(b, bw__rpc_fail(c, BW_NOMEM, "%s: out of memory for a message", c->method->name));
+        bidi_unlock(b);
+        return;
+    }
+    m->b = b;
+    bw__arena_init(&m->arena, c->srv->call_memory_limit);
+    if (b->tail)
+        b->tail->next = m;
+    else
+        b->head = m;
+    b->tail = m;
+    b->queued++;
+    b->refs++; /* until answered */
+    pthread_mutex_unlock(&b->mu);
+
+    /* Messages of one stream are handled one at a time: the next read starts only below. */
+    ProtobufCMessage *req = NULL, *resp = NULL;
+    int rc = unpack_into(c, payload, &m->arena, &req);
+    grpc_byte_buffer_destroy(payload);
+    if (rc == BW_OK)
+        rc = b->fn(b->state, m, req, &resp);
+    if (rc != BW_RPC_DEFERRED)
+        bw__rpc_msg_answer(m, rc, rc == BW_OK ? resp : NULL);
+    else {
+        pthread_mutex_lock(&b->mu);
+        bidi_unlock(b); /* the next read */
+    }
+}
+
+static void bidi_send_done(tag *t, bool ok)
+{
+    bidi *b = ((btag *)t)->b;
+    bw_rpc_call *c = b->call;
+    pthread_mutex_lock(&b->mu);
+    b->sending = false;
+    b->refs--;
+    bw_rpc_msg *m = b->head;
+    b->head = m->next;
+    if (!b->head)
+        b->tail = NULL;
+    b->queued--;
+    b->sent += ok;
+    msg_free(m);
+    if (!ok)
+        bidi_end(b, bw__rpc_fail(c, BW_CANCELLED, "%s: stream cancelled", c->method->name));
+    bidi_unlock(b);
+}
+
+/* RECV_CLOSE_ON_SERVER (the call is over) or the status went out. */
+static void bidi_batch_done(tag *t, bool ok)
+{
+    (void)ok;
+    bidi *b = ((btag *)t)->b;
+    pthread_mutex_lock(&b->mu);
+    b->refs--;
+    if (t == &b->close_t.t && !b->status_started)
+        bidi_end(
+            b, bw__rpc_fail(b->call, BW_CANCELLED, "%s: stream cancelled", b->call->method->name));
+    bidi_unlock(b);
 }
 
 /* A new call's state, or NULL when out of memory (the call is then refused and released). */
@@ -591,7 +942,10 @@ static void request_arrived(tag *t, bool ok)
     ProtobufCMessage *req = NULL;
     ProtobufCMessage *resp = NULL;
     int rc = authorize(c, token, coord_proof);
-    if (rc == BW_OK && !payload)
+    bool is_bidi = bw__method_bidi(c->method);
+    if (rc == BW_OK && is_bidi)
+        ; /* its messages come later, one at a time (bidi_read) */
+    else if (rc == BW_OK && !payload)
         rc = bw__rpc_fail(c, BW_INVALID_ARGUMENT, "%s: the request carried no message",
                           c->method->name);
     else if (rc == BW_OK && srv->raw[h])
@@ -604,7 +958,14 @@ static void request_arrived(tag *t, bool ok)
         rc = c->fn(srv->user, c, req, &resp);
         if (rc == BW_RPC_DEFERRED)
             return; /* c may be gone already */
-        if (rc == BW_RPC_STREAM) {
+        if (rc == BW_RPC_STREAM && is_bidi) {
+            if (c->bidi) {
+                bidi_begin(c);
+                return;
+            }
+            rc = bw__rpc_fail(c, BW_INTERNAL, "%s: stream handler set no message handler",
+                              c->method->name);
+        } else if (rc == BW_RPC_STREAM) {
             if (!c->next)
                 rc = bw__rpc_fail(c, BW_INTERNAL, "%s: stream handler set no producer",
                                   c->method->name);
@@ -626,9 +987,9 @@ static void post_request(request *r)
     r->payload = NULL;
     grpc_metadata_array_init(&r->md);
     grpc_completion_queue *cq = srv->queues[r->qi].cq;
-    grpc_call_error e =
-        grpc_server_request_registered_call(srv->server, srv->registered[r->handler], &r->call,
-                                            &r->deadline, &r->md, &r->payload, cq, cq, &r->t);
+    grpc_call_error e = grpc_server_request_registered_call(
+        srv->server, srv->registered[r->handler], &r->call, &r->deadline, &r->md,
+        bw__method_bidi(srv->handlers[r->handler].method) ? NULL : &r->payload, cq, cq, &r->t);
     if (e != GRPC_CALL_OK)
         request_free(r); /* only happens while shutting down */
 }
@@ -915,9 +1276,11 @@ int bw__rpc_server_start(const bw_rpc_server_opts *opts, const bw_rpc_handler *h
         grpc_server_register_completion_queue(srv->server, srv->queues[i].cq, NULL);
     }
     for (size_t h = 0; h < n; h++)
-        srv->registered[h] =
-            grpc_server_register_method(srv->server, handlers[h].method->path, NULL,
-                                        GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        srv->registered[h] = grpc_server_register_method(
+            srv->server, handlers[h].method->path, NULL,
+            bw__method_bidi(handlers[h].method) ? GRPC_SRM_PAYLOAD_NONE
+                                                : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
+            0);
     /* The threads start before the port is bound: a server that has bound a port cannot be
      * destroyed without a shutdown, and nothing fails after the port. */
     for (int i = 0; i < srv->nqueues && rc == BW_OK; i++) {
@@ -970,6 +1333,13 @@ void bw__rpc_server_stop(bw_rpc_server *srv, int grace_ms)
         return;
     atomic_store(&srv->stopping, 1);
     grpc_server_shutdown_and_notify(srv->server, srv->queues[0].cq, &srv->shutdown_tag);
+    /* Open streams end now (their clients reopen them elsewhere or later); answers already
+     * owed still arrive, and are dropped (bw__rpc_msg_answer). */
+    pthread_mutex_lock(&srv->mu);
+    for (struct bidi *b = srv->streams; b; b = b->next)
+        grpc_call_cancel_with_status(b->call->call, GRPC_STATUS_UNAVAILABLE,
+                                     "the server is shutting down: retry", NULL);
+    pthread_mutex_unlock(&srv->mu);
     if (!wait_shutdown(srv, grace_ms)) {
         BW_WARN("calls still running after the grace period; cancelling them calls=%ld grace_ms=%d",
                 atomic_load(&srv->live_calls), grace_ms);

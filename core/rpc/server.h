@@ -14,6 +14,18 @@
  * one has gone out (gRPC allows one send in flight), so a slow client holds at most one
  * message of the server's memory.
  *
+ * Bidirectional streams (methods for which bw__method_bidi is true): the handler runs once when
+ * the call opens, with req == NULL, calls bw__rpc_bidi_start and returns BW_RPC_STREAM. The
+ * runtime then reads one message at a time, unpacks and checks it (a malformed one ends the
+ * stream with INVALID_ARGUMENT) and hands it to the message handler, which answers it at once
+ * or later from any thread (bw__rpc_msg_answer). Answers go out in the order the messages
+ * came, one send in flight; at most BW_RPC_BIDI_WINDOW messages of a stream are received and
+ * not yet answered and sent: beyond that the runtime stops reading (backpressure), so a client
+ * that never reads its answers holds a bounded share of the server's memory. The stream ends
+ * with OK once the client has half-closed and every answer is out; with the error of a message
+ * handler that returned one; or when the client cancels or the server stops. Its state lives
+ * until every message has been answered, also when the call ended first.
+ *
  * Raw methods (bw_rpc_server_opts.raw_methods): the runtime does not unpack the request; the
  * handler gets req == NULL and reads the bytes with bw__rpc_call_request when it chooses (from
  * any thread, e.g. once memory for decoding them has been granted).
@@ -160,6 +172,44 @@ void bw__rpc_stream_begin(bw_rpc_call *call, bw_rpc_next_fn next, void *state,
 
 /* An arena reset after each streamed message has been sent: for per-message allocations. */
 bw_arena *bw__rpc_call_msg_arena(bw_rpc_call *call);
+
+/* ---- bidirectional streams (see the top of this file) ---- */
+
+enum { BW_RPC_BIDI_WINDOW = 64 };
+
+typedef struct bw_rpc_msg bw_rpc_msg;
+
+/* Handles one message of a bidirectional stream: returns BW_OK with *resp set (memory from
+ * bw__rpc_msg_arena, or static), BW_RPC_DEFERRED and later calls bw__rpc_msg_answer once from
+ * any thread, or an error code (after bw__rpc_fail on bw__rpc_msg_call) that ends the stream
+ * with that status. Runs on the stream's completion-queue thread, one message at a time. */
+typedef int (*bw_rpc_msg_fn)(void *state, bw_rpc_msg *m, const ProtobufCMessage *req,
+                             ProtobufCMessage **resp);
+
+/* Makes the call a bidirectional stream whose messages go to `fn` with `state`; free_state
+ * (may be NULL) releases `state` once the stream is over and every message answered. Call
+ * from the handler, then return BW_RPC_STREAM. */
+void bw__rpc_bidi_start(bw_rpc_call *call, bw_rpc_msg_fn fn, void *state,
+                        void (*free_state)(void *state));
+
+/* The message's arena: its unpacked request, and its answer. Valid until it is answered and
+ * sent. */
+bw_arena *bw__rpc_msg_arena(bw_rpc_msg *m);
+
+/* The stream the message came on (principal, peer, bw__rpc_fail); valid while the message is
+ * unanswered. */
+bw_rpc_call *bw__rpc_msg_call(bw_rpc_msg *m);
+
+/* Answers a message whose handler returned BW_RPC_DEFERRED: rc BW_OK sends resp (after the
+ * answers of every earlier message), anything else ends the stream with that status (the
+ * message recorded by bw__rpc_fail, or bw_strerror(rc)). Once per message; thread-safe. After
+ * the stream ended the answer is dropped. */
+void bw__rpc_msg_answer(bw_rpc_msg *m, int rc, const ProtobufCMessage *resp);
+
+/* Authorizes one message of a stream as a call of method `id` by the stream's principal (the
+ * table of core/auth/auth.c): BW_OK, or BW_PERMISSION_DENIED recorded as the call's error,
+ * naming the method, and logged as a refused call is. */
+int bw__rpc_authorize_as(bw_rpc_call *call, bw_method_id id);
 
 /* The call's deadline has passed or the client went away. */
 int bw__rpc_call_cancelled(bw_rpc_call *call);
