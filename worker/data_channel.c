@@ -4,10 +4,11 @@
  * before reading any of it, waits for the request's charge in the in-flight budget (executor.h)
  * before reading the body, decodes it bounded by that charge (request.h), opens the read on the
  * executor's pool (read_path.h: the same checks as gRPC) and writes each record's frame header
- * and bytes with one sendmsg per batch of frames -- records straight from the dataset's mapped
- * file, frame headers and records under 1 KiB (or under 32 KiB, of a file mapped for them
- * alone) gathered into a staging buffer first. A client that sends garbage gets an ERROR frame
- * and the connection is closed; the worker keeps serving everyone else.
+ * (with RUN frames, which a connection's FEATURES request turns on, one header for a run of
+ * samples of one size) and bytes with one sendmsg per batch of frames -- records straight from the
+ * dataset's mapped file, frame headers and records under 1 KiB (or under 32 KiB, of a file mapped
+ * for them alone) gathered into a staging buffer first. A client that sends garbage gets an ERROR
+ * frame and the connection is closed; the worker keeps serving everyone else.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -61,7 +62,8 @@ typedef struct conn {
      * by a reload stops working at once */
     char *token;
     char cert_cn[BW_PRINCIPAL_NAME_MAX];
-    bw_role role; /* of the last request's credentials (authorize); NONE: without any */
+    bw_role role;      /* of the last request's credentials (authorize); NONE: without any */
+    uint64_t features; /* what its FEATURES request asked for, that this worker speaks */
     struct conn *next;
 } conn;
 
@@ -106,6 +108,20 @@ static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
  * records, SEND_BYTES bytes or IOV_CAP pieces. A request's buffers are allocated
  * once it is admitted and freed when it is answered: an idle connection holds none. */
 
+/* A run of samples being gathered into one RUN frame (docs/data-channel.md, "RUN frames"):
+ * the next samples of the request, in request order, all of one size. Its frame header sits in
+ * the stage at `hdr`, a SAMPLE header while it holds one sample, rewritten as RUN before it is
+ * sent (run_close). */
+typedef struct run {
+    bool open;
+    size_t hdr;
+    uint64_t first, n, size;
+    const uint8_t *next; /* the end of its last sample in a dataset's mapping (else NULL) */
+    /* its last samples, back to back in the mapping up to `next`, copied: the last bytes
+     * staged (sent from the mapping instead once they make REF_MIN bytes) */
+    uint64_t nstaged;
+} run;
+
 typedef struct wbuf {
     bw_dsock *sock;
     uint8_t *stage; /* STAGE_BYTES */
@@ -115,6 +131,8 @@ typedef struct wbuf {
     bw__rp_rec *recs; /* PENDING_MAX, referenced by iov */
     size_t nrec;
     bool mapped; /* iov references a dataset's mapping (held by the open read) */
+    bool runs;   /* RUN frames: the connection's FEATURES asked for them, and a ReadSamples */
+    run run;
     char err[256];
 } wbuf;
 
@@ -151,8 +169,11 @@ static void add_iov(wbuf *o, const void *p, size_t len)
     o->pending += len;
 }
 
+static void run_close(wbuf *o);
+
 static int flush(wbuf *o)
 {
+    run_close(o); /* its header is final before it is sent */
     int rc = o->niov ? bw__dsock_writev_all(o->sock, o->iov, o->niov,
                                             bw__mono_ms() + SEND_TIMEOUT_MS, o->err, sizeof(o->err))
                      : BW_OK;
@@ -221,6 +242,66 @@ static int send_error(bw_dsock *sock, wbuf *o, int code, uint32_t retry_after_ms
                                 sizeof(why));
 }
 
+/* Ends the open run: a SAMPLE frame while it has one sample, else its header becomes RUN. */
+static void run_close(wbuf *o)
+{
+    run *u = &o->run;
+    if (!u->open)
+        return;
+    u->open = false;
+    if (u->n > 1) {
+        bw_dchan_frame f = {BW_DCHAN_RUN, (uint32_t)u->n, u->first, u->size};
+        bw__dchan_put_frame(o->stage + u->hdr, &f);
+    }
+}
+
+/* The bytes of record r, after its frame header or its run's previous sample: pointers into
+ * a dataset's mapping (which the open read holds until it closes) from REF_MIN, and below it
+ * when they continue, back to back, a piece of the mapping already sent or run samples that
+ * make REF_MIN bytes with it; else copied into the stage below COPY_MAX; else pointers into the
+ * record's own mapping, held until sent (docs/performance.md, "Client": copying 4 KiB records
+ * into the stage was a third of the worker's time; below REF_MIN the copy costs less than the
+ * kernel's iovec piece per record -- at 256 B the worker spent about a fifth more CPU per
+ * sample sending from the mapping -- unless the piece holds several samples). */
+static void put_bytes(wbuf *o, bw__rp_rec *r)
+{
+    run *u = &o->run;
+    bool mapped = r->rec.size > 0 && in_dataset_mapping(&r->rec);
+    bool single = mapped && r->rec.nparts == 1;
+    const uint8_t *p0 = single ? r->rec.parts[0].p : NULL;
+    bool follows = single && u->next && p0 == u->next;
+    uint64_t group = follows ? u->nstaged : 0; /* copied samples it would continue */
+    u->next = single ? p0 + r->rec.size : NULL;
+    u->nstaged = 0;
+    bool rejoin = follows && group && (group + 1) * r->rec.size >= REF_MIN;
+    if (rejoin) {
+        /* Those copies are taken back (the last bytes staged: nothing comes between two
+         * samples of a run) and sent from the mapping with this one, as one piece. */
+        size_t back = (size_t)(group * r->rec.size);
+        o->iov[o->niov - 1].iov_len -= back;
+        o->len -= back;
+        o->pending -= back;
+        add_iov(o, p0 - back, back);
+    }
+    /* (follows with no copies before it: the previous sample went from the mapping, and this
+     * one joins its piece) */
+    if (mapped && (r->rec.size >= REF_MIN || (follows && !group) || rejoin)) {
+        for (size_t p = 0; p < r->rec.nparts; p++)
+            add_iov(o, r->rec.parts[p].p, r->rec.parts[p].len);
+        o->mapped = true;
+        bw__record_release(&r->rec);
+    } else if (r->rec.size < COPY_MAX) {
+        for (size_t p = 0; p < r->rec.nparts; p++)
+            stage(o, r->rec.parts[p].p, r->rec.parts[p].len);
+        u->nstaged = single ? group + 1 : 0;
+        bw__record_release(&r->rec);
+    } else {
+        for (size_t p = 0; p < r->rec.nparts; p++)
+            add_iov(o, r->rec.parts[p].p, r->rec.parts[p].len);
+        o->nrec++; /* released once sent */
+    }
+}
+
 /* The records of an open read, then END (or ERROR at the first record that cannot be read:
  * its code in *status). BW_OK unless the connection failed. */
 static int serve_read(wbuf *o, bw__rp *rp, int *status)
@@ -236,27 +317,19 @@ static int serve_read(wbuf *o, bw__rp *rp, int *status)
             break;
         if (rc != BW_OK)
             return send_error(o->sock, o, *status = rc, 0, err);
-        stage_frame(o, BW_DCHAN_SAMPLE, 0, r->key, r->rec.size);
-        if (r->rec.size >= REF_MIN && in_dataset_mapping(&r->rec)) {
-            /* In a dataset's mapping, which the open read holds until it closes: referenced
-             * without holding the record (docs/performance.md, "Client": copying 4 KiB records
-             * into the stage was a third of the worker's time; below REF_MIN the copy costs
-             * less than the kernel's two iovec pieces per record -- at 256 B the worker spent
-             * about a fifth more CPU per sample sending from the mapping). */
-            for (size_t p = 0; p < r->rec.nparts; p++)
-                add_iov(o, r->rec.parts[p].p, r->rec.parts[p].len);
-            o->mapped = o->mapped || r->rec.size > 0;
-            bw__record_release(&r->rec);
-        } else if (r->rec.size < COPY_MAX) {
-            for (size_t p = 0; p < r->rec.nparts; p++)
-                stage(o, r->rec.parts[p].p, r->rec.parts[p].len);
-            bw__record_release(&r->rec);
-        } else {
-            for (size_t p = 0; p < r->rec.nparts; p++)
-                add_iov(o, r->rec.parts[p].p, r->rec.parts[p].len);
-            o->nrec++; /* released once sent */
+        /* With RUN frames, a sample of the open run's size joins it without a header. */
+        run *u = &o->run;
+        if (o->runs && u->open && r->rec.size == u->size && u->n < BW_DCHAN_RUN_MAX) {
+            u->n++;
+            put_bytes(o, r);
+            continue;
         }
+        run_close(o);
+        *u = (run){o->runs && r->rec.size > 0, o->len, r->key, 1, r->rec.size, NULL, 0};
+        stage_frame(o, BW_DCHAN_SAMPLE, 0, r->key, r->rec.size);
+        put_bytes(o, r);
     }
+    run_close(o);
     int rc = BW_OK;
     if (o->nrec || o->mapped) {
         /* Records still to be sent straight from the mapping: the kernel copies them after
@@ -399,6 +472,7 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
                 bw__exec_run(w->exec, &ot.t, open_on_pool);
             rp = ot.rp;
             status = ot.rc;
+            o.runs = (c->features & BW_DCHAN_FEATURE_RUNS) && kind == BW_REQ_SAMPLES;
             rc = ot.rc == BW_OK ? serve_read(&o, rp, &status)
                                 : send_error(&c->sock, NULL, ot.rc, 0, ot.err);
             hang_up = rc != BW_OK || ot.rc == BW_UNAVAILABLE;
@@ -415,6 +489,36 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
     bw__req_buffer_free(body);
     bw__exec_release(w->exec, charge);
     return hang_up ? BW_UNAVAILABLE : BW_OK;
+}
+
+/* ---- versions ---- */
+
+/* FEATURES (kind 4): the bits the client understands, of which this worker uses those it
+ * speaks on this connection, answered with END (docs/data-channel.md, "Versions"). Another
+ * body size is malformed: BW_PROTOCOL, and the connection is closed. */
+static int serve_features(conn *c, uint64_t len)
+{
+    char err[256];
+    uint8_t body[BW_DCHAN_FEATURES_BODY];
+    if (len != sizeof(body)) {
+        snprintf(err, sizeof(err),
+                 "data channel: a FEATURES request's body is %d bytes (a u64), not %llu",
+                 BW_DCHAN_FEATURES_BODY, (unsigned long long)len);
+        bad_conn_log(c->srv, "data channel: closing the connection peer=%s err=%s", c->peer, err);
+        send_error(&c->sock, NULL, BW_PROTOCOL, 0, err);
+        return BW_PROTOCOL;
+    }
+    int rc = bw__dsock_read_all(&c->sock, body, sizeof(body), bw__mono_ms() + BODY_TIMEOUT_MS, NULL,
+                                err, sizeof(err));
+    if (rc != BW_OK)
+        return rc;
+    c->features = bw__get_le64(body) & BW_DCHAN_FEATURES;
+    uint8_t hdr[BW_DCHAN_FRAME_HEADER];
+    bw_dchan_frame f = {BW_DCHAN_END, 0, 0, c->features};
+    bw__dchan_put_frame(hdr, &f);
+    struct iovec iov = {hdr, sizeof(hdr)};
+    return bw__dsock_writev_all(&c->sock, &iov, 1, bw__mono_ms() + SEND_TIMEOUT_MS, err,
+                                sizeof(err));
 }
 
 /* ---- credentials ---- */
@@ -565,6 +669,8 @@ static void *serve(void *arg)
         }
         if (kind == BW_DCHAN_KIND_AUTH)
             ok = serve_auth(c, len) == BW_OK;
+        else if (kind == BW_DCHAN_KIND_FEATURES)
+            ok = serve_features(c, len) == BW_OK;
         else
             ok = authorize(c, kind, len) == BW_OK && serve_request(c, kind, len) == BW_OK;
     }

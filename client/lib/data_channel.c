@@ -6,7 +6,9 @@
  * are read once, when it is created), the pool of idle connections (a request that ended
  * cleanly leaves its connection there) and the data channels found unusable, whose workers
  * are asked over gRPC for a while. It sends no hello and no bearer token: with authentication
- * on, each request carries the lease's read grant (docs/data-channel.md, "Credentials").
+ * on, each request carries the lease's read grant (docs/data-channel.md, "Credentials"). A new
+ * connection offers RUN frames with a FEATURES request ahead of its first request; workers
+ * older than it are remembered and asked without it ("Versions").
  */
 #include <errno.h>
 #include <pthread.h>
@@ -32,6 +34,12 @@ typedef struct bw__dconn {
      * straight to the batch, not through buf. */
     bool read_ahead;
     struct spec *spec; /* plain TCP, fixed-size samples: see spec_recv (allocated on use) */
+    /* Versions (docs/data-channel.md, "Versions"): a fresh connection sends FEATURES ahead of
+     * its first request; `hello` while the answer is due, then `features` are the bits the
+     * worker uses on it (0: an older worker's frames). */
+    bool hello;
+    uint64_t features;
+    bool in_runs; /* the last sample frame was a RUN of several: expect the next to be one */
 } bw__dconn;
 
 /* Fixed-size samples are received many at a time, each frame header into a slot and each
@@ -53,6 +61,8 @@ enum {
     BW_DCONN_SUSPENDED_MAX = 64, /* unreachable data channels remembered */
     BW_DCONN_SUSPEND_MS = 30000, /* ... for this long when refused */
     BW_DCONN_RETRY_MS = 1000,    /* ... when unreachable: this long, doubled each time, to 30 s */
+    BW_DCONN_OLD_MAX = 64,       /* workers found to know no FEATURES request, remembered */
+    BW_DCONN_OLD_MS = 600000,    /* ... for this long (then asked again: it may be upgraded) */
 };
 
 /* The transport's state (one per loader). */
@@ -71,6 +81,12 @@ typedef struct dchan_state {
         uint64_t until;
         unsigned failed; /* connection attempts in a row that failed */
     } suspended[BW_DCONN_SUSPENDED_MAX];
+    /* data channels of workers older than the FEATURES request: sent none until `until` */
+    size_t nold;
+    struct {
+        char *address;
+        uint64_t until;
+    } old[BW_DCONN_OLD_MAX];
 } dchan_state;
 
 static void dconn_free(bw__dconn *c)
@@ -257,6 +273,8 @@ static void destroy(void *state)
         dconn_free(s->idle[i]);
     for (size_t i = 0; i < s->nsuspended; i++)
         free(s->suspended[i].address);
+    for (size_t i = 0; i < s->nold; i++)
+        free(s->old[i].address);
     bw__dchan_tls_ctx_free(s->tls);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -364,6 +382,47 @@ static void dconn_reached(dchan_state *s, const char *address)
                 failed);
 }
 
+/* Whether address's worker is known to be older than the FEATURES request (s->mu not held). */
+static bool dconn_old(dchan_state *s, const char *address)
+{
+    bool old = false;
+    uint64_t now = bw__mono_ms();
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nold && !old; i++)
+        old = s->old[i].until > now && strcmp(s->old[i].address, address) == 0;
+    pthread_mutex_unlock(&s->mu);
+    return old;
+}
+
+/* Remembers that address's worker refused the FEATURES request (an older worker): its
+ * connections send none for BW_DCONN_OLD_MS. Out of memory: not remembered (asked again). */
+static void dconn_mark_old(dchan_state *s, const char *address, const char *why)
+{
+    char *copy = strdup(address);
+    if (!copy)
+        return;
+    uint64_t now = bw__mono_ms();
+    pthread_mutex_lock(&s->mu);
+    size_t i = 0;
+    while (i < s->nold && strcmp(s->old[i].address, address) != 0 && s->old[i].until > now)
+        i++;
+    if (i == BW_DCONN_OLD_MAX) { /* forget the oldest */
+        free(s->old[0].address);
+        memmove(s->old, s->old + 1, (s->nold - 1) * sizeof(s->old[0]));
+        i = --s->nold;
+    }
+    if (i == s->nold)
+        s->nold++;
+    else
+        free(s->old[i].address);
+    s->old[i].address = copy;
+    s->old[i].until = now + BW_DCONN_OLD_MS;
+    pthread_mutex_unlock(&s->mu);
+    BW_DEBUG("data_channel=%s knows no FEATURES request (an older worker): its frames without "
+             "runs for the next %d s err=%s",
+             address, BW_DCONN_OLD_MS / 1000, why);
+}
+
 static bool dconn_suspended(dchan_state *s, const char *address)
 {
     pthread_mutex_lock(&s->mu);
@@ -389,7 +448,12 @@ struct bw__xfer {
     bw_dchan_frame f;
     uint8_t *dest; /* X_DATA: the sample's place; X_MSG: msg */
     size_t need, got;
-    uint64_t nsamples; /* SAMPLE frames completed */
+    uint64_t nsamples; /* samples completed (of SAMPLE and RUN frames) */
+    /* ReadSamples: the request's indices, in the order the worker answers them */
+    uint64_t *idx;
+    size_t nidx;
+    /* In a RUN frame: the samples after the one in progress, and their size. */
+    uint64_t run_left, run_size;
     bool any, retried;
     char msg[BW_DCHAN_MAX_MESSAGE + 1];
 };
@@ -411,9 +475,18 @@ static int send_req(bw__xfer *x, bool fresh, char *err, size_t errlen)
     int rc = x->c ? BW_OK : dconn_get(x->s, x->address, x->timeout_ms, &x->c, err, errlen);
     if (rc != BW_OK)
         return rc;
-    struct iovec iov = {x->req, x->reqlen};
-    rc = bw__dsock_writev_all(&x->c->s, &iov, 1, bw__mono_ms() + (uint64_t)x->timeout_ms, err,
-                              errlen);
+    /* A fresh connection says first which frames it understands, in the same write as its
+     * request: no round trip (docs/data-channel.md, "Versions"). */
+    uint8_t hello[BW_DCHAN_REQ_HEADER + BW_DCHAN_FEATURES_BODY];
+    struct iovec iov[2] = {{hello, sizeof(hello)}, {x->req, x->reqlen}};
+    bool ask = !x->c->reused && !x->c->hello && !x->c->features && !dconn_old(x->s, x->address);
+    if (ask) {
+        bw__dchan_put_req_header(hello, BW_DCHAN_KIND_FEATURES, BW_DCHAN_FEATURES_BODY);
+        bw__put_le64(hello + BW_DCHAN_REQ_HEADER, BW_DCHAN_FEATURES);
+        x->c->hello = true;
+    }
+    rc = bw__dsock_writev_all(&x->c->s, ask ? iov : iov + 1, ask ? 2 : 1,
+                              bw__mono_ms() + (uint64_t)x->timeout_ms, err, errlen);
     if (rc != BW_OK && x->c->reused && !fresh) /* the worker closed an idle connection */
         return send_req(x, true, err, errlen);
     return rc;
@@ -425,6 +498,7 @@ static void xfer_free(bw__xfer *x)
         return;
     dconn_put(x->s, x->c, false);
     free(x->req);
+    free(x->idx);
     free(x);
 }
 
@@ -449,6 +523,20 @@ static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req,
     protobuf_c_message_pack(msg, x->req + BW_DCHAN_REQ_HEADER);
     bw__granted_wipe(&granted);
     x->reqlen = BW_DCHAN_REQ_HEADER + len;
+    if (req->kind == BW_DCHAN_KIND_READ_SAMPLES) {
+        /* A RUN frame names its first sample; the others are the request's next ones. */
+        const Batchwire__V1__ReadSamplesRequest *rs =
+            (const Batchwire__V1__ReadSamplesRequest *)req->msg;
+        x->nidx = rs->n_indices;
+        if (x->nidx && !(x->idx = malloc(x->nidx * sizeof(*x->idx)))) {
+            xfer_free(x);
+            snprintf(res->err, sizeof(res->err), "out of memory for a request's %zu indices",
+                     rs->n_indices);
+            return res->rc = BW_NOMEM;
+        }
+        if (x->nidx)
+            memcpy(x->idx, rs->indices, x->nidx * sizeof(*x->idx));
+    }
     x->s = s;
     x->wid = wr->id;
     x->address = wr->data_address;
@@ -491,24 +579,93 @@ static bool end(bw__xfer *x, bw__xres *res, int rc, bool reusable, const char *w
     return true;
 }
 
+/* Starts receiving sample `key` of `size` bytes (of a SAMPLE frame, or the next of a RUN). */
+static bool start_sample(bw__xfer *x, const bw__sink *sink, bw__xres *res, uint64_t key,
+                         uint64_t size)
+{
+    char e[BW_XFER_ERRLEN];
+    x->c->read_ahead = size < BW_DCONN_BUF / 4 && !x->c->in_runs;
+    x->dest = NULL;
+    x->got = 0;
+    /* place() checks the key and size against what is due before anything is reserved: a
+     * RUN frame longer than the samples due, or of other samples, ends here. */
+    int rc = sink->place(sink->ctx, key, size, 0, size, &x->dest, e, sizeof(e));
+    if (rc != BW_OK && x->f.type == BW_DCHAN_RUN) {
+        char why[BW_XFER_ERRLEN];
+        snprintf(why, sizeof(why), "in a RUN frame of %u samples from index %llu: %.800s",
+                 x->f.code, (unsigned long long)x->f.a, e);
+        return end(x, res, rc, false, why);
+    }
+    if (rc != BW_OK)
+        return end(x, res, rc, false, e);
+    x->need = (size_t)size;
+    x->phase = X_DATA;
+    return false;
+}
+
+/* The sample in progress has arrived whole: it counts, and the next one of its RUN starts. */
+static bool sample_done(bw__xfer *x, const bw__sink *sink, bw__xres *res)
+{
+    sink->arrived(sink->ctx, x->need);
+    x->nsamples++;
+    x->phase = X_HDR;
+    if (!x->run_left)
+        return false;
+    x->run_left--;
+    return start_sample(x, sink, res, x->idx[x->nsamples], x->run_size);
+}
+
 /* The frame in x->hdr: starts its payload, or ends the response. */
 static bool frame(bw__xfer *x, const bw__sink *sink, bw__xres *res)
 {
     char e[BW_XFER_ERRLEN];
     bw_dchan_frame *f = &x->f;
     bw__dchan_get_frame(x->hdr, f);
-    x->any = true;
     x->got = 0;
-    if (f->type == BW_DCHAN_SAMPLE) {
-        x->c->read_ahead = f->b < BW_DCONN_BUF / 4;
-        x->dest = NULL;
-        /* place() checks the size against what was asked before anything is reserved. */
-        int rc = sink->place(sink->ctx, f->a, f->b, 0, f->b, &x->dest, e, sizeof(e));
-        if (rc != BW_OK)
-            return end(x, res, rc, false, e);
-        x->need = (size_t)f->b;
-        x->phase = X_DATA;
+    if (x->c->hello && f->type != BW_DCHAN_ERROR) {
+        /* The answer to FEATURES comes first: END, a = 0, b = features offered. */
+        if (f->type != BW_DCHAN_END || f->code || f->a || (f->b & ~BW_DCHAN_FEATURES)) {
+            snprintf(e, sizeof(e),
+                     "answered the FEATURES request (offering %#llx) with frame type %u, code %u, "
+                     "a %llu, b %#llx instead of END, 0, 0 and some of the features offered",
+                     (unsigned long long)BW_DCHAN_FEATURES, f->type, f->code,
+                     (unsigned long long)f->a, (unsigned long long)f->b);
+            return end(x, res, BW_PROTOCOL, false, e);
+        }
+        x->c->hello = false;
+        x->c->features = f->b;
+        x->c->in_runs = (f->b & BW_DCHAN_FEATURE_RUNS) != 0; /* its first header read alone */
         return false;
+    }
+    x->any = true;
+    if (f->type == BW_DCHAN_SAMPLE) {
+        x->c->in_runs = false;
+        return start_sample(x, sink, res, f->a, f->b);
+    }
+    if (f->type == BW_DCHAN_RUN) {
+        if (!(x->c->features & BW_DCHAN_FEATURE_RUNS) || x->kind != BW_DCHAN_KIND_READ_SAMPLES) {
+            snprintf(e, sizeof(e),
+                     "sent a RUN frame (%u samples from index %llu) on a connection that did not "
+                     "ask for them (features %#llx, request kind %u)",
+                     f->code, (unsigned long long)f->a, (unsigned long long)x->c->features,
+                     x->kind);
+            return end(x, res, BW_PROTOCOL, false, e);
+        } /* Every field is checked before a byte of it is taken: its samples are the request's
+           * next ones, the first the one it names, each of at least one byte. */
+        uint64_t due = x->nsamples < x->nidx ? x->idx[x->nsamples] : 0;
+        if (f->code == 0 || f->code > x->nidx - x->nsamples || f->a != due || f->b == 0) {
+            snprintf(e, sizeof(e),
+                     "sent a RUN frame of %u samples of %llu bytes from index %llu where %llu "
+                     "samples were due from index %llu (a run holds 1 to the samples due, from "
+                     "the one due, of at least 1 byte each)",
+                     f->code, (unsigned long long)f->b, (unsigned long long)f->a,
+                     (unsigned long long)(x->nidx - x->nsamples), (unsigned long long)due);
+            return end(x, res, BW_PROTOCOL, false, e);
+        }
+        x->run_left = f->code - 1;
+        x->run_size = f->b;
+        x->c->in_runs = f->code > 1;
+        return start_sample(x, sink, res, f->a, f->b);
     }
     if (f->type == BW_DCHAN_END) {
         if (f->a != x->nsamples) {
@@ -533,12 +690,28 @@ static bool frame(bw__xfer *x, const bw__sink *sink, bw__xres *res)
     return end(x, res, BW_PROTOCOL, false, e);
 }
 
+/* The worker did not answer the FEATURES request sent ahead of the request (an older worker,
+ * which refuses it and closes the connection; `why` says how it ended): the request is sent
+ * again on a fresh connection, without FEATURES, as for such a worker. */
+static bool resend_plain(bw__xfer *x, bw__xres *res, const char *why)
+{
+    char e[BW_XFER_ERRLEN];
+    dconn_mark_old(x->s, x->address, why);
+    x->phase = X_HDR;
+    x->hgot = x->got = x->need = 0;
+    x->run_left = 0;
+    int rc = send_req(x, true, e, sizeof(e));
+    return rc == BW_OK ? false : end(x, res, rc, false, e);
+}
+
 /* The ERROR frame's message has arrived. */
 static bool error_frame(bw__xfer *x, bw__xres *res)
 {
     char e[BW_XFER_ERRLEN];
     x->msg[x->need] = '\0';
     int code = (int)(int32_t)x->f.code;
+    if (x->c->hello && code == BW_PROTOCOL)
+        return resend_plain(x, res, x->msg);
     if (code >= 0 || strcmp(bw_err_name(code), "BW_UNKNOWN_ERROR") == 0) {
         snprintf(e, sizeof(e), "error frame with unknown code %d: %.900s", code, x->msg);
         return end(x, res, BW_PROTOCOL, false, e);
@@ -605,11 +778,19 @@ static int spec_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *use
         sp->iov[niov++] = (struct iovec){x->dest + x->got, x->need - x->got};
     uint64_t size = 0, sz;
     bool all = false; /* every sample due is posted */
+    /* Where the worker may send RUN frames, a header may turn out to be a RUN whose samples
+     * then lie across the slots posted after it: respool moves what followed it to the
+     * read-ahead buffer, so no more is posted after the first header than that holds. */
+    bool capped = (c->features & BW_DCHAN_FEATURE_RUNS) != 0;
+    uint64_t posted = 0; /* after the first header, with the END header's slot */
     for (; m < sp->cap; m++) {
         if (!sink->peek(sink->ctx, lead + m, &sp->key[m], &sz, &sp->dest[m]) || (m && sz != size)) {
             all = true;
             break;
         }
+        posted += (m ? BW_DCHAN_FRAME_HEADER : 0) + sz;
+        if (capped && (sz > BW_DCONN_BUF || posted + BW_DCHAN_FRAME_HEADER > BW_DCONN_BUF))
+            break;
         size = sz;
         sp->iov[niov++] =
             (struct iovec){sp->hdr[m] + (m ? 0 : pre), BW_DCHAN_FRAME_HEADER - (m ? 0 : pre)};
@@ -690,6 +871,82 @@ static int spec_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *use
     return BW_OK;
 }
 
+/* Plain TCP, fixed-size samples (the sink peeks), inside a RUN frame: one recvmsg takes the
+ * rest of the sample in progress and the next samples of the run (up to SPEC_MAX), each
+ * straight into its place in the batch, and -- once the run's last sample is posted -- the
+ * next frame header into the read-ahead buffer. No copy in user space and no header per
+ * sample (docs/data-channel.md, "RUN frames"). Each sample posted is the one due (peek) with
+ * the run's key and size, or the request ends here (BW_PROTOCOL): a run that claims other
+ * samples than those due writes nothing. *ended: the request ended; *got: bytes received (0:
+ * none yet). BW_OK, or the connection's error. */
+static int run_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *ended, size_t *got,
+                    char *err, size_t errlen)
+{
+    bw__dconn *c = x->c;
+    *ended = false;
+    *got = 0;
+    if (!c->spec && (c->spec = malloc(sizeof(*c->spec))) != NULL)
+        c->spec->cap = SPEC_START;
+    struct spec *sp = c->spec;
+    if (!sp) { /* out of memory: this sample alone */
+        struct iovec one = {x->dest + x->got, x->need - x->got};
+        int rc = dconn_recvmsg(c, &one, 1, got, err, errlen);
+        if (rc == BW_OK && (x->got += *got) == x->need)
+            *ended = sample_done(x, sink, res);
+        return rc;
+    }
+    size_t niov = 0, m = 0;
+    sp->iov[niov++] = (struct iovec){x->dest + x->got, x->need - x->got};
+    for (; m < x->run_left && m < SPEC_MAX; m++) {
+        uint64_t key, sz;
+        if (!sink->peek(sink->ctx, 1 + m, &key, &sz, &sp->dest[m]))
+            break; /* not known ahead: place() judges it when it comes */
+        if (key != x->idx[x->nsamples + 1 + m] || sz != x->run_size) {
+            snprintf(err, errlen,
+                     "in a RUN frame of %u samples from index %llu (%llu bytes each): sample "
+                     "%llu of the request where sample %llu (%llu bytes) is due",
+                     x->f.code, (unsigned long long)x->f.a, (unsigned long long)x->run_size,
+                     (unsigned long long)x->idx[x->nsamples + 1 + m], (unsigned long long)key,
+                     (unsigned long long)sz);
+            *ended = end(x, res, BW_PROTOCOL, false, err);
+            return BW_OK;
+        }
+        sp->iov[niov++] = (struct iovec){sp->dest[m], (size_t)sz};
+    }
+    if (m == x->run_left) /* the run's end is posted: then the next frame header */
+        sp->iov[niov++] = (struct iovec){c->buf, BW_DCHAN_FRAME_HEADER};
+    size_t left = 0;
+    int rc = dconn_recvmsg(c, sp->iov, niov, &left, err, errlen);
+    if (rc != BW_OK || left == 0)
+        return rc;
+    *got = left;
+    size_t take = left < x->need - x->got ? left : x->need - x->got;
+    x->got += take;
+    left -= take;
+    for (size_t j = 0; x->got == x->need; j++) {
+        bool more = x->run_left > 0;
+        if ((*ended = sample_done(x, sink, res)) || !more)
+            break;
+        /* sample_done placed the run's next sample: where it was posted */
+        if (j >= m || x->dest != sp->dest[j]) {
+            if (j < m) {
+                snprintf(err, errlen, "sample %llu's place moved while it was received",
+                         (unsigned long long)x->idx[x->nsamples]);
+                *ended = end(x, res, BW_INTERNAL, false, err);
+            }
+            break; /* j >= m: not posted (left is 0) */
+        }
+        take = left < x->need ? left : x->need;
+        x->got = take;
+        left -= take;
+    }
+    if (left && !*ended) { /* past the run: the next frame header (or part of it) */
+        c->pos = 0;
+        c->len = left;
+    }
+    return BW_OK;
+}
+
 static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
 {
     char e[BW_XFER_ERRLEN];
@@ -699,7 +956,18 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         int rc = BW_OK;
         bool spec = false, ended = false;
         if (!c->s.ssl && c->pos == c->len && sink->peek && x->kind == BW_DCHAN_KIND_READ_SAMPLES &&
-            x->phase != X_MSG)
+            x->phase == X_DATA && x->run_left) {
+            rc = run_recv(x, sink, res, &ended, &got, e, sizeof(e));
+            if (rc == BW_OK && ended)
+                return true;
+            if (rc != BW_OK)
+                return end(x, res, rc, false, e);
+            if (!got)
+                return false;
+            continue;
+        }
+        if (!c->s.ssl && c->pos == c->len && sink->peek && x->kind == BW_DCHAN_KIND_READ_SAMPLES &&
+            x->phase != X_MSG && !c->hello && !c->in_runs && !x->run_left)
             rc = spec_recv(x, sink, res, &spec, &ended, &got, e, sizeof(e));
         if (spec || x->phase == X_HDR) {
             if (!spec)
@@ -715,6 +983,9 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
                 if ((rc = send_req(x, true, e, sizeof(e))) == BW_OK)
                     continue;
             }
+            /* (x->c, not c: a failed resend above freed c) */
+            if (rc == BW_UNAVAILABLE && x->c && x->c->hello)
+                return resend_plain(x, res, e); /* an older worker closed it after FEATURES */
             if (rc != BW_OK)
                 return end(x, res, rc, false, e);
             if (ended)
@@ -735,6 +1006,9 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
             rc = dconn_take(c, x->dest + x->got, left,
                             x->phase == X_DATA && (left >= BW_DCONN_BUF / 4 || !c->read_ahead),
                             &got, e, sizeof(e));
+            /* (x->c, not c: a failed resend above freed c) */
+            if (rc == BW_UNAVAILABLE && x->c && x->c->hello)
+                return resend_plain(x, res, e); /* an older worker closed it after FEATURES */
             if (rc != BW_OK)
                 return end(x, res, rc, false, e);
             if (!got)
@@ -744,9 +1018,8 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         if (x->got == x->need) {
             if (x->phase == X_MSG)
                 return error_frame(x, res);
-            sink->arrived(sink->ctx, x->need);
-            x->nsamples++;
-            x->phase = X_HDR;
+            if (sample_done(x, sink, res))
+                return true;
         }
     }
 }

@@ -21,6 +21,16 @@
  *             (BW_BUSY; 0 otherwise); then the message. After an error on a well-formed
  *             request the connection can be reused; after a malformed request, or one over
  *             the worker's request-size limit, the worker closes it.
+ *     RUN:    code = n (1 to the samples still due), a = dataset index of the first, b = size
+ *             of each (>= 1); then n * b bytes: the request's next n samples in request order
+ *             (a ReadSamples answer is in request order: the others need no header). Only on a
+ *             connection whose FEATURES request named BW_DCHAN_FEATURE_RUNS, and only for
+ *             ReadSamples.
+ * FEATURES (kind 4): the body is a u64 of feature bits the client understands; the worker
+ * answers END with a = 0 and b = the bits it will use on this connection (a subset). A worker
+ * older than it answers ERROR BW_PROTOCOL (unknown kind) and closes the connection: the client
+ * then connects again and sends only what such a worker knows (docs/data-channel.md,
+ * "Versions").
  * Every integer is little-endian.
  */
 #ifndef BW_RPC_DCHAN_H
@@ -36,14 +46,22 @@ enum {
     BW_DCHAN_KIND_READ_SAMPLES = 1,
     BW_DCHAN_KIND_READ_STREAM = 2,
     BW_DCHAN_KIND_AUTH = 3,
+    BW_DCHAN_KIND_FEATURES = 4,
+    BW_DCHAN_FEATURES_BODY = 8, /* the FEATURES request's body: a u64 */
     BW_DCHAN_REQ_HEADER = 16,
     BW_DCHAN_FRAME_HEADER = 24,
     BW_DCHAN_SAMPLE = 1,
     BW_DCHAN_END = 2,
     BW_DCHAN_ERROR = 3,
+    BW_DCHAN_RUN = 4,
+    BW_DCHAN_RUN_MAX = 1 << 20,      /* samples in one RUN frame, at most (a request's indices) */
     BW_DCHAN_MAX_REQUEST = 32 << 20, /* 1M indices of up to 10 varint bytes, plus the dataset */
     BW_DCHAN_MAX_MESSAGE = 4096,     /* error messages */
 };
+
+/* Feature bits of the FEATURES request (docs/data-channel.md, "Versions"). */
+#define BW_DCHAN_FEATURE_RUNS ((uint64_t)1)     /* RUN frames */
+#define BW_DCHAN_FEATURES BW_DCHAN_FEATURE_RUNS /* every feature this build speaks */
 
 typedef struct bw_dchan_frame {
     uint32_t type, code;

@@ -27,10 +27,10 @@ int bw__dchan_get_req_header(const uint8_t in[BW_DCHAN_REQ_HEADER], uint32_t *ki
         return BW_PROTOCOL;
     }
     if (*kind != BW_DCHAN_KIND_READ_SAMPLES && *kind != BW_DCHAN_KIND_READ_STREAM &&
-        *kind != BW_DCHAN_KIND_AUTH) {
+        *kind != BW_DCHAN_KIND_AUTH && *kind != BW_DCHAN_KIND_FEATURES) {
         snprintf(err, errlen,
                  "data channel: request kind %u is unknown (1 = ReadSamples, 2 = ReadStream, 3 = "
-                 "Auth)",
+                 "Auth, 4 = Features)",
                  *kind);
         return BW_PROTOCOL;
     }

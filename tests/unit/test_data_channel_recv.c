@@ -5,7 +5,13 @@
  * peeks, as the fetch loop's does for fixed-size samples), and without peek through the usual
  * one; either way every byte lands in its place, samples count in order, and an ERROR frame,
  * an early END, an unexpected sample or a connection cut mid-sample ends the request as the
- * protocol says, with the samples before it complete. */
+ * protocol says, with the samples before it complete. The same against a worker older than
+ * the FEATURES request (the client asks again without it), and RUN frames ("Versions", "RUN
+ * frames"): runs of every length among SAMPLE frames land byte for byte; a run longer than
+ * the samples due, of other samples, of size 0 or on a connection that did not ask for runs,
+ * and a FEATURES answer naming features not offered, end the request with BW_PROTOCOL and
+ * write nothing outside the places of the samples due (the batch buffer is exactly their
+ * size: ASan sees any write past it). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +28,7 @@
 
 #include "../../client/lib/transport.h"
 #include "data.pb-c.h"
+#include "fake_dchan_worker.h"
 #include "rpc/dchan.h"
 
 /* ---- the scripted worker ---- */
@@ -67,38 +74,31 @@ static void put_sample(script *s, uint64_t key, size_t size)
     }
 }
 
+/* A RUN frame of keys[0..count), size bytes each, of their patterns. */
+static void put_run(script *s, const uint64_t *keys, uint32_t count, size_t size)
+{
+    put_frame(s, BW_DCHAN_RUN, (int32_t)count, keys[0], size);
+    for (uint32_t k = 0; k < count; k++)
+        for (size_t i = 0; i < size; i++) {
+            uint8_t b = pattern(keys[k], i);
+            put(s, &b, 1);
+        }
+}
+
 typedef struct worker {
     int lfd;
     script *sc;
     unsigned seed;
     size_t max_piece;
+    fake_versions v;
+    fake_request req;
 } worker;
-
-static bool read_n(int fd, uint8_t *p, size_t n)
-{
-    while (n) {
-        ssize_t r = read(fd, p, n);
-        if (r <= 0)
-            return false;
-        p += r;
-        n -= (size_t)r;
-    }
-    return true;
-}
 
 static void *serve(void *arg)
 {
     worker *w = arg;
-    int fd = accept(w->lfd, NULL, NULL);
-    if (fd < 0)
-        return NULL;
-    uint8_t h[BW_DCHAN_REQ_HEADER], body[4096];
-    uint32_t kind;
-    uint64_t len;
-    char err[128];
-    if (read_n(fd, h, sizeof(h)) &&
-        bw__dchan_get_req_header(h, &kind, &len, err, sizeof(err)) == BW_OK &&
-        len <= sizeof(body) && read_n(fd, body, (size_t)len)) {
+    int fd = fake_accept_request(w->lfd, &w->v, &w->req);
+    if (fd >= 0) {
         unsigned r = w->seed;
         for (size_t off = 0; off < w->sc->len;) {
             r = r * 1103515245u + 12345u;
@@ -116,8 +116,8 @@ static void *serve(void *arg)
             struct pollfd pf = {fd, POLLIN, 0};
             poll(&pf, 1, 2000);
         }
+        close(fd);
     }
-    close(fd);
     return NULL;
 }
 
@@ -163,11 +163,12 @@ static bool peek(void *arg, size_t ahead, uint64_t *key, uint64_t *size, uint8_t
     return true;
 }
 
-/* Runs one request against a worker answering `sc` in pieces of at most max_piece bytes;
- * the sink expects keys[0..n) of `size` bytes. Returns the request's outcome; *done: samples
- * that arrived, checked byte for byte. */
-static int run(script *sc, const uint64_t *keys, size_t n, size_t size, bool with_peek,
-               size_t max_piece, unsigned seed, size_t *done, bw__xres *res)
+/* Runs one request against a worker (versions as v; what it saw in *seen, may be NULL)
+ * answering `sc` in pieces of at most max_piece bytes; the sink expects keys[0..n) of `size`
+ * bytes. Returns the request's outcome; *done: samples that arrived, checked byte for byte. */
+static int run_v(script *sc, const uint64_t *keys, size_t n, size_t size, bool with_peek,
+                 size_t max_piece, unsigned seed, const fake_versions *v, fake_request *seen,
+                 size_t *done, bw__xres *res)
 {
     char err[256];
     bw__worker_opts wo;
@@ -175,7 +176,13 @@ static int run(script *sc, const uint64_t *keys, size_t n, size_t size, bool wit
     bw__transport t;
     assert_int_equal(bw__transport_open(&bw__transport_dchan_ops, &wo, &t, err, sizeof(err)),
                      BW_OK);
-    worker w = {-1, sc, seed, max_piece};
+    worker w;
+    memset(&w, 0, sizeof(w));
+    w.lfd = -1;
+    w.sc = sc;
+    w.seed = seed;
+    w.max_piece = max_piece;
+    w.v = *v;
     int port = 0;
     assert_int_equal(bw__sock_listen("127.0.0.1:0", &w.lfd, &port, err, sizeof(err)), BW_OK);
     pthread_t th;
@@ -183,10 +190,11 @@ static int run(script *sc, const uint64_t *keys, size_t n, size_t size, bool wit
     char daddr[64];
     snprintf(daddr, sizeof(daddr), "127.0.0.1:%d", port);
     bw__worker_ref wr = {"w-test", "127.0.0.1:1", daddr};
-    uint64_t idx[1] = {0};
+    /* the request asks for the keys the sink expects (a RUN frame's samples are its next) */
+    uint64_t none = 0;
     Batchwire__V1__ReadSamplesRequest rs = BATCHWIRE__V1__READ_SAMPLES_REQUEST__INIT;
-    rs.indices = idx;
-    rs.n_indices = 1;
+    rs.indices = n ? (uint64_t *)keys : &none;
+    rs.n_indices = n;
     bw__read_req req = {BW_DCHAN_KIND_READ_SAMPLES, &rs.base};
     bw__xfer *x = NULL;
     memset(res, 0, sizeof(*res));
@@ -211,7 +219,17 @@ static int run(script *sc, const uint64_t *keys, size_t n, size_t size, bool wit
     assert_true(c.places >= c.k);
     free(buf);
     *done = c.k;
+    if (seen)
+        *seen = w.req;
     return res->rc;
+}
+
+/* run_v against a current worker that uses no feature: today's frames. */
+static int run(script *sc, const uint64_t *keys, size_t n, size_t size, bool with_peek,
+               size_t max_piece, unsigned seed, size_t *done, bw__xres *res)
+{
+    fake_versions v = {false, 0, 0};
+    return run_v(sc, keys, n, size, with_peek, max_piece, seed, &v, NULL, done, res);
 }
 
 static uint64_t *shuffled_keys(size_t n, unsigned seed)
@@ -335,12 +353,156 @@ static void short_wrong_and_cut(void **state)
     }
 }
 
+/* A worker older than the FEATURES request refuses it and closes the connection without
+ * reading on: the client connects again and sends the request alone, and every sample
+ * arrives; the worker saw FEATURES once, on the first of two connections. */
+static void older_worker(void **state)
+{
+    (void)state;
+    for (size_t piece = 3; piece <= 30000; piece *= 100)
+        for (int with_peek = 0; with_peek < 2; with_peek++) {
+            size_t n = 90, size = 300, done = 0;
+            uint64_t *keys = shuffled_keys(n, 21);
+            script sc = {0};
+            for (size_t k = 0; k < n; k++)
+                put_sample(&sc, keys[k], size);
+            put_frame(&sc, BW_DCHAN_END, 0, n, 0);
+            fake_versions v = {true, 0, 0};
+            fake_request seen;
+            bw__xres res;
+            int rc = run_v(&sc, keys, n, size, with_peek, piece, 5, &v, &seen, &done, &res);
+            if (rc != BW_OK)
+                fail_msg("piece %zu (peek %d): %s", piece, with_peek, res.err);
+            assert_int_equal(done, n);
+            assert_int_equal(seen.connections, 2);
+            assert_int_equal(seen.features_asked, 1);
+            assert_int_equal(seen.kind, BW_DCHAN_KIND_READ_SAMPLES);
+            free(sc.bytes);
+            free(keys);
+        }
+}
+
+/* Run lengths (1 to 40) covering n samples, as a worker's flushes split a request's samples
+ * into RUN frames (a run of one as a SAMPLE frame). */
+static size_t run_lengths(size_t n, unsigned seed, uint32_t *runs)
+{
+    unsigned r = seed;
+    size_t nruns = 0;
+    for (size_t k = 0; k < n;) {
+        r = r * 1103515245u + 12345u;
+        uint32_t len = 1 + (r >> 16) % 40;
+        if (len > n - k)
+            len = (uint32_t)(n - k);
+        runs[nruns++] = len;
+        k += len;
+    }
+    return nruns;
+}
+
+/* RUN frames among SAMPLE frames: every sample lands in its place byte for byte, with and
+ * without peek, in pieces from 1 byte up, for samples below and above a read's usual size. */
+static void run_frames(void **state)
+{
+    (void)state;
+    static const struct {
+        size_t n, size, piece;
+    } cases[] = {{600, 40, 7000},  {600, 40, 37},     {300, 256, 65536},  {300, 256, 1},
+                 {90, 4096, 1500}, {90, 4096, 70000}, {12, 70000, 30000}, {5, 1, 3}};
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
+        for (int with_peek = 0; with_peek < 2; with_peek++) {
+            size_t n = cases[ci].n, size = cases[ci].size;
+            uint64_t *keys = shuffled_keys(n, (unsigned)ci + 3);
+            uint32_t *runs = malloc(n * sizeof(*runs));
+            assert_non_null(runs);
+            size_t nruns = run_lengths(n, (unsigned)ci + 3, runs), k = 0;
+            script sc = {0};
+            for (size_t i = 0; i < nruns; k += runs[i++])
+                if (runs[i] == 1)
+                    put_sample(&sc, keys[k], size);
+                else
+                    put_run(&sc, keys + k, runs[i], size);
+            put_frame(&sc, BW_DCHAN_END, 0, n, 0);
+            fake_versions v = {false, BW_DCHAN_FEATURE_RUNS, 0};
+            fake_request seen;
+            size_t done = 0;
+            bw__xres res;
+            int rc = run_v(&sc, keys, n, size, with_peek, cases[ci].piece, (unsigned)ci * 5 + 1, &v,
+                           &seen, &done, &res);
+            if (rc != BW_OK)
+                fail_msg("case %zu (peek %d): %s", ci, with_peek, res.err);
+            assert_int_equal(done, n);
+            assert_int_equal(seen.features_asked, 1);
+            assert_true(seen.offered & BW_DCHAN_FEATURE_RUNS);
+            free(sc.bytes);
+            free(runs);
+            free(keys);
+        }
+}
+
+/* Runs that lie: each ends the request with BW_PROTOCOL and a sentence saying so, the samples
+ * before it complete, nothing written past the samples due. */
+static void run_frames_refused(void **state)
+{
+    (void)state;
+    enum { N = 30, SIZE = 64 };
+    uint64_t keys[N];
+    for (size_t k = 0; k < N; k++) /* 100..114, then 200..214 */
+        keys[k] = k < 15 ? 100 + k : 200 + (k - 15);
+    fake_versions runs_on = {false, BW_DCHAN_FEATURE_RUNS, 0}, runs_off = {false, 0, 0},
+                  liar = {false, BW_DCHAN_FEATURE_RUNS, (uint64_t)1 << 40};
+    const struct {
+        const char *what;
+        uint64_t first;
+        uint32_t count;
+        size_t size, before; /* SAMPLE frames of the first keys before the run */
+        const fake_versions *v;
+        size_t done;
+        const char *needle;
+    } cases[] = {
+        {"longer than the samples due", 200, 40, SIZE, 15, &runs_on, 15, "RUN frame"},
+        {"longer than the request", 100, N + 1, SIZE, 0, &runs_on, 0, "RUN frame"},
+        {"from an index not due", 101, 5, SIZE, 0, &runs_on, 0, "RUN frame"},
+        {"naming the sample before the one due", 104, 5, SIZE, 5, &runs_on, 5, "RUN frame"},
+        {"of another size", 100, 5, SIZE + 1, 0, &runs_on, 0, "RUN frame"},
+        {"of no samples", 100, 0, SIZE, 0, &runs_on, 0, "RUN frame of 0"},
+        {"of samples of 0 bytes", 100, 3, 0, 0, &runs_on, 0, "at least 1 byte"},
+        {"on a connection that did not ask for runs", 100, 5, SIZE, 0, &runs_off, 0, "did not ask"},
+        {"after a FEATURES answer naming features not offered", 100, 5, SIZE, 0, &liar, 0,
+         "FEATURES"},
+    };
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
+        for (int with_peek = 0; with_peek < 2; with_peek++) {
+            script sc = {0};
+            for (size_t k = 0; k < cases[ci].before; k++)
+                put_sample(&sc, keys[k], SIZE);
+            /* the run's header, then its samples' bytes as it announces them */
+            put_frame(&sc, BW_DCHAN_RUN, (int32_t)cases[ci].count, cases[ci].first, cases[ci].size);
+            for (uint32_t k = 0; k < cases[ci].count; k++)
+                for (size_t i = 0; i < cases[ci].size; i++) {
+                    size_t at = cases[ci].before + k;
+                    uint8_t b = pattern(at < N ? keys[at] : 0, i);
+                    put(&sc, &b, 1);
+                }
+            put_frame(&sc, BW_DCHAN_END, 0, cases[ci].before + cases[ci].count, 0);
+            size_t done = 0;
+            bw__xres res;
+            int rc = run_v(&sc, keys, N, SIZE, with_peek, 700, (unsigned)ci + 9, cases[ci].v, NULL,
+                           &done, &res);
+            if (rc != BW_PROTOCOL || !strstr(res.err, cases[ci].needle))
+                fail_msg("a run %s (peek %d): %s, want BW_PROTOCOL saying \"%s\": %s",
+                         cases[ci].what, with_peek, bw_err_name(rc), cases[ci].needle, res.err);
+            /* the samples before the lie are complete and checked (run_v) */
+            assert_int_equal(done, cases[ci].done);
+            free(sc.bytes);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(whole_responses),
-        cmocka_unit_test(error_after_samples),
-        cmocka_unit_test(short_wrong_and_cut),
+        cmocka_unit_test(whole_responses),     cmocka_unit_test(error_after_samples),
+        cmocka_unit_test(short_wrong_and_cut), cmocka_unit_test(older_worker),
+        cmocka_unit_test(run_frames),          cmocka_unit_test(run_frames_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
