@@ -12,7 +12,10 @@
     `batchwire plan --shuffle` gives, read from the same random offsets of the mapped file);
     and the Python binding (batchwire.Loader, plan order, the same dataset, batch size, epochs
     and prefetch, timed the same way: from opening the loader to the last batch) against
-    `batchwire fetch`;
+    `batchwire fetch`; and the CPU each costs per GiB moved -- the fetch process and both
+    workers (getrusage of the finished fetch, the workers' /proc/PID/stat before and after),
+    against the raw TCP program (both of its ends) -- which load on the machine disturbs much
+    less than the rates;
 (b) the Python binding (batchwire.Loader, shuffled, batch.torch()) against PyTorch's
     DataLoader(num_workers=2, shuffle=True) over the same .npy (np.load with mmap, one row per
     __getitem__, default collate), same batch size; target: faster;
@@ -36,6 +39,7 @@ import argparse
 import base64
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -77,6 +81,46 @@ def median(xs):
 
 # ---------------------------------------------------------------------------
 # (a) batchwire fetch vs raw TCP
+
+def children_cpu():
+    """CPU seconds of this process's finished (waited-for) children."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def procs_cpu(pids):
+    """CPU seconds the running processes pids have used (all threads: /proc/PID/stat)."""
+    t = 0
+    for pid in pids:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        t += int(fields[11]) + int(fields[12])  # utime, stime
+    return t / os.sysconf("SC_CLK_TCK")
+
+
+def ms_per_gib(seconds, nbytes):
+    return seconds * 1e3 / (nbytes / (1 << 30)) if nbytes else float("nan")
+
+
+def fetch_cpu(bt, workers, coord, job, dataset, batch, epochs, extra=()):
+    """fetch_rate, and the CPU it cost per GiB: {"client", "workers", "total"} in ms/GiB (the
+    fetch process, and the workers while it ran)."""
+    pids = [w.pid for w in workers]
+    c0, w0 = children_cpu(), procs_cpu(pids)
+    mib, sps, s = fetch_rate(bt, coord, job, dataset, batch, epochs, extra=extra)
+    c, w = children_cpu() - c0, procs_cpu(pids) - w0
+    cpu = {"client": ms_per_gib(c, s["bytes"]), "workers": ms_per_gib(w, s["bytes"])}
+    cpu["total"] = cpu["client"] + cpu["workers"]
+    return mib, sps, cpu
+
+
+def tcp_cpu(*args, **kw):
+    """tcp_rate, and the CPU (ms/GiB) of the program, both ends of every connection."""
+    c0 = children_cpu()
+    mib = tcp_rate(*args, **kw)
+    nbytes = args[3] * args[5]  # nbytes x repeat
+    return mib, ms_per_gib(children_cpu() - c0, nbytes)
+
 
 def fetch_rate(bt, coord, job, dataset, batch, epochs, transport="auto", extra=()):
     r = bt.cli("fetch", "--quiet", "--coordinator", coord, "--job", job, "--dataset", dataset,
@@ -370,26 +414,33 @@ def main():
             epochs = max(1, (128 * MiB if args.quick else 512 * MiB) // total)
             fetch_runs, fetch_sps, grpc_runs, tcp_runs, tcp2_runs = [], [], [], [], []
             shuf_runs, tcp2_shuf_runs, loader_runs = [], [], []
+            cpu = {k: [] for k in ("fetch", "tcp2", "shuffled", "tcp2_shuffled")}
             fetch_rate(bt, coord.addr, "warm-" + name, ds, batch, 1, extra=fetch_args)
             order = os.path.join(tmp, "order-%s" % name)
             if "a" in args.parts:
                 shuffled_order(bt, order, n, batch, epochs)
             for i in range("a" in args.parts and repeat):
-                mib, sps, _ = fetch_rate(bt, coord.addr, "a-%s-%d" % (name, i), ds, batch, epochs,
-                                         extra=fetch_args)
+                mib, sps, c = fetch_cpu(bt, workers, coord.addr, "a-%s-%d" % (name, i), ds, batch,
+                                        epochs, extra=fetch_args)
                 fetch_runs.append(mib)
                 fetch_sps.append(sps)
+                cpu["fetch"].append(c)
                 tcp_runs.append(tcp_rate(tcp_bin, path, off, n * sample, batch * sample, epochs))
-                tcp2_runs.append(tcp_rate(tcp_bin, path, off, n * sample, batch * sample, epochs,
-                                          len(workers)))
+                mib, c = tcp_cpu(tcp_bin, path, off, n * sample, batch * sample, epochs,
+                                 len(workers))
+                tcp2_runs.append(mib)
+                cpu["tcp2"].append(c)
                 mib, _, _ = fetch_rate(bt, coord.addr, "g-%s-%d" % (name, i), ds, batch, epochs,
                                        "grpc", extra=fetch_args)
                 grpc_runs.append(mib)
-                mib, _, _ = fetch_rate(bt, coord.addr, "s-%s-%d" % (name, i), ds, batch, epochs,
-                                       extra=fetch_args + ["--shuffle", "--seed", 0])
+                mib, _, c = fetch_cpu(bt, workers, coord.addr, "s-%s-%d" % (name, i), ds, batch,
+                                      epochs, extra=fetch_args + ["--shuffle", "--seed", 0])
                 shuf_runs.append(mib)
-                tcp2_shuf_runs.append(tcp_rate(tcp_bin, path, off, n * sample, batch * sample,
-                                               epochs, len(workers), order, sample))
+                cpu["shuffled"].append(c)
+                mib, c = tcp_cpu(tcp_bin, path, off, n * sample, batch * sample, epochs,
+                                 len(workers), order, sample)
+                tcp2_shuf_runs.append(mib)
+                cpu["tcp2_shuffled"].append(c)
                 if not args.auth:  # the binding reads no token file here
                     loader_runs.append(loader_rate(batchwire, coord.addr, "l-%s-%d" % (name, i),
                                                    ds, batch, epochs))
@@ -407,6 +458,12 @@ def main():
                             "loader_mib_s": median(loader_runs), "shuffled_runs": shuf_runs,
                             "tcp2_shuffled_runs": tcp2_shuf_runs, "loader_runs": loader_runs})
                 row["ratio2_shuffled"] = row["shuffled_mib_s"] / row["tcp2_shuffled_mib_s"]
+                # CPU per GiB, medians: fetch (client, workers, total) and raw TCP, 2 conn.
+                for k in ("fetch", "shuffled"):
+                    for part in ("client", "workers", "total"):
+                        row["%s_cpu_%s_ms_gib" % (k, part)] = median([c[part] for c in cpu[k]])
+                for k in ("tcp2", "tcp2_shuffled"):
+                    row["%s_cpu_ms_gib" % k] = median(cpu[k])
                 row["loader_vs_fetch"] = row["loader_mib_s"] / row["fetch_mib_s"]
                 report["a"].append(row)
                 log("(a) %s x %d: fetch %.0f MiB/s (%.0f samples/s), fetch over gRPC %.0f MiB/s, "
@@ -525,6 +582,18 @@ def print_markdown(rep, repeat):
         out.append("| %s | %d | %.0f | %.0f | %.2f | %.0f | %.2f |" % (
             human(r["sample"]), r["batch"], r["shuffled_mib_s"], r["tcp2_shuffled_mib_s"],
             r["ratio2_shuffled"], r["loader_mib_s"], r["loader_vs_fetch"]))
+    out.append("\n(a) CPU per GiB moved, ms (median of %d): `batchwire fetch` (the fetch process "
+               "+ both workers) against raw TCP over 2 connections (both ends)\n" % repeat)
+    out.append("| sample | order | fetch: client | workers | total | raw TCP, 2 conn. | "
+               "raw TCP / fetch |")
+    out.append("|---|---|---|---|---|---|---|")
+    for r in rep["a"]:
+        for order, k, t in (("plan", "fetch", "tcp2"), ("shuffled", "shuffled", "tcp2_shuffled")):
+            tot = r["%s_cpu_total_ms_gib" % k]
+            out.append("| %s | %s | %.0f | %.0f | %.0f | %.0f | %.2f |" % (
+                human(r["sample"]), order, r["%s_cpu_client_ms_gib" % k],
+                r["%s_cpu_workers_ms_gib" % k], tot, r["%s_cpu_ms_gib" % t],
+                r["%s_cpu_ms_gib" % t] / tot))
     out.append("\n(b) Python: batchwire.Loader + batch.torch() vs torch DataLoader(num_workers=2)"
                " (median of %d)\n" % repeat)
     out.append("| sample | batch | batches | batchwire MiB/s | samples/s | DataLoader MiB/s | "
