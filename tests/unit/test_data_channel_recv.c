@@ -244,33 +244,73 @@ static uint64_t *shuffled_keys(size_t n, unsigned seed)
     return k;
 }
 
+/* Run lengths (1 to 40) covering n samples, as a worker's flushes split a request's samples
+ * into RUN frames (a run of one as a SAMPLE frame). */
+static size_t run_lengths(size_t n, unsigned seed, uint32_t *runs)
+{
+    unsigned r = seed;
+    size_t nruns = 0;
+    for (size_t k = 0; k < n;) {
+        r = r * 1103515245u + 12345u;
+        uint32_t len = 1 + (r >> 16) % 40;
+        if (len > n - k)
+            len = (uint32_t)(n - k);
+        runs[nruns++] = len;
+        k += len;
+    }
+    return nruns;
+}
+
+/* One request of n samples of `size` bytes, answered whole (then END) in pieces of at most
+ * `piece` bytes, with and without peek: one SAMPLE frame per sample, or (runs) RUN frames of
+ * random lengths among them, from a worker that offers runs; every sample lands byte for
+ * byte. */
+static void whole_case(size_t n, size_t size, size_t piece, unsigned seed, bool runs)
+{
+    for (int with_peek = 0; with_peek < 2; with_peek++) {
+        uint64_t *keys = shuffled_keys(n, seed);
+        uint32_t *lens = malloc((n ? n : 1) * sizeof(*lens));
+        assert_non_null(lens);
+        size_t nruns = n, k = 0;
+        if (runs)
+            nruns = run_lengths(n, seed, lens);
+        else
+            for (size_t i = 0; i < n; i++)
+                lens[i] = 1;
+        script sc = {0};
+        for (size_t i = 0; i < nruns; k += lens[i++])
+            if (lens[i] == 1)
+                put_sample(&sc, keys[k], size);
+            else
+                put_run(&sc, keys + k, lens[i], size);
+        put_frame(&sc, BW_DCHAN_END, 0, n, 0);
+        fake_versions v = {false, runs ? BW_DCHAN_FEATURE_RUNS : 0, 0};
+        fake_request seen;
+        size_t done = 0;
+        bw__xres res;
+        int rc = run_v(&sc, keys, n, size, with_peek, piece, seed * 7 + 3, &v, &seen, &done, &res);
+        if (rc != BW_OK)
+            fail_msg("%zu samples of %zu bytes in pieces of %zu (runs %d, peek %d): %s", n, size,
+                     piece, runs, with_peek, res.err);
+        assert_int_equal(done, n);
+        assert_int_equal(seen.features_asked, 1);
+        assert_true(seen.offered & BW_DCHAN_FEATURE_RUNS);
+        free(sc.bytes);
+        free(lens);
+        free(keys);
+    }
+}
+
 /* Every sample of the request, then END: sizes below and above a read's usual size, more
  * samples than one read posts, pieces from 1 byte up; with and without peek. */
 static void whole_responses(void **state)
 {
     (void)state;
-    static const struct {
-        size_t n, size, piece;
-    } cases[] = {{600, 40, 7000},    {600, 40, 37}, {300, 256, 65536}, {40, 4096, 1500},
-                 {12, 70000, 30000}, {5, 1, 3},     {3, 0, 10}};
+    static const size_t cases[][3] = {{600, 40, 7000},  {600, 40, 37},      {300, 256, 65536},
+                                      {40, 4096, 1500}, {12, 70000, 30000}, {5, 1, 3},
+                                      {3, 0, 10}};
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
-        for (int with_peek = 0; with_peek < 2; with_peek++) {
-            size_t n = cases[ci].n, size = cases[ci].size;
-            uint64_t *keys = shuffled_keys(n, (unsigned)ci + 1);
-            script sc = {0};
-            for (size_t k = 0; k < n; k++)
-                put_sample(&sc, keys[k], size);
-            put_frame(&sc, BW_DCHAN_END, 0, n, 0);
-            size_t done = 0;
-            bw__xres res;
-            int rc = run(&sc, keys, n, size, with_peek, cases[ci].piece, (unsigned)ci * 7 + 3,
-                         &done, &res);
-            if (rc != BW_OK)
-                fail_msg("case %zu (peek %d): %s", ci, with_peek, res.err);
-            assert_int_equal(done, n);
-            free(sc.bytes);
-            free(keys);
-        }
+        whole_case(cases[ci][0], cases[ci][1], cases[ci][2], (unsigned)ci + 1, false);
 }
 
 /* An ERROR frame after some samples: those are complete, the request ends with the code and
@@ -382,61 +422,16 @@ static void older_worker(void **state)
         }
 }
 
-/* Run lengths (1 to 40) covering n samples, as a worker's flushes split a request's samples
- * into RUN frames (a run of one as a SAMPLE frame). */
-static size_t run_lengths(size_t n, unsigned seed, uint32_t *runs)
-{
-    unsigned r = seed;
-    size_t nruns = 0;
-    for (size_t k = 0; k < n;) {
-        r = r * 1103515245u + 12345u;
-        uint32_t len = 1 + (r >> 16) % 40;
-        if (len > n - k)
-            len = (uint32_t)(n - k);
-        runs[nruns++] = len;
-        k += len;
-    }
-    return nruns;
-}
-
 /* RUN frames among SAMPLE frames: every sample lands in its place byte for byte, with and
  * without peek, in pieces from 1 byte up, for samples below and above a read's usual size. */
 static void run_frames(void **state)
 {
     (void)state;
-    static const struct {
-        size_t n, size, piece;
-    } cases[] = {{600, 40, 7000},  {600, 40, 37},     {300, 256, 65536},  {300, 256, 1},
-                 {90, 4096, 1500}, {90, 4096, 70000}, {12, 70000, 30000}, {5, 1, 3}};
+    static const size_t cases[][3] = {{600, 40, 7000},    {600, 40, 37},    {300, 256, 65536},
+                                      {100, 256, 2},      {90, 4096, 1500}, {90, 4096, 70000},
+                                      {12, 70000, 30000}, {5, 1, 3}};
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
-        for (int with_peek = 0; with_peek < 2; with_peek++) {
-            size_t n = cases[ci].n, size = cases[ci].size;
-            uint64_t *keys = shuffled_keys(n, (unsigned)ci + 3);
-            uint32_t *runs = malloc(n * sizeof(*runs));
-            assert_non_null(runs);
-            size_t nruns = run_lengths(n, (unsigned)ci + 3, runs), k = 0;
-            script sc = {0};
-            for (size_t i = 0; i < nruns; k += runs[i++])
-                if (runs[i] == 1)
-                    put_sample(&sc, keys[k], size);
-                else
-                    put_run(&sc, keys + k, runs[i], size);
-            put_frame(&sc, BW_DCHAN_END, 0, n, 0);
-            fake_versions v = {false, BW_DCHAN_FEATURE_RUNS, 0};
-            fake_request seen;
-            size_t done = 0;
-            bw__xres res;
-            int rc = run_v(&sc, keys, n, size, with_peek, cases[ci].piece, (unsigned)ci * 5 + 1, &v,
-                           &seen, &done, &res);
-            if (rc != BW_OK)
-                fail_msg("case %zu (peek %d): %s", ci, with_peek, res.err);
-            assert_int_equal(done, n);
-            assert_int_equal(seen.features_asked, 1);
-            assert_true(seen.offered & BW_DCHAN_FEATURE_RUNS);
-            free(sc.bytes);
-            free(runs);
-            free(keys);
-        }
+        whole_case(cases[ci][0], cases[ci][1], cases[ci][2], (unsigned)ci + 3, true);
 }
 
 /* Runs that lie: each ends the request with BW_PROTOCOL and a sentence saying so, the samples
