@@ -614,6 +614,8 @@ typedef struct commit_ctx {
     double until;
     uint64_t done, failed;
     bool streams; /* commits as Jobs.Session messages */
+    double t_end, cpu_end,
+        me_end; /* when its last commit was answered (before the streams close) */
 } commit_ctx;
 
 static void start_commit(commit_ctx *x, rank_agent *a, grpc_completion_queue *cq)
@@ -671,6 +673,9 @@ static void *commit_thread(void *arg)
         else
             out--;
     }
+    x->t_end = now_s();
+    x->cpu_end = coord_cpu_s();
+    x->me_end = self_cpu_s();
     close_rank_streams(x->ranks, x->first, x->count, cq);
     drain_cq(cq);
     return NULL;
@@ -703,18 +708,29 @@ static void bench_commits(uint32_t world, bool streams)
     double cpu0 = coord_cpu_s(), me0 = self_cpu_s(), t0 = now_s();
     for (int i = 0; i < k; i++) {
         size_t per = world / (size_t)k, first = per * (size_t)i;
-        xs[i] = (commit_ctx){
-            job, fp, world,  ranks, first, i == k - 1 ? world - first : per, t0 + commit_seconds,
-            0,   0,  streams};
+        xs[i] = (commit_ctx){.job = job,
+                             .fingerprint = fp,
+                             .world = world,
+                             .ranks = ranks,
+                             .first = first,
+                             .count = i == k - 1 ? world - first : per,
+                             .until = t0 + commit_seconds,
+                             .streams = streams};
         pthread_create(&ts[i], NULL, commit_thread, &xs[i]);
     }
     uint64_t total = 0, failed = 0;
+    double t1 = t0, cpu1 = cpu0, me1 = me0; /* at the last answer, before the streams close */
     for (int i = 0; i < k; i++) {
         pthread_join(ts[i], NULL);
         total += xs[i].done;
         failed += xs[i].failed;
+        if (xs[i].t_end > t1) {
+            t1 = xs[i].t_end;
+            cpu1 = xs[i].cpu_end;
+            me1 = xs[i].me_end;
+        }
     }
-    double el = now_s() - t0, cpu = coord_cpu_s() - cpu0, me = self_cpu_s() - me0;
+    double el = t1 - t0, cpu = cpu1 - cpu0, me = me1 - me0;
     double fc1, fs1;
     fsyncs(&fc1, &fs1);
     lats all = {0};
@@ -752,7 +768,8 @@ typedef struct hb_ctx {
     uint64_t beats, failures, skipped;
     double max_lat;
     lats lat;
-    bool streams; /* heartbeats as Jobs.Session messages */
+    bool streams;                  /* heartbeats as Jobs.Session messages */
+    double t_end, cpu_end, me_end; /* when its last beat was answered (before the streams close) */
 } hb_ctx;
 
 /* Each heartbeat carries the rank's progress, as a Loader's does (20 batches of 32 samples of
@@ -834,6 +851,9 @@ static void *hb_thread(void *arg)
         end_heartbeat(x, s);
         out--;
     }
+    x->t_end = now_s();
+    x->cpu_end = coord_cpu_s();
+    x->me_end = self_cpu_s();
     close_rank_streams(x->ranks, x->first, x->count, cq);
     drain_cq(cq);
     return NULL;
@@ -952,6 +972,7 @@ static void run_heartbeats(rank_agent *ranks, bool streams)
     uint64_t beats = 0, failures = 0, skipped = 0;
     double max_lat = 0;
     lats all = {0};
+    double t1 = w0, cpu1 = cpu0, me1 = me0; /* at the last answer, before the streams close */
     for (int i = 0; i < k; i++) {
         pthread_join(ts[i], NULL);
         beats += xs[i].beats;
@@ -959,8 +980,13 @@ static void run_heartbeats(rank_agent *ranks, bool streams)
         skipped += xs[i].skipped;
         max_lat = xs[i].max_lat > max_lat ? xs[i].max_lat : max_lat;
         lats_take(&all, &xs[i].lat);
+        if (xs[i].t_end > t1) {
+            t1 = xs[i].t_end;
+            cpu1 = xs[i].cpu_end;
+            me1 = xs[i].me_end;
+        }
     }
-    double window = now_s() - w0, hb_cpu = coord_cpu_s() - cpu0, me = self_cpu_s() - me0;
+    double window = t1 - w0, hb_cpu = cpu1 - cpu0, me = me1 - me0;
     double hp50 = lats_ms(&all, 0.5), hp99 = lats_ms(&all, 0.99);
     printf("ranks: %d ranks heartbeating over %s every %u ms for %d s: %" PRIu64
            " heartbeats (%.0f/s), %" PRIu64 " failed, %" PRIu64

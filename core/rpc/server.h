@@ -19,9 +19,10 @@
  * runtime then reads one message at a time, unpacks and checks it (a malformed one ends the
  * stream with INVALID_ARGUMENT) and hands it to the message handler, which answers it at once
  * or later from any thread (bw__rpc_msg_answer). Answers go out in the order the messages
- * came, one send in flight; at most BW_RPC_BIDI_WINDOW messages of a stream are received and
- * not yet answered and sent: beyond that the runtime stops reading (backpressure), so a client
- * that never reads its answers holds a bounded share of the server's memory. The stream ends
+ * came, one send in flight; at most BW_RPC_BIDI_WINDOW messages (BW_RPC_BIDI_WINDOW_BYTES) of a
+ * stream are received and not yet answered and sent: beyond that the runtime stops reading
+ * (backpressure), and gRPC's receive window per stream stays at 64 KiB, so a client that never
+ * reads its answers holds a bounded share of the server's memory. The stream ends
  * with OK once the client has half-closed and every answer is out; with the error of a message
  * handler that returned one; or when the client cancels or the server stops. Its state lives
  * until every message has been answered, also when the call ended first.
@@ -175,7 +176,9 @@ bw_arena *bw__rpc_call_msg_arena(bw_rpc_call *call);
 
 /* ---- bidirectional streams (see the top of this file) ---- */
 
-enum { BW_RPC_BIDI_WINDOW = 64 };
+/* A stream is read while fewer than BW_RPC_BIDI_WINDOW messages of at most
+ * BW_RPC_BIDI_WINDOW_BYTES bytes in all are received and not yet answered and sent. */
+enum { BW_RPC_BIDI_WINDOW = 64, BW_RPC_BIDI_WINDOW_BYTES = 1 << 20 };
 
 typedef struct bw_rpc_msg bw_rpc_msg;
 
