@@ -276,6 +276,9 @@ class FakeWorker:
             while True:
                 magic, kind, n = struct.unpack("<IIQ", self.read(c, 16))
                 body = self.read(c, n)
+                if magic == DCHAN_MAGIC and kind == 4:  # FEATURES ("Versions"): none used
+                    c.sendall(struct.pack("<IIQQ", 2, 0, 0, 0))
+                    continue
                 if magic != DCHAN_MAGIC or kind != 1:
                     continue  # a hello: nothing to answer here
                 req = dpb.ReadSamplesRequest.FromString(body)
