@@ -346,29 +346,10 @@ static void call_sent(tag *t, bool ok)
     call_free(c);
 }
 
-void bw__rpc_finish(bw_rpc_call *c, int rc, const ProtobufCMessage *resp)
+/* Fills *st with the call's status for rc: on an error the message recorded by bw__rpc_fail
+ * (or bw_strerror(rc)), the "bw-error" trailer and, when set, "bw-retry-after-ms". */
+static void status_op(bw_rpc_call *c, grpc_op *st, int rc)
 {
-    memset(c->ops, 0, sizeof(c->ops));
-    size_t nops = 0;
-    if (c->send) {
-        grpc_byte_buffer_destroy(c->send);
-        c->send = NULL;
-    }
-    if (!c->metadata_sent)
-        c->ops[nops++].op = GRPC_OP_SEND_INITIAL_METADATA;
-    c->metadata_sent = true;
-    if (rc == BW_OK && !resp && !c->next)
-        rc = bw__rpc_fail(c, BW_INTERNAL, "%s: handler returned no response", c->method->name);
-    if (rc == BW_OK && resp) {
-        size_t len = protobuf_c_message_get_packed_size(resp);
-        grpc_slice s = grpc_slice_malloc(len);
-        protobuf_c_message_pack(resp, GRPC_SLICE_START_PTR(s));
-        c->send = grpc_raw_byte_buffer_create(&s, 1);
-        grpc_slice_unref(s); /* the byte buffer holds its own reference */
-        c->ops[nops].op = GRPC_OP_SEND_MESSAGE;
-        c->ops[nops++].data.send_message.send_message = c->send;
-    }
-    grpc_op *st = &c->ops[nops++];
     st->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     st->data.send_status_from_server.status = bw__err_to_grpc(rc);
     if (rc != BW_OK) {
@@ -391,9 +372,42 @@ void bw__rpc_finish(bw_rpc_call *c, int rc, const ProtobufCMessage *resp)
         }
         st->data.send_status_from_server.trailing_metadata_count = ntrailers;
         st->data.send_status_from_server.trailing_metadata = c->trailers;
+    }
+}
+
+/* A message packed into a new byte buffer (destroy with grpc_byte_buffer_destroy). */
+static grpc_byte_buffer *pack_msg(const ProtobufCMessage *msg)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    grpc_slice sl = grpc_slice_malloc(len);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(sl));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl); /* the byte buffer holds its own reference */
+    return bb;
+}
+
+void bw__rpc_finish(bw_rpc_call *c, int rc, const ProtobufCMessage *resp)
+{
+    memset(c->ops, 0, sizeof(c->ops));
+    size_t nops = 0;
+    if (c->send) {
+        grpc_byte_buffer_destroy(c->send);
+        c->send = NULL;
+    }
+    if (!c->metadata_sent)
+        c->ops[nops++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->metadata_sent = true;
+    if (rc == BW_OK && !resp && !c->next)
+        rc = bw__rpc_fail(c, BW_INTERNAL, "%s: handler returned no response", c->method->name);
+    if (rc == BW_OK && resp) {
+        c->send = pack_msg(resp);
+        c->ops[nops].op = GRPC_OP_SEND_MESSAGE;
+        c->ops[nops++].data.send_message.send_message = c->send;
+    }
+    status_op(c, &c->ops[nops++], rc);
+    if (rc != BW_OK)
         BW_DEBUG("call failed method=%s peer=%s code=%s err=%s", c->method->name,
                  bw__rpc_call_peer(c), bw_err_name(rc), c->message);
-    }
     c->ops[nops].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     c->ops[nops++].data.recv_close_on_server.cancelled = &c->cancelled;
     c->t.done = call_sent;
@@ -466,11 +480,7 @@ static void stream_pump(bw_rpc_call *c)
     if (out.raw) {
         c->send = out.raw;
     } else {
-        size_t len = protobuf_c_message_get_packed_size(out.msg);
-        grpc_slice s = grpc_slice_malloc(len);
-        protobuf_c_message_pack(out.msg, GRPC_SLICE_START_PTR(s));
-        c->send = grpc_raw_byte_buffer_create(&s, 1);
-        grpc_slice_unref(s);
+        c->send = pack_msg(out.msg);
     }
     memset(c->ops, 0, sizeof(c->ops));
     size_t nops = 0;
@@ -713,19 +723,7 @@ static bool bidi_progress(bidi *b)
         if (!c->metadata_sent)
             b->status_ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
         c->metadata_sent = true;
-        grpc_op *st = &b->status_ops[n++];
-        st->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-        st->data.send_status_from_server.status = bw__err_to_grpc(rc);
-        if (rc != BW_OK) {
-            if (c->message[0] == '\0')
-                snprintf(c->message, sizeof(c->message), "%s", bw_strerror(rc));
-            c->details = grpc_slice_from_copied_string(c->message);
-            st->data.send_status_from_server.status_details = &c->details;
-            c->trailers[0].key = grpc_slice_from_static_string("bw-error");
-            c->trailers[0].value = grpc_slice_from_static_string(bw_err_name(rc));
-            st->data.send_status_from_server.trailing_metadata_count = 1;
-            st->data.send_status_from_server.trailing_metadata = c->trailers;
-        }
+        status_op(c, &b->status_ops[n++], rc);
         BW_DEBUG("stream ended method=%s peer=%s messages=%llu code=%s err=%s", c->method->name,
                  bw__rpc_call_peer(c), (unsigned long long)b->sent, bw_err_name(rc),
                  rc == BW_OK ? "" : c->message);
@@ -769,13 +767,8 @@ void bw__rpc_msg_answer(bw_rpc_msg *m, int rc, const ProtobufCMessage *resp)
     if (rc == BW_OK && !resp)
         rc = bw__rpc_fail(b->call, BW_INTERNAL, "%s: message handler returned no answer",
                           b->call->method->name);
-    if (rc == BW_OK) { /* packed outside the lock */
-        size_t len = protobuf_c_message_get_packed_size(resp);
-        grpc_slice sl = grpc_slice_malloc(len);
-        protobuf_c_message_pack(resp, GRPC_SLICE_START_PTR(sl));
-        out = grpc_raw_byte_buffer_create(&sl, 1);
-        grpc_slice_unref(sl); /* the byte buffer holds its own reference */
-    }
+    if (rc == BW_OK)
+        out = pack_msg(resp); /* outside the lock */
     pthread_mutex_lock(&b->mu);
     m->answered = true;
     m->out = out;
