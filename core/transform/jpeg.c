@@ -27,15 +27,20 @@ static void cmyk_to_rgb(uint8_t *p, size_t pixels)
     }
 }
 
+int bw__tf_is_png(const uint8_t *in, size_t inlen)
+{
+    return inlen >= 8 && memcmp(in, "\x89PNG\r\n\x1a\n", 8) == 0;
+}
+
 int bw__tf_jpeg_decode(void *tj, const uint8_t *in, size_t inlen, uint64_t max_pixels,
                        bw__tf_get_buf get_buf, void *ctx, int *h, int *w, char *err, size_t errlen)
 {
     int sub, cs;
     if (inlen < 4 || in[0] != 0xff || in[1] != 0xd8) {
-        snprintf(err, errlen, "decode: not a JPEG (%zu bytes%s)", inlen,
-                 inlen >= 8 && memcmp(in, "\x89PNG\r\n\x1a\n", 8) == 0
-                     ? ", a PNG: PNG decoding is not implemented yet"
-                     : ", no JPEG start-of-image marker");
+        snprintf(err, errlen,
+                 "decode: not a JPEG or a PNG (%zu bytes, no JPEG start-of-image marker or PNG "
+                 "signature)",
+                 inlen);
         return BW_CORRUPT;
     }
     if (inlen > (size_t)0xffffffffu) {

@@ -254,8 +254,12 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
         case BW_TF_DECODE: {
             decode_ctx d = {s, SLOT_A};
             char why[400];
-            rc = bw__tf_jpeg_decode(s->tj, in, inlen, s->max_pixels, decode_buf, &d, &v.h, &v.w,
-                                    why, sizeof(why));
+            if (bw__tf_is_png(in, inlen))
+                rc = bw__tf_png_decode(in, inlen, s->max_pixels, decode_buf, &d, &v.h, &v.w, why,
+                                       sizeof(why));
+            else
+                rc = bw__tf_jpeg_decode(s->tj, in, inlen, s->max_pixels, decode_buf, &d, &v.h, &v.w,
+                                        why, sizeof(why));
             if (rc != BW_OK)
                 snprintf(err, errlen, "op %d: %s", k + 1, why);
             break;

@@ -179,4 +179,11 @@ typedef uint8_t *(*bw__tf_get_buf)(void *ctx, size_t bytes);
 int bw__tf_jpeg_decode(void *tj, const uint8_t *in, size_t inlen, uint64_t max_pixels,
                        bw__tf_get_buf get_buf, void *ctx, int *h, int *w, char *err, size_t errlen);
 
+/* The same for a PNG, with libpng (png.c; docs/transforms.md, "decode"). */
+int bw__tf_png_decode(const uint8_t *in, size_t inlen, uint64_t max_pixels, bw__tf_get_buf get_buf,
+                      void *ctx, int *h, int *w, char *err, size_t errlen);
+
+/* True when in starts with the PNG signature (decode then reads it as a PNG, else as a JPEG). */
+int bw__tf_is_png(const uint8_t *in, size_t inlen);
+
 #endif

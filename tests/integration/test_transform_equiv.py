@@ -16,12 +16,18 @@ same JPEG files (issue 28's acceptance, item 2):
   PRNG and algorithm docs/transforms.md states (fallback included), applied exactly;
   deterministic for a key, different across indexes, epochs and seeds; distributed as
   torchvision's own draws (mean area share, log aspect ratio, fallback share);
-* corrupt JPEGs (truncated, garbage, empty, PNG) refused with an error naming the file, the
-  index and the op, where Pillow refuses them too.
+* PNG decode equal to Image.open(f).convert("RGB") byte for byte on PNGs Pillow writes (RGB,
+  RGBA, L, LA, 1, I;16, P at 1/2/4/8 bits, with tRNS transparency) and on PNGs written here
+  from the PNG specification (16-bit RGB, RGBA, LA and gray, 2- and 4-bit gray, Adam7
+  interlacing, every row filter, palette indexes past the PLTE);
+* corrupt JPEGs and PNGs (truncated, garbage, empty, a bad chunk CRC) refused with an error
+  naming the file, the index and the op, where Pillow refuses them too.
 """
 
 import json
 import math
+import struct
+import zlib
 import os
 import subprocess
 import sys
@@ -233,7 +239,131 @@ def make_images(tmpdir):
     return files
 
 
-def check_decode(tmpdir, files):
+# ---- PNGs written from the PNG specification (what Pillow cannot write) ----
+
+ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+         (0, 1, 1, 2))  # x0, y0, dx, dy of the seven passes
+
+
+def png_filter(raw, prev, ft, bpp):
+    out = bytearray([ft])
+    for i, x in enumerate(raw):
+        a = raw[i - bpp] if i >= bpp else 0
+        b = prev[i]
+        c = prev[i - bpp] if i >= bpp else 0
+        if ft == 0:
+            p = 0
+        elif ft == 1:
+            p = a
+        elif ft == 2:
+            p = b
+        elif ft == 3:
+            p = (a + b) // 2
+        else:  # Paeth
+            pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+            p = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+        out.append((x - p) & 255)
+    return out
+
+
+def png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png_bytes(a, depth, ctype, interlace=False, plte=b"", seed=0):
+    """a: H x W x channels of values below 2**depth; every row gets a random filter."""
+    h, w, ch = a.shape
+    bpp = max(1, ch * depth // 8)
+    rng = np.random.default_rng(seed)
+    data = bytearray()
+    for x0, y0, dx, dy in (ADAM7 if interlace else ((0, 0, 1, 1),)):
+        sub = a[y0::dy, x0::dx]
+        if sub.size == 0:
+            continue
+        prev = None
+        for row in sub:
+            if depth == 16:
+                raw = row.astype(">u2").tobytes()
+            elif depth == 8:
+                raw = row.astype(np.uint8).tobytes()
+            else:
+                bits = np.unpackbits(row.reshape(-1, 1).astype(np.uint8), axis=1)[:, 8 - depth:]
+                raw = np.packbits(bits.reshape(-1)).tobytes()
+            prev = prev or bytes(len(raw))
+            data += png_filter(raw, prev, int(rng.integers(0, 5)), bpp)
+            prev = raw
+    ihdr = struct.pack(">IIBBBBB", w, h, depth, ctype, 0, 0, int(interlace))
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) +
+            (png_chunk(b"PLTE", plte) if plte else b"") +
+            png_chunk(b"IDAT", zlib.compress(bytes(data))) + png_chunk(b"IEND", b""))
+
+
+def make_pngs(tmpdir, files):
+    d = os.path.join(tmpdir, "png")
+    os.makedirs(d)
+    rng = np.random.default_rng(8)
+    paths = []
+
+    def put(name, data=None, im=None, **kw):
+        path = os.path.join(d, name)
+        if im is not None:
+            im.save(path, **kw)
+        else:
+            open(path, "wb").write(data)
+        paths.append(path)
+
+    def rand(*shape, hi=256):
+        return rng.integers(0, hi, shape, dtype=np.uint16 if hi > 256 else np.uint8)
+
+    # Written by Pillow.
+    photo = pil(files[-10])
+    put("rgb.png", im=photo)
+    put("rgb_trns.png", im=Image.fromarray(rand(23, 31, 3)), transparency=(1, 2, 3))
+    put("rgba.png", im=Image.fromarray(rand(23, 31, 4)))
+    put("gray.png", im=photo.convert("L"))
+    put("gray_trns.png", im=Image.fromarray(rand(9, 40)), transparency=7)
+    put("la.png", im=Image.fromarray(rand(23, 31, 2), "LA"))
+    put("bilevel.png", im=Image.fromarray(rand(17, 13)).convert("1"))
+    put("gray16.png", im=Image.fromarray(rand(23, 31, hi=65536)))  # mostly over 255
+    put("gray16_low.png", im=Image.fromarray(rand(23, 31, hi=300)))
+    for colors in (2, 4, 16, 256):  # Pillow writes 1, 2, 4 and 8 bits per index
+        put("p%d.png" % colors, im=Image.fromarray(rand(23, 31, 3)).quantize(colors))
+    put("p_trns.png", im=Image.fromarray(rand(23, 31, 3)).quantize(16), transparency=3)
+    put("one.png", im=Image.fromarray(rand(1, 1, 3)))
+    # Written here.
+    put("rgb16.png", png_bytes(rand(29, 37, 3, hi=65536), 16, 2, seed=1))
+    put("rgba16.png", png_bytes(rand(29, 37, 4, hi=65536), 16, 6, seed=2))
+    put("la16.png", png_bytes(rand(29, 37, 2, hi=65536), 16, 4, seed=3))
+    put("gray2.png", png_bytes(rand(29, 37, 1, hi=4), 2, 0, seed=4))
+    put("gray4.png", png_bytes(rand(29, 37, 1, hi=16), 4, 0, seed=5))
+    put("rgb_adam7.png", png_bytes(rand(29, 37, 3), 8, 2, interlace=True, seed=6))
+    put("p4_adam7.png", png_bytes(rand(29, 37, 1, hi=16), 4, 3, interlace=True,
+                                  plte=bytes(rand(48)), seed=7))
+    put("gray16_adam7.png", png_bytes(rand(11, 5, 1, hi=600), 16, 0, interlace=True, seed=8))
+    put("rgba_adam7_1x1.png", png_bytes(rand(1, 1, 4), 8, 6, interlace=True, seed=9))
+    # Indexes up to 255 with a PLTE of 5 entries: Pillow reads the others as gray (i, i, i).
+    put("p_short_plte.png", png_bytes(rand(9, 33, 1), 8, 3, plte=bytes(rand(15)), seed=10))
+    modes = {os.path.basename(p): Image.open(p).mode for p in paths}
+    bt.check({"RGB", "RGBA", "L", "LA", "1", "I", "P"} <= set(modes.values()),
+             "the PNGs cover Pillow's modes", modes)
+    return paths
+
+
+def check_png(tmpdir, files):
+    pngs = make_pngs(tmpdir, files)
+    check_decode(tmpdir, pngs, "PNGs")
+    # A pipeline on them is the JPEG's pipeline on the same pixels.
+    spec = "resized_crop(-2,3,20,25,12,14)|flip(1)|" + NORM
+    for path, r in zip(pngs, run_tool(tmpdir, "decode|" + spec, pngs)):
+        bt.check(r["ok"], "%s on %s" % (spec, path), r.get("error"))
+        ref = F.normalize(F.to_tensor(F.hflip(F.resized_crop(pil(path), -2, 3, 20, 25, [12, 14]))),
+                          MEAN, STD).permute(1, 2, 0).numpy()
+        bt.check(r["data"].shape == ref.shape and int(ulps(r["data"], ref).max()) == 0,
+                 "%s on %s equals torchvision's" % (spec, path))
+    bt.ok("PNG pipelines (%s) equal torchvision's on %d PNGs" % (spec, len(pngs)))
+
+
+def check_decode(tmpdir, files, what="JPEGs"):
     res = run_tool(tmpdir, "decode", files)
     for path, r in zip(files, res):
         bt.check(r["ok"], "decode %s" % path, r.get("error"))
@@ -242,8 +372,8 @@ def check_decode(tmpdir, files):
                  "decode %s equals Pillow's byte for byte (max diff %s)" %
                  (path, np.abs(r["data"].astype(int) - ref).max()
                   if r["data"].shape == ref.shape else "shape"))
-    bt.ok("decode: %d JPEGs equal to Pillow's Image.open(f).convert('RGB') byte for byte"
-          % len(files))
+    bt.ok("decode: %d %s equal to Pillow's Image.open(f).convert('RGB') byte for byte"
+          % (len(files), what))
 
 
 def check_geometry(tmpdir, files):
@@ -382,15 +512,19 @@ def check_corrupt(tmpdir, files):
     os.makedirs(d)
     good = open(files[-8], "rb").read()
     cases = {"truncated.jpg": good[:len(good) // 2], "garbage.jpg": b"\xff\xd8" + np.random.default_rng(9).bytes(500),
-             "empty.jpg": b"", "text.jpg": b"hello, not an image\n",
-             "image.png": None}
+             "empty.jpg": b"", "text.jpg": b"hello, not an image\n"}
+    png = png_bytes(np.arange(300, dtype=np.uint8).reshape(10, 10, 3), 8, 2)
+    bad_crc = bytearray(png)
+    bad_crc[8 + 8 + 13] ^= 1  # IHDR's CRC
+    text = bytearray(png_chunk(b"tEXt", b"key\x00value"))
+    text[-1] ^= 1  # an ancillary chunk's CRC, before the image data: Pillow checks it
+    cases.update({"truncated.png": png[:len(png) - 30], "garbage.png": png[:8] + good[:300],
+                  "bad_crc.png": bytes(bad_crc), "no_idat.png": png[:33] + png[-12:],
+                  "bad_text_crc.png": png[:33] + bytes(text) + png[33:]})
     paths = []
     for name, data in cases.items():
         path = os.path.join(d, name)
-        if data is None:
-            pil(files[0]).save(path)
-        else:
-            open(path, "wb").write(data)
+        open(path, "wb").write(data)
         paths.append(path)
         pillow_ok = True
         try:
@@ -398,16 +532,24 @@ def check_corrupt(tmpdir, files):
                 im.convert("RGB")
         except Exception:
             pillow_ok = False
-        bt.check(name == "image.png" or not pillow_ok, "Pillow refuses %s too" % name)
+        bt.check(not pillow_ok, "Pillow refuses %s too" % name)
     res = run_tool(tmpdir, "decode|resize(32)", paths, (0, 0, 0, 40))
-    for n, (path, r) in enumerate(zip(paths, res)):
+    for n, (name, path, r) in enumerate(zip(cases, paths, res)):
         bt.check(not r["ok"], "%s refused" % path)
         e = r["error"]
         bt.check(path in e and "(index %d)" % (40 + n) in e and "op 1: decode:" in e,
                  "the error names the file, the index and the op", e)
-    bt.check("PNG decoding is not implemented" in res[-1]["error"], "a PNG is named as such",
-             res[-1]["error"])
-    bt.ok("corrupt JPEGs refused: %s" % "; ".join(r["error"] for r in res))
+        bt.check(("corrupt PNG" in e) == name.endswith(".png"), "the error says what the file "
+                 "was read as", e)
+    bt.ok("corrupt JPEGs and PNGs refused: %s" % "; ".join(r["error"] for r in res))
+    # The one documented difference: Pillow does not check the image data's CRC, libpng does.
+    idat = bytearray(png)
+    idat[-13] ^= 1  # the last byte of IDAT's CRC (IEND's 12 bytes follow)
+    path = os.path.join(d, "bad_idat_crc.png")
+    open(path, "wb").write(bytes(idat))
+    r = run_tool(tmpdir, "decode", [path])[0]
+    bt.check(not r["ok"] and "IDAT: CRC error" in r["error"] and pil(path).size == (10, 10),
+             "a bad IDAT CRC: refused here, decoded by Pillow (docs/transforms.md)", r)
     # Damage inside the entropy-coded data is a libjpeg warning: Pillow decodes such a file
     # (with garbage where the damage is), and so does decode, to the same pixels.
     damaged = bytearray(good)
@@ -481,6 +623,7 @@ def test(tmpdir):
     check_geometry(tmpdir, files)
     check_flip_normalize_cast(tmpdir, files)
     check_random(tmpdir, files)
+    check_png(tmpdir, files)
     check_corrupt(tmpdir, files)
     check_tar(tmpdir, files)
     check_served(tmpdir, files)

@@ -1,6 +1,6 @@
 /* Transforms (core/transform/): the spec parser's answers and errors, the canonical text, the
  * output shape, and the pipeline on edge cases (1x1 images, upscaling, crops outside the
- * image, odd sizes, grayscale and CMYK JPEGs, corrupt input, limits, scratch reuse). The
+ * image, odd sizes, grayscale and CMYK JPEGs, PNGs, corrupt input, limits, scratch reuse). The
  * comparison with Pillow and torchvision is tests/integration/test_transform_equiv.py. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <png.h>
 #include <turbojpeg.h>
 
 #include "batchwire/batchwire.h"
@@ -340,6 +341,78 @@ static void test_gray_and_cmyk(void **state)
     bw__tf_scratch_free(s);
 }
 
+/* A PNG of px (h x w, format one of libpng's simplified PNG_FORMAT_*), written by libpng. */
+static uint8_t *encode_png(const uint8_t *px, int h, int w, uint32_t format, size_t *len)
+{
+    png_image im;
+    memset(&im, 0, sizeof(im));
+    im.version = PNG_IMAGE_VERSION;
+    im.width = (uint32_t)w;
+    im.height = (uint32_t)h;
+    im.format = format;
+    assert_true(png_image_write_get_memory_size(im, *len, 0, px, 0, NULL));
+    uint8_t *out = malloc(*len);
+    assert_non_null(out);
+    assert_true(png_image_write_to_memory(&im, out, len, 0, px, 0, NULL));
+    return out;
+}
+
+static void test_png(void **state)
+{
+    (void)state;
+    enum { H = 13, W = 21 };
+    uint8_t rgba[H * W * 4];
+    for (int i = 0; i < H * W * 4; i++)
+        rgba[i] = (uint8_t)(i * 37 + (i >> 3));
+    bw__tf_scratch *s = bw__tf_scratch_new(0);
+    size_t len;
+    /* RGB: lossless, the same pixels; RGBA: the alpha dropped (never composited); gray:
+     * replicated into R, G and B. */
+    uint8_t *png = encode_png(rgba, H, W * 4 / 3, PNG_FORMAT_RGB, &len);
+    run_out o = run(s, "decode", png, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    assert_int_equal(o.res.shape.dims[0], H);
+    assert_int_equal(o.res.shape.dims[1], W * 4 / 3);
+    assert_memory_equal(o.data, rgba, (size_t)H * (W * 4 / 3) * 3);
+    free(png);
+    png = encode_png(rgba, H, W, PNG_FORMAT_RGBA, &len);
+    o = run(s, "decode|flip(1)", png, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++)
+            for (int c = 0; c < 3; c++)
+                assert_int_equal(o.data[(y * W + x) * 3 + c], rgba[(y * W + W - 1 - x) * 4 + c]);
+    free(png);
+    png = encode_png(rgba, H, W, PNG_FORMAT_GRAY, &len);
+    o = run(s, "decode", png, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    for (int i = 0; i < H * W * 3; i++)
+        assert_int_equal(o.data[i], rgba[i / 3]);
+    /* Damaged: cut short, a chunk's CRC wrong, the pixel limit. Each names op, format and
+     * reason; the scratch decodes the whole file again afterwards. */
+    o = run(s, "decode", png, len - 20, 0);
+    assert_int_equal(o.rc, BW_CORRUPT);
+    assert_non_null(strstr(err, "op 1: decode: corrupt PNG"));
+    png[8 + 8 + 13] ^= 1; /* IHDR's CRC */
+    o = run(s, "decode", png, len, 0);
+    assert_int_equal(o.rc, BW_CORRUPT);
+    assert_non_null(strstr(err, "IHDR: CRC error"));
+    png[8 + 8 + 13] ^= 1;
+    o = run(s, "decode|resize(4)", png, 8, 0); /* the signature alone */
+    assert_int_equal(o.rc, BW_CORRUPT);
+    assert_non_null(strstr(err, "corrupt PNG (8 bytes): the file ends early"));
+    bw__tf_scratch *small = bw__tf_scratch_new(H * W - 1);
+    o = run(small, "decode", png, len, 0);
+    assert_int_equal(o.rc, BW_TOO_BIG);
+    assert_non_null(
+        strstr(err, "op 1: decode: the PNG is 21x13 pixels, more than the limit of 272"));
+    bw__tf_scratch_free(small);
+    o = run(s, "decode", png, len, 0);
+    assert_int_equal(o.rc, BW_OK);
+    free(png);
+    bw__tf_scratch_free(s);
+}
+
 static void test_errors_and_limits(void **state)
 {
     (void)state;
@@ -458,6 +531,7 @@ int main(void)
         cmocka_unit_test(test_one_pixel_and_upscale),
         cmocka_unit_test(test_crop_outside_and_odd_sizes),
         cmocka_unit_test(test_gray_and_cmyk),
+        cmocka_unit_test(test_png),
         cmocka_unit_test(test_errors_and_limits),
         cmocka_unit_test(test_rng),
     };
