@@ -320,8 +320,11 @@ static int parse_op(const pctx *c, const char *name, size_t nl, const parsed_arg
         return BW_OK;
     }
     if (IS("truncate") || IS("pad"))
-        return fail(c, "token-array ops (truncate, pad) are not implemented yet; the "
-                       "implemented ops are listed in docs/transforms.md");
+        /* Refused here, never parsed and then refused at run time (docs/transforms.md, "Spec
+         * syntax"). */
+        return fail(c, "token-array ops (truncate, pad) are not accepted: their input (a "
+                       "sample's element type and encoding, from the dataset) is not defined "
+                       "until the workers run transforms; image specs start with decode");
 #undef IS
     return fail(c, "unknown op: expected decode, resize, center_crop, resized_crop, "
                    "random_resized_crop, flip, normalize, chw or cast");

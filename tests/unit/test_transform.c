@@ -112,8 +112,10 @@ static void test_parse_errors(void **state)
     refused("decode|cast(int8)", "type 'int8' is not one of");
     refused("decode|cast(float16)|cast(float32)", "cast once");
     refused("decode|normalize(0,0,0;1,1,1)|cast(uint8)", "cast(uint8) of float32");
-    refused("decode|truncate(5)", "not implemented yet");
-    refused("decode|pad(5,0)", "not implemented yet");
+    refused("decode|truncate(5)", "op 2 'truncate(5)': token-array ops (truncate, pad) are not "
+                                  "accepted: their input");
+    refused("truncate(5)", "op 1 'truncate(5)': token-array ops");
+    refused("pad(5,0)", "op 1 'pad(5,0)': token-array ops");
     refused("decode|resize(3)\x01", "not printable");
     char big[BW_TF_SPEC_MAX + 10];
     memset(big, ' ', sizeof(big) - 1);
