@@ -5,7 +5,8 @@
  *   itself, and its output shape (when fixed) is what every run gives;
  * - an accepted spec runs on a valid JPEG and a valid PNG (made here) and succeeds, or stops at
  *   the pixel limit (BW_TOO_BIG): no op is parsed and then refused at run time; the same key
- *   gives the same bytes twice;
+ *   gives the same bytes twice, and again after the input's own run (the scratch stays usable
+ *   after a failure);
  * - the image bytes, through the spec if it was accepted and through decode|resize(7,5)
  *   otherwise, decode or are refused as corrupt or too big, with a reason, never a crash;
  *   within the small pixel limit used here (1 << 14) a decompression bomb is refused from
@@ -124,5 +125,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         : rc == BW_TOO_BIG ? !strstr(err, "more than the limit")
                            : 1)
         abort();
+    /* The scratch stays usable after whatever the input did to it. */
+    run_valid(&spec, ok ? fixed : NULL, jpeg, jpeg_len, &key);
+    run_valid(&spec, ok ? fixed : NULL, png, png_len, &key);
     return 0;
 }

@@ -38,7 +38,8 @@ void bw__tf_scratch_free(bw__tf_scratch *s)
         return;
     for (int k = 0; k < NSLOTS; k++)
         free(s->buf[k]);
-    tjDestroy(s->tj);
+    if (s->tj)
+        tjDestroy(s->tj);
     free(s);
 }
 
@@ -257,9 +258,20 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
             if (bw__tf_is_png(in, inlen))
                 rc = bw__tf_png_decode(in, inlen, s->max_pixels, decode_buf, &d, &v.h, &v.w, why,
                                        sizeof(why));
-            else
+            else if (!s->tj && !(s->tj = tjInitDecompress())) {
+                snprintf(why, sizeof(why), "decode: out of memory starting TurboJPEG");
+                rc = BW_NOMEM;
+            } else {
                 rc = bw__tf_jpeg_decode(s->tj, in, inlen, s->max_pixels, decode_buf, &d, &v.h, &v.w,
                                         why, sizeof(why));
+                /* TurboJPEG 2.1 leaves a decompressor whose header read failed (a file that
+                 * ends inside its header) reading every later header as 0x0: a fresh one
+                 * after any failure keeps the scratch usable (fuzz_transform found it). */
+                if (rc != BW_OK) {
+                    tjDestroy(s->tj);
+                    s->tj = tjInitDecompress();
+                }
+            }
             if (rc != BW_OK)
                 snprintf(err, errlen, "op %d: %s", k + 1, why);
             break;
