@@ -63,7 +63,7 @@ static double time_mix(const bw__mix_sampler *s, uint64_t step, uint64_t batches
     for (int rep = 0; rep < 3; rep++) {
         double t0 = now();
         for (uint64_t i = 0; i < batches; i++) {
-            if (bw__mix_sampler_batch(s, 3, step + i, &b, src) != 0)
+            if (bw__mix_sampler_batch(s, 3, step + i, &b, src, NULL) != 0)
                 return -1;
             sink += idx[0] + src[BATCH - 1];
         }
@@ -125,7 +125,7 @@ int main(int argc, char **argv)
             sizes[j] = 1000000000ull + 7919 * j; /* sizes near 10^9: passes straddle epochs */
             weights[j] = 1000000000ull * (1 + j % 7);
         }
-        bw__mix_spec spec = {sizes, weights, n, E_SAMPLES};
+        bw__mix_spec spec = {sizes, weights, n, E_SAMPLES, NULL, BW__MIX_CYCLE};
         bw__mix_sampler *m;
         if (bw__mix_sampler_new(&m, &spec, &cfg, hist, 1, 0, err, sizeof(err)) != 0) {
             fprintf(stderr, "bench_mixture: %s\n", err);

@@ -5,8 +5,8 @@
  *   {"rank":0,"step":0,"indices":[3,1,4],"real":3,"padding":[0,0,0]}
  * `step` counts from the start of the epoch. With --mix-size (a mixture of datasets,
  * core/jobs/mixture.h) each line also has "sources" beside "indices", which are then indices
- * within each sample's source. Other tools parse this output: keep the contract in
- * docs/semantics.md in step with it.
+ * within each sample's source, and with a stream source "passes". Other tools parse this output:
+ * keep the contract in docs/semantics.md in step with it.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -32,6 +32,7 @@ typedef struct plan_cfg {
     bool metadata;
     char *mix_sizes; /* --mix-size values, one a line */
     int64_t mix_samples;
+    int mix_policy;
 } plan_cfg;
 
 #define I64_MAX_TEXT INT64_MAX
@@ -95,17 +96,23 @@ static const bw_opt options[] = {
     {"mix-size", BW_OPT_LIST, offsetof(plan_cfg, mix_sizes), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
      "N=WEIGHT",
      "a mixture's source: its number of samples N and its weight (a positive decimal, e.g. "
-     "0.7); repeat for each source, in order (at most 256). Replaces --num-samples; each "
-     "batch then has \"sources\" beside \"indices\" (docs/semantics.md, Mixtures)"},
+     "0.7); repeat for each source, in order (at most 256). stream:N=WEIGHT: a stream of N "
+     "records, read in its own order. Replaces --num-samples; each batch then has "
+     "\"sources\" beside \"indices\" (docs/semantics.md, Mixtures)"},
     {"mix-samples", BW_OPT_INT, offsetof(plan_cfg, mix_samples), NULL, 1, 1ll << 62, NULL,
      BW_OPT_NO_ENV, "E", "the mixture's epoch size (default: the sum of the sources' sizes)"},
+    {"mix-policy", BW_OPT_ENUM, offsetof(plan_cfg, mix_policy), NULL, 0, 0, "cycle|stop",
+     BW_OPT_NO_ENV, "POLICY",
+     "a stream source that runs dry: cycle (default) starts it again from its first record, "
+     "stop ends the epoch there; needs a stream:N=WEIGHT source"},
     BW_OPT_END,
 };
 
 static const char synopsis[] =
     "--mode torch|accelerate|iterable --num-samples N --world-size R --batch-size B [options]\n"
-    "       batchwire plan --mode torch|accelerate --mix-size N=WEIGHT [--mix-size N=WEIGHT ...] "
-    "[--mix-samples E] --world-size R --batch-size B [options]";
+    "       batchwire plan --mode torch|accelerate|iterable --mix-size [stream:]N=WEIGHT "
+    "[--mix-size ...] [--mix-samples E] [--mix-policy cycle|stop] --world-size R --batch-size "
+    "B [options]";
 static const char description[] =
     "Prints the batches each rank receives in one epoch, one JSON object per line, ranks "
     "ascending then steps ascending:\n"
@@ -184,9 +191,10 @@ static size_t view_max_batch(const view *v)
                   : bw__plan_max_batch(v->plan);
 }
 
-static int view_batch(const view *v, uint64_t rank, uint64_t step, bw__batch *b, uint32_t *sources)
+static int view_batch(const view *v, uint64_t rank, uint64_t step, bw__batch *b, uint32_t *sources,
+                      uint64_t *passes)
 {
-    return v->mix ? bw__mix_sampler_batch(v->mix, rank, step, b, sources)
+    return v->mix ? bw__mix_sampler_batch(v->mix, rank, step, b, sources, passes)
                   : bw__plan_batch(v->plan, rank, step, b);
 }
 
@@ -213,7 +221,8 @@ static void print_metadata(const view *v, const bw__sampler_cfg *c, uint64_t fir
            c->shuffle && c->shuffle_algo == BW__SHUFFLE_FEISTEL ? "false" : "true");
     if (v->mix) {
         const bw__mixture *m = bw__mix_sampler_mixture(v->mix);
-        printf(",\"mix_samples\":%" PRIu64 ",\"mix_counts\":[", bw__mixture_samples(m));
+        printf(",\"mix_samples\":%" PRIu64 ",\"mix_end\":%" PRIu64 ",\"mix_counts\":[",
+               bw__mixture_samples(m), bw__mixture_end(m));
         for (size_t j = 0; j < bw__mixture_nsources(m); j++)
             printf("%s%" PRIu64, j ? "," : "", bw__mixture_count(m, j));
         printf("]");
@@ -221,9 +230,9 @@ static void print_metadata(const view *v, const bw__sampler_cfg *c, uint64_t fir
     printf("}}\n");
 }
 
-/* --mix-size values: "N=WEIGHT" a line, at most BW__MIX_MAX_SOURCES. */
-static int parse_mix_sizes(const char *text, uint64_t *sizes, uint64_t *weights, size_t *n,
-                           char *err, size_t errlen)
+/* --mix-size values: "[stream:]N=WEIGHT" a line, at most BW__MIX_MAX_SOURCES. */
+static int parse_mix_sizes(const char *text, uint64_t *sizes, uint64_t *weights, bool *streams,
+                           size_t *n, char *err, size_t errlen)
 {
     *n = 0;
     for (const char *line = text; line && *line;) {
@@ -245,19 +254,23 @@ static int parse_mix_sizes(const char *text, uint64_t *sizes, uint64_t *weights,
                      BW__MIX_MAX_SOURCES, BW__MIX_MAX_SOURCES);
             return 2;
         }
-        const char *eq = strchr(item, '=');
-        if (!eq || eq == item) {
+        const char *number = item;
+        streams[*n] = strncmp(item, "stream:", 7) == 0;
+        if (streams[*n])
+            number += 7;
+        const char *eq = strchr(number, '=');
+        if (!eq || eq == number) {
             snprintf(err, errlen,
-                     "--mix-size '%s': expected N=WEIGHT (the source's number of "
-                     "samples and its weight, e.g. 1000=0.7)",
+                     "--mix-size '%s': expected N=WEIGHT or stream:N=WEIGHT (the "
+                     "source's number of samples and its weight, e.g. 1000=0.7)",
                      item);
             return 2;
         }
         uint64_t size = 0;
-        for (const char *c = item; c < eq; c++) {
+        for (const char *c = number; c < eq; c++) {
             if (*c < '0' || *c > '9') {
                 snprintf(err, errlen, "--mix-size '%s': the size '%.*s' is not a whole number",
-                         item, (int)(eq - item), item);
+                         item, (int)(eq - number), number);
                 return 2;
             }
             size = size * 10 + (uint64_t)(*c - '0');
@@ -294,9 +307,6 @@ static const char *mix_conflict(const plan_cfg *pc)
     if (pc->shuffle_algo != UNSET)
         return "--shuffle-algo does not apply to a mixture: its permutations are its own "
                "(docs/semantics.md, Mixtures)";
-    if (pc->mode == BW__MODE_ITERABLE)
-        return "--mode iterable: streams do not mix yet; plan a mixture in torch or accelerate "
-               "mode";
     return NULL;
 }
 
@@ -310,6 +320,9 @@ static int run(const plan_cfg *pc)
         return bad(mix_conflict(pc));
     if (!mixture && pc->mix_samples != UNSET)
         return bad("--mix-samples needs the mixture's sources (--mix-size N=WEIGHT, repeated)");
+    if (!mixture && pc->mix_policy != UNSET)
+        return bad("--mix-policy needs a mixture with a stream source (--mix-size "
+                   "stream:N=WEIGHT)");
     if (!mixture && pc->num_samples == UNSET)
         return bad("--num-samples is required (or --mix-size for a mixture)");
     if (pc->world_size == UNSET)
@@ -320,16 +333,27 @@ static int run(const plan_cfg *pc)
         return bad("--resume-from-world and --resume-from-step must be given together");
 
     uint64_t sizes[BW__MIX_MAX_SOURCES], weights[BW__MIX_MAX_SOURCES];
-    bw__mix_spec mix = {sizes, weights, 0,
-                        pc->mix_samples == UNSET ? 0 : (uint64_t)pc->mix_samples};
+    bool streams[BW__MIX_MAX_SOURCES];
+    bw__mix_spec mix = {
+        sizes,   weights,
+        0,       pc->mix_samples == UNSET ? 0 : (uint64_t)pc->mix_samples,
+        streams, pc->mix_policy == UNSET ? BW__MIX_CYCLE : (bw__mix_policy)pc->mix_policy};
     uint64_t num_samples = (uint64_t)pc->num_samples;
+    bool any_stream = false;
     if (mixture) {
-        if (parse_mix_sizes(pc->mix_sizes, sizes, weights, &mix.nsources, err, sizeof(err)))
+        if (parse_mix_sizes(pc->mix_sizes, sizes, weights, streams, &mix.nsources, err,
+                            sizeof(err)))
             return bad(err);
+        for (size_t j = 0; j < mix.nsources; j++)
+            any_stream |= streams[j];
+        if (pc->mix_policy != UNSET && !any_stream)
+            return bad("--mix-policy applies to stream sources (--mix-size stream:N=WEIGHT) and "
+                       "this mixture has none: a map-style source never runs dry (each pass is "
+                       "a new permutation), so there is nothing to stop or cycle");
         bw__mixture *m;
         if (bw__mixture_new(&m, &mix, pc->seed, (uint64_t)pc->epoch, err, sizeof(err)) != 0)
             return bad(err);
-        num_samples = bw__mixture_samples(m);
+        num_samples = bw__mixture_end(m);
         bw__mixture_free(m);
     }
 
@@ -399,11 +423,13 @@ static int run(const plan_cfg *pc)
     size_t cap = view_max_batch(&v);
     bw__batch b = {malloc(cap * sizeof(uint64_t)), malloc(cap), 0, 0};
     uint32_t *sources = malloc(cap * sizeof(*sources));
+    uint64_t *passes = malloc(cap * sizeof(*passes));
     out_buf *o = malloc(sizeof(*o));
-    if (!b.indices || !b.padding || !sources || !o) {
+    if (!b.indices || !b.padding || !sources || !passes || !o) {
         free(b.indices);
         free(b.padding);
         free(sources);
+        free(passes);
         free(o);
         view_free(&v);
         fprintf(stderr, "batchwire plan: out of memory\n");
@@ -416,7 +442,7 @@ static int run(const plan_cfg *pc)
     for (uint64_t r = first_rank; r <= last_rank; r++) {
         uint64_t end = view_end_step(&v, r);
         for (uint64_t step = start; step < end; step++) {
-            if (view_batch(&v, r, step, &b, sources) != 0)
+            if (view_batch(&v, r, step, &b, sources, passes) != 0)
                 break;
             put_str(o, "{\"rank\":");
             put_u64(o, r);
@@ -436,6 +462,14 @@ static int run(const plan_cfg *pc)
                     put_u64(o, sources[j]);
                 }
             }
+            if (any_stream) {
+                put_str(o, "],\"passes\":[");
+                for (size_t j = 0; j < b.count; j++) {
+                    if (j)
+                        put_str(o, ",");
+                    put_u64(o, passes[j]);
+                }
+            }
             put_str(o, "],\"real\":");
             put_u64(o, b.real);
             put_str(o, ",\"padding\":[");
@@ -449,6 +483,7 @@ static int run(const plan_cfg *pc)
     free(b.indices);
     free(b.padding);
     free(sources);
+    free(passes);
     view_free(&v);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "batchwire plan: cannot write the output\n");
@@ -467,6 +502,7 @@ int bw__cmd_plan(int argc, char **argv)
     pc.resume_world = pc.resume_step = UNSET;
     pc.shuffle_algo = UNSET;
     pc.mix_samples = UNSET;
+    pc.mix_policy = UNSET;
     int status = bw__config_main("batchwire plan", synopsis, description, options, &pc, argc, argv);
     if (status < 0)
         status = run(&pc);

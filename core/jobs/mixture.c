@@ -33,6 +33,9 @@ typedef unsigned __int128 u128;
 struct bw__mixture {
     size_t nsources;
     uint64_t samples, seed, epoch;
+    uint64_t end; /* P */
+    bw__mix_policy policy;
+    bool *streams;         /* streams[j]: source j is a stream */
     uint64_t *sizes;       /* n_j */
     uint64_t *counts;      /* c_j */
     uint64_t *prefix;      /* prefix[j] = c_0 + ... + c_{j-1}; prefix[nsources] = E */
@@ -159,6 +162,19 @@ static uint64_t check_spec(const bw__mix_spec *spec, char *err, size_t errlen)
         }
         sum += spec->sizes[j]; /* each <= 2^62 and at most 256 of them: no wrap */
     }
+    if (spec->policy != BW__MIX_CYCLE && spec->policy != BW__MIX_STOP) {
+        refuse(err, errlen, "mixture policy %d is not cycle (0) or stop (1)", (int)spec->policy);
+        return 0;
+    }
+    bool any_stream = false;
+    for (size_t j = 0; spec->streams && j < spec->nsources; j++)
+        any_stream |= spec->streams[j];
+    if (spec->policy == BW__MIX_STOP && !any_stream) {
+        refuse(err, errlen,
+               "policy stop applies to stream sources and this mixture has none: a map-style "
+               "source never runs dry (each pass is a new permutation)");
+        return 0;
+    }
     uint64_t E = spec->samples ? spec->samples : sum; /* the sum is at least 1 */
     if (E > BW__MIX_MAX_SAMPLES) {
         refuse(err, errlen,
@@ -188,10 +204,11 @@ int bw__mixture_new(bw__mixture **out, const bw__mix_spec *spec, uint64_t seed, 
     remainder *rem = calloc(S, sizeof(*rem));
     if (m) {
         m->sizes = calloc(S, sizeof(*m->sizes));
+        m->streams = calloc(S, sizeof(*m->streams));
         m->counts = calloc(S, sizeof(*m->counts));
         m->prefix = calloc(S + 1, sizeof(*m->prefix));
     }
-    if (!m || !rem || !m->sizes || !m->counts || !m->prefix) {
+    if (!m || !rem || !m->sizes || !m->streams || !m->counts || !m->prefix) {
         free(rem);
         bw__mixture_free(m);
         if (err && errlen)
@@ -205,6 +222,9 @@ int bw__mixture_new(bw__mixture **out, const bw__mix_spec *spec, uint64_t seed, 
     const uint64_t jitter_words[] = {TAG_JITTER, seed, epoch};
     m->jitter_state = hash(jitter_words, 3);
     memcpy(m->sizes, spec->sizes, S * sizeof(*m->sizes));
+    if (spec->streams)
+        memcpy(m->streams, spec->streams, S * sizeof(*m->streams));
+    m->policy = spec->policy;
     u128 total = 0;
     for (size_t j = 0; j < S; j++)
         total += spec->weights[j];
@@ -223,6 +243,16 @@ int bw__mixture_new(bw__mixture **out, const bw__mix_spec *spec, uint64_t seed, 
     free(rem);
     for (size_t j = 0; j < S; j++)
         m->prefix[j + 1] = m->prefix[j] + m->counts[j];
+    /* Under stop the epoch ends before the first position that would need record n_j of a
+     * stream: within a source positions grow with k, so that is the least of the positions
+     * of the dry streams' k = n_j. */
+    m->end = E;
+    for (size_t j = 0; m->policy == BW__MIX_STOP && j < S; j++)
+        if (m->streams[j] && m->counts[j] > m->sizes[j]) {
+            uint64_t p = bw__mixture_position(m, (uint32_t)j, m->sizes[j]);
+            if (p < m->end)
+                m->end = p;
+        }
     *out = m;
     return BW_OK;
 }
@@ -232,6 +262,7 @@ void bw__mixture_free(bw__mixture *m)
     if (!m)
         return;
     free(m->sizes);
+    free(m->streams);
     free(m->counts);
     free(m->prefix);
     free(m);
@@ -250,6 +281,16 @@ size_t bw__mixture_nsources(const bw__mixture *m)
 uint64_t bw__mixture_epoch(const bw__mixture *m)
 {
     return m->epoch;
+}
+
+uint64_t bw__mixture_end(const bw__mixture *m)
+{
+    return m->end;
+}
+
+bool bw__mixture_is_stream(const bw__mixture *m, size_t source)
+{
+    return m->streams[source];
 }
 
 uint64_t bw__mixture_size(const bw__mixture *m, size_t source)
@@ -319,6 +360,26 @@ static uint64_t left_position(const node *n, uint64_t k)
 }
 
 /*
+ * Where right element k (B > 0) sits: k plus the left elements whose key (2^32 i + u_i) B is
+ * at most right k's key Y = (2^32 k + v_k) A (a left element first on equal keys). As in
+ * left_position with the sides swapped: i0 = floor(Y / (2^32 B)), every i < i0 counts, no
+ * i > i0, and i0 when u_i0 B <= r2. Every division is by B.
+ */
+static uint64_t right_position(const node *n, uint64_t k)
+{
+    if (n->A == 0)
+        return k;
+    uint64_t r1, r, q1 = divmod((u128)k * n->A, n->B, &r1);
+    u128 y = ((u128)r1 << JITTER_BITS) + (u128)jitter(n, 1, k) * n->A;
+    uint64_t q2 = divmod(y >> JITTER_BITS, n->B, &r);
+    uint64_t i0 = q1 + q2;
+    if (i0 >= n->A)
+        return k + n->A;
+    u128 r2 = ((u128)r << JITTER_BITS) | (uint64_t)(y & ((1ull << JITTER_BITS) - 1));
+    return k + i0 + ((u128)jitter(n, 0, i0) * n->B <= r2);
+}
+
+/*
  * Left elements among the node's first p elements (p <= A + B); *at_p tells whether element
  * p itself is a left one (then it is left element number the result). docs/semantics.md
  * proves the count within 1 of p A / (A + B), so it is floor(p A / (A + B)) or one more:
@@ -364,6 +425,27 @@ void bw__mixture_locate(const bw__mixture *m, uint64_t pos, uint32_t *source, ui
     *k = pos;
 }
 
+uint64_t bw__mixture_position(const bw__mixture *m, uint32_t source, uint64_t k)
+{
+    /* the path from the root to the leaf, then the leaf's k up through each node */
+    node path[64];
+    size_t depth = 0;
+    uint64_t lo = 0, hi = m->nsources;
+    while (hi - lo > 1) {
+        node_at(&path[depth], m, lo, hi);
+        if (source < path[depth].mid)
+            hi = path[depth].mid;
+        else
+            lo = path[depth].mid;
+        depth++;
+    }
+    while (depth-- > 0) {
+        const node *n = &path[depth];
+        k = source < n->mid ? left_position(n, k) : right_position(n, k);
+    }
+    return k;
+}
+
 uint64_t bw__mixture_consumed(const bw__mixture *m, uint32_t source, uint64_t pos)
 {
     uint64_t lo = 0, hi = m->nsources;
@@ -383,23 +465,54 @@ uint64_t bw__mixture_consumed(const bw__mixture *m, uint32_t source, uint64_t po
     return pos;
 }
 
+/* Where source j's stream stands at the epoch's start. */
+static uint64_t stream_base(const bw__mixture *m, uint32_t source)
+{
+    if (m->streams[source] && m->policy == BW__MIX_STOP)
+        return 0;
+    /* (epoch + 1) * E < 2^64 was checked, and c_j <= E */
+    return m->epoch * m->counts[source];
+}
+
 uint64_t bw__mixture_stream_position(const bw__mixture *m, uint32_t source, uint64_t k)
 {
-    /* (epoch + 1) * E < 2^64 was checked, and c_j <= E */
-    return m->epoch * m->counts[source] + k;
+    return stream_base(m, source) + k;
+}
+
+uint64_t bw__mixture_pass(const bw__mixture *m, uint32_t source, uint64_t k)
+{
+    return bw__mixture_stream_position(m, source, k) / m->sizes[source];
 }
 
 uint64_t bw__mixture_index(const bw__mixture *m, uint32_t source, uint64_t k)
 {
     uint64_t t = bw__mixture_stream_position(m, source, k), n = m->sizes[source];
+    if (m->streams[source])
+        return t % n; /* a stream is read in its own order, every pass */
     return bw__mix_permute(m->seed, source, t / n, n, t % n);
 }
 
-void bw__mixture_at(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64_t *index)
+void bw__mixture_at(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64_t *index,
+                    uint64_t *pass)
 {
     uint64_t k;
     bw__mixture_locate(m, pos, source, &k);
     *index = bw__mixture_index(m, *source, k);
+    if (pass)
+        *pass = bw__mixture_pass(m, *source, k);
+}
+
+uint64_t bw__mixture_next_record(const bw__mixture *m, uint32_t source, uint64_t pos,
+                                 uint64_t *pass)
+{
+    uint64_t t = stream_base(m, source) + bw__mixture_consumed(m, source, pos);
+    uint64_t n = m->sizes[source];
+    if (m->streams[source] && m->policy == BW__MIX_STOP) {
+        *pass = 0;
+        return t; /* at most n_j: positions before P never need record n_j */
+    }
+    *pass = t / n;
+    return t % n;
 }
 
 int bw__mix_sampler_new(bw__mix_sampler **out, const bw__mix_spec *spec, const bw__sampler_cfg *cfg,
@@ -407,10 +520,6 @@ int bw__mix_sampler_new(bw__mix_sampler **out, const bw__mix_spec *spec, const b
                         uint64_t epoch, char *err, size_t errlen)
 {
     *out = NULL;
-    if (cfg->mode == BW__MODE_ITERABLE)
-        return refuse(err, errlen,
-                      "mode iterable: streams do not mix yet; a mixture is sharded in torch or "
-                      "accelerate mode");
     if (cfg->shuffle)
         return refuse(err, errlen,
                       "shuffle: a mixture orders its sources itself (a seeded permutation "
@@ -424,7 +533,7 @@ int bw__mix_sampler_new(bw__mix_sampler **out, const bw__mix_spec *spec, const b
     int rc = bw__mixture_new(&s->mix, spec, cfg->seed, epoch, err, errlen);
     if (s->mix) { /* set exactly when rc is BW_OK */
         bw__sampler_cfg positions = *cfg;
-        positions.num_samples = s->mix->samples;
+        positions.num_samples = s->mix->end;
         rc = bw__job_sampler_new_cfg(&positions, history, nhistory, epoch, false, &s->positions,
                                      err, errlen);
     }
@@ -456,12 +565,13 @@ const bw__sampler *bw__mix_sampler_positions(const bw__mix_sampler *s)
 }
 
 int bw__mix_sampler_batch(const bw__mix_sampler *s, uint64_t rank, uint64_t step, bw__batch *out,
-                          uint32_t *sources)
+                          uint32_t *sources, uint64_t *passes)
 {
     int rc = bw__sampler_batch(s->positions, rank, step, out);
     if (rc != BW_OK)
         return rc;
     for (size_t i = 0; i < out->count; i++)
-        bw__mixture_at(s->mix, out->indices[i], &sources[i], &out->indices[i]);
+        bw__mixture_at(s->mix, out->indices[i], &sources[i], &out->indices[i],
+                       passes ? &passes[i] : NULL);
     return BW_OK;
 }

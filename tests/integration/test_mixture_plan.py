@@ -15,6 +15,10 @@ check at E = 10^10, by the random-access rule the document gives. Then:
   consecutive epochs, the union over ranks the same at 4 and 3 ranks and after an elastic
   resume from 4 to 3 ranks;
 * resume at step 10^9 of an epoch of 10^10 answers what the random-access reference says;
+* stream sources ("Streams in a mixture"): the plan with `stream:` sources and `--mix-policy
+  cycle|stop` equals the reference (records, passes, the epoch's end P) in torch, accelerate
+  and iterable mode; under cycle consecutive epochs read each stream on where the last one
+  left it, under stop every epoch from its first record;
 * every refused input exits 2 with a message naming it.
 """
 
@@ -164,6 +168,26 @@ def locate_random_access(seed, epoch, c, p):
     return lo, p
 
 
+def stream_reference(seed, epoch, E, sizes, weights, streams, policy):
+    """With stream sources: [(source, index, pass)] for positions 0..P-1, c, and P.
+
+    A stream's k-th sample is stream position t = epoch * c_j + k (cycle) or k (stop): record
+    t mod n_j of pass t // n_j. Under stop the epoch ends at the first position whose source is
+    a stream with k = n_j. A map-style source keeps its permutations."""
+    c = counts(E, weights)
+    out = []
+    for j, k in order_by_sorting(seed, epoch, c):
+        if streams[j]:
+            if policy == "stop" and k >= sizes[j]:
+                break
+            t = k if policy == "stop" else epoch * c[j] + k
+            out.append((j, t % sizes[j], t // sizes[j]))
+        else:
+            t = epoch * c[j] + k
+            out.append((j, sample_index(seed, epoch, j, k, c, sizes), t // sizes[j]))
+    return out, c, len(out)
+
+
 def reference(seed, epoch, E, sizes, weights):
     """The epoch's global order: [(source, index)] for positions 0..E-1, and c."""
     c = counts(E, weights)
@@ -180,6 +204,17 @@ def mix_args(sizes, weights, E):
         a += ["--mix-size", "%d=%s" % (n, w)]
     if E is not None:
         a += ["--mix-samples", str(E)]
+    return a
+
+
+def stream_args(sizes, weights, streams, E, policy):
+    a = []
+    for n, w, st in zip(sizes, weights, streams):
+        a += ["--mix-size", "%s%d=%s" % ("stream:" if st else "", n, w)]
+    if E is not None:
+        a += ["--mix-samples", str(E)]
+    if policy is not None:
+        a += ["--mix-policy", policy]
     return a
 
 
@@ -409,6 +444,81 @@ def test_resume_far():
     bt.ok("resume at step 10^9 of an epoch of 10^10 answers the reference")
 
 
+STREAM_MIXTURES = [
+    # (sizes, streams, weights, E): a stream that runs dry early, late, never; mixed kinds
+    ([6, 100, 4], [True, False, True], ["0.5", "0.3", "0.2"], 14),
+    ([6, 100, 4], [True, True, True], ["0.5", "0.3", "0.2"], 157),
+    ([50, 30], [True, True], ["1", "1"], None),
+    ([40, 9, 300, 17, 5], [False, True, True, False, True], ["0.3", "0.2", "0.1", "0.3", "0.1"],
+     401),
+    ([1000], [True], ["1"], None),
+]
+
+
+def test_streams_equal_reference():
+    n = 0
+    stopped = 0
+    rng = random.Random(272)
+    for (sizes, streams, weights, E), policy, mode in itertools.product(
+            STREAM_MIXTURES, (None, "cycle", "stop"), ("torch", "accelerate", "iterable")):
+        R = rng.choice([1, 3, 4])
+        B = rng.choice([1, 4, 5])
+        seed = rng.choice([0, 12345, -1])
+        epoch = rng.choice([0, 1, 3])
+        E_ = E if E is not None else sum(sizes)
+        order, c, P = stream_reference(seed, epoch, E_, sizes, weights, streams,
+                                       policy or "cycle")
+        stopped += P < E_
+        common = ["--mode", mode, "--world-size", R, "--batch-size", B, "--seed", seed,
+                  "--epoch", epoch]
+        mixed = plan(*(common + ["--metadata"] + stream_args(sizes, weights, streams, E,
+                                                             policy)))
+        meta = mixed.pop(0)["metadata"]
+        bt.check(meta["mix_end"] == P and meta["mix_samples"] == E_ and meta["mix_counts"] == c,
+                 "%s %s: metadata mix_end %s = P %d" % (sizes, policy, meta["mix_end"], P))
+        positions = plan(*(common + ["--num-samples", P]))
+        bt.check(len(mixed) == len(positions) > 0, "as many batches as the plan of P positions")
+        for m, p in zip(mixed, positions):
+            want = [order[i] for i in p["indices"]]
+            got = list(zip(m["sources"], m["indices"], m["passes"]))
+            if (m["rank"], m["step"], m["real"], m["padding"]) != \
+                    (p["rank"], p["step"], p["real"], p["padding"]) or got != want:
+                raise bt.TestFailure("sizes %s streams %s E %s %s %s seed %s epoch %s R=%s "
+                                     "B=%s: rank %s step %s: got %s, want %s"
+                                     % (sizes, streams, E, policy, mode, seed, epoch, R, B,
+                                        m["rank"], m["step"], got, want))
+        n += 1
+    bt.check(stopped >= 6, "some stop epochs end before E (%d)" % stopped)
+    bt.ok("stream mixtures: plan = the reference for %d cases (%d stopped early)"
+          % (n, stopped))
+
+
+def test_streams_across_epochs():
+    """cycle: each epoch goes on where the last left each stream; stop: each from its start."""
+    sizes, streams, weights, E = [23, 400, 9], [True, False, True], ["0.3", "0.5", "0.2"], 150
+    c = counts(E, weights)
+    for policy in ("cycle", "stop"):
+        read = {0: [], 2: []}
+        for epoch in range(6):
+            out = plan("--mode", "iterable", "--world-size", 1, "--batch-size", 1, "--seed", 4,
+                       "--epoch", epoch, *stream_args(sizes, weights, streams, E, policy))
+            got = {0: [], 2: []}
+            for b in out:
+                for s_, i, ps in zip(b["sources"], b["indices"], b["passes"]):
+                    if s_ in got:
+                        got[s_].append((i, ps))
+            for j in got:
+                if policy == "stop":
+                    bt.check(got[j] == [(i, 0) for i in range(len(got[j]))],
+                             "stop, epoch %d: stream %d read from its first record" % (epoch, j))
+                read[j] += got[j]
+        if policy == "cycle":
+            for j in read:
+                bt.check(read[j] == [(t % sizes[j], t // sizes[j]) for t in range(6 * c[j])],
+                         "cycle: stream %d read on across 6 epochs, each pass in file order" % j)
+    bt.ok("streams across epochs: cycle continues each stream, stop restarts it")
+
+
 def expect_refused(args, needle):
     r = bt.cli("plan", "--mode", "torch", "--world-size", 2, "--batch-size", 2, *args)
     bt.check(r.returncode == 2 and r.stdout == "" and needle in r.stderr,
@@ -443,10 +553,14 @@ def test_refusals():
     expect_refused(["--mix-size", "10=1", "--shuffle"], "--shuffle does not apply")
     expect_refused(["--mix-size", "10=1", "--shuffle-algo", "torch"], "--shuffle-algo does not")
     expect_refused(["--mix-samples", 10, "--num-samples", 10], "--mix-samples needs")
-    r = bt.cli("plan", "--mode", "iterable", "--world-size", 2, "--batch-size", 2, "--mix-size",
-               "10=1")
-    bt.check(r.returncode == 2 and "streams do not mix yet" in r.stderr, "iterable refused",
-             r.stderr)
+    expect_refused(["--mix-size", "10=1", "--mix-policy", "stop"],
+                   "--mix-policy applies to stream sources")
+    expect_refused(["--num-samples", 10, "--mix-policy", "cycle"],
+                   "--mix-policy needs a mixture with a stream source")
+    expect_refused(["--mix-size", "stream:10=1", "--mix-policy", "drop"], "mix-policy")
+    expect_refused(["--mix-size", "stream:=1"], "expected N=WEIGHT or stream:N=WEIGHT")
+    expect_refused(["--mix-size", "stream:x=1"], "the size 'x' is not a whole number")
+    expect_refused(["--mix-size", "streams:10=1"], "is not a whole number")
     # 256 sources are fine, and single-dataset plans are unchanged by the new flags' defaults
     ok = plan("--mode", "torch", "--world-size", 1, "--batch-size", 256, *(many[:512]))
     bt.check(sorted(ok[0]["sources"]) == list(range(256)), "256 sources of one sample each")
@@ -461,6 +575,8 @@ def main(_tmpdir):
     test_torch_ranks_do_not_lock()
     test_elastic()
     test_resume_far()
+    test_streams_equal_reference()
+    test_streams_across_epochs()
     test_refusals()
 
 

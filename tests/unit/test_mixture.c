@@ -5,7 +5,10 @@
  * permutation a bijection, position -> (source, k) against the order built here by sorting
  * every node's keys, and the sharded sampler at step 10^9 of an epoch of 10^10 against an
  * independent computation (the mode's position arithmetic and a bisection over each node);
- * the weight parser and every refusal.
+ * position <-> (source, k) both ways; stream sources under cycle and stop (records, passes,
+ * the epoch's end found by scanning every position, where each stream stands after any
+ * prefix, the sampler over the P positions in every mode); the weight parser and every
+ * refusal.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -36,7 +39,7 @@ static uint64_t rnd(uint64_t n)
 static bw__mixture *make(const uint64_t *sizes, const uint64_t *weights, size_t n, uint64_t E,
                          uint64_t seed, uint64_t epoch)
 {
-    bw__mix_spec spec = {sizes, weights, n, E};
+    bw__mix_spec spec = {sizes, weights, n, E, NULL, BW__MIX_CYCLE};
     bw__mixture *m = NULL;
     char err[256];
     int rc = bw__mixture_new(&m, &spec, seed, epoch, err, sizeof(err));
@@ -362,7 +365,7 @@ static void test_no_repeat_within_pass(void **state)
             uint64_t k, index;
             bw__mixture_locate(m, p, &j, &k);
             assert_true(bw__mixture_stream_position(m, j, k) == len[j]);
-            bw__mixture_at(m, p, &j, &index);
+            bw__mixture_at(m, p, &j, &index, NULL);
             stream[j][len[j]++] = index;
         }
         bw__mixture_free(m);
@@ -454,7 +457,7 @@ static void test_resume_far(void **state)
     const uint64_t sizes[] = {3000000000ull, 7000000000ull, 1000000, 123457, 5};
     const uint64_t w[] = {550000000, 300000000, 100000000, 49000000, 1000000};
     const uint64_t E = 10000000000ull, seed = 2024, epoch = 3, step = 1000000000ull;
-    bw__mix_spec spec = {sizes, w, 5, E};
+    bw__mix_spec spec = {sizes, w, 5, E, NULL, BW__MIX_CYCLE};
     const bw__sampler_mode modes[] = {BW__MODE_TORCH, BW__MODE_ACCELERATE};
     for (int mi = 0; mi < 2; mi++) {
         Batchwire__V1__WorldSegment seg = BATCHWIRE__V1__WORLD_SEGMENT__INIT;
@@ -474,7 +477,7 @@ static void test_resume_far(void **state)
         uint32_t src[4];
         bw__batch b = {idx, pad, 0, 0};
         for (uint64_t rank = 0; rank < 2; rank++) {
-            assert_int_equal(bw__mix_sampler_batch(s, rank, step, &b, src), BW_OK);
+            assert_int_equal(bw__mix_sampler_batch(s, rank, step, &b, src, NULL), BW_OK);
             assert_int_equal(b.count, 4);
             const bw__mixture *m = bw__mix_sampler_mixture(s);
             for (uint64_t i = 0; i < 4; i++) {
@@ -494,12 +497,164 @@ static void test_resume_far(void **state)
         uint64_t again[4];
         uint32_t src2[4];
         bw__batch b2 = {again, NULL, 0, 0};
-        assert_int_equal(bw__mix_sampler_batch(s, 0, 0, &b2, src2), BW_OK);
-        assert_int_equal(bw__mix_sampler_batch(s, 1, step, &b2, src2), BW_OK);
+        assert_int_equal(bw__mix_sampler_batch(s, 0, 0, &b2, src2, NULL), BW_OK);
+        assert_int_equal(bw__mix_sampler_batch(s, 1, step, &b2, src2, NULL), BW_OK);
         assert_memory_equal(again, idx, sizeof(idx));
         assert_memory_equal(src2, src, sizeof(src));
         bw__mix_sampler_free(s);
     }
+}
+
+/* position(locate(p)) = p for every p, on random mixtures, and at random p of E = 10^10. */
+static void test_position_inverse(void **state)
+{
+    (void)state;
+    uint64_t sizes[40], w[40];
+    for (int trial = 0; trial < 60; trial++) {
+        size_t n = 1 + rnd(trial < 50 ? 9 : 40);
+        for (size_t j = 0; j < n; j++) {
+            sizes[j] = 1 + rnd(500);
+            w[j] = 1 + rnd(trial % 3 ? 1000 : 3);
+        }
+        uint64_t E = 1 + rnd(2500);
+        bw__mixture *m = make(sizes, w, n, E, rnd(1000), rnd(4));
+        for (uint64_t p = 0; p < E; p++) {
+            uint32_t j;
+            uint64_t k;
+            bw__mixture_locate(m, p, &j, &k);
+            if (bw__mixture_position(m, j, k) != p)
+                fail_msg("trial %d: position %llu -> (%u, %llu) -> %llu", trial,
+                         (unsigned long long)p, j, (unsigned long long)k,
+                         (unsigned long long)bw__mixture_position(m, j, k));
+        }
+        bw__mixture_free(m);
+    }
+    const uint64_t big[] = {3000000000ull, 7000000000ull, 1000000, 123457, 5};
+    const uint64_t bw[] = {550000000, 300000000, 100000000, 49000000, 1000000};
+    bw__mixture *m = make(big, bw, 5, 10000000000ull, 2024, 3);
+    for (int i = 0; i < 20000; i++) {
+        uint64_t p = rnd(10000000000ull);
+        uint32_t j;
+        uint64_t k;
+        bw__mixture_locate(m, p, &j, &k);
+        assert_true(bw__mixture_position(m, j, k) == p);
+    }
+    bw__mixture_free(m);
+}
+
+/* Stream sources, both policies, against the rules of docs/semantics.md ("Streams in a
+ * mixture") applied here position by position. */
+static void test_streams(void **state)
+{
+    (void)state;
+    uint64_t sizes[8], w[8];
+    bool streams[8];
+    int stopped = 0, ran_to_E = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        size_t n = 1 + rnd(6);
+        bool any = false;
+        for (size_t j = 0; j < n; j++) {
+            sizes[j] = 1 + rnd(trial % 2 ? 40 : 400);
+            w[j] = 1 + rnd(10);
+            streams[j] = rnd(3) != 0;
+            any |= streams[j];
+        }
+        if (!any)
+            streams[rnd(n)] = true;
+        uint64_t E = 1 + rnd(600), seed = rnd(1000), epoch = rnd(5);
+        bw__mix_policy policy = trial % 2 ? BW__MIX_STOP : BW__MIX_CYCLE;
+        bw__mix_spec spec = {sizes, w, n, E, streams, policy};
+        bw__mix_spec plain = {sizes, w, n, E, NULL, BW__MIX_CYCLE};
+        bw__mixture *m, *ref;
+        char err[256];
+        assert_int_equal(bw__mixture_new(&m, &spec, seed, epoch, err, sizeof(err)), BW_OK);
+        assert_int_equal(bw__mixture_new(&ref, &plain, seed, epoch, err, sizeof(err)), BW_OK);
+        /* the end: the first position whose source is a stream with k >= n_j, under stop */
+        uint64_t end = E;
+        for (uint64_t p = 0; p < E && policy == BW__MIX_STOP && end == E; p++) {
+            uint32_t j;
+            uint64_t k;
+            bw__mixture_locate(m, p, &j, &k);
+            if (streams[j] && k >= sizes[j])
+                end = p;
+        }
+        assert_true(bw__mixture_end(m) == end);
+        stopped += end < E;
+        ran_to_E += policy == BW__MIX_STOP && end == E;
+        uint64_t given[8] = {0};
+        for (uint64_t p = 0; p < end; p++) {
+            uint32_t j, jr;
+            uint64_t k, index, pass, iref;
+            bw__mixture_locate(m, p, &j, &k);
+            bw__mixture_at(m, p, &j, &index, &pass);
+            bw__mixture_at(ref, p, &jr, &iref, NULL);
+            assert_int_equal(j, jr); /* the interleave does not depend on kinds or policy */
+            assert_true(k == given[j]);
+            if (!streams[j]) {
+                assert_true(index == iref); /* map-style: its own rule */
+            } else if (policy == BW__MIX_CYCLE) {
+                uint64_t t = epoch * bw__mixture_count(m, j) + k;
+                assert_true(index == t % sizes[j] && pass == t / sizes[j]);
+            } else {
+                assert_true(index == k && pass == 0 && k < sizes[j]);
+            }
+            given[j]++;
+            /* where each stream stands after [0, p + 1) */
+            if (p % 7 == 0 || p + 1 == end) {
+                for (size_t i = 0; i < n; i++) {
+                    uint64_t ps, rec = bw__mixture_next_record(m, (uint32_t)i, p + 1, &ps);
+                    uint64_t t =
+                        (streams[i] && policy == BW__MIX_STOP ? 0
+                                                              : epoch * bw__mixture_count(m, i)) +
+                        given[i];
+                    if (streams[i] && policy == BW__MIX_STOP)
+                        assert_true(ps == 0 && rec == given[i] && rec <= sizes[i]);
+                    else
+                        assert_true(ps == t / sizes[i] && rec == t % sizes[i]);
+                }
+            }
+        }
+        bw__mixture_free(ref);
+
+        /* sharded: the P positions as a dataset of P samples, in every mode */
+        Batchwire__V1__WorldSegment seg = BATCHWIRE__V1__WORLD_SEGMENT__INIT;
+        const Batchwire__V1__WorldSegment *hist[] = {&seg};
+        seg.world_size = (uint32_t)(1 + rnd(4));
+        seg.epoch = epoch;
+        bw__sampler_cfg cfg;
+        bw__sampler_cfg_init(&cfg);
+        cfg.mode = (bw__sampler_mode)(trial % 3 == 0   ? BW__MODE_TORCH
+                                      : trial % 3 == 1 ? BW__MODE_ACCELERATE
+                                                       : BW__MODE_ITERABLE);
+        cfg.batch_size = 1 + rnd(5);
+        cfg.seed = seed;
+        bw__mix_sampler *s;
+        assert_int_equal(bw__mix_sampler_new(&s, &spec, &cfg, hist, 1, epoch, err, sizeof(err)),
+                         BW_OK);
+        const bw__sampler *ps = bw__mix_sampler_positions(s);
+        uint64_t idx[64], passes[64], real = 0, seen[8] = {0};
+        uint8_t pad[64];
+        uint32_t src[64];
+        assert_true(bw__sampler_max_batch(ps) <= 64);
+        for (uint64_t r = 0; r < seg.world_size; r++)
+            for (uint64_t st = 0; st < bw__sampler_end_step(ps, r); st++) {
+                bw__batch b = {idx, pad, 0, 0};
+                assert_int_equal(bw__mix_sampler_batch(s, r, st, &b, src, passes), BW_OK);
+                for (size_t i = 0; i < b.count; i++) {
+                    seen[src[i]] += !pad[i];
+                    assert_true(idx[i] < sizes[src[i]]);
+                }
+                real += b.real;
+            }
+        /* nothing dropped in these configurations: every position once, plus padding */
+        assert_true(real == end);
+        for (size_t j = 0; j < n; j++)
+            assert_true(seen[j] == given[j]);
+        bw__mix_sampler_free(s);
+        bw__mixture_free(m);
+    }
+    /* both kinds of stop epochs occurred */
+    assert_true(stopped > 20 && ran_to_E > 5);
 }
 
 static void test_refusals(void **state)
@@ -528,7 +683,7 @@ static void test_refusals(void **state)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         sizes[0] = cases[i].size0;
         w[0] = cases[i].weight0;
-        bw__mix_spec spec = {sizes, w, cases[i].n, cases[i].E};
+        bw__mix_spec spec = {sizes, w, cases[i].n, cases[i].E, NULL, BW__MIX_CYCLE};
         assert_int_equal(bw__mixture_new(&m, &spec, 0, cases[i].epoch, err, sizeof(err)),
                          BW_INVALID_ARGUMENT);
         assert_null(m);
@@ -538,11 +693,11 @@ static void test_refusals(void **state)
     /* the last epoch that fits is accepted */
     sizes[0] = 1;
     w[0] = 1;
-    bw__mix_spec ok = {sizes, w, 2, 10000000000ull};
+    bw__mix_spec ok = {sizes, w, 2, 10000000000ull, NULL, BW__MIX_CYCLE};
     assert_int_equal(bw__mixture_new(&m, &ok, 0, 1844674406ull, err, sizeof(err)), BW_OK);
     uint32_t j;
     uint64_t index;
-    bw__mixture_at(m, 9999999999ull, &j, &index);
+    bw__mixture_at(m, 9999999999ull, &j, &index, NULL);
     assert_true(index < 1);
     bw__mixture_free(m);
     bw__mixture_free(NULL);
@@ -553,12 +708,25 @@ static void test_refusals(void **state)
     bw__sampler_cfg cfg;
     bw__sampler_cfg_init(&cfg);
     bw__mix_sampler *s = (bw__mix_sampler *)&s;
-    bw__mix_spec spec = {sizes, w, 2, 10};
-    cfg.mode = BW__MODE_ITERABLE;
-    assert_int_equal(bw__mix_sampler_new(&s, &spec, &cfg, hist, 1, 0, err, sizeof(err)),
-                     BW_INVALID_ARGUMENT);
-    assert_null(s);
-    assert_non_null(strstr(err, "streams do not mix yet"));
+    bw__mix_spec spec = {sizes, w, 2, 10, NULL, BW__MIX_CYCLE};
+    bool streams[2] = {false, false};
+    spec.streams = streams;
+    spec.policy = BW__MIX_STOP; /* no stream: stop means nothing */
+    assert_int_equal(bw__mixture_new(&m, &spec, 0, 0, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    assert_null(m);
+    assert_non_null(strstr(err, "policy stop applies to stream sources"));
+    spec.policy = (bw__mix_policy)7;
+    streams[1] = true;
+    assert_int_equal(bw__mixture_new(&m, &spec, 0, 0, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "policy 7 is not cycle"));
+    spec.policy = BW__MIX_STOP;
+    assert_int_equal(bw__mixture_new(&m, &spec, 0, 0, err, sizeof(err)), BW_OK);
+    bw__mixture_free(m);
+    spec.streams = NULL;
+    spec.policy = BW__MIX_CYCLE;
+    cfg.mode = BW__MODE_ITERABLE; /* accepted: IterableDatasetShard over the positions */
+    assert_int_equal(bw__mix_sampler_new(&s, &spec, &cfg, hist, 1, 0, err, sizeof(err)), BW_OK);
+    bw__mix_sampler_free(s);
     cfg.mode = BW__MODE_TORCH;
     cfg.shuffle = true;
     assert_int_equal(bw__mix_sampler_new(&s, &spec, &cfg, hist, 1, 0, err, sizeof(err)),
@@ -584,6 +752,8 @@ int main(void)
         cmocka_unit_test(test_permutation_bijection),
         cmocka_unit_test(test_no_repeat_within_pass),
         cmocka_unit_test(test_resume_far),
+        cmocka_unit_test(test_position_inverse),
+        cmocka_unit_test(test_streams),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
