@@ -338,45 +338,35 @@ static uint64_t divmod(u128 x, uint64_t d, uint64_t *rem)
 }
 
 /*
- * Where left element k (A > 0) sits in the node's merged sequence: k plus the right elements
- * whose key (2^32 m + v_m) A is below left k's key X = (2^32 k + u_k) B. With m0 = floor(X /
- * (2^32 A)) and X = 2^32 A m0 + r2, every m < m0 is below, every m > m0 is not, and m0 is
- * below when v_m0 A < r2. X reaches 2^156, so it is split: k B = q1 A + r1 gives X = 2^32 A
- * q1 + y with y = 2^32 r1 + u_k B < 2^32 (A + B); then y = 2^32 yh + yl (yl < 2^32) and
- * yh = q2 A + r gives m0 = q1 + q2 and r2 = 2^32 r + yl. Every division is by A.
+ * Where element k of side `side` (0 left, 1 right; that side not empty) sits in the node's
+ * merged sequence: k plus the other side's elements that come before it. For the left side:
+ * the right elements whose key (2^32 m + v_m) A is below left k's key X = (2^32 k + u_k) B.
+ * With m0 = floor(X / (2^32 A)) and X = 2^32 A m0 + r2, every m < m0 is below, every m > m0
+ * is not, and m0 is below when v_m0 A < r2. X reaches 2^156, so it is split: k B = q1 A + r1
+ * gives X = 2^32 A q1 + y with y = 2^32 r1 + u_k B < 2^32 (A + B); then y = 2^32 yh + yl
+ * (yl < 2^32) and yh = q2 A + r gives m0 = q1 + q2 and r2 = 2^32 r + yl. Every division is by
+ * A. The right side is the same with A and B, u and v swapped, except that a left element
+ * comes first on an equal key: m0 counts when u_m0 B <= r2.
  */
-static uint64_t left_position(const node *n, uint64_t k)
+static uint64_t side_position(const node *n, uint64_t side, uint64_t k)
 {
-    if (n->B == 0)
+    uint64_t own = side ? n->B : n->A, other = side ? n->A : n->B;
+    if (other == 0)
         return k;
-    uint64_t r1, r, q1 = divmod((u128)k * n->B, n->A, &r1);
-    u128 y = ((u128)r1 << JITTER_BITS) + (u128)jitter(n, 0, k) * n->B;
-    uint64_t q2 = divmod(y >> JITTER_BITS, n->A, &r);
+    uint64_t r1, r, q1 = divmod((u128)k * other, own, &r1);
+    u128 y = ((u128)r1 << JITTER_BITS) + (u128)jitter(n, side, k) * other;
+    uint64_t q2 = divmod(y >> JITTER_BITS, own, &r);
     uint64_t m0 = q1 + q2;
-    if (m0 >= n->B)
-        return k + n->B;
+    if (m0 >= other)
+        return k + other;
     u128 r2 = ((u128)r << JITTER_BITS) | (uint64_t)(y & ((1ull << JITTER_BITS) - 1));
-    return k + m0 + ((u128)jitter(n, 1, m0) * n->A < r2);
+    u128 v = (u128)jitter(n, !side, m0) * own;
+    return k + m0 + (side ? v <= r2 : v < r2);
 }
 
-/*
- * Where right element k (B > 0) sits: k plus the left elements whose key (2^32 i + u_i) B is
- * at most right k's key Y = (2^32 k + v_k) A (a left element first on equal keys). As in
- * left_position with the sides swapped: i0 = floor(Y / (2^32 B)), every i < i0 counts, no
- * i > i0, and i0 when u_i0 B <= r2. Every division is by B.
- */
-static uint64_t right_position(const node *n, uint64_t k)
+static uint64_t left_position(const node *n, uint64_t k)
 {
-    if (n->A == 0)
-        return k;
-    uint64_t r1, r, q1 = divmod((u128)k * n->A, n->B, &r1);
-    u128 y = ((u128)r1 << JITTER_BITS) + (u128)jitter(n, 1, k) * n->A;
-    uint64_t q2 = divmod(y >> JITTER_BITS, n->B, &r);
-    uint64_t i0 = q1 + q2;
-    if (i0 >= n->A)
-        return k + n->A;
-    u128 r2 = ((u128)r << JITTER_BITS) | (uint64_t)(y & ((1ull << JITTER_BITS) - 1));
-    return k + i0 + ((u128)jitter(n, 0, i0) * n->B <= r2);
+    return side_position(n, 0, k);
 }
 
 /*
@@ -441,7 +431,7 @@ uint64_t bw__mixture_position(const bw__mixture *m, uint32_t source, uint64_t k)
     }
     while (depth-- > 0) {
         const node *n = &path[depth];
-        k = source < n->mid ? left_position(n, k) : right_position(n, k);
+        k = side_position(n, source >= n->mid, k);
     }
     return k;
 }
