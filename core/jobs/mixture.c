@@ -12,13 +12,13 @@
  */
 #include "jobs/mixture.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "batchwire/batchwire.h"
 #include "common/log.h"
+#include "common/refuse.h"
 #include "jobs/job_sampler.h"
 #include "sampler/feistel.h"
 
@@ -47,21 +47,6 @@ struct bw__mix_sampler {
     bw__sampler *positions;
 };
 
-static int refuse(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Writes the sentence; returns BW_INVALID_ARGUMENT. */
-static int refuse(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return BW_INVALID_ARGUMENT;
-}
-
 int bw__mix_weight_parse(const char *text, uint64_t *units, char *err, size_t errlen)
 {
     uint64_t whole = 0, frac = 0;
@@ -70,29 +55,30 @@ int bw__mix_weight_parse(const char *text, uint64_t *units, char *err, size_t er
     for (; *c >= '0' && *c <= '9'; c++) {
         whole = whole * 10 + (uint64_t)(*c - '0');
         if (whole > BW__MIX_MAX_WEIGHT / BW__MIX_WEIGHT_UNIT)
-            return refuse(err, errlen, "weight '%s' is above the largest weight, 1000000000", text);
+            return bw__refuse(err, errlen, "weight '%s' is above the largest weight, 1000000000",
+                              text);
         whole_digits++;
     }
     if (*c == '.') {
         for (c++; *c >= '0' && *c <= '9'; c++) {
             if (++frac_digits > 9)
-                return refuse(err, errlen, "weight '%s' has more than 9 digits after the point",
-                              text);
+                return bw__refuse(err, errlen, "weight '%s' has more than 9 digits after the point",
+                                  text);
             frac = frac * 10 + (uint64_t)(*c - '0');
         }
     }
     if (*c != '\0' || whole_digits + frac_digits == 0)
-        return refuse(err, errlen,
-                      "weight '%s' is not a decimal number (digits with at most one point, "
-                      "e.g. 0.7 or 70)",
-                      text);
+        return bw__refuse(err, errlen,
+                          "weight '%s' is not a decimal number (digits with at most one point, "
+                          "e.g. 0.7 or 70)",
+                          text);
     for (int i = frac_digits; i < 9; i++)
         frac *= 10;
     uint64_t value = whole * BW__MIX_WEIGHT_UNIT + frac;
     if (value == 0)
-        return refuse(err, errlen, "weight '%s' is not positive", text);
+        return bw__refuse(err, errlen, "weight '%s' is not positive", text);
     if (value > BW__MIX_MAX_WEIGHT)
-        return refuse(err, errlen, "weight '%s' is above the largest weight, 1000000000", text);
+        return bw__refuse(err, errlen, "weight '%s' is above the largest weight, 1000000000", text);
     *units = value;
     return BW_OK;
 }
@@ -143,45 +129,46 @@ static int by_remainder(const void *a, const void *b)
 static uint64_t check_spec(const bw__mix_spec *spec, char *err, size_t errlen)
 {
     if (spec->nsources == 0 || spec->nsources > BW__MIX_MAX_SOURCES) {
-        refuse(err, errlen, "a mixture has 1 to %d sources, not %zu", BW__MIX_MAX_SOURCES,
-               spec->nsources);
+        bw__refuse(err, errlen, "a mixture has 1 to %d sources, not %zu", BW__MIX_MAX_SOURCES,
+                   spec->nsources);
         return 0;
     }
     uint64_t sum = 0;
     for (size_t j = 0; j < spec->nsources; j++) {
         if (spec->sizes[j] == 0 || spec->sizes[j] > BW__MIX_MAX_SAMPLES) {
-            refuse(err, errlen, "source %zu has %llu samples; a source holds 1 to 2^62", j,
-                   (ull)spec->sizes[j]);
+            bw__refuse(err, errlen, "source %zu has %llu samples; a source holds 1 to 2^62", j,
+                       (ull)spec->sizes[j]);
             return 0;
         }
         if (spec->weights[j] == 0 || spec->weights[j] > BW__MIX_MAX_WEIGHT) {
-            refuse(err, errlen,
-                   "source %zu has weight %llu x 10^-9; weights are positive and at most 10^9", j,
-                   (ull)spec->weights[j]);
+            bw__refuse(err, errlen,
+                       "source %zu has weight %llu x 10^-9; weights are positive and at most 10^9",
+                       j, (ull)spec->weights[j]);
             return 0;
         }
         sum += spec->sizes[j]; /* each <= 2^62 and at most 256 of them: no wrap */
     }
     if (spec->policy != BW__MIX_CYCLE && spec->policy != BW__MIX_STOP) {
-        refuse(err, errlen, "mixture policy %d is not cycle (0) or stop (1)", (int)spec->policy);
+        bw__refuse(err, errlen, "mixture policy %d is not cycle (0) or stop (1)",
+                   (int)spec->policy);
         return 0;
     }
     bool any_stream = false;
     for (size_t j = 0; spec->streams && j < spec->nsources; j++)
         any_stream |= spec->streams[j];
     if (spec->policy == BW__MIX_STOP && !any_stream) {
-        refuse(err, errlen,
-               "policy stop applies to stream sources and this mixture has none: a map-style "
-               "source never runs dry (each pass is a new permutation)");
+        bw__refuse(err, errlen,
+                   "policy stop applies to stream sources and this mixture has none: a map-style "
+                   "source never runs dry (each pass is a new permutation)");
         return 0;
     }
     uint64_t E = spec->samples ? spec->samples : sum; /* the sum is at least 1 */
     if (E > BW__MIX_MAX_SAMPLES) {
-        refuse(err, errlen,
-               spec->samples ? "the mixture's epoch size %llu is above 2^62"
-                             : "the sources' sizes sum to %llu, above 2^62: give the epoch's "
-                               "size explicitly",
-               (ull)E);
+        bw__refuse(err, errlen,
+                   spec->samples ? "the mixture's epoch size %llu is above 2^62"
+                                 : "the sources' sizes sum to %llu, above 2^62: give the epoch's "
+                                   "size explicitly",
+                   (ull)E);
         return 0;
     }
     return E;
@@ -195,10 +182,11 @@ int bw__mixture_new(bw__mixture **out, const bw__mix_spec *spec, uint64_t seed, 
     if (E == 0)
         return BW_INVALID_ARGUMENT;
     if (epoch >= UINT64_MAX / E)
-        return refuse(err, errlen,
-                      "epoch %llu is too large for a mixture of %llu samples: (epoch + 1) x %llu "
-                      "must stay below 2^64 (epochs up to %llu)",
-                      (ull)epoch, (ull)E, (ull)E, (ull)(UINT64_MAX / E - 1));
+        return bw__refuse(
+            err, errlen,
+            "epoch %llu is too large for a mixture of %llu samples: (epoch + 1) x %llu "
+            "must stay below 2^64 (epochs up to %llu)",
+            (ull)epoch, (ull)E, (ull)E, (ull)(UINT64_MAX / E - 1));
     size_t S = spec->nsources;
     bw__mixture *m = calloc(1, sizeof(*m));
     remainder *rem = calloc(S, sizeof(*rem));
@@ -511,9 +499,9 @@ int bw__mix_sampler_new(bw__mix_sampler **out, const bw__mix_spec *spec, const b
 {
     *out = NULL;
     if (cfg->shuffle)
-        return refuse(err, errlen,
-                      "shuffle: a mixture orders its sources itself (a seeded permutation "
-                      "within each source, a seeded interleave); leave shuffle off");
+        return bw__refuse(err, errlen,
+                          "shuffle: a mixture orders its sources itself (a seeded permutation "
+                          "within each source, a seeded interleave); leave shuffle off");
     bw__mix_sampler *s = calloc(1, sizeof(*s));
     if (!s) {
         if (err && errlen)

@@ -6,8 +6,8 @@
 #include "sampler/layout.h"
 
 #include "batchwire/batchwire.h"
+#include "common/refuse.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -17,20 +17,6 @@
 #define MAX_BATCH (1ull << 24)
 
 typedef unsigned long long ull;
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return BW_INVALID_ARGUMENT;
-}
 
 static uint64_t ceil_div(uint64_t a, uint64_t b)
 {
@@ -88,17 +74,17 @@ const char *bw__sampler_mode_name(bw__sampler_mode mode)
 int bw__layout_check_world(const bw__sampler_cfg *cfg, uint64_t world, char *err, size_t errlen)
 {
     if (world < 1 || world > MAX_WORLD)
-        return fail(err, errlen, "world_size %llu is out of range [1, %llu]", (ull)world,
-                    (ull)MAX_WORLD);
+        return bw__refuse(err, errlen, "world_size %llu is out of range [1, %llu]", (ull)world,
+                          (ull)MAX_WORLD);
     if (cfg->mode != BW__MODE_TORCH) {
         if (cfg->split_batches && cfg->batch_size % world != 0)
-            return fail(err, errlen,
-                        "split_batches: batch_size %llu is not a multiple of world_size %llu "
-                        "(each rank gets batch_size / world_size samples a step)",
-                        (ull)cfg->batch_size, (ull)world);
+            return bw__refuse(err, errlen,
+                              "split_batches: batch_size %llu is not a multiple of world_size %llu "
+                              "(each rank gets batch_size / world_size samples a step)",
+                              (ull)cfg->batch_size, (ull)world);
         if (!cfg->split_batches && cfg->batch_size * world > MAX_SAMPLES)
-            return fail(err, errlen, "batch_size %llu times world_size %llu is too large",
-                        (ull)cfg->batch_size, (ull)world);
+            return bw__refuse(err, errlen, "batch_size %llu times world_size %llu is too large",
+                              (ull)cfg->batch_size, (ull)world);
     }
     return BW_OK;
 }
@@ -108,49 +94,54 @@ int bw__sampler_cfg_check(const bw__sampler_cfg *cfg, char *err, size_t errlen)
     const char *mode = bw__sampler_mode_name(cfg->mode);
     if (cfg->mode != BW__MODE_TORCH && cfg->mode != BW__MODE_ACCELERATE &&
         cfg->mode != BW__MODE_ITERABLE)
-        return fail(err, errlen, "mode %d is not torch, accelerate or iterable", (int)cfg->mode);
+        return bw__refuse(err, errlen, "mode %d is not torch, accelerate or iterable",
+                          (int)cfg->mode);
     if (cfg->num_samples > MAX_SAMPLES)
-        return fail(err, errlen, "num_samples %llu is larger than the limit %llu",
-                    (ull)cfg->num_samples, (ull)MAX_SAMPLES);
+        return bw__refuse(err, errlen, "num_samples %llu is larger than the limit %llu",
+                          (ull)cfg->num_samples, (ull)MAX_SAMPLES);
     if (cfg->batch_size < 1 || cfg->batch_size > MAX_BATCH)
-        return fail(err, errlen, "batch_size %llu is out of range [1, %llu]", (ull)cfg->batch_size,
-                    (ull)MAX_BATCH);
+        return bw__refuse(err, errlen, "batch_size %llu is out of range [1, %llu]",
+                          (ull)cfg->batch_size, (ull)MAX_BATCH);
     if (cfg->shuffle_algo != BW__SHUFFLE_TORCH && cfg->shuffle_algo != BW__SHUFFLE_FEISTEL)
-        return fail(err, errlen, "shuffle_algo %d is not torch or feistel", (int)cfg->shuffle_algo);
+        return bw__refuse(err, errlen, "shuffle_algo %d is not torch or feistel",
+                          (int)cfg->shuffle_algo);
     if (cfg->shuffle_algo == BW__SHUFFLE_FEISTEL && !cfg->shuffle)
-        return fail(err, errlen, "shuffle_algo feistel needs shuffle");
+        return bw__refuse(err, errlen, "shuffle_algo feistel needs shuffle");
     if (cfg->mode != BW__MODE_TORCH && cfg->sampler_drop_last)
-        return fail(err, errlen,
-                    "sampler_drop_last is DistributedSampler's option; %s mode has no sampler "
-                    "drop_last (use drop_last)",
-                    mode);
+        return bw__refuse(
+            err, errlen,
+            "sampler_drop_last is DistributedSampler's option; %s mode has no sampler "
+            "drop_last (use drop_last)",
+            mode);
     if (cfg->mode == BW__MODE_TORCH && cfg->split_batches)
-        return fail(err, errlen,
-                    "split_batches is an accelerate/iterable option; torch mode always gives "
-                    "each rank batch_size samples");
+        return bw__refuse(err, errlen,
+                          "split_batches is an accelerate/iterable option; torch mode always gives "
+                          "each rank batch_size samples");
     if (cfg->mode != BW__MODE_ACCELERATE && !cfg->even_batches)
-        return fail(err, errlen,
-                    "even_batches off is an accelerate option; %s mode always gives every "
-                    "rank the same number of batches",
-                    mode);
+        return bw__refuse(err, errlen,
+                          "even_batches off is an accelerate option; %s mode always gives every "
+                          "rank the same number of batches",
+                          mode);
     if (cfg->dispatch_batches && cfg->mode != BW__MODE_ACCELERATE)
-        return fail(err, errlen,
-                    "dispatch_batches is an accelerate option (DataLoaderDispatcher); %s mode "
-                    "has no dispatcher",
-                    mode);
+        return bw__refuse(
+            err, errlen,
+            "dispatch_batches is an accelerate option (DataLoaderDispatcher); %s mode "
+            "has no dispatcher",
+            mode);
     if (cfg->dispatch_batches && !cfg->even_batches)
-        return fail(err, errlen,
-                    "even_batches off with dispatch_batches: Accelerate's DataLoaderDispatcher "
-                    "has no even_batches (it slices the last batch among the ranks); leave "
-                    "even_batches on");
+        return bw__refuse(
+            err, errlen,
+            "even_batches off with dispatch_batches: Accelerate's DataLoaderDispatcher "
+            "has no even_batches (it slices the last batch among the ranks); leave "
+            "even_batches on");
     if (cfg->mode == BW__MODE_ITERABLE && cfg->shuffle)
-        return fail(err, errlen,
-                    "shuffle: iterable mode serves a stream in its own order (shuffle the "
-                    "sources instead)");
+        return bw__refuse(err, errlen,
+                          "shuffle: iterable mode serves a stream in its own order (shuffle the "
+                          "sources instead)");
     if (cfg->mode == BW__MODE_ACCELERATE && cfg->shuffle && cfg->num_samples == 0)
         /* SeedableRandomSampler (a RandomSampler) refuses an empty dataset. */
-        return fail(err, errlen,
-                    "num_samples 0: accelerate's shuffled sampler needs at least one sample");
+        return bw__refuse(err, errlen,
+                          "num_samples 0: accelerate's shuffled sampler needs at least one sample");
     return bw__layout_check_world(cfg, cfg->world_size, err, errlen);
 }
 
