@@ -122,6 +122,25 @@ static void serve(int fd)
     length = le(hdr + 8, 8);
     if (le(hdr, 4) != BW_DCHAN_MAGIC || length > BW_DCHAN_MAX_REQUEST)
         __builtin_trap(); /* the client sent a request no worker would take */
+    if (kind == BW_DCHAN_KIND_FEATURES) {
+        /* A fresh connection's FEATURES request: answered as a current worker does (END
+         * naming the features it uses: RUN frames), then the request follows
+         * (docs/data-channel.md, "Versions"). */
+        uint8_t bits[BW_DCHAN_FEATURES_BODY], end[BW_DCHAN_FRAME_HEADER];
+        if (length != sizeof(bits))
+            __builtin_trap();
+        if (bw__sock_read_all(fd, bits, sizeof(bits), deadline, NULL, err, sizeof(err)) != BW_OK)
+            return;
+        bw_dchan_frame f = {BW_DCHAN_END, 0, 0, le(bits, 8) & BW_DCHAN_FEATURE_RUNS};
+        bw__dchan_put_frame(end, &f);
+        send_all(fd, end, sizeof(end));
+        if (bw__sock_read_all(fd, hdr, sizeof(hdr), deadline, NULL, err, sizeof(err)) != BW_OK)
+            return;
+        kind = (uint32_t)le(hdr + 4, 4);
+        length = le(hdr + 8, 8);
+        if (le(hdr, 4) != BW_DCHAN_MAGIC || length > BW_DCHAN_MAX_REQUEST)
+            __builtin_trap();
+    }
     uint8_t *body = malloc(length ? length : 1);
     if (!body || bw__sock_read_all(fd, body, length, deadline, NULL, err, sizeof(err)) != BW_OK) {
         free(body);
@@ -342,14 +361,29 @@ static void piece(ref *r, uint64_t key, uint64_t size, uint64_t off, uint64_t le
     }
 }
 
-/* Data-channel frames: SAMPLE frames in order; any other frame ends the samples. */
-static void ref_frames(ref *r, const uint8_t *p, size_t n)
+/* Data-channel frames: SAMPLE frames in order, and with `runs` (a ReadSamples request on a
+ * connection that asked for them) RUN frames: n samples of b bytes each, the request's next
+ * ones from the one due, which the frame names (docs/data-channel.md, "RUN frames"); any other
+ * frame ends the samples. */
+static void ref_frames(ref *r, const uint8_t *p, size_t n, bool runs)
 {
     size_t pos = 0;
     while (!r->stopped && n - pos >= BW_DCHAN_FRAME_HEADER) {
-        uint32_t type = (uint32_t)le(p + pos, 4);
+        uint32_t type = (uint32_t)le(p + pos, 4), code = (uint32_t)le(p + pos + 4, 4);
         uint64_t a = le(p + pos + 8, 8), b = le(p + pos + 16, 8);
         pos += BW_DCHAN_FRAME_HEADER;
+        if (type == BW_DCHAN_RUN && runs) {
+            if (code == 0 || code > r->m - r->done || a != r->keys[r->done] || b == 0) {
+                r->stopped = true;
+                return;
+            }
+            for (uint32_t i = 0; i < code && !r->stopped; i++) {
+                uint64_t have = n - pos < b ? n - pos : b;
+                piece(r, r->keys[r->done], b, 0, b, p + pos, have);
+                pos += (size_t)have;
+            }
+            continue;
+        }
         if (type != BW_DCHAN_SAMPLE)
             return;
         uint64_t have = n - pos < b ? n - pos : b;
@@ -673,7 +707,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (grpc)
             ref_messages(&r, reply, len);
         else
-            ref_frames(&r, reply, len);
+            ref_frames(&r, reply, len, !stream);
         if (r.done != m)
             __builtin_trap(); /* succeeded without every sample complete in the reply */
         for (size_t i = 0; i < n; i++) {
