@@ -398,7 +398,7 @@ static int on_session_msg(void *state, bw_rpc_msg *m, const ProtobufCMessage *re
                              &out->resp, &wait_seq, err, sizeof(err));
     out->rc = rc;
     if (rc != BW_OK && err[0])
-        snprintf(out->err, sizeof(out->err), "%s: %s", out->method, err);
+        snprintf(out->err, sizeof(out->err), "%s: %.1500s", out->method, err);
     bw__journal_when_durable(bw__jobs_journal(c->jobs), wait_seq, session_durable, out);
     return BW_RPC_DEFERRED;
 }
