@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "formats/field_table.h"
 #include "placement/placement.h"
+#include "sample_transform.h"
 #include "worker.h"
 
 struct bw__rp {
@@ -21,6 +22,7 @@ struct bw__rp {
     uint64_t unstated, unstated_bytes;   /* read, not yet added to `stats` */
     bool stream, locate_only, at_end;
     bool field_table; /* tar samples start with their field table (field_table.h) */
+    bw__stf *tf;      /* ReadSamples with a transform: run on each record; else NULL */
     /* ReadSamples */
     const uint64_t *indices;
     size_t n;
@@ -114,6 +116,7 @@ void bw__rp_close(bw__rp *rp)
     meter(rp);
     bw__ds_put(rp->e);
     free(rp->touched);
+    free(rp->tf);
     free(rp);
 }
 
@@ -222,9 +225,18 @@ int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
         rp->off = out->next_offset;
     else
         rp->touched[src / 8] |= (uint8_t)(1u << (src % 8));
-    rp->count++;
     rp->unstated++;
     rp->unstated_bytes += out->rec.size;
+    if (rp->tf && (rc = bw__stf_apply(rp->tf, rp->d, src, out->key, rp->field_table, &out->rec, why,
+                                      sizeof(why))) != BW_OK) {
+        /* The sample is named (source and index): the request fails, never sends an empty
+         * result (docs/transforms.md, "On the workers"). */
+        snprintf(err, errlen, "ReadSamples: dataset %s %s: %s", rp->spec->format,
+                 bw__ds_spec_first(rp->spec), why);
+        bw__record_release(&out->rec);
+        return rc;
+    }
+    rp->count++;
     if (rp->field_table && (rc = bw__field_table_prepend(&out->rec, why, sizeof(why))) != BW_OK) {
         snprintf(err, errlen, "%s: %s", rp->stream ? "ReadStream" : "ReadSamples", why);
         bw__record_release(&out->rec);
@@ -339,6 +351,15 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
         return no_memory("ReadSamples", err, errlen);
     rp->spec = r->dataset;
     rp->field_table = r->field_table;
+    if (r->transform && r->transform->spec && r->transform->spec[0]) {
+        char why[768];
+        if (!(rp->tf = malloc(sizeof(*rp->tf)))) {
+            bw__rp_close(rp);
+            return no_memory("ReadSamples", err, errlen);
+        }
+        if ((rc = bw__stf_parse(r->transform, rp->tf, why, sizeof(why))) != BW_OK)
+            snprintf(err, errlen, "ReadSamples: %s", why);
+    }
     const bw__dataset *d = rp->d;
     for (size_t i = 0; i < r->n_indices && rc == BW_OK; i++)
         if (r->indices[i] >= d->length) {

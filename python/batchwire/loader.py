@@ -625,8 +625,12 @@ class _Options:
         else:
             parts = str(a.dataset).split(":", 2)
             fmt = parts[1] if parts[0] == "pre_sharded" and len(parts) > 1 else parts[0]
+        if a.transform is not None:
+            o.transform = s(a.transform)
+        if a.transform_field is not None:
+            o.transform_field = s(a.transform_field)
         if a.fields is None:
-            a.fields = fmt in ("tar", "jsonl")
+            a.fields = fmt in ("tar", "jsonl") and not a.transform
         o.fields = 1 if a.fields else 0
         self.format, self.fields = fmt, bool(a.fields)
         if a.start is not None:
@@ -778,7 +782,15 @@ class Loader:
                     of it lives. True: a batch and its views are valid only until the next
                     batch (the loader then reuses the buffer under them); nothing is held
       fields        samples as named fields (Batch.fields): tar (WebDataset) members, JSON
-                    Lines keys; None (default): on for tar and jsonl datasets
+                    Lines keys; None (default): on for tar and jsonl datasets, off with a
+                    transform
+      transform     a pipeline the workers run on every sample (docs/transforms.md), e.g.
+                    "decode|random_resized_crop(224)|flip|normalize(0.485,0.456,0.406;"
+                    "0.229,0.224,0.225)|chw": each batch is then one tensor [B, C, H, W] of
+                    the spec's dtype (Batch.numpy(), Batch.tensor()); part of the job's
+                    configuration. files datasets (one image per file), or tar with
+      transform_field  the member transformed ("jpg"); with fields=True the other members
+                    pass through and that member's bytes are its result
 
     The connection
       timeout       seconds per call to a worker or the coordinator
@@ -826,6 +838,8 @@ class Loader:
             # the fast path
             prefetch: int = 4, max_buffer_bytes: Optional[int] = None, device: Device = None,
             reuse_buffers: bool = False, fields: Optional[bool] = None,
+            # the workers' preprocessing (docs/transforms.md)
+            transform: Optional[str] = None, transform_field: Optional[str] = None,
             # the connection: deadlines, transport, TLS and token
             timeout: float = 10.0, retry: float = 60.0, transport: Optional[str] = None,
             tls_ca: Optional[PathArg] = None, tls_cert: Optional[PathArg] = None,

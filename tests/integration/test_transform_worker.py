@@ -1,0 +1,204 @@
+"""Transforms run by the workers (issue 28, item 1; docs/transforms.md, "On the workers"):
+
+* a job of 2 ranks with `batchwire fetch --transform` over `gen --format jpeg` files, shuffled,
+  two epochs, served by two workers: every batch is one float32 [B, 3, H, W] tensor equal to
+  torchvision's on the same files with the same parameters -- the random_resized_crop boxes
+  and flips re-derived from docs/transforms.md by test_transform_equiv's helpers, keyed by
+  (seed, epoch, source, dataset index) -- compared by the SHA-256 of the batch's bytes;
+* the same over `gen --format tar-jpeg` (3 ranks, --transform-field jpg), whose samples lie in
+  three shards (the key's source is the shard);
+* the same through the Python binding (transform=): Batch.numpy() is the tensor itself;
+* a rank stopped at a random step and resumed from its cursor delivers the same tensors as the
+  uninterrupted run;
+* a corrupt (truncated) JPEG fails its batch with an error naming the source and the sample's
+  index, never an empty tensor; the spec is checked before anything is asked of a worker and
+  its canonical text is part of the job's configuration (another transform: BW_MISMATCH).
+"""
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import tarfile
+
+import numpy as np
+import torchvision.transforms.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bwpy  # noqa: E402
+import bwtest as bt  # noqa: E402
+import test_transform_equiv as te  # noqa: E402  (the documented PRNG and boxes, shared)
+
+SIDE = 32
+SPEC = "decode | random_resized_crop(%d) | flip(0.5) | %s | chw" % (SIDE, te.NORM)
+SEED = 99
+
+
+def expected(path, seed, epoch, source, index):
+    """The sample's tensor as torchvision computes it with the documented draws."""
+    im = te.pil(path)
+    box = te.rrc_params(te.Rng(seed, epoch, source, index, 1), im.height, im.width)
+    ref = F.resized_crop(im, *box, [SIDE, SIDE])
+    if te.Rng(seed, epoch, source, index, 2).uniform() < 0.5:
+        ref = F.hflip(ref)
+    return F.normalize(F.to_tensor(ref), te.MEAN, te.STD).numpy()
+
+
+def fetch(coord, job, dataset, rank, world, *extra, timeout=120):
+    r = bt.cli("fetch", "--coordinator", coord.addr, "--job", job, "--dataset", dataset,
+               "--rank", rank, "--world-size", world, "--batch-size", 4, "--shuffle",
+               "--seed", SEED, "--transform", SPEC, *extra, timeout=timeout)
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    return r, [x for x in lines if "step" in x]
+
+
+def check_batches(what, batches, sample_of):
+    """Every batch's bytes are the stacked torchvision tensors of its indices."""
+    bt.check(batches, "%s: batches delivered" % what)
+    for b in batches:
+        want = np.stack([expected(sample_of(i)[0], SEED, b["epoch"], sample_of(i)[1], i)
+                         for i in b["indices"]])
+        bt.check(b["dtype"] == "<f4" and b["shape"] == [len(b["indices"]), 3, SIDE, SIDE],
+                 "%s: epoch %d step %d is one float32 [B, 3, %d, %d] tensor" %
+                 (what, b["epoch"], b["step"], SIDE, SIDE), b)
+        bt.check(b["sha256"] == hashlib.sha256(want.tobytes()).hexdigest(),
+                 "%s: epoch %d step %d (indices %s) equals torchvision's tensors" %
+                 (what, b["epoch"], b["step"], b["indices"]))
+
+
+def gen(tmpdir, fmt, out, n, *extra):
+    r = bt.cli("gen", "--format", fmt, "--out", out, "--num-samples", n, "--seed", 5,
+               "--image-min", 24, "--image-max", 120, *extra)
+    bt.check(r.returncode == 0, "gen --format %s" % fmt, r.stderr)
+    return json.loads(r.stdout)
+
+
+def check_files(tmpdir, coord, data):
+    n = 22
+    gen(tmpdir, "jpeg", os.path.join(data, "imgs"), n)
+    files = [os.path.join(data, "imgs", "samples", "sample%08d.jpg" % i) for i in range(n)]
+    runs = {}
+    for rank in range(2):
+        r, batches = fetch(coord, "tf-files", "files:imgs/samples", rank, 2, "--epochs", 2)
+        bt.check(r.returncode == 0, "rank %d of the files job ran two epochs" % rank, r.stderr)
+        bt.check({b["epoch"] for b in batches} == {0, 1}, "two epochs delivered", batches)
+        check_batches("files rank %d" % rank, batches, lambda i: (files[i], 0))
+        runs[rank] = batches
+    e0 = sorted(i for rank in runs for b in runs[rank] if b["epoch"] == 0 for i in b["indices"])
+    bt.check(set(e0) == set(range(n)), "the two ranks together see every sample in epoch 0")
+    bt.ok("files dataset, 2 ranks, 2 epochs: every batch equals torchvision's tensors with the "
+          "documented draws (seed, epoch, source, index)")
+
+    # Resume at a random step: the same tensors as the uninterrupted run.
+    full = runs[1]
+    k = random.Random().randrange(1, len(full) - 1)
+    cur = os.path.join(tmpdir, "cursor")
+    r, first = fetch(coord, "tf-files-resume", "files:imgs/samples", 1, 2, "--epochs", 2,
+                     "--max-steps", k, "--cursor-out", cur)
+    bt.check(r.returncode == 0 and len(first) == k, "a rank stopped after %d batches" % k,
+             r.stderr)
+    r, rest = fetch(coord, "tf-files-resume", "files:imgs/samples", 1, 2, "--epochs", 2,
+                    "--resume", open(cur).read().strip())
+    bt.check(r.returncode == 0, "the rank resumed from its cursor", r.stderr)
+    strip = [{key: b[key] for key in ("epoch", "step", "indices", "sha256")} for b in full]
+    again = [{key: b[key] for key in ("epoch", "step", "indices", "sha256")} for b in first + rest]
+    bt.check(again == strip, "resumed at step %d: the same tensors as the uninterrupted run" % k,
+             (len(again), len(strip)))
+    bt.ok("resume at step %d of %d gives the same tensors" % (k, len(full)))
+    return files
+
+
+def check_tar(tmpdir, coord, data):
+    n = 15
+    info = gen(tmpdir, "tar-jpeg", os.path.join(data, "wds"), n, "--files", 3)
+    src_of, jpgs = {}, {}
+    for s, name in enumerate(info["sources"]):
+        with tarfile.open(os.path.join(data, "wds", name)) as t:
+            for m in t.getmembers():
+                if m.name.endswith(".jpg"):
+                    i = int(m.name[6:14])
+                    path = os.path.join(tmpdir, "wds-%d.jpg" % i)
+                    with open(path, "wb") as f:
+                        f.write(t.extractfile(m).read())
+                    src_of[i], jpgs[i] = s, path
+    bt.check(sorted(src_of) == list(range(n)) and len(set(src_of.values())) == 3,
+             "the tar-jpeg samples lie in three shards", src_of)
+    for rank in range(3):
+        r, batches = fetch(coord, "tf-tar", "tar:wds/shard-*.tar", rank, 3, "--transform-field",
+                           "jpg")
+        bt.check(r.returncode == 0, "rank %d of the tar job ran" % rank, r.stderr)
+        check_batches("tar rank %d" % rank, batches, lambda i: (jpgs[i], src_of[i]))
+    r, _ = fetch(coord, "tf-tar-nofield", "tar:wds/shard-*.tar", 0, 1)
+    bt.check(r.returncode != 0 and "give transform_field" in r.stderr,
+             "a tar job's transform needs --transform-field", r.stderr)
+    bt.ok("tar-jpeg dataset, 3 ranks, --transform-field jpg: torchvision's tensors, the key's "
+          "source being the shard")
+
+
+def check_python(tmpdir, coord, files):
+    batchwire = bwpy.import_batchwire()
+    with batchwire.Loader(coordinator=coord.addr, job="tf-py", dataset="files:imgs/samples",
+                          rank=0, world_size=1, batch_size=5, shuffle=True, seed=SEED,
+                          transform=SPEC) as loader:
+        got = 0
+        for batch in loader:
+            a = batch.numpy()
+            want = np.stack([expected(files[int(i)], SEED, int(batch.epoch), 0, int(i))
+                             for i in batch.indices])
+            bt.check(a.dtype == np.float32 and a.shape == want.shape and np.array_equal(a, want),
+                     "Python: batch %d is torchvision's tensor %s" % (batch.step, want.shape))
+            got += 1
+    bt.check(got == 5, "Python: 5 batches of 22 samples", got)
+    bt.ok("Python Loader(transform=...): Batch.numpy() is the [B, 3, H, W] float32 tensor")
+
+
+def check_refusals(tmpdir, coord, data, files):
+    bad = os.path.join(data, "bad")
+    os.makedirs(bad)
+    for i, f in enumerate(files[:8]):
+        shutil.copy(f, os.path.join(bad, "sample%08d.jpg" % i))
+    target = os.path.join(bad, "sample%08d.jpg" % 5)
+    blob = open(target, "rb").read()
+    with open(target, "wb") as f:
+        f.write(blob[:len(blob) // 2])
+    r, batches = fetch(coord, "tf-bad", "files:bad", 0, 1, "--timeout-ms", 20000)
+    bt.check(r.returncode == 1, "a corrupt JPEG fails the fetch", (r.returncode, r.stderr))
+    bt.check(all(5 not in b["indices"] for b in batches),
+             "no batch holding the corrupt sample was delivered", batches)
+    bt.check_in("source 0 'bad' sample 5", r.stderr, "the error names the source and the index")
+    bt.check_in("decode", r.stderr, "the error names the op that failed")
+
+    r, _ = fetch(coord, "tf-files", "files:imgs/samples", 0, 2, "--transform",
+                 "decode|center_crop(8)")
+    bt.check(r.returncode != 0 and "transform" in r.stderr,
+             "another transform for an existing job is refused as a mismatch", r.stderr)
+    r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "tf-badspec", "--dataset",
+               "files:imgs/samples", "--rank", 0, "--world-size", 1, "--transform",
+               "decode|resize(0)")
+    bt.check(r.returncode != 0 and "op 2 'resize(0)'" in r.stderr,
+             "a bad spec is refused naming the op", r.stderr)
+    r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "tf-badfmt", "--dataset",
+               "npy:x.npy", "--rank", 0, "--world-size", 1, "--transform", "decode|resize(4,4)")
+    bt.check(r.returncode != 0 and "holds no images" in r.stderr,
+             "a transform on an npy dataset is refused", r.stderr)
+    bt.ok("a corrupt JPEG fails its batch naming source and index; specs, formats and a "
+          "changed transform refused")
+
+
+def test(tmpdir):
+    data = os.path.join(tmpdir, "data")
+    os.makedirs(data)
+    coord = bt.coordinator(tmpdir)
+    for wid in ("w1", "w2"):
+        bt.worker(tmpdir, coord.addr, wid, data_root=data)
+    files = check_files(tmpdir, coord, data)
+    check_tar(tmpdir, coord, data)
+    check_python(tmpdir, coord, files)
+    check_refusals(tmpdir, coord, data, files)
+
+
+if __name__ == "__main__":
+    bwpy.maybe_reexec_under_asan()
+    bt.main(test, timeout=500)
