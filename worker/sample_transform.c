@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "batchwire/batchwire.h"
+#include "common/util.h"
 
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t scratch_key;
@@ -57,7 +58,7 @@ int bw__stf_parse(const Batchwire__V1__Transform *t, bw__stf *out, char *err, si
                  sizeof(out->field) - 1);
         return BW_INVALID_ARGUMENT;
     }
-    strcpy(out->field, f);
+    snprintf(out->field, sizeof(out->field), "%s", f);
     out->seed = t->seed;
     out->epoch = t->epoch;
     return BW_OK;
@@ -169,4 +170,42 @@ int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t i
     r->owner = m;
     r->owner_is_own = true;
     return BW_OK;
+}
+
+size_t bw__stf_window(const bw__tfpool *pool, size_t n)
+{
+    size_t w = 2 * (size_t)(bw__tfpool_threads(pool) > 0 ? bw__tfpool_threads(pool) : 1);
+    if (w > 64)
+        w = 64;
+    if (w > n)
+        w = n;
+    return w ? w : 1;
+}
+
+typedef struct window_job {
+    const bw__stf *t;
+    const bw__dataset *d;
+    bool members;
+    bw__rp_rec *recs;
+    const size_t *srcs;
+    int *rcs;
+    char (*errs)[BW_STF_ERR_MAX];
+    bw__wm *m;
+} window_job;
+
+static void run_one(void *arg, size_t i)
+{
+    window_job *j = arg;
+    uint64_t t0 = bw__mono_ns();
+    j->rcs[i] = bw__stf_apply(j->t, j->d, j->srcs[i], j->recs[i].key, j->members, &j->recs[i].rec,
+                              j->errs[i], BW_STF_ERR_MAX);
+    bw__wm_transformed(j->m, t0, j->rcs[i]);
+}
+
+void bw__stf_run_window(const bw__stf *t, bw__tfpool *pool, const bw__dataset *d, bool members,
+                        bw__rp_rec *recs, const size_t *srcs, int *rcs,
+                        char (*errs)[BW_STF_ERR_MAX], size_t n, bw__wm *m)
+{
+    window_job j = {t, d, members, recs, srcs, rcs, errs, m};
+    bw__tfpool_run(pool, run_one, &j, n);
 }

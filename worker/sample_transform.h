@@ -13,6 +13,9 @@
 #include "data.pb-c.h"
 #include "formats/dataset.h"
 #include "jobs/job_check.h"
+#include "metrics.h"
+#include "read_path.h"
+#include "transform_pool.h"
 #include "transform/transform.h"
 
 /* A request's transform, parsed once. A plain value: any number of threads may read it. */
@@ -36,6 +39,21 @@ int bw__stf_parse(const Batchwire__V1__Transform *t, bw__stf *out, char *err, si
  * scratch of the calling thread's own (bw__stf_thread_scratch). Thread-safe. */
 int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t index, bool members,
                   bw__record *r, char *err, size_t errlen);
+
+/* The room a window's sample has for its error sentence. */
+enum { BW_STF_ERR_MAX = 1024 };
+
+/* The samples a transformed read takes at once (its window) when it has n to read: twice the
+ * pool's threads (so that every thread has work while another read's window finishes), at
+ * most 64, at most n, at least 1. */
+size_t bw__stf_window(const bw__tfpool *pool, size_t n);
+
+/* Runs bw__stf_apply on recs[0..n) (source srcs[i], index recs[i].key) on the pool (NULL: on
+ * this thread), each sample's code in rcs[i] and its error in errs[i]; returns when all are
+ * done. Counts each sample's time and failures into m (NULL: not counted). */
+void bw__stf_run_window(const bw__stf *t, bw__tfpool *pool, const bw__dataset *d, bool members,
+                        bw__rp_rec *recs, const size_t *srcs, int *rcs,
+                        char (*errs)[BW_STF_ERR_MAX], size_t n, bw__wm *m);
 
 /* The calling thread's scratch (created on first use, freed when the thread exits); NULL when
  * out of memory. max_pixels as bw__tf_scratch_new; fixed by the first call in the process. */

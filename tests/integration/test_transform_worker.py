@@ -12,16 +12,22 @@
   uninterrupted run;
 * a corrupt (truncated) JPEG fails its batch with an error naming the source and the sample's
   index, never an empty tensor; the spec is checked before anything is asked of a worker and
-  its canonical text is part of the job's configuration (another transform: BW_MISMATCH).
+  its canonical text is part of the job's configuration (another transform: BW_MISMATCH);
+* the pool (--transform-threads 1 and 3: windows of 2 and 6 samples) and its metrics (time per
+  sample, failures by code); results larger than --inflight-bytes are refused naming it.
+
+BW_TF_RESUME_STEP=K resumes at step K instead of a random one.
 """
 
 import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import tarfile
+import urllib.request
 
 import numpy as np
 import torchvision.transforms.functional as F
@@ -93,13 +99,15 @@ def check_files(tmpdir, coord, data):
 
     # Resume at a random step: the same tensors as the uninterrupted run.
     full = runs[1]
-    k = random.Random().randrange(1, len(full) - 1)
+    k = int(os.environ.get("BW_TF_RESUME_STEP", 0)) or random.Random().randrange(1, len(full) - 1)
     cur = os.path.join(tmpdir, "cursor")
     r, first = fetch(coord, "tf-files-resume", "files:imgs/samples", 1, 2, "--epochs", 2,
                      "--max-steps", k, "--cursor-out", cur)
     bt.check(r.returncode == 0 and len(first) == k, "a rank stopped after %d batches" % k,
              r.stderr)
-    r, rest = fetch(coord, "tf-files-resume", "files:imgs/samples", 1, 2, "--epochs", 2,
+    # --epochs counts the rest of the cursor's epoch as the first.
+    left = 2 - full[k - 1]["epoch"]  # the cursor's epoch
+    r, rest = fetch(coord, "tf-files-resume", "files:imgs/samples", 1, 2, "--epochs", left,
                     "--resume", open(cur).read().strip())
     bt.check(r.returncode == 0, "the rank resumed from its cursor", r.stderr)
     strip = [{key: b[key] for key in ("epoch", "step", "indices", "sha256")} for b in full]
@@ -187,16 +195,64 @@ def check_refusals(tmpdir, coord, data, files):
           "changed transform refused")
 
 
+def scrape(addr):
+    with urllib.request.urlopen("http://%s/metrics" % addr, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def check_pool(coord, workers):
+    # w1 runs windows of 2 samples (1 thread), w2 of 6 (3 threads): both served every job
+    # above, a request of several windows included, and the corrupt sample was counted.
+    totals = {"count": 0, "failures": 0}
+    for wid, (d, threads) in workers.items():
+        bt.check_in("transform_threads=%d" % threads, d.log_text(),
+                    "worker %s runs %d transform threads" % (wid, threads))
+        m = scrape(re.search(r"metrics on http://(\S+)/metrics", d.log_text()).group(1))
+        n = m.get("batchwire_worker_transform_duration_seconds_count", 0)
+        bt.check(n > 0 and m.get("batchwire_worker_transform_duration_seconds_sum", 0) > 0,
+                 "worker %s counts its transforms' time (%d samples)" % (wid, n))
+        totals["count"] += n
+        totals["failures"] += m.get(
+            'batchwire_worker_transform_failures_total{code="BW_CORRUPT"}', 0)
+    bt.check(totals["failures"] >= 1, "the corrupt JPEG is counted as a BW_CORRUPT failure",
+             totals)
+    bt.ok("transform pools of 1 and 3 threads; %d samples timed, %d failures counted" %
+          (totals["count"], totals["failures"]))
+
+
+def check_budget(coord):
+    # A 1024x1024 float32 result is 12 MiB: more than the whole 8 MiB in-flight budget.
+    r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "tf-big", "--dataset",
+               "files:imgs/samples", "--rank", 0, "--world-size", 1, "--batch-size", 2,
+               "--transform", "decode|resize(1024,1024)|" + te.NORM, "--max-steps", 1,
+               timeout=60)
+    bt.check(r.returncode == 1 and "in-flight budget" in r.stderr, "results larger than the "
+             "worker's in-flight budget are refused, naming it", (r.returncode, r.stderr))
+    bt.ok("a transform's results are charged against --inflight-bytes")
+
+
 def test(tmpdir):
     data = os.path.join(tmpdir, "data")
     os.makedirs(data)
     coord = bt.coordinator(tmpdir)
-    for wid in ("w1", "w2"):
-        bt.worker(tmpdir, coord.addr, wid, data_root=data)
+    workers = {}
+    for wid, threads in (("w1", 1), ("w2", 3)):
+        d = bt.worker(tmpdir, coord.addr, wid, data_root=data,
+                      args=["--transform-threads", threads, "--metrics-listen", "127.0.0.1:0",
+                            "--inflight-bytes", 8 << 20])
+        workers[wid] = (d, threads)
     files = check_files(tmpdir, coord, data)
     check_tar(tmpdir, coord, data)
     check_python(tmpdir, coord, files)
     check_refusals(tmpdir, coord, data, files)
+    check_pool(coord, workers)
+    check_budget(coord)
 
 
 if __name__ == "__main__":
