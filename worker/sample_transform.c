@@ -148,12 +148,7 @@ int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t i
     if (!t->field[0] || !members) {
         bw__record_release(r);
         bw__record_init(r);
-        r->nparts = 1;
-        r->parts[0].p = m->base;
-        r->parts[0].len = m->len;
-        r->size = m->len;
-        r->owner = m;
-        r->owner_is_own = true;
+        bw__record_own(r, m);
         return BW_OK;
     }
     /* One member replaced: the others stay in the dataset's mapping, which the open read
