@@ -14,7 +14,9 @@
   index, never an empty tensor; the spec is checked before anything is asked of a worker and
   its canonical text is part of the job's configuration (another transform: BW_MISMATCH);
 * the pool (--transform-threads 1 and 3: windows of 2 and 6 samples) and its metrics (time per
-  sample, failures by code); results larger than --inflight-bytes are refused naming it.
+  sample, failures by code); results larger than --inflight-bytes are refused naming it;
+* a 4-rank job with a worker SIGKILLed mid-job: the ranks that fail over still get
+  torchvision's tensors.
 
 BW_TF_RESUME_STEP=K resumes at step K instead of a random one.
 """
@@ -116,6 +118,30 @@ def check_files(tmpdir, coord, data):
              (len(again), len(strip)))
     bt.ok("resume at step %d of %d gives the same tensors" % (k, len(full)))
     return files
+
+
+def check_failover(tmpdir, coord, data, files):
+    # A 4-rank job over three workers; the third is SIGKILLed after ranks 0 and 1 ran (its
+    # placement still lists it), so ranks 2 and 3 find it dead and fetch its samples from the
+    # next owners: every batch is still torchvision's tensors, as the key does not name a
+    # worker.
+    w3 = bt.worker(tmpdir, coord.addr, "w3", data_root=data, args=["--transform-threads", 2])
+    bt.poll(lambda: sum(w["state"] == "alive" for w in bt.status_json(coord.addr)["workers"])
+            == 3, 15, interval=0.1, what="3 live workers")
+    served = {}
+    for rank in range(4):
+        if rank == 2:
+            w3.kill9()
+        r, batches = fetch(coord, "tf-kill", "files:imgs/samples", rank, 4, "--epochs", 2)
+        bt.check(r.returncode == 0, "rank %d of the 4-rank job ran" % rank, r.stderr)
+        check_batches("4-rank rank %d" % rank, batches, lambda i: (files[i], 0))
+        served[rank] = r
+    failovers = sum(json.loads(x)["summary"]["stats"]["failovers"]
+                    for rank in (2, 3) for x in served[rank].stdout.splitlines()
+                    if x.startswith('{"summary"'))
+    bt.check(failovers > 0, "ranks 2 and 3 failed over from the killed worker (%d)" % failovers)
+    bt.ok("4 ranks, a worker SIGKILLed between them: every batch torchvision's tensors (%d "
+          "failovers)" % failovers)
 
 
 def check_tar(tmpdir, coord, data):
@@ -253,6 +279,7 @@ def test(tmpdir):
     check_refusals(tmpdir, coord, data, files)
     check_pool(coord, workers)
     check_budget(coord)
+    check_failover(tmpdir, coord, data, files)
 
 
 if __name__ == "__main__":
