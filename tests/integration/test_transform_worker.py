@@ -185,6 +185,17 @@ def check_python(tmpdir, coord, files):
                      "Python: batch %d is torchvision's tensor %s" % (batch.step, want.shape))
             got += 1
     bt.check(got == 5, "Python: 5 batches of 22 samples", got)
+    import torch
+    with batchwire.Loader(coordinator=coord.addr, job="tf-py-bf16", dataset="files:imgs/samples",
+                          rank=0, world_size=1, batch_size=8, seed=SEED,
+                          transform=SPEC + "|cast(bfloat16)") as loader:
+        batch = next(iter(loader))
+        t = batch.torch()
+        want = torch.from_numpy(np.stack([expected(files[int(i)], SEED, 0, 0, int(i))
+                                          for i in batch.indices])).to(torch.bfloat16)
+        bt.check(t.dtype == torch.bfloat16 and torch.equal(t, want),
+                 "Python: a cast(bfloat16) batch is a torch.bfloat16 tensor equal to torch's "
+                 "conversion of torchvision's", (t.dtype, tuple(t.shape)))
     bt.ok("Python Loader(transform=...): Batch.numpy() is the [B, 3, H, W] float32 tensor")
 
 
