@@ -7,7 +7,8 @@
   (seed, epoch, source, dataset index) -- compared by the SHA-256 of the batch's bytes;
 * the same over `gen --format tar-jpeg` (3 ranks, --transform-field jpg), whose samples lie in
   three shards (the key's source is the shard);
-* the same through the Python binding (transform=): Batch.numpy() is the tensor itself;
+* the same through the Python binding (transform=): Batch.numpy() is the tensor itself, and
+  over gRPC instead of the data channel;
 * a rank stopped at a random step and resumed from its cursor delivers the same tensors as the
   uninterrupted run;
 * a corrupt (truncated) JPEG fails its batch with an error naming the source and the sample's
@@ -98,6 +99,11 @@ def check_files(tmpdir, coord, data):
     bt.check(set(e0) == set(range(n)), "the two ranks together see every sample in epoch 0")
     bt.ok("files dataset, 2 ranks, 2 epochs: every batch equals torchvision's tensors with the "
           "documented draws (seed, epoch, source, index)")
+    r, batches = fetch(coord, "tf-files", "files:imgs/samples", 0, 2, "--epochs", 2,
+                       "--transport", "grpc")
+    bt.check(r.returncode == 0, "rank 0 again over gRPC", r.stderr)
+    bt.check([b["sha256"] for b in batches] == [b["sha256"] for b in runs[0]],
+             "over gRPC: the same tensors as over the data channel")
 
     # Resume at a random step: the same tensors as the uninterrupted run.
     full = runs[1]
