@@ -6,7 +6,8 @@
   and flips re-derived from docs/transforms.md by test_transform_equiv's helpers, keyed by
   (seed, epoch, source, dataset index) -- compared by the SHA-256 of the batch's bytes;
 * the same over `gen --format tar-jpeg` (3 ranks, --transform-field jpg), whose samples lie in
-  three shards (the key's source is the shard);
+  three shards (the key's source is the shard); read with fields, the cls member passes
+  through and the jpg member is the tensor;
 * the same through the Python binding (transform=): Batch.numpy() is the tensor itself, and
   over gRPC instead of the data channel;
 * a rank stopped at a random step and resumed from its cursor delivers the same tensors as the
@@ -170,6 +171,23 @@ def check_tar(tmpdir, coord, data):
                            "jpg")
         bt.check(r.returncode == 0, "rank %d of the tar job ran" % rank, r.stderr)
         check_batches("tar rank %d" % rank, batches, lambda i: (jpgs[i], src_of[i]))
+    # With fields the other members pass through: cls stays the label, jpg is the tensor.
+    batchwire = bwpy.import_batchwire()
+    with batchwire.Loader(coordinator=coord.addr, job="tf-tar-fields",
+                          dataset="tar:wds/shard-*.tar", rank=0, world_size=1, batch_size=4,
+                          seed=SEED, transform=SPEC, transform_field="jpg",
+                          fields=True) as loader:
+        seen = 0
+        for batch in loader:
+            for i, f in zip(batch.indices, batch.fields()):
+                i = int(i)
+                want = expected(jpgs[i], SEED, int(batch.epoch), src_of[i], i)
+                bt.check(sorted(f) == ["cls", "jpg"] and f["jpg"] == want.tobytes() and
+                         f["cls"] == str(te.iword(5, i, 3) % 10).encode(),
+                         "tar with fields: sample %d's jpg is its tensor, cls its label" % i,
+                         (sorted(f), len(f["jpg"]), f.get("cls")))
+                seen += 1
+    bt.check(seen == n, "tar with fields: every sample", seen)
     r, _ = fetch(coord, "tf-tar-nofield", "tar:wds/shard-*.tar", 0, 1)
     bt.check(r.returncode != 0 and "give transform_field" in r.stderr,
              "a tar job's transform needs --transform-field", r.stderr)
