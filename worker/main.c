@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/text.h"
 #include "common/util.h"
@@ -14,6 +15,7 @@
 
 #include "rpc/dchan.h"
 #include "rpc/tls.h"
+#include "sample_transform.h"
 #include "worker.h"
 
 static const bw_opt options[] = {
@@ -56,6 +58,15 @@ static const bw_opt options[] = {
      "request that does not fit waits up to 1 s, then gets BW_BUSY with a retry hint"},
     {"read-threads", BW_OPT_INT, offsetof(bw_worker_config, read_threads), "4", 1, 256, NULL, 0,
      "N", "threads that open, index and check datasets for requests of both transports"},
+    {"transform-threads", BW_OPT_INT, offsetof(bw_worker_config, transform_threads), "0", 0, 1024,
+     NULL, 0, "N",
+     "threads that run jobs' transforms (decode, crop, normalize: docs/transforms.md), each "
+     "with its own scratch memory; 0: one per core online"},
+    {"transform-max-pixels", BW_OPT_INT, offsetof(bw_worker_config, transform_max_pixels),
+     "89478485", 1, (int64_t)1 << 32, NULL, 0, "N",
+     "largest image (width x height) a transform decodes; larger ones fail their sample with "
+     "BW_TOO_BIG. A transform thread's scratch holds about 9 bytes per pixel of the largest "
+     "image it decoded"},
     {"max-open-files", BW_OPT_INT, offsetof(bw_worker_config, max_open_files), "0", 0, 1 << 24,
      NULL, 0, "N",
      "files the cached datasets may hold open together (0: the process's descriptor limit less "
@@ -277,6 +288,12 @@ int main(int argc, char **argv)
                             BW_WORKER_ADMIT_WAIT_MS, "--inflight-bytes"};
         rc = bw__exec_start(&xo, &w.exec, err, sizeof(err));
     }
+    if (rc == BW_OK) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int n = cfg.transform_threads ? (int)cfg.transform_threads : cores > 0 ? (int)cores : 1;
+        bw__stf_set_max_pixels((uint64_t)cfg.transform_max_pixels);
+        rc = bw__tfpool_start(n, &w.tfpool, err, sizeof(err));
+    }
     if (rc == BW_OK)
         rc = bw__worker_connect(&w, err, sizeof(err));
     if (rc == BW_OK) {
@@ -316,9 +333,10 @@ int main(int argc, char **argv)
                     cfg.common.metrics_auth ? " (bearer token required)" : "");
         bw__daemon_auth_announce(&cfg.common, "worker", w.auth, cfg.tls_ca || cfg.common.tls_cert);
         BW_INFO("dataset budgets max_open_files=%llu descriptor_limit=%llu "
-                "dataset_memory_bytes=%llu max_sources=%zu",
+                "dataset_memory_bytes=%llu max_sources=%zu transform_threads=%d",
                 (unsigned long long)lim.max_open_files, (unsigned long long)descriptors,
-                (unsigned long long)lim.memory_bytes, lim.max_sources);
+                (unsigned long long)lim.memory_bytes, lim.max_sources,
+                bw__tfpool_threads(w.tfpool));
         rc = bw__worker_membership_start(&w, err, sizeof(err));
     }
     if (rc != BW_OK && srv) {
@@ -329,6 +347,7 @@ int main(int argc, char **argv)
     if (rc != BW_OK) {
         BW_ERROR("cannot start err=%s", err);
         bw__worker_membership_stop(&w);
+        bw__tfpool_stop(w.tfpool);
         bw__exec_stop(w.exec);
         bw__ds_cache_free(w.datasets);
         bw__pview_destroy(&w.placement);
@@ -352,6 +371,7 @@ int main(int argc, char **argv)
     bw__metrics_http_stop(metrics_http); /* its scrapes read the parts stopped below */
     bw__dchan_server_stop(w.dchan);
     bw__rpc_server_stop(srv, (int)cfg.common.grace_ms); /* waits for calls on the executor */
+    bw__tfpool_stop(w.tfpool); /* after every read that could run a window */
     bw__exec_stop(w.exec);
     bw__ds_cache_free(w.datasets);
     bw__pview_destroy(&w.placement);

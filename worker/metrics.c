@@ -88,6 +88,24 @@ static const bw_metric_def INDEXED = {
     N(OPEN_S),
     64};
 
+static const double TRANSFORM_S[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                     0.01,   0.025,   0.05,   0.1,   0.25,   1};
+static const bw_metric_def TRANSFORM = {
+    "batchwire_worker_transform_duration_seconds",
+    "Time to run a job's transform on one sample (decode and ops, on a --transform-threads "
+    "thread)",
+    BW_HISTOGRAM,
+    {NULL},
+    TRANSFORM_S,
+    N(TRANSFORM_S),
+    0};
+static const bw_metric_def TRANSFORM_FAILURES = BW_METRIC_DEF(
+    "batchwire_worker_transform_failures_total", BW_COUNTER,
+    "Samples a transform failed on (each fails its request), by batchwire error code "
+    "(BW_CORRUPT: a corrupt image; BW_NOT_FOUND: a tar sample without the member; BW_TOO_BIG: "
+    "over the pixel limit)",
+    "code");
+
 struct bw__wm {
     bw__wm_state_fn state;
     void *user;
@@ -95,6 +113,8 @@ struct bw__wm {
     bw_metric *in_flight_bytes, *budget, *datasets, *files, *connections;
     bw_series *latency[BW_WM_TRANSPORTS][2]; /* by method: ReadSamples, ReadStream */
     bw_series *in_flight[BW_WM_TRANSPORTS];
+    bw_series *transform;
+    bw_metric *transform_failures;
 };
 
 static void collect(void *user, bw_metrics_sink *sink)
@@ -133,8 +153,12 @@ bw__wm *bw__wm_new(bw_metrics *reg, bw__wm_state_fn state, void *user, int *rc)
     m->connections = bw__metrics_add_collected(reg, &CONNECTIONS);
     m->opened = bw__metrics_add(reg, &OPENED);
     m->indexed = bw__metrics_add(reg, &INDEXED);
-    bool ok = latency && in_flight && m->samples && m->bytes && m->errors && m->in_flight_bytes &&
-              m->budget && m->datasets && m->files && m->connections && m->opened && m->indexed;
+    bw_metric *transform = bw__metrics_add(reg, &TRANSFORM);
+    m->transform = transform ? bw__metric_series(transform, NULL) : NULL;
+    m->transform_failures = bw__metrics_add(reg, &TRANSFORM_FAILURES);
+    bool ok = m->transform && m->transform_failures && latency && in_flight && m->samples &&
+              m->bytes && m->errors && m->in_flight_bytes && m->budget && m->datasets && m->files &&
+              m->connections && m->opened && m->indexed;
     for (int t = 0; ok && t < BW_WM_TRANSPORTS; t++) {
         const char *a[] = {TRANSPORT[t], "ReadSamples"}, *b[] = {TRANSPORT[t], "ReadStream"};
         m->latency[t][0] = bw__metric_series(latency, a);
@@ -202,4 +226,14 @@ void bw__wm_indexed(bw__wm *m, const char *format, uint64_t t0)
     if (m)
         bw__histogram_observe(bw__metric_series(m->indexed, (const char *[]){format}),
                               bw__metrics_since(t0));
+}
+
+void bw__wm_transformed(bw__wm *m, uint64_t t0, int rc)
+{
+    if (!m)
+        return;
+    bw__histogram_observe(m->transform, bw__metrics_since(t0));
+    if (rc != BW_OK)
+        bw__counter_add(bw__metric_series(m->transform_failures, (const char *[]){bw_err_name(rc)}),
+                        1);
 }

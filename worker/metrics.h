@@ -60,4 +60,8 @@ bw__wm_served bw__wm_served_for(bw__wm *m, bw__wm_transport t, const Batchwire__
 void bw__wm_opened(bw__wm *m, const char *format, uint64_t t0);
 void bw__wm_indexed(bw__wm *m, const char *format, uint64_t t0);
 
+/* A sample's transform ran from t0 (bw__mono_ns) and ended with rc: its time, and a failure
+ * by code (docs/transforms.md, "On the workers"). */
+void bw__wm_transformed(bw__wm *m, uint64_t t0, int rc);
+
 #endif

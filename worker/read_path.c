@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "formats/field_table.h"
 #include "placement/placement.h"
+#include "sample_transform.h"
 #include "worker.h"
 
 struct bw__rp {
@@ -21,9 +22,22 @@ struct bw__rp {
     uint64_t unstated, unstated_bytes;   /* read, not yet added to `stats` */
     bool stream, locate_only, at_end;
     bool field_table; /* tar samples start with their field table (field_table.h) */
+    /* ReadSamples with a transform (else NULL): run on the pool a window at a time */
+    bw__stf *tf;
+    bw__tfpool *pool; /* NULL: on the reading thread */
+    bw__exec *exec;   /* charges the window's results; NULL: not charged */
+    bw__wm *metrics;
+    struct {
+        size_t cap, n, at; /* samples it holds (at most cap), the next to yield */
+        uint64_t charge;
+        bw__rp_rec *recs;
+        size_t *srcs;
+        int *rcs;
+        char (*errs)[BW_STF_ERR_MAX];
+    } win;
     /* ReadSamples */
     const uint64_t *indices;
-    size_t n;
+    size_t n, pos; /* pos: the next to read (a transform reads a window ahead of count) */
     /* ReadStream */
     uint32_t src;
     uint64_t off, first_record, max_records;
@@ -57,6 +71,17 @@ static void meter(bw__rp *rp)
         atomic_fetch_add(&rp->stats->record_bytes_read, rp->unstated_bytes);
     }
     rp->unmetered = rp->unmetered_bytes = rp->unstated = rp->unstated_bytes = 0;
+}
+
+/* Drops the window's records not yet yielded and gives its charge back. */
+static void window_drop(bw__rp *rp)
+{
+    for (size_t k = rp->win.at; k < rp->win.n; k++)
+        bw__record_release(&rp->win.recs[k].rec);
+    rp->win.at = rp->win.n = 0;
+    if (rp->win.charge)
+        bw__exec_release(rp->exec, rp->win.charge);
+    rp->win.charge = 0;
 }
 
 static bw__rp *rp_new(bw__wds *e, bw__data_stats *stats)
@@ -112,8 +137,15 @@ void bw__rp_close(bw__rp *rp)
     if (!rp)
         return;
     meter(rp);
+    if (rp->tf)
+        window_drop(rp);
     bw__ds_put(rp->e);
     free(rp->touched);
+    free(rp->tf);
+    free(rp->win.recs);
+    free(rp->win.srcs);
+    free(rp->win.rcs);
+    free(rp->win.errs);
     free(rp);
 }
 
@@ -176,15 +208,17 @@ int bw__rp_recheck(bw__rp *rp, char *err, size_t errlen)
     return rc == BW_RP_END ? BW_OK : rc;
 }
 
-int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
+/* The next record as the dataset holds it: ReadSamples, the sample at rp->pos (then pos moves
+ * on); ReadStream, the record at rp->off. *src is its source. Not yet counted as served. */
+static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t errlen)
 {
     char why[1024];
     int rc;
     size_t src;
     if (!rp->stream) {
-        if (rp->count >= rp->n)
+        if (rp->pos >= rp->n)
             return end(rp, err, errlen);
-        out->key = rp->indices[rp->count];
+        out->key = rp->indices[rp->pos];
         out->offset = out->next_offset = 0;
         rc = bw__dataset_get(rp->d, out->key, &out->rec, why, sizeof(why));
         src = rc == BW_OUT_OF_RANGE ? 0 : bw__dataset_source_of(rp->d, out->key);
@@ -220,11 +254,22 @@ int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
     }
     if (rp->stream)
         rp->off = out->next_offset;
-    else
+    else {
         rp->touched[src / 8] |= (uint8_t)(1u << (src % 8));
-    rp->count++;
+        rp->pos++;
+    }
     rp->unstated++;
     rp->unstated_bytes += out->rec.size;
+    *srcp = src;
+    return BW_OK;
+}
+
+/* A record read (and transformed) is served: counted, its field table in front. */
+static int serve(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
+{
+    char why[1024];
+    int rc;
+    rp->count++;
     if (rp->field_table && (rc = bw__field_table_prepend(&out->rec, why, sizeof(why))) != BW_OK) {
         snprintf(err, errlen, "%s: %s", rp->stream ? "ReadStream" : "ReadSamples", why);
         bw__record_release(&out->rec);
@@ -234,6 +279,72 @@ int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
     if (++rp->unmetered >= METER_EVERY)
         meter(rp);
     return BW_OK;
+}
+
+/* The next window of a transformed read: up to BW_STF_WINDOW samples read, then transformed
+ * on the pool at once, their results charged against the in-flight budget until the window
+ * after it (docs/transforms.md, "On the workers"). */
+static int window_fill(bw__rp *rp, char *err, size_t errlen)
+{
+    window_drop(rp);
+    if (rp->pos >= rp->n)
+        return end(rp, err, errlen);
+    size_t want = rp->n - rp->pos;
+    if (want > rp->win.cap)
+        want = rp->win.cap;
+    if (rp->exec) {
+        char why[256];
+        uint32_t hint = 0;
+        uint64_t charge = (uint64_t)want * rp->tf->shape.bytes;
+        int rc = bw__exec_admit(rp->exec, charge, &hint, why, sizeof(why));
+        if (rc != BW_OK) {
+            snprintf(err, errlen, "ReadSamples: transform results of %zu samples: %s", want, why);
+            return rc;
+        }
+        rp->win.charge = charge;
+    }
+    size_t k = 0;
+    int rc = BW_OK;
+    for (; k < want; k++)
+        if ((rc = read_raw(rp, &rp->win.recs[k], &rp->win.srcs[k], err, errlen)) != BW_OK)
+            break;
+    if (k == 0) { /* the read's end or its error, at once */
+        window_drop(rp);
+        return rc;
+    }
+    /* A read that failed after k samples fails again when the window is used up: the
+     * samples before it are served first, as without a transform. */
+    rp->win.n = k;
+    bw__stf_run_window(rp->tf, rp->pool, rp->d, rp->field_table, rp->win.recs, rp->win.srcs,
+                       rp->win.rcs, rp->win.errs, k, rp->metrics);
+    return BW_OK;
+}
+
+int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
+{
+    size_t src;
+    int rc;
+    if (!rp->tf) {
+        if ((rc = read_raw(rp, out, &src, err, errlen)) != BW_OK)
+            return rc;
+        return serve(rp, out, err, errlen);
+    }
+    if (rp->win.at == rp->win.n && (rc = window_fill(rp, err, errlen)) != BW_OK)
+        return rc;
+    size_t k = rp->win.at;
+    if (rp->win.rcs[k] != BW_OK) {
+        /* The sample is named (source and index): the request fails, never sends an empty
+         * result (docs/transforms.md, "On the workers"). Calling again reads it again. */
+        rc = rp->win.rcs[k];
+        snprintf(err, errlen, "ReadSamples: dataset %s %s: %s", rp->spec->format,
+                 bw__ds_spec_first(rp->spec), rp->win.errs[k]);
+        window_drop(rp);
+        rp->pos = rp->count;
+        return rc;
+    }
+    *out = rp->win.recs[k];
+    rp->win.at++;
+    return serve(rp, out, err, errlen);
 }
 
 /* ---- the checks ---- */
@@ -339,6 +450,25 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
         return no_memory("ReadSamples", err, errlen);
     rp->spec = r->dataset;
     rp->field_table = r->field_table;
+    if (r->transform && r->transform->spec && r->transform->spec[0]) {
+        char why[768];
+        size_t cap = bw__stf_window(w->tfpool, r->n_indices);
+        rp->win.cap = cap;
+        rp->win.recs = malloc(cap * sizeof(*rp->win.recs));
+        rp->win.srcs = malloc(cap * sizeof(*rp->win.srcs));
+        rp->win.rcs = malloc(cap * sizeof(*rp->win.rcs));
+        rp->win.errs = malloc(cap * sizeof(*rp->win.errs));
+        if (!(rp->tf = malloc(sizeof(*rp->tf))) || !rp->win.recs || !rp->win.srcs || !rp->win.rcs ||
+            !rp->win.errs) {
+            bw__rp_close(rp);
+            return no_memory("ReadSamples", err, errlen);
+        }
+        rp->pool = w->tfpool;
+        rp->exec = w->exec;
+        rp->metrics = w->metrics;
+        if ((rc = bw__stf_parse(r->transform, rp->tf, why, sizeof(why))) != BW_OK)
+            snprintf(err, errlen, "ReadSamples: %s", why);
+    }
     const bw__dataset *d = rp->d;
     for (size_t i = 0; i < r->n_indices && rc == BW_OK; i++)
         if (r->indices[i] >= d->length) {

@@ -10,6 +10,7 @@
 #include "data.h"
 #include "executor.h"
 #include "metrics.h"
+#include "transform_pool.h"
 #include "rpc/client.h"
 #include "rpc/daemon.h"
 #include "rpc/server.h"
@@ -30,6 +31,8 @@ typedef struct bw_worker_config {
     int64_t max_request_bytes;
     int64_t inflight_bytes;
     int64_t read_threads;
+    int64_t transform_threads;    /* 0: the cores online */
+    int64_t transform_max_pixels; /* per decoded image */
     /* budgets (docs/operating.md, "Worker budgets") */
     int64_t max_open_files; /* 0: the descriptor limit less sockets' headroom */
     int64_t dataset_memory_bytes;
@@ -70,8 +73,9 @@ struct bw_worker {
     bw__pview placement;
     bw__data_stats stats; /* Data.Stats */
     bw__dchan_server *dchan;
-    bw__exec *exec;  /* opens datasets and admits requests by bytes, for both transports */
-    bw__wm *metrics; /* metrics.h; NULL: --metrics-listen unset */
+    bw__exec *exec;     /* opens datasets and admits requests by bytes, for both transports */
+    bw__tfpool *tfpool; /* runs jobs' transforms (transform_pool.h) */
+    bw__wm *metrics;    /* metrics.h; NULL: --metrics-listen unset */
 };
 
 extern const bw_rpc_handler bw__worker_handlers[];

@@ -22,6 +22,7 @@
 typedef struct fetch_cfg {
     char *coordinator, *job, *dataset, *resume, *cursor_out, *device, *resume_elastic;
     char *dataset_fields; /* --dataset-field values, one a line */
+    char *transform, *transform_field;
     int64_t rank, world_size;
     int mode, shuffle_algo;
     int64_t batch_size, epochs, max_steps, prefetch, timeout_ms, retry_ms, commit_every;
@@ -48,6 +49,12 @@ static const bw_opt options[] = {
      "instead of --dataset, repeated: one named array of a dataset of arrays indexed together "
      "(features and labels, like TensorDataset(x, y)); every array has the same length, split "
      "over its files the same way (docs/formats.md)"},
+    {"transform", BW_OPT_STRING, offsetof(fetch_cfg, transform), NULL, 0, 0, NULL, 0, "SPEC",
+     "run this pipeline on every sample on the workers, e.g. "
+     "'decode|random_resized_crop(224)|flip|normalize(0.485,0.456,0.406;0.229,0.224,0.225)|chw'"
+     ": each batch is one tensor (docs/transforms.md)"},
+    {"transform-field", BW_OPT_STRING, offsetof(fetch_cfg, transform_field), NULL, 0, 0, NULL, 0,
+     "KEY", "tar datasets: the member the transform runs on (e.g. jpg)"},
     {"rank", BW_OPT_INT, offsetof(fetch_cfg, rank), "-1", -1, 1 << 24, NULL, 0, "r",
      "this rank (default: RANK or SLURM_PROCID)"},
     {"world-size", BW_OPT_INT, offsetof(fetch_cfg, world_size), "-1", -1, 1 << 24, NULL, 0, "R",
@@ -208,7 +215,19 @@ static void print_arrays(const bw_batch *b)
     printf("}");
 }
 
-static void print_batch(const bw_batch *b, int64_t rank)
+/* A transformed batch: ,"dtype":"<f4","shape":[B,C,H,W] (what the tensor's bytes are). */
+static void print_tensor(const bw_batch *b)
+{
+    printf(",\"dtype\":");
+    bw__json_string(stdout, bw_batch_dtype(b));
+    printf(",\"shape\":[");
+    const uint64_t *shape = bw_batch_shape(b);
+    for (size_t d = 0; d < bw_batch_ndim(b); d++)
+        printf("%s%" PRIu64, d ? "," : "", shape[d]);
+    printf("]");
+}
+
+static void print_batch(const bw_batch *b, int64_t rank, bool tensor)
 {
     unsigned char h[SHA256_DIGEST_LENGTH];
     SHA256(bw_batch_data(b), bw_batch_nbytes(b), h);
@@ -225,6 +244,8 @@ static void print_batch(const bw_batch *b, int64_t rank)
     for (int i = 0; i < SHA256_DIGEST_LENGTH; i++)
         printf("%02x", h[i]);
     printf("\"");
+    if (tensor && bw_batch_ndim(b))
+        print_tensor(b);
     print_arrays(b);
     printf("}\n");
 }
@@ -365,6 +386,8 @@ int bw__cmd_fetch(int argc, char **argv)
     o.token_file = cfg.tls.token_file;
     o.epochs = (uint64_t)cfg.job_epochs;
     o.transport = cfg.transport ? "grpc" : "auto";
+    o.transform = cfg.transform;
+    o.transform_field = cfg.transform_field;
     if (parse_device(cfg.device, &o.device) != BW_OK) {
         fprintf(stderr, "batchwire fetch: --device: invalid value '%s': expected cuda:N\n",
                 cfg.device);
@@ -426,7 +449,7 @@ int bw__cmd_fetch(int argc, char **argv)
         while (!stop_requested && (cfg.max_steps == 0 || batches < (uint64_t)cfg.max_steps) &&
                (rc = bw_loader_next(l, &b)) == BW_OK) {
             if (!cfg.quiet) {
-                print_batch(b, rank);
+                print_batch(b, rank, cfg.transform != NULL);
                 fflush(stdout); /* each line out as it is handed out, e.g. to a pipe */
             }
             batches++;

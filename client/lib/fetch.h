@@ -102,6 +102,11 @@ typedef struct bw__fetch_ctx {
     bw__fetch_stats *stats; /* counted into when not NULL */
     bw__fetch_avoid *avoid; /* remembered across fetches when not NULL */
     bool field_table;       /* tar: ask for each sample's field table (formats/field_table.h) */
+    /* The job's transform (canonical text; NULL: none), the member it runs on ("" or NULL:
+     * the whole sample) and the sampler's seed: sent with every ReadSamples request, with the
+     * batch's epoch (docs/transforms.md, "On the workers"). */
+    const char *transform, *transform_field;
+    uint64_t seed;
 } bw__fetch_ctx;
 
 /*

@@ -26,7 +26,8 @@ static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
     b->step = step;
     b->count = out.count;
     b->real = out.real;
-    const Batchwire__V1__SampleLayout *lay = l->session.summary->dataset->layout;
+    const Batchwire__V1__SampleLayout *lay =
+        l->tf_whole ? &l->tf_layout : l->session.summary->dataset->layout;
     b->ndim = 0;
     if (lay && lay->dtype && *lay->dtype && lay->n_shape + 1 <= BW_LOADER_MAX_NDIM) {
         b->dtype = lay->dtype;
@@ -237,6 +238,62 @@ static uint64_t largest_sample(const Batchwire__V1__DatasetInfo *d)
     return max && max < d->total_bytes ? max : d->total_bytes;
 }
 
+/* The dtype text of a transform's result (bw_batch_dtype: numpy's descr where numpy has the
+ * type; bfloat16 is its own name). */
+static const char *tf_dtype_text(bw__tf_dtype d)
+{
+    switch (d) {
+    case BW_TF_UINT8:
+        return "|u1";
+    case BW_TF_FLOAT32:
+        return "<f4";
+    case BW_TF_FLOAT16:
+        return "<f2";
+    case BW_TF_BFLOAT16:
+        return "bfloat16";
+    }
+    return "";
+}
+
+/* The job's transform (its config, as the coordinator holds it): what every request carries,
+ * and for a transform of whole samples the fixed size, dtype and shape of every sample's
+ * result, which replace the dataset's (docs/transforms.md, "On the workers"). */
+static int use_transform(bw_loader *l, const Batchwire__V1__JobSummary *job, char *err,
+                         size_t errlen)
+{
+    const char *text = job->config->transform;
+    if (!text || !text[0])
+        return BW_OK;
+    char why[512];
+    bw__tf_spec spec;
+    bw__tf_shape shape;
+    if (bw__tf_parse(text, &spec, why, sizeof(why)) != BW_OK ||
+        bw__tf_output_shape(&spec, &shape, why, sizeof(why)) != BW_OK) {
+        snprintf(err, errlen, "job '%s' has transform '%s', which this library refuses: %s",
+                 job->name, text, why);
+        return BW_INVALID_ARGUMENT;
+    }
+    l->fctx.transform = text;
+    l->fctx.transform_field = job->config->transform_field;
+    l->fctx.seed = (uint64_t)job->config->sampler->seed;
+    if (l->fctx.transform_field && l->fctx.transform_field[0] && l->fctx.field_table) {
+        /* Read with fields: the other members pass through, the result replaces one. */
+        uint64_t m = l->fctx.max_sample_bytes;
+        l->fctx.max_sample_bytes = m > UINT64_MAX - shape.bytes ? UINT64_MAX : m + shape.bytes;
+        return BW_OK;
+    }
+    l->tf_whole = true;
+    batchwire__v1__sample_layout__init(&l->tf_layout);
+    l->tf_layout.dtype = (char *)tf_dtype_text(shape.dtype);
+    for (int i = 0; i < 3; i++)
+        l->tf_dims[i] = (uint64_t)shape.dims[i];
+    l->tf_layout.n_shape = 3;
+    l->tf_layout.shape = l->tf_dims;
+    l->tf_layout.sample_bytes = shape.bytes;
+    l->fctx.sample_bytes = l->fctx.max_sample_bytes = shape.bytes;
+    return BW_OK;
+}
+
 static bw__placement *session_placement(void *arg, bool refresh, char *err, size_t errlen)
 {
     return bw__session_placement(arg, refresh, err, errlen);
@@ -319,6 +376,11 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->fctx.max_message_bytes = 4u << 20;
     l->fctx.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
     l->fctx.field_table = l->fields == BW_FIELDS_TABLE;
+    if ((rc = use_transform(l, job, err, errlen)) != BW_OK) {
+        bw__arena_reset(&ca);
+        bw_loader_close(l);
+        return rc;
+    }
 
     /* Start where the caller's cursor says, else at the position the options give, else
      * where the coordinator says this rank resumes (its committed cursor, an elastic resume

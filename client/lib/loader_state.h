@@ -35,6 +35,11 @@ struct bw_loader {
     uint64_t job_fingerprint;
     uint64_t num_samples;
     bw__stream_ctx *stream; /* iterable jobs: the stream's sources and offsets; else NULL */
+    /* A job with a transform on whole samples (no transform_field): the layout of every
+     * sample's result, which replaces the dataset's (docs/transforms.md, "On the workers") */
+    bool tf_whole;
+    Batchwire__V1__SampleLayout tf_layout;
+    uint64_t tf_dims[3];
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv;  /* fetch threads: a slot freed, new steps, stopping */

@@ -10,6 +10,7 @@
 
 #include "common/text.h"
 #include "formats/formats.h"
+#include "jobs/job_check.h"
 #include "options_int.h"
 #include "sampler/sampler.h"
 
@@ -292,6 +293,19 @@ static int parse_fields(const bw_loader_options *o, bw__job_request *jr, char *e
     return BW_OK;
 }
 
+/* The transform (docs/transforms.md, "On the workers"): its canonical text into jr, checked
+ * as the coordinator checks it (bw__job_check_transform). */
+static int parse_transform(const bw_loader_options *o, int mode, bw__job_request *jr, char *err,
+                           size_t errlen)
+{
+    const char *field = o->transform_field && o->transform_field[0] ? o->transform_field : NULL;
+    int rc = bw__job_check_transform(o->transform, field, jr->format, mode == BW__MODE_ITERABLE,
+                                     jr->transform, sizeof(jr->transform), err, errlen);
+    if (rc == BW_OK && field && !(jr->transform_field = strdup(field)))
+        return nomem("transform field", err, errlen);
+    return rc;
+}
+
 int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, int64_t *rank,
                              int64_t *world, char *err, size_t errlen)
 {
@@ -365,6 +379,8 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
     sc.shard_single_process = o->pad_single_process != 0;
     if ((rc = bw__sampler_cfg_check(&sc, err, errlen)) != BW_OK)
         return rc;
+    if ((rc = parse_transform(o, mode, jr, err, errlen)) != BW_OK)
+        return rc;
     if (o->share_count > 1 && o->share_index >= o->share_count) {
         snprintf(err, errlen, "share_index %u is not below share_count %u", o->share_index,
                  o->share_count);
@@ -400,6 +416,8 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
     batchwire__v1__job_config__init(&jr->config);
     jr->config.dataset = &jr->dataset;
     jr->config.sampler = &jr->sampler;
+    jr->config.transform = jr->transform;
+    jr->config.transform_field = jr->transform_field ? jr->transform_field : (char *)"";
     return BW_OK;
 }
 
@@ -420,6 +438,7 @@ void bw__job_request_free(bw__job_request *jr)
     }
     free(jr->fields);
     free(jr->field_ptrs);
+    free(jr->transform_field);
     memset(jr, 0, sizeof(*jr));
 }
 

@@ -11,6 +11,7 @@
 #include "batchwire/loader.h"
 #include "data.pb-c.h"
 #include "jobs.pb-c.h"
+#include "transform/transform.h"
 
 /* The job's name, dataset and sampler settings as protobuf messages, owned by the loader. */
 typedef struct bw__job_request {
@@ -25,6 +26,9 @@ typedef struct bw__job_request {
     Batchwire__V1__DatasetField **field_ptrs;
     Batchwire__V1__SamplerConfig sampler;
     Batchwire__V1__JobConfig config;
+    /* bw_loader_options.transform: its canonical text (docs/transforms.md), "" for none */
+    char transform[BW_TF_CANON_MAX];
+    char *transform_field;
 } bw__job_request;
 
 /* The caller's options as this library's struct: the fields within in->size, defaults for

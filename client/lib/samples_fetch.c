@@ -92,15 +92,32 @@ static bool samples_join(const bw__fetch_item *a, const bw__fetch_item *b)
     return true; /* any indices of one worker share its request */
 }
 
+/* What a batch's requests are built from: the loader's settings and the batch's epoch (the
+ * key of a transform's random choices). */
+typedef struct samples_kctx {
+    const bw__fetch_ctx *ctx;
+    uint64_t epoch;
+} samples_kctx;
+
 static int samples_message(void *kctx, bw__fetch_item *const *items, size_t n,
                            const bw__placement *p, bool checked, bw_arena *a,
                            ProtobufCMessage **out)
 {
-    const bw__fetch_ctx *ctx = kctx;
+    const samples_kctx *k = kctx;
+    const bw__fetch_ctx *ctx = k->ctx;
     Batchwire__V1__ReadSamplesRequest *req = bw__arena_alloc(a, sizeof(*req));
     Batchwire__V1__Routing *rt = bw__arena_alloc(a, sizeof(*rt));
     uint64_t *idx = bw__arena_alloc(a, (n ? n : 1) * sizeof(uint64_t));
-    if (!req || !rt || !idx)
+    Batchwire__V1__Transform *tf = NULL;
+    if (ctx->transform && ctx->transform[0] && (tf = bw__arena_alloc(a, sizeof(*tf))) != NULL) {
+        batchwire__v1__transform__init(tf);
+        tf->spec = (char *)ctx->transform;
+        if (ctx->transform_field && ctx->transform_field[0])
+            tf->field = (char *)ctx->transform_field;
+        tf->seed = ctx->seed;
+        tf->epoch = k->epoch;
+    }
+    if (!req || !rt || !idx || (ctx->transform && ctx->transform[0] && !tf))
         return BW_NOMEM;
     batchwire__v1__routing__init(rt);
     rt->placement_version = checked ? p->version : 0;
@@ -116,6 +133,7 @@ static int samples_message(void *kctx, bw__fetch_item *const *items, size_t n,
     req->fingerprint = (char *)ctx->fingerprint;
     req->max_message_bytes = ctx->max_message_bytes;
     req->field_table = ctx->field_table;
+    req->transform = tf;
     *out = &req->base;
     return BW_OK;
 }
@@ -140,12 +158,9 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
         rc = bw__batch_reserve(b, want);
     if (rc != BW_OK)
         snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu samples", b->count);
-    bw__fetch_kind kind = {BW_DCHAN_KIND_READ_SAMPLES,
-                           samples_shard,
-                           samples_join,
-                           samples_message,
-                           NULL,
-                           (void *)ctx};
+    samples_kctx kctx = {ctx, b->epoch};
+    bw__fetch_kind kind = {
+        BW_DCHAN_KIND_READ_SAMPLES, samples_shard, samples_join, samples_message, NULL, &kctx};
     bw__fetch_dest dest = {b, ctx->sample_bytes, 0, 0, b->narrays ? b->scratch : NULL};
     if (rc == BW_OK)
         rc = bw__fetch_items(ctx, &kind, items, n, &dest, b->err, sizeof(b->err));

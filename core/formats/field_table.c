@@ -64,6 +64,8 @@ int bw__field_table_prepend(bw__record *r, char *err, size_t errlen)
     }
     r->textlen += (uint32_t)need;
     memmove(&r->parts[1], &r->parts[0], r->nparts * sizeof(r->parts[0]));
+    if (r->per_part_owner) /* a member a transform replaced has an owner of its own */
+        memmove(&r->owners[1], &r->owners[0], r->nparts * sizeof(r->owners[0]));
     r->parts[0].p = t;
     r->parts[0].len = need;
     r->nparts++;

@@ -212,17 +212,11 @@ static int files_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t
         rc = bw__fmt_fail(s, BW_IO, 0, err, errlen, "file '%s': mmap: %s", name, strerror(errno));
     }
     close(fd);
-    if (rc != BW_OK)
-        return rc;
-    r->nparts = 1;
-    /* m is set on every path that left rc BW_OK; the analyzer cannot see that bw__fmt_fail
-     * (another file's, variadic) returns its rc. */
-    // NOLINTNEXTLINE(clang-analyzer-core.NullDereference)
-    r->parts[0].p = m->base;
-    r->parts[0].len = m->len;
-    r->size = m->len;
-    r->owner = m;
-    r->owner_is_own = true;
+    /* m is set on every path that left rc BW_OK; `!m` says so to the analyzer, which cannot
+     * see that bw__fmt_fail (another file's, variadic) returns its rc. */
+    if (rc != BW_OK || !m)
+        return rc != BW_OK ? rc : BW_INTERNAL;
+    bw__record_own(r, m);
     return BW_OK;
 }
 

@@ -91,6 +91,18 @@ static inline void bw__record_init(bw__record *r)
     r->textlen = 0;
 }
 
+/* r becomes one part, the whole of m, which it owns (released with it): a file mapped or
+ * read for one record, a transform's result. */
+static inline void bw__record_own(bw__record *r, bw__mapping *m)
+{
+    r->nparts = 1;
+    r->parts[0].p = m->base;
+    r->parts[0].len = m->len;
+    r->size = m->len;
+    r->owner = m;
+    r->owner_is_own = true;
+}
+
 /* The mapping that holds part i of r (keep it alive with bw__mapping_ref). */
 static inline bw__mapping *bw__record_owner(const bw__record *r, size_t i)
 {

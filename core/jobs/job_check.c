@@ -1,5 +1,5 @@
 /* Checks of a job's configuration against its dataset (job_check.h): the modes a format
- * allows and what a pre-sharded stream needs. */
+ * allows, what a pre-sharded stream needs, and where a transform may run. */
 #include "jobs/job_check.h"
 
 #include <inttypes.h>
@@ -9,6 +9,7 @@
 
 #include "batchwire/batchwire.h"
 #include "jobs/job_sampler.h"
+#include "transform/transform.h"
 
 int bw__job_format_is_stream(const char *format)
 {
@@ -54,6 +55,64 @@ int bw__job_check_layout(bw__sampler_mode mode, bool pre_sharded, size_t nsource
     return BW_OK;
 }
 
+int bw__job_check_transform(const char *transform, const char *field, const char *format,
+                            bool iterable, char *canon, size_t canonlen, char *err, size_t errlen)
+{
+    char why[512];
+    bw__tf_spec spec;
+    bw__tf_shape shape;
+    field = field && field[0] ? field : NULL;
+    if (!transform || !transform[0]) {
+        if (canonlen)
+            canon[0] = '\0';
+        if (!field)
+            return BW_OK;
+        snprintf(err, errlen, "transform_field '%s' given without a transform", field);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (bw__tf_parse(transform, &spec, why, sizeof(why)) != BW_OK ||
+        bw__tf_output_shape(&spec, &shape, why, sizeof(why)) != BW_OK) {
+        snprintf(err, errlen, "transform '%s': %s", transform, why);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (bw__tf_format(&spec, canon, canonlen) < 0) {
+        snprintf(err, errlen, "transform '%s': its canonical text is longer than %zu bytes",
+                 transform, canonlen ? canonlen - 1 : 0);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (iterable) {
+        snprintf(err, errlen,
+                 "transform: iterable mode reads streams, which workers do not transform; use "
+                 "torch or accelerate mode");
+        return BW_INVALID_ARGUMENT;
+    }
+    bool tar = format && strcmp(format, "tar") == 0;
+    if (!tar && !(format && strcmp(format, "files") == 0)) {
+        snprintf(err, errlen,
+                 "transform: dataset format '%s' holds no images to decode; a transform reads "
+                 "files (one image per file) or tar (with transform_field)",
+                 format ? format : "synthetic");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (tar && !field) {
+        snprintf(err, errlen,
+                 "transform on a tar dataset: give transform_field, the member it transforms "
+                 "(e.g. jpg)");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (!tar && field) {
+        snprintf(err, errlen, "transform_field '%s': format '%s' has no members (only tar has)",
+                 field, format);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (field && strlen(field) >= BW_JOB_FIELD_MAX) {
+        snprintf(err, errlen, "transform_field '%.64s...': longer than %d bytes", field,
+                 BW_JOB_FIELD_MAX - 1);
+        return BW_INVALID_ARGUMENT;
+    }
+    return BW_OK;
+}
+
 int bw__job_check_data(const Batchwire__V1__JobConfig *config,
                        const Batchwire__V1__DatasetInfo *info, uint32_t world, char *err,
                        size_t errlen)
@@ -73,6 +132,19 @@ int bw__job_check_data(const Batchwire__V1__JobConfig *config,
                  info && info->format ? info->format : "synthetic");
         return BW_INVALID_ARGUMENT;
     }
+    char canon[BW_TF_CANON_MAX];
+    int rc = bw__job_check_transform(config->transform, config->transform_field,
+                                     spec && spec->format && spec->format[0] ? spec->format : NULL,
+                                     mode == BW__MODE_ITERABLE, canon, sizeof(canon), err, errlen);
+    if (rc == BW_OK && config->transform && config->transform[0] &&
+        strcmp(canon, config->transform) != 0) {
+        /* The fingerprint hashes the text: one transform must have one spelling. */
+        snprintf(err, errlen, "transform '%s' is not in its canonical form '%s'", config->transform,
+                 canon);
+        rc = BW_INVALID_ARGUMENT;
+    }
+    if (rc != BW_OK)
+        return rc;
     return bw__job_check_layout(mode, pre_sharded, info ? info->n_sources : 0, smp->shuffle_sources,
                                 world, err, errlen);
 }

@@ -21,6 +21,16 @@ int bw__job_format_is_stream(const char *format);
 int bw__job_check_layout(bw__sampler_mode mode, bool pre_sharded, size_t nsources,
                          bool shuffle_sources, uint64_t world, char *err, size_t errlen);
 
+/* The longest transform_field a job may name, with its NUL (a tar member's extension). */
+enum { BW_JOB_FIELD_MAX = 64 };
+
+/* A job's transform (docs/transforms.md, "On the workers"): its spec parses and fixes the
+ * output shape, the job is map-style (not `iterable`), the dataset's format is files, or tar
+ * with a `field` (and only tar has one). Writes the spec's canonical text to canon (canonlen
+ * bytes; "" without a transform). BW_OK, or BW_INVALID_ARGUMENT with a sentence in err. */
+int bw__job_check_transform(const char *transform, const char *field, const char *format,
+                            bool iterable, char *canon, size_t canonlen, char *err, size_t errlen);
+
 /* The format rules (iterable mode reads streams) and bw__job_check_layout for a job's
  * configuration and dataset description. BW_OK, or BW_INVALID_ARGUMENT with a sentence in err
  * naming what is wrong. */

@@ -160,16 +160,6 @@ void bw__tf_resize(const bw__tf_image *src, bw__tf_image *dst, uint8_t *tmp, voi
     }
 }
 
-void bw__tf_shorter_side(int h, int w, int s, int *oh, int *ow)
-{
-    /* torchvision: the shorter side becomes s, the longer int(s * long / short) (a float
-     * division, truncated). */
-    int shorter = w <= h ? w : h, longer = w <= h ? h : w;
-    int nl = (int)((double)((int64_t)s * longer) / shorter);
-    *ow = w <= h ? s : nl;
-    *oh = w <= h ? nl : s;
-}
-
 void bw__tf_crop(const bw__tf_image *src, int64_t top, int64_t left, bw__tf_image *dst)
 {
     int c = src->c;

@@ -395,6 +395,18 @@ int bw__tf_parse(const char *text, bw__tf_spec *out, char *err, size_t errlen)
     return walk(text, out, &v, err, errlen);
 }
 
+/* Here rather than in ops.c: the parser's output sizes need it, and the parser is the
+ * client library's too (CMakeLists.txt). */
+void bw__tf_shorter_side(int h, int w, int s, int *oh, int *ow)
+{
+    /* torchvision: the shorter side becomes s, the longer int(s * long / short) (a float
+     * division, truncated). */
+    int shorter = w <= h ? w : h, longer = w <= h ? h : w;
+    int nl = (int)((double)((int64_t)s * longer) / shorter);
+    *ow = w <= h ? s : nl;
+    *oh = w <= h ? nl : s;
+}
+
 size_t bw__tf_dtype_size(bw__tf_dtype d)
 {
     return d == BW_TF_UINT8 ? 1 : d == BW_TF_FLOAT32 ? 4 : 2;

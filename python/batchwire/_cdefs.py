@@ -162,6 +162,8 @@ uint32_t holder_pid;
 const char *lease;
 const char *const *dataset_fields;
 size_t n_dataset_fields;
+const char *transform;
+const char *transform_field;
 } bw_loader_options;
 void bw_loader_options_init_sized(bw_loader_options *o, size_t size);
 int bw_loader_open(const bw_loader_options *o, bw_loader **out, char *err, size_t errlen);

@@ -91,7 +91,7 @@ class Batch:
 
     __slots__ = ("_loader", "_ptr", "_gen", "_hold", "_spans", "_fieldtab", "_idx_raw",
                  "_pad_raw", "_indices", "_padding", "epoch", "step", "count", "real", "nbytes",
-                 "dtype", "shape", "device", "arrays", "__weakref__")
+                 "dtype", "shape", "device", "arrays", "_bf16", "__weakref__")
 
     def __init__(self, loader: "Loader", ptr: CData, gen: int) -> None:
         # Called once a batch: no numpy and no loop over the samples here. indices and padding
@@ -120,7 +120,9 @@ class Batch:
         self.dtype: "Optional[np.dtype[Any]]"
         if ndim:
             self.shape = shape = tuple(ffi.unpack(L.bw_batch_shape(ptr), ndim))
-            self.dtype = dtype = _dtype(ffi.string(L.bw_batch_dtype(ptr)))
+            text = ffi.string(L.bw_batch_dtype(ptr))
+            self.dtype = dtype = _dtype(text)
+            self._bf16 = text == BFLOAT16
             want = dtype.itemsize
             for d in shape:
                 want *= d
@@ -131,6 +133,7 @@ class Batch:
         else:
             self.shape = None
             self.dtype = None
+            self._bf16 = False
         # Named arrays: [(name, dtype, shape, offset, nbytes)] of each field, else None.
         self.arrays = _batch_arrays(L, ptr, self.step, self.nbytes)
         if not loader._reuse_buffers:
@@ -414,11 +417,19 @@ class Batch:
                     "batch.numpy() for the host copy" % (self.device, torch.__version__))
             dev = "cuda:%d" % self.device
             if not self._current():
-                return torch.from_numpy(self._native(self.numpy())).to(dev)
-            t = torch.as_tensor(self, device=dev)
+                return self._bf16_view(torch.from_numpy(self._native(self.numpy()))).to(dev)
+            t = self._bf16_view(torch.as_tensor(self, device=dev))
             # The device buffer is the slot's own: a copy on the GPU unless reuse_buffers.
             return t if self._loader._reuse_buffers else t.clone()
-        return torch.from_numpy(self._native(self.numpy()))
+        return self._bf16_view(torch.from_numpy(self._native(self.numpy())))
+
+    def _bf16_view(self, t: Any) -> Any:
+        """A bfloat16 batch's int16 bits as torch.bfloat16 (the same bytes)."""
+        if not self._bf16:
+            return t
+        import torch
+
+        return t.view(torch.bfloat16)
 
     @staticmethod
     def _native(arr: Any) -> Any:
@@ -430,6 +441,7 @@ class Batch:
 
 # numpy dtypes by the library's dtype text (b"<f4"): a batch's dtype is one lookup.
 _DTYPES: Dict[bytes, "np.dtype[Any]"] = {}
+BFLOAT16 = b"bfloat16"
 
 
 def _dtype(text: bytes) -> "np.dtype[Any]":
@@ -438,7 +450,10 @@ def _dtype(text: bytes) -> "np.dtype[Any]":
     if dt is None:
         import numpy as np
 
-        dt = np.dtype(text.decode("utf-8", "replace"))
+        # A transform's bfloat16 (docs/transforms.md): numpy has no such type, so the array
+        # holds its bits as int16 (what torch.from_numpy takes); Batch.torch() views them as
+        # torch.bfloat16.
+        dt = np.dtype("<i2" if text == BFLOAT16 else text.decode("utf-8", "replace"))
         if len(_DTYPES) < 256:  # a handful in practice; never unbounded
             _DTYPES[text] = dt
     return dt
@@ -625,8 +640,12 @@ class _Options:
         else:
             parts = str(a.dataset).split(":", 2)
             fmt = parts[1] if parts[0] == "pre_sharded" and len(parts) > 1 else parts[0]
+        if a.transform is not None:
+            o.transform = s(a.transform)
+        if a.transform_field is not None:
+            o.transform_field = s(a.transform_field)
         if a.fields is None:
-            a.fields = fmt in ("tar", "jsonl")
+            a.fields = fmt in ("tar", "jsonl") and not a.transform
         o.fields = 1 if a.fields else 0
         self.format, self.fields = fmt, bool(a.fields)
         if a.start is not None:
@@ -778,7 +797,15 @@ class Loader:
                     of it lives. True: a batch and its views are valid only until the next
                     batch (the loader then reuses the buffer under them); nothing is held
       fields        samples as named fields (Batch.fields): tar (WebDataset) members, JSON
-                    Lines keys; None (default): on for tar and jsonl datasets
+                    Lines keys; None (default): on for tar and jsonl datasets, off with a
+                    transform
+      transform     a pipeline the workers run on every sample (docs/transforms.md), e.g.
+                    "decode|random_resized_crop(224)|flip|normalize(0.485,0.456,0.406;"
+                    "0.229,0.224,0.225)|chw": each batch is then one tensor [B, C, H, W] of
+                    the spec's dtype (Batch.numpy(), Batch.tensor()); part of the job's
+                    configuration. files datasets (one image per file), or tar with
+      transform_field  the member transformed ("jpg"); with fields=True the other members
+                    pass through and that member's bytes are its result
 
     The connection
       timeout       seconds per call to a worker or the coordinator
@@ -826,6 +853,8 @@ class Loader:
             # the fast path
             prefetch: int = 4, max_buffer_bytes: Optional[int] = None, device: Device = None,
             reuse_buffers: bool = False, fields: Optional[bool] = None,
+            # the workers' preprocessing (docs/transforms.md)
+            transform: Optional[str] = None, transform_field: Optional[str] = None,
             # the connection: deadlines, transport, TLS and token
             timeout: float = 10.0, retry: float = 60.0, transport: Optional[str] = None,
             tls_ca: Optional[PathArg] = None, tls_cert: Optional[PathArg] = None,

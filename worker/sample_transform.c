@@ -1,0 +1,206 @@
+/* A read's transform on the worker (sample_transform.h; docs/transforms.md, "On the
+ * workers"). */
+#include "sample_transform.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batchwire/batchwire.h"
+#include "common/util.h"
+
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t scratch_key;
+static uint64_t max_pixels; /* set before any transform runs (bw__stf_set_max_pixels) */
+
+static void scratch_free(void *p)
+{
+    bw__tf_scratch_free(p);
+}
+
+static void make_key(void)
+{
+    /* pthread_key_create fails only when the process is out of keys (PTHREAD_KEYS_MAX):
+     * nothing else in batchwire creates any, so this does not happen. */
+    (void)pthread_key_create(&scratch_key, scratch_free);
+}
+
+void bw__stf_set_max_pixels(uint64_t n)
+{
+    max_pixels = n;
+}
+
+bw__tf_scratch *bw__stf_thread_scratch(void)
+{
+    pthread_once(&key_once, make_key);
+    bw__tf_scratch *s = pthread_getspecific(scratch_key);
+    if (!s && (s = bw__tf_scratch_new(max_pixels)) != NULL &&
+        pthread_setspecific(scratch_key, s) != 0) {
+        bw__tf_scratch_free(s);
+        s = NULL;
+    }
+    return s;
+}
+
+int bw__stf_parse(const Batchwire__V1__Transform *t, bw__stf *out, char *err, size_t errlen)
+{
+    char why[512];
+    memset(out, 0, sizeof(*out));
+    if (bw__tf_parse(t->spec ? t->spec : "", &out->spec, why, sizeof(why)) != BW_OK ||
+        bw__tf_output_shape(&out->spec, &out->shape, why, sizeof(why)) != BW_OK) {
+        snprintf(err, errlen, "transform '%.200s': %s", t->spec ? t->spec : "", why);
+        return BW_INVALID_ARGUMENT;
+    }
+    const char *f = t->field ? t->field : "";
+    if (strlen(f) >= sizeof(out->field)) {
+        snprintf(err, errlen, "transform field '%.80s...': longer than %zu bytes", f,
+                 sizeof(out->field) - 1);
+        return BW_INVALID_ARGUMENT;
+    }
+    snprintf(out->field, sizeof(out->field), "%s", f);
+    out->seed = t->seed;
+    out->epoch = t->epoch;
+    return BW_OK;
+}
+
+/* The part of r the transform reads: the member named t->field, or the whole sample (its
+ * parts joined into *joined when there are several; freed by the caller). */
+static int input_of(const bw__stf *t, const bw__record *r, size_t *part, const uint8_t **in,
+                    size_t *len, uint8_t **joined, char *why, size_t whylen)
+{
+    *joined = NULL;
+    if (t->field[0]) {
+        if (r->owner_is_own) { /* a record of a file mapped for it alone: not a tar sample */
+            snprintf(why, whylen, "has no members ('%s' is for tar samples)", t->field);
+            return BW_INVALID_ARGUMENT;
+        }
+        for (size_t i = 0; r->has_names && i < r->nparts; i++)
+            if (strcmp(r->text + r->names[i], t->field) == 0) {
+                *part = i;
+                *in = r->parts[i].p;
+                *len = r->parts[i].len;
+                return BW_OK;
+            }
+        size_t o = 0;
+        char have[256] = "";
+        for (size_t i = 0; r->has_names && i < r->nparts && o < sizeof(have); i++)
+            o += (size_t)snprintf(have + o, sizeof(have) - o, "%s%s", i ? ", " : "",
+                                  r->text + r->names[i]);
+        snprintf(why, whylen, "has no member '%s' to transform (its members: %s)", t->field,
+                 have[0] ? have : "none");
+        return BW_NOT_FOUND;
+    }
+    *part = 0;
+    if (r->nparts == 1) {
+        *in = r->parts[0].p;
+        *len = r->parts[0].len;
+        return BW_OK;
+    }
+    uint8_t *buf = malloc(r->size ? r->size : 1);
+    if (!buf) {
+        snprintf(why, whylen, "out of memory joining its %llu bytes", (unsigned long long)r->size);
+        return BW_NOMEM;
+    }
+    size_t at = 0;
+    for (size_t i = 0; i < r->nparts; i++) {
+        memcpy(buf + at, r->parts[i].p, r->parts[i].len);
+        at += r->parts[i].len;
+    }
+    *joined = buf;
+    *in = buf;
+    *len = at;
+    return BW_OK;
+}
+
+int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t index, bool members,
+                  bw__record *r, char *err, size_t errlen)
+{
+    char why[768];
+    const uint8_t *in = NULL;
+    size_t len = 0, part = 0;
+    uint8_t *joined = NULL, *out = NULL;
+    bw__tf_scratch *s = bw__stf_thread_scratch();
+    int rc = s ? input_of(t, r, &part, &in, &len, &joined, why, sizeof(why)) : BW_NOMEM;
+    if (!s)
+        snprintf(why, sizeof(why), "out of memory for a transform scratch");
+    if (rc == BW_OK && !(out = malloc(t->shape.bytes))) {
+        snprintf(why, sizeof(why), "out of memory for its %zu-byte result", t->shape.bytes);
+        rc = BW_NOMEM;
+    }
+    bw__tf_key key = {t->seed, t->epoch, src, index};
+    bw__tf_result res;
+    if (rc == BW_OK)
+        rc = bw__tf_run(&t->spec, s, &key, in, len, out, t->shape.bytes, &res, why, sizeof(why));
+    free(joined);
+    bw__mapping *m = NULL;
+    if (rc != BW_OK)
+        free(out);
+    else if (!(m = bw__mapping_wrap(out, t->shape.bytes))) { /* it freed out */
+        snprintf(why, sizeof(why), "out of memory");
+        rc = BW_NOMEM;
+    }
+    if (rc != BW_OK) {
+        snprintf(err, errlen, "source %zu '%s' sample %llu%s%s: %s", src, d->sources[src]->path,
+                 (unsigned long long)index, t->field[0] ? " member " : "", t->field, why);
+        return rc;
+    }
+    if (!t->field[0] || !members) {
+        bw__record_release(r);
+        bw__record_init(r);
+        bw__record_own(r, m);
+        return BW_OK;
+    }
+    /* One member replaced: the others stay in the dataset's mapping, which the open read
+     * holds (tar records own none), the result in its own, which the record now owns
+     * (bw__record_release unrefs r->owner). */
+    if (!r->per_part_owner)
+        for (size_t i = 0; i < r->nparts; i++)
+            r->owners[i] = r->owner;
+    r->per_part_owner = true;
+    r->size = r->size - r->parts[part].len + m->len;
+    r->parts[part].p = m->base;
+    r->parts[part].len = m->len;
+    r->owners[part] = m;
+    r->owner = m;
+    r->owner_is_own = true;
+    return BW_OK;
+}
+
+size_t bw__stf_window(const bw__tfpool *pool, size_t n)
+{
+    size_t w = 2 * (size_t)(bw__tfpool_threads(pool) > 0 ? bw__tfpool_threads(pool) : 1);
+    if (w > 64)
+        w = 64;
+    if (w > n)
+        w = n;
+    return w ? w : 1;
+}
+
+typedef struct window_job {
+    const bw__stf *t;
+    const bw__dataset *d;
+    bool members;
+    bw__rp_rec *recs;
+    const size_t *srcs;
+    int *rcs;
+    char (*errs)[BW_STF_ERR_MAX];
+    bw__wm *m;
+} window_job;
+
+static void run_one(void *arg, size_t i)
+{
+    window_job *j = arg;
+    uint64_t t0 = bw__mono_ns();
+    j->rcs[i] = bw__stf_apply(j->t, j->d, j->srcs[i], j->recs[i].key, j->members, &j->recs[i].rec,
+                              j->errs[i], BW_STF_ERR_MAX);
+    bw__wm_transformed(j->m, t0, j->rcs[i]);
+}
+
+void bw__stf_run_window(const bw__stf *t, bw__tfpool *pool, const bw__dataset *d, bool members,
+                        bw__rp_rec *recs, const size_t *srcs, int *rcs,
+                        char (*errs)[BW_STF_ERR_MAX], size_t n, bw__wm *m)
+{
+    window_job j = {t, d, members, recs, srcs, rcs, errs, m};
+    bw__tfpool_run(pool, run_one, &j, n);
+}
