@@ -9,6 +9,7 @@
 
 #include "batchwire/batchwire.h"
 #include "common/log.h"
+#include "common/refuse.h"
 #include "common/util.h"
 #include "cursor/cursor.h"
 #include "formats/formats.h"
@@ -142,7 +143,10 @@ static int check_mixture(const Batchwire__V1__Mixture *m, char *err, size_t errl
         char what[64];
         snprintf(what, sizeof(what), "config.mixture.sources[%zu].dataset", j);
         const Batchwire__V1__MixSource *src = m->sources[j];
-        int rc = check_dataset(what, src ? src->dataset : NULL, err, errlen);
+        if (!src)
+            return bw__refuse(err, errlen, "%s.format is required (a source without a dataset)",
+                              what);
+        int rc = check_dataset(what, src->dataset, err, errlen);
         if (rc != BW_OK)
             return rc;
         if (src->weight == 0 || src->weight > BW__MIX_MAX_WEIGHT) {
