@@ -18,6 +18,8 @@ a float32 .npy of 97 samples, TFRecord records (61, two files) and JSON Lines (4
   --resume-from-step K --world-size 3 --mix-size ...`, and over both worlds every planned
   (source, index) of the epoch is delivered exactly once, with the right per-source counts;
 * the Python Loader(mixture=[...]) reads the plan's batches, batch.sources a numpy array;
+  batchwire.torch.BatchDataset(mixture=...) under DataLoader(num_workers=2) too, with
+  item["sources"];
 * the coordinator's GetOrCreateJob over a mixture describes it (format mixture, length E, each
   source's size and description; another source order is another fingerprint) and refuses,
   naming the field, whatever the client sends: no source, 257, a weight of 0 or above 10^18, a
@@ -205,6 +207,18 @@ def test(tmpdir):
              "included" % len(want))
     bad = [g[0] for g in got if g[4] != b"".join(sample(s, i) for s, i in zip(g[2], g[1]))]
     bt.check(not bad, "Python: every batch's bytes are its samples' from their sources", bad)
+
+    # --- batchwire.torch: a mixture under DataLoader(num_workers=2).
+    import batchwire.torch as bwt
+    from torch.utils.data import DataLoader
+    ds = bwt.BatchDataset(coordinator=coord.addr, job="mixtorch", rank=1, world_size=2,
+                          batch_size=B, seed=5,
+                          mixture=[(sp, w) for sp, w in zip(SPECS, WEIGHTS)])
+    items = list(DataLoader(ds, batch_size=None, num_workers=2))
+    bt.check([(it["step"], it["indices"].tolist(), it["sources"].tolist()) for it in items] ==
+             [(p["step"], p["indices"], p["sources"]) for p in want],
+             "batchwire.torch.BatchDataset(mixture=...) under DataLoader(num_workers=2): the "
+             "plan's %d batches, item[\"sources\"] included" % len(want))
 
     # --- the coordinator itself, whatever the client (raw GetOrCreateJob).
     c = jr.Jobs(coord.addr)
