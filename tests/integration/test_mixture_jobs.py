@@ -1,5 +1,5 @@
 """Mixture jobs end to end (docs/semantics.md, "Mixtures"; docs/client.md, "Mixtures"): a
-coordinator and two workers on loopback serve three sources of different formats and sizes --
+coordinator and three workers on loopback serve three sources of different formats and sizes --
 a float32 .npy of 97 samples, TFRecord records (61, two files) and JSON Lines (43) from
 `batchwire gen` -- and `batchwire fetch --mix FORMAT:PATHS=WEIGHT ...` reads them as one job.
 
@@ -17,6 +17,8 @@ a float32 .npy of 97 samples, TFRecord records (61, two files) and JSON Lines (4
   them (--resume-elastic): their batches equal `batchwire plan --resume-from-world 4
   --resume-from-step K --world-size 3 --mix-size ...`, and over both worlds every planned
   (source, index) of the epoch is delivered exactly once, with the right per-source counts;
+* a worker SIGKILLed between a rank's stop and its resume: the resumed rank's batches are
+  still the plan's, bytes equal, after it routed around the dead worker (a failover);
 * the Python Loader(mixture=[...]) reads the plan's batches, batch.sources a numpy array;
   batchwire.torch.BatchDataset(mixture=...) under DataLoader(num_workers=2) too, with
   item["sources"];
@@ -73,7 +75,7 @@ def test(tmpdir):
     r = bt.cli("gen", "--format", "npz", "--out", os.path.join(root, "z"), "--num-samples", 9,
                "--fields", "x:float32:3", "y:int64")
     bt.check(r.returncode == 0, "gen an .npz of two named arrays", r.stderr)
-    coord, _ = bwpy.cluster(tmpdir, root, 2)
+    coord, workers = bwpy.cluster(tmpdir, root, 3)
 
     def sample(src, i):
         if src == 0:
@@ -219,6 +221,26 @@ def test(tmpdir):
              [(p["step"], p["indices"], p["sources"]) for p in want],
              "batchwire.torch.BatchDataset(mixture=...) under DataLoader(num_workers=2): the "
              "plan's %d batches, item[\"sources\"] included" % len(want))
+
+    # --- a worker SIGKILLed between a rank's stop and its resume: the rest is the plan's.
+    k = rng.randrange(1, len(full[2]))
+    cfile = os.path.join(tmpdir, "kill.cursor")
+    first = fetch("mixkill", 2, 4, "--max-steps", k, "--cursor-out", cfile)
+    workers[1].kill9()
+    with open(cfile) as f:
+        cur = f.read().strip()
+    r = fetch("mixkill", 2, 4, "--resume", cur, ok=False)
+    bt.check(r.returncode == 0, "rank 2/4 resumed after w1 was killed", r.stderr)
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    rest = [x for x in lines if "epoch" in x]
+    stats = [x["summary"]["stats"] for x in lines if "summary" in x][0]
+    bt.check(stats["failovers"] > 0, "the resumed rank routed around the dead worker (%d "
+             "failover(s) in its statistics)" % stats["failovers"], stats)
+    bt.check(view(first + rest) == [(p["step"], p["indices"], p["sources"], p["padding"])
+                                    for p in full[2]],
+             "worker w1 SIGKILLed after rank 2/4's step %d: resumed, its batches are still the "
+             "plan's" % (k - 1))
+    check_bytes("after a worker was killed", rest)
 
     # --- the coordinator itself, whatever the client (raw GetOrCreateJob).
     c = jr.Jobs(coord.addr)
