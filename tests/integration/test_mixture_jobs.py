@@ -13,10 +13,11 @@ a float32 .npy of 97 samples, TFRecord records (61, two files) and JSON Lines (4
   not shown in the first;
 * resume at a random step: a rank stopped after K steps (--cursor-out) and resumed from its
   cursor (--resume) delivers exactly the plan's steps K..;
-* elastic 4 -> 3: four ranks run K steps and write their cursors; three ranks resume from
-  them (--resume-elastic): their batches equal `batchwire plan --resume-from-world 4
-  --resume-from-step K --world-size 3 --mix-size ...`, and over both worlds every planned
-  (source, index) of the epoch is delivered exactly once, with the right per-source counts;
+* elastic 4 -> 3 (torch) and 2 -> 5 (accelerate): the old ranks run K steps (random) and
+  write their cursors; the new ranks resume from them (--resume-elastic): their batches equal
+  `batchwire plan --resume-from-world R0 --resume-from-step K --world-size R1 --mix-size ...`,
+  and over both worlds every planned (source, index) of the epoch is delivered exactly once,
+  with the right per-source counts;
 * a worker SIGKILLed between a rank's stop and its resume: the resumed rank's batches are
   still the plan's, bytes equal, after it routed around the dead worker (a failover);
 * the Python Loader(mixture=[...]) reads the plan's batches, batch.sources a numpy array;
@@ -163,38 +164,45 @@ def test(tmpdir):
                  "rank %d/4 stopped after %d steps and resumed from its cursor: steps 0..%d = "
                  "the plan" % (rank, k, len(full[rank]) - 1))
 
-    # --- elastic 4 -> 3.
-    K = rng.randrange(2, len(full[0]))
-    old, cursors = [], []
-    for rank in range(4):
-        cfile = os.path.join(tmpdir, "el-%d.cursor" % rank)
-        old += fetch("mixel", rank, 4, "--max-steps", K, "--cursor-out", cfile)
-        with open(cfile) as f:
-            cursors.append(f.read())
-    ck = os.path.join(tmpdir, "el.ckpt")
-    with open(ck, "w") as f:
-        f.write("".join(cursors))
-    new = [fetch("mixel", rank, 3, "--resume-elastic", ck) for rank in range(3)]
-    plan3 = bwpy.plan("--mode", "torch", *plan_args(), "--world-size", 3, "--batch-size", B,
-                      "--seed", 5, "--resume-from-world", 4, "--resume-from-step", K)
-    for rank in range(3):
-        bt.check(view(new[rank]) == [(p["step"], p["indices"], p["sources"], p["padding"])
-                                     for p in plan3[rank]],
-                 "elastic 4 -> 3 at step %d: new rank %d's batches = batchwire plan "
-                 "--resume-from-world 4 --mix-size ..." % (K, rank))
-    both = old + [b for v in new for b in v]
-    check_bytes("elastic 4 -> 3", both)
-    delivered = Counter((s, i) for b in both
-                        for s, i, p in zip(b["sources"], b["indices"], b["padding"]) if not p)
-    planned = Counter((s, i) for v in full.values() for p in v
-                      for s, i, pd in zip(p["sources"], p["indices"], p["padding"]) if not pd)
-    bt.check(delivered == planned,
-             "elastic 4 -> 3: every planned sample of the epoch delivered exactly once over both "
-             "worlds: the (source, index) multiset equals the plan's at 4 ranks (%d samples; "
-             "source 0, up-sampled to 101 of 97, repeats 4)" % sum(delivered.values()),
-             (delivered - planned, planned - delivered))
-    bt.check([sum(c for (s, _i), c in delivered.items() if s == j) for j in range(3)] ==
-             [101, 60, 40], "elastic 4 -> 3: per-source counts 101, 60, 40")
+    # --- elastic 4 -> 3 (and 2 -> 5).
+    def elastic(job, r0, r1, mode):
+        fullp = bwpy.plan("--mode", mode, *plan_args(), "--world-size", r0, "--batch-size", B,
+                          "--seed", 5, "--epoch", 0)
+        K = rng.randrange(2, len(fullp[0]))
+        old, cursors = [], []
+        for rank in range(r0):
+            cfile = os.path.join(tmpdir, "%s-%d.cursor" % (job, rank))
+            old += fetch(job, rank, r0, "--max-steps", K, "--cursor-out", cfile, mode=mode)
+            with open(cfile) as f:
+                cursors.append(f.read())
+        ck = os.path.join(tmpdir, "%s.ckpt" % job)
+        with open(ck, "w") as f:
+            f.write("".join(cursors))
+        new = [fetch(job, rank, r1, "--resume-elastic", ck, mode=mode) for rank in range(r1)]
+        plan1 = bwpy.plan("--mode", mode, *plan_args(), "--world-size", r1, "--batch-size", B,
+                          "--seed", 5, "--resume-from-world", r0, "--resume-from-step", K)
+        label = "elastic %d -> %d (%s) at step %d" % (r0, r1, mode, K)
+        for rank in range(r1):
+            bt.check(view(new[rank]) == [(p["step"], p["indices"], p["sources"], p["padding"])
+                                         for p in plan1[rank]],
+                     "%s: new rank %d's batches = batchwire plan --resume-from-world %d "
+                     "--mix-size ..." % (label, rank, r0))
+        both = old + [b for v in new for b in v]
+        check_bytes(label, both)
+        delivered = Counter((s, i) for b in both
+                            for s, i, p in zip(b["sources"], b["indices"], b["padding"]) if not p)
+        planned = Counter((s, i) for v in fullp.values() for p in v
+                          for s, i, pd in zip(p["sources"], p["indices"], p["padding"]) if not pd)
+        bt.check(delivered == planned,
+                 "%s: every planned sample of the epoch delivered exactly once over both worlds: "
+                 "the (source, index) multiset equals the plan's at %d ranks (%d samples; source "
+                 "0, up-sampled to 101 of 97, repeats 4)" % (label, r0, sum(delivered.values())),
+                 (delivered - planned, planned - delivered))
+        bt.check([sum(c for (s, _i), c in delivered.items() if s == j) for j in range(3)] ==
+                 [101, 60, 40], "%s: per-source counts 101, 60, 40" % label)
+
+    elastic("mixel", 4, 3, "torch")
+    elastic("mixel25", 2, 5, "accelerate")
 
     # --- Python.
     want = bwpy.plan("--mode", "torch", *plan_args(), "--world-size", 2, "--batch-size", B,
