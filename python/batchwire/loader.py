@@ -547,7 +547,7 @@ def _check_numbers(a: types.SimpleNamespace) -> None:
 
 def _weight_text(w: Any) -> str:
     """A mixture weight as the decimal text the library reads ("0.7", "70"): an int, a float
-    (its shortest repr, never an exponent) or a str as given."""
+    (its shortest repr, never an exponent, rounded to 9 decimal places) or a str as given."""
     if isinstance(w, str):
         return w
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not w == w:
@@ -555,7 +555,10 @@ def _weight_text(w: Any) -> str:
     if isinstance(w, int):
         return str(w)
     from decimal import Decimal
-    return format(Decimal(repr(w)), "f")
+    d = Decimal(repr(w))
+    if d.as_tuple().exponent < -9:  # type: ignore[operator]
+        d = d.quantize(Decimal("1e-9"))  # the library reads 9 decimal places (1/3 -> 0.333333333)
+    return format(d.normalize(), "f")
 
 
 class _Options:
