@@ -83,6 +83,16 @@ int bw__jobs_create(bw_jobs *s, const bw_principal *who,
                     Batchwire__V1__GetOrCreateJobResponse **resp, uint64_t *wait_seq, char *err,
                     size_t errlen);
 
+/* A mixture job's description (docs/semantics.md, "Mixtures") from its sources' (infos[j] for
+ * mix->sources[j], as workers described them; borrowed, so they must live in `arena` or
+ * longer): format "mixture", sources[j].records source j's size, length E, the sources' own
+ * descriptions in mix_sources, a fingerprint over theirs, their common layout if any.
+ * Refuses a source that is empty or holds named arrays. BW_OK, BW_INVALID_ARGUMENT or
+ * BW_NOMEM with a sentence. */
+int bw__jobs_mixture_info(bw_arena *arena, const Batchwire__V1__Mixture *mix,
+                          Batchwire__V1__DatasetInfo *const *infos,
+                          Batchwire__V1__DatasetInfo **out, char *err, size_t errlen);
+
 /* A synthetic dataset's description (JobConfig.synthetic_samples), made without a worker. */
 Batchwire__V1__DatasetInfo *bw__jobs_synthetic_info(bw_arena *arena, uint64_t samples);
 

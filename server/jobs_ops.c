@@ -9,9 +9,11 @@
 
 #include "batchwire/batchwire.h"
 #include "common/log.h"
+#include "common/refuse.h"
 #include "common/util.h"
 #include "cursor/cursor.h"
 #include "formats/formats.h"
+#include "jobs/mixture.h"
 #include "rpc/pbdiff.h"
 
 enum { MAX_SOURCES = 4096, MAX_BATCH = 1 << 24 };
@@ -100,6 +102,71 @@ static int check_fields(const Batchwire__V1__Dataset *d, char *err, size_t errle
     return BW_OK;
 }
 
+/* A dataset to be described by a worker: `what` names it in messages ("config.dataset"). */
+static int check_dataset(const char *what, const Batchwire__V1__Dataset *d, char *err,
+                         size_t errlen)
+{
+    if (!d || !d->format || !*d->format) {
+        snprintf(err, errlen,
+                 "%s.format is required (npy, npz, tfrecord, files, jsonl, text, tar, fields)",
+                 what);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (strlen(d->format) > 32) {
+        snprintf(err, errlen, "%s.format '%.40s...' is too long", what, d->format);
+        return BW_INVALID_ARGUMENT;
+    }
+    int rc = strcmp(d->format, "fields") == 0
+                 ? check_fields(d, err, errlen)
+                 : check_sources(what, d->sources, d->n_sources, err, errlen);
+    if (rc == BW_OK && d->n_fields && strcmp(d->format, "fields") != 0) {
+        snprintf(err, errlen, "%s.fields is for format fields, not '%s'", what, d->format);
+        rc = BW_INVALID_ARGUMENT;
+    }
+    return rc;
+}
+
+/* A mixture's sources (docs/semantics.md, "Mixtures"): their number, datasets and weights;
+ * the sizes are checked with the plan once workers have described them. */
+static int check_mixture(const Batchwire__V1__Mixture *m, char *err, size_t errlen)
+{
+    if (m->n_sources == 0 || m->n_sources > BW__MIX_MAX_SOURCES) {
+        snprintf(err, errlen, "config.mixture has %zu sources: from 1 to %d", m->n_sources,
+                 BW__MIX_MAX_SOURCES);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (m->policy > BATCHWIRE__V1__MIX_POLICY__MIX_POLICY_STOP) {
+        snprintf(err, errlen, "config.mixture.policy %d is not a known policy", (int)m->policy);
+        return BW_INVALID_ARGUMENT;
+    }
+    for (size_t j = 0; j < m->n_sources; j++) {
+        char what[64];
+        snprintf(what, sizeof(what), "config.mixture.sources[%zu].dataset", j);
+        const Batchwire__V1__MixSource *src = m->sources[j];
+        if (!src)
+            return bw__refuse(err, errlen, "%s.format is required (a source without a dataset)",
+                              what);
+        int rc = check_dataset(what, src->dataset, err, errlen);
+        if (rc != BW_OK)
+            return rc;
+        if (src->weight == 0 || src->weight > BW__MIX_MAX_WEIGHT) {
+            snprintf(err, errlen,
+                     "config.mixture.sources[%zu].weight %" PRIu64
+                     " must be from 1 to 10^18 (units of 10^-9)",
+                     j, src->weight);
+            return BW_INVALID_ARGUMENT;
+        }
+        if (src->dataset->pre_sharded || strcmp(src->dataset->format, "fields") == 0) {
+            snprintf(err, errlen,
+                     "%s: a mixture's source cannot be %s (a mixture is map-style and reads "
+                     "whole samples)",
+                     what, src->dataset->pre_sharded ? "pre-sharded" : "named arrays (fields)");
+            return BW_INVALID_ARGUMENT;
+        }
+    }
+    return BW_OK;
+}
+
 static int check_config(const Batchwire__V1__JobConfig *c, char *err, size_t errlen)
 {
     if (!c) {
@@ -108,33 +175,17 @@ static int check_config(const Batchwire__V1__JobConfig *c, char *err, size_t err
     }
     const Batchwire__V1__Dataset *d = c->dataset;
     bool has_dataset = d && ((d->format && *d->format) || d->n_sources > 0 || d->n_fields > 0);
-    if (c->synthetic_samples > 0 && has_dataset) {
-        snprintf(err, errlen, "config.dataset and config.synthetic_samples exclude each other");
+    if ((c->synthetic_samples > 0) + has_dataset + (c->mixture != NULL) > 1) {
+        snprintf(err, errlen,
+                 "config.dataset, config.synthetic_samples and config.mixture exclude each "
+                 "other");
         return BW_INVALID_ARGUMENT;
     }
-    if (c->synthetic_samples == 0) {
-        if (!d || !d->format || !*d->format) {
-            snprintf(
-                err, errlen,
-                "config.dataset.format is required (npy, npz, tfrecord, files, jsonl, text, tar, "
-                "fields)");
-            return BW_INVALID_ARGUMENT;
-        }
-        if (strlen(d->format) > 32) {
-            snprintf(err, errlen, "config.dataset.format '%.40s...' is too long", d->format);
-            return BW_INVALID_ARGUMENT;
-        }
-        int rc = strcmp(d->format, "fields") == 0
-                     ? check_fields(d, err, errlen)
-                     : check_sources("config.dataset", d->sources, d->n_sources, err, errlen);
-        if (rc == BW_OK && d->n_fields && strcmp(d->format, "fields") != 0) {
-            snprintf(err, errlen, "config.dataset.fields is for format fields, not '%s'",
-                     d->format);
-            rc = BW_INVALID_ARGUMENT;
-        }
-        if (rc != BW_OK)
-            return rc;
-    }
+    int rc = c->mixture                  ? check_mixture(c->mixture, err, errlen)
+             : c->synthetic_samples == 0 ? check_dataset("config.dataset", d, err, errlen)
+                                         : BW_OK;
+    if (rc != BW_OK)
+        return rc;
     const Batchwire__V1__SamplerConfig *sc = c->sampler;
     if (!sc || sc->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_UNSPECIFIED) {
         snprintf(err, errlen, "config.sampler.mode is required: torch, accelerate or iterable");
@@ -249,6 +300,13 @@ int bw__jobs_lookup(bw_jobs *s, const bw_principal *who,
         rc = bw__jobs_check_owner(job, who, err, errlen);
         if (rc == BW_OK)
             rc = existing(job, req, arena, resp, err, errlen);
+    } else if (req->config->mixture && s->grants) {
+        /* A read grant names one dataset (docs/security.md, "Read grants"). */
+        snprintf(err, errlen,
+                 "job '%s': mixtures are not served with authentication on yet (a read grant "
+                 "names one dataset; a mixture reads %zu)",
+                 req->name, req->config->mixture->n_sources);
+        rc = BW_FAILED_PRECONDITION;
     } else {
         rc = check_quota(s, who, err, errlen);
         *need_describe = rc == BW_OK;

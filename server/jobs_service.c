@@ -156,6 +156,29 @@ int bw__describe_dataset(bw_coordinator *c, const Batchwire__V1__Dataset *datase
     return rc;
 }
 
+/* A mixture's sources, each described through a live worker, then the mixture's own
+ * description (bw__jobs_mixture_info). */
+static int describe_mixture(bw_coordinator *c, const Batchwire__V1__Mixture *mix, bw_arena *arena,
+                            Batchwire__V1__DatasetInfo **info, char *err, size_t errlen)
+{
+    size_t n = mix->n_sources;
+    Batchwire__V1__DatasetInfo **infos = bw__arena_alloc(arena, (n ? n : 1) * sizeof(*infos));
+    if (!infos) {
+        snprintf(err, errlen, "out of memory describing a mixture of %zu sources", n);
+        return BW_NOMEM;
+    }
+    for (size_t j = 0; j < n; j++) {
+        char why[1024];
+        int rc =
+            bw__describe_dataset(c, mix->sources[j]->dataset, arena, &infos[j], why, sizeof(why));
+        if (rc != BW_OK) {
+            snprintf(err, errlen, "mixture source %zu: %s", j, why);
+            return rc;
+        }
+    }
+    return bw__jobs_mixture_info(arena, mix, infos, info, err, errlen);
+}
+
 typedef struct create_task {
     bw_coordinator *c;
     bw_rpc_call *call;
@@ -174,7 +197,9 @@ static void *create_thread(void *arg)
     Batchwire__V1__DatasetInfo *info = NULL;
     Batchwire__V1__GetOrCreateJobResponse *resp = NULL;
     uint64_t wait_seq = 0;
-    int rc = bw__describe_dataset(t->c, t->req->config->dataset, a, &info, err, sizeof(err));
+    const Batchwire__V1__Mixture *mix = t->req->config->mixture;
+    int rc = mix ? describe_mixture(t->c, mix, a, &info, err, sizeof(err))
+                 : bw__describe_dataset(t->c, t->req->config->dataset, a, &info, err, sizeof(err));
     if (rc == BW_OK)
         rc = bw__jobs_create(t->c->jobs, bw__rpc_call_principal(t->call), t->req, info, a, &resp,
                              &wait_seq, err, sizeof(err));

@@ -17,12 +17,15 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "jobs/mixture.h"
 #include "rpc/daemon.h"
 
 typedef struct fetch_cfg {
     char *coordinator, *job, *dataset, *resume, *cursor_out, *device, *resume_elastic;
     char *dataset_fields; /* --dataset-field values, one a line */
     char *transform, *transform_field;
+    char *mix;            /* --mix values, one a line */
+    int64_t mix_samples;
     int64_t rank, world_size;
     int mode, shuffle_algo;
     int64_t batch_size, epochs, max_steps, prefetch, timeout_ms, retry_ms, commit_every;
@@ -55,6 +58,14 @@ static const bw_opt options[] = {
      ": each batch is one tensor (docs/transforms.md)"},
     {"transform-field", BW_OPT_STRING, offsetof(fetch_cfg, transform_field), NULL, 0, 0, NULL, 0,
      "KEY", "tar datasets: the member the transform runs on (e.g. jpg)"},
+    {"mix", BW_OPT_LIST, offsetof(fetch_cfg, mix), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
+     "FORMAT:PATH[,PATH...]=WEIGHT",
+     "instead of --dataset, repeated: one source of a weighted mixture of datasets, source j "
+     "being the j-th --mix; WEIGHT a positive decimal (weights are normalised); mode torch or "
+     "accelerate without --shuffle; each line then has \"sources\" beside \"indices\" "
+     "(docs/semantics.md, Mixtures)"},
+    {"mix-samples", BW_OPT_INT, offsetof(fetch_cfg, mix_samples), "0", 0, 1ll << 62, NULL,
+     BW_OPT_NO_ENV, "E", "the mixture's epoch size (default 0: the sum of the sources' sizes)"},
     {"rank", BW_OPT_INT, offsetof(fetch_cfg, rank), "-1", -1, 1 << 24, NULL, 0, "r",
      "this rank (default: RANK or SLURM_PROCID)"},
     {"world-size", BW_OPT_INT, offsetof(fetch_cfg, world_size), "-1", -1, 1 << 24, NULL, 0, "R",
@@ -237,6 +248,9 @@ static void print_batch(const bw_batch *b, int64_t rank, bool tensor)
     const uint8_t *pad = bw_batch_padding(b);
     for (size_t i = 0; i < bw_batch_count(b); i++)
         printf("%s%" PRIu64, i ? "," : "", idx[i]);
+    const uint32_t *src = bw_batch_sources(b);
+    for (size_t i = 0; src && i < bw_batch_count(b); i++)
+        printf("%s%" PRIu32, i ? "," : "],\"sources\":[", src[i]);
     printf("],\"padding\":[");
     for (size_t i = 0; i < bw_batch_count(b); i++)
         printf("%s%d", i ? "," : "", pad[i]);
@@ -338,10 +352,11 @@ int bw__cmd_fetch(int argc, char **argv)
         bw__config_free(options, &cfg);
         return 2;
     }
-    if (!cfg.dataset == !cfg.dataset_fields) {
-        fprintf(stderr, "batchwire fetch: give the dataset as --dataset FORMAT:PATH[,PATH...] or "
-                        "as its arrays, --dataset-field NAME=npy:PATH[,PATH...] for each (not "
-                        "both)\n");
+    if ((cfg.dataset != NULL) + (cfg.dataset_fields != NULL) + (cfg.mix != NULL) != 1) {
+        fprintf(stderr, "batchwire fetch: give the dataset as --dataset FORMAT:PATH[,PATH...], "
+                        "as its arrays, --dataset-field NAME=npy:PATH[,PATH...] for each, or as "
+                        "a mixture, --mix FORMAT:PATH[,PATH...]=WEIGHT for each source (one of "
+                        "the three)\n");
         bw__config_free(options, &cfg);
         return 2;
     }
@@ -350,6 +365,15 @@ int bw__cmd_fetch(int argc, char **argv)
     size_t nfields = 0;
     for (char *p = cfg.dataset_fields; p && nfields < BW_CLI_MAX_FIELDS; nfields++) {
         fields[nfields] = p;
+        if ((p = strchr(p, '\n')) != NULL)
+            *p++ = '\0';
+    }
+    /* --mix values, one a line: split in place (one more than a mixture may have, so that
+     * the loader refuses too many) */
+    const char *mix[BW__MIX_MAX_SOURCES + 1];
+    size_t nmix = 0;
+    for (char *p = cfg.mix; p && nmix < BW__MIX_MAX_SOURCES + 1; nmix++) {
+        mix[nmix] = p;
         if ((p = strchr(p, '\n')) != NULL)
             *p++ = '\0';
     }
@@ -366,6 +390,9 @@ int bw__cmd_fetch(int argc, char **argv)
     o.dataset = cfg.dataset;
     o.dataset_fields = fields;
     o.n_dataset_fields = nfields;
+    o.mixture = mix;
+    o.n_mixture = nmix;
+    o.mix_samples = (uint64_t)cfg.mix_samples;
     o.rank = cfg.rank;
     o.world_size = cfg.world_size;
     o.mode = modes[cfg.mode];

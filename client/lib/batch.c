@@ -193,7 +193,8 @@ int bw__batch_init(bw_batch *b, size_t max_count, size_t data_bytes, bool pinned
     b->padding = calloc(n, sizeof(*b->padding));
     b->offsets = calloc(n, sizeof(*b->offsets));
     b->sizes = calloc(n, sizeof(*b->sizes));
-    if (!b->indices || !b->padding || !b->offsets || !b->sizes) {
+    b->sources = calloc(n, sizeof(*b->sources));
+    if (!b->indices || !b->padding || !b->offsets || !b->sizes || !b->sources) {
         bw__batch_free(b);
         return BW_NOMEM;
     }
@@ -207,6 +208,7 @@ void bw__batch_free(bw_batch *b)
     free(b->padding);
     free(b->offsets);
     free(b->sizes);
+    free(b->sources);
     host_free(b->data, b->pinned);
     bw__gpu_free(b->gpu, b->dev);
     bw__gpu_stream_free(b->gpu);
@@ -306,6 +308,11 @@ const uint64_t *bw_batch_indices(const bw_batch *b)
 const uint8_t *bw_batch_padding(const bw_batch *b)
 {
     return b->padding;
+}
+
+const uint32_t *bw_batch_sources(const bw_batch *b)
+{
+    return b->mixture ? b->sources : NULL;
 }
 
 const void *bw_batch_data(const bw_batch *b)

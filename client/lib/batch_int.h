@@ -17,6 +17,8 @@ struct bw_batch {
     size_t count, real;
     uint64_t *indices;
     uint8_t *padding;
+    uint32_t *sources; /* a mixture job's: each sample's source (bw_batch_sources) */
+    bool mixture;
     size_t *offsets, *sizes; /* per sample, into data */
     uint8_t *data;           /* host copy (pinned when delivering to a GPU) */
     size_t nbytes, cap;

@@ -17,6 +17,7 @@
 
 #include "common/arena.h"
 #include "data.pb-c.h"
+#include "jobs.pb-c.h"
 #include "transport.h"
 
 /* Items per request at most: a worker's request-size limit is never approached. */
@@ -24,7 +25,7 @@ enum { BW_FETCH_MAX_PER_REQUEST = 1 << 16 };
 
 typedef struct bw__fetch_item {
     uint64_t key;      /* what the worker sends back: dataset index, or record number */
-    uint32_t src;      /* streams: the record's source */
+    uint32_t src;      /* streams: the record's source; mixtures: the sample's */
     size_t first;      /* its first position in the batch */
     uint64_t max_size; /* the largest size a worker may announce for it */
     uint64_t size, got;
@@ -107,6 +108,11 @@ typedef struct bw__fetch_ctx {
      * batch's epoch (docs/transforms.md, "On the workers"). */
     const char *transform, *transform_field;
     uint64_t seed;
+    /* A mixture job (docs/semantics.md, "Mixtures"), or NULL: an item of source j (its src)
+     * is read from mixture->sources[j]->dataset, checked against mix_infos[j]'s fingerprint,
+     * instead of `dataset` and `fingerprint`. */
+    const Batchwire__V1__Mixture *mixture;
+    Batchwire__V1__DatasetInfo *const *mix_infos;
 } bw__fetch_ctx;
 
 /*

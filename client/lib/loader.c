@@ -19,13 +19,14 @@
 static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
 {
     bw__batch out = {b->indices, b->padding, 0, 0};
-    int rc = bw__plan_batch(l->plan, l->rank, step, &out);
+    int rc = bw__plan_mix_batch(l->plan, l->rank, step, &out, b->sources);
     if (rc != BW_OK)
         return rc;
     b->epoch = l->epoch;
     b->step = step;
     b->count = out.count;
     b->real = out.real;
+    b->mixture = bw__plan_mixture(l->plan) != NULL;
     const Batchwire__V1__SampleLayout *lay =
         l->tf_whole ? &l->tf_layout : l->session.summary->dataset->layout;
     b->ndim = 0;
@@ -235,6 +236,11 @@ static uint64_t largest_sample(const Batchwire__V1__DatasetInfo *d)
     } else {
         max = largest_source(d->sources, d->n_sources);
     }
+    /* A mixture: its largest source's (a sample comes from one of them). */
+    for (size_t j = 0; j < d->n_mix_sources; j++) {
+        uint64_t m = largest_sample(d->mix_sources[j]);
+        max = m > max ? m : max;
+    }
     return max && max < d->total_bytes ? max : d->total_bytes;
 }
 
@@ -371,6 +377,19 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->fctx.avoid = &l->favoid;
     l->fctx.dataset = job->config->dataset;
     l->fctx.fingerprint = job->dataset->fingerprint;
+    if (job->config->mixture && job->dataset->n_mix_sources != job->config->mixture->n_sources) {
+        rc = bw__loader_fail(l, BW_PROTOCOL,
+                             "job '%s' is a mixture of %zu sources but the coordinator "
+                             "described %zu",
+                             job->name, job->config->mixture->n_sources,
+                             job->dataset->n_mix_sources);
+        snprintf(err, errlen, "%s", l->err);
+        bw__arena_reset(&ca);
+        bw_loader_close(l);
+        return rc;
+    }
+    l->fctx.mixture = job->config->mixture;
+    l->fctx.mix_infos = job->dataset->mix_sources;
     l->fctx.sample_bytes = job->dataset->layout ? job->dataset->layout->sample_bytes : 0;
     l->fctx.max_sample_bytes = largest_sample(job->dataset);
     l->fctx.max_message_bytes = 4u << 20;

@@ -11,6 +11,7 @@
 #include "common/text.h"
 #include "formats/formats.h"
 #include "jobs/job_check.h"
+#include "jobs/mixture.h"
 #include "options_int.h"
 #include "sampler/sampler.h"
 
@@ -306,6 +307,63 @@ static int parse_transform(const bw_loader_options *o, int mode, bw__job_request
     return rc;
 }
 
+/* mixture: "FORMAT:PATH[,PATH...]=WEIGHT" each (split at the last '='), into jr's mixture
+ * message; sizes and formats are the describing workers' to check. */
+static int parse_mixture(const bw_loader_options *o, bw__job_request *jr, char *err, size_t errlen)
+{
+    if (o->dataset || o->n_dataset_fields) {
+        snprintf(err, errlen,
+                 "mixture and %s exclude each other: a mixture lists each of its datasets",
+                 o->dataset ? "dataset" : "dataset_fields");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (o->n_mixture > BW__MIX_MAX_SOURCES) {
+        snprintf(err, errlen, "mixture: %zu sources is more than %d", o->n_mixture,
+                 BW__MIX_MAX_SOURCES);
+        return BW_INVALID_ARGUMENT;
+    }
+    size_t n = o->n_mixture;
+    jr->mix_datasets = calloc(n, sizeof(*jr->mix_datasets));
+    jr->mix_sources = calloc(n, sizeof(*jr->mix_sources));
+    jr->mix_ptrs = calloc(n, sizeof(*jr->mix_ptrs));
+    if (!jr->mix_datasets || !jr->mix_sources || !jr->mix_ptrs)
+        return nomem("mixture", err, errlen);
+    for (size_t j = 0; j < n; j++) {
+        const char *entry = o->mixture[j] ? o->mixture[j] : "";
+        const char *eq = strrchr(entry, '=');
+        Batchwire__V1__Dataset *d = &jr->mix_datasets[j];
+        batchwire__v1__dataset__init(d);
+        d->format = NULL; /* owned strings from here on (freed with jr) */
+        batchwire__v1__mix_source__init(&jr->mix_sources[j]);
+        jr->mix_sources[j].dataset = d;
+        jr->mix_ptrs[j] = &jr->mix_sources[j];
+        jr->nmix++;
+        if (!eq) {
+            snprintf(err, errlen, "mixture source %zu '%s': expected FORMAT:PATH[,PATH...]=WEIGHT",
+                     j, entry);
+            return BW_INVALID_ARGUMENT;
+        }
+        char *spec = strndup(entry, (size_t)(eq - entry)), what[64], why[256];
+        if (!spec)
+            return nomem("mixture", err, errlen);
+        snprintf(what, sizeof(what), "mixture source %zu", j);
+        int rc = parse_spec(what, spec, &d->format, &d->sources, &d->n_sources, err, errlen);
+        free(spec);
+        if (rc != BW_OK)
+            return rc;
+        if ((rc = bw__mix_weight_parse(eq + 1, &jr->mix_sources[j].weight, why, sizeof(why))) !=
+            BW_OK) {
+            snprintf(err, errlen, "mixture source %zu '%s': %s", j, entry, why);
+            return rc;
+        }
+    }
+    batchwire__v1__mixture__init(&jr->mixture);
+    jr->mixture.n_sources = n;
+    jr->mixture.sources = jr->mix_ptrs;
+    jr->mixture.samples = o->mix_samples;
+    return BW_OK;
+}
+
 int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, int64_t *rank,
                              int64_t *world, char *err, size_t errlen)
 {
@@ -345,9 +403,21 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
         snprintf(err, errlen, "dataset_fields cannot be pre-sharded (named arrays are map-style)");
         return BW_INVALID_ARGUMENT;
     }
-    if ((rc = o->n_dataset_fields ? parse_fields(o, jr, err, errlen)
-                                  : parse_dataset(spec, jr, err, errlen)) != BW_OK)
+    if (o->n_mixture && pre_sharded) {
+        snprintf(err, errlen, "a mixture cannot be pre-sharded (a mixture is map-style)");
+        return BW_INVALID_ARGUMENT;
+    }
+    if ((rc = o->n_mixture          ? parse_mixture(o, jr, err, errlen)
+              : o->n_dataset_fields ? parse_fields(o, jr, err, errlen)
+                                    : parse_dataset(spec, jr, err, errlen)) != BW_OK)
         return rc;
+    if (o->n_mixture && (mode == BW__MODE_ITERABLE || o->shuffle)) {
+        snprintf(err, errlen,
+                 "a mixture is read in torch or accelerate mode without shuffle (it orders its "
+                 "sources itself from the seed: docs/semantics.md, \"Mixtures\"); %s",
+                 o->shuffle ? "leave shuffle off" : "mode iterable is not served for mixtures");
+        return BW_INVALID_ARGUMENT;
+    }
     if (pre_sharded && mode != BW__MODE_ITERABLE) {
         snprintf(err, errlen,
                  "dataset '%s' is pre-sharded (one source per rank, already split by its "
@@ -414,7 +484,8 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
     jr->sampler.single_process_plain = mode == BW__MODE_ACCELERATE && !sc.shard_single_process;
     jr->sampler.allow_uneven = o->allow_uneven != 0;
     batchwire__v1__job_config__init(&jr->config);
-    jr->config.dataset = &jr->dataset;
+    jr->config.dataset = jr->nmix ? NULL : &jr->dataset;
+    jr->config.mixture = jr->nmix ? &jr->mixture : NULL;
     jr->config.sampler = &jr->sampler;
     jr->config.transform = jr->transform;
     jr->config.transform_field = jr->transform_field ? jr->transform_field : (char *)"";
@@ -439,6 +510,16 @@ void bw__job_request_free(bw__job_request *jr)
     free(jr->fields);
     free(jr->field_ptrs);
     free(jr->transform_field);
+    for (size_t j = 0; j < jr->nmix; j++) {
+        Batchwire__V1__Dataset *d = &jr->mix_datasets[j];
+        free(d->format);
+        for (size_t i = 0; i < d->n_sources; i++)
+            free(d->sources[i]);
+        free(d->sources);
+    }
+    free(jr->mix_datasets);
+    free(jr->mix_sources);
+    free(jr->mix_ptrs);
     memset(jr, 0, sizeof(*jr));
 }
 

@@ -24,6 +24,12 @@ typedef struct bw__job_request {
     size_t nfields;
     Batchwire__V1__DatasetField *fields;
     Batchwire__V1__DatasetField **field_ptrs;
+    /* a mixture (bw_loader_options.mixture): one dataset message and source each */
+    size_t nmix;
+    Batchwire__V1__Dataset *mix_datasets;
+    Batchwire__V1__MixSource *mix_sources;
+    Batchwire__V1__MixSource **mix_ptrs;
+    Batchwire__V1__Mixture mixture;
     Batchwire__V1__SamplerConfig sampler;
     Batchwire__V1__JobConfig config;
     /* bw_loader_options.transform: its canonical text (docs/transforms.md), "" for none */

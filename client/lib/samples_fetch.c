@@ -45,8 +45,27 @@ static void sort_pairs(uint64_t *pairs, uint64_t *tmp, size_t n)
     }
 }
 
-/* The batch's distinct indices, sorted, with their first position; uid[pos] = item. Padding
- * repeats an index: it is fetched once. */
+/* A stable counting sort of n (key, position) pairs by src[position] (< 256), through tmp:
+ * after sort_pairs by index, pairs in (source, index) order. */
+static void sort_by_source(uint64_t *pairs, uint64_t *tmp, size_t n, const uint32_t *src)
+{
+    size_t count[257] = {0};
+    for (size_t i = 0; i < n; i++)
+        count[(src[pairs[2 * i + 1]] & 0xff) + 1]++;
+    if (count[(src[pairs[1]] & 0xff) + 1] == n)
+        return; /* one source */
+    for (size_t d = 0; d < 256; d++)
+        count[d + 1] += count[d];
+    for (size_t i = 0; i < n; i++) {
+        size_t to = count[src[pairs[2 * i + 1]] & 0xff]++;
+        tmp[2 * to] = pairs[2 * i];
+        tmp[2 * to + 1] = pairs[2 * i + 1];
+    }
+    memcpy(pairs, tmp, n * 2 * sizeof(uint64_t));
+}
+
+/* The batch's distinct samples (indices; for a mixture, (source, index) pairs), sorted, with
+ * their first position; uid[pos] = item. Padding repeats a sample: it is fetched once. */
 static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item **out, size_t *nout,
                   size_t *uid)
 {
@@ -63,10 +82,15 @@ static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item **out, si
         pairs[2 * i + 1] = i;
     }
     sort_pairs(pairs, pairs + 2 * n, n);
+    const uint32_t *src = b->mixture ? b->sources : NULL; /* BW__MIX_MAX_SOURCES is 256 */
+    if (src && n)
+        sort_by_source(pairs, pairs + 2 * n, n, src);
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        if (i == 0 || pairs[2 * i] != pairs[2 * i - 2]) {
+        if (i == 0 || pairs[2 * i] != pairs[2 * i - 2] ||
+            (src && src[pairs[2 * i + 1]] != src[pairs[2 * i - 1]])) {
             w[m].key = pairs[2 * i];
+            w[m].src = src ? src[pairs[2 * i + 1]] : 0;
             w[m].first = (size_t)pairs[2 * i + 1];
             w[m].max_size = max_size;
             m++;
@@ -87,9 +111,8 @@ static uint32_t samples_shard(void *kctx, const bw__fetch_item *it, uint32_t num
 
 static bool samples_join(const bw__fetch_item *a, const bw__fetch_item *b)
 {
-    (void)a;
-    (void)b;
-    return true; /* any indices of one worker share its request */
+    return a->src == b->src; /* any indices of one worker (and one mixture source) share a
+                                request */
 }
 
 /* What a batch's requests are built from: the loader's settings and the batch's epoch (the
@@ -126,11 +149,16 @@ static int samples_message(void *kctx, bw__fetch_item *const *items, size_t n,
     batchwire__v1__read_samples_request__init(req);
     for (size_t i = 0; i < n; i++)
         idx[i] = items[i]->key;
-    req->dataset = (Batchwire__V1__Dataset *)ctx->dataset;
+    /* A mixture's request reads one source (samples_join): its dataset and fingerprint. */
+    const Batchwire__V1__Mixture *mx = ctx->mixture;
+    uint32_t j = n ? items[0]->src : 0;
+    if (mx && j >= mx->n_sources)
+        return BW_INTERNAL;
+    req->dataset = mx ? mx->sources[j]->dataset : (Batchwire__V1__Dataset *)ctx->dataset;
     req->n_indices = n;
     req->indices = idx;
     req->routing = rt;
-    req->fingerprint = (char *)ctx->fingerprint;
+    req->fingerprint = mx ? ctx->mix_infos[j]->fingerprint : (char *)ctx->fingerprint;
     req->max_message_bytes = ctx->max_message_bytes;
     req->field_table = ctx->field_table;
     req->transform = tf;

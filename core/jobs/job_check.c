@@ -86,12 +86,19 @@ int bw__job_check_transform(const char *transform, const char *field, const char
                  "torch or accelerate mode");
         return BW_INVALID_ARGUMENT;
     }
-    bool tar = format && strcmp(format, "tar") == 0;
-    if (!tar && !(format && strcmp(format, "files") == 0)) {
+    if (!format) {
+        snprintf(err, errlen,
+                 "transform: this job reads no dataset files (a synthetic dataset, or a mixture, "
+                 "whose sources workers do not transform yet); a transform reads files (one "
+                 "image per file) or tar (with transform_field)");
+        return BW_INVALID_ARGUMENT;
+    }
+    bool tar = strcmp(format, "tar") == 0;
+    if (!tar && strcmp(format, "files") != 0) {
         snprintf(err, errlen,
                  "transform: dataset format '%s' holds no images to decode; a transform reads "
                  "files (one image per file) or tar (with transform_field)",
-                 format ? format : "synthetic");
+                 format);
         return BW_INVALID_ARGUMENT;
     }
     if (tar && !field) {

@@ -11,8 +11,10 @@
 #include <string.h>
 
 #include "batchwire/batchwire.h"
+#include "common/refuse.h"
 #include "jobs/job_check.h"
 #include "jobs/job_sampler.h"
+#include "transform/transform.h"
 
 struct bw__plan {
     uint64_t epoch;
@@ -21,6 +23,7 @@ struct bw__plan {
     bool iterable, pre_sharded;
     bw__stream_order order; /* iterable jobs: the epoch's sources */
     bw__preshard ps;        /* pre-sharded: its counts point into order.counts */
+    bw__mixture *mix;       /* mixture jobs: the epoch's order of positions */
 };
 
 int bw__plan_new(const bw__plan_spec *spec, uint64_t epoch, bool counts_only, bw__plan **out,
@@ -39,7 +42,18 @@ int bw__plan_new(const bw__plan_spec *spec, uint64_t epoch, bool counts_only, bw
     p->pre_sharded = spec->pre_sharded;
     bw__sampler_cfg cfg = spec->sampler;
     int rc = BW_OK;
-    if (p->iterable) {
+    if (spec->mix && p->iterable)
+        rc = bw__refuse(err, errlen,
+                        "a mixture is map-style here: use torch or accelerate mode (streams in "
+                        "an iterable mixture are not served by jobs yet)");
+    else if (spec->mix && cfg.shuffle)
+        rc = bw__refuse(err, errlen,
+                        "shuffle: a mixture orders its sources itself (a seeded permutation "
+                        "within each source, a seeded interleave); leave shuffle off");
+    else if (spec->mix &&
+             (rc = bw__mixture_new(&p->mix, spec->mix, cfg.seed, epoch, err, errlen)) == BW_OK)
+        cfg.num_samples = bw__mixture_end(p->mix);
+    if (rc == BW_OK && p->iterable) {
         rc = bw__stream_order_init(&p->order, spec->records, spec->nsources, spec->shuffle_sources,
                                    cfg.seed, epoch, err, errlen);
         cfg.num_samples = p->order.total;
@@ -70,6 +84,54 @@ int bw__plan_new(const bw__plan_spec *spec, uint64_t epoch, bool counts_only, bw
     return BW_OK;
 }
 
+/* bw__plan_new_for_job for a mixture job: the weights from its configuration, the sizes from
+ * its description (one SourceInfo per source, made by the coordinator). */
+static int plan_new_for_mixture(const Batchwire__V1__JobConfig *config,
+                                const Batchwire__V1__DatasetInfo *info,
+                                const Batchwire__V1__WorldSegment *const *history, size_t nhistory,
+                                uint64_t epoch, bool counts_only, bw__plan **out, char *err,
+                                size_t errlen)
+{
+    const Batchwire__V1__Mixture *mx = config->mixture;
+    size_t n = mx->n_sources;
+    if (n == 0 || n > BW__MIX_MAX_SOURCES || info->n_sources != n)
+        return bw__refuse(err, errlen,
+                          "the mixture has %zu sources and its description %zu: from 1 to %d, "
+                          "the same number",
+                          n, info->n_sources, BW__MIX_MAX_SOURCES);
+    uint64_t *sizes = calloc(n, sizeof(*sizes)), *weights = calloc(n, sizeof(*weights));
+    int rc = sizes && weights ? BW_OK : BW_NOMEM;
+    if (rc != BW_OK)
+        snprintf(err, errlen, "out of memory for a mixture of %zu sources", n);
+    for (size_t j = 0; rc == BW_OK && j < n; j++) {
+        sizes[j] = info->sources[j]->records;
+        weights[j] = mx->sources[j]->weight;
+    }
+    bw__mix_spec mix = {
+        sizes,
+        weights,
+        n,
+        mx->samples,
+        NULL,
+        mx->policy == BATCHWIRE__V1__MIX_POLICY__MIX_POLICY_STOP ? BW__MIX_STOP : BW__MIX_CYCLE};
+    bw__plan_spec spec;
+    memset(&spec, 0, sizeof(spec));
+    bw__job_sampler_cfg(config->sampler, 1, 1, &spec.sampler);
+    spec.history = history;
+    spec.nhistory = nhistory;
+    spec.mix = &mix;
+    if (rc == BW_OK) {
+        bw__sampler_cfg first = spec.sampler;
+        first.world_size = bw__job_epoch_world(history, nhistory, epoch);
+        rc = bw__sampler_cfg_check(&first, err, errlen);
+    }
+    if (rc == BW_OK)
+        rc = bw__plan_new(&spec, epoch, counts_only, out, err, errlen);
+    free(sizes);
+    free(weights);
+    return rc;
+}
+
 int bw__plan_new_for_job(const Batchwire__V1__JobConfig *config,
                          const Batchwire__V1__DatasetInfo *info,
                          const Batchwire__V1__WorldSegment *const *history, size_t nhistory,
@@ -84,6 +146,16 @@ int bw__plan_new_for_job(const Batchwire__V1__JobConfig *config,
     if (nhistory == 0) {
         snprintf(err, errlen, "the job has no world-size history");
         return BW_INVALID_ARGUMENT;
+    }
+    if (config->mixture) {
+        /* No format: bw__job_check_transform refuses any transform of a mixture (not yet). */
+        char canon[BW_TF_CANON_MAX];
+        int trc = bw__job_check_transform(config->transform, config->transform_field, NULL, false,
+                                          canon, sizeof(canon), err, errlen);
+        if (trc != BW_OK)
+            return trc;
+        return plan_new_for_mixture(config, info, history, nhistory, epoch, counts_only, out, err,
+                                    errlen);
     }
     const Batchwire__V1__SamplerConfig *sc = config->sampler;
     bw__plan_spec spec;
@@ -125,6 +197,7 @@ void bw__plan_free(bw__plan *p)
         return;
     bw__sampler_free(p->sampler);
     bw__stream_order_free(&p->order);
+    bw__mixture_free(p->mix);
     free(p);
 }
 
@@ -220,4 +293,20 @@ uint64_t bw__plan_source_records(const bw__plan *p, uint64_t rank, uint32_t src,
 const bw__stream_order *bw__plan_stream_order(const bw__plan *p)
 {
     return p->iterable ? &p->order : NULL;
+}
+
+const bw__mixture *bw__plan_mixture(const bw__plan *p)
+{
+    return p->mix;
+}
+
+int bw__plan_mix_batch(const bw__plan *p, uint64_t rank, uint64_t step, bw__batch *out,
+                       uint32_t *sources)
+{
+    int rc = bw__plan_batch(p, rank, step, out);
+    if (rc != BW_OK || !p->mix)
+        return rc;
+    for (size_t i = 0; i < out->count; i++)
+        bw__mixture_at(p->mix, out->indices[i], &sources[i], &out->indices[i], NULL);
+    return BW_OK;
 }

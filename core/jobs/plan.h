@@ -31,6 +31,7 @@
 
 #include "data.pb-c.h"
 #include "jobs.pb-c.h"
+#include "jobs/mixture.h"
 #include "jobs/stream_order.h"
 #include "sampler/sampler.h"
 
@@ -53,6 +54,12 @@ typedef struct bw__plan_spec {
      * size an epoch starts with, and the elastic resizes inside it. */
     const Batchwire__V1__WorldSegment *const *history;
     size_t nhistory;
+    /* Torch and accelerate jobs over a weighted mixture (docs/semantics.md, "Mixtures"), or
+     * NULL: the sampler then orders the positions of the epoch's mixture (num_samples is
+     * ignored: the mixture's end decides it; shuffle is refused, the mixture orders itself)
+     * and bw__plan_batch answers positions, which bw__plan_mixture turns into (source,
+     * index). */
+    const bw__mix_spec *mix;
 } bw__plan_spec;
 
 /*
@@ -71,8 +78,10 @@ int bw__plan_new(const bw__plan_spec *spec, uint64_t epoch, bool counts_only, bw
 /*
  * bw__plan_new for a job as the coordinator records it: config->sampler, config->dataset's
  * pre_sharded flag, the dataset description `info` (its length, or its sources' record
- * counts for iterable jobs) and history[0..nhistory). First refuses what bw__job_check_data
- * (jobs/job_check.h) refuses for the epoch's world size. Same results as bw__plan_new.
+ * counts for iterable jobs; a mixture's: each source's size in sources[j].records, E in
+ * length, config->mixture the weights) and history[0..nhistory). First refuses what
+ * bw__job_check_data (jobs/job_check.h) refuses for the epoch's world size. Same results as
+ * bw__plan_new.
  */
 int bw__plan_new_for_job(const Batchwire__V1__JobConfig *config,
                          const Batchwire__V1__DatasetInfo *info,
@@ -140,6 +149,18 @@ uint64_t bw__plan_stream_position(const bw__plan *p, uint64_t rank, uint64_t ste
 /* Iterable jobs: records of source `src` consumed once `rank` has run `step` steps (0 for a
  * source that is not the rank's own in a pre-sharded stream). 0 for other jobs. */
 uint64_t bw__plan_source_records(const bw__plan *p, uint64_t rank, uint32_t src, uint64_t step);
+
+/* Mixture jobs: the epoch's order (position -> source, index: bw__mixture_at); borrowed,
+ * lives as long as the plan. NULL for other jobs. bw__plan_batch answers positions of it. */
+const bw__mixture *bw__plan_mixture(const bw__plan *p);
+
+/*
+ * bw__plan_batch, then for a mixture job each position turned into its source (sources[],
+ * bw__plan_max_batch slots) and the index within that source (out->indices); for other jobs
+ * sources[] is left alone. Same results as bw__plan_batch.
+ */
+int bw__plan_mix_batch(const bw__plan *p, uint64_t rank, uint64_t step, bw__batch *out,
+                       uint32_t *sources);
 
 /* Iterable jobs: the epoch's source order (position <-> source and record); borrowed, lives
  * as long as the plan. NULL for torch and accelerate jobs. */

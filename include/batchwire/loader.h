@@ -193,6 +193,16 @@ typedef struct bw_loader_options {
      * bytes are its result. Required for tar, refused for other formats. NULL (default):
      * none. */
     const char *transform_field;
+    /* A weighted mixture of datasets (docs/semantics.md, "Mixtures"; docs/client.md), instead
+     * of `dataset`: n_mixture entries "FORMAT:PATH[,PATH...]=WEIGHT", source j being entry j,
+     * WEIGHT a positive decimal number ("0.7", "70"; at most 9 digits after the point; the
+     * weights are normalised by their sum). mix_samples: the epoch's size E (0, the default:
+     * the sum of the sources' sizes). Mode torch or accelerate, shuffle off (a mixture orders
+     * itself from the seed); batches then say each sample's source (bw_batch_sources) and
+     * its index within that source (bw_batch_indices). */
+    const char *const *mixture;
+    size_t n_mixture;
+    uint64_t mix_samples;
 } bw_loader_options;
 
 /*
@@ -441,6 +451,10 @@ BW_EXTERN size_t bw_batch_real(const bw_batch *b);
 BW_EXTERN const uint64_t *bw_batch_indices(const bw_batch *b);
 /* count flags: 1 where the sample is a padding duplicate. */
 BW_EXTERN const uint8_t *bw_batch_padding(const bw_batch *b);
+/* A mixture job's batch (bw_loader_options.mixture): each sample's source, the number of its
+ * mixture entry (bw_batch_indices then holds its index within that source); count entries.
+ * NULL for other jobs. Valid until the next bw_loader_next. */
+BW_EXTERN const uint32_t *bw_batch_sources(const bw_batch *b);
 
 /* The batch's bytes: for .npy datasets one contiguous [count, ...] tensor; otherwise the
  * samples' bytes concatenated in batch order (see bw_batch_sample). In host memory, or on the

@@ -25,6 +25,7 @@ FUNCTIONS: Tuple[str, ...] = (
     "bw_batch_real",
     "bw_batch_sample",
     "bw_batch_shape",
+    "bw_batch_sources",
     "bw_batch_step",
     "bw_build_info",
     "bw_cursor_describe",
@@ -164,6 +165,9 @@ const char *const *dataset_fields;
 size_t n_dataset_fields;
 const char *transform;
 const char *transform_field;
+const char *const *mixture;
+size_t n_mixture;
+uint64_t mix_samples;
 } bw_loader_options;
 void bw_loader_options_init_sized(bw_loader_options *o, size_t size);
 int bw_loader_open(const bw_loader_options *o, bw_loader **out, char *err, size_t errlen);
@@ -224,6 +228,7 @@ size_t bw_batch_count(const bw_batch *b);
 size_t bw_batch_real(const bw_batch *b);
 const uint64_t *bw_batch_indices(const bw_batch *b);
 const uint8_t *bw_batch_padding(const bw_batch *b);
+const uint32_t *bw_batch_sources(const bw_batch *b);
 const void *bw_batch_data(const bw_batch *b);
 size_t bw_batch_nbytes(const bw_batch *b);
 const char *bw_batch_dtype(const bw_batch *b);

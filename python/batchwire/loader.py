@@ -90,8 +90,9 @@ class Batch:
     """
 
     __slots__ = ("_loader", "_ptr", "_gen", "_hold", "_spans", "_fieldtab", "_idx_raw",
-                 "_pad_raw", "_indices", "_padding", "epoch", "step", "count", "real", "nbytes",
-                 "dtype", "shape", "device", "arrays", "_bf16", "__weakref__")
+                 "_pad_raw", "_src_raw", "_indices", "_padding", "_sources", "epoch", "step",
+                 "count", "real", "nbytes", "dtype", "shape", "device", "arrays", "_bf16",
+                 "__weakref__")
 
     def __init__(self, loader: "Loader", ptr: CData, gen: int) -> None:
         # Called once a batch: no numpy and no loop over the samples here. indices and padding
@@ -113,8 +114,11 @@ class Batch:
         self.device = int(L.bw_batch_device(ptr))
         self._idx_raw = ffi.buffer(L.bw_batch_indices(ptr), 8 * n)[:] if n else b""
         self._pad_raw = ffi.buffer(L.bw_batch_padding(ptr), n)[:] if n else b""
+        src = L.bw_batch_sources(ptr)
+        self._src_raw = ffi.buffer(src, 4 * n)[:] if n and src != ffi.NULL else None
         self._indices: "Optional[np.ndarray[Any, Any]]" = None
         self._padding: "Optional[np.ndarray[Any, Any]]" = None
+        self._sources: "Optional[np.ndarray[Any, Any]]" = None
         ndim = int(L.bw_batch_ndim(ptr))
         self.shape: Optional[Tuple[int, ...]]
         self.dtype: "Optional[np.dtype[Any]]"
@@ -164,6 +168,17 @@ class Batch:
     @padding.setter
     def padding(self, value: "np.ndarray[Any, Any]") -> None:
         self._padding = value
+
+    @property
+    def sources(self) -> "Optional[np.ndarray[Any, Any]]":
+        """A mixture job's batch: each sample's source (its entry in Loader's `mixture`), a
+        numpy int64 array (a copy, valid forever); ``indices`` are then within that source.
+        None for other jobs."""
+        if self._sources is None and self._src_raw is not None:
+            import numpy as np
+
+            self._sources = np.frombuffer(self._src_raw, dtype=np.uint32).astype(np.int64)
+        return self._sources
 
     def __repr__(self) -> str:
         extra = "" if self.shape is None else " shape=%r dtype=%s" % (self.shape, self.dtype)
@@ -546,6 +561,22 @@ def _check_numbers(a: types.SimpleNamespace) -> None:
             raise errors.InvalidArgumentError("%s: %r is not a number of seconds" % (name, v))
 
 
+def _weight_text(w: Any) -> str:
+    """A mixture weight as the decimal text the library reads ("0.7", "70"): an int, a float
+    (its shortest repr, never an exponent, rounded to 9 decimal places) or a str as given."""
+    if isinstance(w, str):
+        return w
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not w == w:
+        raise errors.InvalidArgumentError("mixture: weight %r is not a positive number" % (w,))
+    if isinstance(w, int):
+        return str(w)
+    from decimal import Decimal
+    d = Decimal(repr(w))
+    if d.as_tuple().exponent < -9:  # type: ignore[operator]
+        d = d.quantize(Decimal("1e-9"))  # the library reads 9 decimal places (1/3 -> 0.333333333)
+    return format(d.normalize(), "f")
+
+
 class _Options:
     """bw_loader_options built from the Loader's keyword arguments (one place for Loader,
     job_checkpoint and rank_steps): `args` names some of them (TypeError for a name Loader
@@ -562,6 +593,7 @@ class _Options:
         a = types.SimpleNamespace(**{**defaults, **args})
         _check_numbers(a)
         a.coordinator = a.coordinator or os.environ.get("BATCHWIRE_COORDINATOR")
+        need_dataset = need_dataset and not a.mixture
         required = ("coordinator", "job", "dataset") if need_dataset else ("coordinator", "job")
         given = {"coordinator": a.coordinator, "job": a.job, "dataset": a.dataset}
         for name in required:
@@ -613,6 +645,26 @@ class _Options:
             o.n_dataset_fields = len(specs)
         else:
             o.dataset = s(a.dataset)
+        if a.mixture:
+            # A weighted mixture (docs/semantics.md, "Mixtures"): "SPEC=WEIGHT" each.
+            entries = []
+            for item in a.mixture:
+                if (isinstance(item, (str, bytes)) or not hasattr(item, "__len__") or
+                        len(item) != 2 or not isinstance(item[0], (str, bytes))):
+                    raise errors.InvalidArgumentError(
+                        "mixture: each source is (\"FORMAT:PATH[,PATH...]\", weight); got %r"
+                        % (item,))
+                spec = item[0].decode() if isinstance(item[0], bytes) else item[0]
+                entries.append(s("%s=%s" % (spec, _weight_text(item[1]))))
+            mix_arr = ffi.new("const char *[]", entries)
+            self._keep.append(mix_arr)
+            o.mixture = mix_arr
+            o.n_mixture = len(entries)
+        if a.mix_samples is not None:
+            if isinstance(a.mix_samples, bool) or int(a.mix_samples) < 1:
+                raise errors.InvalidArgumentError("mix_samples: %r is not a positive integer" %
+                                                  (a.mix_samples,))
+            o.mix_samples = int(a.mix_samples)
         o.rank = -1 if a.rank is None else int(a.rank)
         o.world_size = -1 if a.world_size is None else int(a.world_size)
         o.mode = s(a.mode)
@@ -637,6 +689,8 @@ class _Options:
         o.pad_single_process = 1 if a.pad_single_process else 0
         if isinstance(a.dataset, dict):
             fmt = "fields"
+        elif a.mixture:
+            fmt = "mixture"
         else:
             parts = str(a.dataset).split(":", 2)
             fmt = parts[1] if parts[0] == "pre_sharded" and len(parts) > 1 else parts[0]
@@ -754,6 +808,12 @@ class Loader:
       dataset       "FORMAT:PATH[,PATH...]" below the workers' --data-root (required), or a
                     dict of named arrays indexed together, like TensorDataset(x, y):
                     {"x": "npy:x/*.npy", "y": "npy:y/*.npy"} (batch.fields(); docs/formats.md)
+      mixture       instead of dataset, a weighted mixture of datasets (docs/semantics.md,
+                    "Mixtures"): [("npy:a/*.npy", 0.7), ("tfrecord:b/*", 0.3)], source j
+                    being entry j; weights positive, normalised by their sum. Mode torch or
+                    accelerate without shuffle; batch.sources says each sample's source,
+                    batch.indices its index within it
+      mix_samples   the mixture's epoch size E (None: the sum of the sources' sizes)
       rank, world_size   None: from RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_NTASKS
 
     The sampler (docs/semantics.md): every rank must agree
@@ -836,7 +896,9 @@ class Loader:
             self, *,
             # where and who
             coordinator: Optional[str] = None, job: Optional[str] = None,
-            dataset: Optional[Dataset] = None, rank: Optional[int] = None,
+            dataset: Optional[Dataset] = None,
+            mixture: Optional[Sequence[Tuple[str, Union[float, int, str]]]] = None,
+            mix_samples: Optional[int] = None, rank: Optional[int] = None,
             world_size: Optional[int] = None,
             # the sampler (docs/semantics.md): every rank of a job must agree
             batch_size: int = 1, mode: str = "torch", shuffle: bool = False, seed: int = 0,

@@ -28,7 +28,8 @@ epochs, and ``ds.set_epoch(e)`` each time does the same. The epoch reaches the w
 through state shared with them (batchwire._shared), also with persistent_workers=True and
 under the fork, spawn and forkserver contexts.
 
-Items (batch mode): ``{"data", "indices", "padding", "epoch", "step"}`` -- data is the
+Items (batch mode): ``{"data", "indices", "padding", "epoch", "step"}`` (and ``"sources"``, an
+int64 tensor, for a mixture: Loader's ``mixture``) -- data is the
 batch's tensor for .npy datasets (no transform), else ``collate_fn`` of the transformed
 samples; indices an int64 tensor, padding a bool tensor (True for padding duplicates). Use
 ``DataLoader(ds, batch_size=None)`` (the default of batchwire.torch.DataLoader): the batches
@@ -119,7 +120,8 @@ class BatchDataset(torch.utils.data.IterableDataset):
                 ", ".join(bad))
         for k in ("coordinator", "job", "dataset"):
             if not loader_kw.get(k) and not (k == "coordinator" and
-                                             os.environ.get("BATCHWIRE_COORDINATOR")):
+                                             os.environ.get("BATCHWIRE_COORDINATOR")) and \
+                    not (k == "dataset" and loader_kw.get("mixture")):
                 raise errors.InvalidArgumentError("BatchDataset: %s is required" % k)
         self.samples = bool(samples)
         self.transform = transform
@@ -326,9 +328,12 @@ class BatchDataset(torch.utils.data.IterableDataset):
             data = collate(values)
             if batch.arrays and self.arrays is not None:
                 return data
-        return {"data": data, "indices": torch.from_numpy(batch.indices),
+        item = {"data": data, "indices": torch.from_numpy(batch.indices),
                 "padding": torch.from_numpy(batch.padding), "epoch": batch.epoch,
                 "step": batch.step}
+        if batch.sources is not None:  # a mixture: each sample's source (docs/client.md)
+            item["sources"] = torch.from_numpy(batch.sources)
+        return item
 
 
 class _Proof:
