@@ -99,7 +99,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bw__tf_spec spec;
     err[0] = '\0';
     int ok = bw__tf_parse(text, &spec, err, sizeof(err)) == BW_OK;
-    if (!ok && (!err[0] || !strstr(err, "transform")))
+    if (!ok && !err[0])
         abort(); /* a refusal says why */
     bw__tf_shape shape;
     const bw__tf_shape *fixed = NULL;

@@ -34,8 +34,8 @@ static int fail(const pctx *c, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    snprintf(c->err, c->errlen, "transform op %d '%.*s': %s", c->pos,
-             c->oplen > 200 ? 200 : c->oplen, c->op, why);
+    snprintf(c->err, c->errlen, "op %d '%.*s': %s", c->pos, c->oplen > 200 ? 200 : c->oplen, c->op,
+             why);
     return BW_INVALID_ARGUMENT;
 }
 
@@ -335,19 +335,17 @@ static int walk(const char *text, bw__tf_spec *out, vstate *v, char *err, size_t
     memset(out, 0, sizeof(*out));
     memset(v, 0, sizeof(*v));
     if (!text || !*text) {
-        snprintf(err, errlen, "transform: the spec is empty");
+        snprintf(err, errlen, "the spec is empty");
         return BW_INVALID_ARGUMENT;
     }
     size_t tl = strlen(text);
     if (tl > BW_TF_SPEC_MAX) {
-        snprintf(err, errlen, "transform: the spec is %zu characters, more than %d", tl,
-                 BW_TF_SPEC_MAX);
+        snprintf(err, errlen, "the spec is %zu characters, more than %d", tl, BW_TF_SPEC_MAX);
         return BW_INVALID_ARGUMENT;
     }
     for (size_t k = 0; k < tl; k++)
         if (!isprint((unsigned char)text[k])) {
-            snprintf(err, errlen, "transform: character %zu of the spec is not printable ASCII",
-                     k + 1);
+            snprintf(err, errlen, "character %zu of the spec is not printable ASCII", k + 1);
             return BW_INVALID_ARGUMENT;
         }
     const char *p = text;
@@ -362,7 +360,7 @@ static int walk(const char *text, bw__tf_spec *out, vstate *v, char *err, size_t
             q--;
         pctx c = {err, errlen, pos, p, (int)(q - p)};
         if (p == q) {
-            snprintf(err, errlen, "transform op %d is empty (ops are separated by '|')", pos);
+            snprintf(err, errlen, "op %d is empty (ops are separated by '|')", pos);
             return BW_INVALID_ARGUMENT;
         }
         if (out->n == BW_TF_MAX_OPS)
@@ -432,15 +430,14 @@ int bw__tf_output_shape(const bw__tf_spec *spec, bw__tf_shape *out, char *err, s
     if (bw__tf_format(spec, canon, sizeof(canon)) < 0 ||
         walk(canon, &again, &v, err, errlen) != BW_OK) {
         if (err && errlen)
-            snprintf(err, errlen, "transform: the spec is not valid");
+            snprintf(err, errlen, "the spec is not valid");
         return BW_INVALID_ARGUMENT;
     }
     if (!v.h) {
         snprintf(err, errlen,
-                 "transform '%.200s': the output size depends on each image: end the image ops "
-                 "with a fixed size (resize(H,W), center_crop, resized_crop or "
-                 "random_resized_crop) so that a batch is one tensor",
-                 canon);
+                 "the output size depends on each image: end the image ops with a fixed size "
+                 "(resize(H,W), center_crop, resized_crop or random_resized_crop) so that a "
+                 "batch is one tensor");
         return BW_INVALID_ARGUMENT;
     }
     bw__tf_shape_set(out, v.dtype, v.chw, v.h, v.w);

@@ -126,7 +126,7 @@ int main(int argc, char **argv)
     bw__tf_spec spec;
     char err[1024];
     if (bw__tf_parse(argv[i], &spec, err, sizeof(err)) != BW_OK) {
-        fprintf(stderr, "bw_transform_check: %s\n", err);
+        fprintf(stderr, "bw_transform_check: transform '%s': %s\n", argv[i], err);
         return 2;
     }
     const char *outdir = argv[i + 1];

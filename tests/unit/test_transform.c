@@ -127,7 +127,7 @@ static void test_parse_errors(void **state)
         at += (size_t)snprintf(many + at, sizeof(many) - at, "|flip");
     refused(many, "op 17 'flip': more than 16 ops");
     /* The op is named by position and text. */
-    refused("decode|resize(3)|center_crop(0,4)", "transform op 3 'center_crop(0,4)': height 0");
+    refused("decode|resize(3)|center_crop(0,4)", "op 3 'center_crop(0,4)': height 0");
 }
 
 static void test_output_shape(void **state)
