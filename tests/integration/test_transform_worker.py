@@ -18,7 +18,10 @@
 * the pool (--transform-threads 1 and 3: windows of 2 and 6 samples) and its metrics (time per
   sample, failures by code); results larger than --inflight-bytes are refused naming it;
 * a 4-rank job with a worker SIGKILLed mid-job: the ranks that fail over still get
-  torchvision's tensors.
+  torchvision's tensors;
+* the acceptance of issue 28 as a user runs it: 4 ranks at once, each stopped at a random step
+  and resumed from its cursor after a worker was SIGKILLed, deliver the tensors of an
+  uninterrupted run.
 
 BW_TF_RESUME_STEP=K resumes at step K instead of a random one.
 """
@@ -31,6 +34,7 @@ import re
 import shutil
 import sys
 import tarfile
+import threading
 import urllib.request
 
 import numpy as np
@@ -298,6 +302,66 @@ def check_budget(coord):
     bt.ok("a transform's results are charged against --inflight-bytes")
 
 
+def check_acceptance(tmpdir, coord, data):
+    # Issue 28's acceptance as a user runs it: a 4-rank job with the transform, the four ranks
+    # running at once, each stopped at its own random step and resumed from its cursor, a
+    # worker SIGKILLed between the stops and the resumes (its placement still lists it, so
+    # the resumed ranks meet it dead and fail over): every rank's batches are those of an
+    # uninterrupted run of the same configuration, byte for byte, and torchvision's tensors.
+    n = 40
+    gen(tmpdir, "jpeg", os.path.join(data, "acc"), n)
+    files = [os.path.join(data, "acc", "samples", "sample%08d.jpg" % i) for i in range(n)]
+    victim = bt.worker(tmpdir, coord.addr, "w-acc", data_root=data,
+                       args=["--transform-threads", 2])
+    bt.poll(lambda: sum(w["state"] == "alive" for w in bt.status_json(coord.addr)["workers"])
+            >= 3, 15, interval=0.1, what="3 live workers")
+    world, epochs = 4, 2
+    keys = ("epoch", "step", "indices", "sha256")
+
+    def in_parallel(fn):
+        out, threads = {}, []
+        for rank in range(world):
+            t = threading.Thread(target=lambda r=rank: out.__setitem__(r, fn(r)))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        return [out[r] for r in range(world)]
+
+    full = in_parallel(lambda r: fetch(coord, "tf-acc-ref", "files:acc/samples", r, world,
+                                       "--epochs", epochs))
+    for rank, (r, batches) in enumerate(full):
+        bt.check(r.returncode == 0, "uninterrupted rank %d ran" % rank, r.stderr)
+        check_batches("uninterrupted rank %d" % rank, batches, lambda i: (files[i], 0))
+    rng = random.Random()
+    stops = [rng.randrange(1, len(full[r][1])) for r in range(world)]
+    cursor = [os.path.join(tmpdir, "acc-cursor-%d" % r) for r in range(world)]
+    first = in_parallel(lambda r: fetch(coord, "tf-acc", "files:acc/samples", r, world,
+                                        "--epochs", epochs, "--max-steps", stops[r],
+                                        "--cursor-out", cursor[r]))
+    victim.kill9()
+    rest = in_parallel(lambda r: fetch(coord, "tf-acc", "files:acc/samples", r, world,
+                                       "--epochs", epochs - full[r][1][stops[r] - 1]["epoch"],
+                                       "--resume", open(cursor[r]).read().strip()))
+    failovers = 0
+    for rank in range(world):
+        bt.check(first[rank][0].returncode == 0 and len(first[rank][1]) == stops[rank],
+                 "rank %d stopped after %d batches" % (rank, stops[rank]), first[rank][0].stderr)
+        bt.check(rest[rank][0].returncode == 0, "rank %d resumed from its cursor" % rank,
+                 rest[rank][0].stderr)
+        got = [{k: b[k] for k in keys} for b in first[rank][1] + rest[rank][1]]
+        want = [{k: b[k] for k in keys} for b in full[rank][1]]
+        bt.check(got == want, "rank %d, stopped at step %d, resumed after a worker's SIGKILL: "
+                 "the uninterrupted run's tensors" % (rank, stops[rank]), (len(got), len(want)))
+        failovers += sum(json.loads(x)["summary"]["stats"]["failovers"]
+                         for x in rest[rank][0].stdout.splitlines()
+                         if x.startswith('{"summary"'))
+    bt.check(failovers > 0, "the resumed ranks failed over from the killed worker (%d)" %
+             failovers)
+    bt.ok("4 ranks at once, stopped at steps %s, resumed after a worker's SIGKILL (%d failovers): "
+          "every rank's tensors equal the uninterrupted run's" % (stops, failovers))
+
+
 def test(tmpdir):
     data = os.path.join(tmpdir, "data")
     os.makedirs(data)
@@ -315,6 +379,7 @@ def test(tmpdir):
     check_pool(coord, workers)
     check_budget(coord)
     check_failover(tmpdir, coord, data, files)
+    check_acceptance(tmpdir, coord, data)
 
 
 if __name__ == "__main__":
