@@ -24,7 +24,7 @@ typedef struct fetch_cfg {
     char *coordinator, *job, *dataset, *resume, *cursor_out, *device, *resume_elastic;
     char *dataset_fields; /* --dataset-field values, one a line */
     char *transform, *transform_field;
-    char *mix;            /* --mix values, one a line */
+    char *mix; /* --mix values, one a line */
     int64_t mix_samples;
     int64_t rank, world_size;
     int mode, shuffle_algo;
