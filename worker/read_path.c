@@ -466,7 +466,7 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
         rp->pool = w->tfpool;
         rp->exec = w->exec;
         rp->metrics = w->metrics;
-        if ((rc = bw__stf_parse(r->transform, rp->tf, why, sizeof(why))) != BW_OK)
+        if ((rc = bw__stf_parse(r->transform, &rp->d->layout, rp->tf, why, sizeof(why))) != BW_OK)
             snprintf(err, errlen, "ReadSamples: %s", why);
     }
     const bw__dataset *d = rp->d;

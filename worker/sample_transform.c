@@ -43,12 +43,16 @@ bw__tf_scratch *bw__stf_thread_scratch(void)
     return s;
 }
 
-int bw__stf_parse(const Batchwire__V1__Transform *t, bw__stf *out, char *err, size_t errlen)
+int bw__stf_parse(const Batchwire__V1__Transform *t, const bw__layout *in, bw__stf *out, char *err,
+                  size_t errlen)
 {
     char why[512];
     memset(out, 0, sizeof(*out));
     if (bw__tf_parse(t->spec ? t->spec : "", &out->spec, why, sizeof(why)) != BW_OK ||
-        bw__tf_output_shape(&out->spec, &out->shape, why, sizeof(why)) != BW_OK) {
+        (bw__tf_is_tokens(&out->spec)
+             ? bw__tf_tokens_shape(&out->spec, in->dtype, in->shape, (size_t)in->ndim, &out->shape,
+                                   why, sizeof(why))
+             : bw__tf_output_shape(&out->spec, &out->shape, why, sizeof(why))) != BW_OK) {
         snprintf(err, errlen, "transform '%.200s': %s", t->spec ? t->spec : "", why);
         return BW_INVALID_ARGUMENT;
     }
@@ -130,7 +134,9 @@ int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t i
     }
     bw__tf_key key = {t->seed, t->epoch, src, index};
     bw__tf_result res;
-    if (rc == BW_OK)
+    if (rc == BW_OK && bw__tf_is_tokens(&t->spec))
+        rc = bw__tf_tokens_run(&t->spec, &t->shape, in, len, out, t->shape.bytes, why, sizeof(why));
+    else if (rc == BW_OK)
         rc = bw__tf_run(&t->spec, s, &key, in, len, out, t->shape.bytes, &res, why, sizeof(why));
     free(joined);
     bw__mapping *m = NULL;

@@ -26,9 +26,11 @@ typedef struct bw__stf {
     uint64_t seed, epoch;
 } bw__stf;
 
-/* Parses t (from a request) into *out. BW_OK, or BW_INVALID_ARGUMENT with a sentence (the
- * spec's parser's, or a field name too long). */
-int bw__stf_parse(const Batchwire__V1__Transform *t, bw__stf *out, char *err, size_t errlen);
+/* Parses t (from a request) into *out, for samples of layout *in (what token ops read).
+ * BW_OK, or BW_INVALID_ARGUMENT with a sentence (the spec's parser's, the token ops' refusal
+ * of the dataset's samples, or a field name too long). */
+int bw__stf_parse(const Batchwire__V1__Transform *t, const bw__layout *in, bw__stf *out, char *err,
+                  size_t errlen);
 
 /* Runs the transform on record *r, sample `index` of source `src` of d. On success r is
  * released and replaced by one part holding the result (owned by the record: released with

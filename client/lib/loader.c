@@ -244,23 +244,6 @@ static uint64_t largest_sample(const Batchwire__V1__DatasetInfo *d)
     return max && max < d->total_bytes ? max : d->total_bytes;
 }
 
-/* The dtype text of a transform's result (bw_batch_dtype: numpy's descr where numpy has the
- * type; bfloat16 is its own name). */
-static const char *tf_dtype_text(bw__tf_dtype d)
-{
-    switch (d) {
-    case BW_TF_UINT8:
-        return "|u1";
-    case BW_TF_FLOAT32:
-        return "<f4";
-    case BW_TF_FLOAT16:
-        return "<f2";
-    case BW_TF_BFLOAT16:
-        return "bfloat16";
-    }
-    return "";
-}
-
 /* The job's transform (its config, as the coordinator holds it): what every request carries,
  * and for a transform of whole samples the fixed size, dtype and shape of every sample's
  * result, which replace the dataset's (docs/transforms.md, "On the workers"). */
@@ -273,8 +256,12 @@ static int use_transform(bw_loader *l, const Batchwire__V1__JobSummary *job, cha
     char why[512];
     bw__tf_spec spec;
     bw__tf_shape shape;
+    const Batchwire__V1__SampleLayout *in = job->dataset ? job->dataset->layout : NULL;
     if (bw__tf_parse(text, &spec, why, sizeof(why)) != BW_OK ||
-        bw__tf_output_shape(&spec, &shape, why, sizeof(why)) != BW_OK) {
+        (bw__tf_is_tokens(&spec)
+             ? bw__tf_tokens_shape(&spec, in ? in->dtype : NULL, in ? in->shape : NULL,
+                                   in ? in->n_shape : 0, &shape, why, sizeof(why))
+             : bw__tf_output_shape(&spec, &shape, why, sizeof(why))) != BW_OK) {
         snprintf(err, errlen, "job '%s' has transform '%s', which this library refuses: %s",
                  job->name, text, why);
         return BW_INVALID_ARGUMENT;
@@ -290,10 +277,11 @@ static int use_transform(bw_loader *l, const Batchwire__V1__JobSummary *job, cha
     }
     l->tf_whole = true;
     batchwire__v1__sample_layout__init(&l->tf_layout);
-    l->tf_layout.dtype = (char *)tf_dtype_text(shape.dtype);
-    for (int i = 0; i < 3; i++)
+    memcpy(l->tf_descr, shape.descr, sizeof(l->tf_descr));
+    l->tf_layout.dtype = l->tf_descr;
+    for (int i = 0; i < shape.ndim; i++)
         l->tf_dims[i] = (uint64_t)shape.dims[i];
-    l->tf_layout.n_shape = 3;
+    l->tf_layout.n_shape = (size_t)shape.ndim;
     l->tf_layout.shape = l->tf_dims;
     l->tf_layout.sample_bytes = shape.bytes;
     l->fctx.sample_bytes = l->fctx.max_sample_bytes = shape.bytes;

@@ -40,6 +40,7 @@ struct bw_loader {
     bool tf_whole;
     Batchwire__V1__SampleLayout tf_layout;
     uint64_t tf_dims[3];
+    char tf_descr[16];
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv;  /* fetch threads: a slot freed, new steps, stopping */

@@ -71,7 +71,8 @@ int bw__job_check_transform(const char *transform, const char *field, const char
         return BW_INVALID_ARGUMENT;
     }
     if (bw__tf_parse(transform, &spec, why, sizeof(why)) != BW_OK ||
-        bw__tf_output_shape(&spec, &shape, why, sizeof(why)) != BW_OK) {
+        (!bw__tf_is_tokens(&spec) &&
+         bw__tf_output_shape(&spec, &shape, why, sizeof(why)) != BW_OK)) {
         snprintf(err, errlen, "transform '%s': %s", transform, why);
         return BW_INVALID_ARGUMENT;
     }
@@ -85,6 +86,19 @@ int bw__job_check_transform(const char *transform, const char *field, const char
                  "transform: iterable mode reads streams, which workers do not transform; use "
                  "torch or accelerate mode");
         return BW_INVALID_ARGUMENT;
+    }
+    if (bw__tf_is_tokens(&spec)) {
+        /* Token arrays: the rows of an npy dataset (docs/transforms.md, "Token arrays"). */
+        if (!format || strcmp(format, "npy") != 0 || field) {
+            snprintf(err, errlen,
+                     "transform '%s': token ops (truncate, pad) read the rows of an npy dataset; "
+                     "%s%s%s",
+                     transform, field ? "transform_field is for tar members, and " : "",
+                     format ? "this dataset's format is " : "this job reads no dataset files",
+                     format ? format : "");
+            return BW_INVALID_ARGUMENT;
+        }
+        return BW_OK;
     }
     if (!format) {
         snprintf(err, errlen,
@@ -149,6 +163,20 @@ int bw__job_check_data(const Batchwire__V1__JobConfig *config,
         snprintf(err, errlen, "transform '%s' is not in its canonical form '%s'", config->transform,
                  canon);
         rc = BW_INVALID_ARGUMENT;
+    }
+    if (rc == BW_OK && config->transform && config->transform[0] && info) {
+        /* Token ops need the dataset's values: 1-D rows of numbers, pad's value one of them. */
+        bw__tf_spec tf;
+        bw__tf_shape shape;
+        char why[512];
+        const Batchwire__V1__SampleLayout *lay = info->layout;
+        if (bw__tf_parse(config->transform, &tf, why, sizeof(why)) == BW_OK &&
+            bw__tf_is_tokens(&tf) &&
+            bw__tf_tokens_shape(&tf, lay ? lay->dtype : NULL, lay ? lay->shape : NULL,
+                                lay ? lay->n_shape : 0, &shape, why, sizeof(why)) != BW_OK) {
+            snprintf(err, errlen, "transform '%s': %s", config->transform, why);
+            rc = BW_INVALID_ARGUMENT;
+        }
     }
     if (rc != BW_OK)
         return rc;

@@ -227,8 +227,8 @@ static void to_chw(const void *src, void *dst, int h, int w, size_t es)
 }
 
 static const char *const op_names[] = {
-    "decode", "resize",    "center_crop", "resized_crop", "random_resized_crop",
-    "flip",   "normalize", "chw",         "cast",
+    "decode", "resize", "center_crop", "resized_crop", "random_resized_crop", "flip", "normalize",
+    "chw",    "cast",   "truncate",    "pad",
 };
 
 int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key, const uint8_t *in,
@@ -354,6 +354,10 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
             v.k = 1 - v.k;
             v.dtype = op->cast;
             break;
+        case BW_TF_TRUNCATE:
+        case BW_TF_PAD: /* token pipelines run in bw__tf_tokens_run; the parser keeps them apart */
+            snprintf(err, errlen, "%s: a token op in an image pipeline", what);
+            return BW_INVALID_ARGUMENT;
         }
         if (rc != BW_OK)
             return rc;

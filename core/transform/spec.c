@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,7 @@ static int want_args(const pctx *c, const parsed_args *a, const char *usage, int
 /* The value state a pipeline carries from op to op, for validation and the output shape. */
 typedef struct vstate {
     int decoded;
+    int truncated, padded; /* token ops seen */
     bw__tf_dtype dtype;
     int chw;
     int h, w; /* 0: depends on the image */
@@ -138,6 +140,9 @@ typedef struct vstate {
 
 static int check_image_op(const pctx *c, const vstate *v)
 {
+    if (v->truncated || v->padded)
+        return fail(c, "image ops and token ops (truncate, pad) do not mix: a spec is either "
+                       "decode and image ops, or token ops");
     if (!v->decoded)
         return fail(c, "the spec must start with decode (the samples are encoded images)");
     if (v->dtype != BW_TF_UINT8 || v->chw)
@@ -319,15 +324,51 @@ static int parse_op(const pctx *c, const char *name, size_t nl, const parsed_arg
         v->dtype = op->cast;
         return BW_OK;
     }
-    if (IS("truncate") || IS("pad"))
-        /* Refused here, never parsed and then refused at run time (docs/transforms.md, "Spec
-         * syntax"). */
-        return fail(c, "token-array ops (truncate, pad) are not accepted: their input (a "
-                       "sample's element type and encoding, from the dataset) is not defined "
-                       "until the workers run transforms; image specs start with decode");
+    if (IS("truncate") || IS("pad")) {
+        /* Token arrays (docs/transforms.md, "Token arrays"): truncate then pad, each once. */
+        int pad = IS("pad");
+        op->kind = pad ? BW_TF_PAD : BW_TF_TRUNCATE;
+        int64_t len = 0;
+        if ((rc = want_args(c, a, pad ? "pad(L,VALUE)" : "truncate(L)", pad ? 2 : 1, pad ? 2 : 1,
+                            pad ? 2 : 1)) != BW_OK ||
+            (rc = parse_int(c, a->text[0], "length", 1, BW_TF_MAX_TOKENS, &len)) != BW_OK)
+            return rc;
+        op->a = (int)len;
+        if (v->decoded)
+            return fail(c, "token ops (truncate, pad) read arrays of numbers, not images: a spec "
+                           "is either decode and image ops, or token ops");
+        if (pad ? v->padded : v->truncated)
+            return fail(c, "%s once", pad ? "pad" : "truncate");
+        if (!pad && v->padded)
+            return fail(c, "truncate before pad");
+        if (pad) {
+            const char *t = a->text[1];
+            const char *d = t + (*t == '-' || *t == '+');
+            int integral = *d != '\0';
+            for (; *d; d++)
+                integral = integral && isdigit((unsigned char)*d);
+            op->pad_is_int = integral;
+            if (integral)
+                rc = parse_int(c, t, "pad value", INT64_MIN, INT64_MAX, &op->pad_int);
+            else
+                rc = parse_real(c, t, "pad value", &op->pad_real);
+            if (rc != BW_OK)
+                return rc;
+            /* One value, one spelling: 1.0 and -0.0 are the integers 1 and 0. */
+            if (!integral && op->pad_real == floor(op->pad_real) && fabs(op->pad_real) < 0x1p53) {
+                op->pad_is_int = 1;
+                op->pad_int = (int64_t)op->pad_real;
+                op->pad_real = 0;
+            }
+            v->padded = 1;
+        } else {
+            v->truncated = 1;
+        }
+        return BW_OK;
+    }
 #undef IS
     return fail(c, "unknown op: expected decode, resize, center_crop, resized_crop, "
-                   "random_resized_crop, flip, normalize, chw or cast");
+                   "random_resized_crop, flip, normalize, chw, cast, truncate or pad");
 }
 
 static int walk(const char *text, bw__tf_spec *out, vstate *v, char *err, size_t errlen)
@@ -418,7 +459,11 @@ void bw__tf_shape_set(bw__tf_shape *out, bw__tf_dtype d, int chw, int h, int w)
     out->dims[0] = chw ? 3 : h;
     out->dims[1] = chw ? h : w;
     out->dims[2] = chw ? w : 3;
+    out->ndim = 3;
     out->bytes = (size_t)h * (size_t)w * 3 * bw__tf_dtype_size(d);
+    /* bw_batch_dtype's text: numpy's descr where numpy has the type, bfloat16 by name. */
+    static const char *const descr[] = {"|u1", "<f4", "<f2", "bfloat16"};
+    snprintf(out->descr, sizeof(out->descr), "%s", descr[d]);
 }
 
 int bw__tf_output_shape(const bw__tf_spec *spec, bw__tf_shape *out, char *err, size_t errlen)
@@ -431,6 +476,12 @@ int bw__tf_output_shape(const bw__tf_spec *spec, bw__tf_shape *out, char *err, s
         walk(canon, &again, &v, err, errlen) != BW_OK) {
         if (err && errlen)
             snprintf(err, errlen, "the spec is not valid");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (v.truncated || v.padded) {
+        snprintf(err, errlen,
+                 "token ops (truncate, pad): the result's type and length come from the "
+                 "dataset's samples (bw__tf_tokens_shape)");
         return BW_INVALID_ARGUMENT;
     }
     if (!v.h) {
@@ -496,6 +547,15 @@ int bw__tf_format(const bw__tf_spec *spec, char *buf, size_t len)
             break;
         case BW_TF_CAST:
             PUT("cast(%s)", dtype_names[op->cast]);
+            break;
+        case BW_TF_TRUNCATE:
+            PUT("truncate(%d)", op->a);
+            break;
+        case BW_TF_PAD:
+            if (op->pad_is_int)
+                PUT("pad(%d,%lld)", op->a, (long long)op->pad_int);
+            else
+                PUT("pad(%d,%.17g)", op->a, op->pad_real);
             break;
         }
     }

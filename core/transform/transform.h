@@ -23,6 +23,7 @@ enum {
     BW_TF_MAX_OPS = 16,
     BW_TF_MAX_SIDE = 16384,              /* the largest output side an op may ask for */
     BW_TF_SPEC_MAX = 1024,               /* the longest spec text accepted */
+    BW_TF_MAX_TOKENS = 1 << 24,          /* the longest token array truncate or pad makes */
     BW_TF_CANON_MAX = 2048,              /* room for bw__tf_format's canonical text */
     BW_TF_DEFAULT_MAX_PIXELS = 89478485, /* Pillow's decompression-bomb limit */
 };
@@ -36,7 +37,9 @@ typedef enum bw__tf_kind {
     BW_TF_FLIP,                /* p */
     BW_TF_NORMALIZE,           /* mean[3], std[3] */
     BW_TF_CHW,
-    BW_TF_CAST, /* dtype */
+    BW_TF_CAST,     /* dtype */
+    BW_TF_TRUNCATE, /* a = L: the first L values of a token array */
+    BW_TF_PAD,      /* a = L, pad_int or pad_real: appended up to L values */
 } bw__tf_kind;
 
 typedef enum bw__tf_dtype {
@@ -56,6 +59,9 @@ typedef struct bw__tf_op {
     float mean[3];     /* normalize: float32 of the decimal, as torch.tensor([...]) rounds it */
     float std[3];      /* normalize */
     bw__tf_dtype cast; /* cast */
+    int pad_is_int;    /* pad: the value was written as an integer (pad_int), else pad_real */
+    int64_t pad_int;
+    double pad_real;
 } bw__tf_op;
 
 typedef struct bw__tf_spec {
@@ -79,12 +85,37 @@ int bw__tf_format(const bw__tf_spec *spec, char *buf, size_t len);
  * or BW_INVALID_ARGUMENT when the output size depends on the image (no op after the last
  * decode fixes it), with the reason in err. */
 typedef struct bw__tf_shape {
-    bw__tf_dtype dtype;
-    int chw;     /* 1: channels first */
-    int dims[3]; /* in memory order */
+    bw__tf_dtype dtype; /* images */
+    int chw;            /* 1: channels first */
+    int ndim;           /* 3 for images, 1 for token arrays */
+    int dims[3];        /* in memory order */
     size_t bytes;
+    char descr[16]; /* numpy's descr of the values ("<f4", "|u1", "bfloat16"; tokens: input's) */
+    /* token arrays: one value's bytes, and the pad value in the input's type and byte order */
+    int elem;
+    uint8_t pad[8];
 } bw__tf_shape;
 int bw__tf_output_shape(const bw__tf_spec *spec, bw__tf_shape *out, char *err, size_t errlen);
+
+/* ---- token arrays (tokens.c; docs/transforms.md, "Token arrays") ---- */
+
+/* True when spec is a token pipeline (truncate, pad) rather than an image one. */
+int bw__tf_is_tokens(const bw__tf_spec *spec);
+
+/* The result of token pipeline spec on samples that are rows of an array of numpy descr
+ * `descr` whose per-sample shape is shape[0..ndim): the rows must be 1-D of integers or
+ * float32/float64, and pad's value must be one of that type. Fills *out (ndim 1, the output
+ * length, the input's descr, the pad value's bytes). BW_OK, or BW_INVALID_ARGUMENT with the
+ * reason. */
+int bw__tf_tokens_shape(const bw__tf_spec *spec, const char *descr, const uint64_t *shape,
+                        size_t ndim, bw__tf_shape *out, char *err, size_t errlen);
+
+/* Runs token pipeline spec on one row in[0..inlen) of values of shape->descr (from
+ * bw__tf_tokens_shape), writing shape->bytes bytes to out (outcap at least that). BW_OK, or
+ * an error with the reason (a row whose length is not a whole number of values, a result of
+ * another length). Thread-safe. */
+int bw__tf_tokens_run(const bw__tf_spec *spec, const bw__tf_shape *shape, const uint8_t *in,
+                      size_t inlen, void *out, size_t outcap, char *err, size_t errlen);
 
 /* Bytes of one value of d; the shape of an h x w x 3 image of d in the layout chw says. */
 size_t bw__tf_dtype_size(bw__tf_dtype d);

@@ -181,11 +181,12 @@ typedef struct bw_loader_options {
 
     /* A transform the workers run on every sample before sending it (docs/transforms.md):
      * a pipeline such as "decode|random_resized_crop(224)|flip|normalize(0.485,0.456,0.406;
-     * 0.229,0.224,0.225)|chw". Each batch is then one tensor [B, ...] of the spec's output
-     * shape and dtype (bw_batch_dtype, bw_batch_shape); a sample the transform fails on
-     * fails the batch with an error naming its source and index. Part of the job's
-     * configuration (every rank must give the same; its canonical text is what is compared).
-     * Map-style jobs only (torch, accelerate). NULL or "" (default): none. */
+     * 0.229,0.224,0.225)|chw" (files or tar datasets), or "truncate(L)|pad(L,VALUE)" on the
+     * 1-D rows of an npy dataset (token arrays). Each batch is then one tensor [B, ...] of the
+     * spec's output shape and dtype (bw_batch_dtype, bw_batch_shape); a sample the transform fails
+     * on fails the batch with an error naming its source and index. Part of the job's configuration
+     * (every rank must give the same; its canonical text is what is compared). Map-style jobs only
+     * (torch, accelerate). NULL or "" (default): none. */
     const char *transform;
     /* tar (WebDataset) datasets: the member the transform runs on ("jpg"). Without `fields`
      * each sample is that member's result (the batch one tensor, as above); with `fields` the

@@ -864,6 +864,8 @@ class Loader:
                     "0.229,0.224,0.225)|chw": each batch is then one tensor [B, C, H, W] of
                     the spec's dtype (Batch.numpy(), Batch.tensor()); part of the job's
                     configuration. files datasets (one image per file), or tar with
+                    transform_field; or "truncate(L)|pad(L,VALUE)" on the 1-D rows of an
+                    npy dataset (token arrays): batches [B, L] of the dataset's dtype
       transform_field  the member transformed ("jpg"); with fields=True the other members
                     pass through and that member's bytes are its result
 

@@ -19,6 +19,9 @@
   sample, failures by code); results larger than --inflight-bytes are refused naming it;
 * a 4-rank job with a worker SIGKILLed mid-job: the ranks that fail over still get
   torchvision's tensors;
+* token arrays: truncate and pad over an npy dataset of int32 rows equal numpy's slicing and
+  np.pad, over the CLI and Python; a pad value outside the rows' type and other formats are
+  refused;
 * the acceptance of issue 28 as a user runs it: 4 ranks at once, each stopped at a random step
   and resumed from its cursor after a worker was SIGKILLed, deliver the tensors of an
   uninterrupted run.
@@ -302,6 +305,61 @@ def check_budget(coord):
     bt.ok("a transform's results are charged against --inflight-bytes")
 
 
+def check_tokens(tmpdir, coord, data):
+    # Token arrays (docs/transforms.md, "Token arrays"): an npy dataset of int32 rows of 10,
+    # truncated and padded on the workers, equals numpy's slicing and np.pad on the same
+    # rows; the pad value must be one of the rows' type; other formats are refused.
+    info = gen(tmpdir, "npy", os.path.join(data, "tok"), 37, "--shape", 10, "--dtype", "int32",
+               "--files", 2)
+    rows = np.concatenate([np.load(os.path.join(data, "tok", name))
+                           for name in info["sources"]])
+    bt.check(rows.shape == (37, 10), "the token rows", rows.shape)
+    cases = (("truncate(6)", lambda x: x[:6]),
+             ("pad(13,-1)", lambda x: np.pad(x, (0, 3), constant_values=-1)),
+             ("truncate(4) | pad(4, 7)", lambda x: x[:4]),
+             ("truncate(16)|pad(16,2147483647)", lambda x: np.pad(x, (0, 6),
+                                                                   constant_values=2 ** 31 - 1)))
+    for k, (spec, ref) in enumerate(cases):
+        for rank in range(2):
+            r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "tok-%d" % k, "--dataset",
+                       "npy:tok/*.npy", "--rank", rank, "--world-size", 2, "--batch-size", 5,
+                       "--shuffle", "--seed", SEED, "--transform", spec, timeout=60)
+            bt.check(r.returncode == 0, "tokens %s rank %d" % (spec, rank), r.stderr)
+            batches = [json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"epoch')]
+            bt.check(batches, "tokens %s: batches" % spec)
+            for b in batches:
+                want = np.stack([ref(rows[i]) for i in b["indices"]]).astype("<i4")
+                bt.check(b["dtype"] == "<i4" and b["shape"] == list(want.shape) and
+                         b["sha256"] == hashlib.sha256(want.tobytes()).hexdigest(),
+                         "tokens %s rank %d step %d: numpy's rows" % (spec, rank, b["step"]),
+                         (b["dtype"], b["shape"], want.shape))
+    batchwire = bwpy.import_batchwire()
+    with batchwire.Loader(coordinator=coord.addr, job="tok-py", dataset="npy:tok/*.npy", rank=0,
+                          world_size=1, batch_size=8, seed=SEED,
+                          transform="truncate(3)|pad(3,0)") as loader:
+        seen = 0
+        for batch in loader:
+            a = batch.numpy()
+            idx = [int(i) for i in batch.indices]
+            bt.check(a.dtype == np.dtype("<i4") and a.shape == (len(idx), 3) and
+                     (a == rows[idx, :3]).all(), "Python: the batch is numpy's [B, 3] rows",
+                     (a.dtype, a.shape))
+            seen += len(idx)
+    bt.check(seen == 37, "Python: every row", seen)
+    refusals = (("npy:tok/*.npy", "pad(12,2147483648)", "out of the range of int32"),
+                ("npy:tok/*.npy", "pad(12,0.5)", "not an integer"),
+                ("files:imgs/samples", "truncate(3)", "token ops (truncate, pad) read the rows "
+                 "of an npy dataset"))
+    for k, (ds, spec, why) in enumerate(refusals):
+        r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "tok-bad-%d" % k, "--dataset",
+                   ds, "--rank", 0, "--world-size", 1, "--batch-size", 4, "--transform", spec,
+                   timeout=60)
+        bt.check(r.returncode != 0 and why in r.stderr and "BW_INVALID_ARGUMENT" in r.stderr,
+                 "%s on %s is refused: %s" % (spec, ds, why), r.stderr)
+    bt.ok("token arrays: truncate and pad on the workers equal numpy's slicing and np.pad "
+          "(4 specs x 2 ranks, and Python); out-of-type pad values and other formats refused")
+
+
 def check_acceptance(tmpdir, coord, data):
     # Issue 28's acceptance as a user runs it: a 4-rank job with the transform, the four ranks
     # running at once, each stopped at its own random step and resumed from its cursor, a
@@ -376,6 +434,7 @@ def test(tmpdir):
     check_tar(tmpdir, coord, data)
     check_python(tmpdir, coord, files)
     check_refusals(tmpdir, coord, data, files)
+    check_tokens(tmpdir, coord, data)
     check_pool(coord, workers)
     check_budget(coord)
     check_failover(tmpdir, coord, data, files)

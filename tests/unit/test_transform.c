@@ -63,6 +63,11 @@ static void test_parse_valid(void **state)
     parses_to("decode|chw|normalize(0,0,0;1,1,1)", "decode|chw|normalize(0,0,0;1,1,1)");
     parses_to("decode|cast(float32)|cast(float16)", "decode|cast(float32)|cast(float16)");
     parses_to("decode|cast(uint8)", "decode|cast(uint8)");
+    parses_to(" truncate( 512 ) | pad(512, -1)", "truncate(512)|pad(512,-1)");
+    parses_to("pad(8,1.0)", "pad(8,1)");
+    parses_to("pad(8,-0.0)", "pad(8,0)");
+    parses_to("pad(8,0.25)", "pad(8,0.25)");
+    parses_to("truncate(3)", "truncate(3)");
     bw__tf_spec s;
     assert_int_equal(bw__tf_parse("decode|normalize(0.1,0.2,0.3;1e-3,2,3)", &s, err, sizeof(err)),
                      BW_OK);
@@ -112,10 +117,16 @@ static void test_parse_errors(void **state)
     refused("decode|cast(int8)", "type 'int8' is not one of");
     refused("decode|cast(float16)|cast(float32)", "cast once");
     refused("decode|normalize(0,0,0;1,1,1)|cast(uint8)", "cast(uint8) of float32");
-    refused("decode|truncate(5)", "op 2 'truncate(5)': token-array ops (truncate, pad) are not "
-                                  "accepted: their input");
-    refused("truncate(5)", "op 1 'truncate(5)': token-array ops");
-    refused("pad(5,0)", "op 1 'pad(5,0)': token-array ops");
+    refused("decode|truncate(5)", "op 2 'truncate(5)': token ops (truncate, pad) read arrays of "
+                                  "numbers, not images");
+    refused("truncate(5)|flip", "op 2 'flip': image ops and token ops (truncate, pad) do not mix");
+    refused("truncate(5)|decode", "decode must be the first op");
+    refused("pad(5,0)|truncate(5)", "op 2 'truncate(5)': truncate before pad");
+    refused("truncate(5)|truncate(4)", "truncate once");
+    refused("truncate(0)", "length 0 is out of range [1, 16777216]");
+    refused("pad(5)", "1 argument given: usage pad(L,VALUE)");
+    refused("pad(5,x)", "pad value 'x' is not a finite decimal number");
+    refused("pad(5,99999999999999999999)", "pad value '99999999999999999999' is not an integer");
     refused("decode|resize(3)\x01", "not printable");
     char big[BW_TF_SPEC_MAX + 10];
     memset(big, ' ', sizeof(big) - 1);
@@ -128,6 +139,87 @@ static void test_parse_errors(void **state)
     refused(many, "op 17 'flip': more than 16 ops");
     /* The op is named by position and text. */
     refused("decode|resize(3)|center_crop(0,4)", "op 3 'center_crop(0,4)': height 0");
+}
+
+/* Token arrays (docs/transforms.md, "Token arrays"): rows cut to / padded up to L, the pad
+ * value in the rows' own type and byte order; what the dataset's rows must be. */
+static void token_shape(const char *text, const char *descr, uint64_t n, size_t ndim, int rc,
+                        const char *why, bw__tf_shape *sh)
+{
+    bw__tf_spec s;
+    assert_int_equal(bw__tf_parse(text, &s, err, sizeof(err)), BW_OK);
+    assert_true(bw__tf_is_tokens(&s));
+    err[0] = '\0';
+    assert_int_equal(bw__tf_tokens_shape(&s, descr, &n, ndim, sh, err, sizeof(err)), rc);
+    if (why && !strstr(err, why))
+        fail_msg("'%s' on %s: error '%s' does not say '%s'", text, descr, err, why);
+}
+
+static void test_tokens(void **state)
+{
+    (void)state;
+    bw__tf_shape sh;
+    bw__tf_spec s;
+    uint8_t out[64];
+    /* int32 rows of 5: truncate(3) keeps 3, pad(8,-2) appends three -2, both make L */
+    const int32_t row[5] = {10, -20, 30, 40, 50};
+    token_shape("truncate(3)|pad(3,-2)", "<i4", 5, 1, BW_OK, NULL, &sh);
+    assert_int_equal(sh.ndim, 1);
+    assert_int_equal(sh.dims[0], 3);
+    assert_int_equal(sh.bytes, 12);
+    assert_string_equal(sh.descr, "<i4");
+    assert_int_equal(bw__tf_parse("truncate(3)|pad(3,-2)", &s, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__tf_tokens_run(&s, &sh, (const uint8_t *)row, sizeof(row), out, sizeof(out),
+                                       err, sizeof(err)),
+                     BW_OK);
+    assert_memory_equal(out, row, 12);
+    token_shape("pad(8,-2)", "<i4", 5, 1, BW_OK, NULL, &sh);
+    assert_int_equal(sh.dims[0], 8);
+    assert_int_equal(bw__tf_parse("pad(8,-2)", &s, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__tf_tokens_run(&s, &sh, (const uint8_t *)row, sizeof(row), out, sizeof(out),
+                                       err, sizeof(err)),
+                     BW_OK);
+    const int32_t want[8] = {10, -20, 30, 40, 50, -2, -2, -2};
+    assert_memory_equal(out, want, sizeof(want));
+    /* truncate longer than the row and pad shorter: the row as it is */
+    token_shape("truncate(9)", "<i4", 5, 1, BW_OK, NULL, &sh);
+    assert_int_equal(sh.dims[0], 5);
+    token_shape("pad(2,0)", "<i4", 5, 1, BW_OK, NULL, &sh);
+    assert_int_equal(sh.dims[0], 5);
+    /* big-endian uint16: the pad value's bytes in that order */
+    token_shape("pad(4,258)", ">u2", 2, 1, BW_OK, NULL, &sh);
+    assert_memory_equal(sh.pad, ((uint8_t[]){1, 2}), 2);
+    token_shape("pad(4,0.5)", "<f4", 2, 1, BW_OK, NULL, &sh);
+    float half = 0.5f;
+    assert_memory_equal(sh.pad, &half, 4);
+    /* refusals: the pad value out of the type, not an integer, rows not 1-D, not numbers */
+    token_shape("pad(4,256)", "|u1", 2, 1, BW_INVALID_ARGUMENT, "out of the range of uint8", &sh);
+    token_shape("pad(4,-1)", "<u4", 2, 1, BW_INVALID_ARGUMENT, "out of the range of uint32", &sh);
+    token_shape("pad(4,-129)", "|i1", 2, 1, BW_INVALID_ARGUMENT, "out of the range of int8", &sh);
+    token_shape("pad(4,127)", "|i1", 2, 1, BW_OK, NULL, &sh);
+    token_shape("pad(4,0.5)", "<i8", 2, 1, BW_INVALID_ARGUMENT, "not an integer", &sh);
+    token_shape("pad(4,1e39)", "<f4", 2, 1, BW_INVALID_ARGUMENT, "overflows float32", &sh);
+    token_shape("truncate(4)", "<f2", 2, 1, BW_INVALID_ARGUMENT, "integers, float32 or float64",
+                &sh);
+    token_shape("truncate(4)", "|b1", 2, 1, BW_INVALID_ARGUMENT, "the dataset's samples are |b1",
+                &sh);
+    token_shape("truncate(4)", "", 2, 1, BW_INVALID_ARGUMENT, "not arrays", &sh);
+    token_shape("truncate(4)", "<i4", 2, 2, BW_INVALID_ARGUMENT, "have 2 dimensions", &sh);
+    token_shape("truncate(4)", "<i4", 2, 0, BW_INVALID_ARGUMENT, "have 0 dimensions", &sh);
+    /* a row that is not whole values, or of another length than the job's rows */
+    token_shape("truncate(3)", "<i4", 5, 1, BW_OK, NULL, &sh);
+    assert_int_equal(bw__tf_parse("truncate(3)", &s, err, sizeof(err)), BW_OK);
+    assert_int_equal(
+        bw__tf_tokens_run(&s, &sh, (const uint8_t *)row, 7, out, sizeof(out), err, sizeof(err)),
+        BW_CORRUPT);
+    assert_non_null(strstr(err, "not a whole number of 4-byte values"));
+    assert_int_equal(
+        bw__tf_tokens_run(&s, &sh, (const uint8_t *)row, 8, out, sizeof(out), err, sizeof(err)),
+        BW_CORRUPT);
+    assert_non_null(strstr(err, "make 2, not the job's 3"));
+    /* an image pipeline is not a token one, and bw__tf_output_shape sends token ones here */
+    assert_int_equal(bw__tf_output_shape(&s, &sh, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "come from the dataset's samples"));
 }
 
 static void test_output_shape(void **state)
@@ -540,6 +632,7 @@ int main(void)
         cmocka_unit_test(test_parse_valid),
         cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_output_shape),
+        cmocka_unit_test(test_tokens),
         cmocka_unit_test(test_one_pixel_and_upscale),
         cmocka_unit_test(test_crop_outside_and_odd_sizes),
         cmocka_unit_test(test_gray_and_cmyk),
