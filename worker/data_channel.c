@@ -646,7 +646,9 @@ static int serve_features(conn *c, uint64_t len)
     c->features = asked & BW_DCHAN_FEATURES;
     /* Compression (docs/data-channel.md, "Compression"): ZRUN frames need RUN frames (a group
      * that does not shrink goes as a RUN), and --data-compress-max-level 0 turns it off; the
-     * level is the one asked for (0: 1 for auto, 3 for zstd), at most the worker's maximum. */
+     * level is the one asked for (0: 1, which on token arrays compressed as well as zstd's
+     * default 3 at 1.5 times its speed -- docs/performance.md, "Wire compression"), at most
+     * the worker's maximum. */
     int64_t max = c->srv->w->cfg->data_compress_max_level;
     c->features &= ~BW_DCHAN_ZSTD_LEVEL_MASK;
     if (!(c->features & BW_DCHAN_FEATURE_RUNS) || max <= 0)
@@ -656,7 +658,7 @@ static int serve_features(conn *c, uint64_t len)
     if (c->features & BW_DCHAN_FEATURE_ZSTD) {
         int64_t level = (int64_t)((asked & BW_DCHAN_ZSTD_LEVEL_MASK) >> BW_DCHAN_ZSTD_LEVEL_SHIFT);
         if (level == 0)
-            level = c->features & BW_DCHAN_FEATURE_ZSTD_AUTO ? 1 : ZSTD_CLEVEL_DEFAULT;
+            level = 1;
         c->zlevel = (int)(level < max ? level : max);
         c->features |= (uint64_t)c->zlevel << BW_DCHAN_ZSTD_LEVEL_SHIFT;
     }

@@ -138,7 +138,7 @@ static const bw_opt options[] = {
     {"compress", BW_OPT_STRING, offsetof(fetch_cfg, compress), NULL, 0, 0, NULL, 0,
      "zstd[:LEVEL]|auto|none",
      "compression of sample bytes on the data channel, asked of each worker (default none: "
-     "raw, no CPU spent; zstd: level 3; auto: zstd level 1 where a probe of each request "
+     "raw, no CPU spent; zstd: level 1; auto: zstd level 1 where a probe of each request "
      "shrinks it by a tenth or more, raw otherwise, as for JPEGs; docs/data-channel.md)"},
     {"log-level", BW_OPT_ENUM, offsetof(fetch_cfg, log_level), "warn", 0, 0, BW_LOG_LEVEL_CHOICES,
      0, NULL, "the library's log lines on stderr at this level or more severe (failover: info)"},

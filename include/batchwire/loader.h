@@ -205,7 +205,7 @@ typedef struct bw_loader_options {
     uint64_t mix_samples;
     /* Compression of sample bytes on the workers' data channel (docs/data-channel.md,
      * "Compression"): "none" (default; the BATCHWIRE_COMPRESS environment variable when NULL)
-     * sends them as they are; "zstd" or "zstd:LEVEL" (1 to 19; default 3) asks each worker to
+     * sends them as they are; "zstd" or "zstd:LEVEL" (1 to 19; default 1) asks each worker to
      * compress them with zstd; "auto" (zstd level 1) asks it to compress a request only when a
      * probe of its first samples shrinks by a tenth or more (token arrays yes, JPEGs no).
      * Asked per connection: a worker without it sends them raw. The delivered bytes are the
