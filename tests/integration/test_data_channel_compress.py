@@ -30,7 +30,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bwtest as bt  # noqa: E402
 import bwpy  # noqa: E402
-import bwdata as bd  # noqa: E402
 import test_data_channel as dc  # noqa: E402
 import test_data_channel_runs as dr  # noqa: E402
 
@@ -83,18 +82,7 @@ def expect(s, rows, indices, what):
     got, tail = frames(s, what)
     if tail != ("end", len(indices)):
         raise bt.TestFailure("%s: ended with %r" % (what, tail))
-    pos = 0
-    for typ, first, count, size, data, _ in got:
-        if indices[pos] != first:
-            raise bt.TestFailure("%s: a frame names index %d where %d is due" %
-                                 (what, first, indices[pos]))
-        for k in range(count):
-            if data[k * size:(k + 1) * size] != rows[indices[pos + k]]:
-                raise bt.TestFailure("%s: sample %d (position %d) differs from the dataset's" %
-                                     (what, indices[pos + k], pos + k))
-        pos += count
-    if pos != len(indices):
-        raise bt.TestFailure("%s: %d samples for %d indices" % (what, pos, len(indices)))
+    dr.check_samples(got, rows, indices, what)
     return {t for t, *_ in got}, sum(w for *_, w in got)
 
 
@@ -130,12 +118,7 @@ def test(tmpdir):
         f.write("\n".join(lines) + "\n")
     rows["var.jsonl"] = [ln.encode() for ln in lines]
 
-    coord = bt.coordinator(tmpdir)
-    w = bt.worker(tmpdir, coord.addr, "w1", data_root=root)
-    st = bt.poll(lambda: (lambda s: s if any(x["state"] == "alive" for x in s["workers"])
-                          else None)(bt.status_json(coord.addr)), 15, what="a live worker")
-    daddr = st["workers"][0]["data_address"]
-    pbm = bd.pb(tmpdir)
+    coord, w, daddr, pbm = dr.one_worker(tmpdir, root)
 
     scattered = [int(i) for i in rng.permutation(400)[:300]] + [7, 7]
     s = dc.connect(daddr)
