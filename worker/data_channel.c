@@ -520,6 +520,10 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
     /* A ReadSamples request on a connection that asked for compression also holds its
      * buffers and the connection's compression context. */
     bool zstd = (c->features & BW_DCHAN_FEATURE_ZSTD) && kind == BW_REQ_SAMPLES;
+    /* ... unless that is over a quarter of the whole budget (a small --inflight-bytes with a
+     * high level): then it is sent raw, which the client always takes. */
+    if (zstd && zresponse_bytes(c->zlevel) > (uint64_t)w->cfg->inflight_bytes / 4)
+        zstd = false;
     uint64_t response = RESPONSE_BYTES + (zstd ? zresponse_bytes(c->zlevel) : 0);
     uint64_t charge = bw__req_charge(kind, len, 1, response);
     int rc = bw__exec_admit(w->exec, charge, &hint, err, sizeof(err));
