@@ -13,6 +13,7 @@
 * a worker started with --data-compress-max-level 0 (as one without compression, or older)
   answers FEATURES without the ZSTD bit, sends raw frames, and `fetch --compress zstd` from it
   delivers the same bytes;
+* over TLS, `fetch --compress zstd` and `auto` deliver the same bytes as `none` and gRPC;
 * `--compress` with a bad value is refused naming it; Python's Loader(compress="zstd")
   delivers the same batches as Loader() (compression is not part of the job's configuration:
   both read one job).
@@ -248,6 +249,28 @@ def test(tmpdir):
              "%d batches" % len(a))
     w2.stop()
     coord.stop()
+
+    # --- over TLS: ZRUN frames decrypted into the connection's buffer, the same bytes
+    pki = bt.make_pki(tmpdir)
+    ca = ["--tls-ca", pki["ca"]]
+    tc = bt.coordinator(tmpdir, name="coordinator-tls",
+                        args=["--tls-cert", pki["server_crt"], "--tls-key", pki["server_key"],
+                              "--worker-tls-ca", pki["ca"]])
+    tw = bt.worker(tmpdir, tc.addr, "t1", data_root=root,
+                   args=ca + ["--tls-cert", pki["worker_crt"], "--tls-key", pki["worker_key"]])
+    bt.poll(lambda: any(x["state"] == "alive" and x["data_address"]
+                        for x in bt.status_json(tc.addr, ca)["workers"]), 15,
+            what="a live TLS worker")
+    out = {how: fetch(tc, "tls-" + how, "npy:tok.npy",
+                      ca + (["--transport", "grpc"] if how == "grpc" else ["--compress", how]),
+                      "fetch over TLS --compress " + how,
+                      {"none": None, "grpc": None}.get(how, how))
+           for how in ("none", "zstd", "auto", "grpc")}
+    bt.check(out["none"] and all(v == out["none"] for v in out.values()),
+             "over TLS, fetch --compress zstd and auto deliver the %d batches of none and gRPC" %
+             len(out["none"]), out)
+    tw.stop()
+    tc.stop()
 
 
 if __name__ == "__main__":
