@@ -15,7 +15,8 @@ worker, on 10.233.0.1) and `bwz<pid>-cli`, joined by a veth pair whose server en
 `-cli`; the loopback case runs it in `-srv`, where the same address is local (its lo). Bytes
 on the wire are the server namespace's transmit counter of the interface used (lo or the
 veth; gRPC's control traffic included, a few KiB) over the run; MiB/s and samples/s are the
-client's (fetch's summary: delivered sample bytes over its wall time). Each configuration runs
+client's (fetch's summary: delivered sample bytes over its wall time); CPU seconds are the
+worker process's (/proc/PID/stat) and the fetch process's (its rusage) over the run. Each configuration runs
 --repeat times, interleaved, after one untimed read of each dataset; the table gives medians.
 
 Needs root (ip netns, tc). Usage (after the README's build):
@@ -25,6 +26,7 @@ Needs root (ip netns, tc). Usage (after the README's build):
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -104,6 +106,17 @@ def make_data(root, cli, mib, rng):
             "jpeg": ("files:jpeg/*", 64, jpeg_bytes)}
 
 
+def cpu_seconds(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def fetch(net, ns, cli, addr, job, spec, batch, compress):
     t0 = time.monotonic()
     r = sh(["ip", "netns", "exec", ns, cli, "fetch", "--coordinator", addr, "--job", job,
@@ -152,25 +165,31 @@ def main():
                     for comp in ("none", "zstd", "auto"):
                         k += 1
                         before = net.tx_bytes(dev)
+                        wcpu, ccpu = cpu_seconds(procs[1].pid), children_cpu()
                         summ, wall = fetch(net, ns, cli, addr, "j%d" % k, spec, batch, comp)
                         wire = net.tx_bytes(dev) - before
+                        wcpu = cpu_seconds(procs[1].pid) - wcpu
+                        ccpu = children_cpu() - ccpu
                         results.setdefault((where, name, comp), []).append(
                             (wire, summ["mib_per_s"], summ["samples"] / summ["seconds"],
-                             summ["bytes"]))
+                             summ["bytes"], wcpu, ccpu))
         rows = []
-        print("%-9s %-8s %-5s %12s %12s %8s %10s %12s" % (
-            "link", "data", "mode", "sample MiB", "wire MiB", "ratio", "MiB/s", "samples/s"))
+        print("%-9s %-8s %-5s %10s %9s %6s %8s %10s %9s %9s" % (
+            "link", "data", "mode", "sample MiB", "wire MiB", "ratio", "MiB/s", "samples/s",
+            "wrk CPU s", "cli CPU s"))
         for (where, name, comp), v in results.items():
             wire = statistics.median(x[0] for x in v)
             mibs = statistics.median(x[1] for x in v)
             sps = statistics.median(x[2] for x in v)
             raw = v[0][3]
+            wcpu = statistics.median(x[4] for x in v)
+            ccpu = statistics.median(x[5] for x in v)
             rows.append({"link": where, "data": name, "compress": comp, "sample_bytes": raw,
                          "wire_bytes": wire, "mib_per_s": mibs, "samples_per_s": sps,
-                         "runs": len(v)})
-            print("%-9s %-8s %-5s %12.1f %12.1f %8.2f %10.1f %12.0f" % (
+                         "worker_cpu_s": wcpu, "client_cpu_s": ccpu, "runs": len(v)})
+            print("%-9s %-8s %-5s %10.1f %9.1f %6.2f %8.1f %10.0f %9.2f %9.2f" % (
                 where, name, comp, raw / 2**20, wire / 2**20, raw / wire if wire else 0, mibs,
-                sps))
+                sps, wcpu, ccpu))
         for where in ("loopback", "1gbit"):
             for name in data:
                 base = results[(where, name, "none")]
