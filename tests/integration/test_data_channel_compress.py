@@ -14,6 +14,7 @@
   answers FEATURES without the ZSTD bit, sends raw frames, and `fetch --compress zstd` from it
   delivers the same bytes;
 * over TLS, `fetch --compress zstd` and `auto` deliver the same bytes as `none` and gRPC;
+* with a transform (`decode|resize(24,24)|chw` on `gen --format jpeg` files) too;
 * `--compress` with a bad value is refused naming it; Python's Loader(compress="zstd")
   delivers the same batches as Loader() (compression is not part of the job's configuration:
   both read one job).
@@ -119,6 +120,9 @@ def test(tmpdir):
         f.write("\n".join(lines) + "\n")
     rows["var.jsonl"] = [ln.encode() for ln in lines]
 
+    r = bt.cli("gen", "--format", "jpeg", "--out", os.path.join(root, "jpeg"), "--num-samples",
+               40, "--seed", 3, "--image-max", 200, timeout=60)
+    bt.check(r.returncode == 0, "gen --format jpeg", r.stderr)
     coord, w, daddr, pbm = dr.one_worker(tmpdir, root)
 
     scattered = [int(i) for i in rng.permutation(400)[:300]] + [7, 7]
@@ -199,6 +203,14 @@ def test(tmpdir):
                      "fetch %s %s: %d batches, the same bytes with --compress none, zstd, "
                      "zstd:7, auto and over gRPC" % (ds, " ".join(extra) or "(plan order)",
                                                      len(out["none"])), out)
+    # transformed samples (the workers' results, decoded images) compress the same way
+    tf = ["--transform", "decode|resize(24,24)|chw", "--shuffle", "--seed", "2"]
+    out = {how: fetch(coord, "tf-" + how, "files:jpeg/*", tf + ["--compress", how],
+                      "fetch --transform ... --compress " + how,
+                      {"none": None}.get(how, how)) for how in ("none", "zstd", "auto")}
+    bt.check(out["none"] and all(v == out["none"] for v in out.values()),
+             "with a transform, fetch --compress zstd and auto deliver the %d batches of none" %
+             len(out["none"]), out)
     r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "bad", "--dataset", "npy:tok.npy",
                "--rank", 0, "--world-size", 1, "--batch-size", 8, "--epochs", 1,
                "--compress", "zstd:20")
