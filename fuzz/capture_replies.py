@@ -288,6 +288,64 @@ def synthetic(real):
     return seeds, cuts
 
 
+ZRUN, RUN, ZSTD_MODE = 5, 4, 0x40  # byte 0's bit 6: the client asks for compression
+
+
+def zstd_compress(data, level=3):
+    """One zstd frame of data (libzstd through ctypes), declaring its content size."""
+    import ctypes
+    import ctypes.util
+    z = ctypes.CDLL(ctypes.util.find_library("zstd") or "libzstd.so.1")
+    z.ZSTD_compressBound.restype = ctypes.c_size_t
+    z.ZSTD_compress.restype = ctypes.c_size_t
+    z.ZSTD_compress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                ctypes.c_size_t, ctypes.c_int]
+    cap = z.ZSTD_compressBound(ctypes.c_size_t(len(data)))
+    out = ctypes.create_string_buffer(cap)
+    n = z.ZSTD_compress(out, cap, data, len(data), level)
+    return out.raw[:n]
+
+
+def zrun(n, first, size, comp):
+    return frame(ZRUN, n, first, size << 32 | len(comp)) + comp
+
+
+def zstd_seeds():
+    """ZRUN frames (docs/data-channel.md, "Compression") on a connection that asked for them,
+    built here: fixed-size samples in one frame or split with a RUN between, samples of varying
+    sizes one a frame, and the refusals -- a corrupt frame, one declaring more than its
+    samples, one that does not shrink, bytes after the zstd frame, a ZRUN where none was asked
+    for."""
+    seeds = {}
+    m8 = bytes([mode(False, False, True, 8, 0, FIXED - 1)[0] | ZSTD_MODE, FIXED - 1])
+    keys = keys_of(8, False)
+    smp = [bytes([k % 7]) * (FIXED // 2) + bytes(range(FIXED // 2)) for k in keys]
+    allz = zstd_compress(b"".join(smp))
+    end = frame(END, 0, len(keys), 0)
+    seeds["dchan-zrun-fixed"] = m8 + zrun(len(keys), keys[0], FIXED, allz) + end
+    seeds["dchan-zrun-split"] = m8 + zrun(3, keys[0], FIXED, zstd_compress(b"".join(smp[:3]))) + \
+        frame(RUN, 2, keys[3], FIXED) + smp[3] + smp[4] + \
+        frame(SAMPLE, 0, keys[5], FIXED) + smp[5] + end
+    seeds["dchan-zrun-after-samples"] = m8 + frame(SAMPLE, 0, keys[0], FIXED) + smp[0] + \
+        frame(RUN, 3, keys[1], FIXED) + b"".join(smp[1:4]) + \
+        zrun(2, keys[4], FIXED, zstd_compress(b"\0" * 2 * FIXED)) + end
+    bad = bytearray(allz)
+    bad[len(bad) // 2] ^= 0x55
+    seeds["dchan-zrun-corrupt"] = m8 + zrun(len(keys), keys[0], FIXED, bytes(bad)) + end
+    more = zstd_compress(b"".join(smp) + b"\0" * 64)
+    seeds["dchan-zrun-declares-more"] = m8 + zrun(len(keys), keys[0], FIXED, more) + end
+    seeds["dchan-zrun-bytes-after"] = m8 + zrun(len(keys), keys[0], FIXED, allz + b"\0\0") + end
+    seeds["dchan-zrun-no-gain"] = m8 + frame(ZRUN, len(keys), keys[0], FIXED << 32 | 4096) + \
+        allz + b"\0" * (4096 - len(allz)) + end
+    seeds["dchan-zrun-unasked"] = mode(False, False, True, 8, 0, FIXED - 1) + \
+        zrun(len(keys), keys[0], FIXED, allz) + end
+    m3 = bytes([mode(False, False, False, 3)[0] | ZSTD_MODE, 40])
+    var = [(k, b"record %d " % k * (5 + 7 * i)) for i, k in enumerate(keys_of(3, False))]
+    seeds["dchan-zrun-varying"] = m3 + b"".join(
+        zrun(1, k, len(d), zstd_compress(d)) for k, d in var) + frame(END, 0, len(var), 0)
+    return seeds
+
+
 def main():
     tmpdir = tempfile.mkdtemp(prefix="bw-corpus-")
     try:
@@ -295,6 +353,7 @@ def main():
         more, cuts = synthetic(real)
         seeds.update(more)
         seeds.update(cuts)
+        seeds.update(zstd_seeds())
     finally:
         bt.kill_all()
         shutil.rmtree(tmpdir, ignore_errors=True)

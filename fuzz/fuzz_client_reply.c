@@ -20,7 +20,9 @@
  *   bits 3-5  batch size - 1; ReadSamples asks for indices 13 2 7 2 40 5 13 21 (the first n;
  *             repeats are padding, fetched once)
  *   bits 6-7  gRPC: the call's status after the messages: OK, UNAVAILABLE, BUSY (retry after
- *             byte 1 * 10 ms), CORRUPT
+ *             byte 1 * 10 ms), CORRUPT; data channel: bit 6 the client asks for compression
+ *             (zstd, docs/data-channel.md "Compression"), which the fake worker grants: ZRUN
+ *             frames are then the protocol's
  * byte 1 is the parameter above, and the rest is the reply: data-channel frames as a worker
  * writes them, or gRPC messages, each as a u16 length (little-endian) and its bytes (the last
  * cut where the input ends), handed to the decoder in two slices.
@@ -48,6 +50,7 @@
 
 #include <grpc/grpc.h>
 #include <grpc/slice.h>
+#include <zstd.h>
 
 #include "../client/lib/batch_int.h"
 #include "../client/lib/fetch.h"
@@ -131,7 +134,8 @@ static void serve(int fd)
             __builtin_trap();
         if (bw__sock_read_all(fd, bits, sizeof(bits), deadline, NULL, err, sizeof(err)) != BW_OK)
             return;
-        bw_dchan_frame f = {BW_DCHAN_END, 0, 0, le(bits, 8) & BW_DCHAN_FEATURE_RUNS};
+        uint64_t use = BW_DCHAN_FEATURE_RUNS | BW_DCHAN_FEATURE_ZSTD | BW_DCHAN_ZSTD_LEVEL_MASK;
+        bw_dchan_frame f = {BW_DCHAN_END, 0, 0, le(bits, 8) & use};
         bw__dchan_put_frame(end, &f);
         send_all(fd, end, sizeof(end));
         if (bw__sock_read_all(fd, hdr, sizeof(hdr), deadline, NULL, err, sizeof(err)) != BW_OK)
@@ -363,15 +367,36 @@ static void piece(ref *r, uint64_t key, uint64_t size, uint64_t off, uint64_t le
 
 /* Data-channel frames: SAMPLE frames in order, and with `runs` (a ReadSamples request on a
  * connection that asked for them) RUN frames: n samples of b bytes each, the request's next
- * ones from the one due, which the frame names (docs/data-channel.md, "RUN frames"); any other
- * frame ends the samples. */
-static void ref_frames(ref *r, const uint8_t *p, size_t n, bool runs)
+ * ones from the one due, which the frame names (docs/data-channel.md, "RUN frames"), and with
+ * `zstd` as well ZRUN frames: such n samples of b >> 32 bytes in a zstd frame of b & 0xffffffff
+ * bytes, fewer than the samples', which decompresses to them ("Compression"); any other frame
+ * ends the samples. */
+static void ref_frames(ref *r, const uint8_t *p, size_t n, bool runs, bool zstd)
 {
     size_t pos = 0;
     while (!r->stopped && n - pos >= BW_DCHAN_FRAME_HEADER) {
         uint32_t type = (uint32_t)le(p + pos, 4), code = (uint32_t)le(p + pos + 4, 4);
         uint64_t a = le(p + pos + 8, 8), b = le(p + pos + 16, 8);
         pos += BW_DCHAN_FRAME_HEADER;
+        if (type == BW_DCHAN_ZRUN && runs && zstd) {
+            uint64_t size = b >> 32, clen = b & 0xffffffffu;
+            uint8_t *raw = NULL;
+            size_t got = 0;
+            if (code && code <= r->m - r->done && a == r->keys[r->done] && size &&
+                size <= BW_DCHAN_ZRUN_MAX / code && clen && clen < size * code && clen <= n - pos &&
+                (raw = malloc((size_t)(size * code))) != NULL)
+                got = ZSTD_decompress(raw, (size_t)(size * code), p + pos, (size_t)clen);
+            if (!raw || ZSTD_isError(got) || got != size * code) {
+                free(raw);
+                r->stopped = true;
+                return;
+            }
+            for (uint32_t i = 0; i < code; i++)
+                piece(r, r->keys[r->done], size, 0, size, raw + i * size, size);
+            free(raw);
+            pos += (size_t)clen;
+            continue;
+        }
         if (type == BW_DCHAN_RUN && runs) {
             if (code == 0 || code > r->m - r->done || a != r->keys[r->done] || b == 0) {
                 r->stopped = true;
@@ -612,6 +637,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bool grpc = data[0] & 1, stream = data[0] & 2, fixed = (data[0] & 4) && !stream;
     size_t n = 1 + ((data[0] >> 3) & 7);
     unsigned status = data[0] >> 6, param = data[1];
+    bool zstd = !grpc && (data[0] & 0x40);
     const uint8_t *reply = data + 2;
     size_t len = size - 2;
 
@@ -636,6 +662,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ctx.fallback = (bw__transport){&fake_ops, &answer};
     } else {
         bw__worker_opts plain = {0}; /* TCP, no grant */
+        if (zstd)
+            plain.compress = BW_DCHAN_FEATURE_ZSTD;
         char err[256];
         if (bw__transport_open(&bw__transport_dchan_ops, &plain, &ctx.preferred, err,
                                sizeof(err)) != BW_OK)
@@ -707,7 +735,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (grpc)
             ref_messages(&r, reply, len);
         else
-            ref_frames(&r, reply, len, !stream);
+            ref_frames(&r, reply, len, !stream, zstd && !stream);
         if (r.done != m)
             __builtin_trap(); /* succeeded without every sample complete in the reply */
         for (size_t i = 0; i < n; i++) {

@@ -7,7 +7,7 @@ BW_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # the unit tests, hence cmocka.
 BW_BUILD_PACKAGES=(gcc libc6-dev make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev
     protobuf-c-compiler libssl-dev openssl ca-certificates libcmocka-dev libmicrohttpd-dev
-    libturbojpeg0-dev libpng-dev)
+    libturbojpeg0-dev libpng-dev libzstd-dev)
 # What the demo needs on top (its verifier, scripts/demo_verify.py).
 BW_DEMO_PACKAGES=(python3 python3-numpy)
 # What running the test suite needs on top.

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -44,6 +45,12 @@ enum {
     BODY_TIMEOUT_MS = 30000,  /* a request's body must arrive within this after its header */
     SEND_TIMEOUT_MS = 120000, /* a client that stops reading for this long is dropped */
     ACCEPT_POLL_MS = 200,
+    /* compression (docs/data-channel.md, "Compression"): samples of one size are gathered,
+     * copied, into groups of about ZGROUP bytes (ZPROBE for `auto`'s first, the probe), each
+     * sent as one ZRUN frame; a sample over ZRAW_MAX goes raw */
+    ZGROUP = 256 << 10,
+    ZPROBE = 64 << 10,
+    ZRAW_MAX = 1 << 20,
 };
 
 /* What one request's response holds of its own while it is served (part of its charge). */
@@ -64,6 +71,8 @@ typedef struct conn {
     char cert_cn[BW_PRINCIPAL_NAME_MAX];
     bw_role role;      /* of the last request's credentials (authorize); NONE: without any */
     uint64_t features; /* what its FEATURES request asked for, that this worker speaks */
+    int zlevel;        /* with BW_DCHAN_FEATURE_ZSTD: the level used */
+    ZSTD_CCtx *zc;     /* made on its first compressed request, kept while it is open */
     struct conn *next;
 } conn;
 
@@ -133,6 +142,18 @@ typedef struct wbuf {
     bool mapped; /* iov references a dataset's mapping (held by the open read) */
     bool runs;   /* RUN frames: the connection's FEATURES asked for them, and a ReadSamples */
     run run;
+    /* ZRUN frames (the connection asked for them, and a ReadSamples): the group being
+     * gathered -- n samples of `size` bytes from index `first`, copied into zraw */
+    struct {
+        ZSTD_CCtx *cc; /* the connection's; NULL: no compression */
+        int level;
+        bool autom;  /* `auto`: the first group is a probe; if it does not pay, off */
+        bool probed; /* the first group was sent */
+        bool off;    /* the rest of the request goes raw */
+        uint8_t *raw, *out;
+        size_t len, outcap;
+        uint64_t first, n, size;
+    } z;
     char err[256];
 } wbuf;
 
@@ -146,10 +167,35 @@ static int wbuf_init(wbuf *o, bw_dsock *sock)
     return o->stage && o->iov && o->recs ? BW_OK : BW_NOMEM;
 }
 
+/* Compression's buffers, for a request that will use them. */
+static int wbuf_zinit(wbuf *o, ZSTD_CCtx *cc, int level, bool autom)
+{
+    o->z.outcap = ZSTD_compressBound(ZRAW_MAX);
+    o->z.raw = malloc(ZRAW_MAX);
+    o->z.out = malloc(o->z.outcap);
+    o->z.cc = cc;
+    o->z.level = level;
+    o->z.autom = autom;
+    return o->z.raw && o->z.out ? BW_OK : BW_NOMEM;
+}
+
+/* What a compressing request holds on top of RESPONSE_BYTES: its two buffers and the
+ * connection's compression context at its level for inputs up to ZRAW_MAX -- rounded up from
+ * ZSTD_sizeof_CCtx after compressing 1 MiB with libzstd 1.5.4 (0.6 MB at level 1, 1.3 MB at
+ * 3, 3.7 MB at 5-6, 6.8 MB at 7-8, 13.1 MB at 9-12, 18.1 MB at 19; its estimate functions are
+ * not in the stable API). */
+static uint64_t zresponse_bytes(int level)
+{
+    uint64_t ctx = level <= 3 ? 2 : level <= 6 ? 4 : level <= 8 ? 7 : level <= 12 ? 14 : 19;
+    return (uint64_t)ZRAW_MAX + ZSTD_compressBound(ZRAW_MAX) + (ctx << 20);
+}
+
 static void wbuf_free(wbuf *o)
 {
     for (size_t i = 0; i < o->nrec; i++)
         bw__record_release(&o->recs[i].rec);
+    free(o->z.raw);
+    free(o->z.out);
     free(o->stage);
     free(o->iov);
     free(o->recs);
@@ -302,6 +348,70 @@ static void put_bytes(wbuf *o, bw__rp_rec *r)
     }
 }
 
+/* ---- compression (docs/data-channel.md, "Compression") ---- */
+
+/* Sends the group gathered (if any), after what o has pending: as one ZRUN frame when it
+ * compresses to fewer bytes (`auto`: at least a tenth fewer on the probe, else the rest of the
+ * request goes raw too), else as it is (RUN, or SAMPLE for one sample). BW_OK unless the
+ * connection failed. */
+static int zgroup_send(wbuf *o)
+{
+    if (!o->z.n)
+        return BW_OK;
+    int rc = flush(o);
+    if (rc != BW_OK)
+        return rc;
+    size_t c = ZSTD_compressCCtx(o->z.cc, o->z.out, o->z.outcap, o->z.raw, o->z.len, o->z.level);
+    bool pays = !ZSTD_isError(c) && c < o->z.len;
+    if (o->z.autom && !o->z.probed) {
+        pays = pays && c * 10 <= o->z.len * 9;
+        o->z.off = !pays;
+    }
+    o->z.probed = true;
+    uint8_t h[BW_DCHAN_FRAME_HEADER];
+    bw_dchan_frame f = {BW_DCHAN_SAMPLE, 0, o->z.first, o->z.size};
+    if (pays)
+        f = (bw_dchan_frame){BW_DCHAN_ZRUN, (uint32_t)o->z.n, o->z.first, o->z.size << 32 | c};
+    else if (o->z.n > 1)
+        f = (bw_dchan_frame){BW_DCHAN_RUN, (uint32_t)o->z.n, o->z.first, o->z.size};
+    bw__dchan_put_frame(h, &f);
+    struct iovec iov[2] = {{h, sizeof(h)}, {pays ? o->z.out : o->z.raw, pays ? c : o->z.len}};
+    o->z.n = o->z.len = 0;
+    return bw__dsock_writev_all(o->sock, iov, 2, bw__mono_ms() + SEND_TIMEOUT_MS, o->err,
+                                sizeof(o->err));
+}
+
+/* Takes record r into the group when the request compresses it (*taken; the record is then
+ * released), sending the group first when r does not join it. A record not taken (the
+ * request's compression off, an empty sample or one over ZRAW_MAX) goes raw after the group.
+ * BW_OK unless the connection failed. */
+static int zgroup_take(wbuf *o, bw__rp_rec *r, bool *taken)
+{
+    uint64_t s = r->rec.size;
+    *taken = false;
+    size_t target = o->z.autom && !o->z.probed ? ZPROBE : ZGROUP;
+    bool joins = o->z.n && s == o->z.size && o->z.len + s <= target && o->z.n < BW_DCHAN_RUN_MAX;
+    if (o->z.n && !joins) {
+        int rc = zgroup_send(o);
+        if (rc != BW_OK)
+            return rc;
+    }
+    if (!o->z.cc || o->z.off || s == 0 || s > ZRAW_MAX)
+        return BW_OK;
+    if (!o->z.n) {
+        o->z.first = r->key;
+        o->z.size = s;
+    }
+    for (size_t p = 0; p < r->rec.nparts; p++) {
+        memcpy(o->z.raw + o->z.len, r->rec.parts[p].p, r->rec.parts[p].len);
+        o->z.len += r->rec.parts[p].len;
+    }
+    o->z.n++;
+    bw__record_release(&r->rec);
+    *taken = true;
+    return BW_OK;
+}
+
 /* The records of an open read, then END (or ERROR at the first record that cannot be read:
  * its code in *status). BW_OK unless the connection failed. */
 static int serve_read(wbuf *o, bw__rp *rp, int *status)
@@ -315,8 +425,17 @@ static int serve_read(wbuf *o, bw__rp *rp, int *status)
         rc = bw__rp_next(rp, r, err, sizeof(err));
         if (rc == BW_RP_END)
             break;
-        if (rc != BW_OK)
-            return send_error(o->sock, o, *status = rc, 0, err);
+        if (rc != BW_OK) { /* the samples before it first */
+            int wr = zgroup_send(o);
+            return wr != BW_OK ? wr : send_error(o->sock, o, *status = rc, 0, err);
+        }
+        bool taken = false;
+        if (o->z.cc && (rc = zgroup_take(o, r, &taken)) != BW_OK) {
+            bw__record_release(&r->rec);
+            return rc;
+        }
+        if (taken)
+            continue;
         /* With RUN frames, a sample of the open run's size joins it without a header. */
         run *u = &o->run;
         if (o->runs && u->open && r->rec.size == u->size && u->n < BW_DCHAN_RUN_MAX) {
@@ -329,8 +448,10 @@ static int serve_read(wbuf *o, bw__rp *rp, int *status)
         stage_frame(o, BW_DCHAN_SAMPLE, 0, r->key, r->rec.size);
         put_bytes(o, r);
     }
+    int rc = zgroup_send(o);
+    if (rc != BW_OK)
+        return rc;
     run_close(o);
-    int rc = BW_OK;
     if (o->nrec || o->mapped) {
         /* Records still to be sent straight from the mapping: the kernel copies them after
          * the read's end check, so send them, then check the files again before END -- a
@@ -396,7 +517,15 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
     char err[1400];
     uint32_t hint = 0;
     uint64_t t0 = bw__wm_begin(w->metrics, BW_WM_DATA_CHANNEL);
-    uint64_t charge = bw__req_charge(kind, len, 1, RESPONSE_BYTES);
+    /* A ReadSamples request on a connection that asked for compression also holds its
+     * buffers and the connection's compression context. */
+    bool zstd = (c->features & BW_DCHAN_FEATURE_ZSTD) && kind == BW_REQ_SAMPLES;
+    /* ... unless that is over a quarter of the whole budget (a small --inflight-bytes with a
+     * high level): then it is sent raw, which the client always takes. */
+    if (zstd && zresponse_bytes(c->zlevel) > (uint64_t)w->cfg->inflight_bytes / 4)
+        zstd = false;
+    uint64_t response = RESPONSE_BYTES + (zstd ? zresponse_bytes(c->zlevel) : 0);
+    uint64_t charge = bw__req_charge(kind, len, 1, response);
     int rc = bw__exec_admit(w->exec, charge, &hint, err, sizeof(err));
     if (rc != BW_OK) {
         bw__wm_end(w->metrics, BW_WM_DATA_CHANNEL, kind, t0, rc);
@@ -419,7 +548,12 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
     bool hang_up = false;
     size_t got = 0;
     int status = BW_OK; /* what the client is told: END, or an ERROR frame's code */
-    if (!body || wbuf_init(&o, &c->sock) != BW_OK) {
+    if (zstd && !c->zc)
+        c->zc = ZSTD_createCCtx();
+    if (!body || wbuf_init(&o, &c->sock) != BW_OK ||
+        (zstd &&
+         (!c->zc || wbuf_zinit(&o, c->zc, c->zlevel,
+                               (c->features & BW_DCHAN_FEATURE_ZSTD_AUTO) != 0) != BW_OK))) {
         status = BW_NOMEM;
         rc = discard(c, len);
         if (rc == BW_OK)
@@ -438,7 +572,7 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
         bw__req_buffer_free(body);
         body = NULL;
         /* From here it holds its decoded message and its send buffers. */
-        uint64_t keep = RESPONSE_BYTES + req.used;
+        uint64_t keep = response + req.used;
         bw__exec_shrink(w->exec, charge, keep);
         charge = charge < keep ? charge : keep;
         const Batchwire__V1__Dataset *ds =
@@ -512,7 +646,26 @@ static int serve_features(conn *c, uint64_t len)
                                 err, sizeof(err));
     if (rc != BW_OK)
         return rc;
-    c->features = bw__get_le64(body) & BW_DCHAN_FEATURES;
+    uint64_t asked = bw__get_le64(body);
+    c->features = asked & BW_DCHAN_FEATURES;
+    /* Compression (docs/data-channel.md, "Compression"): ZRUN frames need RUN frames (a group
+     * that does not shrink goes as a RUN), and --data-compress-max-level 0 turns it off; the
+     * level is the one asked for (0: 1, which on token arrays compressed as well as zstd's
+     * default 3 at 1.5 times its speed -- docs/performance.md, "Wire compression"), at most
+     * the worker's maximum. */
+    int64_t max = c->srv->w->cfg->data_compress_max_level;
+    c->features &= ~BW_DCHAN_ZSTD_LEVEL_MASK;
+    if (!(c->features & BW_DCHAN_FEATURE_RUNS) || max <= 0)
+        c->features &= ~(BW_DCHAN_FEATURE_ZSTD | BW_DCHAN_FEATURE_ZSTD_AUTO);
+    if (!(c->features & BW_DCHAN_FEATURE_ZSTD))
+        c->features &= ~BW_DCHAN_FEATURE_ZSTD_AUTO;
+    if (c->features & BW_DCHAN_FEATURE_ZSTD) {
+        int64_t level = (int64_t)((asked & BW_DCHAN_ZSTD_LEVEL_MASK) >> BW_DCHAN_ZSTD_LEVEL_SHIFT);
+        if (level == 0)
+            level = 1;
+        c->zlevel = (int)(level < max ? level : max);
+        c->features |= (uint64_t)c->zlevel << BW_DCHAN_ZSTD_LEVEL_SHIFT;
+    }
     uint8_t hdr[BW_DCHAN_FRAME_HEADER];
     bw_dchan_frame f = {BW_DCHAN_END, 0, 0, c->features};
     bw__dchan_put_frame(hdr, &f);
@@ -693,6 +846,7 @@ static void reap(bw__dchan_server *s, bool all)
             *pp = c->next;
             s->nconns--;
             free(c->token);
+            ZSTD_freeCCtx(c->zc);
             free(c);
         } else {
             pp = &c->next;

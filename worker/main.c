@@ -45,6 +45,10 @@ static const bw_opt options[] = {
      1, 65536, NULL, 0, "N",
      "data-channel connections served at once (a thread each); more are refused and those "
      "clients fetch over gRPC"},
+    {"data-compress-max-level", BW_OPT_INT, offsetof(bw_worker_config, data_compress_max_level),
+     "9", 0, BW_DCHAN_ZSTD_LEVEL_MAX, NULL, 0, "N",
+     "the highest zstd level a data-channel client may ask for (higher asks get this one); 0: "
+     "never compress, as a worker without compression (docs/data-channel.md, \"Compression\")"},
     {"data-idle-timeout-ms", BW_OPT_INT, offsetof(bw_worker_config, data_idle_timeout_ms), "300000",
      0, 86400000, NULL, 0, "MS", "close a data-channel connection idle this long (0: never)"},
     {"max-request-bytes", BW_OPT_INT, offsetof(bw_worker_config, max_request_bytes), "16777216",

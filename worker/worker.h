@@ -40,7 +40,8 @@ typedef struct bw_worker_config {
     int64_t open_timeout_ms;
     int64_t data_hello_timeout_ms;
     int64_t data_max_connections_per_peer;
-    bool takeover; /* --takeover: replace a live worker holding the id */
+    int64_t data_compress_max_level; /* 0: ZRUN frames never (docs/data-channel.md) */
+    bool takeover;                   /* --takeover: replace a live worker holding the id */
 } bw_worker_config;
 
 /* How long a request waits for room in the in-flight budget before BW_BUSY. */

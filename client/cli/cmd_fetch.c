@@ -31,6 +31,7 @@ typedef struct fetch_cfg {
     int64_t batch_size, epochs, max_steps, prefetch, timeout_ms, retry_ms, commit_every;
     int64_t job_epochs;
     int transport;
+    char *compress;
     int log_level;
     uint64_t seed;
     bool shuffle, drop_last, sampler_drop_last, split_batches, even_batches, quiet, commit;
@@ -134,6 +135,11 @@ static const bw_opt options[] = {
     {"transport", BW_OPT_ENUM, offsetof(fetch_cfg, transport), "auto", 0, 0, "auto|grpc", 0, NULL,
      "auto: the workers' data channel where offered (TLS when this uses TLS), else gRPC; grpc: "
      "always gRPC"},
+    {"compress", BW_OPT_STRING, offsetof(fetch_cfg, compress), NULL, 0, 0, NULL, 0,
+     "zstd[:LEVEL]|auto|none",
+     "compression of sample bytes on the data channel, asked of each worker (default none: "
+     "raw, no CPU spent; zstd: level 1; auto: zstd level 1 where a probe of each request "
+     "shrinks it by a tenth or more, raw otherwise, as for JPEGs; docs/data-channel.md)"},
     {"log-level", BW_OPT_ENUM, offsetof(fetch_cfg, log_level), "warn", 0, 0, BW_LOG_LEVEL_CHOICES,
      0, NULL, "the library's log lines on stderr at this level or more severe (failover: info)"},
     {"quiet", BW_OPT_BOOL, offsetof(fetch_cfg, quiet), "false", 0, 0, NULL, 0, NULL,
@@ -413,6 +419,7 @@ int bw__cmd_fetch(int argc, char **argv)
     o.token_file = cfg.tls.token_file;
     o.epochs = (uint64_t)cfg.job_epochs;
     o.transport = cfg.transport ? "grpc" : "auto";
+    o.compress = cfg.compress;
     o.transform = cfg.transform;
     o.transform_field = cfg.transform_field;
     if (parse_device(cfg.device, &o.device) != BW_OK) {

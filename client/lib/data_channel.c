@@ -8,7 +8,9 @@
  * are asked over gRPC for a while. It sends no hello and no bearer token: with authentication
  * on, each request carries the lease's read grant (docs/data-channel.md, "Credentials"). A new
  * connection offers RUN frames with a FEATURES request ahead of its first request; workers
- * older than it are remembered and asked without it ("Versions").
+ * older than it are remembered and asked without it ("Versions"). With compression asked for,
+ * the same FEATURES request asks for ZRUN frames, whose zstd frames are decompressed straight
+ * into the samples' places in the batch ("Compression").
  */
 #include <errno.h>
 #include <pthread.h>
@@ -17,6 +19,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -40,6 +43,11 @@ typedef struct bw__dconn {
     bool hello;
     uint64_t features;
     bool in_runs; /* the last sample frame was a RUN of several: expect the next to be one */
+    /* ZRUN frames: the compressed bytes of the one being received, and the decompressor
+     * (made on the first, kept with the connection) */
+    uint8_t *zin;
+    size_t zcap;
+    ZSTD_DCtx *zd;
 } bw__dconn;
 
 /* Fixed-size samples are received many at a time, each frame header into a slot and each
@@ -69,6 +77,7 @@ enum {
 typedef struct dchan_state {
     struct ssl_ctx_st *tls; /* data channels speak TLS (the loader does); NULL: plain TCP */
     bw__grant_src grant;    /* each request's read grant */
+    uint64_t offer;         /* the FEATURES bits a new connection asks for */
     pthread_mutex_t mu;     /* guards idle and suspended; held across no I/O */
     /* idle connections, most recently used last */
     size_t nidle;
@@ -94,6 +103,8 @@ static void dconn_free(bw__dconn *c)
     if (!c)
         return;
     bw__dsock_close(&c->s);
+    ZSTD_freeDCtx(c->zd);
+    free(c->zin);
     free(c->spec);
     free(c->buf);
     free(c->address);
@@ -290,6 +301,7 @@ static int create(const bw__worker_opts *opts, void **state, char *err, size_t e
     }
     pthread_mutex_init(&s->mu, NULL);
     s->grant = opts->grant;
+    s->offer = BW_DCHAN_FEATURE_RUNS | opts->compress;
     int rc = bw__tls_client_enabled(&opts->rpc.tls)
                  ? bw__dchan_tls_client_ctx(&opts->rpc.tls, &s->tls, err, errlen)
                  : BW_OK;
@@ -442,7 +454,7 @@ struct bw__xfer {
     uint8_t *req; /* kept for a resend on a fresh connection */
     size_t reqlen;
     int timeout_ms;
-    enum { X_HDR, X_DATA, X_MSG } phase;
+    enum { X_HDR, X_DATA, X_MSG, X_ZDATA } phase; /* X_ZDATA: a ZRUN frame's bytes */
     uint8_t hdr[BW_DCHAN_FRAME_HEADER];
     size_t hgot;
     bw_dchan_frame f;
@@ -482,7 +494,7 @@ static int send_req(bw__xfer *x, bool fresh, char *err, size_t errlen)
     bool ask = !x->c->reused && !x->c->hello && !x->c->features && !dconn_old(x->s, x->address);
     if (ask) {
         bw__dchan_put_req_header(hello, BW_DCHAN_KIND_FEATURES, BW_DCHAN_FEATURES_BODY);
-        bw__put_le64(hello + BW_DCHAN_REQ_HEADER, BW_DCHAN_FEATURES);
+        bw__put_le64(hello + BW_DCHAN_REQ_HEADER, x->s->offer);
         x->c->hello = true;
     }
     rc = bw__dsock_writev_all(&x->c->s, ask ? iov : iov + 1, ask ? 2 : 1,
@@ -615,6 +627,146 @@ static bool sample_done(bw__xfer *x, const bw__sink *sink, bw__xres *res)
     return start_sample(x, sink, res, x->idx[x->nsamples], x->run_size);
 }
 
+/* ---- compression (docs/data-channel.md, "Compression") ---- */
+
+/* A ZRUN frame's header: every field is checked before a byte of it is taken, as a RUN's (its
+ * samples are the request's next ones from the one it names, of one size of at least 1 byte),
+ * and its sizes are bounded -- at most BW_DCHAN_ZRUN_MAX bytes decompressed, fewer compressed --
+ * before its compressed bytes are read into the connection's buffer. */
+static bool zrun_start(bw__xfer *x, bw__xres *res)
+{
+    char e[BW_XFER_ERRLEN];
+    const bw_dchan_frame *f = &x->f;
+    uint64_t size = f->b >> 32, clen = f->b & 0xffffffffu;
+    if (!(x->c->features & BW_DCHAN_FEATURE_ZSTD) || x->kind != BW_DCHAN_KIND_READ_SAMPLES) {
+        snprintf(e, sizeof(e),
+                 "sent a ZRUN frame (%u samples from index %llu) on a connection that did not ask "
+                 "for them (features %#llx, request kind %u)",
+                 f->code, (unsigned long long)f->a, (unsigned long long)x->c->features, x->kind);
+        return end(x, res, BW_PROTOCOL, false, e);
+    }
+    uint64_t due = x->nsamples < x->nidx ? x->idx[x->nsamples] : 0;
+    if (f->code == 0 || f->code > x->nidx - x->nsamples || f->a != due || size == 0 ||
+        size > BW_DCHAN_ZRUN_MAX / f->code || clen == 0 || clen >= size * f->code) {
+        snprintf(e, sizeof(e),
+                 "sent a ZRUN frame of %u samples of %llu bytes from index %llu in %llu compressed "
+                 "bytes where %llu samples were due from index %llu (a ZRUN holds 1 to the "
+                 "samples due, from the one due, of at least 1 byte each, at most %d bytes in "
+                 "all, compressed to fewer)",
+                 f->code, (unsigned long long)size, (unsigned long long)f->a,
+                 (unsigned long long)clen, (unsigned long long)(x->nidx - x->nsamples),
+                 (unsigned long long)due, BW_DCHAN_ZRUN_MAX);
+        return end(x, res, BW_PROTOCOL, false, e);
+    }
+    bw__dconn *c = x->c;
+    if (clen > c->zcap) {
+        uint8_t *p = realloc(c->zin, (size_t)clen);
+        if (!p)
+            return end(x, res, BW_NOMEM, false, "out of memory for a ZRUN frame");
+        c->zin = p;
+        c->zcap = (size_t)clen;
+    }
+    c->in_runs = true; /* the next header most likely starts another: read alone */
+    c->read_ahead = clen < BW_DCONN_BUF / 4;
+    x->dest = c->zin;
+    x->need = (size_t)clen;
+    x->got = 0;
+    x->phase = X_ZDATA;
+    return false;
+}
+
+/* A ZRUN frame's compressed bytes have arrived: each of its samples is decompressed straight
+ * into its place in the batch, and counts once whole. A zstd frame that does not decompress
+ * to exactly the samples' declared bytes, and end where the compressed bytes do, fails the
+ * request with BW_CORRUPT naming the sample (a worker's bug or a hostile one: not retried
+ * elsewhere); nothing is written past the places of the samples due, and the decompressor's
+ * window is at most 2^BW_DCHAN_ZSTD_WINDOW_LOG_MAX bytes, whatever the frame asks. */
+static bool zrun_decode(bw__xfer *x, const bw__sink *sink, bw__xres *res)
+{
+    char e[BW_XFER_ERRLEN], pe[BW_XFER_ERRLEN];
+    bw__dconn *c = x->c;
+    uint32_t n = x->f.code;
+    uint64_t size = x->f.b >> 32, first = x->f.a, total = size * n;
+    size_t clen = x->need;
+    x->phase = X_HDR;
+    if (!c->zd && (c->zd = ZSTD_createDCtx()) != NULL &&
+        ZSTD_isError(
+            ZSTD_DCtx_setParameter(c->zd, ZSTD_d_windowLogMax, BW_DCHAN_ZSTD_WINDOW_LOG_MAX))) {
+        ZSTD_freeDCtx(c->zd);
+        c->zd = NULL;
+    }
+    if (!c->zd)
+        return end(x, res, BW_NOMEM, false, "out of memory for a zstd decompressor");
+    ZSTD_DCtx_reset(c->zd, ZSTD_reset_session_only);
+    unsigned long long cs = ZSTD_getFrameContentSize(c->zin, clen);
+    if (cs != total) {
+        char got[64];
+        snprintf(got, sizeof(got), "declares %llu bytes", cs);
+        snprintf(e, sizeof(e),
+                 "sent a ZRUN frame of %u samples of %llu bytes from index %llu whose zstd frame "
+                 "%s instead of %llu",
+                 n, (unsigned long long)size, (unsigned long long)first,
+                 cs == ZSTD_CONTENTSIZE_ERROR     ? "is not a zstd frame"
+                 : cs == ZSTD_CONTENTSIZE_UNKNOWN ? "does not declare its size"
+                                                  : got,
+                 (unsigned long long)total);
+        return end(x, res, BW_CORRUPT, false, e);
+    }
+    ZSTD_inBuffer in = {c->zin, clen, 0};
+    size_t r = 1;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t key = x->idx[x->nsamples];
+        uint8_t *d = NULL;
+        int rc = sink->place(sink->ctx, key, size, 0, size, &d, pe, sizeof(pe));
+        if (rc != BW_OK) {
+            snprintf(e, sizeof(e), "in a ZRUN frame of %u samples from index %llu: %.800s", n,
+                     (unsigned long long)first, pe);
+            return end(x, res, rc, false, e);
+        }
+        ZSTD_outBuffer out = {d, (size_t)size, 0};
+        const char *why = NULL;
+        while (out.pos < out.size && !why) {
+            size_t in0 = in.pos, out0 = out.pos;
+            r = ZSTD_decompressStream(c->zd, &out, &in);
+            if (ZSTD_isError(r))
+                why = ZSTD_getErrorName(r);
+            else if (out.pos < out.size && (r == 0 || (in.pos == in0 && out.pos == out0)))
+                why = "the zstd frame ends before it";
+        }
+        if (why) {
+            snprintf(e, sizeof(e),
+                     "sample %llu (%u of the %u of a ZRUN frame from index %llu, %zu compressed "
+                     "bytes) does not decompress to its %llu bytes: %s",
+                     (unsigned long long)key, i + 1, n, (unsigned long long)first, clen,
+                     (unsigned long long)size, why);
+            return end(x, res, BW_CORRUPT, false, e);
+        }
+        sink->arrived(sink->ctx, size);
+        x->nsamples++;
+    }
+    /* Then the frame must end (its checksum, if any, checked), with nothing after it. */
+    uint8_t more;
+    ZSTD_outBuffer out = {&more, 1, 0};
+    while (r != 0 && !ZSTD_isError(r) && out.pos == 0) {
+        size_t in0 = in.pos;
+        r = ZSTD_decompressStream(c->zd, &out, &in);
+        if (!ZSTD_isError(r) && r != 0 && in.pos == in0 && out.pos == 0)
+            break; /* no progress: the frame is cut short */
+    }
+    if (ZSTD_isError(r) || r != 0 || out.pos || in.pos != in.size) {
+        snprintf(e, sizeof(e),
+                 "the zstd frame of a ZRUN frame of %u samples from index %llu (%zu compressed "
+                 "bytes) does not end after the %llu bytes it declares: %s",
+                 n, (unsigned long long)first, clen, (unsigned long long)total,
+                 ZSTD_isError(r) ? ZSTD_getErrorName(r)
+                 : out.pos       ? "it holds more"
+                 : r != 0        ? "it is cut short"
+                                 : "bytes follow it");
+        return end(x, res, BW_CORRUPT, false, e);
+    }
+    return false;
+}
+
 /* The frame in x->hdr: starts its payload, or ends the response. */
 static bool frame(bw__xfer *x, const bw__sink *sink, bw__xres *res)
 {
@@ -624,20 +776,31 @@ static bool frame(bw__xfer *x, const bw__sink *sink, bw__xres *res)
     x->got = 0;
     if (x->c->hello && f->type != BW_DCHAN_ERROR) {
         /* The answer to FEATURES comes first: END, a = 0, b = features offered. */
-        if (f->type != BW_DCHAN_END || f->code || f->a || (f->b & ~BW_DCHAN_FEATURES)) {
+        /* (the zstd level used may be another than the one asked for) */
+        uint64_t may = x->s->offer | BW_DCHAN_ZSTD_LEVEL_MASK;
+        if (f->type != BW_DCHAN_END || f->code || f->a || (f->b & ~may)) {
             snprintf(e, sizeof(e),
                      "answered the FEATURES request (offering %#llx) with frame type %u, code %u, "
                      "a %llu, b %#llx instead of END, 0, 0 and some of the features offered",
-                     (unsigned long long)BW_DCHAN_FEATURES, f->type, f->code,
-                     (unsigned long long)f->a, (unsigned long long)f->b);
+                     (unsigned long long)x->s->offer, f->type, f->code, (unsigned long long)f->a,
+                     (unsigned long long)f->b);
             return end(x, res, BW_PROTOCOL, false, e);
         }
         x->c->hello = false;
         x->c->features = f->b;
+        if (x->s->offer & BW_DCHAN_FEATURE_ZSTD)
+            BW_DEBUG("worker=%s data_channel=%s compression: %s (features %#llx)", x->wid,
+                     x->address,
+                     !(f->b & BW_DCHAN_FEATURE_ZSTD)     ? "none (the worker does not offer it)"
+                     : f->b & BW_DCHAN_FEATURE_ZSTD_AUTO ? "auto"
+                                                         : "zstd",
+                     (unsigned long long)f->b);
         x->c->in_runs = (f->b & BW_DCHAN_FEATURE_RUNS) != 0; /* its first header read alone */
         return false;
     }
     x->any = true;
+    if (f->type == BW_DCHAN_ZRUN)
+        return zrun_start(x, res);
     if (f->type == BW_DCHAN_SAMPLE) {
         x->c->in_runs = false;
         return start_sample(x, sink, res, f->a, f->b);
@@ -967,7 +1130,7 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
             continue;
         }
         if (!c->s.ssl && c->pos == c->len && sink->peek && x->kind == BW_DCHAN_KIND_READ_SAMPLES &&
-            x->phase != X_MSG && !c->hello && !c->in_runs && !x->run_left)
+            x->phase != X_MSG && x->phase != X_ZDATA && !c->hello && !c->in_runs && !x->run_left)
             rc = spec_recv(x, sink, res, &spec, &ended, &got, e, sizeof(e));
         if (spec || x->phase == X_HDR) {
             if (!spec)
@@ -1004,8 +1167,8 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         if (x->got < x->need) {
             size_t left = x->need - x->got;
             rc = dconn_take(c, x->dest + x->got, left,
-                            x->phase == X_DATA && (left >= BW_DCONN_BUF / 4 || !c->read_ahead),
-                            &got, e, sizeof(e));
+                            x->phase != X_MSG && (left >= BW_DCONN_BUF / 4 || !c->read_ahead), &got,
+                            e, sizeof(e));
             /* (x->c, not c: a failed resend above freed c) */
             if (rc == BW_UNAVAILABLE && x->c && x->c->hello)
                 return resend_plain(x, res, e); /* an older worker closed it after FEATURES */
@@ -1018,6 +1181,11 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         if (x->got == x->need) {
             if (x->phase == X_MSG)
                 return error_frame(x, res);
+            if (x->phase == X_ZDATA) {
+                if (zrun_decode(x, sink, res))
+                    return true;
+                continue;
+            }
             if (sample_done(x, sink, res))
                 return true;
         }

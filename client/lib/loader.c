@@ -318,6 +318,9 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     int rc = bw__loader_parse_options(o, &l->jr, &rank, &world, err, errlen);
     if (rc == BW_OK)
         rc = bw__loader_transport(o, &l->data_channel, err, errlen);
+    uint64_t compress = 0; /* asked of each data-channel connection (docs/data-channel.md) */
+    if (rc == BW_OK)
+        rc = bw__loader_compress(o, &compress, err, errlen);
     if (rc == BW_OK)
         rc = bw__fields_kind_of(l->jr.format, o->fields != 0, &l->fields, err, errlen);
     /* A malformed cursor or an unusable device is refused before anything is claimed. */
@@ -346,6 +349,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->world = (uint32_t)world;
     l->job_fingerprint = job->fingerprint;
     l->num_samples = job->dataset->length;
+    l->session.chopts.compress = compress;
     /* The transports, from the session's settings for workers: the data channel where the
      * loader allows it (its TLS context reads the PEM files now), gRPC always. */
     if ((rc = bw__arrays_check(job->dataset, err, errlen)) != BW_OK ||

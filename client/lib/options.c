@@ -13,6 +13,7 @@
 #include "jobs/job_check.h"
 #include "jobs/mixture.h"
 #include "options_int.h"
+#include "rpc/dchan.h"
 #include "sampler/sampler.h"
 
 /* Out of memory while reading the options: the sentence names what was being copied. */
@@ -536,5 +537,33 @@ int bw__loader_transport(const bw_loader_options *o, bool *data_channel, char *e
     }
     /* (The data channel speaks TLS when the loader does.) */
     *data_channel = strcmp(t, "auto") == 0;
+    return BW_OK;
+}
+
+int bw__loader_compress(const bw_loader_options *o, uint64_t *bits, char *err, size_t errlen)
+{
+    const char *c = o->compress, *from = "the compress option";
+    if (!c && (c = getenv("BATCHWIRE_COMPRESS")) != NULL)
+        from = "BATCHWIRE_COMPRESS";
+    *bits = 0;
+    if (!c || !c[0] || strcmp(c, "none") == 0)
+        return BW_OK;
+    if (strcmp(c, "auto") == 0) {
+        *bits = BW_DCHAN_FEATURE_ZSTD | BW_DCHAN_FEATURE_ZSTD_AUTO;
+        return BW_OK;
+    }
+    uint64_t level = 0;
+    if (strncmp(c, "zstd", 4) == 0 && c[4] == ':' && c[5] >= '1' && c[5] <= '9') {
+        char *end = NULL;
+        level = strtoull(c + 5, &end, 10);
+        if (*end || level > BW_DCHAN_ZSTD_LEVEL_MAX)
+            level = 0;
+    }
+    if (strcmp(c, "zstd") != 0 && level == 0) {
+        snprintf(err, errlen, "%s is '%s': expected none, auto, zstd or zstd:LEVEL (LEVEL 1 to %d)",
+                 from, c, BW_DCHAN_ZSTD_LEVEL_MAX);
+        return BW_INVALID_ARGUMENT;
+    }
+    *bits = BW_DCHAN_FEATURE_ZSTD | level << BW_DCHAN_ZSTD_LEVEL_SHIFT;
     return BW_OK;
 }

@@ -53,4 +53,8 @@ void bw__job_request_free(bw__job_request *jr);
  * BATCHWIRE_TRANSPORT, else "auto". BW_INVALID_ARGUMENT for another value. */
 int bw__loader_transport(const bw_loader_options *o, bool *data_channel, char *err, size_t errlen);
 
+/* The data channel's compression as FEATURES bits (transport.h, bw__worker_opts.compress):
+ * o->compress, else BATCHWIRE_COMPRESS, else "none". BW_INVALID_ARGUMENT for another value. */
+int bw__loader_compress(const bw_loader_options *o, uint64_t *bits, char *err, size_t errlen);
+
 #endif

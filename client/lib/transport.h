@@ -59,6 +59,10 @@ typedef struct bw__worker_opts {
      * bearer token goes to a worker, whatever this holds. */
     bw_rpc_channel_opts rpc;
     bw__grant_src grant;
+    /* The data channel's compression: the FEATURES bits asked for on top of RUN frames
+     * (BW_DCHAN_FEATURE_ZSTD, _ZSTD_AUTO and a level; docs/data-channel.md, "Compression"), or
+     * 0 for raw frames. gRPC ignores it. */
+    uint64_t compress;
 } bw__worker_opts;
 
 /* The message a transport sends worker `worker_id` for req: req->msg itself without a grant,

@@ -26,6 +26,13 @@
  *             (a ReadSamples answer is in request order: the others need no header). Only on a
  *             connection whose FEATURES request named BW_DCHAN_FEATURE_RUNS, and only for
  *             ReadSamples.
+ *     ZRUN:   code = n (1 to the samples still due), a = dataset index of the first,
+ *             b = (size of each << 32) | compressed length; then `compressed length` bytes:
+ *             one zstd frame whose declared content size is n * size (at most
+ *             BW_DCHAN_ZRUN_MAX), holding the request's next n samples in request order; the
+ *             compressed length is below n * size (a run that does not shrink goes as RUN).
+ *             Only on a connection whose FEATURES request named BW_DCHAN_FEATURE_ZSTD, and
+ *             only for ReadSamples (docs/data-channel.md, "Compression").
  * FEATURES (kind 4): the body is a u64 of feature bits the client understands; the worker
  * answers END with a = 0 and b = the bits it will use on this connection (a subset). A worker
  * older than it answers ERROR BW_PROTOCOL (unknown kind) and closes the connection: the client
@@ -54,14 +61,28 @@ enum {
     BW_DCHAN_END = 2,
     BW_DCHAN_ERROR = 3,
     BW_DCHAN_RUN = 4,
+    BW_DCHAN_ZRUN = 5,
+    BW_DCHAN_ZRUN_MAX = 4 << 20, /* a ZRUN frame's samples, decompressed, at most (bytes) */
+    /* the most a ZRUN frame's zstd window may be (a client refuses larger) */
+    BW_DCHAN_ZSTD_WINDOW_LOG_MAX = 22,
+    BW_DCHAN_ZSTD_LEVEL_MAX = 19,
     BW_DCHAN_RUN_MAX = 1 << 20,      /* samples in one RUN frame, at most (a request's indices) */
     BW_DCHAN_MAX_REQUEST = 32 << 20, /* 1M indices of up to 10 varint bytes, plus the dataset */
     BW_DCHAN_MAX_MESSAGE = 4096,     /* error messages */
 };
 
-/* Feature bits of the FEATURES request (docs/data-channel.md, "Versions"). */
-#define BW_DCHAN_FEATURE_RUNS ((uint64_t)1)     /* RUN frames */
-#define BW_DCHAN_FEATURES BW_DCHAN_FEATURE_RUNS /* every feature this build speaks */
+/* Feature bits of the FEATURES request (docs/data-channel.md, "Versions", "Compression"). */
+#define BW_DCHAN_FEATURE_RUNS ((uint64_t)1) /* RUN frames */
+/* ZRUN frames: the client decodes them and asks for compression (needs RUN frames too) */
+#define BW_DCHAN_FEATURE_ZSTD ((uint64_t)2)
+/* with ZSTD: the worker sends a request raw when a probe of its first samples does not pay */
+#define BW_DCHAN_FEATURE_ZSTD_AUTO ((uint64_t)4)
+/* every feature this build speaks */
+#define BW_DCHAN_FEATURES                                                                          \
+    (BW_DCHAN_FEATURE_RUNS | BW_DCHAN_FEATURE_ZSTD | BW_DCHAN_FEATURE_ZSTD_AUTO)
+/* with ZSTD, bits 8-15 are the zstd level: asked (0: the worker's choice), then used */
+#define BW_DCHAN_ZSTD_LEVEL_SHIFT 8
+#define BW_DCHAN_ZSTD_LEVEL_MASK ((uint64_t)0xff << BW_DCHAN_ZSTD_LEVEL_SHIFT)
 
 typedef struct bw_dchan_frame {
     uint32_t type, code;

@@ -204,6 +204,14 @@ typedef struct bw_loader_options {
     const char *const *mixture;
     size_t n_mixture;
     uint64_t mix_samples;
+    /* Compression of sample bytes on the workers' data channel (docs/data-channel.md,
+     * "Compression"): "none" (default; the BATCHWIRE_COMPRESS environment variable when NULL)
+     * sends them as they are; "zstd" or "zstd:LEVEL" (1 to 19; default 1) asks each worker to
+     * compress them with zstd; "auto" (zstd level 1) asks it to compress a request only when a
+     * probe of its first samples shrinks by a tenth or more (token arrays yes, JPEGs no).
+     * Asked per connection: a worker without it sends them raw. The delivered bytes are the
+     * same, so it is not part of the job's configuration. gRPC ignores it. */
+    const char *compress;
 } bw_loader_options;
 
 /*

@@ -684,6 +684,8 @@ class _Options:
         o.retry_ms = max(0, int(round(float(a.retry) * 1000)))
         o.device = self.device
         o.transport = s(a.transport)
+        if a.compress is not None:
+            o.compress = s(a.compress)
         o.allow_uneven = 1 if a.allow_uneven else 0
         o.dispatch_batches = 1 if a.dispatch_batches else 0
         o.pad_single_process = 1 if a.pad_single_process else 0
@@ -876,6 +878,10 @@ class Loader:
                     on the "batchwire" logger while it retries
       transport     "auto" (default, or $BATCHWIRE_TRANSPORT): the workers' data channel where
                     offered (TLS with the tls_* settings), else gRPC; "grpc": always gRPC
+      compress      "none" (default, or $BATCHWIRE_COMPRESS), "zstd", "zstd:LEVEL" (1-19) or
+                    "auto": compression of sample bytes on the data channel, asked of each
+                    worker (docs/data-channel.md, "Compression"); the bytes delivered are the
+                    same
       tls_ca, tls_cert, tls_key, tls_server_name   TLS to the coordinator and workers
       token_file    a file whose first line is the bearer token for a service started with
                     --auth-tokens (default: $BATCHWIRE_TOKEN_FILE; docs/security.md)
@@ -921,6 +927,7 @@ class Loader:
             transform: Optional[str] = None, transform_field: Optional[str] = None,
             # the connection: deadlines, transport, TLS and token
             timeout: float = 10.0, retry: float = 60.0, transport: Optional[str] = None,
+            compress: Optional[str] = None,
             tls_ca: Optional[PathArg] = None, tls_cert: Optional[PathArg] = None,
             tls_key: Optional[PathArg] = None, tls_server_name: Optional[str] = None,
             token_file: Optional[PathArg] = None) -> None:

@@ -76,8 +76,15 @@ def expect(s, rows, indices, what, runs):
         raise bt.TestFailure("%s: RUN frames to a client that did not ask for them" % what)
     if runs and len(indices) > 1 and RUN not in kinds:
         raise bt.TestFailure("%s: no RUN frame for %d samples of one size" % (what, len(indices)))
+    check_samples(got, rows, indices, what)
+    return len(got)
+
+
+def check_samples(got, rows, indices, what):
+    """Frames [(type, first index, count, size, bytes, ...)] carry rows[i] for each i of
+    `indices`, in order."""
     pos = 0
-    for typ, first, count, size, data in got:
+    for typ, first, count, size, data, *_ in got:
         if indices[pos] != first:
             raise bt.TestFailure("%s: a frame names index %d where %d is due (position %d)" %
                                  (what, first, indices[pos], pos))
@@ -88,7 +95,18 @@ def expect(s, rows, indices, what, runs):
         pos += count
     if pos != len(indices):
         raise bt.TestFailure("%s: %d samples for %d indices" % (what, pos, len(indices)))
-    return len(got)
+
+
+def one_worker(tmpdir, root):
+    """A coordinator and a live worker w1 serving root: (coordinator, worker, the worker's
+    data address, the data.proto module)."""
+    coord = bt.coordinator(tmpdir)
+    w = bt.worker(tmpdir, coord.addr, "w1", data_root=root)
+    st = bt.poll(lambda: (lambda s: s if any(x["state"] == "alive" for x in s["workers"])
+                          else None)(bt.status_json(coord.addr)), 15, what="a live worker")
+    daddr = st["workers"][0]["data_address"]
+    pbm = bd.pb(tmpdir)
+    return coord, w, daddr, pbm
 
 
 def test(tmpdir):
@@ -103,12 +121,7 @@ def test(tmpdir):
         np.save(os.path.join(root, name), arr)
         rows[name] = [arr[i].tobytes() for i in range(len(arr))]
 
-    coord = bt.coordinator(tmpdir)
-    w = bt.worker(tmpdir, coord.addr, "w1", data_root=root)
-    st = bt.poll(lambda: (lambda s: s if any(x["state"] == "alive" for x in s["workers"])
-                          else None)(bt.status_json(coord.addr)), 15, what="a live worker")
-    daddr = st["workers"][0]["data_address"]
-    pbm = bd.pb(tmpdir)
+    coord, w, daddr, pbm = one_worker(tmpdir, root)
 
     back_to_back = list(range(10, 150))
     scattered = [int(i) for i in rng.permutation(300)[:120]] + [7, 7, 8]
