@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "batchwire/batchwire.h"
+#include "worker/sample_transform.h"
 #include "worker/transform_pool.h"
 
 enum { N = 500, CALLERS = 3 };
@@ -224,6 +225,36 @@ static void test_a_second_principal_is_not_starved(void **state)
     bw__tfpool_stop(p);
 }
 
+/* The principal a read's windows are queued for (worker/sample_transform.h). */
+static void test_principal_of_a_read(void **state)
+{
+    (void)state;
+    static bw__stf t;
+    const char *peers[][2] = {
+        {"ipv4:10.0.0.7:41234", "peer:10.0.0.7"}, {"10.0.0.7:5", "peer:10.0.0.7"},
+        {"ipv6:[::1]:41234", "peer:::1"},         {"::1:41234", "peer:::1"},
+        {"unix:/tmp/s", "peer:unix:/tmp/s"},      {"", "peer:"},
+    };
+    for (size_t i = 0; i < sizeof(peers) / sizeof(peers[0]); i++) {
+        bw__stf_principal(&t, NULL, 0, peers[i][0]);
+        assert_string_equal(t.who, peers[i][1]);
+    }
+    Batchwire__V1__GrantClaims c = BATCHWIRE__V1__GRANT_CLAIMS__INIT;
+    c.job = "run1";
+    uint8_t buf[256];
+    size_t len = batchwire__v1__grant_claims__pack(&c, buf);
+    bw__stf_principal(&t, buf, len, "ipv4:10.0.0.7:41234");
+    assert_string_equal(t.who, "job:run1");
+    /* Claims without a job, or not claims at all: the peer. */
+    c.job = "";
+    len = batchwire__v1__grant_claims__pack(&c, buf);
+    bw__stf_principal(&t, buf, len, "10.0.0.8:1");
+    assert_string_equal(t.who, "peer:10.0.0.8");
+    const uint8_t junk[] = {0xff, 0xff, 0xff};
+    bw__stf_principal(&t, junk, sizeof(junk), "10.0.0.9:1");
+    assert_string_equal(t.who, "peer:10.0.0.9");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -231,6 +262,7 @@ int main(void)
         cmocka_unit_test(test_windows_of_several_callers),
         cmocka_unit_test(test_no_pool_runs_on_the_caller),
         cmocka_unit_test(test_a_second_principal_is_not_starved),
+        cmocka_unit_test(test_principal_of_a_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
