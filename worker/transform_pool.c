@@ -32,18 +32,20 @@ struct bw__tfpool {
     pthread_t *threads;
 };
 
+/* The ring window after w, NULL once the walk from p->turn is back at its start. */
+static window *ring_next(const bw__tfpool *p, const window *w)
+{
+    return w->succ == p->turn ? NULL : w->succ;
+}
+
 /* The ring window of principal `who`, or NULL. The ring has one window per principal with
  * queued work: a worker holds a few dozen reads at most, so a walk costs little next to one
  * sample's decode. */
 static window *ring_find(bw__tfpool *p, const char *who)
 {
-    window *w = p->turn;
-    if (w)
-        do {
-            if (strcmp(w->who, who) == 0)
-                return w;
-            w = w->succ;
-        } while (w != p->turn);
+    for (window *w = p->turn; w; w = ring_next(p, w))
+        if (strcmp(w->who, who) == 0)
+            return w;
     return NULL;
 }
 
@@ -162,14 +164,10 @@ size_t bw__tfpool_pending(bw__tfpool *p, const char *who)
     if (!p)
         return 0;
     pthread_mutex_lock(&p->mu);
-    window *h = p->turn;
-    if (h)
-        do {
-            if (!who || strncmp(h->who, who, sizeof(h->who) - 1) == 0)
-                for (window *w = h; w; w = w->later)
-                    n += w->n - w->next;
-            h = h->succ;
-        } while (h != p->turn);
+    for (window *h = p->turn; h; h = ring_next(p, h))
+        if (!who || strncmp(h->who, who, sizeof(h->who) - 1) == 0)
+            for (window *w = h; w; w = w->later)
+                n += w->n - w->next;
     pthread_mutex_unlock(&p->mu);
     return n;
 }
