@@ -14,7 +14,8 @@ two ways of getting [B, 3, 224, 224] float32 tensors into a trainer process.
 
 Each trainer is a child process of its own that reads one epoch of every image and reads
 one value of each batch (`x[0, 0, 0, 0].item()`; with --consume sum, `x.sum()`, which reads
-every byte as a copy to a GPU would): what it costs is the delivery, not a model. Reported per way, the median over --rounds rounds (the two ways interleaved, their
+every byte as a copy to a GPU would): what it costs is the delivery, not a model. Reported
+per way, the median over --rounds rounds (the two ways interleaved, their
 order alternating, after one unmeasured warm-up run of each): images/s delivered to the
 trainer (from the first batch asked for to the last received), the trainer process's CPU
 seconds per 1,000 images (getrusage RUSAGE_SELF: every thread of it, also the Loader's
@@ -32,7 +33,6 @@ import json
 import os
 import resource
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +40,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import bench_client as bc  # noqa: E402  (getrusage and /proc/PID/stat CPU, medians)
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SPEC = "decode|random_resized_crop(224)|flip(0.5)|normalize(%s;%s)|chw" % (
@@ -49,21 +52,6 @@ SPEC = "decode|random_resized_crop(224)|flip(0.5)|normalize(%s;%s)|chw" % (
 def self_cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def children_cpu():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def procs_cpu(pids):
-    """CPU seconds the running processes pids have used (all threads: /proc/PID/stat)."""
-    t = 0
-    for pid in pids:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        t += int(fields[11]) + int(fields[12])  # utime, stime
-    return t / os.sysconf("SC_CLK_TCK")
 
 
 # ---- the trainers (child processes) ----
@@ -110,14 +98,14 @@ def child_dataloader(a):
             with open(files[i], "rb") as f:
                 return tf(Image.open(f).convert("RGB"))
 
-    cpu0, kids0 = self_cpu(), children_cpu()
+    cpu0, kids0 = self_cpu(), bc.children_cpu()
     dl = torch.utils.data.DataLoader(Files(), batch_size=a.batch, num_workers=2)
     it = iter(dl)
     n, secs, shape = consume(it, a.consume)
     cpu = self_cpu() - cpu0
     it._shutdown_workers()  # joins them: their CPU is in RUSAGE_CHILDREN from here
     return {"images": n, "seconds": secs, "trainer_cpu": cpu,
-            "workers_cpu": children_cpu() - kids0, "shape": shape}
+            "workers_cpu": bc.children_cpu() - kids0, "shape": shape}
 
 
 # ---- the driver ----
@@ -133,7 +121,7 @@ def run_child(a, way, job, images_dir, coord, worker_pids):
                                  str(worker_pids[0])], stdout=subprocess.DEVNULL)
         argv = ["perf", "record", "-q", "-F", "499", "-g", "-o",
                 os.path.join(a.perf, "trainer.data"), "--"] + argv
-    w0 = procs_cpu(worker_pids)
+    w0 = bc.procs_cpu(worker_pids)
     r = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if prof:
         prof.send_signal(signal.SIGINT)
@@ -142,7 +130,7 @@ def run_child(a, way, job, images_dir, coord, worker_pids):
         raise RuntimeError("%s trainer failed:\n%s%s" % (way, r.stdout, r.stderr))
     out = json.loads(r.stdout.strip().splitlines()[-1])
     if way == "batchwire":
-        out["workers_cpu"] = procs_cpu(worker_pids) - w0
+        out["workers_cpu"] = bc.procs_cpu(worker_pids) - w0
     return out
 
 
@@ -206,15 +194,14 @@ def main():
         for way in ways:
             rs = res[way]
             per_k = 1000.0 / a.images
-            row = {
-                "images_per_s": round(statistics.median(o["images"] / o["seconds"]
-                                                        for o in rs), 1),
-                "trainer_cpu_s_per_1k": round(statistics.median(o["trainer_cpu"]
-                                                                for o in rs) * per_k, 3),
-                "workers_cpu_s_per_1k": round(statistics.median(o["workers_cpu"]
-                                                                for o in rs) * per_k, 3),
-                "total_cpu_s_per_1k": round(statistics.median(o["trainer_cpu"] + o["workers_cpu"]
-                                                              for o in rs) * per_k, 3)}
+            def med(f):
+                return bc.median([f(o) for o in rs])
+
+            row = {"images_per_s": round(med(lambda o: o["images"] / o["seconds"]), 1),
+                   "trainer_cpu_s_per_1k": round(med(lambda o: o["trainer_cpu"]) * per_k, 3),
+                   "workers_cpu_s_per_1k": round(med(lambda o: o["workers_cpu"]) * per_k, 3),
+                   "total_cpu_s_per_1k": round(med(lambda o: o["trainer_cpu"] +
+                                                   o["workers_cpu"]) * per_k, 3)}
             summary[way] = row
         bwr, dlr = summary["batchwire"], summary["dataloader"]
         summary["trainer_cpu_ratio"] = round(dlr["trainer_cpu_s_per_1k"] /
