@@ -468,6 +468,8 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
         rp->metrics = w->metrics;
         if ((rc = bw__stf_parse(r->transform, &rp->d->layout, rp->tf, why, sizeof(why))) != BW_OK)
             snprintf(err, errlen, "ReadSamples: %s", why);
+        const Batchwire__V1__ReadGrant *g = w->grants ? r->grant : NULL; /* verified */
+        bw__stf_principal(rp->tf, g ? g->claims.data : NULL, g ? g->claims.len : 0, peer);
     }
     const bw__dataset *d = rp->d;
     for (size_t i = 0; i < r->n_indices && rc == BW_OK; i++)

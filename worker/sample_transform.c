@@ -173,6 +173,34 @@ int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t i
     return BW_OK;
 }
 
+void bw__stf_principal(bw__stf *t, const uint8_t *claims, size_t claims_len, const char *peer)
+{
+    if (claims && claims_len) {
+        Batchwire__V1__GrantClaims *c =
+            batchwire__v1__grant_claims__unpack(NULL, claims_len, claims);
+        bool named = c && c->job && c->job[0];
+        if (named)
+            snprintf(t->who, sizeof(t->who), "job:%s", c->job);
+        batchwire__v1__grant_claims__free_unpacked(c, NULL);
+        if (named)
+            return;
+    }
+    /* gRPC's "ipv4:10.0.0.7:41234" / "ipv6:[::1]:41234" and the data channel's
+     * "10.0.0.7:41234" name one host alike: "peer:10.0.0.7". */
+    const char *h = peer ? peer : "";
+    if (strncmp(h, "ipv4:", 5) == 0 || strncmp(h, "ipv6:", 5) == 0)
+        h += 5;
+    size_t n = strlen(h);
+    const char *colon = strrchr(h, ':');
+    if (colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1))
+        n = (size_t)(colon - h);
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') {
+        h++;
+        n -= 2;
+    }
+    snprintf(t->who, sizeof(t->who), "peer:%.*s", (int)n, h);
+}
+
 size_t bw__stf_window(const bw__tfpool *pool, size_t n)
 {
     size_t w = 2 * (size_t)(bw__tfpool_threads(pool) > 0 ? bw__tfpool_threads(pool) : 1);
@@ -208,5 +236,5 @@ void bw__stf_run_window(const bw__stf *t, bw__tfpool *pool, const bw__dataset *d
                         char (*errs)[BW_STF_ERR_MAX], size_t n, bw__wm *m)
 {
     window_job j = {t, d, members, recs, srcs, rcs, errs, m};
-    bw__tfpool_run(pool, run_one, &j, n);
+    bw__tfpool_run(pool, t->who, run_one, &j, n);
 }

@@ -24,6 +24,9 @@ typedef struct bw__stf {
     bw__tf_shape shape;
     char field[BW_JOB_FIELD_MAX]; /* tar member ("jpg"); "": the whole sample */
     uint64_t seed, epoch;
+    /* the principal the pool serves the read's windows for (transform_pool.h); "": anonymous.
+     * Set by the read path after bw__stf_parse (bw__stf_principal). */
+    char who[BW_TFPOOL_WHO_MAX];
 } bw__stf;
 
 /* Parses t (from a request) into *out, for samples of layout *in (what token ops read).
@@ -41,6 +44,11 @@ int bw__stf_parse(const Batchwire__V1__Transform *t, const bw__layout *in, bw__s
  * scratch of the calling thread's own (bw__stf_thread_scratch). Thread-safe. */
 int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t index, bool members,
                   bw__record *r, char *err, size_t errlen);
+
+/* Sets t->who from the read's verified grant claims (`claims`, a packed GrantClaims; NULL or
+ * empty: none): "job:NAME"; else from the peer's address without its port ("peer:HOST";
+ * docs/transforms.md, "Fairness"). */
+void bw__stf_principal(bw__stf *t, const uint8_t *claims, size_t claims_len, const char *peer);
 
 /* The room a window's sample has for its error sentence. */
 enum { BW_STF_ERR_MAX = 1024 };

@@ -213,20 +213,40 @@ void bw__tf_hflip(bw__tf_image *img)
     }
 }
 
-void bw__tf_normalize(const bw__tf_image *src, const float mean[3], const float std[3], float *dst)
+/* torchvision: to_tensor divides by 255 in float32, then normalize subtracts the mean and
+ * divides by the std, each in float32 (x86-64 evaluates float in float: FLT_EVAL_METHOD 0).
+ * One table per channel gives the same values as computing each one. */
+static void normalize_lut(int c, const float mean[3], const float std[3], float lut[3][256])
 {
-    /* torchvision: to_tensor divides by 255 in float32, then normalize subtracts the mean and
-     * divides by the std, each in float32 (x86-64 evaluates float in float: FLT_EVAL_METHOD
-     * 0). One table per channel gives the same values as computing each one. */
-    float lut[3][256];
-    for (int ch = 0; ch < 3 && ch < src->c; ch++)
+    for (int ch = 0; ch < 3 && ch < c; ch++)
         for (int v = 0; v < 256; v++) {
             float x = (float)v / 255.0f;
             x = x - mean[ch];
             lut[ch][v] = x / std[ch];
         }
+}
+
+void bw__tf_normalize(const bw__tf_image *src, const float mean[3], const float std[3], float *dst)
+{
+    float lut[3][256];
+    normalize_lut(src->c, mean, std, lut);
     size_t n = (size_t)src->h * (size_t)src->w;
     for (size_t i = 0; i < n; i++)
         for (int ch = 0; ch < 3; ch++)
             dst[i * 3 + (size_t)ch] = lut[ch][src->p[i * 3 + (size_t)ch]];
+}
+
+void bw__tf_normalize_chw(const bw__tf_image *src, const float mean[3], const float std[3],
+                          float *dst)
+{
+    float lut[3][256];
+    normalize_lut(src->c, mean, std, lut);
+    size_t n = (size_t)src->h * (size_t)src->w;
+    float *r = dst, *g = dst + n, *b = dst + 2 * n;
+    const uint8_t *p = src->p;
+    for (size_t i = 0; i < n; i++, p += 3) {
+        r[i] = lut[0][p[0]];
+        g[i] = lut[1][p[1]];
+        b[i] = lut[2][p[2]];
+    }
 }

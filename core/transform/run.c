@@ -1,4 +1,5 @@
 /* Running a parsed pipeline on one sample with a per-thread scratch (transform.h). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,6 +227,18 @@ static void to_chw(const void *src, void *dst, int h, int w, size_t es)
         TO_CHW(float);
 }
 
+/* Where an op writes a new buffer of `bytes`: out when it is the pipeline's last and the
+ * result fits (*in_out then set), else the slot v is not in. */
+static void *out_or_slot(bw__tf_scratch *s, const value *v, bool last, size_t bytes, void *out,
+                         size_t outcap, bool *in_out)
+{
+    if (last && bytes <= outcap) {
+        *in_out = true;
+        return out;
+    }
+    return slot(s, 1 - v->k, bytes);
+}
+
 static const char *const op_names[] = {
     "decode", "resize", "center_crop", "resized_crop", "random_resized_crop", "flip", "normalize",
     "chw",    "cast",   "truncate",    "pad",
@@ -242,6 +255,9 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
     }
     value v = {SLOT_A, 0, 0, BW_TF_UINT8, 0};
     char what[48];
+    /* The last op that writes a new buffer (normalize, chw, cast) writes into out when the
+     * result fits, which saves copying it there at the end. */
+    bool in_out = false;
     for (int k = 0; k < spec->n; k++) {
         const bw__tf_op *op = &spec->ops[k];
         snprintf(what, sizeof(what), "op %d (%s)", k + 1, op_names[op->kind]);
@@ -318,11 +334,18 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
                 bw__tf_hflip(&im);
             break;
         }
-        case BW_TF_NORMALIZE:
+        case BW_TF_NORMALIZE: {
+            /* normalize then chw: one pass writing channels first (the same values) */
+            bool fuse = !v.chw && k + 1 < spec->n && spec->ops[k + 1].kind == BW_TF_CHW;
             bytes = n * sizeof(float);
-            if (!(dst = slot(s, 1 - v.k, bytes)))
+            if (!(dst = out_or_slot(s, &v, k + fuse == spec->n - 1, bytes, out, outcap, &in_out)))
                 return nomem(err, errlen, what, bytes);
-            if (v.chw) {
+            if (fuse) {
+                bw__tf_image im = image_of(s, &v);
+                bw__tf_normalize_chw(&im, op->mean, op->std, dst);
+                v.chw = 1;
+                k++;
+            } else if (v.chw) {
                 /* Channels-first uint8 (chw before normalize): normalise plane by plane. */
                 size_t plane = (size_t)v.h * (size_t)v.w;
                 for (size_t i = 0; i < n; i++) {
@@ -338,9 +361,10 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
             v.k = 1 - v.k;
             v.dtype = BW_TF_FLOAT32;
             break;
+        }
         case BW_TF_CHW:
             bytes = n * bw__tf_dtype_size(v.dtype);
-            if (!(dst = slot(s, 1 - v.k, bytes)))
+            if (!(dst = out_or_slot(s, &v, k == spec->n - 1, bytes, out, outcap, &in_out)))
                 return nomem(err, errlen, what, bytes);
             to_chw(s->buf[v.k], dst, v.h, v.w, bw__tf_dtype_size(v.dtype));
             v.k = 1 - v.k;
@@ -348,7 +372,7 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
             break;
         case BW_TF_CAST:
             bytes = n * bw__tf_dtype_size(op->cast);
-            if (!(dst = slot(s, 1 - v.k, bytes)))
+            if (!(dst = out_or_slot(s, &v, k == spec->n - 1, bytes, out, outcap, &in_out)))
                 return nomem(err, errlen, what, bytes);
             cast_values(s->buf[v.k], v.dtype, dst, op->cast, n);
             v.k = 1 - v.k;
@@ -375,6 +399,7 @@ int bw__tf_run(const bw__tf_spec *spec, bw__tf_scratch *s, const bw__tf_key *key
                  sh->bytes, outcap);
         return BW_TOO_BIG;
     }
-    memcpy(out, s->buf[v.k], sh->bytes);
+    if (!in_out)
+        memcpy(out, s->buf[v.k], sh->bytes);
     return BW_OK;
 }

@@ -190,6 +190,10 @@ void bw__tf_hflip(bw__tf_image *img);
 /* (x / 255 - mean) / std in float32 for every value of src (HWC), into dst (HWC). */
 void bw__tf_normalize(const bw__tf_image *src, const float mean[3], const float std[3], float *dst);
 
+/* The same values written channels first (CHW) into dst: normalize then chw in one pass. */
+void bw__tf_normalize_chw(const bw__tf_image *src, const float mean[3], const float std[3],
+                          float *dst);
+
 /* The PRNG of docs/transforms.md, "Random choices". */
 typedef struct bw__tf_rng {
     uint64_t key, n;
