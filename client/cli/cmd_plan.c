@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "jobs/mixture.h"
 #include "jobs/plan.h"
+#include "transform/transform.h"
 
 #define UNSET (-1)
 
@@ -33,6 +34,7 @@ typedef struct plan_cfg {
     char *mix_sizes; /* --mix-size values, one a line */
     int64_t mix_samples;
     int mix_policy;
+    char *transform;
 } plan_cfg;
 
 #define I64_MAX_TEXT INT64_MAX
@@ -93,6 +95,11 @@ static const bw_opt options[] = {
      NULL,
      "print one {\"metadata\":{...}} line first (steps per rank, equal_batches, "
      "torch_identical)"},
+    {"transform", BW_OPT_STRING, offsetof(plan_cfg, transform), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
+     "SPEC",
+     "the job's transform (docs/transforms.md), checked as fetch checks it and named in "
+     "--metadata (its canonical text; for an image pipeline each sample's dtype and shape); "
+     "the batches' indices do not depend on it"},
     {"mix-size", BW_OPT_LIST, offsetof(plan_cfg, mix_sizes), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
      "N=WEIGHT",
      "a mixture's source: its number of samples N and its weight (a positive decimal, e.g. "
@@ -204,8 +211,37 @@ static void view_free(view *v)
     bw__mix_sampler_free(v->mix);
 }
 
+/* --transform: the spec checked, its canonical text and, for an image pipeline, the shape
+ * of every sample's result (a token pipeline's comes from the dataset's rows). */
+typedef struct plan_tf {
+    char canon[BW_TF_CANON_MAX];
+    bool shaped;
+    bw__tf_shape shape;
+} plan_tf;
+
+static int check_transform(const char *text, plan_tf *t, char *err, size_t errlen)
+{
+    bw__tf_spec spec;
+    char why[512];
+    memset(t, 0, sizeof(*t));
+    if (!text)
+        return 0;
+    if (bw__tf_parse(text, &spec, why, sizeof(why)) != BW_OK ||
+        (!bw__tf_is_tokens(&spec) &&
+         bw__tf_output_shape(&spec, &t->shape, why, sizeof(why)) != BW_OK)) {
+        snprintf(err, errlen, "--transform '%.200s': %.280s", text, why);
+        return 2;
+    }
+    t->shaped = !bw__tf_is_tokens(&spec);
+    if (bw__tf_format(&spec, t->canon, sizeof(t->canon)) < 0) {
+        snprintf(err, errlen, "--transform '%.200s': its canonical text is too long", text);
+        return 2;
+    }
+    return 0;
+}
+
 static void print_metadata(const view *v, const bw__sampler_cfg *c, uint64_t first_rank,
-                           uint64_t last_rank)
+                           uint64_t last_rank, const plan_tf *tf)
 {
     const bw__sampler *ps = v->mix ? bw__mix_sampler_positions(v->mix) : NULL;
     printf("{\"metadata\":{\"mode\":\"%s\",\"num_samples\":%" PRIu64 ",\"world_size\":%" PRIu64
@@ -226,6 +262,12 @@ static void print_metadata(const view *v, const bw__sampler_cfg *c, uint64_t fir
         for (size_t j = 0; j < bw__mixture_nsources(m); j++)
             printf("%s%" PRIu64, j ? "," : "", bw__mixture_count(m, j));
         printf("]");
+    }
+    if (tf->canon[0]) { /* the canonical text is printable ASCII without '"' or '\\' */
+        printf(",\"transform\":\"%s\"", tf->canon);
+        if (tf->shaped)
+            printf(",\"sample_dtype\":\"%s\",\"sample_shape\":[%d,%d,%d]", tf->shape.descr,
+                   tf->shape.dims[0], tf->shape.dims[1], tf->shape.dims[2]);
     }
     printf("}}\n");
 }
@@ -327,6 +369,9 @@ static int run(const plan_cfg *pc)
         return bad("--num-samples is required (or --mix-size for a mixture)");
     if (pc->world_size == UNSET)
         return bad("--world-size is required");
+    plan_tf tf;
+    if (check_transform(pc->transform, &tf, err, sizeof(err)) != 0)
+        return bad(err);
     if (pc->batch_size == UNSET)
         return bad("--batch-size is required");
     if ((pc->resume_world == UNSET) != (pc->resume_step == UNSET))
@@ -414,7 +459,7 @@ static int run(const plan_cfg *pc)
     uint64_t first_rank = pc->rank == UNSET ? 0 : (uint64_t)pc->rank;
     uint64_t last_rank = pc->rank == UNSET ? R - 1 : (uint64_t)pc->rank;
     if (pc->metadata)
-        print_metadata(&v, c, first_rank, last_rank);
+        print_metadata(&v, c, first_rank, last_rank, &tf);
     if (!view_equal_batches(&v))
         fprintf(stderr, "batchwire plan: note: ranks get different numbers of batches "
                         "(even_batches off); a DDP job would hang on the shorter ranks\n");

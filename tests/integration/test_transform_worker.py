@@ -360,6 +360,28 @@ def check_tokens(tmpdir, coord, data):
           "(4 specs x 2 ranks, and Python); out-of-type pad values and other formats refused")
 
 
+def check_plan():
+    # `batchwire plan --transform`: checked as fetch checks it, named in --metadata (canonical
+    # text, each sample's dtype and shape), the batches' indices the same as without it.
+    base = ["plan", "--mode", "torch", "--num-samples", 50, "--world-size", 3, "--batch-size", 4,
+            "--shuffle", "--seed", SEED, "--metadata"]
+    r0, r1 = bt.cli(*base), bt.cli(*base, "--transform", SPEC)
+    bt.check(r0.returncode == 0 and r1.returncode == 0, "plan with and without --transform",
+             r0.stderr + r1.stderr)
+    m0, m1 = json.loads(r0.stdout.splitlines()[0]), json.loads(r1.stdout.splitlines()[0])
+    bt.check(r0.stdout.splitlines()[1:] == r1.stdout.splitlines()[1:],
+             "plan --transform: the same batches")
+    meta = m1["metadata"]
+    bt.check(meta.get("transform", "").startswith("decode|random_resized_crop(%d,%d," %
+                                                  (SIDE, SIDE)) and
+             meta.get("sample_dtype") == "<f4" and meta.get("sample_shape") == [3, SIDE, SIDE] and
+             "transform" not in m0["metadata"], "plan --metadata names the transform", meta)
+    r = bt.cli(*base, "--transform", "decode|resize(5)")
+    bt.check(r.returncode == 2 and "--transform 'decode|resize(5)': the output size depends" in
+             r.stderr, "plan refuses a transform fetch refuses", r.stderr)
+    bt.ok("plan --transform: checked, named in --metadata, the same batches")
+
+
 def check_acceptance(tmpdir, coord, data):
     # Issue 28's acceptance as a user runs it: a 4-rank job with the transform, the four ranks
     # running at once, each stopped at its own random step and resumed from its cursor, a
@@ -435,6 +457,7 @@ def test(tmpdir):
     check_python(tmpdir, coord, files)
     check_refusals(tmpdir, coord, data, files)
     check_tokens(tmpdir, coord, data)
+    check_plan()
     check_pool(coord, workers)
     check_budget(coord)
     check_failover(tmpdir, coord, data, files)
