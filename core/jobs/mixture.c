@@ -400,13 +400,39 @@ static uint64_t left_position(const node *n, uint64_t k)
     return side_position(n, 0, k);
 }
 
+/* The last two left positions a node computed for a batch (bw__mixture_at_many): the count
+ * estimates of nearby positions are the same k or the next one, so a batch of consecutive
+ * positions (accelerate mode, small world sizes) computes each about once, not up to twice
+ * per position. */
+typedef struct pos_memo {
+    uint64_t k[2], at[2];
+    unsigned n, next;
+} pos_memo;
+
+enum { MEMO_NODES = 63 }; /* the top six levels of the tree */
+
+static uint64_t left_position_memo(const node *n, pos_memo *mm, uint64_t k)
+{
+    if (!mm)
+        return left_position(n, k);
+    for (unsigned i = 0; i < mm->n; i++)
+        if (mm->k[i] == k)
+            return mm->at[i];
+    uint64_t at = left_position(n, k);
+    mm->k[mm->next] = k;
+    mm->at[mm->next] = at;
+    mm->next ^= 1;
+    mm->n += mm->n < 2;
+    return at;
+}
+
 /*
  * Left elements among the node's first p elements (p <= A + B); *at_p tells whether element
  * p itself is a left one (then it is left element number the result). docs/semantics.md
  * proves the count within 1 of p A / (A + B), so it is floor(p A / (A + B)) or one more:
  * one or two O(1) tests.
  */
-static uint64_t left_before(const node *n, uint64_t p, bool *at_p)
+static uint64_t left_before(const node *n, pos_memo *mm, uint64_t p, bool *at_p)
 {
     *at_p = false;
     if (n->A == 0)
@@ -414,9 +440,9 @@ static uint64_t left_before(const node *n, uint64_t p, bool *at_p)
     u128 pa = (u128)p * n->A;
     uint64_t c = pa >> 64 ? (uint64_t)(pa / (n->A + n->B)) : (uint64_t)pa / (n->A + n->B);
     if (c < n->A) {
-        uint64_t at = left_position(n, c);
+        uint64_t at = left_position_memo(n, mm, c);
         if (at < p && ++c < n->A)
-            at = left_position(n, c);
+            at = left_position_memo(n, mm, c);
         *at_p = c < n->A && at == p;
     }
 #ifndef NDEBUG
@@ -426,13 +452,15 @@ static uint64_t left_before(const node *n, uint64_t p, bool *at_p)
     return c;
 }
 
-void bw__mixture_locate(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64_t *k)
+/* bw__mixture_locate, with memo[MEMO_NODES] (NULL: none) kept across a batch's positions. */
+static void locate(const bw__mixture *m, pos_memo *memo, uint64_t pos, uint32_t *source,
+                   uint64_t *k)
 {
     uint64_t lo = 0, hi = m->nsources;
     for (size_t i = 0; hi - lo > 1;) {
         const node *n = &m->nodes[i];
         bool at;
-        uint64_t left = left_before(n, pos, &at);
+        uint64_t left = left_before(n, memo && i < MEMO_NODES ? &memo[i] : NULL, pos, &at);
         if (at) {
             hi = n->mid;
             pos = left;
@@ -445,6 +473,11 @@ void bw__mixture_locate(const bw__mixture *m, uint64_t pos, uint32_t *source, ui
     }
     *source = (uint32_t)lo;
     *k = pos;
+}
+
+void bw__mixture_locate(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64_t *k)
+{
+    locate(m, NULL, pos, source, k);
 }
 
 uint64_t bw__mixture_position(const bw__mixture *m, uint32_t source, uint64_t k)
@@ -476,7 +509,7 @@ uint64_t bw__mixture_consumed(const bw__mixture *m, uint32_t source, uint64_t po
     for (size_t i = 0; hi - lo > 1;) {
         const node *n = &m->nodes[i];
         bool at;
-        uint64_t left = left_before(n, pos, &at);
+        uint64_t left = left_before(n, NULL, pos, &at);
         if (source < n->mid) {
             hi = n->mid;
             pos = left;
@@ -561,10 +594,13 @@ void bw__mixture_at_many(const bw__mixture *m, const uint64_t *pos, size_t n, ui
     for (size_t s = 0; s < KEY_SLOTS; s++)
         c.slot[s].set = c.slot[s].pending = false;
     c.n = 0;
+    pos_memo memo[MEMO_NODES];
+    for (size_t i = 0; i < MEMO_NODES; i++)
+        memo[i].n = memo[i].next = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t j;
         uint64_t k;
-        bw__mixture_locate(m, pos[i], &j, &k); /* pos[i] is read before indices[i] is set */
+        locate(m, memo, pos[i], &j, &k); /* pos[i] is read before indices[i] is set */
         uint64_t t = stream_base(m, j) + k, nj = m->sizes[j], pass = t / nj;
         sources[i] = j;
         if (passes)
