@@ -14,8 +14,14 @@ one request per worker) from the cost of two sources (a request per source and w
 the fetch process and of the workers (getrusage / /proc/PID/stat, as bench/bench_client.py),
 which load disturbs much less than the rates.
 
+--baseline-cli PATH adds "mixture_baseline": the same mixture fetched by another build's
+`batchwire` CLI (e.g. a copy of the CLI from before a change to the client's mixture path)
+against the same coordinator and workers, interleaved with the rest, so a change is measured
+against its predecessor in one run.
+
 Usage (after the README's build):
     /usr/bin/python3 bench/bench_mixture_jobs.py [--build build] [--repeat N] [--quick]
+        [--baseline-cli PATH]
 """
 
 import argparse
@@ -35,9 +41,10 @@ import bench_client as bc  # noqa: E402
 SIZES = [(256, 256, 1 << 17), (4 << 10, 256, 1 << 14)]
 
 
-def fetch(bt, coord, job, source_args, batch):
-    r = bt.cli("fetch", "--quiet", "--coordinator", coord, "--job", job, *source_args,
-               "--rank", 0, "--world-size", 1, "--batch-size", batch, "--epochs", 2,
+def fetch(bt, coord, job, source_args, batch, cli=None):
+    r = bt.run([cli or bt.CLI] + [str(x) for x in (
+               "fetch", "--quiet", "--coordinator", coord, "--job", job, *source_args,
+               "--rank", 0, "--world-size", 1, "--batch-size", batch, "--epochs", 2)],
                timeout=600)
     if r.returncode != 0:
         raise RuntimeError("batchwire fetch failed:\n%s%s" % (r.stdout, r.stderr))
@@ -49,6 +56,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(SRC, "build"), help="build folder")
     ap.add_argument("--repeat", type=int, default=5, help="runs per figure (default 5)")
     ap.add_argument("--quick", action="store_true", help="a quarter of the samples")
+    ap.add_argument("--baseline-cli", help="another build's batchwire CLI: adds "
+                    "mixture_baseline, the mixture fetched by it")
     a = ap.parse_args()
     os.environ["BW_BUILD_DIR"] = os.path.abspath(a.build)
     import bwpy
@@ -71,12 +80,16 @@ def main():
             one = ["--dataset", "npy:c%d/part-00000.npy" % size]
             shuf = one + ["--shuffle", "--seed", 1]
             mix1 = ["--mix", "npy:c%d/part-00000.npy=1" % size]
-            labels = ("single", "single_shuffled", "mixture_of_one", "mixture")
+            runs = [("single", one, None), ("single_shuffled", shuf, None),
+                    ("mixture_of_one", mix1, None), ("mixture", mix, None)]
+            if a.baseline_cli:
+                runs.append(("mixture_baseline", mix, os.path.abspath(a.baseline_cli)))
+            labels = [r[0] for r in runs]
             res = {label: [] for label in labels}
             for k in range(a.repeat):
-                for label, args in zip(labels, (one, shuf, mix1, mix)):
+                for label, args, cli in runs:
                     c0, w0 = bc.children_cpu(), bc.procs_cpu(pids)
-                    s = fetch(bt, coord.addr, "%s-%d-%d" % (label, size, k), args, batch)
+                    s = fetch(bt, coord.addr, "%s-%d-%d" % (label, size, k), args, batch, cli)
                     c, w = bc.children_cpu() - c0, bc.procs_cpu(pids) - w0
                     res[label].append((s["samples"] / s["seconds"],
                                        bc.ms_per_gib(c, s["bytes"]),
@@ -96,6 +109,10 @@ def main():
             row["client_cpu_ratio_shuffled"] = round(
                 row["mixture"]["client_ms_per_gib"] /
                 row["single_shuffled"]["client_ms_per_gib"], 3)
+            if a.baseline_cli:
+                row["rate_ratio_baseline"] = round(
+                    row["mixture"]["samples_per_s"] /
+                    row["mixture_baseline"]["samples_per_s"], 3)
             out.append(row)
             print(json.dumps(row), flush=True)
     finally:

@@ -3,6 +3,7 @@
  * when the lease ends (jobs_apply.c calls it wherever a lease ends). Under the jobs lock. */
 #include "jobs_int.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "batchwire/batchwire.h"
@@ -23,11 +24,23 @@ int bw__jobs_grant(bw_jobs *s, bw_job *job, uint32_t rank, const bw_rank_state *
     claims->len = secret->len = 0;
     if (!s->grants)
         return BW_OK;
-    /* The configuration never changes: its dataset is hashed once. */
+    /* The configuration never changes: its dataset is hashed once (a mixture has none: the
+     * empty message's hash, which no request names) and so are a mixture's sources, each a
+     * dataset its reads name (docs/security.md, "Read grants"). */
+    const Batchwire__V1__Mixture *mx = job->config->mixture;
+    size_t nsources = mx ? mx->n_sources : 0;
     if (!job->dataset_hashed) {
         int rc = bw__grant_dataset_hash(job->config->dataset, job->dataset_hash);
-        if (rc != BW_OK)
+        if (rc == BW_OK && nsources &&
+            !(job->source_hashes = calloc(nsources, sizeof(*job->source_hashes))))
+            rc = BW_NOMEM;
+        for (size_t j = 0; rc == BW_OK && j < nsources; j++)
+            rc = bw__grant_dataset_hash(mx->sources[j]->dataset, job->source_hashes[j]);
+        if (rc != BW_OK) {
+            free(job->source_hashes);
+            job->source_hashes = NULL;
             return rc;
+        }
         job->dataset_hashed = true;
     }
     bw_grant_claims c;
@@ -35,6 +48,8 @@ int bw__jobs_grant(bw_jobs *s, bw_job *job, uint32_t rank, const bw_rank_state *
     c.job = job->name;
     c.rank = rank;
     memcpy(c.dataset, job->dataset_hash, sizeof(c.dataset));
+    c.sources = (const uint8_t(*)[BW_GRANT_HASH_BYTES])job->source_hashes;
+    c.nsources = nsources;
     c.lease_tag = bw__grant_lease_tag(r->lease.lo, r->lease.hi);
     c.expires_ms = bw__unix_ms() + s->opts.lease_ms;
     return bw__grant_mint(s->grants, &c, arena, claims, secret);

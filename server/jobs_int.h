@@ -57,6 +57,7 @@ typedef struct bw_job {
     uint64_t fingerprint;
     uint8_t dataset_hash[32]; /* read grants: SHA-256 of config->dataset packed (jobs_grants.c) */
     bool dataset_hashed;
+    uint8_t (*source_hashes)[32]; /* a mixture's: each source's dataset hashed (malloc'ed) */
     uint64_t created_unix_ms;
     uint64_t active_unix_ms; /* the last journaled change (creation, join, commit, leave) */
     char *owner;             /* the creating principal; "" on an open service */

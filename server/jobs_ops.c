@@ -300,13 +300,6 @@ int bw__jobs_lookup(bw_jobs *s, const bw_principal *who,
         rc = bw__jobs_check_owner(job, who, err, errlen);
         if (rc == BW_OK)
             rc = existing(job, req, arena, resp, err, errlen);
-    } else if (req->config->mixture && s->grants) {
-        /* A read grant names one dataset (docs/security.md, "Read grants"). */
-        snprintf(err, errlen,
-                 "job '%s': mixtures are not served with authentication on yet (a read grant "
-                 "names one dataset; a mixture reads %zu)",
-                 req->name, req->config->mixture->n_sources);
-        rc = BW_FAILED_PRECONDITION;
     } else {
         rc = check_quota(s, who, err, errlen);
         *need_describe = rc == BW_OK;

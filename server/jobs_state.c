@@ -51,6 +51,7 @@ void bw__jobs_job_free(bw_job *job)
         return;
     bw__jobs_ranks_free(job->ranks, job->world_size);
     free(job->history);
+    free(job->source_hashes);
     if (job->config)
         protobuf_c_message_free_unpacked(&job->config->base, NULL);
     if (job->dataset)

@@ -54,7 +54,8 @@ typedef struct cached {
     char *job;
     uint32_t rank;
     uint64_t lease_tag, expires_ms;
-    uint8_t dataset[BW_GRANT_HASH_BYTES];
+    uint8_t dataset[BW_GRANT_HASH_BYTES]; /* the hash the request's dataset matched */
+    bool sources;    /* a mixture's grant: other datasets than this one may verify too */
     uint8_t *packed; /* the dataset it was verified with, packed (NULL: too large to keep) */
     size_t packed_len;
 } cached;
@@ -379,6 +380,18 @@ int bw__grant_mint(bw_grants *g, const bw_grant_claims *c, bw_arena *arena,
     m.rank = c->rank;
     m.dataset.data = (uint8_t *)c->dataset;
     m.dataset.len = BW_GRANT_HASH_BYTES;
+    ProtobufCBinaryData *src =
+        c->nsources ? bw__arena_alloc(arena, c->nsources * sizeof(*src)) : NULL;
+    if (c->nsources && !src) {
+        pthread_rwlock_unlock(&g->lock);
+        return BW_NOMEM;
+    }
+    for (size_t j = 0; j < c->nsources; j++) {
+        src[j].data = (uint8_t *)c->sources[j];
+        src[j].len = BW_GRANT_HASH_BYTES;
+    }
+    m.sources = src;
+    m.n_sources = c->nsources;
     m.lease_tag = c->lease_tag;
     m.lease_generation = c->lease_generation;
     m.expires_ms = c->expires_ms;
@@ -508,12 +521,18 @@ static const key *key_by_id(const bw_grants *g, const char *id)
     return NULL;
 }
 
-static size_t slot_of(const uint8_t proof[BW_GRANT_PROOF_BYTES])
+/* The proof's first bytes, mixed with the request's packed dataset (FNV-1a): a mixture's grant
+ * (one proof) is cached once per source it reads, instead of the sources taking turns in one
+ * slot. */
+static size_t slot_of(const uint8_t proof[BW_GRANT_PROOF_BYTES], const uint8_t *packed,
+                      size_t packed_len)
 {
-    uint64_t h = 0;
+    uint64_t h = 0, f = 14695981039346656037ull;
     for (int i = 0; i < 8; i++)
         h = h << 8 | proof[i];
-    return (size_t)(h % CACHE_SLOTS);
+    for (size_t i = 0; i < packed_len; i++)
+        f = (f ^ packed[i]) * 1099511628211ull;
+    return (size_t)((h ^ f) % CACHE_SLOTS);
 }
 
 /* The job name for a refusal: printable and short, else a placeholder (it came from the
@@ -542,6 +561,7 @@ typedef struct hit {
     uint32_t rank;
     uint64_t lease_tag, expires_ms, rev_epoch;
     uint8_t dataset[BW_GRANT_HASH_BYTES];
+    bool sources;      /* a mixture's grant (cached.sources) */
     bool same_dataset; /* the request's packed dataset is the one it was verified with */
 } hit;
 
@@ -549,7 +569,7 @@ static bool cache_get(bw_grants *g, const ProtobufCBinaryData *claims, const uin
                       uint64_t keys_epoch, const uint8_t *packed, size_t packed_len, hit *h)
 {
     bool found = false;
-    size_t slot = slot_of(proof);
+    size_t slot = slot_of(proof, packed, packed_len);
     pthread_mutex_lock(&g->cache_mu[slot % CACHE_LOCKS]);
     cached *c = &g->cache[slot];
     if (c->used && c->keys_epoch == keys_epoch && c->claims_len == claims->len &&
@@ -562,6 +582,7 @@ static bool cache_get(bw_grants *g, const ProtobufCBinaryData *claims, const uin
         h->expires_ms = c->expires_ms;
         h->rev_epoch = c->rev_epoch;
         memcpy(h->dataset, c->dataset, sizeof(h->dataset));
+        h->sources = c->sources;
         h->same_dataset =
             c->packed && c->packed_len == packed_len && memcmp(c->packed, packed, packed_len) == 0;
     }
@@ -571,7 +592,8 @@ static bool cache_get(bw_grants *g, const ProtobufCBinaryData *claims, const uin
 
 static void cache_put(bw_grants *g, const ProtobufCBinaryData *claims, const uint8_t *proof,
                       uint64_t keys_epoch, uint64_t rev_epoch, const Batchwire__V1__GrantClaims *m,
-                      const uint8_t *packed, size_t packed_len)
+                      const uint8_t matched[BW_GRANT_HASH_BYTES], const uint8_t *packed,
+                      size_t packed_len)
 {
     uint8_t *cc = malloc(claims->len ? claims->len : 1);
     char *job = strdup(m->job);
@@ -586,7 +608,7 @@ static void cache_put(bw_grants *g, const ProtobufCBinaryData *claims, const uin
     memcpy(cc, claims->data, claims->len);
     if (pk)
         memcpy(pk, packed, packed_len);
-    size_t slot = slot_of(proof);
+    size_t slot = slot_of(proof, packed, packed_len);
     pthread_mutex_lock(&g->cache_mu[slot % CACHE_LOCKS]);
     cached *c = &g->cache[slot];
     cached_clear(g, c);
@@ -604,7 +626,8 @@ static void cache_put(bw_grants *g, const ProtobufCBinaryData *claims, const uin
     c->rank = m->rank;
     c->lease_tag = m->lease_tag;
     c->expires_ms = m->expires_ms;
-    memcpy(c->dataset, m->dataset.data, BW_GRANT_HASH_BYTES);
+    memcpy(c->dataset, matched, BW_GRANT_HASH_BYTES);
+    c->sources = m->n_sources > 0;
     c->packed = pk;
     c->packed_len = pk ? packed_len : 0;
     __atomic_add_fetch(&g->kept, c->packed_len, __ATOMIC_RELAXED);
@@ -635,7 +658,8 @@ static int check_live(bw_grants *g, const char *job, uint32_t rank, uint64_t tag
 static int wrong_dataset(const char *job, uint32_t rank, char *err, size_t errlen)
 {
     snprintf(err, errlen,
-             "the read grant of job '%s' rank %u is for that job's dataset, not this request's",
+             "the read grant of job '%s' rank %u is for that job's dataset (a mixture's: its "
+             "sources), not this request's",
              shown(job), rank);
     return BW_PERMISSION_DENIED;
 }
@@ -649,7 +673,10 @@ static int verify_full(bw_grants *g, const char *worker_id, const Batchwire__V1_
     uint64_t rev_epoch = __atomic_load_n(&g->rev_epoch, __ATOMIC_ACQUIRE);
     Batchwire__V1__GrantClaims *m =
         batchwire__v1__grant_claims__unpack(NULL, grant->claims.len, grant->claims.data);
-    if (!m || !m->job || !m->key_id || m->dataset.len != BW_GRANT_HASH_BYTES) {
+    bool hashes_ok = m && m->dataset.len == BW_GRANT_HASH_BYTES;
+    for (size_t j = 0; hashes_ok && j < m->n_sources; j++)
+        hashes_ok = m->sources[j].len == BW_GRANT_HASH_BYTES;
+    if (!m || !m->job || !m->key_id || !hashes_ok) {
         snprintf(err, errlen, "the read grant's claims are not a GrantClaims message");
         rc = BW_PERMISSION_DENIED;
     }
@@ -681,11 +708,21 @@ static int verify_full(bw_grants *g, const char *worker_id, const Batchwire__V1_
         OPENSSL_cleanse(secret, sizeof(secret));
     }
     pthread_rwlock_unlock(&g->lock);
-    bool ok = false;
-    if (rc == BW_OK && (rc = dataset_hashes_to(packed, plen, m->dataset.data, &ok)) == BW_OK && !ok)
-        rc = wrong_dataset(m->job, m->rank, err, errlen);
+    /* The request's dataset: the job's, or (a mixture's grant) one of its sources'. */
+    uint8_t h[BW_GRANT_HASH_BYTES];
+    const uint8_t *matched = NULL;
+    if (rc == BW_OK && (rc = sha256(packed, plen, h)) == BW_OK) {
+        if (CRYPTO_memcmp(h, m->dataset.data, sizeof(h)) == 0)
+            matched = m->dataset.data;
+        for (size_t j = 0; !matched && j < m->n_sources; j++)
+            if (CRYPTO_memcmp(h, m->sources[j].data, sizeof(h)) == 0)
+                matched = m->sources[j].data;
+        if (!matched)
+            rc = wrong_dataset(m->job, m->rank, err, errlen);
+    }
     if (rc == BW_OK)
-        cache_put(g, &grant->claims, grant->proof.data, keys_epoch, rev_epoch, m, packed, plen);
+        cache_put(g, &grant->claims, grant->proof.data, keys_epoch, rev_epoch, m, matched, packed,
+                  plen);
     if (m)
         batchwire__v1__grant_claims__free_unpacked(m, NULL);
     return rc;
@@ -730,7 +767,10 @@ int bw__grant_verify(bw_grants *g, const char *worker_id, const Batchwire__V1__R
         bool ok = h.same_dataset;
         if (rc == BW_OK && !ok && (rc = dataset_hashes_to(packed, plen, h.dataset, &ok)) == BW_OK &&
             !ok)
-            rc = wrong_dataset(h.job, h.rank, err, errlen);
+            /* a mixture's grant may name this dataset among its other sources */
+            rc = h.sources ? verify_full(g, worker_id, grant, packed, plen, keys_epoch, now_ms, err,
+                                         errlen)
+                           : wrong_dataset(h.job, h.rank, err, errlen);
     } else {
         rc = verify_full(g, worker_id, grant, packed, plen, keys_epoch, now_ms, err, errlen);
     }

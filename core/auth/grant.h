@@ -36,8 +36,9 @@ void bw__grant_proof(const uint8_t secret[BW_GRANT_SECRET_BYTES], const char *wo
 
 enum {
     BW_GRANT_KEY_ID_MAX = 32,
-    BW_GRANT_HASH_BYTES = 32,   /* GrantClaims.dataset: SHA-256 of the packed Dataset */
-    BW_GRANT_CLAIMS_MAX = 1024, /* a longer GrantClaims is refused unread */
+    BW_GRANT_HASH_BYTES = 32, /* GrantClaims.dataset: SHA-256 of the packed Dataset */
+    /* a longer GrantClaims is refused unread; room for a mixture of 256 sources' hashes */
+    BW_GRANT_CLAIMS_MAX = 10240,
     /* "KEYID.EXPIRES_MS.HEX" and its NUL */
     BW_GRANT_COORD_PROOF_MAX = BW_GRANT_KEY_ID_MAX + 1 + 20 + 1 + 64 + 1,
 };
@@ -82,6 +83,9 @@ typedef struct bw_grant_claims {
     const char *job;
     uint32_t rank;
     uint8_t dataset[BW_GRANT_HASH_BYTES];
+    /* A mixture job's sources' hashes (GrantClaims.sources; nsources 0: none), borrowed. */
+    const uint8_t (*sources)[BW_GRANT_HASH_BYTES];
+    size_t nsources;
     uint64_t lease_tag;
     uint64_t lease_generation; /* 0: unknown */
     uint64_t expires_ms;       /* unix ms */
@@ -98,9 +102,10 @@ int bw__grant_mint(bw_grants *g, const bw_grant_claims *c, bw_arena *arena,
  * Checks, in order: the claims decode and their key id is one of ours; they have not expired
  * (BW_GRANT_SKEW_MS allowed); their lease is not revoked; the proof is
  * HMAC(HMAC(K, "bw-grant-v1" || claims), "bw-read-v1\0" || worker_id); the request's
- * dataset hashes to the claims' dataset. BW_OK, or BW_PERMISSION_DENIED with a sentence naming
- * what failed (never a secret or a proof's bytes). A pair verified before costs a table lookup
- * and a memcmp (and the dataset's packing). `grant` NULL: refused ("no read grant").
+ * dataset hashes to the claims' dataset or to one of its sources (a mixture's). BW_OK, or
+ * BW_PERMISSION_DENIED with a sentence naming what failed (never a secret or a proof's bytes). A
+ * pair verified before costs a table lookup and a memcmp (and the dataset's packing); a mixture's
+ * grant is cached once per source dataset read with it. `grant` NULL: refused ("no read grant").
  */
 int bw__grant_verify(bw_grants *g, const char *worker_id, const Batchwire__V1__ReadGrant *grant,
                      const Batchwire__V1__Dataset *dataset, uint64_t now_ms, char *err,

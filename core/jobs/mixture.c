@@ -30,6 +30,13 @@ typedef unsigned __int128 u128;
 #define TAG_JITTER 2u
 #define JITTER_BITS 32
 
+/* One internal node of the interleave tree: sources [lo, hi), split at mid; A samples on the
+ * left (side 0), B on the right (side 1). */
+typedef struct node {
+    uint64_t lo, mid, hi, A, B;
+    uint64_t state; /* H(2, seed, epoch, lo, hi): the jitter hash before its last two words */
+} node;
+
 struct bw__mixture {
     size_t nsources;
     uint64_t samples, seed, epoch;
@@ -40,6 +47,9 @@ struct bw__mixture {
     uint64_t *counts;      /* c_j */
     uint64_t *prefix;      /* prefix[j] = c_0 + ... + c_{j-1}; prefix[nsources] = E */
     uint64_t jitter_state; /* H(2, seed, epoch) */
+    /* The tree's internal nodes, made once: the root is nodes[0], node i's children are
+     * nodes[2i + 1] (left) and nodes[2i + 2] (right); a leaf has no entry. */
+    node *nodes;
 };
 
 struct bw__mix_sampler {
@@ -100,13 +110,20 @@ static uint64_t hash(const uint64_t *words, size_t n)
     return h;
 }
 
-uint64_t bw__mix_permute(uint64_t seed, uint32_t source, uint64_t pass, uint64_t n, uint64_t i)
+/* The permutation of pass `pass` of source j's stream, of [0, n). */
+static void permutation_init(bw__feistel *f, uint64_t seed, uint32_t source, uint64_t pass,
+                             uint64_t n)
 {
     const uint64_t words[] = {TAG_PERMUTATION, seed, source, pass};
     /* bw__feistel_init's round keys are mix64(key + r * golden), r = 0..5: the SplitMix64
      * sequence from the key, as the doc states. */
+    bw__feistel_init(f, n, hash(words, 4));
+}
+
+uint64_t bw__mix_permute(uint64_t seed, uint32_t source, uint64_t pass, uint64_t n, uint64_t i)
+{
     bw__feistel f;
-    bw__feistel_init(&f, n, hash(words, 4));
+    permutation_init(&f, seed, source, pass, n);
     return bw__feistel_at(&f, i);
 }
 
@@ -174,6 +191,8 @@ static uint64_t check_spec(const bw__mix_spec *spec, char *err, size_t errlen)
     return E;
 }
 
+static int build_nodes(bw__mixture *m);
+
 int bw__mixture_new(bw__mixture **out, const bw__mix_spec *spec, uint64_t seed, uint64_t epoch,
                     char *err, size_t errlen)
 {
@@ -231,6 +250,12 @@ int bw__mixture_new(bw__mixture **out, const bw__mix_spec *spec, uint64_t seed, 
     free(rem);
     for (size_t j = 0; j < S; j++)
         m->prefix[j + 1] = m->prefix[j] + m->counts[j];
+    if (S > 1 && build_nodes(m) != BW_OK) {
+        bw__mixture_free(m);
+        if (err && errlen)
+            snprintf(err, errlen, "out of memory for a mixture of %zu sources", S);
+        return BW_NOMEM;
+    }
     /* Under stop the epoch ends before the first position that would need record n_j of a
      * stream: within a source positions grow with k, so that is the least of the positions
      * of the dry streams' k = n_j. */
@@ -253,6 +278,7 @@ void bw__mixture_free(bw__mixture *m)
     free(m->streams);
     free(m->counts);
     free(m->prefix);
+    free(m->nodes);
     free(m);
 }
 
@@ -291,13 +317,6 @@ uint64_t bw__mixture_count(const bw__mixture *m, size_t source)
     return m->counts[source];
 }
 
-/* One internal node of the interleave tree: sources [lo, hi), split at mid; A samples on the
- * left (side 0), B on the right (side 1). */
-typedef struct node {
-    uint64_t lo, mid, hi, A, B;
-    uint64_t state; /* H(2, seed, epoch, lo, hi): the jitter hash before its last two words */
-} node;
-
 static void node_at(node *n, const bw__mixture *m, uint64_t lo, uint64_t hi)
 {
     n->lo = lo;
@@ -306,6 +325,30 @@ static void node_at(node *n, const bw__mixture *m, uint64_t lo, uint64_t hi)
     n->A = m->prefix[n->mid] - m->prefix[lo];
     n->B = m->prefix[hi] - m->prefix[n->mid];
     n->state = mix64(mix64(m->jitter_state ^ lo) ^ hi);
+}
+
+/* Node i covering [lo, hi) and, below it, its children. */
+static void build_subtree(bw__mixture *m, size_t i, uint64_t lo, uint64_t hi)
+{
+    if (hi - lo < 2)
+        return;
+    node_at(&m->nodes[i], m, lo, hi);
+    build_subtree(m, 2 * i + 1, lo, m->nodes[i].mid);
+    build_subtree(m, 2 * i + 2, m->nodes[i].mid, hi);
+}
+
+static int build_nodes(bw__mixture *m)
+{
+    /* A node covering s sources has children of floor(s/2) and ceil(s/2): the tree is
+     * ceil(log2 S) deep, so heap indices stay below 2^(depth + 1). */
+    size_t depth = 0;
+    while (((size_t)1 << depth) < m->nsources)
+        depth++;
+    m->nodes = calloc(((size_t)1 << (depth + 1)) - 1, sizeof(*m->nodes));
+    if (!m->nodes)
+        return BW_NOMEM;
+    build_subtree(m, 0, 0, m->nsources);
+    return BW_OK;
 }
 
 /* H(2, seed, epoch, lo, hi, side, k) >> 32, continuing the node's hash state. */
@@ -357,13 +400,39 @@ static uint64_t left_position(const node *n, uint64_t k)
     return side_position(n, 0, k);
 }
 
+/* The last two left positions a node computed for a batch (bw__mixture_at_many): the count
+ * estimates of nearby positions are the same k or the next one, so a batch of consecutive
+ * positions (accelerate mode, small world sizes) computes each about once, not up to twice
+ * per position. */
+typedef struct pos_memo {
+    uint64_t k[2], at[2];
+    unsigned n, next;
+} pos_memo;
+
+enum { MEMO_NODES = 63 }; /* the top six levels of the tree */
+
+static uint64_t left_position_memo(const node *n, pos_memo *mm, uint64_t k)
+{
+    if (!mm)
+        return left_position(n, k);
+    for (unsigned i = 0; i < mm->n; i++)
+        if (mm->k[i] == k)
+            return mm->at[i];
+    uint64_t at = left_position(n, k);
+    mm->k[mm->next] = k;
+    mm->at[mm->next] = at;
+    mm->next ^= 1;
+    mm->n += mm->n < 2;
+    return at;
+}
+
 /*
  * Left elements among the node's first p elements (p <= A + B); *at_p tells whether element
  * p itself is a left one (then it is left element number the result). docs/semantics.md
  * proves the count within 1 of p A / (A + B), so it is floor(p A / (A + B)) or one more:
  * one or two O(1) tests.
  */
-static uint64_t left_before(const node *n, uint64_t p, bool *at_p)
+static uint64_t left_before(const node *n, pos_memo *mm, uint64_t p, bool *at_p)
 {
     *at_p = false;
     if (n->A == 0)
@@ -371,9 +440,9 @@ static uint64_t left_before(const node *n, uint64_t p, bool *at_p)
     u128 pa = (u128)p * n->A;
     uint64_t c = pa >> 64 ? (uint64_t)(pa / (n->A + n->B)) : (uint64_t)pa / (n->A + n->B);
     if (c < n->A) {
-        uint64_t at = left_position(n, c);
+        uint64_t at = left_position_memo(n, mm, c);
         if (at < p && ++c < n->A)
-            at = left_position(n, c);
+            at = left_position_memo(n, mm, c);
         *at_p = c < n->A && at == p;
     }
 #ifndef NDEBUG
@@ -383,42 +452,52 @@ static uint64_t left_before(const node *n, uint64_t p, bool *at_p)
     return c;
 }
 
-void bw__mixture_locate(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64_t *k)
+/* bw__mixture_locate, with memo[MEMO_NODES] (NULL: none) kept across a batch's positions. */
+static void locate(const bw__mixture *m, pos_memo *memo, uint64_t pos, uint32_t *source,
+                   uint64_t *k)
 {
     uint64_t lo = 0, hi = m->nsources;
-    while (hi - lo > 1) {
-        node n;
-        node_at(&n, m, lo, hi);
+    for (size_t i = 0; hi - lo > 1;) {
+        const node *n = &m->nodes[i];
         bool at;
-        uint64_t left = left_before(&n, pos, &at);
+        uint64_t left = left_before(n, memo && i < MEMO_NODES ? &memo[i] : NULL, pos, &at);
         if (at) {
-            hi = n.mid;
+            hi = n->mid;
             pos = left;
+            i = 2 * i + 1;
         } else {
-            lo = n.mid;
+            lo = n->mid;
             pos -= left;
+            i = 2 * i + 2;
         }
     }
     *source = (uint32_t)lo;
     *k = pos;
 }
 
+void bw__mixture_locate(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64_t *k)
+{
+    locate(m, NULL, pos, source, k);
+}
+
 uint64_t bw__mixture_position(const bw__mixture *m, uint32_t source, uint64_t k)
 {
     /* the path from the root to the leaf, then the leaf's k up through each node */
-    node path[64];
+    const node *path[64];
     size_t depth = 0;
     uint64_t lo = 0, hi = m->nsources;
-    while (hi - lo > 1) {
-        node_at(&path[depth], m, lo, hi);
-        if (source < path[depth].mid)
-            hi = path[depth].mid;
-        else
-            lo = path[depth].mid;
-        depth++;
+    for (size_t i = 0; hi - lo > 1; depth++) {
+        path[depth] = &m->nodes[i];
+        if (source < path[depth]->mid) {
+            hi = path[depth]->mid;
+            i = 2 * i + 1;
+        } else {
+            lo = path[depth]->mid;
+            i = 2 * i + 2;
+        }
     }
     while (depth-- > 0) {
-        const node *n = &path[depth];
+        const node *n = path[depth];
         k = side_position(n, source >= n->mid, k);
     }
     return k;
@@ -427,17 +506,18 @@ uint64_t bw__mixture_position(const bw__mixture *m, uint32_t source, uint64_t k)
 uint64_t bw__mixture_consumed(const bw__mixture *m, uint32_t source, uint64_t pos)
 {
     uint64_t lo = 0, hi = m->nsources;
-    while (hi - lo > 1) {
-        node n;
-        node_at(&n, m, lo, hi);
+    for (size_t i = 0; hi - lo > 1;) {
+        const node *n = &m->nodes[i];
         bool at;
-        uint64_t left = left_before(&n, pos, &at);
-        if (source < n.mid) {
-            hi = n.mid;
+        uint64_t left = left_before(n, NULL, pos, &at);
+        if (source < n->mid) {
+            hi = n->mid;
             pos = left;
+            i = 2 * i + 1;
         } else {
-            lo = n.mid;
+            lo = n->mid;
             pos -= left;
+            i = 2 * i + 2;
         }
     }
     return pos;
@@ -478,6 +558,74 @@ void bw__mixture_at(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64
     *index = bw__mixture_index(m, *source, k);
     if (pass)
         *pass = bw__mixture_pass(m, *source, k);
+}
+
+/* A batch's permutation keys, kept per (source, pass): a batch holds a few sources and
+ * rarely crosses a pass, so its samples share a handful of key schedules. */
+enum { KEY_SLOTS = 16 };
+typedef struct key_cache {
+    struct {
+        uint32_t source;
+        uint64_t pass;
+        bool set, pending; /* pending: items waiting in the current run point at it */
+        bw__feistel f;
+    } slot[KEY_SLOTS];
+    const bw__feistel *f[BW__FEISTEL_EACH_MAX]; /* the run: item w's key schedule ... */
+    uint64_t x[BW__FEISTEL_EACH_MAX];           /* ... its position in its pass ... */
+    size_t at[BW__FEISTEL_EACH_MAX];            /* ... and where its index goes */
+    size_t n;
+} key_cache;
+
+/* Permutes the run's items into place. */
+static void key_cache_flush(key_cache *c, uint64_t *indices)
+{
+    bw__feistel_at_each(c->f, c->x, c->n);
+    for (size_t w = 0; w < c->n; w++)
+        indices[c->at[w]] = c->x[w];
+    for (size_t s = 0; s < KEY_SLOTS; s++)
+        c->slot[s].pending = false;
+    c->n = 0;
+}
+
+void bw__mixture_at_many(const bw__mixture *m, const uint64_t *pos, size_t n, uint32_t *sources,
+                         uint64_t *indices, uint64_t *passes)
+{
+    key_cache c;
+    for (size_t s = 0; s < KEY_SLOTS; s++)
+        c.slot[s].set = c.slot[s].pending = false;
+    c.n = 0;
+    pos_memo memo[MEMO_NODES];
+    for (size_t i = 0; i < MEMO_NODES; i++)
+        memo[i].n = memo[i].next = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t j;
+        uint64_t k;
+        locate(m, memo, pos[i], &j, &k); /* pos[i] is read before indices[i] is set */
+        uint64_t t = stream_base(m, j) + k, nj = m->sizes[j], pass = t / nj;
+        sources[i] = j;
+        if (passes)
+            passes[i] = pass;
+        if (m->streams[j]) {
+            indices[i] = t % nj; /* a stream is read in its own order, every pass */
+            continue;
+        }
+        size_t s = (j * 7 + pass) % KEY_SLOTS;
+        if (!c.slot[s].set || c.slot[s].source != j || c.slot[s].pass != pass) {
+            if (c.slot[s].pending)
+                key_cache_flush(&c, indices); /* its items first, with the key they need */
+            permutation_init(&c.slot[s].f, m->seed, j, pass, nj);
+            c.slot[s].source = j;
+            c.slot[s].pass = pass;
+            c.slot[s].set = true;
+        }
+        c.slot[s].pending = true;
+        c.f[c.n] = &c.slot[s].f;
+        c.x[c.n] = t % nj;
+        c.at[c.n++] = i;
+        if (c.n == BW__FEISTEL_EACH_MAX)
+            key_cache_flush(&c, indices);
+    }
+    key_cache_flush(&c, indices);
 }
 
 uint64_t bw__mixture_next_record(const bw__mixture *m, uint32_t source, uint64_t pos,
@@ -548,8 +696,6 @@ int bw__mix_sampler_batch(const bw__mix_sampler *s, uint64_t rank, uint64_t step
     int rc = bw__sampler_batch(s->positions, rank, step, out);
     if (rc != BW_OK)
         return rc;
-    for (size_t i = 0; i < out->count; i++)
-        bw__mixture_at(s->mix, out->indices[i], &sources[i], &out->indices[i],
-                       passes ? &passes[i] : NULL);
+    bw__mixture_at_many(s->mix, out->indices, out->count, sources, out->indices, passes);
     return BW_OK;
 }

@@ -114,6 +114,14 @@ uint64_t bw__mixture_index(const bw__mixture *m, uint32_t source, uint64_t k);
 void bw__mixture_at(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64_t *index,
                     uint64_t *pass);
 
+/* bw__mixture_at for n positions at once, with the same results: sources[i], indices[i] and
+ * (passes not NULL) passes[i] of position pos[i] (< E). pos may be indices (then each index
+ * replaces its position). Cheaper per position than bw__mixture_at: the samples of one
+ * (source, pass) share one permutation key schedule, and the permutations of independent
+ * samples are computed side by side (bw__feistel_at_each). Allocates nothing. */
+void bw__mixture_at_many(const bw__mixture *m, const uint64_t *pos, size_t n, uint32_t *sources,
+                         uint64_t *indices, uint64_t *passes);
+
 /* Where source j's stream stands after the positions [0, pos) (pos <= P), as a cursor records
  * it: *pass and the record (sample) number within that pass the source reads next,
  * stream position (epoch * c_j, or 0 for a stream under BW__MIX_STOP) + consumed, split by

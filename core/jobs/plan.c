@@ -306,7 +306,6 @@ int bw__plan_mix_batch(const bw__plan *p, uint64_t rank, uint64_t step, bw__batc
     int rc = bw__plan_batch(p, rank, step, out);
     if (rc != BW_OK || !p->mix)
         return rc;
-    for (size_t i = 0; i < out->count; i++)
-        bw__mixture_at(p->mix, out->indices[i], &sources[i], &out->indices[i], NULL);
+    bw__mixture_at_many(p->mix, out->indices, out->count, sources, out->indices, NULL);
     return BW_OK;
 }

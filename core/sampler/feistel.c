@@ -59,3 +59,24 @@ uint64_t bw__feistel_at(const bw__feistel *f, uint64_t pos)
         x = encrypt(f, x);
     return x;
 }
+
+void bw__feistel_at_each(const bw__feistel *const *f, uint64_t *x, size_t n)
+{
+    uint8_t walk[BW__FEISTEL_EACH_MAX]; /* the items still outside [0, n) */
+    size_t nwalk = 0;
+    for (size_t i = 0; i < n && i < BW__FEISTEL_EACH_MAX; i++) {
+        x[i] = encrypt(f[i], x[i]);
+        walk[nwalk] = (uint8_t)i;
+        nwalk += x[i] >= f[i]->n; /* no branch: about half the items walk on */
+    }
+    while (nwalk > 0) {
+        size_t left = 0;
+        for (size_t w = 0; w < nwalk; w++) {
+            size_t i = walk[w];
+            x[i] = encrypt(f[i], x[i]);
+            walk[left] = (uint8_t)i;
+            left += x[i] >= f[i]->n;
+        }
+        nwalk = left;
+    }
+}

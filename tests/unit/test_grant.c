@@ -348,6 +348,58 @@ static void test_key_file_errors(void **state)
     unlink(path);
 }
 
+/* A mixture's grant (GrantClaims.sources): every source verifies, in any order and again
+ * from the cache, at 256 sources (the largest claims); a dataset outside the sources is
+ * refused, also right after a source was verified. */
+static void test_mixture_sources(void **state)
+{
+    fixture *f = *state;
+    bw_grants *g = f->g;
+    enum { NS = 256 };
+    static Batchwire__V1__Dataset ds[NS];
+    static char *src[NS][1];
+    static char names[NS][16];
+    static uint8_t hashes[NS][BW_GRANT_HASH_BYTES];
+    for (int j = 0; j < NS; j++) {
+        snprintf(names[j], sizeof(names[j]), "s%d.npy", j);
+        dataset(&ds[j], src[j], names[j]);
+        assert_int_equal(bw__grant_dataset_hash(&ds[j], hashes[j]), BW_OK);
+    }
+    minted m;
+    bw__arena_init(&m.arena, 0);
+    bw_grant_claims c;
+    memset(&c, 0, sizeof(c));
+    c.job = "j";
+    c.rank = 3;
+    assert_int_equal(bw__grant_dataset_hash(NULL, c.dataset), BW_OK);
+    c.sources = (const uint8_t(*)[BW_GRANT_HASH_BYTES])hashes;
+    c.nsources = NS;
+    c.lease_tag = 9;
+    c.expires_ms = NOW + 10000;
+    assert_int_equal(bw__grant_mint(g, &c, &m.arena, &m.claims, &m.secret), BW_OK);
+    assert_true(m.claims.len <= BW_GRANT_CLAIMS_MAX);
+    bw__grant_proof(m.secret.data, "w1", m.proof);
+    batchwire__v1__read_grant__init(&m.grant);
+    m.grant.claims = m.claims;
+    m.grant.proof.data = m.proof;
+    m.grant.proof.len = sizeof(m.proof);
+    char err[512];
+    for (int round = 0; round < 3; round++)
+        for (int j = 0; j < NS; j++) {
+            int k = round == 1 ? NS - 1 - j : (j * 37) % NS; /* other orders */
+            if (verify(g, &m, "w1", &ds[k], NOW, err, sizeof(err)) != BW_OK)
+                fail_msg("round %d, source %d: %s", round, k, err);
+        }
+    Batchwire__V1__Dataset other;
+    char *osrc[1];
+    dataset(&other, osrc, "outside.npy");
+    assert_int_equal(verify(g, &m, "w1", &other, NOW, err, sizeof(err)), BW_PERMISSION_DENIED);
+    assert_non_null(strstr(err, "dataset"));
+    assert_int_equal(verify(g, &m, "w1", &ds[7], NOW, err, sizeof(err)), BW_OK);
+    assert_int_equal(verify(g, &m, "w1", &other, NOW, err, sizeof(err)), BW_PERMISSION_DENIED);
+    bw__arena_reset(&m.arena);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -358,6 +410,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_revoked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coordinator_proof, setup, teardown),
         cmocka_unit_test(test_key_file_errors),
+        cmocka_unit_test_setup_teardown(test_mixture_sources, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

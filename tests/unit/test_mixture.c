@@ -7,8 +7,8 @@
  * independent computation (the mode's position arithmetic and a bisection over each node);
  * position <-> (source, k) both ways; stream sources under cycle and stop (records, passes,
  * the epoch's end found by scanning every position, where each stream stands after any
- * prefix, the sampler over the P positions in every mode); the weight parser and every
- * refusal.
+ * prefix, the sampler over the P positions in every mode); a batch's positions at once
+ * (bw__mixture_at_many) equal to one at a time; the weight parser and every refusal.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -542,6 +542,59 @@ static void test_position_inverse(void **state)
     bw__mixture_free(m);
 }
 
+/* bw__mixture_at_many against bw__mixture_at, position by position: random batches of up to
+ * 300 positions (past the 64 permuted together), over mixtures of 1 to 256 sources (more
+ * (source, pass) pairs than the key slots, so schedules are replaced mid-batch), tiny sources
+ * up-sampled so that one batch crosses several passes of one source, stream sources under both
+ * policies, consecutive and scattered positions, passes asked or not, and the positions given
+ * in the index array itself. */
+static void test_at_many_equals_at(void **state)
+{
+    (void)state;
+    enum { MAXN = 300 };
+    uint64_t sizes[256], w[256], pos[MAXN], idx[MAXN], pass[MAXN];
+    uint32_t src[MAXN];
+    bool streams[256];
+    for (int trial = 0; trial < 400; trial++) {
+        size_t n = trial % 4 == 0 ? 1 + rnd(256) : 1 + rnd(6);
+        bool any = false;
+        for (size_t j = 0; j < n; j++) {
+            sizes[j] = 1 + rnd(trial % 3 == 0 ? 5 : trial % 3 == 1 ? 300 : 1000000);
+            w[j] = 1 + rnd(1000);
+            streams[j] = trial % 5 == 0 && rnd(2);
+            any |= streams[j];
+        }
+        uint64_t E = 1 + rnd(trial % 2 ? 5000 : 10000000000ull);
+        bw__mix_spec spec = {sizes, w,       n,
+                             E,     streams, any && trial % 2 ? BW__MIX_STOP : BW__MIX_CYCLE};
+        bw__mixture *m = NULL;
+        char err[256];
+        if (bw__mixture_new(&m, &spec, rnd(1 << 20), rnd(5), err, sizeof(err)) != BW_OK)
+            fail_msg("trial %d: bw__mixture_new: %s", trial, err);
+        uint64_t P = bw__mixture_end(m);
+        size_t count = 1 + rnd(MAXN);
+        uint64_t start = rnd(P), stride = 1 + rnd(4);
+        for (size_t i = 0; i < count; i++)
+            pos[i] = trial % 2 ? (start + i * stride) % P : rnd(P);
+        bool with_pass = trial % 3 != 0, in_place = trial % 2 == 0;
+        if (in_place)
+            memcpy(idx, pos, count * sizeof(*pos));
+        bw__mixture_at_many(m, in_place ? idx : pos, count, src, idx, with_pass ? pass : NULL);
+        for (size_t i = 0; i < count; i++) {
+            uint32_t j;
+            uint64_t index, ps;
+            bw__mixture_at(m, pos[i], &j, &index, &ps);
+            if (src[i] != j || idx[i] != index || (with_pass && pass[i] != ps))
+                fail_msg("trial %d (%zu sources), position %llu (item %zu): at_many gives "
+                         "(%u, %llu, pass %llu), at gives (%u, %llu, pass %llu)",
+                         trial, n, (unsigned long long)pos[i], i, src[i],
+                         (unsigned long long)idx[i], (unsigned long long)(with_pass ? pass[i] : ps),
+                         j, (unsigned long long)index, (unsigned long long)ps);
+        }
+        bw__mixture_free(m);
+    }
+}
+
 /* Stream sources, both policies, against the rules of docs/semantics.md ("Streams in a
  * mixture") applied here position by position. */
 static void test_streams(void **state)
@@ -754,6 +807,7 @@ int main(void)
         cmocka_unit_test(test_resume_far),
         cmocka_unit_test(test_position_inverse),
         cmocka_unit_test(test_streams),
+        cmocka_unit_test(test_at_many_equals_at),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
