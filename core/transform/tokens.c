@@ -81,17 +81,13 @@ int bw__tf_tokens_shape(const bw__tf_spec *spec, const char *descr, const uint64
         snprintf(err, errlen, "not a token pipeline (truncate, pad)");
         return BW_INVALID_ARGUMENT;
     }
+    /* numpy's descr of a plain number: byte order, kind, one digit of size ("<i4", "|u1") */
     char order = descr[0], kind = order ? descr[1] : 0;
-    int size = 0;
-    if (kind)
-        sscanf(descr + 2, "%d", &size);
-    char again[16];
-    snprintf(again, sizeof(again), "%c%c%d", order, kind, size);
+    int size = kind && descr[2] >= '1' && descr[2] <= '9' && !descr[3] ? descr[2] - '0' : 0;
     bool ok_kind = (kind == 'i' || kind == 'u') ? (size == 1 || size == 2 || size == 4 || size == 8)
                    : kind == 'f'                ? (size == 4 || size == 8)
                                                 : false;
-    if (!descr[0] || strcmp(again, descr) != 0 || !(order == '<' || order == '>' || order == '|') ||
-        !ok_kind) {
+    if (!(order == '<' || order == '>' || order == '|') || !ok_kind) {
         snprintf(err, errlen,
                  "token ops (truncate, pad) read arrays of integers, float32 or float64; the "
                  "dataset's samples are %s",
@@ -105,7 +101,7 @@ int bw__tf_tokens_shape(const bw__tf_spec *spec, const char *descr, const uint64
                  ndim);
         return BW_INVALID_ARGUMENT;
     }
-    uint8_t le[8];
+    uint8_t le[8] = {0};
     const bw__tf_op *pad = NULL;
     for (int k = 0; k < spec->n; k++)
         if (spec->ops[k].kind == BW_TF_PAD)
