@@ -475,6 +475,7 @@ int bw__session_set_grant(bw__session *s, const char *what, ProtobufCBinaryData 
         pthread_mutex_lock(&s->mu);
         bw__grant *old = s->grant;
         s->grant = g;
+        s->granted_ms = bw__mono_ms();
         pthread_mutex_unlock(&s->mu);
         grant_free(old);
     }
@@ -542,6 +543,12 @@ static void *lease_thread(void *arg)
     while (!s->stopping && !atomic_load(&s->lease_lost)) {
         uint64_t due =
             backoff ? failed_at + backoff : atomic_load(&s->vouched_ms) + s->heartbeat_ms;
+        /* A commit renews the lease but not the read grant (its answer carries none): with a
+         * grant, a heartbeat is also due an interval after the grant came, however often the
+         * trainer commits, or the workers refuse its reads once the grant ends
+         * (docs/security.md, "Read grants"). */
+        if (!backoff && s->grant && s->granted_ms + s->heartbeat_ms < due)
+            due = s->granted_ms + s->heartbeat_ms;
         uint64_t now = bw__mono_ms();
         if (now < due) {
             struct timespec until = bw__mono_deadline((int)(due - now));

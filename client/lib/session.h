@@ -53,8 +53,11 @@ typedef struct bw__session {
     bw__placement *placement;
     /* The newest read grant the coordinator sent (JoinJob, each LeaseHeartbeat), with the
      * proofs computed from it; NULL without one (authentication off, or a share without the
-     * lease). Secret: never logged, wiped when replaced and at close. */
+     * lease). Secret: never logged, wiped when replaced and at close. granted_ms: when it
+     * came (monotonic ms): a heartbeat is due an interval later even if commits keep renewing
+     * the lease, as their answers carry no grant. */
     bw__grant *grant;
+    uint64_t granted_ms;
     atomic_uint_fast64_t seen_version; /* newest placement version announced */
 
     bw__live live;       /* reported with each heartbeat */

@@ -209,9 +209,25 @@ def legitimate_loaders(tmp, coord, arr, w):
             "transport %s: alice's loader read all %d batches exactly as planned from w1, "
             "whose principals file has no trainer" % (transport, len(want)),
             "%d batches, %d planned" % (len(got), len(want)))
+    # A trainer that commits every step, more often than the heartbeat interval, for longer
+    # than a grant lasts (LEASE_MS + the 5 s skew): its commits renew the lease, not the grant,
+    # so the library must still heartbeat for a fresh grant or its later reads are refused.
+    got, t0 = [], time.monotonic()
+    with batchwire.Loader(coordinator=coord.addr, job="legit-commits", dataset=bwpy.NPY,
+                          batch_size=2, rank=0, world_size=1, job_epochs=1, prefetch=1,
+                          token_file=token_file(tmp, "alice")) as loader:
+        for b in loader:
+            got.append(b.indices.tolist())
+            loader.commit()
+            time.sleep(0.2)
+    took = time.monotonic() - t0
+    bt.check(len(got) == len(arr) // 2 and took > (LEASE_MS + 5000) / 1000.0,
+             "a loader committing every 0.2 s (the lease's heartbeat interval is %d ms) read "
+             "all %d batches over %.1f s, longer than a grant lasts" % (LEASE_MS // 3, len(got),
+                                                                         took), len(got))
     new = open(w.log_path).read()[before:]
     bt.check("refused" not in new, "and the worker refused nothing meanwhile (no token was sent "
-             "to it: one would be UNAUTHENTICATED there)", new[-600:])
+             "to it: one would be UNAUTHENTICATED there; no grant ran out)", new[-600:])
 
 
 def test(tmp):
