@@ -154,7 +154,7 @@ def main():
         while True:
             for item in dl:
                 say("batch %d %.6f" % (item["step"], time.time()))
-                time.sleep(0.2)  # an epoch lasts 18 s: the second trainer comes within it
+                time.sleep(0.5)  # an epoch lasts 45 s: the later trainers come within it
     except Exception as e:
         say("error %s" % " | ".join(str(e).splitlines()))
         sys.exit(3)
