@@ -59,16 +59,22 @@ static int pad_bytes(const bw__tf_op *op, char kind, int size, uint8_t out[8], c
     return BW_OK;
 }
 
-/* The length a pipeline makes of a row of n values. */
+/* The values of a row of n that a pipeline keeps (truncate's cut: pad only appends), and
+ * the length it makes of the row. */
+static uint64_t kept_len(const bw__tf_spec *spec, uint64_t n)
+{
+    for (int k = 0; k < spec->n; k++)
+        if (spec->ops[k].kind == BW_TF_TRUNCATE && n > (uint64_t)spec->ops[k].a)
+            n = (uint64_t)spec->ops[k].a;
+    return n;
+}
+
 static uint64_t out_len(const bw__tf_spec *spec, uint64_t n)
 {
-    for (int k = 0; k < spec->n; k++) {
-        uint64_t l = (uint64_t)spec->ops[k].a;
-        if (spec->ops[k].kind == BW_TF_TRUNCATE && n > l)
-            n = l;
-        else if (spec->ops[k].kind == BW_TF_PAD && n < l)
-            n = l;
-    }
+    n = kept_len(spec, n);
+    for (int k = 0; k < spec->n; k++)
+        if (spec->ops[k].kind == BW_TF_PAD && n < (uint64_t)spec->ops[k].a)
+            n = (uint64_t)spec->ops[k].a;
     return n;
 }
 
@@ -140,7 +146,7 @@ int bw__tf_tokens_run(const bw__tf_spec *spec, const bw__tf_shape *shape, const 
                  inlen / e, (unsigned long long)n, shape->dims[0]);
         return BW_CORRUPT;
     }
-    size_t keep = inlen < shape->bytes ? inlen : shape->bytes;
+    size_t keep = (size_t)kept_len(spec, inlen / e) * e;
     memcpy(out, in, keep);
     for (size_t at = keep; at < shape->bytes; at += e)
         memcpy((uint8_t *)out + at, shape->pad, e);

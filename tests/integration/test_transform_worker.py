@@ -317,6 +317,7 @@ def check_tokens(tmpdir, coord, data):
     cases = (("truncate(6)", lambda x: x[:6]),
              ("pad(13,-1)", lambda x: np.pad(x, (0, 3), constant_values=-1)),
              ("truncate(4) | pad(4, 7)", lambda x: x[:4]),
+             ("truncate(3)|pad(8,-5)", lambda x: np.pad(x[:3], (0, 5), constant_values=-5)),
              ("truncate(16)|pad(16,2147483647)", lambda x: np.pad(x, (0, 6),
                                                                    constant_values=2 ** 31 - 1)))
     for k, (spec, ref) in enumerate(cases):
@@ -357,7 +358,7 @@ def check_tokens(tmpdir, coord, data):
         bt.check(r.returncode != 0 and why in r.stderr and "BW_INVALID_ARGUMENT" in r.stderr,
                  "%s on %s is refused: %s" % (spec, ds, why), r.stderr)
     bt.ok("token arrays: truncate and pad on the workers equal numpy's slicing and np.pad "
-          "(4 specs x 2 ranks, and Python); out-of-type pad values and other formats refused")
+          "(5 specs x 2 ranks, and Python); out-of-type pad values and other formats refused")
 
 
 def check_plan():

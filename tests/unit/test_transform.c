@@ -181,6 +181,15 @@ static void test_tokens(void **state)
                      BW_OK);
     const int32_t want[8] = {10, -20, 30, 40, 50, -2, -2, -2};
     assert_memory_equal(out, want, sizeof(want));
+    /* truncate shorter than pad: the first 3 values, then the pad value up to 6 */
+    token_shape("truncate(3)|pad(6,-2)", "<i4", 5, 1, BW_OK, NULL, &sh);
+    assert_int_equal(sh.dims[0], 6);
+    assert_int_equal(bw__tf_parse("truncate(3)|pad(6,-2)", &s, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__tf_tokens_run(&s, &sh, (const uint8_t *)row, sizeof(row), out, sizeof(out),
+                                       err, sizeof(err)),
+                     BW_OK);
+    const int32_t cut_pad[6] = {10, -20, 30, -2, -2, -2};
+    assert_memory_equal(out, cut_pad, sizeof(cut_pad));
     /* truncate longer than the row and pad shorter: the row as it is */
     token_shape("truncate(9)", "<i4", 5, 1, BW_OK, NULL, &sh);
     assert_int_equal(sh.dims[0], 5);
