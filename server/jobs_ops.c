@@ -150,10 +150,12 @@ static int check_mixture(const Batchwire__V1__Mixture *m, char *err, size_t errl
         if (rc != BW_OK)
             return rc;
         if (src->weight == 0 || src->weight > BW__MIX_MAX_WEIGHT) {
+            char w[32];
+            bw__mix_weight_format(src->weight, w, sizeof(w));
             snprintf(err, errlen,
-                     "config.mixture.sources[%zu].weight %" PRIu64
-                     " must be from 1 to 10^18 (units of 10^-9)",
-                     j, src->weight);
+                     "config.mixture.sources[%zu].weight %s must be from 0.000000001 to "
+                     "1000000000 (sent in units of 10^-9: %" PRIu64 ")",
+                     j, w, src->weight);
             return BW_INVALID_ARGUMENT;
         }
         if (src->dataset->pre_sharded || strcmp(src->dataset->format, "fields") == 0) {
@@ -256,13 +258,23 @@ Batchwire__V1__DatasetInfo *bw__jobs_synthetic_info(bw_arena *arena, uint64_t sa
     return info->fingerprint ? info : NULL;
 }
 
+/* A mixture's weight as the user wrote it (0.3), not in the wire's units of 10^-9. */
+static void weight_text(const void *value, char *out, size_t outlen)
+{
+    bw__mix_weight_format(*(const uint64_t *)value, out, outlen);
+}
+
 /* Under s->mu: the answer for an existing job. */
 static int existing(bw_job *job, const Batchwire__V1__GetOrCreateJobRequest *req, bw_arena *arena,
                     Batchwire__V1__GetOrCreateJobResponse **resp, char *err, size_t errlen)
 {
+    static const bw__pb_diff_format formats[] = {
+        {&batchwire__v1__mix_source__descriptor, "weight", weight_text},
+    };
     char diff[1536];
     bw__pb_diff(&batchwire__v1__job_config__descriptor, &job->config->base, "job",
-                &req->config->base, "request", diff, sizeof(diff));
+                &req->config->base, "request", formats, sizeof(formats) / sizeof(formats[0]), diff,
+                sizeof(diff));
     if (diff[0]) {
         snprintf(err, errlen,
                  "job '%s' exists with a different configuration: %s. Use the job's "

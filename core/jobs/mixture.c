@@ -12,6 +12,8 @@
  */
 #include "jobs/mixture.h"
 
+#include <inttypes.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +93,19 @@ int bw__mix_weight_parse(const char *text, uint64_t *units, char *err, size_t er
         return bw__refuse(err, errlen, "weight '%s' is above the largest weight, 1000000000", text);
     *units = value;
     return BW_OK;
+}
+
+void bw__mix_weight_format(uint64_t units, char *out, size_t outlen)
+{
+    uint64_t whole = units / BW__MIX_WEIGHT_UNIT, frac = units % BW__MIX_WEIGHT_UNIT;
+    if (frac == 0) {
+        snprintf(out, outlen, "%" PRIu64, whole);
+        return;
+    }
+    int digits = 9;
+    for (; frac % 10 == 0; frac /= 10)
+        digits--;
+    snprintf(out, outlen, "%" PRIu64 ".%0*" PRIu64, whole, digits, frac);
 }
 
 /* SplitMix64's output function applied to z + golden (docs/semantics.md, "The hash H"). */

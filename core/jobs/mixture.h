@@ -46,6 +46,11 @@
  */
 int bw__mix_weight_parse(const char *text, uint64_t *units, char *err, size_t errlen);
 
+/* A weight in units of 10^-9 as the decimal a user writes: 300000000 -> "0.3", 7 * 10^9 ->
+ * "7", 1 -> "0.000000001" (no trailing zeros after the point; bw__mix_weight_parse reads it
+ * back to the same units). */
+void bw__mix_weight_format(uint64_t units, char *out, size_t outlen);
+
 /* What a stream source does when it runs dry (docs/semantics.md, "Streams in a mixture"). */
 typedef enum bw__mix_policy {
     BW__MIX_CYCLE = 0, /* start it again from its first record; epochs continue each stream */

@@ -8,12 +8,20 @@
 #include <stdio.h>
 #include <string.h>
 
-/* One field's value as text; repeated fields as [a, b]. */
-static void field_text(const ProtobufCFieldDescriptor *f, const void *base, char *out,
-                       size_t outlen);
+/* What diff_rec passes down: the names of the two sides and the formatters. */
+typedef struct diff_ctx {
+    const char *a_name, *b_name;
+    const bw__pb_diff_format *formats;
+    size_t nformats;
+} diff_ctx;
 
-static void one_value(const ProtobufCFieldDescriptor *f, const void *p, char *out, size_t outlen)
+static void one_value(const ProtobufCFieldDescriptor *f, const void *p,
+                      const bw__pb_diff_format *fmt, char *out, size_t outlen)
 {
+    if (fmt) {
+        fmt->format(p, out, outlen);
+        return;
+    }
     switch (f->type) {
     case PROTOBUF_C_TYPE_INT32:
     case PROTOBUF_C_TYPE_SINT32:
@@ -62,12 +70,24 @@ static void one_value(const ProtobufCFieldDescriptor *f, const void *p, char *ou
     }
 }
 
-static void field_text(const ProtobufCFieldDescriptor *f, const void *base, char *out,
-                       size_t outlen)
+/* The formatter of field f of message type desc, if one was given. */
+static const bw__pb_diff_format *format_of(const diff_ctx *c,
+                                           const ProtobufCMessageDescriptor *desc,
+                                           const ProtobufCFieldDescriptor *f)
+{
+    for (size_t i = 0; i < c->nformats; i++)
+        if (c->formats[i].message == desc && strcmp(c->formats[i].field, f->name) == 0)
+            return &c->formats[i];
+    return NULL;
+}
+
+/* One field's value as text; repeated fields as [a, b]. */
+static void field_text(const ProtobufCFieldDescriptor *f, const void *base,
+                       const bw__pb_diff_format *fmt, char *out, size_t outlen)
 {
     const char *p = (const char *)base + f->offset;
     if (f->label != PROTOBUF_C_LABEL_REPEATED) {
-        one_value(f, p, out, outlen);
+        one_value(f, p, fmt, out, outlen);
         return;
     }
     size_t n = *(const size_t *)((const char *)base + f->quantifier_offset);
@@ -87,17 +107,18 @@ static void field_text(const ProtobufCFieldDescriptor *f, const void *base, char
         if (f->type == PROTOBUF_C_TYPE_MESSAGE)
             snprintf(v, sizeof(v), "<message>");
         else
-            one_value(f, arr + i * elem, v, sizeof(v));
+            one_value(f, arr + i * elem, fmt, v, sizeof(v));
         o += (size_t)snprintf(out + o, outlen - o, "%s%s", i ? ", " : "", v);
     }
     if (o + 2 < outlen)
         snprintf(out + o, outlen - o, "]");
 }
 
-static void diff_rec(const ProtobufCMessageDescriptor *desc, const ProtobufCMessage *a,
-                     const char *a_name, const ProtobufCMessage *b, const char *b_name,
-                     const char *prefix, char *out, size_t outlen)
+static void diff_rec(const diff_ctx *c, const ProtobufCMessageDescriptor *desc,
+                     const ProtobufCMessage *a, const ProtobufCMessage *b, const char *prefix,
+                     char *out, size_t outlen)
 {
+    const char *a_name = c->a_name, *b_name = c->b_name;
     /* A missing sub-message compares like an empty one. */
     union {
         ProtobufCMessage m;
@@ -121,9 +142,8 @@ static void diff_rec(const ProtobufCMessageDescriptor *desc, const ProtobufCMess
         if (f->type == PROTOBUF_C_TYPE_MESSAGE && f->label != PROTOBUF_C_LABEL_REPEATED) {
             char sub[168];
             snprintf(sub, sizeof(sub), "%s.", name);
-            diff_rec(f->descriptor, *(ProtobufCMessage *const *)((const char *)a + f->offset),
-                     a_name, *(ProtobufCMessage *const *)((const char *)b + f->offset), b_name, sub,
-                     out, outlen);
+            diff_rec(c, f->descriptor, *(ProtobufCMessage *const *)((const char *)a + f->offset),
+                     *(ProtobufCMessage *const *)((const char *)b + f->offset), sub, out, outlen);
             continue;
         }
         /* Repeated messages (a dataset's fields): element by element when the counts agree. */
@@ -140,7 +160,7 @@ static void diff_rec(const ProtobufCMessageDescriptor *desc, const ProtobufCMess
             for (size_t k = 0; k < na; k++) {
                 char sub[200];
                 snprintf(sub, sizeof(sub), "%.160s[%zu].", name, k);
-                diff_rec(f->descriptor, ea[k], a_name, eb[k], b_name, sub, out, outlen);
+                diff_rec(c, f->descriptor, ea[k], eb[k], sub, out, outlen);
             }
             continue;
         }
@@ -151,8 +171,9 @@ static void diff_rec(const ProtobufCMessageDescriptor *desc, const ProtobufCMess
             continue;
         }
         char va[512], vb[512];
-        field_text(f, a, va, sizeof(va));
-        field_text(f, b, vb, sizeof(vb));
+        const bw__pb_diff_format *fmt = format_of(c, desc, f);
+        field_text(f, a, fmt, va, sizeof(va));
+        field_text(f, b, fmt, vb, sizeof(vb));
         if (strcmp(va, vb) == 0)
             continue;
         size_t used = strlen(out);
@@ -162,9 +183,10 @@ static void diff_rec(const ProtobufCMessageDescriptor *desc, const ProtobufCMess
 }
 
 void bw__pb_diff(const ProtobufCMessageDescriptor *desc, const ProtobufCMessage *a,
-                 const char *a_name, const ProtobufCMessage *b, const char *b_name, char *out,
-                 size_t outlen)
+                 const char *a_name, const ProtobufCMessage *b, const char *b_name,
+                 const bw__pb_diff_format *formats, size_t nformats, char *out, size_t outlen)
 {
+    diff_ctx c = {a_name, b_name, formats, nformats};
     out[0] = '\0';
-    diff_rec(desc, a, a_name, b, b_name, "", out, outlen);
+    diff_rec(&c, desc, a, b, "", out, outlen);
 }

@@ -141,19 +141,19 @@ static void test_diff(void **state)
     a.dataset = &da;
     b.dataset = &db;
     char out[1024];
-    bw__pb_diff(&batchwire__v1__job_config__descriptor, &a.base, "job", &b.base, "request", out,
-                sizeof(out));
+    bw__pb_diff(&batchwire__v1__job_config__descriptor, &a.base, "job", &b.base, "request", NULL, 0,
+                out, sizeof(out));
     assert_non_null(strstr(out, "sampler.batch_size: job has 4, request has 8"));
     assert_non_null(strstr(out, "sampler.seed: job has 0, request has -3"));
     assert_non_null(
         strstr(out, "dataset.sources: job has [\"a.npy\"], request has [\"a.npy\", \"b.npy\"]"));
     assert_null(strstr(out, "mode"));
     b.dataset = NULL; /* absent compares like empty */
-    bw__pb_diff(&batchwire__v1__job_config__descriptor, &a.base, "job", &b.base, "request", out,
-                sizeof(out));
+    bw__pb_diff(&batchwire__v1__job_config__descriptor, &a.base, "job", &b.base, "request", NULL, 0,
+                out, sizeof(out));
     assert_non_null(strstr(out, "dataset.format: job has \"npy\", request has \"\""));
-    bw__pb_diff(&batchwire__v1__job_config__descriptor, &a.base, "job", &a.base, "request", out,
-                sizeof(out));
+    bw__pb_diff(&batchwire__v1__job_config__descriptor, &a.base, "job", &a.base, "request", NULL, 0,
+                out, sizeof(out));
     assert_string_equal(out, "");
 }
 

@@ -62,6 +62,23 @@ static void test_weight_parse(void **state)
         uint64_t u = 0;
         assert_int_equal(bw__mix_weight_parse(good[i].text, &u, NULL, 0), BW_OK);
         assert_true(u == good[i].units);
+        /* Shown as a user writes it, and read back to the same units. */
+        char text[32];
+        uint64_t back = 0;
+        bw__mix_weight_format(u, text, sizeof(text));
+        assert_int_equal(bw__mix_weight_parse(text, &back, NULL, 0), BW_OK);
+        assert_true(back == u);
+    }
+    static const struct {
+        uint64_t units;
+        const char *text;
+    } shown[] = {{700000000ull, "0.7"},  {70000000000ull, "70"},
+                 {1, "0.000000001"},     {1000000000000000000ull, "1000000000"},
+                 {7500000000ull, "7.5"}, {250000000ull, "0.25"}};
+    for (size_t i = 0; i < sizeof(shown) / sizeof(shown[0]); i++) {
+        char text[32];
+        bw__mix_weight_format(shown[i].units, text, sizeof(text));
+        assert_string_equal(text, shown[i].text);
     }
     static const char *const bad[] = {"",     ".",     "0",  "0.0", "-1",           "+1",
                                       "1e-3", "1.2.3", " 1", "1 ",  "0.0000000001", "1000000000.1",
