@@ -11,7 +11,9 @@
  *      costs little of the machine it shares with the coordinator;
  *   2. the time for --ranks ranks (default 10,000) to join one job (--join-window joins
  *      outstanding at a time), then those ranks heartbeating at the interval the coordinator
- *      asks for (its default lease gives 3,333 ms) for --seconds, with the coordinator's CPU
+ *      asks for (a third of the lease: 3,333 ms at --lease-ms 10000, longer when the ranks
+ *      would pass --max-heartbeats-per-second, docs/operating.md "Leases at scale";
+ *      --max-heartbeats passes it, 0 turns it off) for --seconds, with the coordinator's CPU
  *      time over that window (from /proc/PID/stat), failed heartbeats and lapsed leases;
  *   3. how long `batchwire status` (--bin/batchwire) and one scrape of /metrics take with
  *      those ranks held.
@@ -20,7 +22,7 @@
  * Usage: bench_coordinator [--bin DIR] [--state DIR] [--threads T] [--commit-seconds S]
  *                          [--connections C] [--client-threads K] [--coord-threads N]
  *                          [--ranks N] [--seconds S] [--lease-ms MS] [--join-window W]
- *                          [--skip-single 1]
+ *                          [--max-heartbeats N] [--skip-single 1]
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -52,6 +54,8 @@
 static char bin_dir[1024] = "build/bin";
 static char state_dir[1024] = "";
 static int threads = 64, commit_seconds = 5, nranks = 10000, hb_seconds = 10, lease_ms = 10000;
+static int max_heartbeats =
+    -1; /* --max-heartbeats-per-second for the coordinator; -1: its default */
 static int connections = 0, client_threads = 1, coord_threads = 2, join_window = 1024;
 static int skip_single = 0;
 static char addr[256];
@@ -121,13 +125,15 @@ static pid_t start_coordinator(void)
     if (pid == 0) {
         dup2(fds[1], 2);
         close(fds[0]);
-        char exe[1100], lease[32], th[32], metrics[64];
+        char exe[1100], lease[32], th[32], metrics[64], maxhb[32];
         snprintf(exe, sizeof(exe), "%s/batchwire-coordinator", bin_dir);
         snprintf(lease, sizeof(lease), "%d", lease_ms);
         snprintf(th, sizeof(th), "%d", coord_threads);
         snprintf(metrics, sizeof(metrics), "127.0.0.1:%d", metrics_port);
+        snprintf(maxhb, sizeof(maxhb), "%d", max_heartbeats);
         execl(exe, exe, "--listen", "127.0.0.1:0", "--state-dir", state_dir, "--lease-ms", lease,
               "--threads", th, "--max-world-size", "100000", "--metrics-listen", metrics,
+              max_heartbeats >= 0 ? "--max-heartbeats-per-second" : (char *)NULL, maxhb,
               (char *)NULL);
         _exit(127);
     }
@@ -765,6 +771,7 @@ typedef struct hb_ctx {
     rank_agent *ranks;
     size_t first, count;
     double start, until;
+    uint32_t period_ms; /* the interval every rank heartbeats at */
     uint64_t beats, failures, skipped;
     double max_lat;
     lats lat;
@@ -813,12 +820,12 @@ static void end_heartbeat(hb_ctx *x, slot *s)
     lats_add(&x->lat, dt);
 }
 
-/* Each rank heartbeats every hb_ms, the thread's ranks spread evenly over the interval. */
+/* Each rank heartbeats every period_ms, the thread's ranks spread evenly over the interval. */
 static void *hb_thread(void *arg)
 {
     hb_ctx *x = arg;
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
-    double period = x->ranks[x->first].hb_ms / 1000.0;
+    double period = x->period_ms / 1000.0;
     size_t out = 0;
     for (uint64_t n = 0;; n++) {
         uint64_t round = n / x->count;
@@ -956,6 +963,12 @@ static void run_heartbeats(rank_agent *ranks, bool streams)
     int k = client_threads;
     hb_ctx *xs = xcalloc((size_t)k, sizeof(*xs));
     pthread_t *ts = xcalloc((size_t)k, sizeof(*ts));
+    /* The interval a Loader keeps after its first heartbeat: the coordinator tells every lease
+     * the length for all the leases held (docs/operating.md, "Leases at scale"), which the
+     * last join was told; the first joins were told less, before the others came. */
+    uint32_t period_ms = 0;
+    for (int r = 0; r < nranks; r++)
+        period_ms = ranks[r].hb_ms > period_ms ? ranks[r].hb_ms : period_ms;
     double start = now_s() + 0.05;
     double cpu0 = coord_cpu_s(), me0 = self_cpu_s();
     double w0 = now_s();
@@ -966,6 +979,7 @@ static void run_heartbeats(rank_agent *ranks, bool streams)
         xs[i].count = i == k - 1 ? (size_t)nranks - first : per;
         xs[i].start = start;
         xs[i].until = start + hb_seconds;
+        xs[i].period_ms = period_ms;
         xs[i].streams = streams;
         pthread_create(&ts[i], NULL, hb_thread, &xs[i]);
     }
@@ -993,9 +1007,9 @@ static void run_heartbeats(rank_agent *ranks, bool streams)
            " skipped (previous unanswered), p50 %.2f ms, p99 %.2f ms, slowest %.2f ms; "
            "coordinator CPU %.2f s in %.1f s = %.1f%% of one core (%.1f us/heartbeat); client "
            "CPU %.1f us/heartbeat\n",
-           nranks, streams ? "a Jobs.Session stream each" : "unary calls", ranks[0].hb_ms,
-           hb_seconds, beats, (double)beats / window, failures, skipped, hp50, hp99, max_lat * 1e3,
-           hb_cpu, window, 100.0 * hb_cpu / window, beats ? hb_cpu / (double)beats * 1e6 : 0.0,
+           nranks, streams ? "a Jobs.Session stream each" : "unary calls", period_ms, hb_seconds,
+           beats, (double)beats / window, failures, skipped, hp50, hp99, max_lat * 1e3, hb_cpu,
+           window, 100.0 * hb_cpu / window, beats ? hb_cpu / (double)beats * 1e6 : 0.0,
            beats ? me / (double)beats * 1e6 : 0.0);
     fflush(stdout);
     free(all.v);
@@ -1088,6 +1102,7 @@ int main(int argc, char **argv)
         {"--ranks", &nranks, 1},
         {"--seconds", &hb_seconds, 1},
         {"--lease-ms", &lease_ms, 100},
+        {"--max-heartbeats", &max_heartbeats, 0},
         {"--join-window", &join_window, 1},
         {"--skip-single", &skip_single, 0},
     };

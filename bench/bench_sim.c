@@ -295,7 +295,7 @@ static void tick(sim *S)
 
 static void open_state(sim *S, bw_journal_report *rep)
 {
-    bw_jobs_opts o = {S->dir, NULL, LEASE_MS, 100000, 100000, 1048576};
+    bw_jobs_opts o = {S->dir, NULL, LEASE_MS, 100000, 100000, 1048576, 0};
     char err[1024];
     int rc = bw__jobs_open(&o, &S->jobs, rep, err, sizeof(err));
     if (rc != BW_OK)

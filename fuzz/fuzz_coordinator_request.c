@@ -68,7 +68,7 @@ static void setup(void)
 {
     must(mkdtemp(dir) != NULL);
     atexit(cleanup);
-    bw_jobs_opts o = {dir, NULL, 60000, 64, 8, 64};
+    bw_jobs_opts o = {dir, NULL, 60000, 64, 8, 64, 0};
     bw_journal_report rep;
     char err[1024];
     must(bw__jobs_open(&o, &jobs, &rep, err, sizeof(err)) == BW_OK);

@@ -18,6 +18,7 @@ typedef struct bw_coordinator_config {
     /* jobs and their journal */
     char *truncate_journal_at;
     int64_t lease_ms;
+    int64_t max_heartbeats;
     int64_t max_jobs;
     int64_t max_world_size;
     int64_t snapshot_bytes;

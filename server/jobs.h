@@ -30,10 +30,14 @@ typedef struct bw_jobs bw_jobs;
 typedef struct bw_jobs_opts {
     const char *state_dir;   /* locked by the caller */
     const char *truncate_at; /* --truncate-journal-at, or NULL */
-    uint32_t lease_ms;       /* a lease expires this long after its last heartbeat */
+    uint32_t lease_ms;       /* a lease expires this long after its last heartbeat, at least */
     uint32_t max_jobs;
     uint32_t max_jobs_per_principal; /* trainer principals; admins and open services: none */
     uint32_t max_world_size;
+    /* Heartbeats the coordinator asks for, at most, per second over all leases: with more
+     * leases than lease_ms / 3 allows, each lease gets longer (bw__jobs_lease_ms;
+     * docs/operating.md, "Leases at scale"). 0: lease_ms whatever the number of leases. */
+    uint32_t max_heartbeats_per_s;
 } bw_jobs_opts;
 
 /* Loads the snapshot and replays the journal. On error (corruption: file and offset in err)

@@ -267,14 +267,14 @@ static void install(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepare
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_RANK_JOINED: {
         const Batchwire__V1__RankJoined *c = rec->rank_joined;
         bw__jobs_lease_ended(s, p->job, c->rank, r); /* the lease this join replaces */
-        r->leased = true;
+        r->leased = false;
+        bw__jobs_lease_started(s, r);
         snprintf(r->host, sizeof(r->host), "%s",
                  c->holder && c->holder->host ? c->holder->host : "");
         r->pid = c->holder ? c->holder->pid : 0;
         r->lease = (bw_lease){c->lease_id, c->lease_id_hi};
         r->finished = false;
         r->joined_unix_ms = c->joined_unix_ms;
-        r->last_beat_ms = bw__mono_ms();
         p->job->active_unix_ms = c->joined_unix_ms;
         break;
     }
@@ -288,6 +288,7 @@ static void install(bw_jobs *s, const Batchwire__V1__JournalRecord *rec, prepare
         r->finished = rec->rank_left->finished;
         r->joined_unix_ms = 0;
         r->last_beat_ms = 0;
+        r->lease_ms = 0;
         p->job->active_unix_ms = rec->rank_left->left_unix_ms;
         break;
     case BATCHWIRE__V1__JOURNAL_RECORD__CHANGE_JOB_DELETED:
@@ -419,7 +420,6 @@ int bw__jobs_load_job(bw_jobs *s, const Batchwire__V1__JobSnapshot *js, char *er
     for (size_t i = 0; i < sum->n_history; i++)
         append_segment(job, sum->history[i]->epoch, sum->history[i]->start_step,
                        sum->history[i]->world_size);
-    uint64_t now = bw__mono_ms();
     for (size_t i = 0; rc == BW_OK && i < js->n_ranks; i++) {
         const Batchwire__V1__RankSnapshot *rs = js->ranks[i];
         if (rs->rank >= job->world_size) {
@@ -430,13 +430,11 @@ int bw__jobs_load_job(bw_jobs *s, const Batchwire__V1__JobSnapshot *js, char *er
         }
         bw_rank_state *r = &job->ranks[rs->rank];
         r->lease = (bw_lease){rs->lease_id, rs->lease_id_hi};
-        r->leased = rs->lease_id != 0 || rs->lease_id_hi != 0;
         r->finished = rs->finished;
         snprintf(r->host, sizeof(r->host), "%s",
                  rs->holder && rs->holder->host ? rs->holder->host : "");
         r->pid = rs->holder ? rs->holder->pid : 0;
         r->joined_unix_ms = rs->joined_unix_ms;
-        r->last_beat_ms = now;
         r->committed = rs->committed;
         r->epoch = rs->epoch;
         r->step = rs->step;
@@ -457,5 +455,8 @@ int bw__jobs_load_job(bw_jobs *s, const Batchwire__V1__JobSnapshot *js, char *er
         return rc;
     }
     insert_job(s, job);
+    for (uint32_t i = 0; i < job->world_size; i++)
+        if (job->ranks[i].lease.lo != 0 || job->ranks[i].lease.hi != 0)
+            bw__jobs_lease_started(s, &job->ranks[i]); /* a restart renews every lease */
     return BW_OK;
 }

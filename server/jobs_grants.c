@@ -51,19 +51,23 @@ int bw__jobs_grant(bw_jobs *s, bw_job *job, uint32_t rank, const bw_rank_state *
     c.sources = (const uint8_t(*)[BW_GRANT_HASH_BYTES])job->source_hashes;
     c.nsources = nsources;
     c.lease_tag = bw__grant_lease_tag(r->lease.lo, r->lease.hi);
-    c.expires_ms = bw__unix_ms() + s->opts.lease_ms;
+    c.expires_ms = bw__unix_ms() + r->lease_ms;
     return bw__grant_mint(s->grants, &c, arena, claims, secret);
 }
 
 void bw__jobs_lease_ended(bw_jobs *s, const bw_job *job, uint32_t rank, const bw_rank_state *r)
 {
-    if (!s->grants || !r->leased)
+    if (!r->leased)
+        return;
+    BW_INVARIANT(s->leases > 0, "a lease that ends was counted when it started");
+    s->leases--;
+    if (!s->grants)
         return;
     /* Its last grant expires at most a lease after now; workers allow the skew beyond. */
-    uint64_t until = bw__unix_ms() + s->opts.lease_ms + BW_GRANT_SKEW_MS;
+    uint64_t until = bw__unix_ms() + r->lease_ms + BW_GRANT_SKEW_MS;
     if (bw__grant_revoke(s->grants, job->name, rank, bw__grant_lease_tag(r->lease.lo, r->lease.hi),
                          until) != BW_OK)
         BW_WARN("job=%s rank=%u out of memory revoking the read grants of an ended lease; they "
-                "stay valid until they expire (at most --lease-ms)",
+                "stay valid until they expire (at most the lease's length)",
                 job->name, rank);
 }

@@ -42,6 +42,7 @@ typedef struct bw_rank_state {
     bool finished; /* the last holder left saying it had delivered its last epoch */
     uint64_t joined_unix_ms;
     uint64_t last_beat_ms; /* monotonic; not journaled (a restart renews every lease) */
+    uint32_t lease_ms;     /* the lease's length as last told to its holder (bw__jobs_lease_ms) */
     bool committed;
     uint64_t epoch, step;
     uint64_t committed_unix_ms;
@@ -77,6 +78,7 @@ struct bw_jobs {
     bw_jobs_placement_fn placement;
     void *placement_user;
     bw_grants *grants; /* read grants (jobs_grants.c); NULL: authentication off */
+    size_t leases;     /* ranks with leased set, over every job: what heartbeats the leases ask */
     /* Since this process started, for metrics (server/metrics.c); not journaled. */
     uint64_t commits;             /* cursor commits accepted */
     uint64_t takeovers_expired;   /* joins that took a rank whose holder's lease had expired */
@@ -90,13 +92,26 @@ int bw__jobs_grant(bw_jobs *s, bw_job *job, uint32_t rank, const bw_rank_state *
                    ProtobufCBinaryData *claims, ProtobufCBinaryData *secret);
 
 /* Under s->mu: rank `rank`'s lease r of `job` ends (replaced by a join, left, deleted with its
- * job, or ended by an elastic resume): its grants are refused by workers until they have
- * expired (storage-side fencing). No-op without a lease or with grants off. */
+ * job, or ended by an elastic resume): it no longer counts in s->leases, and its grants are
+ * refused by workers until they have expired (storage-side fencing). No-op without a lease. */
 void bw__jobs_lease_ended(bw_jobs *s, const bw_job *job, uint32_t rank, const bw_rank_state *r);
 
 /* Under s->mu: whether r's lease is live at now_ms (monotonic): held, and heard from within
- * the lease. */
+ * the lease's length as its holder was told it (r->lease_ms). */
 bool bw__jobs_lease_live(const bw_jobs *s, const bw_rank_state *r, uint64_t now_ms);
+
+/* Under s->mu: the length a lease is given now (a join, a heartbeat): --lease-ms, or longer
+ * when s->leases heartbeating every third of it would pass --max-heartbeats-per-second:
+ * 3 * leases / max seconds, at most BW_JOBS_LEASE_MAX_MS (docs/operating.md, "Leases at
+ * scale"). */
+uint32_t bw__jobs_lease_ms(const bw_jobs *s);
+
+/* Under s->mu: r holds a lease from now on (a join, a restored snapshot): counted in
+ * s->leases, heard from now, for the length bw__jobs_lease_ms gives. */
+void bw__jobs_lease_started(bw_jobs *s, bw_rank_state *r);
+
+/* The longest lease bw__jobs_lease_ms gives: an hour, as --lease-ms allows. */
+#define BW_JOBS_LEASE_MAX_MS 3600000u
 
 /* Under s->mu: the job called name, or NULL. */
 bw_job *bw__jobs_find(bw_jobs *s, const char *name);

@@ -79,7 +79,7 @@ size_t bw__jobs_expire(bw_jobs *s, uint64_t ttl_ms)
         bw_job *job = s->jobs[i];
         bool live = false;
         for (uint32_t r = 0; r < job->world_size && !live; r++)
-            live = job->ranks[r].leased && now - job->ranks[r].last_beat_ms <= s->opts.lease_ms;
+            live = bw__jobs_lease_live(s, &job->ranks[r], now);
         if (live || job->active_unix_ms + ttl_ms > now_unix) {
             i++;
             continue;

@@ -497,12 +497,12 @@ int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__Join
         /* The LOCAL_RANK hint only for a holder that is heartbeating (every lease / 3): one
          * that has missed its beats may have died, and then the cure is waiting, not RANK. */
         uint64_t quiet = now - r->last_beat_ms;
-        bool beating = quiet <= 2 * (s->opts.lease_ms / 3);
+        bool beating = quiet <= 2 * (r->lease_ms / 3);
         snprintf(err, errlen,
                  "rank %u of job '%s' is already held by host %s pid %u (heard from %.1f s ago; "
                  "the lease expires %.1f s after that); refusing host %s pid %u. %s",
                  req->rank, req->job, r->host, r->pid, (double)quiet / 1000.0,
-                 (double)s->opts.lease_ms / 1000.0, req->holder->host, req->holder->pid,
+                 (double)r->lease_ms / 1000.0, req->holder->host, req->holder->pid,
                  beating ? "Two trainers must not claim one rank: pass RANK, not LOCAL_RANK"
                          : "The holder has missed its heartbeats (it may have exited or been "
                            "paused): the rank is free when its lease expires, or at once for a "
@@ -541,8 +541,8 @@ int bw__jobs_join(bw_jobs *s, const bw_principal *who, const Batchwire__V1__Join
     if (rc == BW_OK) {
         out->lease_id = r->lease.lo;
         out->lease_id_hi = r->lease.hi;
-        out->lease_ms = s->opts.lease_ms;
-        out->heartbeat_ms = s->opts.lease_ms / 3 ? s->opts.lease_ms / 3 : 1;
+        out->lease_ms = r->lease_ms; /* bw__jobs_lease_ms when the join was installed */
+        out->heartbeat_ms = r->lease_ms / 3 ? r->lease_ms / 3 : 1;
         out->job = bw__jobs_summary(arena, job);
         size_t len = 0;
         uint8_t *c = r->committed ? r->cursor : bw__jobs_make_cursor(job, req->rank, 0, 0, &len);
@@ -595,9 +595,10 @@ int bw__jobs_heartbeat(bw_jobs *s, const bw_principal *who,
     }
     if (rc == BW_OK) {
         r->last_beat_ms = now; /* an expired lease nobody took is renewed */
+        r->lease_ms = bw__jobs_lease_ms(s);
         if (req->live)
             bw__jobs_live_report(r, r->lease, req->live, now);
-        out->lease_ms = s->opts.lease_ms;
+        out->lease_ms = r->lease_ms;
         out->world_size = job->world_size;
         if (bw__jobs_grant(s, job, req->rank, r, arena, &out->grant_claims, &out->grant_secret) !=
             BW_OK) {

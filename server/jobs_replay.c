@@ -115,6 +115,13 @@ int bw__jobs_open(const bw_jobs_opts *opts, bw_jobs **out, bw_journal_report *re
         bw__jobs_close(s);
         return rc;
     }
+    /* Every restored lease is renewed for the length that all of them together give (the
+     * snapshot and the journal brought them in one at a time). */
+    uint32_t len = bw__jobs_lease_ms(s);
+    for (size_t i = 0; i < s->njobs; i++)
+        for (uint32_t r = 0; r < s->jobs[i]->world_size; r++)
+            if (s->jobs[i]->ranks[r].leased)
+                s->jobs[i]->ranks[r].lease_ms = len;
     *out = s;
     return BW_OK;
 }

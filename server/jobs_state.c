@@ -128,7 +128,30 @@ int bw__jobs_check_owner(const bw_job *job, const bw_principal *who, char *err, 
 
 bool bw__jobs_lease_live(const bw_jobs *s, const bw_rank_state *r, uint64_t now_ms)
 {
-    return r->leased && now_ms - r->last_beat_ms <= s->opts.lease_ms;
+    uint32_t len = r->lease_ms ? r->lease_ms : s->opts.lease_ms;
+    return r->leased && now_ms - r->last_beat_ms <= len;
+}
+
+uint32_t bw__jobs_lease_ms(const bw_jobs *s)
+{
+    uint64_t len = s->opts.lease_ms;
+    if (s->opts.max_heartbeats_per_s) {
+        /* Each lease beats every third of its length: n leases of L ms ask 3000 n / L beats a
+         * second, at most max when L >= 3000 n / max. */
+        uint64_t need =
+            (3000ull * s->leases + s->opts.max_heartbeats_per_s - 1) / s->opts.max_heartbeats_per_s;
+        len = need > len ? need : len;
+    }
+    return len < BW_JOBS_LEASE_MAX_MS ? (uint32_t)len : BW_JOBS_LEASE_MAX_MS;
+}
+
+void bw__jobs_lease_started(bw_jobs *s, bw_rank_state *r)
+{
+    if (!r->leased)
+        s->leases++;
+    r->leased = true;
+    r->last_beat_ms = bw__mono_ms();
+    r->lease_ms = bw__jobs_lease_ms(s);
 }
 
 Batchwire__V1__JobSummary *bw__jobs_summary(bw_arena *a, const bw_job *job)

@@ -45,6 +45,10 @@ static const bw_opt options[] = {
     {"lease-ms", BW_OPT_INT, C(lease_ms), "10000", 100, 3600000, NULL, 0, "MS",
      "a trainer's claim on a rank expires this long after its last heartbeat; then another "
      "trainer may take the rank"},
+    {"max-heartbeats-per-second", BW_OPT_INT, C(max_heartbeats), "1000", 0, 1000000, NULL, 0, "N",
+     "most lease heartbeats a second the coordinator asks of all trainers together: with more "
+     "leases than --lease-ms allows at a heartbeat every third of it, each lease is made longer "
+     "(docs/operating.md, \"Leases at scale\"); 0: every lease is --lease-ms"},
     {"max-jobs", BW_OPT_INT, C(max_jobs), "1024", 1, 1000000, NULL, 0, "N",
      "most jobs the coordinator holds"},
     {"max-jobs-per-principal", BW_OPT_INT, C(max_jobs_per_principal), "64", 1, 1000000, NULL, 0,
@@ -141,7 +145,8 @@ int main(int argc, char **argv)
                            (uint32_t)cfg->lease_ms,
                            (uint32_t)cfg->max_jobs,
                            (uint32_t)cfg->max_jobs_per_principal,
-                           (uint32_t)cfg->max_world_size};
+                           (uint32_t)cfg->max_world_size,
+                           (uint32_t)cfg->max_heartbeats};
         rc = bw__jobs_open(&jo, &coord.jobs, &report, err, sizeof(err));
     }
     /* Compaction at start, before listening: a coordinator restarted more often than its

@@ -27,6 +27,7 @@ enum {
     RANKS,
     COMMITS,
     TAKEOVERS,
+    LEASE_LEN,
     JOURNAL_BYTES,
     RANK_EPOCH,
     RANK_STEP,
@@ -64,6 +65,10 @@ static const bw_metric_def COLLECTED[NCOLLECTED] = {
                           "Joins that took a rank from another holder since the coordinator "
                           "started: its lease had expired, or it had exited (reclaimed)",
                           "reason"),
+    [LEASE_LEN] = GAUGE("batchwire_coordinator_lease_seconds",
+                        "The length a lease is given now: --lease-ms, or longer when the leases "
+                        "held would heartbeat above --max-heartbeats-per-second",
+                        NULL),
     [JOURNAL_BYTES] = GAUGE("batchwire_coordinator_journal_bytes",
                             "Record bytes in the journal files the next snapshot removes "
                             "(compaction starts at --snapshot-bytes)",
@@ -172,6 +177,7 @@ typedef struct rank_row {
 
 typedef struct snapshot {
     uint64_t njobs, commits, takeovers_expired, takeovers_reclaimed;
+    uint32_t lease_ms;
     uint32_t max_jobs, max_jobs_per_principal;
     job_row *jobs;
     size_t nj;
@@ -249,6 +255,7 @@ static bool copy_jobs(bw_jobs *s, snapshot *sn)
     sn->commits = s->commits;
     sn->takeovers_expired = s->takeovers_expired;
     sn->takeovers_reclaimed = s->takeovers_reclaimed;
+    sn->lease_ms = bw__jobs_lease_ms(s);
     sn->max_jobs = s->opts.max_jobs;
     sn->max_jobs_per_principal = s->opts.max_jobs_per_principal;
     sn->jobs = calloc(s->njobs + 1, sizeof(*sn->jobs));
@@ -348,6 +355,7 @@ static void emit_jobs(bw__cm *m, bw_metrics_sink *sink, const snapshot *sn)
                      (double)sn->takeovers_expired);
     bw__metrics_emit(sink, m->f[TAKEOVERS], (const char *[]){"reclaimed"},
                      (double)sn->takeovers_reclaimed);
+    bw__metrics_emit(sink, m->f[LEASE_LEN], NULL, (double)sn->lease_ms / 1000.0);
     for (size_t i = 0; i < sn->nj; i++) {
         const job_row *j = &sn->jobs[i];
         bw__metrics_emit(sink, m->f[WORLD_SIZE], (const char *[]){j->name}, j->world);

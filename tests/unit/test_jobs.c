@@ -163,7 +163,7 @@ static const bw_principal anyone = {BW_ROLE_OPEN, ""};
 
 static bw_jobs *open_jobs(void)
 {
-    bw_jobs_opts o = {dir, NULL, 60000, 100, 100, 1000};
+    bw_jobs_opts o = {dir, NULL, 60000, 100, 100, 1000, 0};
     bw_jobs *s = NULL;
     bw_journal_report rep;
     char err[1024];
@@ -602,7 +602,7 @@ static void test_snapshot_without_history(void **state)
     assert_int_equal(bw__journal_write_snapshot(j, seq, buf, len, err, sizeof(err)), BW_OK);
     bw__journal_close(j);
 
-    bw_jobs_opts o = {dir, NULL, 60000, 100, 100, 1000};
+    bw_jobs_opts o = {dir, NULL, 60000, 100, 100, 1000, 0};
     bw_jobs *s = (bw_jobs *)1;
     assert_int_equal(bw__jobs_open(&o, &s, &rep, err, sizeof(err)), BW_CORRUPT);
     assert_null(s);
