@@ -109,21 +109,22 @@ static int make_job(bw_jobs *s, const char *name, const char *owner,
     return BW_OK;
 }
 
-/* Inserts a job make_job built (its place is reserved). */
+/* Inserts a job make_job built (its place is reserved) where its name sorts. */
 static void insert_job(bw_jobs *s, bw_job *job)
 {
-    s->jobs[s->njobs++] = job;
+    size_t i = bw__jobs_slot(s, job->name);
+    memmove(&s->jobs[i + 1], &s->jobs[i], (s->njobs - i) * sizeof(*s->jobs));
+    s->jobs[i] = job;
+    s->njobs++;
 }
 
-/* Takes a job out of the table and frees it. */
+/* Takes a job out of the table (the jobs after it move up one) and frees it. */
 static void remove_job(bw_jobs *s, bw_job *job)
 {
-    for (size_t i = 0; i < s->njobs; i++) {
-        if (s->jobs[i] == job) {
-            s->jobs[i] = s->jobs[--s->njobs];
-            break;
-        }
-    }
+    size_t i = bw__jobs_slot(s, job->name);
+    BW_INVARIANT(i < s->njobs && s->jobs[i] == job, "a job removed is in the table");
+    memmove(&s->jobs[i], &s->jobs[i + 1], (s->njobs - i - 1) * sizeof(*s->jobs));
+    s->njobs--;
     bw__jobs_job_free(job);
 }
 

@@ -91,7 +91,7 @@ size_t bw__jobs_expire(bw_jobs *s, uint64_t ttl_ms)
             BW_WARN("cannot remove idle job '%s': %s", job->name, err);
             break; /* the journal is failing: try again at the next sweep */
         }
-        removed++; /* the last job moved into slot i */
+        removed++; /* the next job moved into slot i */
     }
     pthread_mutex_unlock(&s->mu);
     return removed;

@@ -17,12 +17,23 @@
 #include "common/util.h"
 #include "cursor/cursor.h"
 
+size_t bw__jobs_slot(const bw_jobs *s, const char *name)
+{
+    size_t lo = 0, hi = s->njobs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(s->jobs[mid]->name, name) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 bw_job *bw__jobs_find(bw_jobs *s, const char *name)
 {
-    for (size_t i = 0; i < s->njobs; i++)
-        if (strcmp(s->jobs[i]->name, name) == 0)
-            return s->jobs[i];
-    return NULL;
+    size_t i = bw__jobs_slot(s, name);
+    return i < s->njobs && strcmp(s->jobs[i]->name, name) == 0 ? s->jobs[i] : NULL;
 }
 
 bw_journal *bw__jobs_journal(bw_jobs *s)

@@ -362,6 +362,61 @@ static void test_replay_rebuilds_state(void **state)
     rm_dir();
 }
 
+/* Jobs created and deleted in any order are found by name (s->jobs is kept sorted for a binary
+ * search), listed in name order, and the same after a replay. */
+static void test_find_many(void **state)
+{
+    (void)state;
+    fresh_dir();
+    bw_jobs *s = open_jobs();
+    bw_arena a;
+    bw__arena_init(&a, 0);
+    char err[1024], name[32];
+    uint64_t ws;
+    Batchwire__V1__SamplerConfig sc = BATCHWIRE__V1__SAMPLER_CONFIG__INIT;
+    sc.mode = BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_TORCH;
+    sc.batch_size = 10;
+    Batchwire__V1__JobConfig cfg = BATCHWIRE__V1__JOB_CONFIG__INIT;
+    cfg.sampler = &sc;
+    cfg.synthetic_samples = 100;
+    enum { N = 61 };
+    for (int k = 0; k < N; k++) { /* 37 k mod 61: every number once, not in order */
+        snprintf(name, sizeof(name), "job-%02d", (37 * k) % N);
+        assert_int_equal(
+            create(s, name, &cfg, bw__jobs_synthetic_info(&a, 100), 2, err, sizeof(err)), BW_OK);
+    }
+    for (int i = 0; i < N; i += 3) {
+        Batchwire__V1__DeleteJobRequest d = BATCHWIRE__V1__DELETE_JOB_REQUEST__INIT;
+        Batchwire__V1__DeleteJobResponse *dr;
+        snprintf(name, sizeof(name), "job-%02d", i);
+        d.job = name;
+        assert_int_equal(bw__jobs_delete(s, ANY, &d, &a, &dr, &ws, err, sizeof(err)), BW_OK);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < N; i++) {
+            snprintf(name, sizeof(name), "job-%02d", i);
+            bw_job *j = bw__jobs_find(s, name);
+            if (i % 3 == 0)
+                assert_null(j);
+            else
+                assert_true(j && strcmp(j->name, name) == 0);
+        }
+        assert_null(bw__jobs_find(s, "job-"));
+        assert_null(bw__jobs_find(s, "job-999"));
+        Batchwire__V1__ListJobsResponse *l;
+        assert_int_equal(bw__jobs_list(s, ANY, &a, &l, &ws, err, sizeof(err)), BW_OK);
+        assert_int_equal(l->n_jobs, N - (N + 2) / 3);
+        for (size_t i = 1; i < l->n_jobs; i++)
+            assert_true(strcmp(l->jobs[i - 1]->name, l->jobs[i]->name) < 0);
+        assert_int_equal(bw__journal_sync(bw__jobs_journal(s), ws), BW_OK);
+        bw__jobs_close(s);
+        s = open_jobs(); /* the second pass: the same after a replay */
+    }
+    bw__jobs_close(s);
+    bw__arena_reset(&a);
+    rm_dir();
+}
+
 /* Only the current lease releases a rank; the release survives a restart (journal and
  * snapshot), where an unreleased lease is renewed. */
 static void test_leave(void **state)
@@ -617,6 +672,7 @@ int main(void)
         cmocka_unit_test(test_cursor_codec),
         cmocka_unit_test(test_diff),
         cmocka_unit_test(test_replay_rebuilds_state),
+        cmocka_unit_test(test_find_many),
         cmocka_unit_test(test_leave),
         cmocka_unit_test(test_plan_checks),
         cmocka_unit_test(test_snapshot_without_history),
