@@ -23,8 +23,13 @@
 int bw__stream_open(bw__stream_ctx **out, const Batchwire__V1__JobSummary *job, char *err,
                     size_t errlen)
 {
+    return bw__stream_open_info(out, job->dataset, err, errlen);
+}
+
+int bw__stream_open_info(bw__stream_ctx **out, const Batchwire__V1__DatasetInfo *info, char *err,
+                         size_t errlen)
+{
     *out = NULL;
-    const Batchwire__V1__DatasetInfo *info = job->dataset;
     bw__stream_ctx *sc = calloc(1, sizeof(*sc));
     if (sc) {
         sc->nsources = info->n_sources;
@@ -214,12 +219,18 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const b
     return b->rc = rc;
 }
 
+int bw__stream_fetch_items(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw__fetch_item *items,
+                           size_t n, char *err, size_t errlen)
+{
+    stream_kind k = {ctx, sc, false, 0};
+    bw__fetch_kind kind = stream_kind_of(&k);
+    return bw__fetch_items(ctx, &kind, items, n, NULL, err, errlen);
+}
+
 /* ---- cursors ---- */
 
-/* The byte offset of record rec of source src: known, else asked of the source's owner
- * (from its index; nothing is read). */
-static int locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, uint64_t rec,
-                  uint64_t *off, char *err, size_t errlen)
+int bw__stream_locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, uint64_t rec,
+                      uint64_t *off, char *err, size_t errlen)
 {
     if (known_offset(sc, src, rec, off))
         return BW_OK;
@@ -255,7 +266,7 @@ int bw__stream_cursor_fill(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const b
             continue; /* a pre-sharded rank's cursor carries its own source only */
         uint64_t rec = bw__plan_source_records(plan, rank, (uint32_t)j, step);
         c->source_records[j] = rec;
-        int rc = locate(ctx, sc, (uint32_t)j, rec, &c->source_offsets[j], err, errlen);
+        int rc = bw__stream_locate(ctx, sc, (uint32_t)j, rec, &c->source_offsets[j], err, errlen);
         if (rc != BW_OK)
             return rc;
     }

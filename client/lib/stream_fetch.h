@@ -28,7 +28,20 @@ struct bw__stream_ctx {
 /* The sources of an iterable job (the planner checked the job: jobs/plan.h). */
 int bw__stream_open(bw__stream_ctx **out, const Batchwire__V1__JobSummary *job, char *err,
                     size_t errlen);
+/* The same for one dataset's description (a mixture's stream source: docs/semantics.md,
+ * "Streams in a mixture"); info is borrowed and must outlive the context. */
+int bw__stream_open_info(bw__stream_ctx **out, const Batchwire__V1__DatasetInfo *info, char *err,
+                         size_t errlen);
 void bw__stream_free(bw__stream_ctx *sc);
+/* Reads items[0..n) -- records: src the source, key the record -- of ctx->dataset, each into a
+ * buffer of its own (bw__fetch_items with no dest), consecutive records of a source in one
+ * ReadStream. BW_OK or an error with a sentence in err. */
+int bw__stream_fetch_items(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw__fetch_item *items,
+                           size_t n, char *err, size_t errlen);
+/* The byte offset of record rec (<= its count) of source src: known (a source's ends,
+ * learned), else asked of the source's owner (from its offset index; nothing is read). */
+int bw__stream_locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, uint64_t rec,
+                      uint64_t *off, char *err, size_t errlen);
 /* Records that byte offset off starts record rec of source src. */
 void bw__stream_learn(bw__stream_ctx *sc, uint32_t src, uint64_t rec, uint64_t off);
 /* Reads b->indices (positions in the epoch's stream order, from `plan`) into b. */

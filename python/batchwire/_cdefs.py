@@ -169,6 +169,7 @@ const char *const *mixture;
 size_t n_mixture;
 uint64_t mix_samples;
 const char *compress;
+const char *mix_policy;
 } bw_loader_options;
 void bw_loader_options_init_sized(bw_loader_options *o, size_t size);
 int bw_loader_open(const bw_loader_options *o, bw_loader **out, char *err, size_t errlen);

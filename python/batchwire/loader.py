@@ -665,6 +665,8 @@ class _Options:
                 raise errors.InvalidArgumentError("mix_samples: %r is not a positive integer" %
                                                   (a.mix_samples,))
             o.mix_samples = int(a.mix_samples)
+        if a.mix_policy is not None:
+            o.mix_policy = s(a.mix_policy)
         o.rank = -1 if a.rank is None else int(a.rank)
         o.world_size = -1 if a.world_size is None else int(a.world_size)
         o.mode = s(a.mode)
@@ -812,10 +814,13 @@ class Loader:
                     {"x": "npy:x/*.npy", "y": "npy:y/*.npy"} (batch.fields(); docs/formats.md)
       mixture       instead of dataset, a weighted mixture of datasets (docs/semantics.md,
                     "Mixtures"): [("npy:a/*.npy", 0.7), ("tfrecord:b/*", 0.3)], source j
-                    being entry j; weights positive, normalised by their sum. Mode torch or
-                    accelerate without shuffle; batch.sources says each sample's source,
-                    batch.indices its index within it
+                    being entry j; weights positive, normalised by their sum; a
+                    "stream:FORMAT:PATH" source (tfrecord, jsonl, text, tar) is read as a
+                    stream, in its own order. No shuffle; batch.sources says each sample's
+                    source, batch.indices its index (a stream's: its record) within it
       mix_samples   the mixture's epoch size E (None: the sum of the sources' sizes)
+      mix_policy    a stream source that runs dry: "cycle" (None, the default) starts it
+                    again, "stop" ends the epoch there; needs a stream: source
       rank, world_size   None: from RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_NTASKS
 
     The sampler (docs/semantics.md): every rank must agree
@@ -906,7 +911,8 @@ class Loader:
             coordinator: Optional[str] = None, job: Optional[str] = None,
             dataset: Optional[Dataset] = None,
             mixture: Optional[Sequence[Tuple[str, Union[float, int, str]]]] = None,
-            mix_samples: Optional[int] = None, rank: Optional[int] = None,
+            mix_samples: Optional[int] = None, mix_policy: Optional[str] = None,
+            rank: Optional[int] = None,
             world_size: Optional[int] = None,
             # the sampler (docs/semantics.md): every rank of a job must agree
             batch_size: int = 1, mode: str = "torch", shuffle: bool = False, seed: int = 0,

@@ -1,0 +1,341 @@
+/*
+ * Mixture jobs with stream sources (docs/semantics.md, "Streams in a mixture"). The plan gives
+ * each sample's source and, for a stream source, the record it reads (pass-relative: under
+ * `cycle` a new pass starts again at record 0). A stream source's record k is record
+ * k - start[f] of its f-th file (start: the prefix sums of its files' record counts, from the
+ * source's own description), read as a single stream's are (stream_fetch.c): runs of
+ * consecutive records of one file in one ReadStream, from the worker that owns the file, by
+ * offset when known, else by the worker's offset index. The map-style samples of the batch are
+ * read by index as for any mixture (samples_fetch.c), then everything is laid out in batch
+ * order. A cursor records where each stream stands (docs/streams.md, "Resume by seek").
+ */
+#include "mix_stream.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jobs/mixture.h"
+#include "samples_fetch.h"
+
+typedef struct mix_source {
+    bw__stream_ctx *sc;                     /* a stream source's files; NULL: map-style */
+    const Batchwire__V1__Dataset *dataset;  /* borrowed from the job summary */
+    const Batchwire__V1__DatasetInfo *info; /* its description (mix_sources[j]) */
+    uint64_t *start;                        /* nfiles + 1 prefix sums of record counts */
+    size_t nfiles;
+} mix_source;
+
+struct bw__mixstream {
+    size_t n;
+    mix_source *src;
+};
+
+void bw__mixstream_free(bw__mixstream *ms)
+{
+    if (!ms)
+        return;
+    for (size_t j = 0; j < ms->n; j++) {
+        bw__stream_free(ms->src[j].sc);
+        free(ms->src[j].start);
+    }
+    free(ms->src);
+    free(ms);
+}
+
+int bw__mixstream_open(bw__mixstream **out, const Batchwire__V1__JobSummary *job, char *err,
+                       size_t errlen)
+{
+    *out = NULL;
+    const Batchwire__V1__Mixture *mx = job->config ? job->config->mixture : NULL;
+    bool any = false;
+    for (size_t j = 0; mx && j < mx->n_sources; j++)
+        any = any || mx->sources[j]->stream;
+    if (!any)
+        return BW_OK;
+    const Batchwire__V1__DatasetInfo *d = job->dataset;
+    if (d->n_mix_sources != mx->n_sources) {
+        snprintf(err, errlen,
+                 "job '%s' is a mixture of %zu sources but the coordinator described %zu",
+                 job->name, mx->n_sources, d->n_mix_sources);
+        return BW_PROTOCOL;
+    }
+    bw__mixstream *ms = calloc(1, sizeof(*ms));
+    if (ms && !(ms->src = calloc(mx->n_sources, sizeof(*ms->src)))) {
+        free(ms);
+        ms = NULL;
+    }
+    if (!ms) {
+        snprintf(err, errlen, "out of memory for a mixture of %zu sources", mx->n_sources);
+        return BW_NOMEM;
+    }
+    ms->n = mx->n_sources;
+    int rc = BW_OK;
+    for (size_t j = 0; j < ms->n && rc == BW_OK; j++) {
+        mix_source *s = &ms->src[j];
+        s->dataset = mx->sources[j]->dataset;
+        s->info = d->mix_sources[j];
+        if (!mx->sources[j]->stream)
+            continue;
+        if ((rc = bw__stream_open_info(&s->sc, s->info, err, errlen)) != BW_OK)
+            break;
+        s->nfiles = s->info->n_sources;
+        if (!(s->start = calloc(s->nfiles + 1, sizeof(*s->start)))) {
+            snprintf(err, errlen, "out of memory for the files of mixture source %zu", j);
+            rc = BW_NOMEM;
+            break;
+        }
+        for (size_t f = 0; f < s->nfiles; f++)
+            s->start[f + 1] = s->start[f] + s->info->sources[f]->records;
+        if (s->start[s->nfiles] != s->info->length) {
+            snprintf(err, errlen,
+                     "mixture source %zu: its files hold %" PRIu64 " records but it was described "
+                     "with %" PRIu64,
+                     j, s->start[s->nfiles], s->info->length);
+            rc = BW_PROTOCOL;
+        }
+    }
+    if (rc != BW_OK) {
+        bw__mixstream_free(ms);
+        return rc;
+    }
+    *out = ms;
+    return BW_OK;
+}
+
+/* Record k (<= the source's count) of stream source s: its file and record in that file; the
+ * count itself is the end of the last file. */
+static void file_of(const mix_source *s, uint64_t k, uint32_t *file, uint64_t *rec)
+{
+    size_t lo = 0, hi = s->nfiles; /* the last f with start[f] <= k, among files with records */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->start[mid] <= k)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    while (lo + 1 < s->nfiles && k >= s->start[lo + 1])
+        lo++;
+    *file = (uint32_t)lo;
+    *rec = k - s->start[lo];
+}
+
+/* The loader's fetch settings for source j alone: its dataset and fingerprint. */
+static bw__fetch_ctx source_ctx(const bw__fetch_ctx *ctx, const mix_source *s)
+{
+    bw__fetch_ctx c = *ctx;
+    c.dataset = s->dataset;
+    c.fingerprint = s->info->fingerprint;
+    c.mixture = NULL;
+    c.mix_infos = NULL;
+    c.sample_bytes = 0;
+    return c;
+}
+
+/* The batch's map-style samples (positions where !stream) by index, each into all[i]'s own
+ * buffer. */
+static int fetch_map(const bw__fetch_ctx *ctx, const bw__mixstream *ms, bw_batch *b,
+                     bw__fetch_item *all)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < b->count; i++)
+        n += ms->src[b->sources[i]].sc == NULL;
+    if (n == 0)
+        return BW_OK;
+    bw_batch sub;
+    int rc = bw__batch_init(&sub, n, 0, false);
+    if (rc != BW_OK) {
+        snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu samples", n);
+        return rc;
+    }
+    sub.epoch = b->epoch;
+    sub.step = b->step;
+    sub.mixture = true;
+    for (size_t i = 0; i < b->count; i++)
+        if (!ms->src[b->sources[i]].sc) {
+            sub.indices[sub.count] = b->indices[i];
+            sub.sources[sub.count++] = b->sources[i];
+        }
+    rc = bw__fetch_batch(ctx, &sub);
+    if (rc != BW_OK)
+        snprintf(b->err, sizeof(b->err), "%s", sub.err);
+    for (size_t i = 0, k = 0; rc == BW_OK && i < b->count; i++) {
+        if (ms->src[b->sources[i]].sc)
+            continue;
+        all[i].size = sub.sizes[k];
+        if (sub.sizes[k] && !(all[i].buf = malloc(sub.sizes[k]))) {
+            snprintf(b->err, sizeof(b->err), "out of memory for a sample of %zu bytes",
+                     sub.sizes[k]);
+            rc = BW_NOMEM;
+            break;
+        }
+        if (sub.sizes[k])
+            memcpy(all[i].buf, sub.data + sub.offsets[k], sub.sizes[k]);
+        k++;
+    }
+    bw__batch_free(&sub);
+    return rc;
+}
+
+/* Stream source j's records in the batch, in batch order (consecutive records of a file
+ * share a request), each moved into all[i]. */
+static int fetch_stream(const bw__fetch_ctx *ctx, const mix_source *s, uint32_t j, bw_batch *b,
+                        bw__fetch_item *all)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < b->count; i++)
+        n += b->sources[i] == j;
+    if (n == 0)
+        return BW_OK;
+    bw__fetch_item *items = calloc(n, sizeof(*items));
+    if (!items) {
+        snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu records", n);
+        return BW_NOMEM;
+    }
+    int rc = BW_OK;
+    for (size_t i = 0, t = 0; i < b->count && rc == BW_OK; i++) {
+        if (b->sources[i] != j)
+            continue;
+        if (b->indices[i] >= s->info->length) {
+            snprintf(b->err, sizeof(b->err),
+                     "mixture source %" PRIu32 ": record %" PRIu64 " is past its %" PRIu64
+                     " records",
+                     j, b->indices[i], s->info->length);
+            rc = BW_INTERNAL;
+            break;
+        }
+        file_of(s, b->indices[i], &items[t].src, &items[t].key);
+        items[t].first = i;
+        items[t].max_size = s->info->sources[items[t].src]->size_bytes;
+        t++;
+    }
+    bw__fetch_ctx c = source_ctx(ctx, s);
+    if (rc == BW_OK)
+        rc = bw__stream_fetch_items(&c, s->sc, items, n, b->err, sizeof(b->err));
+    for (size_t t = 0; rc == BW_OK && t < n; t++) {
+        bw__fetch_item *x = &all[items[t].first];
+        x->size = items[t].size;
+        x->buf = items[t].buf;
+        items[t].buf = NULL;
+    }
+    bw__fetch_items_free(items, n);
+    free(items);
+    return rc;
+}
+
+int bw__mixstream_fetch_batch(const bw__fetch_ctx *ctx, bw__mixstream *ms, bw_batch *b)
+{
+    b->err[0] = '\0';
+    size_t n = b->count;
+    bw__fetch_item *all = calloc(n ? n : 1, sizeof(*all));
+    if (!all) {
+        snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu samples", n);
+        return b->rc = BW_NOMEM;
+    }
+    int rc = BW_OK;
+    for (size_t i = 0; i < n && rc == BW_OK; i++) {
+        all[i].first = i;
+        if (b->sources[i] >= ms->n) {
+            snprintf(b->err, sizeof(b->err), "sample %zu: source %" PRIu32 " of %zu", i,
+                     b->sources[i], ms->n);
+            rc = BW_INTERNAL;
+        }
+    }
+    if (rc == BW_OK)
+        rc = fetch_map(ctx, ms, b, all);
+    for (uint32_t j = 0; j < ms->n && rc == BW_OK; j++)
+        if (ms->src[j].sc)
+            rc = fetch_stream(ctx, &ms->src[j], j, b, all);
+    if (rc == BW_OK && (rc = bw__fetch_pack(b, all, NULL, NULL)) != BW_OK)
+        snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu samples", n);
+    bw__fetch_items_free(all, n);
+    free(all);
+    return b->rc = rc;
+}
+
+/* ---- cursors ---- */
+
+int bw__mixstream_cursor_fill(const bw__fetch_ctx *ctx, bw__mixstream *ms, const bw__plan *plan,
+                              uint32_t rank, uint64_t step, Batchwire__V1__Cursor *c, char *err,
+                              size_t errlen)
+{
+    const bw__mixture *m = bw__plan_mixture(plan);
+    size_t n = ms->n;
+    c->source_offsets = calloc(n, sizeof(uint64_t));
+    c->source_records = calloc(n, sizeof(uint64_t));
+    if (!c->source_offsets || !c->source_records || !m) {
+        snprintf(err, errlen, "out of memory for a cursor of %zu sources", n);
+        return BW_NOMEM;
+    }
+    c->n_source_offsets = c->n_source_records = n;
+    c->stream_position = bw__plan_stream_position(plan, rank, step);
+    for (size_t j = 0; j < n; j++) {
+        const mix_source *s = &ms->src[j];
+        if (!s->sc)
+            continue;
+        uint64_t pass, rec = bw__mixture_next_record(m, (uint32_t)j, c->stream_position, &pass);
+        uint32_t file;
+        uint64_t in_file;
+        file_of(s, rec, &file, &in_file);
+        c->source_records[j] = rec;
+        bw__fetch_ctx sctx = source_ctx(ctx, s);
+        int rc = bw__stream_locate(&sctx, s->sc, file, in_file, &c->source_offsets[j], err, errlen);
+        if (rc != BW_OK)
+            return rc;
+    }
+    return BW_OK;
+}
+
+int bw__mixstream_cursor_check(bw__mixstream *ms, const bw__plan *plan,
+                               const Batchwire__V1__Cursor *c, uint32_t rank, char *err,
+                               size_t errlen)
+{
+    const bw__mixture *m = bw__plan_mixture(plan);
+    size_t n = ms->n;
+    if (!m) {
+        snprintf(err, errlen, "the plan is not a mixture's");
+        return BW_INTERNAL;
+    }
+    /* A cursor without stream fields (an epoch's start; the resume point the coordinator
+     * gives a new world after an elastic resume) needs none: each stream's record is the
+     * formula's, and its worker seeks to it with its offset index. */
+    if (c->n_source_offsets == 0 && c->n_source_records == 0)
+        return BW_OK;
+    if (c->n_source_offsets != n || c->n_source_records != n) {
+        snprintf(err, errlen,
+                 "cursor refused: it carries %zu stream offsets and %zu record counts for a "
+                 "mixture of %zu sources",
+                 c->n_source_offsets, c->n_source_records, n);
+        return BW_MISMATCH;
+    }
+    uint64_t pos = bw__plan_stream_position(plan, rank, c->step);
+    if (c->stream_position != pos) {
+        snprintf(err, errlen,
+                 "cursor refused: its mixture position %" PRIu64 " is not where step %" PRIu64
+                 " of rank %u starts (%" PRIu64 ")",
+                 c->stream_position, c->step, rank, pos);
+        return BW_MISMATCH;
+    }
+    for (size_t j = 0; j < n; j++) {
+        const mix_source *s = &ms->src[j];
+        uint64_t pass, rec = s->sc ? bw__mixture_next_record(m, (uint32_t)j, pos, &pass) : 0;
+        uint32_t file = 0;
+        uint64_t in_file = 0;
+        if (s->sc)
+            file_of(s, rec, &file, &in_file);
+        uint64_t size = s->sc && s->nfiles ? s->info->sources[file]->size_bytes : 0;
+        if (c->source_records[j] != rec || c->source_offsets[j] > size) {
+            snprintf(err, errlen,
+                     "cursor refused: mixture source %zu is at record %" PRIu64 " (offset %" PRIu64
+                     ") in the cursor; step %" PRIu64 " is at record %" PRIu64,
+                     j, c->source_records[j], c->source_offsets[j], c->step, rec);
+            return BW_MISMATCH;
+        }
+        /* Where this stream resumes: a seek, not a replay. */
+        if (s->sc && in_file > 0 && in_file < s->info->sources[file]->records)
+            bw__stream_learn(s->sc, file, in_file, c->source_offsets[j]);
+    }
+    return BW_OK;
+}
