@@ -17,14 +17,14 @@
 #include <string.h>
 
 #include "jobs/mixture.h"
+#include "jobs/stream_order.h"
 #include "samples_fetch.h"
 
 typedef struct mix_source {
     bw__stream_ctx *sc;                     /* a stream source's files; NULL: map-style */
     const Batchwire__V1__Dataset *dataset;  /* borrowed from the job summary */
     const Batchwire__V1__DatasetInfo *info; /* its description (mix_sources[j]) */
-    uint64_t *start;                        /* nfiles + 1 prefix sums of record counts */
-    size_t nfiles;
+    bw__stream_order files;                 /* its files in declared order: record -> file */
 } mix_source;
 
 struct bw__mixstream {
@@ -38,7 +38,7 @@ void bw__mixstream_free(bw__mixstream *ms)
         return;
     for (size_t j = 0; j < ms->n; j++) {
         bw__stream_free(ms->src[j].sc);
-        free(ms->src[j].start);
+        bw__stream_order_free(&ms->src[j].files);
     }
     free(ms->src);
     free(ms);
@@ -80,19 +80,20 @@ int bw__mixstream_open(bw__mixstream **out, const Batchwire__V1__JobSummary *job
             continue;
         if ((rc = bw__stream_open_info(&s->sc, s->info, err, errlen)) != BW_OK)
             break;
-        s->nfiles = s->info->n_sources;
-        if (!(s->start = calloc(s->nfiles + 1, sizeof(*s->start)))) {
+        uint64_t *counts = calloc(s->info->n_sources ? s->info->n_sources : 1, sizeof(*counts));
+        for (size_t f = 0; counts && f < s->info->n_sources; f++)
+            counts[f] = s->info->sources[f]->records;
+        rc = counts ? bw__stream_order_init(&s->files, counts, s->info->n_sources, false, 0, 0, err,
+                                            errlen)
+                    : BW_NOMEM;
+        free(counts);
+        if (rc == BW_NOMEM)
             snprintf(err, errlen, "out of memory for the files of mixture source %zu", j);
-            rc = BW_NOMEM;
-            break;
-        }
-        for (size_t f = 0; f < s->nfiles; f++)
-            s->start[f + 1] = s->start[f] + s->info->sources[f]->records;
-        if (s->start[s->nfiles] != s->info->length) {
+        if (rc == BW_OK && s->files.total != s->info->length) {
             snprintf(err, errlen,
                      "mixture source %zu: its files hold %" PRIu64 " records but it was described "
                      "with %" PRIu64,
-                     j, s->start[s->nfiles], s->info->length);
+                     j, s->files.total, s->info->length);
             rc = BW_PROTOCOL;
         }
     }
@@ -108,18 +109,10 @@ int bw__mixstream_open(bw__mixstream **out, const Batchwire__V1__JobSummary *job
  * count itself is the end of the last file. */
 static void file_of(const mix_source *s, uint64_t k, uint32_t *file, uint64_t *rec)
 {
-    size_t lo = 0, hi = s->nfiles; /* the last f with start[f] <= k, among files with records */
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (s->start[mid] <= k)
-            lo = mid;
-        else
-            hi = mid;
+    if (bw__stream_order_locate(&s->files, k, file, rec) != BW_OK) {
+        *file = (uint32_t)(s->files.nsources - 1);
+        *rec = s->files.counts[*file];
     }
-    while (lo + 1 < s->nfiles && k >= s->start[lo + 1])
-        lo++;
-    *file = (uint32_t)lo;
-    *rec = k - s->start[lo];
 }
 
 /* The loader's fetch settings for source j alone: its dataset and fingerprint. */
@@ -198,11 +191,11 @@ static int fetch_stream(const bw__fetch_ctx *ctx, const mix_source *s, uint32_t 
     for (size_t i = 0, t = 0; i < b->count && rc == BW_OK; i++) {
         if (b->sources[i] != j)
             continue;
-        if (b->indices[i] >= s->info->length) {
+        if (b->indices[i] >= s->files.total) {
             snprintf(b->err, sizeof(b->err),
                      "mixture source %" PRIu32 ": record %" PRIu64 " is past its %" PRIu64
                      " records",
-                     j, b->indices[i], s->info->length);
+                     j, b->indices[i], s->files.total);
             rc = BW_INTERNAL;
             break;
         }
@@ -303,21 +296,10 @@ int bw__mixstream_cursor_check(bw__mixstream *ms, const bw__plan *plan,
      * formula's, and its worker seeks to it with its offset index. */
     if (c->n_source_offsets == 0 && c->n_source_records == 0)
         return BW_OK;
-    if (c->n_source_offsets != n || c->n_source_records != n) {
-        snprintf(err, errlen,
-                 "cursor refused: it carries %zu stream offsets and %zu record counts for a "
-                 "mixture of %zu sources",
-                 c->n_source_offsets, c->n_source_records, n);
-        return BW_MISMATCH;
-    }
     uint64_t pos = bw__plan_stream_position(plan, rank, c->step);
-    if (c->stream_position != pos) {
-        snprintf(err, errlen,
-                 "cursor refused: its mixture position %" PRIu64 " is not where step %" PRIu64
-                 " of rank %u starts (%" PRIu64 ")",
-                 c->stream_position, c->step, rank, pos);
-        return BW_MISMATCH;
-    }
+    int rc = bw__stream_cursor_header(c, n, pos, "mixture", rank, err, errlen);
+    if (rc != BW_OK)
+        return rc;
     for (size_t j = 0; j < n; j++) {
         const mix_source *s = &ms->src[j];
         uint64_t pass, rec = s->sc ? bw__mixture_next_record(m, (uint32_t)j, pos, &pass) : 0;
@@ -325,7 +307,7 @@ int bw__mixstream_cursor_check(bw__mixstream *ms, const bw__plan *plan,
         uint64_t in_file = 0;
         if (s->sc)
             file_of(s, rec, &file, &in_file);
-        uint64_t size = s->sc && s->nfiles ? s->info->sources[file]->size_bytes : 0;
+        uint64_t size = s->sc ? s->info->sources[file]->size_bytes : 0;
         if (c->source_records[j] != rec || c->source_offsets[j] > size) {
             snprintf(err, errlen,
                      "cursor refused: mixture source %zu is at record %" PRIu64 " (offset %" PRIu64

@@ -273,27 +273,36 @@ int bw__stream_cursor_fill(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const b
     return BW_OK;
 }
 
+int bw__stream_cursor_header(const Batchwire__V1__Cursor *c, size_t n, uint64_t pos,
+                             const char *what, uint32_t rank, char *err, size_t errlen)
+{
+    if (c->n_source_offsets != n || c->n_source_records != n) {
+        snprintf(err, errlen,
+                 "cursor refused: it carries %zu stream offsets and %zu record counts for a "
+                 "%s of %zu sources",
+                 c->n_source_offsets, c->n_source_records, what, n);
+        return BW_MISMATCH;
+    }
+    if (c->stream_position != pos) {
+        snprintf(err, errlen,
+                 "cursor refused: its %s position %" PRIu64 " is not where step %" PRIu64
+                 " of rank %u starts (%" PRIu64 ")",
+                 what, c->stream_position, c->step, rank, pos);
+        return BW_MISMATCH;
+    }
+    return BW_OK;
+}
+
 int bw__stream_cursor_check(bw__stream_ctx *sc, const bw__plan *plan,
                             const Batchwire__V1__Cursor *c, uint32_t rank, char *err, size_t errlen)
 {
     size_t n = sc->nsources;
     if (c->n_source_offsets == 0 && c->n_source_records == 0 && c->step == 0)
         return BW_OK; /* the start of an epoch needs no offsets */
-    if (c->n_source_offsets != n || c->n_source_records != n) {
-        snprintf(err, errlen,
-                 "cursor refused: it carries %zu stream offsets and %zu record counts for a "
-                 "stream of %zu sources",
-                 c->n_source_offsets, c->n_source_records, n);
-        return BW_MISMATCH;
-    }
-    uint64_t pos = bw__plan_stream_position(plan, rank, c->step);
-    if (c->stream_position != pos) {
-        snprintf(err, errlen,
-                 "cursor refused: its stream position %" PRIu64 " is not where step %" PRIu64
-                 " of rank %u starts (%" PRIu64 ")",
-                 c->stream_position, c->step, rank, pos);
-        return BW_MISMATCH;
-    }
+    int rc = bw__stream_cursor_header(c, n, bw__plan_stream_position(plan, rank, c->step), "stream",
+                                      rank, err, errlen);
+    if (rc != BW_OK)
+        return rc;
     for (size_t j = 0; j < n; j++) {
         if (bw__plan_pre_sharded(plan) && j != rank)
             continue;

@@ -51,6 +51,10 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const b
 int bw__stream_cursor_fill(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const bw__plan *plan,
                            uint32_t rank, uint64_t step, Batchwire__V1__Cursor *c, char *err,
                            size_t errlen);
+/* A cursor's stream fields have n entries each and its stream_position is pos (where its
+ * step starts): BW_OK, or BW_MISMATCH with a sentence (`what`: "stream" or "mixture"). */
+int bw__stream_cursor_header(const Batchwire__V1__Cursor *c, size_t n, uint64_t pos,
+                             const char *what, uint32_t rank, char *err, size_t errlen);
 /* Checks a cursor's stream fields against its step and learns its offsets. */
 int bw__stream_cursor_check(bw__stream_ctx *sc, const bw__plan *plan,
                             const Batchwire__V1__Cursor *c, uint32_t rank, char *err,

@@ -16,7 +16,8 @@ files), JSON Lines (43, two files) and tar (29) -- marked `stream:` in `batchwir
   reads next (the formula's) and a byte offset, and the workers read no record before the
   cursor's (Data.Stats records_read: exactly the records served after it);
 * a cursor whose stream record is not the formula's is refused, naming the source;
-* elastic 4 -> 3 (torch, cycle): every planned (source, record) delivered exactly once;
+* elastic 4 -> 3 (torch, cycle) and 2 -> 5 (iterable, stop): every planned (source, record)
+  delivered exactly once;
 * a worker SIGKILLed between a rank's stop and its resume: the rest is the plan's, same bytes;
 * Python Loader(mixture=[("stream:...", w)], mix_policy="stop");
 * refusals naming the parameter: --mix-policy without a stream source, an unknown policy,
@@ -229,30 +230,40 @@ def test(tmpdir):
                  "a cursor with another record for stream source 2 is refused: %s"
                  % r.stderr.strip()[-200:])
 
-    # --- elastic 4 -> 3, torch, cycle.
-    fullp = plan(S1, "--epoch", 0)
-    K = rng.randrange(2, len(fullp[0]))
-    old, cursors = [], []
-    for rank in range(4):
-        cfile = os.path.join(tmpdir, "el-%d.cursor" % rank)
-        old += fetch("ms-el", rank, 4, S1, "--max-steps", K, "--cursor-out", cfile)
-        with open(cfile) as f:
-            cursors.append(f.read())
-    ck = os.path.join(tmpdir, "el.ckpt")
-    with open(ck, "w") as f:
-        f.write("".join(cursors))
-    new = [fetch("ms-el", rank, 3, S1, "--resume-elastic", ck) for rank in range(3)]
-    plan1 = plan(S1, "--resume-from-world", 4, "--resume-from-step", K, world=3)
-    for rank in range(3):
-        same("elastic 4 -> 3 at step %d, new rank %d" % (K, rank), new[rank], plan1[rank])
-    both = old + [x for v in new for x in v]
-    check_bytes("elastic 4 -> 3", S1, both)
-    key = lambda xs: Counter((s, i) for x in xs for s, i, p in
-                             zip(x["sources"], x["indices"], x["padding"]) if not p)
-    planned = key(p for v in fullp.values() for p in v)
-    bt.check(key(both) == planned, "elastic 4 -> 3 at step %d: every planned (source, record) "
-             "of the epoch delivered exactly once over both worlds (%d)" % (K, sum(
-                 planned.values())), (key(both) - planned, planned - key(both)))
+    # --- elastic 4 -> 3 (torch, cycle) and 2 -> 5 (iterable, stop).
+    def elastic(job, srcs, r0, r1, mode, *pol, b=B):
+        fullp = plan(srcs, "--epoch", 0, *pol, mode=mode, world=r0, b=b)
+        K = rng.randrange(2, len(fullp[0]))
+        old, cursors = [], []
+        for rank in range(r0):
+            cfile = os.path.join(tmpdir, "%s-%d.cursor" % (job, rank))
+            old += fetch(job, rank, r0, srcs, "--max-steps", K, "--cursor-out", cfile, *pol,
+                         mode=mode, b=b)
+            with open(cfile) as f:
+                cursors.append(f.read())
+        ck = os.path.join(tmpdir, "%s.ckpt" % job)
+        with open(ck, "w") as f:
+            f.write("".join(cursors))
+        new = [fetch(job, rank, r1, srcs, "--resume-elastic", ck, *pol, mode=mode, b=b)
+               for rank in range(r1)]
+        plan1 = plan(srcs, "--resume-from-world", r0, "--resume-from-step", K, *pol, mode=mode,
+                     world=r1, b=b)
+        label = "elastic %d -> %d (%s%s) at step %d" % (r0, r1, mode, "".join(
+            " " + x for x in pol), K)
+        for rank in range(r1):
+            same("%s, new rank %d" % (label, rank), new[rank], plan1[rank])
+        both = old + [x for v in new for x in v]
+        check_bytes(label, srcs, both)
+        key = lambda xs: Counter((s, i) for x in xs for s, i, p in
+                                 zip(x["sources"], x["indices"], x["padding"]) if not p)
+        planned = key(p for v in fullp.values() for p in v)
+        bt.check(key(both) == planned, "%s: every planned (source, record) of the epoch "
+                 "delivered exactly once over both worlds (%d)" % (label, sum(
+                     planned.values())), (key(both) - planned, planned - key(both)))
+        return fullp
+
+    fullp = elastic("ms-el", S1, 4, 3, "torch")
+    elastic("ms-el25", S2, 2, 5, "iterable", "--mix-policy", "stop", b=3)
 
     # --- Python, stop.
     want = plan(S2, "--epoch", 0, "--mix-policy", "stop", mode="iterable", world=2, b=3)[1]
