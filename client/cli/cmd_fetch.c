@@ -262,6 +262,9 @@ static void print_batch(const bw_batch *b, int64_t rank, bool tensor)
     const uint32_t *src = bw_batch_sources(b);
     for (size_t i = 0; src && i < bw_batch_count(b); i++)
         printf("%s%" PRIu32, i ? "," : "],\"sources\":[", src[i]);
+    const uint64_t *pass = bw_batch_passes(b);
+    for (size_t i = 0; pass && i < bw_batch_count(b); i++)
+        printf("%s%" PRIu64, i ? "," : "],\"passes\":[", pass[i]);
     printf("],\"padding\":[");
     for (size_t i = 0; i < bw_batch_count(b); i++)
         printf("%s%d", i ? "," : "", pad[i]);

@@ -19,7 +19,8 @@
 static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
 {
     bw__batch out = {b->indices, b->padding, 0, 0};
-    int rc = bw__plan_mix_batch(l->plan, l->rank, step, &out, b->sources);
+    int rc = bw__plan_mix_batch(l->plan, l->rank, step, &out, b->sources,
+                                l->mixstream ? b->passes : NULL);
     if (rc != BW_OK)
         return rc;
     b->epoch = l->epoch;
@@ -27,6 +28,7 @@ static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
     b->count = out.count;
     b->real = out.real;
     b->mixture = bw__plan_mixture(l->plan) != NULL;
+    b->has_passes = l->mixstream != NULL;
     const Batchwire__V1__SampleLayout *lay =
         l->tf_whole ? &l->tf_layout : l->session.summary->dataset->layout;
     b->ndim = 0;

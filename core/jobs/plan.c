@@ -302,11 +302,11 @@ const bw__mixture *bw__plan_mixture(const bw__plan *p)
 }
 
 int bw__plan_mix_batch(const bw__plan *p, uint64_t rank, uint64_t step, bw__batch *out,
-                       uint32_t *sources)
+                       uint32_t *sources, uint64_t *passes)
 {
     int rc = bw__plan_batch(p, rank, step, out);
     if (rc != BW_OK || !p->mix)
         return rc;
-    bw__mixture_at_many(p->mix, out->indices, out->count, sources, out->indices, NULL);
+    bw__mixture_at_many(p->mix, out->indices, out->count, sources, out->indices, passes);
     return BW_OK;
 }

@@ -471,6 +471,10 @@ BW_EXTERN const uint8_t *bw_batch_padding(const bw_batch *b);
  * mixture entry (bw_batch_indices then holds its index within that source); count entries.
  * NULL for other jobs. Valid until the next bw_loader_next. */
 BW_EXTERN const uint32_t *bw_batch_sources(const bw_batch *b);
+/* A mixture job with stream sources (docs/semantics.md, "Streams in a mixture"): each
+ * sample's pass over its source's stream of samples (batchwire plan's "passes"); count
+ * entries. NULL for other jobs. Valid until the next bw_loader_next. */
+BW_EXTERN const uint64_t *bw_batch_passes(const bw_batch *b);
 
 /* The batch's bytes: for .npy datasets one contiguous [count, ...] tensor; otherwise the
  * samples' bytes concatenated in batch order (see bw_batch_sample). In host memory, or on the

@@ -22,6 +22,7 @@ FUNCTIONS: Tuple[str, ...] = (
     "bw_batch_nbytes",
     "bw_batch_ndim",
     "bw_batch_padding",
+    "bw_batch_passes",
     "bw_batch_real",
     "bw_batch_sample",
     "bw_batch_shape",
@@ -231,6 +232,7 @@ size_t bw_batch_real(const bw_batch *b);
 const uint64_t *bw_batch_indices(const bw_batch *b);
 const uint8_t *bw_batch_padding(const bw_batch *b);
 const uint32_t *bw_batch_sources(const bw_batch *b);
+const uint64_t *bw_batch_passes(const bw_batch *b);
 const void *bw_batch_data(const bw_batch *b);
 size_t bw_batch_nbytes(const bw_batch *b);
 const char *bw_batch_dtype(const bw_batch *b);

@@ -90,7 +90,8 @@ class Batch:
     """
 
     __slots__ = ("_loader", "_ptr", "_gen", "_hold", "_spans", "_fieldtab", "_idx_raw",
-                 "_pad_raw", "_src_raw", "_indices", "_padding", "_sources", "epoch", "step",
+                 "_pad_raw", "_src_raw", "_pass_raw", "_indices", "_padding", "_sources",
+                 "_passes", "epoch", "step",
                  "count", "real", "nbytes", "dtype", "shape", "device", "arrays", "_bf16",
                  "__weakref__")
 
@@ -116,6 +117,9 @@ class Batch:
         self._pad_raw = ffi.buffer(L.bw_batch_padding(ptr), n)[:] if n else b""
         src = L.bw_batch_sources(ptr)
         self._src_raw = ffi.buffer(src, 4 * n)[:] if n and src != ffi.NULL else None
+        passes = L.bw_batch_passes(ptr)
+        self._pass_raw = ffi.buffer(passes, 8 * n)[:] if n and passes != ffi.NULL else None
+        self._passes: "Optional[np.ndarray[Any, Any]]" = None
         self._indices: "Optional[np.ndarray[Any, Any]]" = None
         self._padding: "Optional[np.ndarray[Any, Any]]" = None
         self._sources: "Optional[np.ndarray[Any, Any]]" = None
@@ -179,6 +183,16 @@ class Batch:
 
             self._sources = np.frombuffer(self._src_raw, dtype=np.uint32).astype(np.int64)
         return self._sources
+
+    @property
+    def passes(self) -> "Optional[np.ndarray[Any, Any]]":
+        """A mixture job with stream sources: each sample's pass over its source's stream
+        (``batchwire plan``'s "passes"), a numpy int64 array (a copy). None for other jobs."""
+        if self._passes is None and self._pass_raw is not None:
+            import numpy as np
+
+            self._passes = np.frombuffer(self._pass_raw, dtype=np.uint64).astype(np.int64)
+        return self._passes
 
     def __repr__(self) -> str:
         extra = "" if self.shape is None else " shape=%r dtype=%s" % (self.shape, self.dtype)

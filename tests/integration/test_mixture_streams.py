@@ -113,11 +113,12 @@ def test(tmpdir):
                          "--batch-size", b, "--seed", 7, *extra)
 
     def view(batches):
-        return [(x["step"], x["indices"], x["sources"], x["padding"]) for x in batches]
+        return [(x["step"], x["indices"], x["sources"], x["passes"], x["padding"])
+                for x in batches]
 
     def same(label, got, want):
         bt.check(view(got) == view(want), "%s: %d batches = batchwire plan --mix-size "
-                 "[stream:]N=W ... (records, sources, padding)" % (label, len(want)),
+                 "[stream:]N=W ... (records, sources, passes, padding)" % (label, len(want)),
                  (view(got)[:2], view(want)[:2]))
 
     # --- cycle, torch, 4 ranks, two epochs: streams up-sampled (wrap within an epoch).
@@ -272,13 +273,14 @@ def test(tmpdir):
                           mix_policy="stop",
                           mixture=[(("" if k == "npy" else "stream:") + SPEC[k], w)
                                    for k, w in S2]) as lo:
-        got = [(x.step, x.indices.tolist(), x.sources.tolist(), bytes(x.memoryview()))
-               for x in lo]
-    bt.check([g[:3] for g in got] == [(p["step"], p["indices"], p["sources"]) for p in want],
+        got = [(x.step, x.indices.tolist(), x.sources.tolist(), x.passes.tolist(),
+                bytes(x.memoryview())) for x in lo]
+    bt.check([g[:4] for g in got] == [(p["step"], p["indices"], p["sources"], p["passes"])
+                                      for p in want],
              "Python Loader(mixture=[(\"stream:...\", w)], mix_policy=\"stop\"): rank 1/2's %d "
-             "batches = the plan" % len(want))
+             "batches = the plan, batch.sources and batch.passes included" % len(want))
     bad = [g[0] for g in got
-           if g[3] != b"".join(sample(S2[s][0], i) for s, i in zip(g[2], g[1]))]
+           if g[4] != b"".join(sample(S2[s][0], i) for s, i in zip(g[2], g[1]))]
     bt.check(not bad, "Python: every batch's bytes are its samples' from their sources", bad)
 
     # --- a worker SIGKILLed between a rank's stop and its resume.
