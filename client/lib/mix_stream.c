@@ -5,8 +5,9 @@
  * k - start[f] of its f-th file (start: the prefix sums of its files' record counts, from the
  * source's own description), read as a single stream's are (stream_fetch.c): runs of
  * consecutive records of one file in one ReadStream, from the worker that owns the file, by
- * offset when known, else by the worker's offset index. The map-style samples of the batch are
- * read by index as for any mixture (samples_fetch.c), then everything is laid out in batch
+ * offset when known, else by the worker's offset index: every stream source of a batch in one
+ * fetch, its files numbered across the sources. The map-style samples of the batch are then
+ * read by index as for any mixture (samples_fetch.c), and everything is laid out in batch
  * order. A cursor records where each stream stands (docs/streams.md, "Resume by seek").
  */
 #include "mix_stream.h"
@@ -30,6 +31,11 @@ typedef struct mix_source {
 struct bw__mixstream {
     size_t n;
     mix_source *src;
+    /* The stream sources' files numbered together (an item's src in one fetch of every stream
+     * source of a batch): file g is file g - base[j] of source owner[g]. */
+    size_t nfiles;
+    uint32_t *owner;
+    uint64_t *base; /* per source */
 };
 
 void bw__mixstream_free(bw__mixstream *ms)
@@ -41,6 +47,8 @@ void bw__mixstream_free(bw__mixstream *ms)
         bw__stream_order_free(&ms->src[j].files);
     }
     free(ms->src);
+    free(ms->owner);
+    free(ms->base);
     free(ms);
 }
 
@@ -96,6 +104,18 @@ int bw__mixstream_open(bw__mixstream **out, const Batchwire__V1__JobSummary *job
                      j, s->files.total, s->info->length);
             rc = BW_PROTOCOL;
         }
+    }
+    for (size_t j = 0; j < ms->n && rc == BW_OK; j++)
+        ms->nfiles += ms->src[j].sc ? ms->src[j].files.nsources : 0;
+    if (rc == BW_OK && (!(ms->owner = calloc(ms->nfiles ? ms->nfiles : 1, sizeof(*ms->owner))) ||
+                        !(ms->base = calloc(ms->n, sizeof(*ms->base))))) {
+        snprintf(err, errlen, "out of memory for the files of a mixture of %zu sources", ms->n);
+        rc = BW_NOMEM;
+    }
+    for (size_t j = 0, g = 0; j < ms->n && rc == BW_OK; j++) {
+        ms->base[j] = g;
+        for (size_t f = 0; ms->src[j].sc && f < ms->src[j].files.nsources; f++)
+            ms->owner[g++] = (uint32_t)j;
     }
     if (rc != BW_OK) {
         bw__mixstream_free(ms);
@@ -172,49 +192,83 @@ static int fetch_map(const bw__fetch_ctx *ctx, const bw__mixstream *ms, bw_batch
     return rc;
 }
 
-/* Stream source j's records in the batch, in batch order (consecutive records of a file
- * share a request), each moved into all[i]. */
-static int fetch_stream(const bw__fetch_ctx *ctx, const mix_source *s, uint32_t j, bw_batch *b,
-                        bw__fetch_item *all)
+/* One fetch of every stream source's records: each source's settings for its files. */
+typedef struct streams_map {
+    const bw__mixstream *ms;
+    bw__fetch_ctx *ctx; /* per source: the loader's settings with its dataset */
+} streams_map;
+
+static void streams_of(void *arg, uint32_t g, const bw__fetch_ctx **ctx, bw__stream_ctx **sc,
+                       uint32_t *file)
+{
+    const streams_map *m = arg;
+    uint32_t j = m->ms->owner[g];
+    *ctx = &m->ctx[j];
+    *sc = m->ms->src[j].sc;
+    *file = (uint32_t)(g - m->ms->base[j]);
+}
+
+/* The batch's stream records, read in one fetch: listed source by source, each source's in
+ * batch order (so a worker's consecutive records of one file share a ReadStream), placed
+ * into the batch buffer as they arrive in batch order (a mixture of one stream: as a single
+ * stream's), else into buffers of their own; each then moved into all[i]. */
+static int fetch_streams(const bw__fetch_ctx *ctx, const bw__mixstream *ms, bw_batch *b,
+                         bw__fetch_item *all, bw__fetch_dest *dest)
 {
     size_t n = 0;
     for (size_t i = 0; i < b->count; i++)
-        n += b->sources[i] == j;
+        n += ms->src[b->sources[i]].sc != NULL;
     if (n == 0)
         return BW_OK;
     bw__fetch_item *items = calloc(n, sizeof(*items));
-    if (!items) {
+    bw__fetch_ctx *cx = calloc(ms->n, sizeof(*cx));
+    if (!items || !cx) {
+        free(items);
+        free(cx);
         snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu records", n);
         return BW_NOMEM;
     }
     int rc = BW_OK;
-    for (size_t i = 0, t = 0; i < b->count && rc == BW_OK; i++) {
-        if (b->sources[i] != j)
+    size_t t = 0;
+    for (uint32_t j = 0; j < ms->n && rc == BW_OK; j++) {
+        const mix_source *s = &ms->src[j];
+        if (!s->sc)
             continue;
-        if (b->indices[i] >= s->files.total) {
-            snprintf(b->err, sizeof(b->err),
-                     "mixture source %" PRIu32 ": record %" PRIu64 " is past its %" PRIu64
-                     " records",
-                     j, b->indices[i], s->files.total);
-            rc = BW_INTERNAL;
-            break;
+        cx[j] = source_ctx(ctx, s);
+        for (size_t i = 0; i < b->count && rc == BW_OK; i++) {
+            if (b->sources[i] != j)
+                continue;
+            if (b->indices[i] >= s->files.total) {
+                snprintf(b->err, sizeof(b->err),
+                         "mixture source %" PRIu32 ": record %" PRIu64 " is past its %" PRIu64
+                         " records",
+                         j, b->indices[i], s->files.total);
+                rc = BW_INTERNAL;
+                break;
+            }
+            uint32_t file;
+            file_of(s, b->indices[i], &file, &items[t].key);
+            items[t].src = (uint32_t)(ms->base[j] + file);
+            items[t].first = i;
+            items[t].max_size = s->info->sources[file]->size_bytes;
+            t++;
         }
-        file_of(s, b->indices[i], &items[t].src, &items[t].key);
-        items[t].first = i;
-        items[t].max_size = s->info->sources[items[t].src]->size_bytes;
-        t++;
     }
-    bw__fetch_ctx c = source_ctx(ctx, s);
+    streams_map m = {ms, cx};
+    bw__stream_map map = {streams_of, &m};
     if (rc == BW_OK)
-        rc = bw__stream_fetch_items(&c, s->sc, items, n, b->err, sizeof(b->err));
-    for (size_t t = 0; rc == BW_OK && t < n; t++) {
+        rc = bw__stream_fetch_map(ctx, &map, items, n, dest, b->err, sizeof(b->err));
+    for (t = 0; rc == BW_OK && t < n; t++) {
         bw__fetch_item *x = &all[items[t].first];
         x->size = items[t].size;
         x->buf = items[t].buf;
+        x->direct = items[t].direct;
+        x->off = items[t].off;
         items[t].buf = NULL;
     }
     bw__fetch_items_free(items, n);
     free(items);
+    free(cx);
     return rc;
 }
 
@@ -236,12 +290,12 @@ int bw__mixstream_fetch_batch(const bw__fetch_ctx *ctx, bw__mixstream *ms, bw_ba
             rc = BW_INTERNAL;
         }
     }
+    bw__fetch_dest dest = {b, 0, 0, 0, NULL};
+    if (rc == BW_OK)
+        rc = fetch_streams(ctx, ms, b, all, &dest);
     if (rc == BW_OK)
         rc = fetch_map(ctx, ms, b, all);
-    for (uint32_t j = 0; j < ms->n && rc == BW_OK; j++)
-        if (ms->src[j].sc)
-            rc = fetch_stream(ctx, &ms->src[j], j, b, all);
-    if (rc == BW_OK && (rc = bw__fetch_pack(b, all, NULL, NULL)) != BW_OK)
+    if (rc == BW_OK && (rc = bw__fetch_pack(b, all, NULL, &dest)) != BW_OK)
         snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu samples", n);
     bw__fetch_items_free(all, n);
     free(all);

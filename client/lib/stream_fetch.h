@@ -33,11 +33,19 @@ int bw__stream_open(bw__stream_ctx **out, const Batchwire__V1__JobSummary *job, 
 int bw__stream_open_info(bw__stream_ctx **out, const Batchwire__V1__DatasetInfo *info, char *err,
                          size_t errlen);
 void bw__stream_free(bw__stream_ctx *sc);
-/* Reads items[0..n) -- records: src the source, key the record -- of ctx->dataset, each into a
- * buffer of its own (bw__fetch_items with no dest), consecutive records of a source in one
- * ReadStream. BW_OK or an error with a sentence in err. */
-int bw__stream_fetch_items(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, bw__fetch_item *items,
-                           size_t n, char *err, size_t errlen);
+/* Several streams read in one fetch (a mixture's stream sources, mix_stream.c): for an item's
+ * src, `of` names the fetch settings of its dataset (dataset, fingerprint, message size, field
+ * table), its stream context and its source (file) in that dataset. */
+typedef struct bw__stream_map {
+    void (*of)(void *arg, uint32_t src, const bw__fetch_ctx **ctx, bw__stream_ctx **sc,
+               uint32_t *source);
+    void *arg;
+} bw__stream_map;
+/* Reads items[0..n) -- records: src mapped by `map`, key the record -- into dest
+ * (bw__fetch_items; ctx gives the transports, placement and deadlines), consecutive records of
+ * a source in one ReadStream. BW_OK or an error with a sentence in err. */
+int bw__stream_fetch_map(const bw__fetch_ctx *ctx, const bw__stream_map *map, bw__fetch_item *items,
+                         size_t n, bw__fetch_dest *dest, char *err, size_t errlen);
 /* The byte offset of record rec (<= its count) of source src: known (a source's ends,
  * learned), else asked of the source's owner (from its offset index; nothing is read). */
 int bw__stream_locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, uint64_t rec,
