@@ -19,7 +19,8 @@ files), JSON Lines (43, two files) and tar (29) -- marked `stream:` in `batchwir
 * elastic 4 -> 3 (torch, cycle) and 2 -> 5 (iterable, stop): every planned (source, record)
   delivered exactly once;
 * a worker SIGKILLed between a rank's stop and its resume: the rest is the plan's, same bytes;
-* Python Loader(mixture=[("stream:...", w)], mix_policy="stop");
+* Python Loader(mixture=[("stream:...", w)], mix_policy="stop"), batch.passes; the same
+  through batchwire.torch.BatchDataset under DataLoader(num_workers=2);
 * refusals naming the parameter: --mix-policy without a stream source, an unknown policy,
   stream: on a map-style format, --shuffle with a stream source; the coordinator, whatever the
   client sends: stream on an npy source, policy stop without a stream source; another policy
@@ -282,6 +283,21 @@ def test(tmpdir):
     bad = [g[0] for g in got
            if g[4] != b"".join(sample(S2[s][0], i) for s, i in zip(g[2], g[1]))]
     bt.check(not bad, "Python: every batch's bytes are its samples' from their sources", bad)
+
+    # --- batchwire.torch: a stream mixture under DataLoader(num_workers=2).
+    import batchwire.torch as bwt
+    from torch.utils.data import DataLoader
+    ds = bwt.BatchDataset(coordinator=coord.addr, job="ms-torch", rank=1, world_size=2,
+                          batch_size=3, seed=7, mode="iterable", mix_policy="stop",
+                          mixture=[(("" if k == "npy" else "stream:") + SPEC[k], w)
+                                   for k, w in S2])
+    items = list(DataLoader(ds, batch_size=None, num_workers=2))
+    bt.check([(it["step"], it["indices"].tolist(), it["sources"].tolist(),
+               it["passes"].tolist()) for it in items] ==
+             [(p["step"], p["indices"], p["sources"], p["passes"]) for p in want],
+             "batchwire.torch.BatchDataset(mixture=[stream:...], mix_policy=\"stop\") under "
+             "DataLoader(num_workers=2): the plan's %d batches, item[\"passes\"] included"
+             % len(want))
 
     # --- a worker SIGKILLed between a rank's stop and its resume.
     k = rng.randrange(1, len(fullp[2]))
