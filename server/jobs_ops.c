@@ -13,6 +13,7 @@
 #include "common/util.h"
 #include "cursor/cursor.h"
 #include "formats/formats.h"
+#include "jobs/job_check.h"
 #include "jobs/mixture.h"
 #include "rpc/pbdiff.h"
 
@@ -139,6 +140,7 @@ static int check_mixture(const Batchwire__V1__Mixture *m, char *err, size_t errl
         snprintf(err, errlen, "config.mixture.policy %d is not a known policy", (int)m->policy);
         return BW_INVALID_ARGUMENT;
     }
+    size_t streams = 0;
     for (size_t j = 0; j < m->n_sources; j++) {
         char what[64];
         snprintf(what, sizeof(what), "config.mixture.sources[%zu].dataset", j);
@@ -160,12 +162,24 @@ static int check_mixture(const Batchwire__V1__Mixture *m, char *err, size_t errl
         }
         if (src->dataset->pre_sharded || strcmp(src->dataset->format, "fields") == 0) {
             snprintf(err, errlen,
-                     "%s: a mixture's source cannot be %s (a mixture is map-style and reads "
-                     "whole samples)",
+                     "%s: a mixture's source cannot be %s (a mixture reads whole samples of "
+                     "each source, in its own order)",
                      what, src->dataset->pre_sharded ? "pre-sharded" : "named arrays (fields)");
             return BW_INVALID_ARGUMENT;
         }
+        if (src->stream && !bw__job_format_is_stream(src->dataset->format))
+            return bw__refuse(err, errlen,
+                              "config.mixture.sources[%zu].stream: format '%s' is not a stream "
+                              "(tfrecord, jsonl, text or tar are)",
+                              j, src->dataset->format);
+        streams += src->stream;
     }
+    /* A map-style source never runs dry: the policy is for stream sources (docs/semantics.md,
+     * "Streams in a mixture"). */
+    if (m->policy == BATCHWIRE__V1__MIX_POLICY__MIX_POLICY_STOP && streams == 0)
+        return bw__refuse(err, errlen,
+                          "config.mixture.policy stop needs a stream source (a map-style source "
+                          "never runs dry)");
     return BW_OK;
 }
 

@@ -25,6 +25,7 @@ typedef struct fetch_cfg {
     char *dataset_fields; /* --dataset-field values, one a line */
     char *transform, *transform_field;
     char *mix; /* --mix values, one a line */
+    char *mix_policy;
     int64_t mix_samples;
     int64_t rank, world_size;
     int mode, shuffle_algo;
@@ -60,11 +61,15 @@ static const bw_opt options[] = {
     {"transform-field", BW_OPT_STRING, offsetof(fetch_cfg, transform_field), NULL, 0, 0, NULL, 0,
      "KEY", "tar datasets: the member the transform runs on (e.g. jpg)"},
     {"mix", BW_OPT_LIST, offsetof(fetch_cfg, mix), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
-     "FORMAT:PATH[,PATH...]=WEIGHT",
+     "[stream:]FORMAT:PATH[,PATH...]=WEIGHT",
      "instead of --dataset, repeated: one source of a weighted mixture of datasets, source j "
-     "being the j-th --mix; WEIGHT a positive decimal (weights are normalised); mode torch or "
-     "accelerate without --shuffle; each line then has \"sources\" beside \"indices\" "
-     "(docs/semantics.md, Mixtures)"},
+     "being the j-th --mix; WEIGHT a positive decimal (weights are normalised); stream: reads "
+     "a tfrecord, jsonl, text or tar source as a stream, in its own order; no --shuffle; each "
+     "line then has \"sources\" beside \"indices\" (docs/semantics.md, Mixtures)"},
+    {"mix-policy", BW_OPT_STRING, offsetof(fetch_cfg, mix_policy), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
+     "cycle|stop",
+     "a stream source of the mixture that runs dry: cycle (default) starts it again from its "
+     "first record, stop ends the epoch there; needs a stream: source"},
     {"mix-samples", BW_OPT_INT, offsetof(fetch_cfg, mix_samples), "0", 0, 1ll << 62, NULL,
      BW_OPT_NO_ENV, "E", "the mixture's epoch size (default 0: the sum of the sources' sizes)"},
     {"rank", BW_OPT_INT, offsetof(fetch_cfg, rank), "-1", -1, 1 << 24, NULL, 0, "r",
@@ -257,6 +262,9 @@ static void print_batch(const bw_batch *b, int64_t rank, bool tensor)
     const uint32_t *src = bw_batch_sources(b);
     for (size_t i = 0; src && i < bw_batch_count(b); i++)
         printf("%s%" PRIu32, i ? "," : "],\"sources\":[", src[i]);
+    const uint64_t *pass = bw_batch_passes(b);
+    for (size_t i = 0; pass && i < bw_batch_count(b); i++)
+        printf("%s%" PRIu64, i ? "," : "],\"passes\":[", pass[i]);
     printf("],\"padding\":[");
     for (size_t i = 0; i < bw_batch_count(b); i++)
         printf("%s%d", i ? "," : "", pad[i]);
@@ -399,6 +407,7 @@ int bw__cmd_fetch(int argc, char **argv)
     o.mixture = mix;
     o.n_mixture = nmix;
     o.mix_samples = (uint64_t)cfg.mix_samples;
+    o.mix_policy = cfg.mix_policy;
     o.rank = cfg.rank;
     o.world_size = cfg.world_size;
     o.mode = modes[cfg.mode];

@@ -194,7 +194,8 @@ int bw__batch_init(bw_batch *b, size_t max_count, size_t data_bytes, bool pinned
     b->offsets = calloc(n, sizeof(*b->offsets));
     b->sizes = calloc(n, sizeof(*b->sizes));
     b->sources = calloc(n, sizeof(*b->sources));
-    if (!b->indices || !b->padding || !b->offsets || !b->sizes || !b->sources) {
+    b->passes = calloc(n, sizeof(*b->passes));
+    if (!b->indices || !b->padding || !b->offsets || !b->sizes || !b->sources || !b->passes) {
         bw__batch_free(b);
         return BW_NOMEM;
     }
@@ -209,6 +210,7 @@ void bw__batch_free(bw_batch *b)
     free(b->offsets);
     free(b->sizes);
     free(b->sources);
+    free(b->passes);
     host_free(b->data, b->pinned);
     bw__gpu_free(b->gpu, b->dev);
     bw__gpu_stream_free(b->gpu);
@@ -313,6 +315,11 @@ const uint8_t *bw_batch_padding(const bw_batch *b)
 const uint32_t *bw_batch_sources(const bw_batch *b)
 {
     return b->mixture ? b->sources : NULL;
+}
+
+const uint64_t *bw_batch_passes(const bw_batch *b)
+{
+    return b->has_passes ? b->passes : NULL;
 }
 
 const void *bw_batch_data(const bw_batch *b)

@@ -19,6 +19,8 @@ struct bw_batch {
     uint8_t *padding;
     uint32_t *sources; /* a mixture job's: each sample's source (bw_batch_sources) */
     bool mixture;
+    uint64_t *passes; /* a mixture with stream sources: each sample's pass (bw_batch_passes) */
+    bool has_passes;
     size_t *offsets, *sizes; /* per sample, into data */
     uint8_t *data;           /* host copy (pinned when delivering to a GPU) */
     size_t nbytes, cap;

@@ -19,7 +19,8 @@
 static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
 {
     bw__batch out = {b->indices, b->padding, 0, 0};
-    int rc = bw__plan_mix_batch(l->plan, l->rank, step, &out, b->sources);
+    int rc = bw__plan_mix_batch(l->plan, l->rank, step, &out, b->sources,
+                                l->mixstream ? b->passes : NULL);
     if (rc != BW_OK)
         return rc;
     b->epoch = l->epoch;
@@ -27,6 +28,7 @@ static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
     b->count = out.count;
     b->real = out.real;
     b->mixture = bw__plan_mixture(l->plan) != NULL;
+    b->has_passes = l->mixstream != NULL;
     const Batchwire__V1__SampleLayout *lay =
         l->tf_whole ? &l->tf_layout : l->session.summary->dataset->layout;
     b->ndim = 0;
@@ -52,8 +54,9 @@ static int fill(bw_loader *l, bw_batch *b)
     if (rc != BW_OK)
         return b->rc = rc;
     bw__batch_reuse(b);
-    rc = l->stream ? bw__stream_fetch_batch(&l->fctx, l->stream, l->plan, b)
-                   : bw__fetch_batch(&l->fctx, b);
+    rc = l->stream      ? bw__stream_fetch_batch(&l->fctx, l->stream, l->plan, b)
+         : l->mixstream ? bw__mixstream_fetch_batch(&l->fctx, l->mixstream, b)
+                        : bw__fetch_batch(&l->fctx, b);
     if (rc == BW_OK)
         rc = bw__batch_split_fields(b, l->fields);
     if (rc == BW_OK && b->gpu)
@@ -354,7 +357,8 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
      * loader allows it (its TLS context reads the PEM files now), gRPC always. */
     if ((rc = bw__arrays_check(job->dataset, err, errlen)) != BW_OK ||
         (job->config->sampler->mode == BATCHWIRE__V1__SAMPLER_MODE__SAMPLER_MODE_ITERABLE &&
-         (rc = bw__stream_open(&l->stream, job, err, errlen)) != BW_OK) ||
+         !job->config->mixture && (rc = bw__stream_open(&l->stream, job, err, errlen)) != BW_OK) ||
+        (rc = bw__mixstream_open(&l->mixstream, job, err, errlen)) != BW_OK ||
         (l->data_channel && (rc = bw__transport_open(&bw__transport_dchan_ops, &l->session.chopts,
                                                      &l->fctx.preferred, err, errlen)) != BW_OK) ||
         (rc = bw__transport_open(&bw__transport_grpc_ops, &l->session.chopts, &l->fctx.fallback,
@@ -412,6 +416,9 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     /* A stream resumes where the cursor's offsets say: a seek, not a replay. */
     if (rc == BW_OK && given && l->stream)
         rc = bw__stream_cursor_check(l->stream, l->plan, given, l->rank, l->err, sizeof(l->err));
+    if (rc == BW_OK && given && l->mixstream)
+        rc = bw__mixstream_cursor_check(l->mixstream, l->plan, given, l->rank, l->err,
+                                        sizeof(l->err));
     bw__arena_reset(&ca);
     size_t max_batch = rc == BW_OK ? bw__plan_max_batch(l->plan) : 0;
     if (rc == BW_OK) {
@@ -689,6 +696,9 @@ int bw_loader_seek(bw_loader *l, const void *cursor, size_t len)
         rc = position(l, c->epoch, c->step);
         if (rc == BW_OK && l->stream)
             rc = bw__stream_cursor_check(l->stream, l->plan, c, l->rank, l->err, sizeof(l->err));
+        if (rc == BW_OK && l->mixstream)
+            rc = bw__mixstream_cursor_check(l->mixstream, l->plan, c, l->rank, l->err,
+                                            sizeof(l->err));
         if (rc != BW_OK) { /* back where it was, keeping the sentence */
             char why[BW_LOADER_ERRLEN];
             snprintf(why, sizeof(why), "%s", l->err);
@@ -846,6 +856,7 @@ void bw_loader_close(bw_loader *l)
     free(l->state);
     bw__plan_free(l->plan);
     bw__stream_free(l->stream);
+    bw__mixstream_free(l->mixstream);
     bw__gpu_stream_free(l->copy_stream);
     bw__transport_close(&l->fctx.preferred); /* no fetch runs: the threads have ended */
     bw__transport_close(&l->fctx.fallback);

@@ -95,7 +95,9 @@ static int current_cursor(bw_loader *l, uint8_t **cur, size_t *len)
     char why[BW_LOADER_ERRLEN];
     int rc = l->stream ? bw__stream_cursor_fill(&l->fctx, l->stream, plan, l->rank, c.step, &c, why,
                                                 sizeof(why))
-                       : BW_OK;
+             : l->mixstream ? bw__mixstream_cursor_fill(&l->fctx, l->mixstream, plan, l->rank,
+                                                        c.step, &c, why, sizeof(why))
+                            : BW_OK;
     if (rc == BW_OK && !(out = bw__cursor_encode(&c, len)))
         rc = bw__loader_fail(l, BW_NOMEM, "out of memory for the cursor");
     else if (rc != BW_OK)

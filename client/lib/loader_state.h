@@ -20,6 +20,7 @@
 #include "options_int.h"
 #include "samples_fetch.h"
 #include "session.h"
+#include "mix_stream.h"
 #include "stream_fetch.h"
 
 enum slot_state { SLOT_FREE, SLOT_FETCHING, SLOT_READY, SLOT_HELD };
@@ -34,7 +35,8 @@ struct bw_loader {
     uint32_t rank;
     uint64_t job_fingerprint;
     uint64_t num_samples;
-    bw__stream_ctx *stream; /* iterable jobs: the stream's sources and offsets; else NULL */
+    bw__stream_ctx *stream;   /* iterable jobs: the stream's sources and offsets; else NULL */
+    bw__mixstream *mixstream; /* a mixture with stream sources: theirs; else NULL */
     /* A job with a transform on whole samples (no transform_field): the layout of every
      * sample's result, which replaces the dataset's (docs/transforms.md, "On the workers") */
     bool tf_whole;

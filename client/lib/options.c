@@ -179,6 +179,7 @@ static int resolve_rank(const bw_loader_options *o, int64_t *rank, int64_t *worl
 }
 
 #define PRE_SHARDED "pre_sharded:"
+#define MIX_STREAM "stream:"
 
 static const char *const formats[] = {"npy", "npz", "tfrecord", "jsonl", "text", "tar", "files"};
 
@@ -329,9 +330,12 @@ static int parse_mixture(const bw_loader_options *o, bw__job_request *jr, char *
     jr->mix_ptrs = calloc(n, sizeof(*jr->mix_ptrs));
     if (!jr->mix_datasets || !jr->mix_sources || !jr->mix_ptrs)
         return nomem("mixture", err, errlen);
+    size_t streams = 0;
     for (size_t j = 0; j < n; j++) {
         const char *entry = o->mixture[j] ? o->mixture[j] : "";
         const char *eq = strrchr(entry, '=');
+        /* "stream:FORMAT:..." a stream source (docs/semantics.md, "Streams in a mixture") */
+        bool stream = strncmp(entry, MIX_STREAM, strlen(MIX_STREAM)) == 0;
         Batchwire__V1__Dataset *d = &jr->mix_datasets[j];
         batchwire__v1__dataset__init(d);
         d->format = NULL; /* owned strings from here on (freed with jr) */
@@ -344,7 +348,8 @@ static int parse_mixture(const bw_loader_options *o, bw__job_request *jr, char *
                      j, entry);
             return BW_INVALID_ARGUMENT;
         }
-        char *spec = strndup(entry, (size_t)(eq - entry)), what[64], why[256];
+        const char *from = stream ? entry + strlen(MIX_STREAM) : entry;
+        char *spec = strndup(from, eq > from ? (size_t)(eq - from) : 0), what[64], why[256];
         if (!spec)
             return nomem("mixture", err, errlen);
         snprintf(what, sizeof(what), "mixture source %zu", j);
@@ -352,6 +357,15 @@ static int parse_mixture(const bw_loader_options *o, bw__job_request *jr, char *
         free(spec);
         if (rc != BW_OK)
             return rc;
+        if (stream && !bw__job_format_is_stream(d->format)) {
+            snprintf(err, errlen,
+                     "mixture source %zu '%s': stream: needs a stream format (tfrecord, jsonl, "
+                     "text or tar), not '%s'",
+                     j, entry, d->format);
+            return BW_INVALID_ARGUMENT;
+        }
+        jr->mix_sources[j].stream = stream;
+        streams += stream;
         if ((rc = bw__mix_weight_parse(eq + 1, &jr->mix_sources[j].weight, why, sizeof(why))) !=
             BW_OK) {
             snprintf(err, errlen, "mixture source %zu '%s': %s", j, entry, why);
@@ -362,6 +376,21 @@ static int parse_mixture(const bw_loader_options *o, bw__job_request *jr, char *
     jr->mixture.n_sources = n;
     jr->mixture.sources = jr->mix_ptrs;
     jr->mixture.samples = o->mix_samples;
+    const char *policy = o->mix_policy;
+    if (policy && strcmp(policy, "cycle") != 0 && strcmp(policy, "stop") != 0) {
+        snprintf(err, errlen, "mix_policy '%s': expected cycle or stop", policy);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (policy && streams == 0) {
+        snprintf(err, errlen,
+                 "mix_policy %s needs a stream source (\"stream:FORMAT:PATH=WEIGHT\"): a "
+                 "map-style source never runs dry",
+                 policy);
+        return BW_INVALID_ARGUMENT;
+    }
+    jr->mixture.policy = policy && strcmp(policy, "stop") == 0
+                             ? BATCHWIRE__V1__MIX_POLICY__MIX_POLICY_STOP
+                             : BATCHWIRE__V1__MIX_POLICY__MIX_POLICY_CYCLE;
     return BW_OK;
 }
 
@@ -405,18 +434,23 @@ int bw__loader_parse_options(const bw_loader_options *o, bw__job_request *jr, in
         return BW_INVALID_ARGUMENT;
     }
     if (o->n_mixture && pre_sharded) {
-        snprintf(err, errlen, "a mixture cannot be pre-sharded (a mixture is map-style)");
+        snprintf(err, errlen,
+                 "a mixture cannot be pre-sharded (it shards its own order over the ranks)");
+        return BW_INVALID_ARGUMENT;
+    }
+    if (o->mix_policy && !o->n_mixture) {
+        snprintf(err, errlen, "mix_policy is for a mixture (bw_loader_options.mixture)");
         return BW_INVALID_ARGUMENT;
     }
     if ((rc = o->n_mixture          ? parse_mixture(o, jr, err, errlen)
               : o->n_dataset_fields ? parse_fields(o, jr, err, errlen)
                                     : parse_dataset(spec, jr, err, errlen)) != BW_OK)
         return rc;
-    if (o->n_mixture && (mode == BW__MODE_ITERABLE || o->shuffle)) {
+    if (o->n_mixture && o->shuffle) {
         snprintf(err, errlen,
-                 "a mixture is read in torch or accelerate mode without shuffle (it orders its "
-                 "sources itself from the seed: docs/semantics.md, \"Mixtures\"); %s",
-                 o->shuffle ? "leave shuffle off" : "mode iterable is not served for mixtures");
+                 "shuffle: a mixture orders its sources itself from the seed (a seeded "
+                 "permutation within each map-style source, streams in their own order: "
+                 "docs/semantics.md, \"Mixtures\"); leave shuffle off");
         return BW_INVALID_ARGUMENT;
     }
     if (pre_sharded && mode != BW__MODE_ITERABLE) {

@@ -23,8 +23,13 @@
 int bw__stream_open(bw__stream_ctx **out, const Batchwire__V1__JobSummary *job, char *err,
                     size_t errlen)
 {
+    return bw__stream_open_info(out, job->dataset, err, errlen);
+}
+
+int bw__stream_open_info(bw__stream_ctx **out, const Batchwire__V1__DatasetInfo *info, char *err,
+                         size_t errlen)
+{
     *out = NULL;
-    const Batchwire__V1__DatasetInfo *info = job->dataset;
     bw__stream_ctx *sc = calloc(1, sizeof(*sc));
     if (sc) {
         sc->nsources = info->n_sources;
@@ -110,14 +115,31 @@ static bool known_offset(bw__stream_ctx *sc, uint32_t src, uint64_t rec, uint64_
 typedef struct stream_kind {
     const bw__fetch_ctx *ctx;
     bw__stream_ctx *sc;
-    bool located; /* a probe's request succeeded: `offset` is its record's */
+    const bw__stream_map *map; /* several streams (a mixture's); NULL: ctx's, src the source */
+    bool located;              /* a probe's request succeeded: `offset` is its record's */
     uint64_t offset;
 } stream_kind;
 
+/* The dataset's settings, the stream and the source an item of src reads. */
+static void item_of(const stream_kind *k, uint32_t src, const bw__fetch_ctx **ctx,
+                    bw__stream_ctx **sc, uint32_t *source)
+{
+    if (k->map) {
+        k->map->of(k->map->arg, src, ctx, sc, source);
+        return;
+    }
+    *ctx = k->ctx;
+    *sc = k->sc;
+    *source = src;
+}
+
 static uint32_t stream_shard(void *kctx, const bw__fetch_item *it, uint32_t num_shards)
 {
-    const stream_kind *k = kctx;
-    return bw__placement_stream_shard(it->src, k->sc->paths[it->src], num_shards, BW_SHARD_MODULO);
+    const bw__fetch_ctx *ctx;
+    bw__stream_ctx *sc;
+    uint32_t src;
+    item_of(kctx, it->src, &ctx, &sc, &src);
+    return bw__placement_stream_shard(src, sc->paths[src], num_shards, BW_SHARD_MODULO);
 }
 
 /* One ReadStream reads consecutive records of one source; a probe (locate_only) is a request
@@ -130,7 +152,10 @@ static bool stream_join(const bw__fetch_item *a, const bw__fetch_item *b)
 static int stream_message(void *kctx, bw__fetch_item *const *items, size_t n,
                           const bw__placement *p, bool checked, bw_arena *a, ProtobufCMessage **out)
 {
-    stream_kind *k = kctx;
+    const bw__fetch_ctx *ctx;
+    bw__stream_ctx *sc;
+    uint32_t src;
+    item_of(kctx, items[0]->src, &ctx, &sc, &src);
     Batchwire__V1__ReadStreamRequest *req = bw__arena_alloc(a, sizeof(*req));
     Batchwire__V1__Routing *rt = bw__arena_alloc(a, sizeof(*rt));
     if (!req || !rt)
@@ -141,22 +166,22 @@ static int stream_message(void *kctx, bw__fetch_item *const *items, size_t n,
     rt->shard_mode = BATCHWIRE__V1__SHARD_MODE__SHARD_MODE_MODULO;
     rt->by_source = true;
     batchwire__v1__read_stream_request__init(req);
-    req->dataset = (Batchwire__V1__Dataset *)k->ctx->dataset;
-    req->source = items[0]->src;
+    req->dataset = (Batchwire__V1__Dataset *)ctx->dataset;
+    req->source = src;
     req->first_record = items[0]->key;
     req->locate_only = items[0]->probe;
     req->max_records = items[0]->probe ? 0 : (uint32_t)n;
     /* A record's offset when this loader knows it (a source's start, an END received, a
      * cursor): the worker reads from there; otherwise it seeks with its offset index. */
     uint64_t off;
-    if (!req->locate_only && known_offset(k->sc, req->source, req->first_record, &off))
+    if (!req->locate_only && known_offset(sc, req->source, req->first_record, &off))
         req->offset = off;
     else
         req->seek_record = true;
     req->routing = rt;
-    req->fingerprint = (char *)k->ctx->fingerprint;
-    req->max_message_bytes = k->ctx->max_message_bytes;
-    req->field_table = k->ctx->field_table && !req->locate_only;
+    req->fingerprint = (char *)ctx->fingerprint;
+    req->max_message_bytes = ctx->max_message_bytes;
+    req->field_table = ctx->field_table && !req->locate_only;
     *out = &req->base;
     return BW_OK;
 }
@@ -166,9 +191,13 @@ static int stream_message(void *kctx, bw__fetch_item *const *items, size_t n,
 static void stream_finished(void *kctx, bw__fetch_item *const *items, size_t k, const bw__xres *res)
 {
     stream_kind *sk = kctx;
-    if (!res->has_end_offset || res->end_offset > sk->sc->sizes[items[0]->src])
+    const bw__fetch_ctx *ctx;
+    bw__stream_ctx *sc;
+    uint32_t src;
+    item_of(sk, items[0]->src, &ctx, &sc, &src);
+    if (!res->has_end_offset || res->end_offset > sc->sizes[src])
         return;
-    bw__stream_learn(sk->sc, items[0]->src, items[0]->key + k, res->end_offset);
+    bw__stream_learn(sc, src, items[0]->key + k, res->end_offset);
     if (items[0]->probe && res->rc == BW_OK) {
         sk->located = true;
         sk->offset = res->end_offset;
@@ -202,7 +231,7 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const b
         items[i].first = i;
         items[i].max_size = sc->sizes[items[i].src];
     }
-    stream_kind k = {ctx, sc, false, 0};
+    stream_kind k = {ctx, sc, NULL, false, 0};
     bw__fetch_kind kind = stream_kind_of(&k);
     bw__fetch_dest dest = {b, 0, 0, 0, NULL};
     if (rc == BW_OK)
@@ -214,17 +243,23 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const b
     return b->rc = rc;
 }
 
+int bw__stream_fetch_map(const bw__fetch_ctx *ctx, const bw__stream_map *map, bw__fetch_item *items,
+                         size_t n, bw__fetch_dest *dest, char *err, size_t errlen)
+{
+    stream_kind k = {ctx, NULL, map, false, 0};
+    bw__fetch_kind kind = stream_kind_of(&k);
+    return bw__fetch_items(ctx, &kind, items, n, dest, err, errlen);
+}
+
 /* ---- cursors ---- */
 
-/* The byte offset of record rec of source src: known, else asked of the source's owner
- * (from its index; nothing is read). */
-static int locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, uint64_t rec,
-                  uint64_t *off, char *err, size_t errlen)
+int bw__stream_locate(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, uint32_t src, uint64_t rec,
+                      uint64_t *off, char *err, size_t errlen)
 {
     if (known_offset(sc, src, rec, off))
         return BW_OK;
     bw__fetch_item probe = {.key = rec, .src = src, .probe = true};
-    stream_kind k = {ctx, sc, false, 0};
+    stream_kind k = {ctx, sc, NULL, false, 0};
     bw__fetch_kind kind = stream_kind_of(&k);
     int rc = bw__fetch_items(ctx, &kind, &probe, 1, NULL, err, errlen);
     if (rc == BW_OK && !k.located) {
@@ -255,9 +290,29 @@ int bw__stream_cursor_fill(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const b
             continue; /* a pre-sharded rank's cursor carries its own source only */
         uint64_t rec = bw__plan_source_records(plan, rank, (uint32_t)j, step);
         c->source_records[j] = rec;
-        int rc = locate(ctx, sc, (uint32_t)j, rec, &c->source_offsets[j], err, errlen);
+        int rc = bw__stream_locate(ctx, sc, (uint32_t)j, rec, &c->source_offsets[j], err, errlen);
         if (rc != BW_OK)
             return rc;
+    }
+    return BW_OK;
+}
+
+int bw__stream_cursor_header(const Batchwire__V1__Cursor *c, size_t n, uint64_t pos,
+                             const char *what, uint32_t rank, char *err, size_t errlen)
+{
+    if (c->n_source_offsets != n || c->n_source_records != n) {
+        snprintf(err, errlen,
+                 "cursor refused: it carries %zu stream offsets and %zu record counts for a "
+                 "%s of %zu sources",
+                 c->n_source_offsets, c->n_source_records, what, n);
+        return BW_MISMATCH;
+    }
+    if (c->stream_position != pos) {
+        snprintf(err, errlen,
+                 "cursor refused: its %s position %" PRIu64 " is not where step %" PRIu64
+                 " of rank %u starts (%" PRIu64 ")",
+                 what, c->stream_position, c->step, rank, pos);
+        return BW_MISMATCH;
     }
     return BW_OK;
 }
@@ -268,21 +323,10 @@ int bw__stream_cursor_check(bw__stream_ctx *sc, const bw__plan *plan,
     size_t n = sc->nsources;
     if (c->n_source_offsets == 0 && c->n_source_records == 0 && c->step == 0)
         return BW_OK; /* the start of an epoch needs no offsets */
-    if (c->n_source_offsets != n || c->n_source_records != n) {
-        snprintf(err, errlen,
-                 "cursor refused: it carries %zu stream offsets and %zu record counts for a "
-                 "stream of %zu sources",
-                 c->n_source_offsets, c->n_source_records, n);
-        return BW_MISMATCH;
-    }
-    uint64_t pos = bw__plan_stream_position(plan, rank, c->step);
-    if (c->stream_position != pos) {
-        snprintf(err, errlen,
-                 "cursor refused: its stream position %" PRIu64 " is not where step %" PRIu64
-                 " of rank %u starts (%" PRIu64 ")",
-                 c->stream_position, c->step, rank, pos);
-        return BW_MISMATCH;
-    }
+    int rc = bw__stream_cursor_header(c, n, bw__plan_stream_position(plan, rank, c->step), "stream",
+                                      rank, err, errlen);
+    if (rc != BW_OK)
+        return rc;
     for (size_t j = 0; j < n; j++) {
         if (bw__plan_pre_sharded(plan) && j != rank)
             continue;

@@ -38,15 +38,13 @@ int bw__plan_new(const bw__plan_spec *spec, uint64_t epoch, bool counts_only, bw
     }
     p->epoch = epoch;
     p->counts_only = counts_only;
-    p->iterable = spec->sampler.mode == BW__MODE_ITERABLE;
+    /* A mixture in iterable mode shards its positions as a stream's (docs/semantics.md,
+     * "Streams in a mixture"); its stream sources are the mixture's, not a stream order. */
+    p->iterable = spec->sampler.mode == BW__MODE_ITERABLE && !spec->mix;
     p->pre_sharded = spec->pre_sharded;
     bw__sampler_cfg cfg = spec->sampler;
     int rc = BW_OK;
-    if (spec->mix && p->iterable)
-        rc = bw__refuse(err, errlen,
-                        "a mixture is map-style here: use torch or accelerate mode (streams in "
-                        "an iterable mixture are not served by jobs yet)");
-    else if (spec->mix && cfg.shuffle)
+    if (spec->mix && cfg.shuffle)
         rc = bw__refuse(err, errlen,
                         "shuffle: a mixture orders its sources itself (a seeded permutation "
                         "within each source, a seeded interleave); leave shuffle off");
@@ -62,7 +60,7 @@ int bw__plan_new(const bw__plan_spec *spec, uint64_t epoch, bool counts_only, bw
         rc = bw__job_sampler_new_cfg(&cfg, spec->history, spec->nhistory, epoch, counts_only,
                                      &p->sampler, err, errlen);
     /* The layout is checked against the world size that runs the epoch's last steps. */
-    if (rc == BW_OK)
+    if (rc == BW_OK && !spec->mix)
         rc =
             bw__job_check_layout(cfg.mode, spec->pre_sharded, spec->nsources, spec->shuffle_sources,
                                  bw__sampler_world_size(p->sampler), err, errlen);
@@ -100,19 +98,21 @@ static int plan_new_for_mixture(const Batchwire__V1__JobConfig *config,
                           "the same number",
                           n, info->n_sources, BW__MIX_MAX_SOURCES);
     uint64_t *sizes = calloc(n, sizeof(*sizes)), *weights = calloc(n, sizeof(*weights));
-    int rc = sizes && weights ? BW_OK : BW_NOMEM;
+    bool *streams = calloc(n, sizeof(*streams));
+    int rc = sizes && weights && streams ? BW_OK : BW_NOMEM;
     if (rc != BW_OK)
         snprintf(err, errlen, "out of memory for a mixture of %zu sources", n);
     for (size_t j = 0; rc == BW_OK && j < n; j++) {
         sizes[j] = info->sources[j]->records;
         weights[j] = mx->sources[j]->weight;
+        streams[j] = mx->sources[j]->stream;
     }
     bw__mix_spec mix = {
         sizes,
         weights,
         n,
         mx->samples,
-        NULL,
+        streams,
         mx->policy == BATCHWIRE__V1__MIX_POLICY__MIX_POLICY_STOP ? BW__MIX_STOP : BW__MIX_CYCLE};
     bw__plan_spec spec;
     memset(&spec, 0, sizeof(spec));
@@ -129,6 +129,7 @@ static int plan_new_for_mixture(const Batchwire__V1__JobConfig *config,
         rc = bw__plan_new(&spec, epoch, counts_only, out, err, errlen);
     free(sizes);
     free(weights);
+    free(streams);
     return rc;
 }
 
@@ -301,11 +302,11 @@ const bw__mixture *bw__plan_mixture(const bw__plan *p)
 }
 
 int bw__plan_mix_batch(const bw__plan *p, uint64_t rank, uint64_t step, bw__batch *out,
-                       uint32_t *sources)
+                       uint32_t *sources, uint64_t *passes)
 {
     int rc = bw__plan_batch(p, rank, step, out);
     if (rc != BW_OK || !p->mix)
         return rc;
-    bw__mixture_at_many(p->mix, out->indices, out->count, sources, out->indices, NULL);
+    bw__mixture_at_many(p->mix, out->indices, out->count, sources, out->indices, passes);
     return BW_OK;
 }

@@ -156,11 +156,12 @@ const bw__mixture *bw__plan_mixture(const bw__plan *p);
 
 /*
  * bw__plan_batch, then for a mixture job each position turned into its source (sources[],
- * bw__plan_max_batch slots) and the index within that source (out->indices); for other jobs
- * sources[] is left alone. Same results as bw__plan_batch.
+ * bw__plan_max_batch slots), the index within that source (out->indices) and, unless passes is
+ * NULL, its pass (passes[], as many slots); for other jobs sources[] and passes[] are left
+ * alone. Same results as bw__plan_batch.
  */
 int bw__plan_mix_batch(const bw__plan *p, uint64_t rank, uint64_t step, bw__batch *out,
-                       uint32_t *sources);
+                       uint32_t *sources, uint64_t *passes);
 
 /* Iterable jobs: the epoch's source order (position <-> source and record); borrowed, lives
  * as long as the plan. NULL for torch and accelerate jobs. */

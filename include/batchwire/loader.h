@@ -195,12 +195,14 @@ typedef struct bw_loader_options {
      * none. */
     const char *transform_field;
     /* A weighted mixture of datasets (docs/semantics.md, "Mixtures"; docs/client.md), instead
-     * of `dataset`: n_mixture entries "FORMAT:PATH[,PATH...]=WEIGHT", source j being entry j,
-     * WEIGHT a positive decimal number ("0.7", "70"; at most 9 digits after the point; the
-     * weights are normalised by their sum). mix_samples: the epoch's size E (0, the default:
-     * the sum of the sources' sizes). Mode torch or accelerate, shuffle off (a mixture orders
-     * itself from the seed); batches then say each sample's source (bw_batch_sources) and
-     * its index within that source (bw_batch_indices). */
+     * of `dataset`: n_mixture entries "[stream:]FORMAT:PATH[,PATH...]=WEIGHT", source j being
+     * entry j, WEIGHT a positive decimal number ("0.7", "70"; at most 9 digits after the point;
+     * the weights are normalised by their sum); the "stream:" prefix makes the source a stream
+     * (tfrecord, jsonl, text, tar), read in its own order under mix_policy. mix_samples: the
+     * epoch's size E (0, the default: the sum of the sources' sizes). Any mode, shuffle off (a
+     * mixture orders itself from the seed); batches then say each sample's source
+     * (bw_batch_sources) and its index within that source (bw_batch_indices; a stream
+     * source's: the record number). */
     const char *const *mixture;
     size_t n_mixture;
     uint64_t mix_samples;
@@ -212,6 +214,11 @@ typedef struct bw_loader_options {
      * Asked per connection: a worker without it sends them raw. The delivered bytes are the
      * same, so it is not part of the job's configuration. gRPC ignores it. */
     const char *compress;
+    /* A mixture's policy for a stream source that runs dry (docs/semantics.md, "Streams in a
+     * mixture"): "cycle" (NULL, the default: start it again from its first record) or "stop"
+     * (end the epoch there). Given, it needs a "stream:" source. Part of the job's
+     * configuration. */
+    const char *mix_policy;
 } bw_loader_options;
 
 /*
@@ -464,6 +471,10 @@ BW_EXTERN const uint8_t *bw_batch_padding(const bw_batch *b);
  * mixture entry (bw_batch_indices then holds its index within that source); count entries.
  * NULL for other jobs. Valid until the next bw_loader_next. */
 BW_EXTERN const uint32_t *bw_batch_sources(const bw_batch *b);
+/* A mixture job with stream sources (docs/semantics.md, "Streams in a mixture"): each
+ * sample's pass over its source's stream of samples (batchwire plan's "passes"); count
+ * entries. NULL for other jobs. Valid until the next bw_loader_next. */
+BW_EXTERN const uint64_t *bw_batch_passes(const bw_batch *b);
 
 /* The batch's bytes: for .npy datasets one contiguous [count, ...] tensor; otherwise the
  * samples' bytes concatenated in batch order (see bw_batch_sample). In host memory, or on the

@@ -22,6 +22,7 @@ FUNCTIONS: Tuple[str, ...] = (
     "bw_batch_nbytes",
     "bw_batch_ndim",
     "bw_batch_padding",
+    "bw_batch_passes",
     "bw_batch_real",
     "bw_batch_sample",
     "bw_batch_shape",
@@ -169,6 +170,7 @@ const char *const *mixture;
 size_t n_mixture;
 uint64_t mix_samples;
 const char *compress;
+const char *mix_policy;
 } bw_loader_options;
 void bw_loader_options_init_sized(bw_loader_options *o, size_t size);
 int bw_loader_open(const bw_loader_options *o, bw_loader **out, char *err, size_t errlen);
@@ -230,6 +232,7 @@ size_t bw_batch_real(const bw_batch *b);
 const uint64_t *bw_batch_indices(const bw_batch *b);
 const uint8_t *bw_batch_padding(const bw_batch *b);
 const uint32_t *bw_batch_sources(const bw_batch *b);
+const uint64_t *bw_batch_passes(const bw_batch *b);
 const void *bw_batch_data(const bw_batch *b);
 size_t bw_batch_nbytes(const bw_batch *b);
 const char *bw_batch_dtype(const bw_batch *b);

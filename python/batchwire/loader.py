@@ -90,7 +90,8 @@ class Batch:
     """
 
     __slots__ = ("_loader", "_ptr", "_gen", "_hold", "_spans", "_fieldtab", "_idx_raw",
-                 "_pad_raw", "_src_raw", "_indices", "_padding", "_sources", "epoch", "step",
+                 "_pad_raw", "_src_raw", "_pass_raw", "_indices", "_padding", "_sources",
+                 "_passes", "epoch", "step",
                  "count", "real", "nbytes", "dtype", "shape", "device", "arrays", "_bf16",
                  "__weakref__")
 
@@ -116,6 +117,9 @@ class Batch:
         self._pad_raw = ffi.buffer(L.bw_batch_padding(ptr), n)[:] if n else b""
         src = L.bw_batch_sources(ptr)
         self._src_raw = ffi.buffer(src, 4 * n)[:] if n and src != ffi.NULL else None
+        passes = L.bw_batch_passes(ptr)
+        self._pass_raw = ffi.buffer(passes, 8 * n)[:] if n and passes != ffi.NULL else None
+        self._passes: "Optional[np.ndarray[Any, Any]]" = None
         self._indices: "Optional[np.ndarray[Any, Any]]" = None
         self._padding: "Optional[np.ndarray[Any, Any]]" = None
         self._sources: "Optional[np.ndarray[Any, Any]]" = None
@@ -179,6 +183,16 @@ class Batch:
 
             self._sources = np.frombuffer(self._src_raw, dtype=np.uint32).astype(np.int64)
         return self._sources
+
+    @property
+    def passes(self) -> "Optional[np.ndarray[Any, Any]]":
+        """A mixture job with stream sources: each sample's pass over its source's stream
+        (``batchwire plan``'s "passes"), a numpy int64 array (a copy). None for other jobs."""
+        if self._passes is None and self._pass_raw is not None:
+            import numpy as np
+
+            self._passes = np.frombuffer(self._pass_raw, dtype=np.uint64).astype(np.int64)
+        return self._passes
 
     def __repr__(self) -> str:
         extra = "" if self.shape is None else " shape=%r dtype=%s" % (self.shape, self.dtype)
@@ -665,6 +679,8 @@ class _Options:
                 raise errors.InvalidArgumentError("mix_samples: %r is not a positive integer" %
                                                   (a.mix_samples,))
             o.mix_samples = int(a.mix_samples)
+        if a.mix_policy is not None:
+            o.mix_policy = s(a.mix_policy)
         o.rank = -1 if a.rank is None else int(a.rank)
         o.world_size = -1 if a.world_size is None else int(a.world_size)
         o.mode = s(a.mode)
@@ -812,10 +828,13 @@ class Loader:
                     {"x": "npy:x/*.npy", "y": "npy:y/*.npy"} (batch.fields(); docs/formats.md)
       mixture       instead of dataset, a weighted mixture of datasets (docs/semantics.md,
                     "Mixtures"): [("npy:a/*.npy", 0.7), ("tfrecord:b/*", 0.3)], source j
-                    being entry j; weights positive, normalised by their sum. Mode torch or
-                    accelerate without shuffle; batch.sources says each sample's source,
-                    batch.indices its index within it
+                    being entry j; weights positive, normalised by their sum; a
+                    "stream:FORMAT:PATH" source (tfrecord, jsonl, text, tar) is read as a
+                    stream, in its own order. No shuffle; batch.sources says each sample's
+                    source, batch.indices its index (a stream's: its record) within it
       mix_samples   the mixture's epoch size E (None: the sum of the sources' sizes)
+      mix_policy    a stream source that runs dry: "cycle" (None, the default) starts it
+                    again, "stop" ends the epoch there; needs a stream: source
       rank, world_size   None: from RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_NTASKS
 
     The sampler (docs/semantics.md): every rank must agree
@@ -906,7 +925,8 @@ class Loader:
             coordinator: Optional[str] = None, job: Optional[str] = None,
             dataset: Optional[Dataset] = None,
             mixture: Optional[Sequence[Tuple[str, Union[float, int, str]]]] = None,
-            mix_samples: Optional[int] = None, rank: Optional[int] = None,
+            mix_samples: Optional[int] = None, mix_policy: Optional[str] = None,
+            rank: Optional[int] = None,
             world_size: Optional[int] = None,
             # the sampler (docs/semantics.md): every rank of a job must agree
             batch_size: int = 1, mode: str = "torch", shuffle: bool = False, seed: int = 0,

@@ -29,7 +29,8 @@ through state shared with them (batchwire._shared), also with persistent_workers
 under the fork, spawn and forkserver contexts.
 
 Items (batch mode): ``{"data", "indices", "padding", "epoch", "step"}`` (and ``"sources"``, an
-int64 tensor, for a mixture: Loader's ``mixture``) -- data is the
+int64 tensor, for a mixture: Loader's ``mixture``; ``"passes"`` too when it has a stream
+source) -- data is the
 batch's tensor for .npy datasets (no transform), else ``collate_fn`` of the transformed
 samples; indices an int64 tensor, padding a bool tensor (True for padding duplicates). Use
 ``DataLoader(ds, batch_size=None)`` (the default of batchwire.torch.DataLoader): the batches
@@ -333,6 +334,8 @@ class BatchDataset(torch.utils.data.IterableDataset):
                 "step": batch.step}
         if batch.sources is not None:  # a mixture: each sample's source (docs/client.md)
             item["sources"] = torch.from_numpy(batch.sources)
+        if batch.passes is not None:  # ... with a stream source: each sample's pass
+            item["passes"] = torch.from_numpy(batch.passes)
         return item
 
 

@@ -11,7 +11,8 @@ rank's lease.
   the dataset), and so is a source read with a proof made for another worker.
 * `batchwire fetch --mix ... --token-file` at two ranks, over both transports: every batch
   equals `batchwire plan --mix-size ...` (sources and indices), and its sha256 is that of its
-  samples, each read from its own source.
+  samples, each read from its own source; again with the JSON Lines source marked `stream:`
+  (its records read with ReadStream under the same grant).
 
 Raw requests use python3-grpcio and messages compiled from proto/ (test_hostile_grants.py's
 helpers), independent of the C code under test.
@@ -118,27 +119,31 @@ def test(tmp):
                         "worker '%s'" % wid, "%s: a source read with a proof for w9" % wid)
 
     bt.log("===== batchwire fetch --mix with a token: plan = fetch, bytes =====")
-    mix = []
-    for s, w in zip(SPECS, WEIGHTS):
-        mix += ["--mix", "%s=%s" % (s, w)]
-    plan_mix = []
-    for n, w in zip(SIZES, WEIGHTS):
-        plan_mix += ["--mix-size", "%d=%s" % (n, w)]
-    for transport in ("auto", "grpc"):
+    # and again with the JSON Lines source read as a stream (its records through ReadStream,
+    # under the same grant)
+    for stream, transport in [(st, t) for st in ("", "stream:") for t in ("auto", "grpc")]:
+        mix = []
+        for j, (sp, w) in enumerate(zip(SPECS, WEIGHTS)):
+            mix += ["--mix", "%s%s=%s" % (stream if j == 2 else "", sp, w)]
+        plan_mix = []
+        for j, (n, w) in enumerate(zip(SIZES, WEIGHTS)):
+            plan_mix += ["--mix-size", "%s%d=%s" % (stream if j == 2 else "", n, w)]
+        transport_job = ("mixs-" if stream else "mix-") + transport
         for rank in range(2):
-            r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "mix-" + transport, *mix,
+            r = bt.cli("fetch", "--coordinator", coord.addr, "--job", transport_job, *mix,
                        "--batch-size", B, "--seed", 3, "--rank", rank, "--world-size", 2,
                        "--transport", transport, "--token-file", token_file(tmp, "alice"),
                        timeout=60)
-            bt.check(r.returncode == 0, "fetch --mix --token-file rank %d/2 (transport %s)" %
-                     (rank, transport), r.stderr[-800:])
+            bt.check(r.returncode == 0, "fetch --mix --token-file rank %d/2 (transport %s%s)" %
+                     (rank, transport, ", a stream source" if stream else ""), r.stderr[-800:])
             got = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{\"epoch\"")]
             want = bwpy.plan("--mode", "torch", *plan_mix, "--world-size", 2, "--batch-size", B,
                              "--seed", 3)[rank]
             bt.check([(b["indices"], b["sources"]) for b in got] ==
                      [(p["indices"], p["sources"]) for p in want],
-                     "rank %d/2 (%s): %d batches = batchwire plan --mix-size" %
-                     (rank, transport, len(want)), (got[:1], want[:1]))
+                     "rank %d/2 (%s%s): %d batches = batchwire plan --mix-size" %
+                     (rank, transport, " " + stream if stream else "", len(want)),
+                     (got[:1], want[:1]))
             bad = [b["step"] for b in got if b["sha256"] != hashlib.sha256(b"".join(
                 sample(s, i) for s, i in zip(b["sources"], b["indices"]))).hexdigest()]
             bt.check(not bad, "rank %d/2 (%s): every batch's bytes are its samples' bytes" %

@@ -27,8 +27,8 @@ a float32 .npy of 97 samples, TFRecord records (61, two files) and JSON Lines (4
   source's size and description; another source order is another fingerprint) and refuses,
   naming the field, whatever the client sends: no source, 257, a weight of 0 or above 10^18, a
   source without a format or pre-sharded, an unknown policy, dataset beside mixture, shuffle,
-  iterable mode, the stop policy without a stream, a source no worker can describe, a source
-  of named arrays (.npz);
+  the stop policy without a stream, a source no worker can describe, a source of named arrays
+  (.npz) (stream sources: test_mixture_streams.py);
 * refused by the loader: a mixture with --shuffle; the same job name with other weights (the mixture is
   part of the job's configuration); a weight that is not a positive decimal.
 """
@@ -294,7 +294,6 @@ def test(tmpdir):
                       sampler=pb.SamplerConfig(mode=jr.TORCH, batch_size=B)),
          "exclude each other"),
         (config(two, shuffle=True), "shuffle"),
-        (config(two, mode=jr.ITERABLE), "torch or accelerate"),
         (config(two, policy=1), "stop"),
         (config([two[0], source("npy:missing/x.npy", 1)]), "mixture source 1"),
         (config([two[0], source("npz:z/*.npz", 1)]), "named arrays (2 fields)"),
