@@ -182,11 +182,11 @@ typedef struct bw_loader_options {
     /* A transform the workers run on every sample before sending it (docs/transforms.md):
      * a pipeline such as "decode|random_resized_crop(224)|flip|normalize(0.485,0.456,0.406;
      * 0.229,0.224,0.225)|chw" (files, tar or jsonl datasets), or "truncate(L)|pad(L,VALUE)" on
-     * the 1-D rows of an npy dataset or a jsonl key's arrays (token arrays). Each batch is then one tensor [B, ...] of the
-     * spec's output shape and dtype (bw_batch_dtype, bw_batch_shape); a sample the transform fails
-     * on fails the batch with an error naming its source and index. Part of the job's configuration
-     * (every rank must give the same; its canonical text is what is compared). Map-style jobs only
-     * (torch, accelerate). NULL or "" (default): none. */
+     * the 1-D rows of an npy dataset or a jsonl key's arrays (token arrays). Each batch is then one
+     * tensor [B, ...] of the spec's output shape and dtype (bw_batch_dtype, bw_batch_shape); a
+     * sample the transform fails on fails the batch with an error naming its source and index. Part
+     * of the job's configuration (every rank must give the same; its canonical text is what is
+     * compared). Map-style jobs only (torch, accelerate). NULL or "" (default): none. */
     const char *transform;
     /* tar (WebDataset) datasets: the member the transform runs on ("jpg"); jsonl datasets:
      * the top-level key whose value it runs on -- a base64 string of a JPEG or PNG for an image
