@@ -5,9 +5,11 @@ docs/transforms.md, "JSON Lines fields"):
   "name": "..."}, written here from `batchwire gen --format jpeg` files (and one PNG Pillow
   writes); a 2-rank job with `batchwire fetch --transform ... --transform-field image`, shuffled,
   two epochs: every batch is one float32 [B, 3, H, W] tensor equal to torchvision's on the same
-  bytes with the documented draws keyed by (seed, epoch, source file, dataset index); through
-  Python (transform_field=): Batch.numpy() is that tensor, and with fields=True the label and
-  name pass through (decoded as JSON, as any jsonl field) and "image" holds the tensor's bytes;
+  bytes with the documented draws keyed by (seed, epoch, source file, dataset index); the same
+  over gRPC and after a resume from a cursor at a random step; through Python
+  (transform_field=): Batch.numpy() is that tensor, and with fields=True (over the data
+  channel and gRPC) the label and name pass through (decoded as JSON, as any jsonl field) and
+  "image" holds the tensor's bytes;
 * tokens: {"ids": [... 0 to 20 values, int64 extremes among them ...], "label": ...} in two
   files; truncate(L)|pad(L2,V) and pad(L2,V) over 2 ranks equal numpy's int64 rows byte for
   byte (CLI), and Python with fields (ids: the row's int64 bytes, label passed through);
@@ -27,6 +29,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import sys
 
 import numpy as np
@@ -92,16 +95,40 @@ def make_images(tmpdir, data):
 def check_images(tmpdir, coord, data):
     samples = make_images(tmpdir, data)
     n = len(samples)
-    seen = set()
+    seen, runs = set(), {}
     for rank in range(2):
         r, batches = fetch(coord, "jl-img", "jsonl:jimg/*.jsonl", rank, 2, SPEC, "image",
                            "--batch-size", 4, "--shuffle", "--epochs", 2)
         bt.check(r.returncode == 0, "rank %d of the jsonl image job ran" % rank, r.stderr)
         tw.check_batches("jsonl rank %d" % rank, batches, lambda i: samples[i][:2])
         seen |= {(b["epoch"], i) for b in batches for i in b["indices"]}
+        runs[rank] = batches
     bt.check(len(seen) == 2 * n, "both epochs of every sample were served", len(seen))
     bt.ok("jsonl images, 2 ranks, 2 epochs, --transform-field image: torchvision's tensors of "
           "the decoded base64 (JPEG and PNG), the key's source being the file")
+
+    # Over gRPC, and resumed from a cursor at a random step: the same tensors.
+    r, batches = fetch(coord, "jl-img", "jsonl:jimg/*.jsonl", 0, 2, SPEC, "image",
+                       "--batch-size", 4, "--shuffle", "--epochs", 2, "--transport", "grpc")
+    keys = ("epoch", "step", "indices", "sha256")
+    strip = [{k: b[k] for k in keys} for b in runs[0]]
+    bt.check(r.returncode == 0 and [{k: b[k] for k in keys} for b in batches] == strip,
+             "over gRPC: the same tensors as over the data channel", r.stderr)
+    k = random.Random().randrange(1, len(runs[0]) - 1)
+    cur = os.path.join(tmpdir, "jl-cursor")
+    r, first = fetch(coord, "jl-img-resume", "jsonl:jimg/*.jsonl", 0, 2, SPEC, "image",
+                     "--batch-size", 4, "--shuffle", "--epochs", 2, "--max-steps", k,
+                     "--cursor-out", cur)
+    bt.check(r.returncode == 0 and len(first) == k, "a rank stopped after %d batches" % k,
+             r.stderr)
+    with open(cur) as f:
+        cursor = f.read().strip()
+    r, rest = fetch(coord, "jl-img-resume", "jsonl:jimg/*.jsonl", 0, 2, SPEC, "image",
+                    "--batch-size", 4, "--shuffle", "--epochs", 2 - runs[0][k - 1]["epoch"],
+                    "--resume", cursor)
+    bt.check(r.returncode == 0 and [{k: b[k] for k in keys} for b in first + rest] == strip,
+             "resumed at step %d: the same tensors as the uninterrupted run" % k, r.stderr)
+    bt.ok("jsonl images over gRPC and resumed at step %d: the same tensors" % k)
 
     batchwire = bwpy.import_batchwire()
     with batchwire.Loader(coordinator=coord.addr, job="jl-img-py", dataset="jsonl:jimg/*.jsonl",
@@ -116,10 +143,18 @@ def check_images(tmpdir, coord, data):
                      "Python: jsonl batch %d is torchvision's tensor" % batch.step, a.shape)
             got += len(batch.indices)
     bt.check(got == n, "Python: every sample", got)
-    with batchwire.Loader(coordinator=coord.addr, job="jl-img-fields",
+    for transport in ("auto", "grpc"):
+        got = check_fields(batchwire, coord, samples, transport)
+        bt.check(got == n, "jsonl with fields (%s): every sample" % transport, got)
+    bt.ok("Python transform_field='image' on jsonl: Batch.numpy() the tensor; with fields the "
+          "label passes through (data channel and gRPC)")
+
+
+def check_fields(batchwire, coord, samples, transport):
+    with batchwire.Loader(coordinator=coord.addr, job="jl-img-fields-" + transport,
                           dataset="jsonl:jimg/*.jsonl", rank=0, world_size=1, batch_size=4,
-                          seed=SEED, transform=SPEC, transform_field="image",
-                          fields=True) as loader:
+                          seed=SEED, transform=SPEC, transform_field="image", fields=True,
+                          transport=transport) as loader:
         got = 0
         for batch in loader:
             for i, f in zip(batch.indices, batch.fields()):
@@ -132,9 +167,7 @@ def check_images(tmpdir, coord, data):
                          "jsonl with fields: sample %d's image is its tensor, its label and "
                          "name pass through" % i, (sorted(f), f.get("label"), f.get("name")))
                 got += 1
-    bt.check(got == n, "jsonl with fields: every sample", got)
-    bt.ok("Python transform_field='image' on jsonl: Batch.numpy() the tensor; with fields the "
-          "label passes through")
+    return got
 
 
 def make_tokens(data):
