@@ -8,15 +8,40 @@
 #include "batchwire/batchwire.h"
 #include "transform/transform.h"
 
-static int sextet(uint8_t c)
+/* The value of each base64 character, -1 for the other bytes. */
+static const int8_t sextets[256] = {
+    -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+    -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 62, -1, -1, -1, 63,
+    52, 53, 54, 55, 56, 57, 58, 59, 60, 61, -1, -1, -1, -1, -1, -1, -1, 0,  1,  2,  3,  4,  5,  6,
+    7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, -1, -1, -1, -1, -1,
+    -1, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48,
+    49, 50, 51, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+    -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+    -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+    -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+    -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+    -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+};
+
+/* Decodes whole quanta of four alphabet characters at v[*i..n) at once (all of a string
+ * but its end, as encoders write it), advancing *i, *o and *chars; stops at anything else --
+ * an escape, padding, a bad byte, the closing quote -- which the caller's loop reads. */
+static void quanta(const uint8_t *v, size_t n, size_t *i, uint8_t *out, size_t *o, size_t *chars)
 {
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
+    size_t at = *i, w = *o;
+    for (; n - at >= 4; at += 4) {
+        int a = sextets[v[at]], b = sextets[v[at + 1]], c = sextets[v[at + 2]],
+            d = sextets[v[at + 3]];
+        if ((a | b | c | d) < 0)
+            break;
+        uint32_t q = (uint32_t)a << 18 | (uint32_t)b << 12 | (uint32_t)c << 6 | (uint32_t)d;
+        out[w++] = (uint8_t)(q >> 16);
+        out[w++] = (uint8_t)(q >> 8);
+        out[w++] = (uint8_t)q;
+    }
+    *chars += at - *i;
+    *i = at;
+    *o = w;
 }
 
 size_t bw__tf_base64_cap(size_t n)
@@ -44,7 +69,9 @@ int bw__tf_json_base64(const uint8_t *v, size_t n, uint8_t *out, size_t *outlen,
     }
     uint32_t acc = 0;
     size_t chars = 0, pad = 0, o = 0;
-    for (i++; i < n && v[i] != '"'; i++) {
+    i++;
+    quanta(v, n, &i, out, &o, &chars);
+    for (; i < n && v[i] != '"'; i++) {
         uint8_t c = v[i];
         if (c == '\\') { /* JSON may escape '/' as "\/"; no other escape is base64 */
             if (i + 1 < n && v[i + 1] == '/') {
@@ -63,7 +90,7 @@ int bw__tf_json_base64(const uint8_t *v, size_t n, uint8_t *out, size_t *outlen,
             chars++;
             continue;
         }
-        int s = sextet(c);
+        int s = sextets[c];
         if (s < 0 || pad) {
             if (s < 0 && c >= 0x20 && c < 0x7f)
                 snprintf(why, whylen,
@@ -87,6 +114,9 @@ int bw__tf_json_base64(const uint8_t *v, size_t n, uint8_t *out, size_t *outlen,
             out[o++] = (uint8_t)(acc >> 8);
             out[o++] = (uint8_t)acc;
             acc = 0;
+            i++;
+            quanta(v, n, &i, out, &o, &chars); /* back to whole quanta after an escape */
+            i--;
         }
     }
     if (i >= n) {

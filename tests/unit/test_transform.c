@@ -312,6 +312,35 @@ static void test_json_base64(void **state)
         assert_int_equal(n, strlen(ok[i].want));
         assert_memory_equal(out, ok[i].want, n);
     }
+    /* Round trips of every length 0..80, with "\/" for some '/' (the whole quanta decoded at
+     * once, then one character at a time after an escape, then at once again). */
+    const char *al = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    uint8_t raw[80], dec[128];
+    char enc[256];
+    for (size_t len = 0; len <= sizeof(raw); len++) {
+        size_t e = 0;
+        enc[e++] = '"';
+        for (size_t k = 0; k < len; k++)
+            raw[k] = (uint8_t)(k * 37 + len * 11 + (k >> 1));
+        for (size_t k = 0; k < len; k += 3) {
+            uint32_t q = (uint32_t)raw[k] << 16 | (k + 1 < len ? (uint32_t)raw[k + 1] << 8 : 0) |
+                         (k + 2 < len ? raw[k + 2] : 0);
+            for (int j = 0; j < 4; j++) {
+                char c = j <= (int)(len - k) && (j < 2 || k + (size_t)j - 1 < len)
+                             ? al[(q >> (18 - 6 * j)) & 63]
+                             : '=';
+                if (c == '/' && (k + (size_t)j) % 2)
+                    enc[e++] = '\\';
+                enc[e++] = c;
+            }
+        }
+        enc[e++] = '"';
+        assert_true(bw__tf_base64_cap(e) <= sizeof(dec));
+        assert_int_equal(bw__tf_json_base64((const uint8_t *)enc, e, dec, &n, err, sizeof(err)),
+                         BW_OK);
+        assert_int_equal(n, len);
+        assert_memory_equal(dec, raw, len);
+    }
     const struct {
         const char *v, *why;
     } bad[] = {{"\"Zm9\"", "3 characters, not a multiple of 4"},
