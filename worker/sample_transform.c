@@ -254,7 +254,7 @@ int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t i
     int rc = !s || (jsonl && !keys) ? BW_NOMEM
              : jsonl                ? BW_OK
                                     : input_of(t, r, &part, &in, &len, &joined, why, sizeof(why));
-    if (rc == BW_NOMEM)
+    if (!s || (jsonl && !keys))
         snprintf(why, sizeof(why), "out of memory for a transform scratch");
     if (rc == BW_OK && !(out = malloc(t->shape.bytes))) {
         snprintf(why, sizeof(why), "out of memory for its %zu-byte result", t->shape.bytes);
