@@ -12,8 +12,14 @@
  *   within the small pixel limit used here (1 << 14) a decompression bomb is refused from
  *   its header.
  *
+ * - the same bytes as a JSON Lines field's value (docs/transforms.md, "JSON Lines fields"):
+ *   for a token spec with a fixed JSON length, an array of int64 or a refusal with a reason
+ *   (never a crash or an unexplained code); for every input, as a base64 string, decoded
+ *   within bw__tf_base64_cap or refused with a reason.
+ *
  * Seeds: fuzz/corpus/fuzz_transform/ (written once from tests/integration/test_transform_equiv.py's
- * PNG writer and Pillow's JPEGs; each file is "SPEC\nIMAGE"). */
+ * PNG writer and Pillow's JPEGs; each file is "SPEC\nIMAGE"; json-* hold JSON Lines values
+ * written by hand). */
 #include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,10 +89,47 @@ static void run_valid(const bw__tf_spec *spec, const bw__tf_shape *fixed, const 
 
 /* A token pipeline on the input as a row of int16 values (the dataset's rows being that long):
  * the result is the row cut to or padded up to its length, byte for byte. */
+/* The bytes as a JSON Lines field: int64 rows of a token spec whose length is fixed. */
+static void run_json_tokens(const bw__tf_spec *spec, const uint8_t *v, size_t len)
+{
+    char err[512] = "";
+    bw__tf_shape shape;
+    if (bw__tf_tokens_json_shape(spec, &shape, err, sizeof(err)) != BW_OK) {
+        if (!err[0])
+            abort();
+        return;
+    }
+    if (shape.bytes > OUTCAP || strcmp(shape.descr, "<i8") != 0)
+        return;
+    int rc = bw__tf_tokens_json_run(spec, &shape, v, len, out, OUTCAP, err, sizeof(err));
+    if (rc != BW_OK && rc != BW_CORRUPT && rc != BW_TOO_BIG)
+        abort();
+    if (rc != BW_OK && !err[0])
+        abort();
+    /* An array is accepted only if it is one: '[' first (after spaces), ']' last. */
+    if (rc == BW_OK && (!memchr(v, '[', len) || !memchr(v, ']', len)))
+        abort();
+}
+
+/* The bytes as a JSON string of base64: decoded within the cap, or refused with a reason. */
+static void run_json_base64(const uint8_t *v, size_t len)
+{
+    char err[512] = "";
+    size_t cap = bw__tf_base64_cap(len), n = 0;
+    uint8_t *buf = malloc(cap);
+    if (!buf)
+        abort();
+    int rc = bw__tf_json_base64(v, len, buf, &n, err, sizeof(err));
+    if (rc == BW_OK ? n > cap || n > len : rc != BW_CORRUPT || !err[0])
+        abort();
+    free(buf);
+}
+
 static void run_tokens(const bw__tf_spec *spec, const uint8_t *row, size_t len)
 {
     char err[512];
     bw__tf_shape shape;
+    run_json_tokens(spec, row, len);
     uint64_t n = len / 2;
     int rc = bw__tf_tokens_shape(spec, "<i2", &n, 1, &shape, err, sizeof(err));
     if (rc != BW_OK) {
@@ -157,6 +200,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else if (bw__tf_parse("decode|resize(7,5)", &spec, err, sizeof(err)) != BW_OK) {
         abort();
     }
+    run_json_base64(img, ilen);
     bw__tf_result res;
     err[0] = '\0';
     int rc = bw__tf_run(&spec, scratch, &key, img, ilen, out, OUTCAP, &res, err, sizeof(err));

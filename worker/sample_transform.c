@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "batchwire/batchwire.h"
+#include "common/json.h"
 #include "common/util.h"
 
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
@@ -48,11 +49,15 @@ int bw__stf_parse(const Batchwire__V1__Transform *t, const bw__layout *in, bw__s
 {
     char why[512];
     memset(out, 0, sizeof(*out));
+    bool field = t->field && t->field[0];
+    /* Token ops with a field read a JSON Lines field's arrays as int64 (docs/transforms.md,
+     * "JSON Lines fields"), without one the rows of an npy dataset. */
     if (bw__tf_parse(t->spec ? t->spec : "", &out->spec, why, sizeof(why)) != BW_OK ||
-        (bw__tf_is_tokens(&out->spec)
-             ? bw__tf_tokens_shape(&out->spec, in->dtype, in->shape, (size_t)in->ndim, &out->shape,
-                                   why, sizeof(why))
-             : bw__tf_output_shape(&out->spec, &out->shape, why, sizeof(why))) != BW_OK) {
+        (!bw__tf_is_tokens(&out->spec)
+             ? bw__tf_output_shape(&out->spec, &out->shape, why, sizeof(why))
+         : field ? bw__tf_tokens_json_shape(&out->spec, &out->shape, why, sizeof(why))
+                 : bw__tf_tokens_shape(&out->spec, in->dtype, in->shape, (size_t)in->ndim,
+                                       &out->shape, why, sizeof(why))) != BW_OK) {
         snprintf(err, errlen, "transform '%.200s': %s", t->spec ? t->spec : "", why);
         return BW_INVALID_ARGUMENT;
     }
@@ -117,6 +122,125 @@ static int input_of(const bw__stf *t, const bw__record *r, size_t *part, const u
     return BW_OK;
 }
 
+/* A JSON Lines sample's top-level keys (bw__json_keys, the scanner bw_batch_fields uses too),
+ * and where the transformed one's value lies. */
+typedef struct json_keys {
+    const char *want;
+    size_t n;
+    bool over; /* more keys than a record has parts for */
+    bool found;
+    size_t off, len; /* the wanted key's value (its first occurrence) */
+    struct {
+        const char *name;
+        size_t nl, off, len;
+    } k[BW_FMT_MAX_FIELDS];
+} json_keys;
+
+static int json_key(void *arg, const char *name, size_t nl, size_t off, size_t len)
+{
+    json_keys *j = arg;
+    if (!j->found && strlen(j->want) == nl && memcmp(j->want, name, nl) == 0) {
+        j->found = true;
+        j->off = off;
+        j->len = len;
+    }
+    if (j->n == BW_FMT_MAX_FIELDS) {
+        j->over = true;
+        return BW_OK;
+    }
+    j->k[j->n].name = name;
+    j->k[j->n].nl = nl;
+    j->k[j->n].off = off;
+    j->k[j->n].len = len;
+    j->n++;
+    return BW_OK;
+}
+
+/* Finds t->field among the keys of JSON Lines record r into *j and runs the transform on its
+ * value (docs/transforms.md, "JSON Lines fields"): an image pipeline on the bytes of a base64
+ * string, a token pipeline on an array of integers. The result in out (t->shape.bytes). */
+static int json_field_run(const bw__stf *t, bw__tf_scratch *s, const bw__tf_key *key,
+                          const bw__record *r, json_keys *j, uint8_t *out, char *why, size_t whylen)
+{
+    const uint8_t *line = r->nparts ? r->parts[0].p : (const uint8_t *)"";
+    size_t n = r->nparts ? r->parts[0].len : 0, at = 0;
+    memset(j, 0, sizeof(*j));
+    j->want = t->field;
+    int rc = bw__json_keys(line, n, json_key, j, &at);
+    if (rc != BW_OK) {
+        snprintf(why, whylen, "the line is not a JSON object (at byte %zu of %zu)", at, n);
+        return BW_CORRUPT;
+    }
+    if (!j->found) {
+        size_t o = 0;
+        char have[256] = "";
+        for (size_t i = 0; i < j->n && o < sizeof(have); i++)
+            o += (size_t)snprintf(have + o, sizeof(have) - o, "%s%.*s", i ? ", " : "",
+                                  (int)j->k[i].nl, j->k[i].name);
+        snprintf(why, whylen, "the line has no key '%s' (its keys: %s)", t->field,
+                 have[0] ? have : "none");
+        return BW_NOT_FOUND;
+    }
+    const uint8_t *v = line + j->off;
+    if (bw__tf_is_tokens(&t->spec))
+        return bw__tf_tokens_json_run(&t->spec, &t->shape, v, j->len, out, t->shape.bytes, why,
+                                      whylen);
+    uint8_t *img = malloc(bw__tf_base64_cap(j->len));
+    size_t len = 0;
+    if (!img) {
+        snprintf(why, whylen, "out of memory decoding its %zu bytes of base64", j->len);
+        return BW_NOMEM;
+    }
+    rc = bw__tf_json_base64(v, j->len, img, &len, why, whylen);
+    bw__tf_result res;
+    if (rc == BW_OK)
+        rc = bw__tf_run(&t->spec, s, key, img, len, out, t->shape.bytes, &res, why, whylen);
+    free(img);
+    return rc;
+}
+
+/* JSON Lines record r becomes its keys as fields (for a field table, field_table.h): each
+ * key's value as its JSON text, in the line's order, the transformed key's replaced by the
+ * result m (which r then owns). BW_OK, or BW_TOO_BIG when the names do not fit. */
+static int json_members(bw__record *r, const json_keys *j, bw__mapping *m, char *why, size_t whylen)
+{
+    size_t need = 1;
+    for (size_t i = 0; i < j->n; i++)
+        need += j->k[i].nl + 1;
+    if (j->over || need > sizeof(r->text)) {
+        snprintf(why, whylen,
+                 "the line's keys (%s%zu, %zu bytes of names) are more than a sample's fields "
+                 "may be (%d, %zu bytes)",
+                 j->over ? "more than " : "", j->n, need, BW_FMT_MAX_FIELDS, sizeof(r->text));
+        return BW_TOO_BIG;
+    }
+    const uint8_t *line = r->parts[0].p;
+    bw__mapping *map = r->owner;
+    r->key = 0; /* no sample key: the table's sentences name the sample by its index */
+    r->text[0] = '\0';
+    r->textlen = 1;
+    r->size = 0;
+    for (size_t i = 0; i < j->n; i++) {
+        bool mine = j->k[i].off == j->off;
+        r->names[i] = r->textlen;
+        memcpy(r->text + r->textlen, j->k[i].name, j->k[i].nl);
+        r->text[r->textlen + j->k[i].nl] = '\0';
+        r->textlen += (uint32_t)j->k[i].nl + 1;
+        r->parts[i].p = mine ? m->base : line + j->k[i].off;
+        r->parts[i].len = mine ? m->len : j->k[i].len;
+        r->owners[i] = mine ? m : map;
+        r->size += r->parts[i].len;
+    }
+    /* The other values stay in the dataset's mapping, which the open read holds (a jsonl
+     * record owns none), the result in its own (bw__record_release unrefs r->owner). */
+    r->nparts = j->n;
+    r->has_names = true;
+    r->per_part_owner = true;
+    r->owner = m;
+    r->owner_is_own = true;
+    return BW_OK;
+}
+
 int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t index, bool members,
                   bw__record *r, char *err, size_t errlen)
 {
@@ -125,8 +249,12 @@ int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t i
     size_t len = 0, part = 0;
     uint8_t *joined = NULL, *out = NULL;
     bw__tf_scratch *s = bw__stf_thread_scratch();
-    int rc = s ? input_of(t, r, &part, &in, &len, &joined, why, sizeof(why)) : BW_NOMEM;
-    if (!s)
+    bool jsonl = t->field[0] && d->ops == &bw__fmt_jsonl;
+    json_keys *keys = jsonl ? malloc(sizeof(*keys)) : NULL;
+    int rc = !s || (jsonl && !keys) ? BW_NOMEM
+             : jsonl                ? BW_OK
+                                    : input_of(t, r, &part, &in, &len, &joined, why, sizeof(why));
+    if (!s || (jsonl && !keys))
         snprintf(why, sizeof(why), "out of memory for a transform scratch");
     if (rc == BW_OK && !(out = malloc(t->shape.bytes))) {
         snprintf(why, sizeof(why), "out of memory for its %zu-byte result", t->shape.bytes);
@@ -134,7 +262,9 @@ int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t i
     }
     bw__tf_key key = {t->seed, t->epoch, src, index};
     bw__tf_result res;
-    if (rc == BW_OK && bw__tf_is_tokens(&t->spec))
+    if (rc == BW_OK && jsonl)
+        rc = json_field_run(t, s, &key, r, keys, out, why, sizeof(why));
+    else if (rc == BW_OK && bw__tf_is_tokens(&t->spec))
         rc = bw__tf_tokens_run(&t->spec, &t->shape, in, len, out, t->shape.bytes, why, sizeof(why));
     else if (rc == BW_OK)
         rc = bw__tf_run(&t->spec, s, &key, in, len, out, t->shape.bytes, &res, why, sizeof(why));
@@ -146,9 +276,18 @@ int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t i
         snprintf(why, sizeof(why), "out of memory");
         rc = BW_NOMEM;
     }
+    if (rc == BW_OK && jsonl && members)
+        rc = json_members(r, keys, m, why, sizeof(why));
+    if (rc != BW_OK) /* json_members failed: r is unchanged, m not taken */
+        bw__mapping_unref(m);
+    free(keys);
     if (rc != BW_OK) {
-        snprintf(err, errlen, "source %zu '%s' sample %llu%s%s: %s", src, d->sources[src]->path,
-                 (unsigned long long)index, t->field[0] ? " member " : "", t->field, why);
+        snprintf(err, errlen, "source %zu '%s' sample %llu%s%s%s: %s", src, d->sources[src]->path,
+                 (unsigned long long)index,
+                 !t->field[0] ? ""
+                 : jsonl      ? " field '"
+                              : " member ",
+                 t->field, jsonl ? "'" : "", why);
         return rc;
     }
     if (!t->field[0] || !members) {
@@ -157,6 +296,8 @@ int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t i
         bw__record_own(r, m);
         return BW_OK;
     }
+    if (jsonl)
+        return BW_OK; /* json_members made its fields */
     /* One member replaced: the others stay in the dataset's mapping, which the open read
      * holds (tar records own none), the result in its own, which the record now owns
      * (bw__record_release unrefs r->owner). */

@@ -1,7 +1,8 @@
 /*
  * A read's transform on the worker (docs/transforms.md, "On the workers"): the job's pipeline
  * run on each sample of a ReadSamples request, its result replacing the sample's bytes (or,
- * with a field, the bytes of that tar member), keyed by (seed, epoch, source, index).
+ * with a field, the bytes of that tar member or jsonl key's value: docs/transforms.md, "JSON
+ * Lines fields"), keyed by (seed, epoch, source, index).
  */
 #ifndef BW_WORKER_SAMPLE_TRANSFORM_H
 #define BW_WORKER_SAMPLE_TRANSFORM_H
@@ -22,7 +23,7 @@
 typedef struct bw__stf {
     bw__tf_spec spec;
     bw__tf_shape shape;
-    char field[BW_JOB_FIELD_MAX]; /* tar member ("jpg"); "": the whole sample */
+    char field[BW_JOB_FIELD_MAX]; /* tar member ("jpg"), jsonl key; "": the whole sample */
     uint64_t seed, epoch;
     /* the principal the pool serves the read's windows for (transform_pool.h); "": anonymous.
      * Set by the read path after bw__stf_parse (bw__stf_principal). */
@@ -38,9 +39,13 @@ int bw__stf_parse(const Batchwire__V1__Transform *t, const bw__layout *in, bw__s
 /* Runs the transform on record *r, sample `index` of source `src` of d. On success r is
  * released and replaced by one part holding the result (owned by the record: released with
  * it) -- or, with a field and `members` (a read with field tables), by its members with that
- * member's bytes replaced by the result. On failure r is unchanged and err says which sample
- * ("source 2 'imgs' sample 17: op 1: decode: corrupt JPEG ...") and why; the code is the
- * transform's (BW_CORRUPT for a corrupt image), BW_NOT_FOUND for a missing member. Uses a
+ * member's bytes replaced by the result (a jsonl line: its keys become members, each value's
+ * JSON text, the field's the result). A jsonl field's value is a base64 string of an image, or
+ * an array of integers for token ops (int64). On failure r is unchanged and err says which
+ * sample ("source 2 'imgs' sample 17: op 1: decode: corrupt JPEG ...", "source 0 'a.jsonl'
+ * sample 3 field 'image': not base64: ...") and why; the code is the transform's (BW_CORRUPT
+ * for a corrupt image or value, BW_TOO_BIG for a row longer than the pad), BW_NOT_FOUND for a
+ * missing member or key. Uses a
  * scratch of the calling thread's own (bw__stf_thread_scratch). Thread-safe. */
 int bw__stf_apply(const bw__stf *t, const bw__dataset *d, size_t src, uint64_t index, bool members,
                   bw__record *r, char *err, size_t errlen);

@@ -59,7 +59,10 @@ static const bw_opt options[] = {
      "'decode|random_resized_crop(224)|flip|normalize(0.485,0.456,0.406;0.229,0.224,0.225)|chw'"
      ": each batch is one tensor (docs/transforms.md)"},
     {"transform-field", BW_OPT_STRING, offsetof(fetch_cfg, transform_field), NULL, 0, 0, NULL, 0,
-     "KEY", "tar datasets: the member the transform runs on (e.g. jpg)"},
+     "KEY",
+     "tar datasets: the member the transform runs on (e.g. jpg); jsonl datasets: the key whose "
+     "value it runs on (a base64 string of an image, or an array of integers for "
+     "truncate/pad, which become int64; docs/transforms.md)"},
     {"mix", BW_OPT_LIST, offsetof(fetch_cfg, mix), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
      "[stream:]FORMAT:PATH[,PATH...]=WEIGHT",
      "instead of --dataset, repeated: one source of a weighted mixture of datasets, source j "

@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "commands.h"
+#include "common/json.h"
+#include "jobs/job_check.h"
 #include "jobs/mixture.h"
 #include "jobs/plan.h"
 #include "transform/transform.h"
@@ -34,7 +36,7 @@ typedef struct plan_cfg {
     char *mix_sizes; /* --mix-size values, one a line */
     int64_t mix_samples;
     int mix_policy;
-    char *transform;
+    char *transform, *transform_field;
 } plan_cfg;
 
 #define I64_MAX_TEXT INT64_MAX
@@ -100,6 +102,10 @@ static const bw_opt options[] = {
      "the job's transform (docs/transforms.md), checked as fetch checks it and named in "
      "--metadata (its canonical text; for an image pipeline each sample's dtype and shape); "
      "the batches' indices do not depend on it"},
+    {"transform-field", BW_OPT_STRING, offsetof(plan_cfg, transform_field), NULL, 0, 0, NULL,
+     BW_OPT_NO_ENV, "KEY",
+     "the tar member or jsonl key --transform transforms, checked as fetch checks it (a token "
+     "pipeline on a jsonl key must end with pad(L,VALUE): its rows become int64 of length L)"},
     {"mix-size", BW_OPT_LIST, offsetof(plan_cfg, mix_sizes), NULL, 0, 0, NULL, BW_OPT_NO_ENV,
      "N=WEIGHT",
      "a mixture's source: its number of samples N and its weight (a positive decimal, e.g. "
@@ -211,28 +217,45 @@ static void view_free(view *v)
     bw__mix_sampler_free(v->mix);
 }
 
-/* --transform: the spec checked, its canonical text and, for an image pipeline, the shape
- * of every sample's result (a token pipeline's comes from the dataset's rows). */
+/* --transform: the spec checked, its canonical text and, for an image pipeline or token ops
+ * on a jsonl key (--transform-field), the shape of every sample's result (a token pipeline's
+ * on npy rows comes from the dataset's rows). */
 typedef struct plan_tf {
     char canon[BW_TF_CANON_MAX];
+    const char *field;
     bool shaped;
     bw__tf_shape shape;
 } plan_tf;
 
-static int check_transform(const char *text, plan_tf *t, char *err, size_t errlen)
+static int check_transform(const char *text, const char *field, plan_tf *t, char *err,
+                           size_t errlen)
 {
     bw__tf_spec spec;
     char why[512];
     memset(t, 0, sizeof(*t));
-    if (!text)
-        return 0;
-    if (bw__tf_parse(text, &spec, why, sizeof(why)) != BW_OK ||
-        (!bw__tf_is_tokens(&spec) &&
-         bw__tf_output_shape(&spec, &t->shape, why, sizeof(why)) != BW_OK)) {
-        snprintf(err, errlen, "--transform '%.200s': %.280s", text, why);
+    field = field && field[0] ? field : NULL;
+    if (!text) {
+        if (field)
+            snprintf(err, errlen, "--transform-field '%.200s' given without --transform", field);
+        return field ? 2 : 0;
+    }
+    if (field && strlen(field) >= BW_JOB_FIELD_MAX) {
+        snprintf(err, errlen, "--transform-field '%.64s...': longer than %d bytes", field,
+                 BW_JOB_FIELD_MAX - 1);
         return 2;
     }
-    t->shaped = !bw__tf_is_tokens(&spec);
+    /* Token ops with a field read a jsonl key's arrays (docs/transforms.md, "JSON Lines
+     * fields"): their length must be fixed, as fetch requires. */
+    if (bw__tf_parse(text, &spec, why, sizeof(why)) != BW_OK ||
+        (!bw__tf_is_tokens(&spec) ? bw__tf_output_shape(&spec, &t->shape, why, sizeof(why))
+         : field                  ? bw__tf_tokens_json_shape(&spec, &t->shape, why, sizeof(why))
+                                  : BW_OK) != BW_OK) {
+        snprintf(err, errlen, "--transform '%.200s'%s%.80s%s: %.500s", text,
+                 field ? " on jsonl key '" : "", field ? field : "", field ? "'" : "", why);
+        return 2;
+    }
+    t->shaped = !bw__tf_is_tokens(&spec) || field;
+    t->field = field;
     if (bw__tf_format(&spec, t->canon, sizeof(t->canon)) < 0) {
         snprintf(err, errlen, "--transform '%.200s': its canonical text is too long", text);
         return 2;
@@ -265,9 +288,16 @@ static void print_metadata(const view *v, const bw__sampler_cfg *c, uint64_t fir
     }
     if (tf->canon[0]) { /* the canonical text is printable ASCII without '"' or '\\' */
         printf(",\"transform\":\"%s\"", tf->canon);
-        if (tf->shaped)
-            printf(",\"sample_dtype\":\"%s\",\"sample_shape\":[%d,%d,%d]", tf->shape.descr,
-                   tf->shape.dims[0], tf->shape.dims[1], tf->shape.dims[2]);
+        if (tf->field) {
+            printf(",\"transform_field\":");
+            bw__json_string(stdout, tf->field);
+        }
+        if (tf->shaped) {
+            printf(",\"sample_dtype\":\"%s\",\"sample_shape\":[", tf->shape.descr);
+            for (int d = 0; d < tf->shape.ndim; d++)
+                printf("%s%d", d ? "," : "", tf->shape.dims[d]);
+            printf("]");
+        }
     }
     printf("}}\n");
 }
@@ -354,7 +384,7 @@ static const char *mix_conflict(const plan_cfg *pc)
 
 static int run(const plan_cfg *pc)
 {
-    char err[512];
+    char err[1024];
     bool mixture = pc->mix_sizes != NULL;
     if (pc->mode == UNSET)
         return bad("--mode is required (torch, accelerate or iterable)");
@@ -370,7 +400,7 @@ static int run(const plan_cfg *pc)
     if (pc->world_size == UNSET)
         return bad("--world-size is required");
     plan_tf tf;
-    if (check_transform(pc->transform, &tf, err, sizeof(err)) != 0)
+    if (check_transform(pc->transform, pc->transform_field, &tf, err, sizeof(err)) != 0)
         return bad(err);
     if (pc->batch_size == UNSET)
         return bad("--batch-size is required");

@@ -1,11 +1,12 @@
 /* Samples as named fields (bw_batch_fields): a tar (WebDataset) sample's members, whose names
  * and sizes arrive in a field table in front of the sample's bytes (formats/field_table.h)
  * and are stripped here, and a JSON Lines sample's top-level keys, found by scanning the line
- * (the values are not parsed, only delimited). */
+ * (bw__json_keys: the values are not parsed, only delimited). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/json.h"
 #include "formats/field_table.h"
 #include "batch_int.h"
 
@@ -72,95 +73,11 @@ static int add_field(bw_batch *b, const char *name, size_t nl, size_t offset, si
     return BW_OK;
 }
 
-static size_t skip_ws(const uint8_t *p, size_t n, size_t i)
+/* bw__json_keys's callback: one key of a JSON Lines sample becomes a field. */
+static int json_field(void *arg, const char *name, size_t name_len, size_t value_off,
+                      size_t value_len)
 {
-    while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n'))
-        i++;
-    return i;
-}
-
-/* The end of the JSON string starting at p[i] == '"' (one past its closing quote), or 0. */
-static size_t string_end(const uint8_t *p, size_t n, size_t i)
-{
-    for (i++; i < n; i++) {
-        if (p[i] == '\\')
-            i++;
-        else if (p[i] == '"')
-            return i + 1;
-    }
-    return 0;
-}
-
-/* The end of the JSON value starting at p[i] (one past it), or 0 when it is cut short. */
-static size_t value_end(const uint8_t *p, size_t n, size_t i)
-{
-    if (i >= n)
-        return 0;
-    if (p[i] == '"')
-        return string_end(p, n, i);
-    if (p[i] == '{' || p[i] == '[') {
-        size_t depth = 0;
-        for (; i < n; i++) {
-            if (p[i] == '"') {
-                size_t e = string_end(p, n, i);
-                if (!e)
-                    return 0;
-                i = e - 1;
-            } else if (p[i] == '{' || p[i] == '[') {
-                depth++;
-            } else if ((p[i] == '}' || p[i] == ']') && --depth == 0) {
-                return i + 1;
-            }
-        }
-        return 0;
-    }
-    size_t s = i; /* a number, true, false or null */
-    while (i < n && p[i] != ',' && p[i] != '}' && p[i] != ']' && p[i] != ' ' && p[i] != '\t' &&
-           p[i] != '\r' && p[i] != '\n')
-        i++;
-    return i > s ? i : 0;
-}
-
-/* The top-level keys of the JSON object p[0..n); BW_CORRUPT with *at where it is not one. */
-static int scan_object(bw_batch *b, const uint8_t *p, size_t n, size_t *at)
-{
-    size_t i = skip_ws(p, n, 0);
-    if (i >= n || p[i] != '{') {
-        *at = i;
-        return BW_CORRUPT;
-    }
-    i = skip_ws(p, n, i + 1);
-    if (i < n && p[i] == '}')
-        return BW_OK;
-    for (;;) {
-        size_t ke = i < n && p[i] == '"' ? string_end(p, n, i) : 0;
-        if (!ke) {
-            *at = i;
-            return BW_CORRUPT;
-        }
-        size_t v = skip_ws(p, n, ke);
-        if (v >= n || p[v] != ':') {
-            *at = v;
-            return BW_CORRUPT;
-        }
-        v = skip_ws(p, n, v + 1);
-        size_t ve = value_end(p, n, v);
-        if (!ve) {
-            *at = v;
-            return BW_CORRUPT;
-        }
-        int rc = add_field(b, (const char *)p + i + 1, ke - i - 2, v, ve - v);
-        if (rc != BW_OK)
-            return rc;
-        i = skip_ws(p, n, ve);
-        if (i < n && p[i] == '}')
-            return BW_OK;
-        if (i >= n || p[i] != ',') {
-            *at = i;
-            return BW_CORRUPT;
-        }
-        i = skip_ws(p, n, i + 1);
-    }
+    return add_field(arg, name, name_len, value_off, value_len);
 }
 
 int bw__batch_split_fields(bw_batch *b, enum bw__fields_kind kind)
@@ -181,7 +98,7 @@ int bw__batch_split_fields(bw_batch *b, enum bw__fields_kind kind)
         int rc = BW_OK;
         if (kind == BW_FIELDS_JSON) {
             size_t at = 0;
-            rc = scan_object(b, s, len, &at);
+            rc = bw__json_keys(s, len, json_field, b, &at);
             if (rc == BW_CORRUPT)
                 snprintf(b->err, sizeof(b->err),
                          "sample %llu: not a JSON object (at byte %zu of %zu), so it has no "

@@ -10,6 +10,7 @@
 #include "common/interrupt.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "formats/field_table.h"
 #include "gpu.h"
 #include "loader_state.h"
 #include "transport.h"
@@ -260,11 +261,14 @@ static int use_transform(bw_loader *l, const Batchwire__V1__JobSummary *job, cha
     bw__tf_spec spec;
     bw__tf_shape shape;
     const Batchwire__V1__SampleLayout *in = job->dataset ? job->dataset->layout : NULL;
+    const char *field = job->config->transform_field;
+    bool json_tokens = field && field[0]; /* token ops with a field: a jsonl key's arrays */
     if (bw__tf_parse(text, &spec, why, sizeof(why)) != BW_OK ||
-        (bw__tf_is_tokens(&spec)
-             ? bw__tf_tokens_shape(&spec, in ? in->dtype : NULL, in ? in->shape : NULL,
-                                   in ? in->n_shape : 0, &shape, why, sizeof(why))
-             : bw__tf_output_shape(&spec, &shape, why, sizeof(why))) != BW_OK) {
+        (!bw__tf_is_tokens(&spec) ? bw__tf_output_shape(&spec, &shape, why, sizeof(why))
+         : json_tokens
+             ? bw__tf_tokens_json_shape(&spec, &shape, why, sizeof(why))
+             : bw__tf_tokens_shape(&spec, in ? in->dtype : NULL, in ? in->shape : NULL,
+                                   in ? in->n_shape : 0, &shape, why, sizeof(why))) != BW_OK) {
         snprintf(err, errlen, "job '%s' has transform '%s', which this library refuses: %s",
                  job->name, text, why);
         return BW_INVALID_ARGUMENT;
@@ -273,9 +277,10 @@ static int use_transform(bw_loader *l, const Batchwire__V1__JobSummary *job, cha
     l->fctx.transform_field = job->config->transform_field;
     l->fctx.seed = (uint64_t)job->config->sampler->seed;
     if (l->fctx.transform_field && l->fctx.transform_field[0] && l->fctx.field_table) {
-        /* Read with fields: the other members pass through, the result replaces one. */
-        uint64_t m = l->fctx.max_sample_bytes;
-        l->fctx.max_sample_bytes = m > UINT64_MAX - shape.bytes ? UINT64_MAX : m + shape.bytes;
+        /* Read with fields: the other members pass through, the result replaces one (a
+         * jsonl line's values come with a field table instead of the line's syntax). */
+        uint64_t m = l->fctx.max_sample_bytes, more = shape.bytes + 8 + 12 * BW_FMT_MAX_FIELDS;
+        l->fctx.max_sample_bytes = m > UINT64_MAX - more ? UINT64_MAX : m + more;
         return BW_OK;
     }
     l->tf_whole = true;
@@ -326,6 +331,8 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         rc = bw__loader_compress(o, &compress, err, errlen);
     if (rc == BW_OK)
         rc = bw__fields_kind_of(l->jr.format, o->fields != 0, &l->fields, err, errlen);
+    if (rc == BW_OK && l->fields == BW_FIELDS_JSON && l->jr.transform_field)
+        l->fields = BW_FIELDS_TABLE; /* the worker sends a transformed line's keys in a table */
     /* A malformed cursor or an unusable device is refused before anything is claimed. */
     if (rc == BW_OK && o->device >= 0 &&
         (rc = bw__gpu_check(o->device, l->err, sizeof(l->err))) != BW_OK)

@@ -1,9 +1,12 @@
-/* Writing JSON text (json.h): strings escaped per RFC 8259. */
+/* Writing JSON text (json.h): strings escaped per RFC 8259; and finding the top-level keys of
+ * a JSON object (JSON Lines samples). */
 #include "common/json.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
+
+#include "batchwire/batchwire.h"
 
 /* Length of the valid UTF-8 sequence at s, or 0. */
 static size_t utf8_len(const unsigned char *s)
@@ -107,4 +110,96 @@ bool bw__json_escape(char *out, size_t cap, size_t *len, const char *s, size_t n
     }
     out[*len] = '\0';
     return fit;
+}
+
+/* ---- the top-level keys of an object (bw__json_keys) ---- */
+
+static size_t skip_ws(const uint8_t *p, size_t n, size_t i)
+{
+    while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n'))
+        i++;
+    return i;
+}
+
+/* The end of the JSON string starting at p[i] == '"' (one past its closing quote), or 0. */
+static size_t string_end(const uint8_t *p, size_t n, size_t i)
+{
+    for (i++; i < n; i++) {
+        if (p[i] == '\\')
+            i++;
+        else if (p[i] == '"')
+            return i + 1;
+    }
+    return 0;
+}
+
+/* The end of the JSON value starting at p[i] (one past it), or 0 when it is cut short. */
+static size_t value_end(const uint8_t *p, size_t n, size_t i)
+{
+    if (i >= n)
+        return 0;
+    if (p[i] == '"')
+        return string_end(p, n, i);
+    if (p[i] == '{' || p[i] == '[') {
+        size_t depth = 0;
+        for (; i < n; i++) {
+            if (p[i] == '"') {
+                size_t e = string_end(p, n, i);
+                if (!e)
+                    return 0;
+                i = e - 1;
+            } else if (p[i] == '{' || p[i] == '[') {
+                depth++;
+            } else if ((p[i] == '}' || p[i] == ']') && --depth == 0) {
+                return i + 1;
+            }
+        }
+        return 0;
+    }
+    size_t s = i; /* a number, true, false or null */
+    while (i < n && p[i] != ',' && p[i] != '}' && p[i] != ']' && p[i] != ' ' && p[i] != '\t' &&
+           p[i] != '\r' && p[i] != '\n')
+        i++;
+    return i > s ? i : 0;
+}
+
+int bw__json_keys(const uint8_t *p, size_t n, bw__json_key_fn fn, void *arg, size_t *at)
+{
+    size_t i = skip_ws(p, n, 0);
+    if (i >= n || p[i] != '{') {
+        *at = i;
+        return BW_CORRUPT;
+    }
+    i = skip_ws(p, n, i + 1);
+    if (i < n && p[i] == '}')
+        return BW_OK;
+    for (;;) {
+        size_t ke = i < n && p[i] == '"' ? string_end(p, n, i) : 0;
+        if (!ke) {
+            *at = i;
+            return BW_CORRUPT;
+        }
+        size_t v = skip_ws(p, n, ke);
+        if (v >= n || p[v] != ':') {
+            *at = v;
+            return BW_CORRUPT;
+        }
+        v = skip_ws(p, n, v + 1);
+        size_t ve = value_end(p, n, v);
+        if (!ve) {
+            *at = v;
+            return BW_CORRUPT;
+        }
+        int rc = fn(arg, (const char *)p + i + 1, ke - i - 2, v, ve - v);
+        if (rc != BW_OK)
+            return rc;
+        i = skip_ws(p, n, ve);
+        if (i < n && p[i] == '}')
+            return BW_OK;
+        if (i >= n || p[i] != ',') {
+            *at = i;
+            return BW_CORRUPT;
+        }
+        i = skip_ws(p, n, i + 1);
+    }
 }

@@ -87,13 +87,35 @@ int bw__job_check_transform(const char *transform, const char *field, const char
                  "torch or accelerate mode");
         return BW_INVALID_ARGUMENT;
     }
+    if (field && strlen(field) >= BW_JOB_FIELD_MAX) {
+        snprintf(err, errlen, "transform_field '%.64s...': longer than %d bytes", field,
+                 BW_JOB_FIELD_MAX - 1);
+        return BW_INVALID_ARGUMENT;
+    }
+    bool jsonl = format && strcmp(format, "jsonl") == 0;
+    if (jsonl && !field) {
+        snprintf(err, errlen,
+                 "transform on a jsonl dataset: give transform_field, the key whose value it "
+                 "transforms (e.g. image: a base64 string, or ids: an array of integers)");
+        return BW_INVALID_ARGUMENT;
+    }
     if (bw__tf_is_tokens(&spec)) {
-        /* Token arrays: the rows of an npy dataset (docs/transforms.md, "Token arrays"). */
+        /* Token arrays: the rows of an npy dataset, or a JSON Lines field's arrays
+         * (docs/transforms.md, "Token arrays", "JSON Lines fields"). */
+        if (jsonl) {
+            if (bw__tf_tokens_json_shape(&spec, &shape, why, sizeof(why)) != BW_OK) {
+                snprintf(err, errlen, "transform '%s' on jsonl field '%s': %s", transform, field,
+                         why);
+                return BW_INVALID_ARGUMENT;
+            }
+            return BW_OK;
+        }
         if (!format || strcmp(format, "npy") != 0 || field) {
             snprintf(err, errlen,
-                     "transform '%s': token ops (truncate, pad) read the rows of an npy dataset; "
-                     "%s%s%s",
-                     transform, field ? "transform_field is for tar members, and " : "",
+                     "transform '%s': token ops (truncate, pad) read the rows of an npy dataset "
+                     "or a jsonl field (with transform_field); %s%s%s",
+                     transform,
+                     field ? "transform_field is for tar members and jsonl keys, and " : "",
                      format ? "this dataset's format is " : "this job reads no dataset files",
                      format ? format : "");
             return BW_INVALID_ARGUMENT;
@@ -104,14 +126,14 @@ int bw__job_check_transform(const char *transform, const char *field, const char
         snprintf(err, errlen,
                  "transform: this job reads no dataset files (a synthetic dataset, or a mixture, "
                  "whose sources workers do not transform yet); a transform reads files (one "
-                 "image per file) or tar (with transform_field)");
+                 "image per file), tar or jsonl (with transform_field)");
         return BW_INVALID_ARGUMENT;
     }
     bool tar = strcmp(format, "tar") == 0;
-    if (!tar && strcmp(format, "files") != 0) {
+    if (!tar && !jsonl && strcmp(format, "files") != 0) {
         snprintf(err, errlen,
                  "transform: dataset format '%s' holds no images to decode; a transform reads "
-                 "files (one image per file) or tar (with transform_field)",
+                 "files (one image per file), tar or jsonl (with transform_field)",
                  format);
         return BW_INVALID_ARGUMENT;
     }
@@ -121,14 +143,11 @@ int bw__job_check_transform(const char *transform, const char *field, const char
                  "(e.g. jpg)");
         return BW_INVALID_ARGUMENT;
     }
-    if (!tar && field) {
-        snprintf(err, errlen, "transform_field '%s': format '%s' has no members (only tar has)",
+    if (!tar && !jsonl && field) {
+        snprintf(err, errlen,
+                 "transform_field '%s': format '%s' has no members or keys (only tar and jsonl "
+                 "have)",
                  field, format);
-        return BW_INVALID_ARGUMENT;
-    }
-    if (field && strlen(field) >= BW_JOB_FIELD_MAX) {
-        snprintf(err, errlen, "transform_field '%.64s...': longer than %d bytes", field,
-                 BW_JOB_FIELD_MAX - 1);
         return BW_INVALID_ARGUMENT;
     }
     return BW_OK;
@@ -164,8 +183,10 @@ int bw__job_check_data(const Batchwire__V1__JobConfig *config,
                  canon);
         rc = BW_INVALID_ARGUMENT;
     }
-    if (rc == BW_OK && config->transform && config->transform[0] && info) {
-        /* Token ops need the dataset's values: 1-D rows of numbers, pad's value one of them. */
+    if (rc == BW_OK && config->transform && config->transform[0] && info &&
+        !(config->transform_field && config->transform_field[0])) {
+        /* Token ops on npy need the dataset's values: 1-D rows of numbers, pad's value one of
+         * them (a jsonl field's are int64, checked above). */
         bw__tf_spec tf;
         bw__tf_shape shape;
         char why[512];

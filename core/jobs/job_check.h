@@ -21,12 +21,14 @@ int bw__job_format_is_stream(const char *format);
 int bw__job_check_layout(bw__sampler_mode mode, bool pre_sharded, size_t nsources,
                          bool shuffle_sources, uint64_t world, char *err, size_t errlen);
 
-/* The longest transform_field a job may name, with its NUL (a tar member's extension). */
+/* The longest transform_field a job may name, with its NUL (a tar member, a jsonl key). */
 enum { BW_JOB_FIELD_MAX = 64 };
 
 /* A job's transform (docs/transforms.md, "On the workers"): its spec parses and fixes the
  * output shape, the job is map-style (not `iterable`), the dataset's format is files, or tar
- * with a `field` (and only tar has one). Writes the spec's canonical text to canon (canonlen
+ * or jsonl with a `field` (only they have one: a member, a top-level key); token ops read npy
+ * rows, or a jsonl field when the pipeline's output length is fixed (bw__tf_tokens_json_shape;
+ * docs/transforms.md, "JSON Lines fields"). Writes the spec's canonical text to canon (canonlen
  * bytes; "" without a transform). BW_OK, or BW_INVALID_ARGUMENT with a sentence in err. */
 int bw__job_check_transform(const char *transform, const char *field, const char *format,
                             bool iterable, char *canon, size_t canonlen, char *err, size_t errlen);

@@ -152,3 +152,181 @@ int bw__tf_tokens_run(const bw__tf_spec *spec, const bw__tf_shape *shape, const 
         memcpy((uint8_t *)out + at, shape->pad, e);
     return BW_OK;
 }
+
+/* ---- JSON Lines fields (docs/transforms.md, "JSON Lines fields") ---- */
+
+static const char *op_name(const bw__tf_op *op)
+{
+    return op->kind == BW_TF_PAD ? "pad" : "truncate";
+}
+
+int bw__tf_tokens_json_shape(const bw__tf_spec *spec, bw__tf_shape *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    if (!bw__tf_is_tokens(spec)) {
+        snprintf(err, errlen, "not a token pipeline (truncate, pad)");
+        return BW_INVALID_ARGUMENT;
+    }
+    const bw__tf_op *last = &spec->ops[spec->n - 1];
+    if (last->kind != BW_TF_PAD) {
+        snprintf(err, errlen,
+                 "the rows of a JSON Lines field have varying lengths and a batch is one "
+                 "tensor, so the pipeline must end with pad(L,VALUE), which makes every row L "
+                 "values long (a truncate(L) before it cuts longer rows); it ends with "
+                 "truncate(%d), which leaves shorter rows short",
+                 last->a);
+        return BW_INVALID_ARGUMENT;
+    }
+    for (int k = 0; k < spec->n - 1; k++)
+        if (spec->ops[k].a > last->a) {
+            snprintf(err, errlen,
+                     "op %d %s(%d%s): longer than the final pad(%d,...), so rows would not all "
+                     "have its length %d: the output length of a JSON Lines field is the last "
+                     "pad's, and every truncate and pad before it must be at most that",
+                     k + 1, op_name(&spec->ops[k]), spec->ops[k].a,
+                     spec->ops[k].kind == BW_TF_PAD ? ",..." : "", last->a, last->a);
+            return BW_INVALID_ARGUMENT;
+        }
+    uint8_t le[8] = {0};
+    char why[160];
+    if (pad_bytes(last, 'i', 8, le, why, sizeof(why)) != BW_OK) {
+        snprintf(err, errlen, "op %d pad(%d,...): %s (a JSON Lines field's values become int64)",
+                 spec->n, last->a, why);
+        return BW_INVALID_ARGUMENT;
+    }
+    memcpy(out->pad, le, 8);
+    out->ndim = 1;
+    out->elem = 8;
+    out->dims[0] = last->a;
+    out->bytes = (size_t)last->a * 8;
+    snprintf(out->descr, sizeof(out->descr), "<i8");
+    return BW_OK;
+}
+
+static size_t json_ws(const uint8_t *p, size_t n, size_t i)
+{
+    while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n'))
+        i++;
+    return i;
+}
+
+static const char *json_type(uint8_t c)
+{
+    switch (c) {
+    case '"':
+        return "a string";
+    case '{':
+        return "an object";
+    case '[':
+        return "an array";
+    case 't':
+    case 'f':
+        return "a boolean";
+    case 'n':
+        return "null";
+    default:
+        return (c == '-' || (c >= '0' && c <= '9')) ? "a number" : "not JSON";
+    }
+}
+
+/* The integer at p[*i..n) (JSON's grammar: '-'?, digits, no fraction or exponent) as an
+ * int64 into *v, *i past it; BW_OK or BW_CORRUPT with why. */
+static int json_int64(const uint8_t *p, size_t n, size_t *i, size_t k, int64_t *v, char *why,
+                      size_t whylen)
+{
+    size_t s = *i, j = s;
+    bool neg = j < n && p[j] == '-';
+    if (neg)
+        j++;
+    size_t d0 = j;
+    uint64_t u = 0, lim = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    bool over = false;
+    for (; j < n && p[j] >= '0' && p[j] <= '9'; j++) {
+        unsigned dig = (unsigned)(p[j] - '0');
+        if (u > (lim - dig) / 10)
+            over = true;
+        else
+            u = u * 10 + dig;
+    }
+    size_t e = j; /* the whole token, for the message */
+    while (e < n && p[e] != ',' && p[e] != ']' && p[e] != ' ' && p[e] != '\t' && p[e] != '\r' &&
+           p[e] != '\n')
+        e++;
+    int shown = (int)(e - s < 40 ? e - s : 40);
+    if (j == d0) {
+        snprintf(why, whylen, "value %zu of the array is %s, not an integer", k,
+                 s < n ? json_type(p[s]) : "missing");
+        return BW_CORRUPT;
+    }
+    if (e != j) {
+        snprintf(why, whylen, "value %zu of the array, %.*s, is not an integer", k, shown,
+                 (const char *)p + s);
+        return BW_CORRUPT;
+    }
+    if (over) {
+        snprintf(why, whylen, "value %zu of the array, %.*s, is outside int64", k, shown,
+                 (const char *)p + s);
+        return BW_CORRUPT;
+    }
+    *v = neg ? (int64_t)(0 - u) : (int64_t)u;
+    *i = j;
+    return BW_OK;
+}
+
+int bw__tf_tokens_json_run(const bw__tf_spec *spec, const bw__tf_shape *shape, const uint8_t *v,
+                           size_t n, void *out, size_t outcap, char *err, size_t errlen)
+{
+    size_t cap = shape->bytes / 8; /* the values that fit: the final pad's length */
+    if (shape->elem != 8 || shape->bytes > outcap) {
+        snprintf(err, errlen, "the result's %zu bytes do not fit in %zu", shape->bytes, outcap);
+        return BW_INVALID_ARGUMENT;
+    }
+    size_t i = json_ws(v, n, 0);
+    if (i >= n || v[i] != '[') {
+        snprintf(err, errlen, "the value is %s, not an array of integers",
+                 i < n ? json_type(v[i]) : "empty");
+        return BW_CORRUPT;
+    }
+    uint8_t *o = out;
+    uint64_t count = 0;
+    i = json_ws(v, n, i + 1);
+    if (i < n && v[i] == ']')
+        i++;
+    else
+        for (;;) {
+            int64_t x;
+            int rc = json_int64(v, n, &i, (size_t)count, &x, err, errlen);
+            if (rc != BW_OK)
+                return rc;
+            if (count < cap)
+                for (int b = 0; b < 8; b++)
+                    o[count * 8 + (size_t)b] = (uint8_t)((uint64_t)x >> (8 * b));
+            count++;
+            i = json_ws(v, n, i);
+            if (i < n && v[i] == ']') {
+                i++;
+                break;
+            }
+            if (i >= n || v[i] != ',') {
+                snprintf(err, errlen, "the array is not closed after value %llu",
+                         (unsigned long long)count - 1);
+                return BW_CORRUPT;
+            }
+            i = json_ws(v, n, i + 1);
+        }
+    if (json_ws(v, n, i) != n) {
+        snprintf(err, errlen, "the value has bytes after its array");
+        return BW_CORRUPT;
+    }
+    uint64_t keep = kept_len(spec, count);
+    if (keep > cap) {
+        snprintf(err, errlen,
+                 "the row has %llu values, more than the %zu of the final pad, and no "
+                 "truncate(L) cuts it (rows are never cut silently)",
+                 (unsigned long long)count, cap);
+        return BW_TOO_BIG;
+    }
+    for (size_t at = (size_t)keep; at < cap; at++)
+        memcpy(o + at * 8, shape->pad, 8);
+    return BW_OK;
+}

@@ -117,6 +117,31 @@ int bw__tf_tokens_shape(const bw__tf_spec *spec, const char *descr, const uint64
 int bw__tf_tokens_run(const bw__tf_spec *spec, const bw__tf_shape *shape, const uint8_t *in,
                       size_t inlen, void *out, size_t outcap, char *err, size_t errlen);
 
+/* ---- JSON Lines fields (docs/transforms.md, "JSON Lines fields") ---- */
+
+/* The result of token pipeline spec on a JSON Lines field (a JSON array of integers of any
+ * length, read as int64): the pipeline must end with pad(L2,VALUE) and every truncate and pad
+ * before it be at most L2, so that every row is L2 values (a row longer than L2 after the
+ * truncates fails); VALUE must be an int64. Fills *out (descr "<i8", ndim 1, dims[0] L2, the
+ * pad value's bytes). BW_OK, or BW_INVALID_ARGUMENT with the reason. */
+int bw__tf_tokens_json_shape(const bw__tf_spec *spec, bw__tf_shape *out, char *err, size_t errlen);
+
+/* Runs token pipeline spec (shape from bw__tf_tokens_json_shape) on v[0..n), the JSON text of
+ * a field's value: an array of integers, each within int64, become int64 little-endian, cut
+ * by the truncates and padded to shape->bytes in out (outcap at least that). BW_OK;
+ * BW_CORRUPT when v is not such an array (naming the value); BW_TOO_BIG when the row is longer
+ * than the pad's length after the truncates. Thread-safe. */
+int bw__tf_tokens_json_run(const bw__tf_spec *spec, const bw__tf_shape *shape, const uint8_t *v,
+                           size_t n, void *out, size_t outcap, char *err, size_t errlen);
+
+/* Decodes v[0..n), the JSON text of a field's value, a string of standard base64 (RFC 4648,
+ * padded; "\/" read as '/'), into out (room for bw__tf_base64_cap(n) bytes), its length in
+ * *outlen. BW_OK, or BW_CORRUPT saying what is not base64 and where (daemon-only:
+ * base64.c). */
+size_t bw__tf_base64_cap(size_t n);
+int bw__tf_json_base64(const uint8_t *v, size_t n, uint8_t *out, size_t *outlen, char *why,
+                       size_t whylen);
+
 /* Bytes of one value of d; the shape of an h x w x 3 image of d in the layout chw says. */
 size_t bw__tf_dtype_size(bw__tf_dtype d);
 void bw__tf_shape_set(bw__tf_shape *out, bw__tf_dtype d, int chw, int h, int w);

@@ -181,18 +181,21 @@ typedef struct bw_loader_options {
 
     /* A transform the workers run on every sample before sending it (docs/transforms.md):
      * a pipeline such as "decode|random_resized_crop(224)|flip|normalize(0.485,0.456,0.406;
-     * 0.229,0.224,0.225)|chw" (files or tar datasets), or "truncate(L)|pad(L,VALUE)" on the
-     * 1-D rows of an npy dataset (token arrays). Each batch is then one tensor [B, ...] of the
-     * spec's output shape and dtype (bw_batch_dtype, bw_batch_shape); a sample the transform fails
-     * on fails the batch with an error naming its source and index. Part of the job's configuration
-     * (every rank must give the same; its canonical text is what is compared). Map-style jobs only
-     * (torch, accelerate). NULL or "" (default): none. */
+     * 0.229,0.224,0.225)|chw" (files, tar or jsonl datasets), or "truncate(L)|pad(L,VALUE)" on
+     * the 1-D rows of an npy dataset or a jsonl key's arrays (token arrays). Each batch is then one
+     * tensor [B, ...] of the spec's output shape and dtype (bw_batch_dtype, bw_batch_shape); a
+     * sample the transform fails on fails the batch with an error naming its source and index. Part
+     * of the job's configuration (every rank must give the same; its canonical text is what is
+     * compared). Map-style jobs only (torch, accelerate). NULL or "" (default): none. */
     const char *transform;
-    /* tar (WebDataset) datasets: the member the transform runs on ("jpg"). Without `fields`
-     * each sample is that member's result (the batch one tensor, as above); with `fields` the
-     * other members pass through unchanged (a "cls" label stays the label) and that member's
-     * bytes are its result. Required for tar, refused for other formats. NULL (default):
-     * none. */
+    /* tar (WebDataset) datasets: the member the transform runs on ("jpg"); jsonl datasets:
+     * the top-level key whose value it runs on -- a base64 string of a JPEG or PNG for an image
+     * pipeline, an array of integers (int64, "<i8") for token ops, which must then end with
+     * pad(L,VALUE) (docs/transforms.md, "JSON Lines fields"). Without `fields` each sample is
+     * that member's or key's result (the batch one tensor, as above); with `fields` the other
+     * members or keys pass through unchanged (a "cls" or "label" stays the label; a jsonl key
+     * as its JSON text) and that one's bytes are its result. Required for tar and jsonl,
+     * refused for other formats. NULL (default): none. */
     const char *transform_field;
     /* A weighted mixture of datasets (docs/semantics.md, "Mixtures"; docs/client.md), instead
      * of `dataset`: n_mixture entries "[stream:]FORMAT:PATH[,PATH...]=WEIGHT", source j being

@@ -325,7 +325,8 @@ class Batch:
     def fields(self, keys: Optional[Sequence[str]] = None, as_torch: bool = False) -> Any:
         """Each sample as a dict of its fields (a loader with fields, the default for tar and
         jsonl datasets): tar (WebDataset) members by extension ({"jpg": b"...", "cls":
-        b"3"}), bytes; JSON Lines top-level keys, decoded values. `keys` keeps only those
+        b"3"}), bytes; JSON Lines top-level keys, decoded values (the key a transform_field
+        transforms: its result's bytes, as a tar member's). `keys` keeps only those
         (only they are copied or decoded); a sample without one of them raises
         NotFoundError.
 
@@ -342,6 +343,7 @@ class Batch:
         base = self._base()
         want = None if keys is None else list(keys)
         jsonl = self._loader._format == "jsonl"
+        tfield = getattr(self._loader, "_tfield", None)  # a transformed jsonl key: its bytes
         out = []
         for i, ((soff, _), fl) in enumerate(zip(self._sample_spans(), table)):
             spans = {name: (off, sz) for name, off, sz in fl}
@@ -354,7 +356,7 @@ class Batch:
                         (i, int(self.indices[i]), k, sorted(spans)))
                 off, sz = spans[k]
                 raw = self._bytes_at(base + soff + off, sz)
-                d[k] = json.loads(raw) if jsonl else raw
+                d[k] = json.loads(raw) if jsonl and k != tfield else raw
             out.append(d)
         return out
 
@@ -884,11 +886,14 @@ class Loader:
                     "decode|random_resized_crop(224)|flip|normalize(0.485,0.456,0.406;"
                     "0.229,0.224,0.225)|chw": each batch is then one tensor [B, C, H, W] of
                     the spec's dtype (Batch.numpy(), Batch.tensor()); part of the job's
-                    configuration. files datasets (one image per file), or tar with
-                    transform_field; or "truncate(L)|pad(L,VALUE)" on the 1-D rows of an
-                    npy dataset (token arrays): batches [B, L] of the dataset's dtype
-      transform_field  the member transformed ("jpg"); with fields=True the other members
-                    pass through and that member's bytes are its result
+                    configuration. files datasets (one image per file), or tar or jsonl
+                    with transform_field; or "truncate(L)|pad(L,VALUE)" on the 1-D rows of an
+                    npy dataset (token arrays): batches [B, L] of the dataset's dtype, or on
+                    a jsonl key's arrays of integers: batches [B, L] of int64 (the spec must
+                    end with pad(L,VALUE))
+      transform_field  the tar member ("jpg") or jsonl key ("image": a base64 string of the
+                    JPEG/PNG; "ids": an array of integers) transformed; with fields=True the
+                    other members or keys pass through and that one's bytes are its result
 
     The connection
       timeout       seconds per call to a worker or the coordinator
@@ -978,6 +983,7 @@ class Loader:
         opts = _Options(args)
         self._device = dev = opts.device
         self._format, self._fields = opts.format, opts.fields
+        self._tfield: Optional[str] = transform_field or None
         raw = opts.raw
 
         handle = ffi.new("bw_loader **")

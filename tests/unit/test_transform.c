@@ -14,6 +14,7 @@
 #include <turbojpeg.h>
 
 #include "batchwire/batchwire.h"
+#include "jobs/job_check.h"
 #include "transform/transform.h"
 
 static char err[2048];
@@ -229,6 +230,191 @@ static void test_tokens(void **state)
     /* an image pipeline is not a token one, and bw__tf_output_shape sends token ones here */
     assert_int_equal(bw__tf_output_shape(&s, &sh, err, sizeof(err)), BW_INVALID_ARGUMENT);
     assert_non_null(strstr(err, "come from the dataset's samples"));
+}
+
+/* Token ops on a JSON Lines field: json_shape's fixed-length rule, its int64 rows. */
+static int json_row(const char *spec, const char *value, int64_t *out, size_t cap)
+{
+    bw__tf_spec s;
+    bw__tf_shape sh;
+    assert_int_equal(bw__tf_parse(spec, &s, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__tf_tokens_json_shape(&s, &sh, err, sizeof(err)), BW_OK);
+    assert_string_equal(sh.descr, "<i8");
+    assert_true(sh.bytes <= cap * 8);
+    err[0] = '\0';
+    return bw__tf_tokens_json_run(&s, &sh, (const uint8_t *)value, strlen(value), out, cap * 8, err,
+                                  sizeof(err));
+}
+
+static void json_shape_refused(const char *spec, const char *why)
+{
+    bw__tf_spec s;
+    bw__tf_shape sh;
+    assert_int_equal(bw__tf_parse(spec, &s, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__tf_tokens_json_shape(&s, &sh, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    if (!strstr(err, why))
+        fail_msg("'%s': error '%s' does not say '%s'", spec, err, why);
+}
+
+static void test_json_tokens(void **state)
+{
+    (void)state;
+    int64_t out[8];
+    assert_int_equal(json_row("truncate(3)|pad(5,-2)",
+                              " [ 7, -9223372036854775808,"
+                              "9223372036854775807, 4 ] ",
+                              out, 8),
+                     BW_OK);
+    const int64_t cut[5] = {7, INT64_MIN, INT64_MAX, -2, -2};
+    assert_memory_equal(out, cut, sizeof(cut));
+    assert_int_equal(json_row("pad(4,9)", "[]", out, 8), BW_OK);
+    const int64_t empty[4] = {9, 9, 9, 9};
+    assert_memory_equal(out, empty, sizeof(empty));
+    assert_int_equal(json_row("pad(2,0)", "[1,2]", out, 8), BW_OK);
+    /* a row longer than the pad, not cut by a truncate: refused, never cut */
+    assert_int_equal(json_row("pad(2,0)", "[1,2,3]", out, 8), BW_TOO_BIG);
+    assert_non_null(strstr(err, "the row has 3 values, more than the 2 of the final pad"));
+    assert_int_equal(json_row("pad(4,0)", "[1,2.0]", out, 8), BW_CORRUPT);
+    assert_non_null(strstr(err, "value 1 of the array, 2.0, is not an integer"));
+    assert_int_equal(json_row("pad(4,0)", "[1e3]", out, 8), BW_CORRUPT);
+    assert_non_null(strstr(err, "1e3, is not an integer"));
+    assert_int_equal(json_row("pad(4,0)", "[-9223372036854775809]", out, 8), BW_CORRUPT);
+    assert_non_null(strstr(err, "outside int64"));
+    assert_int_equal(json_row("pad(4,0)", "[1,\"2\"]", out, 8), BW_CORRUPT);
+    assert_non_null(strstr(err, "value 1 of the array is a string, not an integer"));
+    assert_int_equal(json_row("pad(4,0)", "{\"a\":1}", out, 8), BW_CORRUPT);
+    assert_non_null(strstr(err, "the value is an object, not an array of integers"));
+    assert_int_equal(json_row("pad(4,0)", "[1,2", out, 8), BW_CORRUPT);
+    assert_non_null(strstr(err, "not closed"));
+    assert_int_equal(json_row("pad(4,0)", "[1,]", out, 8), BW_CORRUPT);
+    assert_int_equal(json_row("pad(4,0)", "[-]", out, 8), BW_CORRUPT);
+    /* the output length must be fixed: a final pad, nothing longer before it, an int64 value */
+    json_shape_refused("truncate(8)", "must end with pad(L,VALUE)");
+    json_shape_refused("truncate(9)|pad(8,0)", "op 1 truncate(9): longer than the final pad");
+    json_shape_refused("pad(8,0.5)", "not an integer");
+}
+
+static void test_json_base64(void **state)
+{
+    (void)state;
+    uint8_t out[16];
+    size_t n = 0;
+    const struct {
+        const char *v, *want;
+    } ok[] = {{"\"\"", ""},           {"\"Zg==\"", "f"},        {"\"Zm8=\"", "fo"},
+              {"\"Zm9v\"", "foo"},    {"\"Zm9vYg==\"", "foob"}, {" \"Zm9vYmE=\" ", "fooba"},
+              {"\"P\\/8=\"", "?\xff"}};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        size_t len = strlen(ok[i].v);
+        assert_true(bw__tf_base64_cap(len) <= sizeof(out));
+        assert_int_equal(
+            bw__tf_json_base64((const uint8_t *)ok[i].v, len, out, &n, err, sizeof(err)), BW_OK);
+        assert_int_equal(n, strlen(ok[i].want));
+        assert_memory_equal(out, ok[i].want, n);
+    }
+    /* Round trips of every length 0..80, with "\/" for some '/' (the whole quanta decoded at
+     * once, then one character at a time after an escape, then at once again). */
+    const char *al = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    uint8_t raw[80], dec[128];
+    char enc[256];
+    for (size_t len = 0; len <= sizeof(raw); len++) {
+        size_t e = 0;
+        enc[e++] = '"';
+        for (size_t k = 0; k < len; k++)
+            raw[k] = (uint8_t)(k * 37 + len * 11 + (k >> 1));
+        for (size_t k = 0; k < len; k += 3) {
+            uint32_t q = (uint32_t)raw[k] << 16 | (k + 1 < len ? (uint32_t)raw[k + 1] << 8 : 0) |
+                         (k + 2 < len ? raw[k + 2] : 0);
+            for (int j = 0; j < 4; j++) {
+                char c = j <= (int)(len - k) && (j < 2 || k + (size_t)j - 1 < len)
+                             ? al[(q >> (18 - 6 * j)) & 63]
+                             : '=';
+                if (c == '/' && (k + (size_t)j) % 2)
+                    enc[e++] = '\\';
+                enc[e++] = c;
+            }
+        }
+        enc[e++] = '"';
+        assert_true(bw__tf_base64_cap(e) <= sizeof(dec));
+        assert_int_equal(bw__tf_json_base64((const uint8_t *)enc, e, dec, &n, err, sizeof(err)),
+                         BW_OK);
+        assert_int_equal(n, len);
+        assert_memory_equal(dec, raw, len);
+    }
+    const struct {
+        const char *v, *why;
+    } bad[] = {{"\"Zm9\"", "3 characters, not a multiple of 4"},
+               {"\"Zg\"", "not a multiple of 4"},
+               {"\"Z===\"", "more than two '='"},
+               {"\"Zg=a\"", "comes after its '=' padding"},
+               {"\"Zm 9v\"", "character 2 of the string (' ') is not in the base64 alphabet"},
+               {"\"Zm-v\"", "('-') is not in the base64 alphabet"},
+               {"\"Zm\\n9v\"", "an escape"},
+               {"\"Zm9v", "not closed"},
+               {"\"Zm9v\" x", "bytes after its string"},
+               {"42", "the value is a number, not a string of base64"},
+               {"null", "the value is null"},
+               {"", "the value is empty"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(bw__tf_json_base64((const uint8_t *)bad[i].v, strlen(bad[i].v), out, &n,
+                                            err, sizeof(err)),
+                         BW_CORRUPT);
+        if (!strstr(err, bad[i].why))
+            fail_msg("base64 %s: error '%s' does not say '%s'", bad[i].v, err, bad[i].why);
+    }
+}
+
+/* Where a transform may run (the client and the coordinator's rule): jsonl needs a field,
+ * token ops on one need a fixed length. */
+static void test_job_check_jsonl(void **state)
+{
+    (void)state;
+    char canon[BW_TF_CANON_MAX];
+    const char *img = "decode|center_crop(8)";
+    assert_int_equal(bw__job_check_transform(img, "image", "jsonl", false, canon, sizeof(canon),
+                                             err, sizeof(err)),
+                     BW_OK);
+    assert_int_equal(bw__job_check_transform("truncate(4)|pad(8,-1)", "ids", "jsonl", false, canon,
+                                             sizeof(canon), err, sizeof(err)),
+                     BW_OK);
+    assert_string_equal(canon, "truncate(4)|pad(8,-1)");
+    assert_int_equal(
+        bw__job_check_transform(img, NULL, "jsonl", false, canon, sizeof(canon), err, sizeof(err)),
+        BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "give transform_field, the key"));
+    assert_int_equal(bw__job_check_transform("truncate(4)", "ids", "jsonl", false, canon,
+                                             sizeof(canon), err, sizeof(err)),
+                     BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "on jsonl field 'ids': the rows of a JSON Lines field"));
+    assert_int_equal(bw__job_check_transform("pad(4,0)", "ids", "npy", false, canon, sizeof(canon),
+                                             err, sizeof(err)),
+                     BW_INVALID_ARGUMENT);
+    assert_int_equal(bw__job_check_transform(img, "image", "files", false, canon, sizeof(canon),
+                                             err, sizeof(err)),
+                     BW_INVALID_ARGUMENT);
+    assert_int_equal(bw__job_check_transform(img, "image", "jsonl", true, canon, sizeof(canon), err,
+                                             sizeof(err)),
+                     BW_INVALID_ARGUMENT);
+    /* the coordinator's check of a job (bw__job_check_data): the jsonl dataset has no dtype,
+     * which must not send a field's token ops to the npy rows' check */
+    Batchwire__V1__Dataset ds = BATCHWIRE__V1__DATASET__INIT;
+    ds.format = "jsonl";
+    Batchwire__V1__SamplerConfig smp = BATCHWIRE__V1__SAMPLER_CONFIG__INIT;
+    smp.batch_size = 4;
+    Batchwire__V1__JobConfig cfg = BATCHWIRE__V1__JOB_CONFIG__INIT;
+    cfg.dataset = &ds;
+    cfg.sampler = &smp;
+    cfg.transform = "truncate(4)|pad(8,-1)";
+    cfg.transform_field = "ids";
+    Batchwire__V1__SampleLayout lay = BATCHWIRE__V1__SAMPLE_LAYOUT__INIT;
+    Batchwire__V1__DatasetInfo info = BATCHWIRE__V1__DATASET_INFO__INIT;
+    info.format = "jsonl";
+    info.layout = &lay;
+    info.n_sources = 1;
+    assert_int_equal(bw__job_check_data(&cfg, &info, 1, err, sizeof(err)), BW_OK);
+    cfg.transform = "truncate(4)";
+    assert_int_equal(bw__job_check_data(&cfg, &info, 1, err, sizeof(err)), BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "must end with pad(L,VALUE)"));
 }
 
 static void test_output_shape(void **state)
@@ -642,6 +828,9 @@ int main(void)
         cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_output_shape),
         cmocka_unit_test(test_tokens),
+        cmocka_unit_test(test_json_tokens),
+        cmocka_unit_test(test_json_base64),
+        cmocka_unit_test(test_job_check_jsonl),
         cmocka_unit_test(test_one_pixel_and_upscale),
         cmocka_unit_test(test_crop_outside_and_odd_sizes),
         cmocka_unit_test(test_gray_and_cmyk),
