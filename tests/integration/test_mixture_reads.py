@@ -1,0 +1,226 @@
+"""ReadSamples requests of several datasets (docs/data-channel.md, "Several datasets in one
+request"): what a mixture job's client sends a worker that offered FEATURES bit 3, one request
+per worker for a batch of several sources. Spoken with a raw socket and raw gRPC to one worker:
+
+* FEATURES offering RUN frames and bit 3 is answered with both;
+* a request naming three datasets (two .npy of 256-byte rows, one of 192-byte rows), its
+  indices interleaved and repeated, gets every sample's bytes in request order, each from the
+  dataset its index names: SAMPLE frames on a connection without FEATURES, RUN frames with
+  them -- one RUN across the two sources of one sample size -- and the same over gRPC;
+* with compression (FEATURES RUNS|ZSTD|bit 3), Zipf tokens of two sources come as ZRUN frames
+  holding the right rows;
+* refused with a sentence naming the request's dataset by position and name, the connection
+  reusable and the worker up: an index out of range in one source, a wrong fingerprint of one,
+  a dataset that does not exist, an index naming dataset 5 of 2, fewer index_datasets than
+  indices, `dataset` beside `datasets`, a transform, an entry without a dataset, 257
+  datasets; an older-style request (one dataset) is still served on the same connection;
+* `batchwire fetch --mix` over the data channel (plain and --compress zstd) equals `batchwire
+  plan --mix-size` and its bytes are the sources' rows, in about one request per batch (the
+  old way made one per source: two), and over gRPC too.
+
+Authentication (a grant naming only some of a request's datasets) is in test_mixture_auth.py.
+"""
+
+import hashlib
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bwpy  # noqa: E402
+import bwtest as bt  # noqa: E402
+import test_data_channel as dc  # noqa: E402
+import test_data_channel_compress as dz  # noqa: E402
+import test_data_channel_runs as dr  # noqa: E402
+import test_hostile_grants as hg  # noqa: E402
+
+dpb = hg.dpb
+DATASETS = 8  # FEATURES bit 3
+NAMES = ["a.npy", "b.npy", "c.npy"]
+
+
+def ds(name):
+    return dpb.Dataset(format="npy", sources=[name])
+
+
+def several(names, indices, of, fingerprints=None, **extra):
+    """A ReadSamplesRequest of datasets `names`, index i read from names[of[i]]."""
+    fps = fingerprints or [""] * len(names)
+    return dpb.ReadSamplesRequest(
+        datasets=[dpb.DatasetRef(dataset=ds(n), fingerprint=f) for n, f in zip(names, fps)],
+        indices=list(indices), index_datasets=list(of), **extra)
+
+
+def send(s, req):
+    s.sendall(dc.frame(req.SerializeToString()))
+
+
+def check_frames(got, want, keys, what):
+    """Frames [(type, first, count, size, bytes, ...)] carry want[k] at position k, and each
+    frame's first index is keys[position]."""
+    pos = 0
+    for typ, first, count, size, data, *_ in got:
+        if keys[pos] != first:
+            raise bt.TestFailure("%s: a frame names index %d where %d is due (position %d)" %
+                                 (what, first, keys[pos], pos))
+        for k in range(count):
+            if pos + k >= len(want) or data[k * size:(k + 1) * size] != want[pos + k]:
+                raise bt.TestFailure("%s: position %d differs from its source's row" %
+                                     (what, pos + k))
+        pos += count
+    if pos != len(want):
+        raise bt.TestFailure("%s: %d samples for %d indices" % (what, pos, len(want)))
+
+
+def test(tmpdir):
+    root = os.path.join(tmpdir, "data")
+    os.makedirs(root)
+    rng = np.random.default_rng(27)
+    arrays = {"a.npy": np.minimum(rng.zipf(1.3, (300, 64)), 5000).astype(np.int32),
+              "b.npy": np.minimum(rng.zipf(1.3, (200, 64)), 5000).astype(np.int32),
+              "c.npy": rng.random((50, 48), dtype=np.float32)}
+    rows = {}
+    for name, arr in arrays.items():
+        np.save(os.path.join(root, name), arr)
+        rows[name] = [arr[i].tobytes() for i in range(len(arr))]
+    coord, w, daddr, _ = dr.one_worker(tmpdir, root)
+
+    # interleaved, repeated, each source's indices scattered
+    of, idx = [], []
+    for k in range(120):
+        j = int(rng.integers(0, 3))
+        of.append(j)
+        idx.append(int(rng.integers(0, len(rows[NAMES[j]]))))
+    of += [0, 0, 1]
+    idx += [idx[0], 299, 199]
+    want = [rows[NAMES[j]][i] for j, i in zip(of, idx)]
+    req = several(NAMES, idx, of)
+
+    bt.log("===== the data channel: SAMPLE frames, then RUN frames =====")
+    s = dc.connect(daddr)
+    send(s, req)
+    got, tail = dr.frames(s, "three datasets, no FEATURES")
+    bt.check(tail == ("end", len(idx)) and {t for t, *_ in got} == {dc.SAMPLE},
+             "without FEATURES: %d SAMPLE frames then END" % len(idx), tail)
+    check_frames(got, want, idx, "three datasets, no FEATURES")
+    bt.ok("a request of three datasets, indices interleaved and repeated: each sample from the "
+          "dataset its index names, in request order")
+    answer = dr.features(s, dr.FEATURE_RUNS | DATASETS, "FEATURES RUNS|DATASETS")
+    bt.check(answer == dr.FEATURE_RUNS | DATASETS,
+             "FEATURES offering RUN frames and bit 3 is answered with both (%#x)" % answer)
+    send(s, req)
+    got, tail = dr.frames(s, "three datasets, RUN frames")
+    bt.check(tail == ("end", len(idx)) and dr.RUN in {t for t, *_ in got},
+             "with RUN frames: RUN frames then END", tail)
+    check_frames(got, want, idx, "three datasets, RUN frames")
+    ab_of = [k % 2 for k in range(40)]
+    ab_idx = [int(i) for i in rng.integers(0, 200, 40)]
+    send(s, several(NAMES[:2], ab_idx, ab_of))
+    got, tail = dr.frames(s, "two datasets of one sample size")
+    check_frames(got, [rows[NAMES[j]][i] for j, i in zip(ab_of, ab_idx)], ab_idx,
+                 "two datasets of one sample size")
+    bt.check(tail == ("end", 40) and len(got) == 1 and got[0][0] == dr.RUN,
+             "two sources of one sample size, alternating: one RUN frame for the 40 samples",
+             [(t, c) for t, _, c, *_ in got])
+
+    bt.log("===== refused, naming the dataset; the connection and the worker go on =====")
+    fp = [hg.Raw(w.addr).describe(ds(n))[1].info.fingerprint for n in NAMES]
+    bad = [
+        (several(NAMES[:2], [1, 200], [0, 1]), dc.BW_OUT_OF_RANGE,
+         ["dataset 1 of 2 (npy b.npy)", "index 200", "position 1", "200 samples"],
+         "an index out of range in source b"),
+        (several(NAMES[:2], [1, 2], [0, 1], fingerprints=[fp[0], "0" * 64]), dc.BW_MISMATCH,
+         ["dataset 1 of 2", "b.npy", "fingerprint"], "a wrong fingerprint of source b"),
+        (several(["a.npy", "nope.npy"], [1, 2], [0, 1]), None,
+         ["dataset 1 of 2", "nope.npy"], "a dataset that does not exist"),
+        (several(NAMES[:2], [1, 2], [0, 5]), dc.BW_INVALID_ARGUMENT,
+         ["position 1", "names dataset 5", "2 datasets"], "an index naming dataset 5 of 2"),
+        (several(NAMES[:2], [1, 2], [0]), dc.BW_INVALID_ARGUMENT,
+         ["2 indices but 1 index_datasets"], "fewer index_datasets than indices"),
+        (several(NAMES[:2], [1], [0], dataset=ds("a.npy")), dc.BW_INVALID_ARGUMENT,
+         ["not both"], "dataset beside datasets"),
+        (several(NAMES[:2], [1], [0], transform=dpb.Transform(spec="flip(0.5)")),
+         dc.BW_INVALID_ARGUMENT, ["no transform"], "a transform"),
+        (dpb.ReadSamplesRequest(datasets=[dpb.DatasetRef(dataset=ds("a.npy")),
+                                          dpb.DatasetRef()], indices=[1], index_datasets=[0]),
+         dc.BW_INVALID_ARGUMENT, ["dataset 1 of 2", "has no dataset"], "an entry without one"),
+        (several(["a.npy"] * 257, [1], [0]), dc.BW_TOO_BIG, ["257 datasets", "256"],
+         "257 datasets"),
+    ]
+    for r, code, needles, what in bad:
+        send(s, r)
+        got, tail = dr.frames(s, what)
+        code_ok = code is None or tail[:2] == ("error", code)
+        bt.check(not got and tail[0] == "error" and code_ok and all(n in tail[2] for n in needles),
+                 "data channel: %s -> ERROR naming %r" % (what, needles), tail)
+        gcode, details = hg.Raw(w.addr).read(r)
+        bt.check(gcode != hg.S.OK and all(n in details for n in needles),
+                 "gRPC: %s -> %s naming it" % (what, gcode), details)
+    send(s, dpb.ReadSamplesRequest(dataset=ds("a.npy"), indices=[5, 6, 7]))
+    got, tail = dr.frames(s, "an older-style request after the errors")
+    check_frames(got, [rows["a.npy"][i] for i in (5, 6, 7)], [5, 6, 7], "older-style request")
+    bt.check(tail == ("end", 3), "an older-style request (one dataset) is served on the same "
+             "connection after the errors", tail)
+    s.close()
+
+    bt.log("===== gRPC and compression =====")
+    code, got = hg.Raw(w.addr).read(several(NAMES, idx, of, fingerprints=fp))
+    bt.check(code == hg.S.OK and [x.data for x in got] == want and
+             [x.index for x in got] == idx,
+             "gRPC ReadSamples of three datasets (fingerprints checked): the same samples",
+             code if code != hg.S.OK else len(got))
+    s = dc.connect(daddr)
+    feats = dr.FEATURE_RUNS | dz.ZSTD | DATASETS
+    answer = dr.features(s, feats, "FEATURES RUNS|ZSTD|DATASETS")
+    bt.check(answer & feats == feats, "FEATURES with compression and bit 3: both (%#x)" % answer)
+    send(s, several(NAMES[:2], ab_idx, ab_of))
+    got, tail = dz.frames(s, "two token sources, zstd")
+    check_frames(got, [rows[NAMES[j]][i] for j, i in zip(ab_of, ab_idx)], ab_idx,
+                 "two token sources, zstd")
+    bt.check(tail == ("end", 40) and dz.ZRUN in {t for t, *_ in got},
+             "compressed: two token sources' samples as ZRUN frames with the right rows",
+             [(t, c) for t, _, c, *_ in got])
+    s.close()
+
+    bt.log("===== batchwire fetch --mix: plan = fetch, one request a batch =====")
+    sizes, weights, batch = [300, 200], ["0.5", "0.5"], 8
+    mix = []
+    for n, wt in zip(NAMES[:2], weights):
+        mix += ["--mix", "npy:%s=%s" % (n, wt)]
+    plan_mix = []
+    for n, wt in zip(sizes, weights):
+        plan_mix += ["--mix-size", "%d=%s" % (n, wt)]
+    want_plan = bwpy.plan("--mode", "torch", *plan_mix, "--world-size", 1, "--batch-size",
+                          batch, "--seed", 5)[0]
+    for label, extra in (("data channel", []), ("zstd", ["--compress", "zstd"]),
+                         ("gRPC", ["--transport", "grpc"])):
+        r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "mix-" + label.split()[0],
+                   *mix, "--batch-size", batch, "--seed", 5, "--rank", 0, "--world-size", 1,
+                   "--epochs", 1, *extra, timeout=60)
+        bt.check(r.returncode == 0, "fetch --mix (%s)" % label, r.stderr[-800:])
+        lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+        got = [b for b in lines if "epoch" in b]
+        stats = lines[-1]["summary"]["stats"]
+        bt.check([(b["indices"], b["sources"]) for b in got] ==
+                 [(p["indices"], p["sources"]) for p in want_plan],
+                 "%s: %d batches = batchwire plan --mix-size" % (label, len(want_plan)),
+                 (got[:1], want_plan[:1]))
+        bad = [b["step"] for b in got if b["sha256"] != hashlib.sha256(b"".join(
+            rows[NAMES[j]][i] for j, i in zip(b["sources"], b["indices"]))).hexdigest()]
+        bt.check(not bad, "%s: every batch's bytes are its sources' rows" % label, bad[:5])
+        if label != "gRPC":
+            bt.check(stats["requests"] < 1.5 * len(got),
+                     "%s: %d requests for %d batches of two sources from one worker (one per "
+                     "source would be about %d)" % (label, stats["requests"], len(got),
+                                                    2 * len(got)), stats)
+    bt.check(w.running(), "the worker is still up")
+    w.stop()
+    coord.stop()
+
+
+if __name__ == "__main__":
+    bwpy.maybe_reexec_under_asan()
+    bt.main(test, timeout=180)
