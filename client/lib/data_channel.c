@@ -507,6 +507,7 @@ struct bw__xfer {
     bw__dconn *c;
     const char *wid, *address; /* borrowed from the placement, alive for the request */
     uint32_t kind;
+    bool several; /* a ReadSamples request of several datasets (BW_DCHAN_FEATURE_DATASETS) */
     uint8_t *req; /* kept for a resend on a fresh connection */
     size_t reqlen;
     int timeout_ms;
@@ -596,6 +597,7 @@ static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req,
         const Batchwire__V1__ReadSamplesRequest *rs =
             (const Batchwire__V1__ReadSamplesRequest *)req->msg;
         x->nidx = rs->n_indices;
+        x->several = rs->n_datasets > 0;
         if (x->nidx && !(x->idx = malloc(x->nidx * sizeof(*x->idx)))) {
             xfer_free(x);
             snprintf(res->err, sizeof(res->err), "out of memory for a request's %zu indices",
@@ -645,6 +647,22 @@ static bool end(bw__xfer *x, bw__xres *res, int rc, bool reusable, const char *w
         snprintf(res->err, sizeof(res->err), "worker %s data channel %s: %.900s", x->wid,
                  x->address, why);
     return true;
+}
+
+/* A request of several datasets went to a worker that no longer offers them (another, older
+ * worker at the address it was learned from): ended, for the fetch loop to ask again at once
+ * (res->fallback), now the old way -- a request per dataset -- since this worker's answer was
+ * learned (docs/data-channel.md, "Several datasets in one request"). */
+static bool several_refused(bw__xfer *x, bw__xres *res, const char *why)
+{
+    char e[BW_XFER_ERRLEN];
+    snprintf(e, sizeof(e),
+             "a request of several datasets, but %s (an older worker): asked again one dataset "
+             "a request",
+             why);
+    BW_DEBUG("worker=%s data_channel=%s %s", x->wid, x->address, e);
+    res->fallback = true;
+    return end(x, res, BW_UNAVAILABLE, false, e);
 }
 
 /* Starts receiving sample `key` of `size` bytes (of a SAMPLE frame, or the next of a RUN). */
@@ -845,6 +863,8 @@ static bool frame(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         x->c->hello = false;
         x->c->features = f->b;
         dconn_learned(x->s, x->address, f->b);
+        if (x->several && !(f->b & BW_DCHAN_FEATURE_DATASETS))
+            return several_refused(x, res, "its FEATURES answer does not offer them");
         if (x->s->offer & BW_DCHAN_FEATURE_ZSTD)
             BW_DEBUG("worker=%s data_channel=%s compression: %s (features %#llx)", x->wid,
                      x->address,
@@ -917,6 +937,8 @@ static bool resend_plain(bw__xfer *x, bw__xres *res, const char *why)
 {
     char e[BW_XFER_ERRLEN];
     dconn_mark_old(x->s, x->address, why);
+    if (x->several)
+        return several_refused(x, res, "it knows no FEATURES request");
     x->phase = X_HDR;
     x->hgot = x->got = x->need = 0;
     x->run_left = 0;

@@ -16,7 +16,13 @@ per worker for a batch of several sources. Spoken with a raw socket and raw gRPC
   datasets; an older-style request (one dataset) is still served on the same connection;
 * `batchwire fetch --mix` over the data channel (plain and --compress zstd) equals `batchwire
   plan --mix-size` and its bytes are the sources' rows, in about one request per batch (the
-  old way made one per source: two), and over gRPC too.
+  old way made one per source: two), and over gRPC too;
+* older workers, played by a proxy in front of the worker's data channel (its advertised
+  address) that takes bit 3 out of every FEATURES request: a fetch asks them one dataset a
+  request (about two a batch, no retry); and when the worker behind the address turns older
+  during a fetch (the proxy closes the connections opened before, at their next request), the
+  request of several datasets that reaches it is ended and asked again the old way at once:
+  the batches are still the plan's, with the same bytes.
 
 Authentication (a grant naming only some of a request's datasets) is in test_mixture_auth.py.
 """
@@ -24,8 +30,10 @@ Authentication (a grant naming only some of a request's datasets) is in test_mix
 import hashlib
 import json
 import os
+import socket
 import struct
 import sys
+import threading
 
 import numpy as np
 
@@ -40,6 +48,14 @@ import test_hostile_grants as hg  # noqa: E402
 dpb = hg.dpb
 DATASETS = 8  # FEATURES bit 3
 NAMES = ["a.npy", "b.npy", "c.npy"]
+
+
+def free_port():
+    x = socket.socket()
+    x.bind(("127.0.0.1", 0))
+    port = x.getsockname()[1]
+    x.close()
+    return port
 
 
 def ds(name):
@@ -75,6 +91,96 @@ def check_frames(got, want, keys, what):
         raise bt.TestFailure("%s: %d samples for %d indices" % (what, pos, len(want)))
 
 
+class OlderProxy:
+    """Forwards data-channel connections to `upstream`. While `older` is set, it takes bit 3
+    out of FEATURES requests (the worker behind then does not offer it, as an older one), and
+    closes a connection opened before `older` was set when its next request comes (the worker
+    behind the address changed)."""
+
+    def __init__(self, upstream):
+        self.upstream = upstream
+        self.older = False
+        self.generation = 0  # bumped each time `older` is set
+        self.switch_after = None  # set `older` once this many ReadSamples requests passed
+        self.requests = 0
+        self.stripped = 0
+        self.closed = 0
+        self.mu = threading.Lock()
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.addr = "127.0.0.1:%d" % self.lsock.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def set_older(self):
+        with self.mu:
+            self.older = True
+            self.generation += 1
+
+    def accept(self):
+        while True:
+            c, _ = self.lsock.accept()
+            u = socket.create_connection(self.upstream)
+            threading.Thread(target=self.requests_of, args=(c, u, self.generation),
+                             daemon=True).start()
+            threading.Thread(target=self.pump, args=(u, c), daemon=True).start()
+
+    @staticmethod
+    def close(*socks):
+        for x in socks:
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def pump(self, src, dst):
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        self.close(src, dst)
+
+    def requests_of(self, c, u, born):
+        buf = b""
+        try:
+            while True:
+                while len(buf) < 16:
+                    data = c.recv(1 << 16)
+                    if not data:
+                        raise OSError("closed")
+                    buf += data
+                magic, kind, n = struct.unpack("<IIQ", buf[:16])
+                while len(buf) < 16 + n:
+                    data = c.recv(1 << 16)
+                    if not data:
+                        raise OSError("closed")
+                    buf += data
+                req, buf = buf[:16 + n], buf[16 + n:]
+                with self.mu:
+                    if self.older and born != self.generation:
+                        self.closed += 1
+                        raise OSError("the worker behind changed")
+                    if kind == 4 and self.older:
+                        bits = struct.unpack("<Q", req[16:24])[0]
+                        req = req[:16] + struct.pack("<Q", bits & ~DATASETS)
+                        self.stripped += 1
+                    if kind == 1:
+                        self.requests += 1
+                        if self.switch_after is not None and self.requests >= self.switch_after:
+                            self.switch_after = None
+                            self.older = True
+                            self.generation += 1
+                            born = self.generation  # this connection's request goes through
+                u.sendall(req)
+        except OSError:
+            pass
+        self.close(c, u)
+
+
 def test(tmpdir):
     root = os.path.join(tmpdir, "data")
     os.makedirs(root)
@@ -86,7 +192,14 @@ def test(tmpdir):
     for name, arr in arrays.items():
         np.save(os.path.join(root, name), arr)
         rows[name] = [arr[i].tobytes() for i in range(len(arr))]
-    coord, w, daddr, _ = dr.one_worker(tmpdir, root)
+    coord = bt.coordinator(tmpdir)
+    port = free_port()
+    daddr = "127.0.0.1:%d" % port
+    proxy = OlderProxy(("127.0.0.1", port))
+    w = bt.worker(tmpdir, coord.addr, "w1", data_root=root,
+                  args=["--data-listen", daddr, "--data-advertise", proxy.addr])
+    bt.poll(lambda: any(x["state"] == "alive" for x in bt.status_json(coord.addr)["workers"]),
+            15, what="a live worker")
 
     # interleaved, repeated, each source's indices scattered
     of, idx = [], []
@@ -195,15 +308,14 @@ def test(tmpdir):
         plan_mix += ["--mix-size", "%d=%s" % (n, wt)]
     want_plan = bwpy.plan("--mode", "torch", *plan_mix, "--world-size", 1, "--batch-size",
                           batch, "--seed", 5)[0]
-    for label, extra in (("data channel", []), ("zstd", ["--compress", "zstd"]),
-                         ("gRPC", ["--transport", "grpc"])):
+
+    def fetch(label, *extra):
         r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "mix-" + label.split()[0],
                    *mix, "--batch-size", batch, "--seed", 5, "--rank", 0, "--world-size", 1,
-                   "--epochs", 1, *extra, timeout=60)
+                   "--epochs", 1, "--log-level", "debug", *extra, timeout=60)
         bt.check(r.returncode == 0, "fetch --mix (%s)" % label, r.stderr[-800:])
         lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
         got = [b for b in lines if "epoch" in b]
-        stats = lines[-1]["summary"]["stats"]
         bt.check([(b["indices"], b["sources"]) for b in got] ==
                  [(p["indices"], p["sources"]) for p in want_plan],
                  "%s: %d batches = batchwire plan --mix-size" % (label, len(want_plan)),
@@ -211,11 +323,34 @@ def test(tmpdir):
         bad = [b["step"] for b in got if b["sha256"] != hashlib.sha256(b"".join(
             rows[NAMES[j]][i] for j, i in zip(b["sources"], b["indices"]))).hexdigest()]
         bt.check(not bad, "%s: every batch's bytes are its sources' rows" % label, bad[:5])
+        return lines[-1]["summary"]["stats"], len(got), r.stderr
+
+    for label, extra in (("data channel", []), ("zstd", ["--compress", "zstd"]),
+                         ("gRPC", ["--transport", "grpc"])):
+        stats, nb, _ = fetch(label, *extra)
         if label != "gRPC":
-            bt.check(stats["requests"] < 1.5 * len(got),
+            bt.check(stats["requests"] < 1.5 * nb,
                      "%s: %d requests for %d batches of two sources from one worker (one per "
-                     "source would be about %d)" % (label, stats["requests"], len(got),
-                                                    2 * len(got)), stats)
+                     "source would be about %d)" % (label, stats["requests"], nb, 2 * nb), stats)
+
+    bt.log("===== older workers: asked one dataset a request =====")
+    proxy.set_older()
+    stats, nb, _ = fetch("older")
+    bt.check(proxy.stripped > 0 and stats["requests"] > 1.5 * nb and stats["retries"] == 0,
+             "a worker that does not offer bit 3: %d requests for %d batches (one per source), "
+             "no retry" % (stats["requests"], nb), stats)
+    with proxy.mu:
+        proxy.older = False
+        proxy.requests = 0
+        proxy.switch_after = 40
+    stats, nb, err = fetch("turned")
+    asked_again = [ln for ln in err.splitlines() if "asked again one dataset a request" in ln]
+    bt.check(proxy.closed > 0 and stats["retries"] >= 1 and asked_again and
+             nb < stats["requests"] < 2.5 * nb,
+             "the worker turned older during the fetch (%d connections closed): the request of "
+             "several datasets that reached it was asked again the old way (%d retries, %d "
+             "requests for %d batches)" % (proxy.closed, stats["retries"], stats["requests"], nb),
+             (stats, asked_again[:1]))
     bt.check(w.running(), "the worker is still up")
     w.stop()
     coord.stop()
