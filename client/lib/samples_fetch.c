@@ -2,8 +2,9 @@
  * The map-style kind of read (fetch.h, bw__fetch_batch): a batch's samples by dataset index.
  * Its items are the batch's distinct indices (padding repeats an index: it is fetched once),
  * routed by the index's shard; any indices one worker owns share its request, a
- * ReadSamplesRequest. The one fetch loop (fetch.c) does the rest; named arrays are split by
- * field afterwards (arrays.c).
+ * ReadSamplesRequest (a mixture's: of one source, or of several where the worker takes them;
+ * docs/data-channel.md, "Several datasets in one request"). The one fetch loop (fetch.c) does
+ * the rest; named arrays are split by field afterwards (arrays.c).
  */
 #include <inttypes.h>
 #include <stdio.h>
