@@ -479,6 +479,27 @@ static int no_memory(const char *method, char *err, size_t errlen)
 static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadSamplesRequest *r,
                       uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen);
 
+/* ReadSamples: ownership of every index's shard under rt (by source: of the source of its own
+ * dataset holding it). */
+static int check_indices_owner(bw_worker *w, const bw__rp *rp, const Batchwire__V1__Routing *rt,
+                               char *err, size_t errlen)
+{
+    if (!rt || !rt->placement_version)
+        return BW_OK;
+    uint32_t *shards = malloc((rp->n ? rp->n : 1) * sizeof(*shards));
+    if (!shards)
+        return no_memory("ReadSamples", err, errlen);
+    uint32_t ns = rt->num_shards ? rt->num_shards : 1;
+    for (size_t i = 0; i < rp->n; i++)
+        shards[i] =
+            rt->by_source
+                ? source_shard(rp->nparts ? rp->part[rp->of[i]].d : rp->d, rp->indices[i], rt)
+                : bw__placement_shard(rp->indices[i], ns, (bw_shard_mode)rt->shard_mode);
+    int rc = check_owner(w, "ReadSamples", rt, shards, rp->n, err, errlen);
+    free(shards);
+    return rc;
+}
+
 static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__ReadSamplesRequest *r,
                         uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen)
 {
@@ -530,21 +551,8 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
                      (unsigned long long)r->indices[i], i, (unsigned long long)d->length);
             rc = BW_OUT_OF_RANGE;
         }
-    const Batchwire__V1__Routing *rt = r->routing;
-    if (rc == BW_OK && rt && rt->placement_version) {
-        uint32_t *shards = malloc((r->n_indices ? r->n_indices : 1) * sizeof(*shards));
-        if (!shards) {
-            rc = no_memory("ReadSamples", err, errlen);
-        } else {
-            uint32_t ns = rt->num_shards ? rt->num_shards : 1;
-            for (size_t i = 0; i < r->n_indices; i++)
-                shards[i] = rt->by_source ? source_shard(d, r->indices[i], rt)
-                                          : bw__placement_shard(r->indices[i], ns,
-                                                                (bw_shard_mode)rt->shard_mode);
-            rc = check_owner(w, "ReadSamples", rt, shards, r->n_indices, err, errlen);
-            free(shards);
-        }
-    }
+    if (rc == BW_OK)
+        rc = check_indices_owner(w, rp, r->routing, err, errlen);
     return checked(rp, rc, out);
 }
 
@@ -649,22 +657,8 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
             rc = BW_OUT_OF_RANGE;
         }
     }
-    const Batchwire__V1__Routing *rt = r->routing;
-    if (rc == BW_OK && rt && rt->placement_version) {
-        uint32_t *shards = malloc((r->n_indices ? r->n_indices : 1) * sizeof(*shards));
-        if (!shards) {
-            rc = no_memory("ReadSamples", err, errlen);
-        } else {
-            uint32_t ns = rt->num_shards ? rt->num_shards : 1;
-            for (size_t i = 0; i < r->n_indices; i++)
-                shards[i] =
-                    rt->by_source
-                        ? source_shard(part[r->index_datasets[i]].d, r->indices[i], rt)
-                        : bw__placement_shard(r->indices[i], ns, (bw_shard_mode)rt->shard_mode);
-            rc = check_owner(w, "ReadSamples", rt, shards, r->n_indices, err, errlen);
-            free(shards);
-        }
-    }
+    if (rc == BW_OK)
+        rc = check_indices_owner(w, rp, r->routing, err, errlen);
     return checked(rp, rc, out);
 }
 

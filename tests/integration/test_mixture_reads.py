@@ -14,6 +14,8 @@ per worker for a batch of several sources. Spoken with a raw socket and raw gRPC
   a dataset that does not exist, an index naming dataset 5 of 2, fewer index_datasets than
   indices, `dataset` beside `datasets`, a transform, an entry without a dataset, 257
   datasets; an older-style request (one dataset) is still served on the same connection;
+  routed by a placement of two workers, indices of both datasets that the worker owns are
+  served and one of the second dataset that the other worker owns is BW_WRONG_OWNER;
 * `batchwire fetch --mix` over the data channel (plain and --compress zstd) equals `batchwire
   plan --mix-size` and its bytes are the sources' rows, in about one request per batch (the
   old way made one per source: two), and over gRPC too;
@@ -38,6 +40,7 @@ import threading
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bwdata as bd  # noqa: E402
 import bwpy  # noqa: E402
 import bwtest as bt  # noqa: E402
 import test_data_channel as dc  # noqa: E402
@@ -351,7 +354,34 @@ def test(tmpdir):
              "several datasets that reached it was asked again the old way (%d retries, %d "
              "requests for %d batches)" % (proxy.closed, stats["retries"], stats["requests"], nb),
              (stats, asked_again[:1]))
-    bt.check(w.running(), "the worker is still up")
+
+    bt.log("===== ownership: every index's shard, whatever its dataset =====")
+    w2 = bt.worker(tmpdir, coord.addr, "w2", data_root=root)
+    cc = bd.DataClient(tmpdir, coord.addr)
+    table = bt.poll(lambda: (lambda t: t if len(t.workers) == 2 else None)(cc.placement(16)),
+                    15, interval=0.1, what="two workers in the placement")
+    cc.close()
+    w.wait_log(r"placement version %d: 2 live workers" % table.version)
+    ids = [x.id for x in table.workers]
+    mine = [i for i in range(200) if ids[table.owners[i % 16]] == "w1"]
+    theirs = [i for i in range(200) if ids[table.owners[i % 16]] == "w2"]
+    rt = dpb.Routing(placement_version=table.version, num_shards=16,
+                     shard_mode=dpb.SHARD_MODE_MODULO)
+    s = dc.connect(daddr)
+    send(s, several(NAMES[:2], mine[:3] + mine[:3], [0, 0, 0, 1, 1, 1], routing=rt))
+    got, tail = dr.frames(s, "w1's own indices of two datasets, routed")
+    check_frames(got, [rows[NAMES[j]][i] for j, i in zip([0] * 3 + [1] * 3, mine[:3] * 2)],
+                 mine[:3] * 2, "w1's own indices of two datasets, routed")
+    bt.check(tail == ("end", 6), "routed by placement version %d: w1's own indices of both "
+             "datasets are served" % table.version, tail)
+    send(s, several(NAMES[:2], mine[:2] + theirs[:1], [0, 0, 1], routing=rt))
+    got, tail = dr.frames(s, "an index of b owned by w2, sent to w1")
+    bt.check(not got and tail[:2] == ("error", dc.BW_WRONG_OWNER) and
+             "owned by worker w2" in tail[2],
+             "an index of the second dataset owned by w2, sent to w1 -> BW_WRONG_OWNER", tail)
+    s.close()
+    bt.check(w.running() and w2.running(), "the workers are still up")
+    w2.stop()
     w.stop()
     coord.stop()
 
