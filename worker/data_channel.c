@@ -578,9 +578,10 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
         const Batchwire__V1__ReadSamplesRequest *sr =
             rc == BW_OK && kind == BW_REQ_SAMPLES ? (const void *)req.msg : NULL;
         const Batchwire__V1__Dataset *ds =
-            rc != BW_OK             ? NULL
-            : kind == BW_REQ_STREAM ? ((const Batchwire__V1__ReadStreamRequest *)req.msg)->dataset
-                                    : sr->dataset;
+            sr ? sr->dataset
+            : rc == BW_OK && kind == BW_REQ_STREAM
+                ? ((const Batchwire__V1__ReadStreamRequest *)req.msg)->dataset
+                : NULL;
         bool several = sr && sr->n_datasets; /* checked when the read opens (read_path.c) */
         if (rc == BW_INVALID_ARGUMENT || (rc == BW_OK && !ds && !several)) {
             /* Not the message the header announced: a confused or hostile peer. */
