@@ -78,20 +78,8 @@ def send(s, req):
 
 
 def check_frames(got, want, keys, what):
-    """Frames [(type, first, count, size, bytes, ...)] carry want[k] at position k, and each
-    frame's first index is keys[position]."""
-    pos = 0
-    for typ, first, count, size, data, *_ in got:
-        if keys[pos] != first:
-            raise bt.TestFailure("%s: a frame names index %d where %d is due (position %d)" %
-                                 (what, first, keys[pos], pos))
-        for k in range(count):
-            if pos + k >= len(want) or data[k * size:(k + 1) * size] != want[pos + k]:
-                raise bt.TestFailure("%s: position %d differs from its source's row" %
-                                     (what, pos + k))
-        pos += count
-    if pos != len(want):
-        raise bt.TestFailure("%s: %d samples for %d indices" % (what, pos, len(want)))
+    """Frames carry want[p] at position p, each frame's first index being keys[its position]."""
+    dr.check_samples(got, None, keys, what, want=want)
 
 
 class OlderProxy:
