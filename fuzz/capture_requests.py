@@ -93,6 +93,21 @@ def fetch(coord, job, dataset, *extra):
         raise SystemExit("batchwire fetch %s failed:\n%s" % (dataset, r.stderr))
 
 
+def several(tmp):
+    """A ReadSamples request of several datasets (a mixture's batch, docs/data-channel.md,
+    "Several datasets in one request"), as data-channel and gRPC input."""
+    import bwdata
+    dpb = bwdata.pb(tmp)
+    req = dpb.ReadSamplesRequest(
+        datasets=[dpb.DatasetRef(dataset=dpb.Dataset(format="npy", sources=["npy/*.npy"]),
+                                 fingerprint="f" * 64),
+                  dpb.DatasetRef(dataset=dpb.Dataset(format="jsonl", sources=["jsonl/*"]))],
+        indices=[3, 1, 4, 1, 5], index_datasets=[0, 1, 1, 0, 1],
+        routing=dpb.Routing(placement_version=2, num_shards=16)).SerializeToString()
+    return {"dchan-several": struct.pack("<IIQ", 0x31445742, 1, len(req)) + req,
+            "grpc-several": b"\x00" + req}
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="bw-capture-")
     try:
@@ -140,6 +155,7 @@ def main():
             "header-kind-9": struct.pack("<IIQ", 0x31445742, 9, 4) + b"\x0a\x00\x10\x01",
             "dchan-empty-body": struct.pack("<IIQ", 0x31445742, 2, 0),
         }
+        edge.update(several(tmp))
         for name, data in edge.items():
             with open(os.path.join(OUT, name), "wb") as f:
                 f.write(data)

@@ -312,8 +312,8 @@ static void fake_finish(bw__xfer *x)
     free(x);
 }
 
-static const bw__transport_ops fake_ops = {"fuzz",    fake_usable, fake_start, fake_fd,
-                                           fake_recv, fake_finish, NULL,       NULL};
+static const bw__transport_ops fake_ops = {"fuzz",      fake_usable, fake_start, fake_fd, fake_recv,
+                                           fake_finish, NULL,        NULL,       NULL};
 
 /* ---- the reference: what the client may accept from a reply ---- */
 

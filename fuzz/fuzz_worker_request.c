@@ -51,6 +51,11 @@ static void decode(uint32_t kind, const uint8_t *body, size_t len)
                  m->max_message_bytes;
             for (size_t i = 0; i < m->n_indices; i++)
                 x += m->indices[i];
+            for (size_t i = 0; i < m->n_datasets; i++)
+                x +=
+                    touch_dataset(m->datasets[i]->dataset) + touch_str(m->datasets[i]->fingerprint);
+            for (size_t i = 0; i < m->n_index_datasets; i++)
+                x += m->index_datasets[i];
         } else {
             const Batchwire__V1__ReadStreamRequest *m = (const void *)r.msg;
             x += touch_dataset(m->dataset) + touch_routing(m->routing) + touch_str(m->fingerprint) +

@@ -17,6 +17,7 @@ enum {
     BW_DATA_MAX_INDICES = 1 << 20,  /* indices per ReadSamples */
     BW_DATA_MAX_SHARDS = 1 << 20,   /* Routing.num_shards */
     BW_DATA_MIN_MESSAGE = 64 << 10, /* smallest message limit a client may ask for */
+    BW_DATA_MAX_DATASETS = 256,     /* ReadSamplesRequest.datasets (a mixture's sources) */
 };
 
 /* ---- datasets.c: open datasets, shared by concurrent requests ---- */

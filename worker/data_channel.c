@@ -575,11 +575,15 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
         uint64_t keep = response + req.used;
         bw__exec_shrink(w->exec, charge, keep);
         charge = charge < keep ? charge : keep;
+        const Batchwire__V1__ReadSamplesRequest *sr =
+            rc == BW_OK && kind == BW_REQ_SAMPLES ? (const void *)req.msg : NULL;
         const Batchwire__V1__Dataset *ds =
-            rc != BW_OK             ? NULL
-            : kind == BW_REQ_STREAM ? ((const Batchwire__V1__ReadStreamRequest *)req.msg)->dataset
-                                    : ((const Batchwire__V1__ReadSamplesRequest *)req.msg)->dataset;
-        if (rc == BW_INVALID_ARGUMENT || (rc == BW_OK && !ds)) {
+            sr ? sr->dataset
+            : rc == BW_OK && kind == BW_REQ_STREAM
+                ? ((const Batchwire__V1__ReadStreamRequest *)req.msg)->dataset
+                : NULL;
+        bool several = sr && sr->n_datasets; /* checked when the read opens (read_path.c) */
+        if (rc == BW_INVALID_ARGUMENT || (rc == BW_OK && !ds && !several)) {
             /* Not the message the header announced: a confused or hostile peer. */
             if (rc == BW_OK)
                 snprintf(err, sizeof(err),
@@ -600,7 +604,11 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
             ot.req = req.msg;
             /* Opening or re-checking a dataset reads files: on the executor's threads, so
              * that only so many run at once. A dataset already open is checked here. */
-            if (bw__ds_ready(w->datasets, ds))
+            bool ready = several || bw__ds_ready(w->datasets, ds);
+            for (size_t k = 0; several && ready && k < sr->n_datasets; k++)
+                ready =
+                    sr->datasets[k]->dataset && bw__ds_ready(w->datasets, sr->datasets[k]->dataset);
+            if (ready)
                 open_on_pool(&ot.t, BW_OK);
             else
                 bw__exec_run(w->exec, &ot.t, open_on_pool);

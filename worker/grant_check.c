@@ -21,6 +21,7 @@ int bw__worker_grant_check(bw_worker *w, bw_role role, const ProtobufCMessage *r
     const Batchwire__V1__ReadGrant *grant;
     const Batchwire__V1__Dataset *dataset;
     const char *method;
+    const Batchwire__V1__ReadSamplesRequest *multi = NULL;
     if (req->descriptor == &batchwire__v1__read_stream_request__descriptor) {
         const Batchwire__V1__ReadStreamRequest *r = (const void *)req;
         grant = r->grant;
@@ -31,12 +32,25 @@ int bw__worker_grant_check(bw_worker *w, bw_role role, const ProtobufCMessage *r
         grant = r->grant;
         dataset = r->dataset;
         method = "ReadSamples";
+        multi = r->n_datasets ? r : NULL;
     }
     char why[768];
-    int rc =
-        role == BW_ROLE_NONE || role == BW_ROLE_TRAINER
-            ? bw__grant_verify(w->grants, w->id, grant, dataset, bw__unix_ms(), why, sizeof(why))
-            : BW_PERMISSION_DENIED;
+    bool reader = role == BW_ROLE_NONE || role == BW_ROLE_TRAINER;
+    int rc = !reader ? BW_PERMISSION_DENIED
+             : multi ? BW_OK
+                     : bw__grant_verify(w->grants, w->id, grant, dataset, bw__unix_ms(), why,
+                                        sizeof(why));
+    /* Several datasets (docs/data-channel.md, "Several datasets in one request"): the grant
+     * covers every one of them, or the request is refused naming the first it does not. */
+    for (size_t k = 0; reader && multi && k < multi->n_datasets && rc == BW_OK; k++) {
+        const Batchwire__V1__Dataset *d = multi->datasets[k]->dataset;
+        char one[640];
+        if ((rc = bw__grant_verify(w->grants, w->id, grant, d, bw__unix_ms(), one, sizeof(one))) !=
+            BW_OK)
+            snprintf(why, sizeof(why), "dataset %zu of %zu (%s %s%s): %s", k, multi->n_datasets,
+                     d && d->format ? d->format : "?", bw__ds_spec_first(d),
+                     d && d->n_sources > 1 ? ",..." : "", one);
+    }
     if (rc == BW_PERMISSION_DENIED && role != BW_ROLE_NONE && role != BW_ROLE_TRAINER)
         snprintf(why, sizeof(why), "role %s may not read", bw__role_name(role));
     if (rc == BW_OK)

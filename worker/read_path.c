@@ -46,6 +46,18 @@ struct bw__rp {
     uint8_t *touched;
     size_t checked_src; /* the source last checked, */
     uint32_t unchecked; /* and the records read from it since */
+    /* ReadSamples of several datasets (ReadSamplesRequest.datasets): each one's state, index i
+     * read from part[of[i]]; e, d, spec, served and touched above are the current part's.
+     * nparts 0: one dataset, and the fields above are its own. */
+    struct rp_part {
+        bw__wds *e;
+        bw__dataset *d;
+        const Batchwire__V1__Dataset *spec;
+        bw__wm_served served;
+        uint8_t *touched;
+    } * part;
+    size_t nparts, cur;
+    const uint32_t *of;
 };
 
 /* A file's identity is checked with the first record read from it, then with every
@@ -129,7 +141,24 @@ bw__rp *bw__rp_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t first
 
 void bw__rp_meter(bw__rp *rp, bw__wm *m, bw__wm_transport t)
 {
-    rp->served = bw__wm_served_for(m, t, rp->spec);
+    for (size_t k = 0; k < rp->nparts; k++)
+        rp->part[k].served = bw__wm_served_for(m, t, rp->part[k].spec);
+    rp->served = rp->nparts ? rp->part[rp->cur].served : bw__wm_served_for(m, t, rp->spec);
+}
+
+/* A read of several datasets moves on to part k: what was served is counted under the part
+ * before, and the file checks start again in k's files. */
+static void use_part(bw__rp *rp, size_t k)
+{
+    meter(rp);
+    rp->cur = k;
+    rp->e = rp->part[k].e;
+    rp->d = rp->part[k].d;
+    rp->spec = rp->part[k].spec;
+    rp->served = rp->part[k].served;
+    rp->touched = rp->part[k].touched;
+    rp->checked_src = SIZE_MAX;
+    rp->unchecked = 0;
 }
 
 void bw__rp_close(bw__rp *rp)
@@ -139,6 +168,15 @@ void bw__rp_close(bw__rp *rp)
     meter(rp);
     if (rp->tf)
         window_drop(rp);
+    if (rp->nparts) { /* the current part's fields are its own */
+        for (size_t k = 0; k < rp->nparts; k++) {
+            bw__ds_put(rp->part[k].e);
+            free(rp->part[k].touched);
+        }
+        rp->e = NULL;
+        rp->touched = NULL;
+    }
+    free(rp->part);
     bw__ds_put(rp->e);
     free(rp->touched);
     free(rp->tf);
@@ -195,10 +233,14 @@ static int end(bw__rp *rp, char *err, size_t errlen)
         return rp->count && bw__dataset_check(rp->d, rp->src, why, sizeof(why)) != BW_OK
                    ? changed(rp, why, err, errlen)
                    : BW_RP_END;
-    for (size_t i = 0; i < rp->d->nsources; i++)
-        if ((rp->touched[i / 8] >> (i % 8) & 1) &&
-            bw__dataset_check(rp->d, i, why, sizeof(why)) != BW_OK)
-            return changed(rp, why, err, errlen);
+    for (size_t k = 0; k < (rp->nparts ? rp->nparts : 1); k++) {
+        if (rp->nparts)
+            use_part(rp, k);
+        for (size_t i = 0; i < rp->d->nsources; i++)
+            if ((rp->touched[i / 8] >> (i % 8) & 1) &&
+                bw__dataset_check(rp->d, i, why, sizeof(why)) != BW_OK)
+                return changed(rp, why, err, errlen);
+    }
     return BW_RP_END;
 }
 
@@ -218,6 +260,8 @@ static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t
     if (!rp->stream) {
         if (rp->pos >= rp->n)
             return end(rp, err, errlen);
+        if (rp->nparts && rp->of[rp->pos] != rp->cur)
+            use_part(rp, rp->of[rp->pos]);
         out->key = rp->indices[rp->pos];
         out->offset = out->next_offset = 0;
         rc = bw__dataset_get(rp->d, out->key, &out->rec, why, sizeof(why));
@@ -432,6 +476,30 @@ static int no_memory(const char *method, char *err, size_t errlen)
     return BW_NOMEM;
 }
 
+static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadSamplesRequest *r,
+                      uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen);
+
+/* ReadSamples: ownership of every index's shard under rt (by source: of the source of its own
+ * dataset holding it). */
+static int check_indices_owner(bw_worker *w, const bw__rp *rp, const Batchwire__V1__Routing *rt,
+                               char *err, size_t errlen)
+{
+    if (!rt || !rt->placement_version)
+        return BW_OK;
+    uint32_t *shards = malloc((rp->n ? rp->n : 1) * sizeof(*shards));
+    if (!shards)
+        return no_memory("ReadSamples", err, errlen);
+    uint32_t ns = rt->num_shards ? rt->num_shards : 1;
+    for (size_t i = 0; i < rp->n; i++)
+        shards[i] =
+            rt->by_source
+                ? source_shard(rp->nparts ? rp->part[rp->of[i]].d : rp->d, rp->indices[i], rt)
+                : bw__placement_shard(rp->indices[i], ns, (bw_shard_mode)rt->shard_mode);
+    int rc = check_owner(w, "ReadSamples", rt, shards, rp->n, err, errlen);
+    free(shards);
+    return rc;
+}
+
 static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__ReadSamplesRequest *r,
                         uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen)
 {
@@ -440,6 +508,8 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
                  BW_DATA_MAX_INDICES);
         return BW_TOO_BIG;
     }
+    if (r->n_datasets || r->n_index_datasets)
+        return open_multi(w, peer, r, deadline_ms, out, err, errlen);
     bw__wds *e = NULL;
     int rc = open_dataset(w, peer, "ReadSamples", r->dataset, r->fingerprint, true, deadline_ms, &e,
                           err, errlen);
@@ -481,21 +551,114 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
                      (unsigned long long)r->indices[i], i, (unsigned long long)d->length);
             rc = BW_OUT_OF_RANGE;
         }
-    const Batchwire__V1__Routing *rt = r->routing;
-    if (rc == BW_OK && rt && rt->placement_version) {
-        uint32_t *shards = malloc((r->n_indices ? r->n_indices : 1) * sizeof(*shards));
-        if (!shards) {
+    if (rc == BW_OK)
+        rc = check_indices_owner(w, rp, r->routing, err, errlen);
+    return checked(rp, rc, out);
+}
+
+/* The n-th of a request's datasets, named as messages name one: "npy a.npy" (",..." when it has
+ * more sources). */
+static void part_name(const Batchwire__V1__Dataset *spec, char *out, size_t outlen)
+{
+    snprintf(out, outlen, "%s %s%s", spec && spec->format ? spec->format : "?",
+             bw__ds_spec_first(spec), spec && spec->n_sources > 1 ? ",..." : "");
+}
+
+/* A ReadSamples request of several datasets (docs/data-channel.md, "Several datasets in one
+ * request"): the same checks as of one dataset, for each of them, and each index against the
+ * dataset it names. Messages name the dataset by its position in the request and its name. */
+static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadSamplesRequest *r,
+                      uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen)
+{
+    size_t nd = r->n_datasets;
+    if (r->dataset || (r->fingerprint && r->fingerprint[0])) {
+        snprintf(err, errlen,
+                 "ReadSamples: the request names %zu datasets and also `dataset` or "
+                 "`fingerprint`: a request reads one dataset or several, not both",
+                 nd);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (nd > BW_DATA_MAX_DATASETS) {
+        snprintf(err, errlen, "ReadSamples: %zu datasets is more than the limit of %d", nd,
+                 BW_DATA_MAX_DATASETS);
+        return BW_TOO_BIG;
+    }
+    if (r->n_index_datasets != r->n_indices) {
+        snprintf(err, errlen,
+                 "ReadSamples: %zu indices but %zu index_datasets: each index names its dataset",
+                 r->n_indices, r->n_index_datasets);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (r->transform && r->transform->spec && r->transform->spec[0]) {
+        snprintf(err, errlen,
+                 "ReadSamples: a request of several datasets carries no transform (transforms "
+                 "are refused on mixture jobs; docs/semantics.md, \"Mixture jobs\")");
+        return BW_INVALID_ARGUMENT;
+    }
+    for (size_t k = 0; k < nd; k++)
+        if (!r->datasets[k]->dataset) {
+            snprintf(err, errlen, "ReadSamples: dataset %zu of %zu in the request has no dataset",
+                     k, nd);
+            return BW_INVALID_ARGUMENT;
+        }
+    for (size_t i = 0; i < r->n_indices; i++)
+        if (r->index_datasets[i] >= nd) {
+            snprintf(err, errlen,
+                     "ReadSamples: index %llu (position %zu) names dataset %u but the request has "
+                     "%zu datasets",
+                     (unsigned long long)r->indices[i], i, r->index_datasets[i], nd);
+            return BW_INVALID_ARGUMENT;
+        }
+    bw__rp *rp = calloc(1, sizeof(*rp));
+    struct rp_part *part = calloc(nd ? nd : 1, sizeof(*part));
+    if (!rp || !part) {
+        free(rp);
+        free(part);
+        return no_memory("ReadSamples", err, errlen);
+    }
+    rp->part = part;
+    rp->stats = &w->stats;
+    rp->checked_src = SIZE_MAX;
+    rp->indices = r->indices;
+    rp->n = r->n_indices;
+    rp->of = r->index_datasets;
+    rp->field_table = r->field_table;
+    int rc = BW_OK;
+    char method[64];
+    for (size_t k = 0; k < nd && rc == BW_OK; k++) {
+        snprintf(method, sizeof(method), "ReadSamples (dataset %zu of %zu)", k, nd);
+        const Batchwire__V1__DatasetRef *ref = r->datasets[k];
+        rc = open_dataset(w, peer, method, ref->dataset, ref->fingerprint, true, deadline_ms,
+                          &part[k].e, err, errlen);
+        if (rc != BW_OK)
+            break;
+        rp->nparts = k + 1; /* part k is the read's: closed with it */
+        part[k].d = bw__ds_dataset(part[k].e);
+        part[k].spec = ref->dataset;
+        if (!(part[k].touched = calloc(part[k].d->nsources / 8 + 1, 1)))
             rc = no_memory("ReadSamples", err, errlen);
-        } else {
-            uint32_t ns = rt->num_shards ? rt->num_shards : 1;
-            for (size_t i = 0; i < r->n_indices; i++)
-                shards[i] = rt->by_source ? source_shard(d, r->indices[i], rt)
-                                          : bw__placement_shard(r->indices[i], ns,
-                                                                (bw_shard_mode)rt->shard_mode);
-            rc = check_owner(w, "ReadSamples", rt, shards, r->n_indices, err, errlen);
-            free(shards);
+    }
+    if (rc != BW_OK) {
+        bw__rp_close(rp);
+        return rc;
+    }
+    if (nd)
+        use_part(rp, 0);
+    for (size_t i = 0; i < r->n_indices && rc == BW_OK; i++) {
+        const struct rp_part *pt = &part[r->index_datasets[i]];
+        if (r->indices[i] >= pt->d->length) {
+            char name[320];
+            part_name(pt->spec, name, sizeof(name));
+            snprintf(err, errlen,
+                     "ReadSamples: dataset %u of %zu (%s): index %llu requested (position %zu) "
+                     "but the dataset has %llu samples",
+                     r->index_datasets[i], nd, name, (unsigned long long)r->indices[i], i,
+                     (unsigned long long)pt->d->length);
+            rc = BW_OUT_OF_RANGE;
         }
     }
+    if (rc == BW_OK)
+        rc = check_indices_owner(w, rp, r->routing, err, errlen);
     return checked(rp, rc, out);
 }
 

@@ -36,6 +36,10 @@ enum { BW_RP_END = 1 };
  * which; borrowed: it must outlive the read). Runs every check once, in this order:
  *   ReadSamples: index count; dataset opened, indexed and its fingerprint; every index in
  *                range; ownership of every index's shard (bw__pview_check);
+ *   ReadSamples of several datasets (`datasets`; docs/data-channel.md, "Several datasets in
+ *                one request"): index count; the request's form (no `dataset`, one dataset
+ *                number per index and in range, no transform, at most 256); each dataset as
+ *                above; every index in range of its dataset; ownership, as above;
  *   ReadStream:  dataset opened and its fingerprint; the format is a stream; the source in
  *                range; ownership of the source's shard; the offset of first_record when
  *                seek_record or locate_only (counted as located).

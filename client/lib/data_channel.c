@@ -71,6 +71,7 @@ enum {
     BW_DCONN_RETRY_MS = 1000,    /* ... when unreachable: this long, doubled each time, to 30 s */
     BW_DCONN_OLD_MAX = 64,       /* workers found to know no FEATURES request, remembered */
     BW_DCONN_OLD_MS = 600000,    /* ... for this long (then asked again: it may be upgraded) */
+    BW_DCONN_KNOWN_MAX = 256,    /* workers whose FEATURES answer is remembered */
 };
 
 /* The transport's state (one per loader). */
@@ -96,6 +97,14 @@ typedef struct dchan_state {
         char *address;
         uint64_t until;
     } old[BW_DCONN_OLD_MAX];
+    /* what each data channel last answered a FEATURES request with (0 after refusing one):
+     * requests of several datasets go only to workers that offered them (bw__transport_ops
+     * speaks; docs/data-channel.md, "Several datasets in one request") */
+    size_t nknown;
+    struct {
+        char *address;
+        uint64_t features;
+    } known[BW_DCONN_KNOWN_MAX];
 } dchan_state;
 
 static void dconn_free(bw__dconn *c)
@@ -286,6 +295,8 @@ static void destroy(void *state)
         free(s->suspended[i].address);
     for (size_t i = 0; i < s->nold; i++)
         free(s->old[i].address);
+    for (size_t i = 0; i < s->nknown; i++)
+        free(s->known[i].address);
     bw__dchan_tls_ctx_free(s->tls);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -301,7 +312,7 @@ static int create(const bw__worker_opts *opts, void **state, char *err, size_t e
     }
     pthread_mutex_init(&s->mu, NULL);
     s->grant = opts->grant;
-    s->offer = BW_DCHAN_FEATURE_RUNS | opts->compress;
+    s->offer = BW_DCHAN_FEATURE_RUNS | BW_DCHAN_FEATURE_DATASETS | opts->compress;
     int rc = bw__tls_client_enabled(&opts->rpc.tls)
                  ? bw__dchan_tls_client_ctx(&opts->rpc.tls, &s->tls, err, errlen)
                  : BW_OK;
@@ -406,6 +417,50 @@ static bool dconn_old(dchan_state *s, const char *address)
     return old;
 }
 
+/* Remembers what address's worker answered a FEATURES request with (s->mu not held). Out of
+ * memory: not remembered (its features are then unknown: none assumed). */
+static void dconn_learned(dchan_state *s, const char *address, uint64_t features)
+{
+    pthread_mutex_lock(&s->mu);
+    size_t i = 0;
+    while (i < s->nknown && strcmp(s->known[i].address, address) != 0)
+        i++;
+    if (i == s->nknown) {
+        char *copy = strdup(address);
+        if (!copy) {
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        if (i == BW_DCONN_KNOWN_MAX) { /* forget the first learned */
+            free(s->known[0].address);
+            memmove(s->known, s->known + 1, (s->nknown - 1) * sizeof(s->known[0]));
+            i = --s->nknown;
+        }
+        s->known[s->nknown++].address = copy;
+    }
+    s->known[i].features = features;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static bool usable(void *state, const bw__worker_ref *wr);
+
+/* Whether wr's data channel last offered `feature` (bw__transport_ops speaks). */
+static bool speaks(void *state, const bw__worker_ref *wr, uint64_t feature)
+{
+    dchan_state *s = state;
+    bool yes = false;
+    if (!usable(s, wr))
+        return false;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nknown; i++)
+        if (strcmp(s->known[i].address, wr->data_address) == 0) {
+            yes = (s->known[i].features & feature) == feature;
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
+    return yes;
+}
+
 /* Remembers that address's worker refused the FEATURES request (an older worker): its
  * connections send none for BW_DCONN_OLD_MS. Out of memory: not remembered (asked again). */
 static void dconn_mark_old(dchan_state *s, const char *address, const char *why)
@@ -430,6 +485,7 @@ static void dconn_mark_old(dchan_state *s, const char *address, const char *why)
     s->old[i].address = copy;
     s->old[i].until = now + BW_DCONN_OLD_MS;
     pthread_mutex_unlock(&s->mu);
+    dconn_learned(s, address, 0);
     BW_DEBUG("data_channel=%s knows no FEATURES request (an older worker): its frames without "
              "runs for the next %d s err=%s",
              address, BW_DCONN_OLD_MS / 1000, why);
@@ -451,6 +507,7 @@ struct bw__xfer {
     bw__dconn *c;
     const char *wid, *address; /* borrowed from the placement, alive for the request */
     uint32_t kind;
+    bool several; /* a ReadSamples request of several datasets (BW_DCHAN_FEATURE_DATASETS) */
     uint8_t *req; /* kept for a resend on a fresh connection */
     size_t reqlen;
     int timeout_ms;
@@ -540,6 +597,7 @@ static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req,
         const Batchwire__V1__ReadSamplesRequest *rs =
             (const Batchwire__V1__ReadSamplesRequest *)req->msg;
         x->nidx = rs->n_indices;
+        x->several = rs->n_datasets > 0;
         if (x->nidx && !(x->idx = malloc(x->nidx * sizeof(*x->idx)))) {
             xfer_free(x);
             snprintf(res->err, sizeof(res->err), "out of memory for a request's %zu indices",
@@ -589,6 +647,22 @@ static bool end(bw__xfer *x, bw__xres *res, int rc, bool reusable, const char *w
         snprintf(res->err, sizeof(res->err), "worker %s data channel %s: %.900s", x->wid,
                  x->address, why);
     return true;
+}
+
+/* A request of several datasets went to a worker that no longer offers them (another, older
+ * worker at the address it was learned from): ended, for the fetch loop to ask again at once
+ * (res->fallback), now the old way -- a request per dataset -- since this worker's answer was
+ * learned (docs/data-channel.md, "Several datasets in one request"). */
+static bool several_refused(bw__xfer *x, bw__xres *res, const char *why)
+{
+    char e[BW_XFER_ERRLEN];
+    snprintf(e, sizeof(e),
+             "a request of several datasets, but %s (an older worker): asked again one dataset "
+             "a request",
+             why);
+    BW_DEBUG("worker=%s data_channel=%s %s", x->wid, x->address, e);
+    res->fallback = true;
+    return end(x, res, BW_UNAVAILABLE, false, e);
 }
 
 /* Starts receiving sample `key` of `size` bytes (of a SAMPLE frame, or the next of a RUN). */
@@ -788,6 +862,9 @@ static bool frame(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         }
         x->c->hello = false;
         x->c->features = f->b;
+        dconn_learned(x->s, x->address, f->b);
+        if (x->several && !(f->b & BW_DCHAN_FEATURE_DATASETS))
+            return several_refused(x, res, "its FEATURES answer does not offer them");
         if (x->s->offer & BW_DCHAN_FEATURE_ZSTD)
             BW_DEBUG("worker=%s data_channel=%s compression: %s (features %#llx)", x->wid,
                      x->address,
@@ -860,6 +937,8 @@ static bool resend_plain(bw__xfer *x, bw__xres *res, const char *why)
 {
     char e[BW_XFER_ERRLEN];
     dconn_mark_old(x->s, x->address, why);
+    if (x->several)
+        return several_refused(x, res, "it knows no FEATURES request");
     x->phase = X_HDR;
     x->hgot = x->got = x->need = 0;
     x->run_left = 0;
@@ -1192,5 +1271,5 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
     }
 }
 
-const bw__transport_ops bw__transport_dchan_ops = {"data channel", usable,    start,  xfd,
-                                                   recv_some,      xfer_free, create, destroy};
+const bw__transport_ops bw__transport_dchan_ops = {
+    "data channel", usable, start, xfd, recv_some, xfer_free, create, destroy, speaks};

@@ -291,10 +291,22 @@ static void drop_partial(fetch_req *r)
     x->started = false; /* a direct item keeps its place and size for its next try */
 }
 
+/* Whether any of worker w's items may share a request, whatever kind->joins says: a mixture's
+ * samples of several sources, to a worker whose preferred transport takes requests of several
+ * datasets (docs/data-channel.md, "Several datasets in one request"; samples_fetch.c). */
+static bool joins_all(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, const bw__placement *p,
+                      size_t w)
+{
+    const bw__transport *t = &ctx->preferred;
+    return ctx->mixture && kind->req_kind == BW_DCHAN_KIND_READ_SAMPLES && t->ops &&
+           t->ops->speaks && t->ops->speaks(t->state, &p->workers[w], BW_DCHAN_FEATURE_DATASETS);
+}
+
 /* Splits routed pending items into requests: the items of one route, in item order, while
  * the kind lets them join and up to BW_FETCH_MAX_PER_REQUEST. count[] has nroutes + 1
  * entries. Returns the number of requests. */
-static size_t make_requests(const bw__fetch_kind *kind, bw__fetch_item *items, size_t n,
+static size_t make_requests(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind,
+                            const bw__placement *p, bw__fetch_item *items, size_t n,
                             const size_t *route, size_t nroutes, size_t *count,
                             bw__fetch_item **slots, fetch_req *reqs)
 {
@@ -309,13 +321,14 @@ static size_t make_requests(const bw__fetch_kind *kind, bw__fetch_item *items, s
             slots[count[route[u]]++] = &items[u];
     size_t m = 0, used = 0;
     fetch_req *cur = NULL;
-    for (size_t ro = 0; ro < nroutes; ro++, cur = NULL)
+    for (size_t ro = 0; ro < nroutes; ro++, cur = NULL) {
+        bool all = used < count[ro] && joins_all(ctx, kind, p, ro / 2);
         for (; used < count[ro]; used++) {
             /* slots[0, count[nroutes - 1]) were all set by the loop above */
             // NOLINTNEXTLINE(clang-analyzer-core.uninitialized.Assign)
             bw__fetch_item *it = slots[used];
             if (!cur || cur->n == BW_FETCH_MAX_PER_REQUEST ||
-                !kind->joins(cur->items[cur->n - 1], it)) {
+                (!all && !kind->joins(cur->items[cur->n - 1], it))) {
                 cur = &reqs[m++];
                 memset(cur, 0, sizeof(*cur));
                 cur->worker = ro / 2;
@@ -325,6 +338,7 @@ static size_t make_requests(const bw__fetch_kind *kind, bw__fetch_item *items, s
             cur->items[cur->n++] = it;
             cur->nsamples += !it->probe;
         }
+    }
     return m;
 }
 
@@ -578,8 +592,8 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
             if (rrc == BW_OK) {
                 for (size_t u = n, j = m; u-- > 0;)
                     route[u] = items[u].done ? SIZE_MAX : route[--j];
-                size_t nreqs =
-                    make_requests(kind, items, n, route, p->nworkers * 2, count, slots, reqs);
+                size_t nreqs = make_requests(ctx, kind, p, items, n, route, p->nworkers * 2, count,
+                                             slots, reqs);
                 for (size_t i = 0; i < nreqs; i++) {
                     reqs[i].dest = dest;
                     reqs[i].stats = ctx->stats;

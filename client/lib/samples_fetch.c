@@ -2,8 +2,9 @@
  * The map-style kind of read (fetch.h, bw__fetch_batch): a batch's samples by dataset index.
  * Its items are the batch's distinct indices (padding repeats an index: it is fetched once),
  * routed by the index's shard; any indices one worker owns share its request, a
- * ReadSamplesRequest. The one fetch loop (fetch.c) does the rest; named arrays are split by
- * field afterwards (arrays.c).
+ * ReadSamplesRequest (a mixture's: of one source, or of several where the worker takes them;
+ * docs/data-channel.md, "Several datasets in one request"). The one fetch loop (fetch.c) does
+ * the rest; named arrays are split by field afterwards (arrays.c).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 #include "batch_int.h"
 #include "common/log.h"
+#include "jobs/mixture.h"
 #include "placement/placement.h"
 #include "rpc/dchan.h"
 #include "samples_fetch.h"
@@ -112,7 +114,8 @@ static uint32_t samples_shard(void *kctx, const bw__fetch_item *it, uint32_t num
 static bool samples_join(const bw__fetch_item *a, const bw__fetch_item *b)
 {
     return a->src == b->src; /* any indices of one worker (and one mixture source) share a
-                                request */
+                                request; of several sources, where the worker takes them
+                                (fetch.c, joins_all) */
 }
 
 /* What a batch's requests are built from: the loader's settings and the batch's epoch (the
@@ -121,6 +124,38 @@ typedef struct samples_kctx {
     const bw__fetch_ctx *ctx;
     uint64_t epoch;
 } samples_kctx;
+
+/* A request of a mixture's items from several sources: the sources it reads, in order of
+ * first appearance, and each index's position among them. */
+static int several_datasets(const bw__fetch_ctx *ctx, bw__fetch_item *const *items, size_t n,
+                            bw_arena *a, Batchwire__V1__ReadSamplesRequest *req)
+{
+    const Batchwire__V1__Mixture *mx = ctx->mixture;
+    uint32_t *of = bw__arena_alloc(a, n * sizeof(uint32_t));
+    Batchwire__V1__DatasetRef **refs = bw__arena_alloc(a, mx->n_sources * sizeof(*refs));
+    Batchwire__V1__DatasetRef *ref = bw__arena_alloc(a, mx->n_sources * sizeof(*ref));
+    uint32_t pos[BW__MIX_MAX_SOURCES];
+    if (!of || !refs || !ref || mx->n_sources > BW__MIX_MAX_SOURCES)
+        return BW_NOMEM;
+    memset(pos, 0xff, sizeof(pos));
+    size_t nd = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t j = items[i]->src;
+        if (pos[j] == UINT32_MAX) {
+            batchwire__v1__dataset_ref__init(&ref[nd]);
+            ref[nd].dataset = mx->sources[j]->dataset;
+            ref[nd].fingerprint = ctx->mix_infos[j]->fingerprint;
+            refs[nd] = &ref[nd];
+            pos[j] = (uint32_t)nd++;
+        }
+        of[i] = pos[j];
+    }
+    req->n_datasets = nd;
+    req->datasets = refs;
+    req->n_index_datasets = n;
+    req->index_datasets = of;
+    return BW_OK;
+}
 
 static int samples_message(void *kctx, bw__fetch_item *const *items, size_t n,
                            const bw__placement *p, bool checked, bw_arena *a,
@@ -149,16 +184,28 @@ static int samples_message(void *kctx, bw__fetch_item *const *items, size_t n,
     batchwire__v1__read_samples_request__init(req);
     for (size_t i = 0; i < n; i++)
         idx[i] = items[i]->key;
-    /* A mixture's request reads one source (samples_join): its dataset and fingerprint. */
+    /* A mixture's request reads one source (samples_join), or, from a worker that speaks it,
+     * several (docs/data-channel.md, "Several datasets in one request"). */
     const Batchwire__V1__Mixture *mx = ctx->mixture;
     uint32_t j = n ? items[0]->src : 0;
+    bool several = false;
+    for (size_t i = 0; mx && i < n; i++) {
+        if (items[i]->src >= mx->n_sources)
+            return BW_INTERNAL;
+        several = several || items[i]->src != j;
+    }
     if (mx && j >= mx->n_sources)
         return BW_INTERNAL;
-    req->dataset = mx ? mx->sources[j]->dataset : (Batchwire__V1__Dataset *)ctx->dataset;
+    int rc = several ? several_datasets(ctx, items, n, a, req) : BW_OK;
+    if (rc != BW_OK)
+        return rc;
+    if (!several) {
+        req->dataset = mx ? mx->sources[j]->dataset : (Batchwire__V1__Dataset *)ctx->dataset;
+        req->fingerprint = mx ? ctx->mix_infos[j]->fingerprint : (char *)ctx->fingerprint;
+    }
     req->n_indices = n;
     req->indices = idx;
     req->routing = rt;
-    req->fingerprint = mx ? ctx->mix_infos[j]->fingerprint : (char *)ctx->fingerprint;
     req->max_message_bytes = ctx->max_message_bytes;
     req->field_table = ctx->field_table;
     req->transform = tf;

@@ -163,6 +163,9 @@ typedef struct bw__transport_ops {
     /* Closes its connections and frees the state; no request may be in flight. NULL state is
      * a no-op. */
     void (*destroy)(void *state);
+    /* Whether worker wr is known to speak `feature` (BW_DCHAN_FEATURE_* bits) on this
+     * transport now: what it last said. Any thread. NULL: never. */
+    bool (*speaks)(void *state, const bw__worker_ref *wr, uint64_t feature);
 } bw__transport_ops;
 
 typedef struct bw__transport {

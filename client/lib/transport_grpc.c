@@ -406,5 +406,5 @@ static void finish(bw__xfer *x)
     free(x);
 }
 
-const bw__transport_ops bw__transport_grpc_ops = {"grpc",   usable, start,  fd,
-                                                  recv_all, finish, create, destroy};
+const bw__transport_ops bw__transport_grpc_ops = {"grpc", usable, start,   fd,  recv_all,
+                                                  finish, create, destroy, NULL};

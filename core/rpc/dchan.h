@@ -77,9 +77,13 @@ enum {
 #define BW_DCHAN_FEATURE_ZSTD ((uint64_t)2)
 /* with ZSTD: the worker sends a request raw when a probe of its first samples does not pay */
 #define BW_DCHAN_FEATURE_ZSTD_AUTO ((uint64_t)4)
+/* ReadSamples requests of several datasets (ReadSamplesRequest.datasets; docs/data-channel.md,
+ * "Several datasets in one request"): the worker serves them, on any transport */
+#define BW_DCHAN_FEATURE_DATASETS ((uint64_t)8)
 /* every feature this build speaks */
 #define BW_DCHAN_FEATURES                                                                          \
-    (BW_DCHAN_FEATURE_RUNS | BW_DCHAN_FEATURE_ZSTD | BW_DCHAN_FEATURE_ZSTD_AUTO)
+    (BW_DCHAN_FEATURE_RUNS | BW_DCHAN_FEATURE_ZSTD | BW_DCHAN_FEATURE_ZSTD_AUTO |                  \
+     BW_DCHAN_FEATURE_DATASETS)
 /* with ZSTD, bits 8-15 are the zstd level: asked (0: the worker's choice), then used */
 #define BW_DCHAN_ZSTD_LEVEL_SHIFT 8
 #define BW_DCHAN_ZSTD_LEVEL_MASK ((uint64_t)0xff << BW_DCHAN_ZSTD_LEVEL_SHIFT)

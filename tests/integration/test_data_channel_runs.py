@@ -80,18 +80,22 @@ def expect(s, rows, indices, what, runs):
     return len(got)
 
 
-def check_samples(got, rows, indices, what):
+def check_samples(got, rows, indices, what, want=None):
     """Frames [(type, first index, count, size, bytes, ...)] carry rows[i] for each i of
-    `indices`, in order."""
+    `indices`, in order (or want[p] at position p, when given: samples of several datasets)."""
     pos = 0
     for typ, first, count, size, data, *_ in got:
-        if indices[pos] != first:
-            raise bt.TestFailure("%s: a frame names index %d where %d is due (position %d)" %
-                                 (what, first, indices[pos], pos))
+        if pos >= len(indices) or indices[pos] != first:
+            raise bt.TestFailure("%s: a frame names index %d where %s is due (position %d)" %
+                                 (what, first, indices[pos] if pos < len(indices) else "none",
+                                  pos))
         for k in range(count):
-            if data[k * size:(k + 1) * size] != rows[indices[pos + k]]:
-                raise bt.TestFailure("%s: sample %d (position %d) differs from numpy's row" %
-                                     (what, indices[pos + k], pos + k))
+            due = want[pos + k] if want is not None and pos + k < len(want) else \
+                rows[indices[pos + k]] if want is None and pos + k < len(indices) else None
+            if data[k * size:(k + 1) * size] != due:
+                raise bt.TestFailure("%s: sample %s (position %d) differs from numpy's row" %
+                                     (what, indices[pos + k] if pos + k < len(indices) else
+                                      "beyond the request", pos + k))
         pos += count
     if pos != len(indices):
         raise bt.TestFailure("%s: %d samples for %d indices" % (what, pos, len(indices)))

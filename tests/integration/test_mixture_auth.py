@@ -13,6 +13,9 @@ rank's lease.
   equals `batchwire plan --mix-size ...` (sources and indices), and its sha256 is that of its
   samples, each read from its own source; again with the JSON Lines source marked `stream:`
   (its records read with ReadStream under the same grant).
+* One ReadSamples request of several datasets (docs/data-channel.md, "Several datasets in one
+  request") with the grant: all three sources' samples in request order; a source beside a
+  dataset outside the mixture: refused over both transports naming that dataset.
 
 Raw requests use python3-grpcio and messages compiled from proto/ (test_hostile_grants.py's
 helpers), independent of the C code under test.
@@ -117,6 +120,26 @@ def test(tmp):
         hg.refused_both(w, daddr, dpb.ReadSamplesRequest(dataset=dataset(SPECS[1]), indices=[0],
                                                          grant=hg.grant(ja, "w9")),
                         "worker '%s'" % wid, "%s: a source read with a proof for w9" % wid)
+        # one request of several sources (docs/data-channel.md, "Several datasets in one
+        # request"): the grant covers each, or the request is refused naming the one it misses
+        of = [2, 0, 1, 0, 2, 1]
+        idx = [3, 39, 22, 0, 16, 5]
+        req = dpb.ReadSamplesRequest(datasets=[dpb.DatasetRef(dataset=dataset(x)) for x in SPECS],
+                                     indices=idx, index_datasets=of, grant=g)
+        code, got = hg.Raw(w.addr).read(req)
+        want = [sample(j, i) for j, i in zip(of, idx)]
+        bt.check(code == hg.S.OK and [x.data for x in got] == want,
+                 "%s gRPC: one request of the three sources with the mixture's grant" % wid,
+                 got if code != hg.S.OK else len(got))
+        bt.check(hg.dchan_read(daddr, req) == ("ok", want),
+                 "%s data channel: the same request, the same bytes" % wid)
+        hg.refused_both(w, daddr, dpb.ReadSamplesRequest(
+            datasets=[dpb.DatasetRef(dataset=dataset(SPECS[0])),
+                      dpb.DatasetRef(dataset=dataset("npy:d/part-00000.npy"))],
+            indices=[0, 0], index_datasets=[0, 1], grant=g),
+            "dataset 1 of 2 (npy d/part-00000.npy)",
+            "%s: one request of a source and a dataset outside the mixture" % wid)
+        bt.check(w.running(), "%s is still up" % wid)
 
     bt.log("===== batchwire fetch --mix with a token: plan = fetch, bytes =====")
     # and again with the JSON Lines source read as a stream (its records through ReadStream,

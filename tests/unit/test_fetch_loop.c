@@ -505,8 +505,8 @@ static void ffinish(bw__xfer *x)
     free(x);
 }
 
-static const bw__transport_ops fake_ops = {"fake", fusable, fstart, ffd,
-                                           frecv,  ffinish, NULL,   NULL};
+static const bw__transport_ops fake_ops = {"fake",  fusable, fstart, ffd, frecv,
+                                           ffinish, NULL,    NULL,   NULL};
 
 /* ---- a fetch ---- */
 
