@@ -116,6 +116,20 @@ def plan(*args):
     return out
 
 
+def fetch_mix(coord_addr, job, rank, world, mix, *extra, mode="torch", batch=4, seed=7,
+              ok=True):
+    """`batchwire fetch` of a mixture (mix: its --mix arguments) at rank/world; with ok, checks
+    it exited 0 and returns its batch lines as dicts, else returns the finished process."""
+    r = bt.cli("fetch", "--coordinator", coord_addr, "--job", job, *mix, "--mode", mode,
+               "--batch-size", batch, "--seed", seed, "--rank", rank, "--world-size", world,
+               *extra, timeout=60)
+    if not ok:
+        return r
+    bt.check(r.returncode == 0, "fetch %s rank %d/%d %s" % (job, rank, world,
+                                                          " ".join(map(str, extra))), r.stderr)
+    return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{\"epoch\"")]
+
+
 NPY = "npy:ds/part-00000.npy"
 
 

@@ -89,14 +89,8 @@ def test(tmpdir):
                                        zip(b["sources"], b["indices"]))).hexdigest()
 
     def fetch(job, rank, world, *extra, mode="torch", specs=SPECS, weights=WEIGHTS, ok=True):
-        r = bt.cli("fetch", "--coordinator", coord.addr, "--job", job, *mix_args(specs, weights),
-                   "--mode", mode, "--batch-size", B, "--seed", 5, "--rank", rank,
-                   "--world-size", world, *extra, timeout=60)
-        if not ok:
-            return r
-        bt.check(r.returncode == 0, "fetch %s rank %d/%d %s" % (job, rank, world,
-                                                              " ".join(map(str, extra))), r.stderr)
-        return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{\"epoch\"")]
+        return bwpy.fetch_mix(coord.addr, job, rank, world, mix_args(specs, weights), *extra,
+                              mode=mode, batch=B, seed=5, ok=ok)
 
     def view(batches):
         return [(b["step"], b["indices"], b["sources"], b["padding"]) for b in batches]

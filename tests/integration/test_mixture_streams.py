@@ -100,14 +100,8 @@ def test(tmpdir):
                  "read from its own stream (%d batches)" % (label, len(batches)), bad[:5])
 
     def fetch(job, rank, world, srcs, *extra, mode="torch", ok=True, b=B):
-        r = bt.cli("fetch", "--coordinator", coord.addr, "--job", job, *mix_args(srcs),
-                   "--mode", mode, "--batch-size", b, "--seed", 7, "--rank", rank,
-                   "--world-size", world, *extra, timeout=60)
-        if not ok:
-            return r
-        bt.check(r.returncode == 0, "fetch %s rank %d/%d %s" % (job, rank, world,
-                                                              " ".join(map(str, extra))), r.stderr)
-        return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{\"epoch\"")]
+        return bwpy.fetch_mix(coord.addr, job, rank, world, mix_args(srcs), *extra, mode=mode,
+                              batch=b, seed=7, ok=ok)
 
     def plan(srcs, *extra, mode="torch", world=4, b=B):
         return bwpy.plan("--mode", mode, *plan_args(srcs), "--world-size", world,
