@@ -276,14 +276,7 @@ static int use_transform(bw_loader *l, const Batchwire__V1__JobSummary *job, cha
     l->fctx.transform = text;
     l->fctx.transform_field = job->config->transform_field;
     l->fctx.seed = (uint64_t)job->config->sampler->seed;
-    if (l->fctx.transform_field && l->fctx.transform_field[0] && l->fctx.field_table) {
-        /* Read with fields: the other members pass through, the result replaces one (a
-         * jsonl line's values come with a field table instead of the line's syntax). */
-        uint64_t m = l->fctx.max_sample_bytes, more = shape.bytes + 8 + 12 * BW_FMT_MAX_FIELDS;
-        l->fctx.max_sample_bytes = m > UINT64_MAX - more ? UINT64_MAX : m + more;
-        return BW_OK;
-    }
-    l->tf_whole = true;
+    l->tf_has = true;
     batchwire__v1__sample_layout__init(&l->tf_layout);
     memcpy(l->tf_descr, shape.descr, sizeof(l->tf_descr));
     l->tf_layout.dtype = l->tf_descr;
@@ -292,6 +285,14 @@ static int use_transform(bw_loader *l, const Batchwire__V1__JobSummary *job, cha
     l->tf_layout.n_shape = (size_t)shape.ndim;
     l->tf_layout.shape = l->tf_dims;
     l->tf_layout.sample_bytes = shape.bytes;
+    if (l->fctx.transform_field && l->fctx.transform_field[0] && l->fctx.field_table) {
+        /* Read with fields: the other members pass through, the result replaces one (a
+         * jsonl line's values come with a field table instead of the line's syntax). */
+        uint64_t m = l->fctx.max_sample_bytes, more = shape.bytes + 8 + 12 * BW_FMT_MAX_FIELDS;
+        l->fctx.max_sample_bytes = m > UINT64_MAX - more ? UINT64_MAX : m + more;
+        return BW_OK;
+    }
+    l->tf_whole = true;
     l->fctx.sample_bytes = l->fctx.max_sample_bytes = shape.bytes;
     return BW_OK;
 }
@@ -835,6 +836,18 @@ int64_t bw_loader_rank(const bw_loader *l)
 int64_t bw_loader_world_size(const bw_loader *l)
 {
     return l->world;
+}
+
+int bw_loader_transform_layout(const bw_loader *l, const char **dtype, uint64_t *shape,
+                               size_t cap, size_t *ndim)
+{
+    if (!l->tf_has)
+        return BW_FAILED_PRECONDITION;
+    *dtype = l->tf_descr;
+    for (size_t i = 0; i < l->tf_layout.n_shape && i < cap; i++)
+        shape[i] = l->tf_dims[i];
+    *ndim = l->tf_layout.n_shape;
+    return BW_OK;
 }
 
 uint64_t bw_loader_num_samples(const bw_loader *l)

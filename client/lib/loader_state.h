@@ -37,9 +37,10 @@ struct bw_loader {
     uint64_t num_samples;
     bw__stream_ctx *stream;   /* iterable jobs: the stream's sources and offsets; else NULL */
     bw__mixstream *mixstream; /* a mixture with stream sources: theirs; else NULL */
-    /* A job with a transform on whole samples (no transform_field): the layout of every
-     * sample's result, which replaces the dataset's (docs/transforms.md, "On the workers") */
-    bool tf_whole;
+    /* A job with a transform (tf_has): the layout of every sample's result; on whole samples
+     * (tf_whole: no transform_field, or no fields) it replaces the dataset's
+     * (docs/transforms.md, "On the workers") */
+    bool tf_has, tf_whole;
     Batchwire__V1__SampleLayout tf_layout;
     uint64_t tf_dims[3];
     char tf_descr[16];

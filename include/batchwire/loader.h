@@ -427,6 +427,15 @@ BW_EXTERN int64_t bw_loader_rank(const bw_loader *l);
 BW_EXTERN int64_t bw_loader_world_size(const bw_loader *l);
 BW_EXTERN uint64_t bw_loader_num_samples(const bw_loader *l);
 
+/* A job with a transform: the dtype text ("<f4", "|u1", "<f2", "bfloat16", "<i8"...) and the
+ * shape of one sample's result, as bw_batch_dtype / bw_batch_shape give them for a batch without
+ * fields -- also with transform_field and `fields`, where each sample's transformed member or
+ * key holds one such result (docs/transforms.md, "What a batch is"). *dtype is borrowed (the
+ * loader's); up to `cap` dimensions go to shape, their number to *ndim. BW_OK, or
+ * BW_FAILED_PRECONDITION (bw_loader_errmsg unchanged) for a job without a transform. */
+BW_EXTERN int bw_loader_transform_layout(const bw_loader *l, const char **dtype, uint64_t *shape,
+                                         size_t cap, size_t *ndim);
+
 /* Leaves the job (the rank's lease is released) and frees everything. NULL is a no-op. */
 BW_EXTERN void bw_loader_close(bw_loader *l);
 

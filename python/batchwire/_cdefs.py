@@ -62,6 +62,7 @@ FUNCTIONS: Tuple[str, ...] = (
     "bw_loader_seek",
     "bw_loader_set_epoch",
     "bw_loader_to_device",
+    "bw_loader_transform_layout",
     "bw_loader_unnext",
     "bw_loader_world_size",
     "bw_set_log_callback",
@@ -211,6 +212,8 @@ const char *bw_loader_errmsg(const bw_loader *l);
 int64_t bw_loader_rank(const bw_loader *l);
 int64_t bw_loader_world_size(const bw_loader *l);
 uint64_t bw_loader_num_samples(const bw_loader *l);
+int bw_loader_transform_layout(const bw_loader *l, const char **dtype, uint64_t *shape,
+size_t cap, size_t *ndim);
 void bw_loader_close(bw_loader *l);
 typedef struct bw_loader_stats {
 uint64_t batches;

@@ -325,8 +325,9 @@ class Batch:
     def fields(self, keys: Optional[Sequence[str]] = None, as_torch: bool = False) -> Any:
         """Each sample as a dict of its fields (a loader with fields, the default for tar and
         jsonl datasets): tar (WebDataset) members by extension ({"jpg": b"...", "cls":
-        b"3"}), bytes; JSON Lines top-level keys, decoded values (the key a transform_field
-        transforms: its result's bytes, as a tar member's). `keys` keeps only those
+        b"3"}), bytes; JSON Lines top-level keys, decoded values. The member or key a
+        transform_field transforms: its result as a numpy array of the transform's dtype and
+        shape (np.stack over the samples gives the [count, ...] tensor). `keys` keeps only those
         (only they are copied or decoded); a sample without one of them raises
         NotFoundError.
 
@@ -343,7 +344,8 @@ class Batch:
         base = self._base()
         want = None if keys is None else list(keys)
         jsonl = self._loader._format == "jsonl"
-        tfield = getattr(self._loader, "_tfield", None)  # a transformed jsonl key: its bytes
+        tfield = getattr(self._loader, "_tfield", None)  # the transformed member or key
+        layout = getattr(self._loader, "_tf_layout", None)  # its result's (dtype, shape)
         out = []
         for i, ((soff, _), fl) in enumerate(zip(self._sample_spans(), table)):
             spans = {name: (off, sz) for name, off, sz in fl}
@@ -356,7 +358,10 @@ class Batch:
                         (i, int(self.indices[i]), k, sorted(spans)))
                 off, sz = spans[k]
                 raw = self._bytes_at(base + soff + off, sz)
-                d[k] = json.loads(raw) if jsonl and k != tfield else raw
+                if k == tfield and layout is not None:
+                    d[k] = _result_array(raw, layout)
+                else:
+                    d[k] = json.loads(raw) if jsonl else raw
             out.append(d)
         return out
 
@@ -473,6 +478,14 @@ class Batch:
 # numpy dtypes by the library's dtype text (b"<f4"): a batch's dtype is one lookup.
 _DTYPES: Dict[bytes, "np.dtype[Any]"] = {}
 BFLOAT16 = b"bfloat16"
+
+
+def _result_array(raw: bytes, layout: Tuple[bytes, Tuple[int, ...]]) -> Any:
+    """A transform's result for one sample (bw_loader_transform_layout's dtype and shape) as a
+    numpy array over its own copy of the bytes (writable; bfloat16 as its int16 bits)."""
+    import numpy as np
+
+    return np.frombuffer(bytearray(raw), dtype=_dtype(layout[0])).reshape(layout[1])
 
 
 def _dtype(text: bytes) -> "np.dtype[Any]":
@@ -1024,6 +1037,12 @@ class Loader:
         self.rank = int(L.bw_loader_rank(h))
         self.world_size = int(L.bw_loader_world_size(h))
         self.num_samples = int(L.bw_loader_num_samples(h))
+        # A transform's result per sample: what fields() makes of the transformed member or
+        # key (docs/transforms.md, "What a batch is").
+        self._tf_layout: Optional[Tuple[bytes, Tuple[int, ...]]] = None
+        tdt, tshape, tnd = ffi.new("const char **"), ffi.new("uint64_t[8]"), ffi.new("size_t *")
+        if L.bw_loader_transform_layout(h, tdt, tshape, 8, tnd) == BW_OK and tnd[0] <= 8:
+            self._tf_layout = (ffi.string(tdt[0]), tuple(int(tshape[i]) for i in range(tnd[0])))
         self.job = job
         self.device = dev
 

@@ -162,7 +162,8 @@ def check_fields(batchwire, coord, samples, transport):
                 p, src, label = samples[i]
                 want = tw.expected(p, SEED, int(batch.epoch), src, i)
                 bt.check(sorted(f) == ["image", "label", "name"] and
-                         f["image"] == want.tobytes() and f["label"] == label and
+                         f["image"].dtype == want.dtype and f["image"].shape == want.shape and
+                         f["image"].tobytes() == want.tobytes() and f["label"] == label and
                          f["name"] == "s%d" % i,
                          "jsonl with fields: sample %d's image is its tensor, its label and "
                          "name pass through" % i, (sorted(f), f.get("label"), f.get("name")))
@@ -219,7 +220,8 @@ def check_tokens(coord, data):
             for i, f in zip(batch.indices, batch.fields()):
                 i = int(i)
                 bt.check(sorted(f) == ["ids", "label"] and
-                         f["ids"] == ref_row(rows[i], 10, 10, -3).tobytes() and
+                         f["ids"].dtype == "<i8" and f["ids"].shape == (10,) and
+                         f["ids"].tobytes() == ref_row(rows[i], 10, 10, -3).tobytes() and
                          f["label"] == i % 5,
                          "Python with fields: row %d's ids are numpy's, its label passes "
                          "through" % i, f)

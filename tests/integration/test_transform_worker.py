@@ -189,7 +189,8 @@ def check_tar(tmpdir, coord, data):
             for i, f in zip(batch.indices, batch.fields()):
                 i = int(i)
                 want = expected(jpgs[i], SEED, int(batch.epoch), src_of[i], i)
-                bt.check(sorted(f) == ["cls", "jpg"] and f["jpg"] == want.tobytes() and
+                bt.check(sorted(f) == ["cls", "jpg"] and f["jpg"].shape == want.shape and
+                         f["jpg"].dtype == want.dtype and f["jpg"].tobytes() == want.tobytes() and
                          f["cls"] == str(te.iword(5, i, 3) % 10).encode(),
                          "tar with fields: sample %d's jpg is its tensor, cls its label" % i,
                          (sorted(f), len(f["jpg"]), f.get("cls")))
