@@ -838,8 +838,8 @@ int64_t bw_loader_world_size(const bw_loader *l)
     return l->world;
 }
 
-int bw_loader_transform_layout(const bw_loader *l, const char **dtype, uint64_t *shape,
-                               size_t cap, size_t *ndim)
+int bw_loader_transform_layout(const bw_loader *l, const char **dtype, uint64_t *shape, size_t cap,
+                               size_t *ndim)
 {
     if (!l->tf_has)
         return BW_FAILED_PRECONDITION;
