@@ -5,6 +5,9 @@
  * size uses without an O(E) cache), and the sequential order (the floor: sharding alone). Each
  * is measured from step 0 and over the epoch's last steps (positions near 10^10), to show that
  * the cost does not grow with the step.
+ * Then the configuration of bench/bench_mixture_jobs.py: two sources of 2^17 samples mixed
+ * half and half (E = 2^18), one rank, batches of 256, against one dataset of 2^18 in torch's
+ * shuffled order (what `--shuffle` gives a job of that size: a materialised randperm) -- with
  * Prints one JSON object per measurement.
  *
  *   bench_mixture [SAMPLES_PER_POINT]     (default 2,000,000)
@@ -26,52 +29,74 @@
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts); /* CPU time: the machine is shared */
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static uint64_t sink; /* keeps results alive */
 
-/* ns per sample over `batches` consecutive batches of rank 3 from `step`, best of 3 */
-static double time_single(const bw__sampler *s, uint64_t step, uint64_t batches)
+/* ns per sample over `batches` consecutive batches of `batch` of `rank` from `step`, of the
+ * mixture m or else the single-dataset sampler s, best of `reps` */
+static double time_batches(const bw__mix_sampler *m, const bw__sampler *s, uint64_t rank,
+                           uint64_t step, uint64_t batches, size_t batch, int reps)
 {
-    uint64_t idx[BATCH];
-    uint8_t pad[BATCH];
+    enum { MAXB = 256 };
+    uint64_t idx[MAXB];
+    uint8_t pad[MAXB];
+    uint32_t src[MAXB];
     bw__batch b = {idx, pad, 0, 0};
     double best = 1e30;
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < reps; rep++) {
         double t0 = now();
         for (uint64_t i = 0; i < batches; i++) {
-            if (bw__sampler_batch(s, 3, step + i, &b) != 0)
+            if ((m ? bw__mix_sampler_batch(m, rank, step + i, &b, src, NULL)
+                   : bw__sampler_batch(s, rank, step + i, &b)) != 0)
                 return -1;
-            sink += idx[0] + idx[BATCH - 1];
+            sink += idx[0] + idx[batch - 1];
         }
         double dt = now() - t0;
         if (dt < best)
             best = dt;
     }
-    return best * 1e9 / (double)(batches * BATCH);
+    return best * 1e9 / (double)(batches * batch);
 }
 
-static double time_mix(const bw__mix_sampler *s, uint64_t step, uint64_t batches)
+static int bench_small(void)
 {
-    uint64_t idx[BATCH];
-    uint8_t pad[BATCH];
-    uint32_t src[BATCH];
-    bw__batch b = {idx, pad, 0, 0};
-    double best = 1e30;
-    for (int rep = 0; rep < 3; rep++) {
-        double t0 = now();
-        for (uint64_t i = 0; i < batches; i++) {
-            if (bw__mix_sampler_batch(s, 3, step + i, &b, src, NULL) != 0)
-                return -1;
-            sink += idx[0] + src[BATCH - 1];
-        }
-        double dt = now() - t0;
-        if (dt < best)
-            best = dt;
+    const uint64_t half = 1u << 17, e = 2 * half;
+    const size_t batch = 256;
+    char err[256];
+    Batchwire__V1__WorldSegment seg = BATCHWIRE__V1__WORLD_SEGMENT__INIT;
+    const Batchwire__V1__WorldSegment *hist[] = {&seg};
+    seg.world_size = 1;
+    bw__sampler_cfg cfg;
+    bw__sampler_cfg_init(&cfg);
+    cfg.mode = BW__MODE_TORCH;
+    cfg.num_samples = e;
+    cfg.world_size = 1;
+    cfg.batch_size = batch;
+    cfg.seed = 1;
+    bw__sampler_cfg shuffled = cfg;
+    shuffled.shuffle = true;
+    uint64_t sizes[2] = {half, half}, weights[2] = {1, 1};
+    bw__mix_spec spec = {sizes, weights, 2, e, NULL, BW__MIX_CYCLE};
+    bw__sampler *s = NULL;
+    bw__mix_sampler *m = NULL;
+    int rc = bw__sampler_new(&s, &shuffled, err, sizeof(err));
+    if (rc == 0)
+        rc = bw__mix_sampler_new(&m, &spec, &cfg, hist, 1, 0, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "bench_mixture: %s\n", err);
+        bw__sampler_free(s);
+        return 1;
     }
-    return best * 1e9 / (double)(batches * BATCH);
+    for (int mixed = 0; mixed < 2; mixed++)
+        printf("{\"bench\":\"small\",\"order\":\"%s\",\"E\":%" PRIu64 ",\"ns_per_sample\":%.1f}\n",
+               mixed ? "mixture of 2" : "single shuffled", e,
+               time_batches(mixed ? m : NULL, mixed ? NULL : s, 0, 0, e / batch, batch, 5));
+    bw__sampler_free(s);
+    bw__mix_sampler_free(m);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -113,7 +138,7 @@ int main(int argc, char **argv)
             printf("{\"bench\":\"single\",\"order\":\"%s\",\"E\":%llu,\"step\":%" PRIu64
                    ",\"ns_per_sample\":%.1f}\n",
                    shuffled ? "feistel" : "sequential", (unsigned long long)E_SAMPLES, steps[i],
-                   time_single(s, steps[i], batches));
+                   time_batches(NULL, s, 3, steps[i], batches, BATCH, 3));
         bw__sampler_free(s);
     }
 
@@ -134,9 +159,12 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < 2; i++)
             printf("{\"bench\":\"mixture\",\"sources\":%zu,\"E\":%llu,\"step\":%" PRIu64
                    ",\"ns_per_sample\":%.1f}\n",
-                   n, (unsigned long long)E_SAMPLES, steps[i], time_mix(m, steps[i], batches));
+                   n, (unsigned long long)E_SAMPLES, steps[i],
+                   time_batches(m, NULL, 3, steps[i], batches, BATCH, 3));
         bw__mix_sampler_free(m);
     }
+    if (bench_small() != 0)
+        return 1;
     fprintf(stderr, "(sink %llu)\n", (unsigned long long)(sink & 1));
     return 0;
 }

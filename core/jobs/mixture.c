@@ -37,6 +37,7 @@ typedef unsigned __int128 u128;
 typedef struct node {
     uint64_t lo, mid, hi, A, B;
     uint64_t state; /* H(2, seed, epoch, lo, hi): the jitter hash before its last two words */
+    uint64_t side_state[2]; /* H(2, seed, epoch, lo, hi, side): before its last word */
 } node;
 
 struct bw__mixture {
@@ -130,9 +131,14 @@ static void permutation_init(bw__feistel *f, uint64_t seed, uint32_t source, uin
                              uint64_t n)
 {
     const uint64_t words[] = {TAG_PERMUTATION, seed, source, pass};
-    /* bw__feistel_init's round keys are mix64(key + r * golden), r = 0..5: the SplitMix64
-     * sequence from the key, as the doc states. */
-    bw__feistel_init(f, n, hash(words, 4));
+    /* The domain 2^b (docs/semantics.md, "Within a source"): b the bits of n - 1, at least 1,
+     * made even below 8 (a small domain of two equal parts spreads its permutations more
+     * evenly). The round keys are mix64(key + r * golden), r = 0..5: the SplitMix64 sequence
+     * from the key, as the doc states. */
+    unsigned bits = n > 1 ? 64u - (unsigned)__builtin_clzll(n - 1) : 1;
+    if (bits < 8)
+        bits += bits & 1;
+    bw__feistel_init_bits(f, n, bits, hash(words, 4));
 }
 
 uint64_t bw__mix_permute(uint64_t seed, uint32_t source, uint64_t pass, uint64_t n, uint64_t i)
@@ -340,6 +346,8 @@ static void node_at(node *n, const bw__mixture *m, uint64_t lo, uint64_t hi)
     n->A = m->prefix[n->mid] - m->prefix[lo];
     n->B = m->prefix[hi] - m->prefix[n->mid];
     n->state = mix64(mix64(m->jitter_state ^ lo) ^ hi);
+    n->side_state[0] = mix64(n->state ^ 0);
+    n->side_state[1] = mix64(n->state ^ 1);
 }
 
 /* Node i covering [lo, hi) and, below it, its children. */
@@ -369,7 +377,7 @@ static int build_nodes(bw__mixture *m)
 /* H(2, seed, epoch, lo, hi, side, k) >> 32, continuing the node's hash state. */
 static uint64_t jitter(const node *n, uint64_t side, uint64_t k)
 {
-    return mix64(mix64(n->state ^ side) ^ k) >> (64 - JITTER_BITS);
+    return mix64(n->side_state[side] ^ k) >> (64 - JITTER_BITS);
 }
 
 /* floor(x / d) and x mod d for x < 2^128, d < 2^64; 64-bit division when x fits. */
@@ -415,30 +423,49 @@ static uint64_t left_position(const node *n, uint64_t k)
     return side_position(n, 0, k);
 }
 
-/* The last two left positions a node computed for a batch (bw__mixture_at_many): the count
- * estimates of nearby positions are the same k or the next one, so a batch of consecutive
- * positions (accelerate mode, small world sizes) computes each about once, not up to twice
- * per position. */
+/*
+ * A node's merge walked forward (bw__mixture_at_many): the batch's positions at a node mostly
+ * follow each other closely (consecutive in accelerate mode and at world size 1, R apart in
+ * torch mode at R ranks), so the node keeps where the last one stood -- c left and m right
+ * elements before position p, and the keys of left c and right m -- and reaches a nearby
+ * later position by merging forward, a key comparison per element, instead of the O(1) but
+ * division-heavy random access.
+ */
+typedef struct key160 { /* a key (2^32 k + jitter) x F < 2^160, as top x 2^64 + low */
+    u128 top;
+    uint64_t low;
+} key160;
+
 typedef struct pos_memo {
-    uint64_t k[2], at[2];
-    unsigned n, next;
+    bool set;
+    uint64_t p, c, m;
+    key160 left, right; /* the keys of left element c (if c < A) and right element m (if m < B) */
 } pos_memo;
 
-enum { MEMO_NODES = 63 }; /* the top six levels of the tree */
+enum {
+    MEMO_NODES = 63, /* the top six levels of the tree */
+    MEMO_STEPS = 8   /* the furthest a walk goes forward; beyond, random access */
+};
 
-static uint64_t left_position_memo(const node *n, pos_memo *mm, uint64_t k)
+/* The key of element k of side `side` (docs/semantics.md, "The global order"). */
+static key160 node_key(const node *n, uint64_t side, uint64_t k)
 {
-    if (!mm)
-        return left_position(n, k);
-    for (unsigned i = 0; i < mm->n; i++)
-        if (mm->k[i] == k)
-            return mm->at[i];
-    uint64_t at = left_position(n, k);
-    mm->k[mm->next] = k;
-    mm->at[mm->next] = at;
-    mm->next ^= 1;
-    mm->n += mm->n < 2;
-    return at;
+    uint64_t f = side ? n->A : n->B;
+    u128 lo_part = (u128)((k << JITTER_BITS) | jitter(n, side, k)) * f;
+    key160 key = {(u128)(k >> (64 - JITTER_BITS)) * f + (lo_part >> 64), (uint64_t)lo_part};
+    return key;
+}
+
+/* Whether the memo's next element (position p) is a left one: keys ascending, a left element
+ * first on an equal key. */
+static bool memo_next_left(const node *n, const pos_memo *mm)
+{
+    if (mm->c >= n->A)
+        return false;
+    if (mm->m >= n->B)
+        return true;
+    return mm->left.top < mm->right.top ||
+           (mm->left.top == mm->right.top && mm->left.low <= mm->right.low);
 }
 
 /*
@@ -447,7 +474,7 @@ static uint64_t left_position_memo(const node *n, pos_memo *mm, uint64_t k)
  * proves the count within 1 of p A / (A + B), so it is floor(p A / (A + B)) or one more:
  * one or two O(1) tests.
  */
-static uint64_t left_before(const node *n, pos_memo *mm, uint64_t p, bool *at_p)
+static uint64_t left_before_at(const node *n, uint64_t p, bool *at_p)
 {
     *at_p = false;
     if (n->A == 0)
@@ -455,9 +482,9 @@ static uint64_t left_before(const node *n, pos_memo *mm, uint64_t p, bool *at_p)
     u128 pa = (u128)p * n->A;
     uint64_t c = pa >> 64 ? (uint64_t)(pa / (n->A + n->B)) : (uint64_t)pa / (n->A + n->B);
     if (c < n->A) {
-        uint64_t at = left_position_memo(n, mm, c);
+        uint64_t at = left_position(n, c);
         if (at < p && ++c < n->A)
-            at = left_position_memo(n, mm, c);
+            at = left_position(n, c);
         *at_p = c < n->A && at == p;
     }
 #ifndef NDEBUG
@@ -465,6 +492,39 @@ static uint64_t left_before(const node *n, pos_memo *mm, uint64_t p, bool *at_p)
     BW_INVARIANT(c == n->A || left_position(n, c) >= p, "a mixture's left count is not too low");
 #endif
     return c;
+}
+
+/* left_before_at, walking the memo's merge forward when p lies a few elements ahead of it. */
+static uint64_t left_before(const node *n, pos_memo *mm, uint64_t p, bool *at_p)
+{
+    if (!mm)
+        return left_before_at(n, p, at_p);
+    if (!mm->set || p < mm->p || p - mm->p > MEMO_STEPS) {
+        mm->c = left_before_at(n, p, at_p);
+        mm->p = p;
+        mm->m = p - mm->c;
+        if (mm->c < n->A)
+            mm->left = node_key(n, 0, mm->c);
+        if (mm->m < n->B)
+            mm->right = node_key(n, 1, mm->m);
+        mm->set = true;
+        return mm->c;
+    }
+    for (; mm->p < p; mm->p++) {
+        if (memo_next_left(n, mm)) {
+            if (++mm->c < n->A)
+                mm->left = node_key(n, 0, mm->c);
+        } else if (++mm->m < n->B) {
+            mm->right = node_key(n, 1, mm->m);
+        }
+    }
+    *at_p = memo_next_left(n, mm);
+#ifndef NDEBUG
+    bool at_direct;
+    BW_INVARIANT(left_before_at(n, p, &at_direct) == mm->c && at_direct == *at_p,
+                 "a mixture's merge walk agrees with its random access");
+#endif
+    return mm->c;
 }
 
 /* bw__mixture_locate, with memo[MEMO_NODES] (NULL: none) kept across a batch's positions. */
@@ -591,6 +651,15 @@ typedef struct key_cache {
     size_t n;
 } key_cache;
 
+/* Where a source's current pass starts in its stream: a batch's samples of one source mostly
+ * lie in one pass, so its pass and the index within it take a comparison, not a division. */
+enum { PASS_MEMOS = 16 };
+typedef struct pass_memo {
+    uint32_t source;
+    bool set;
+    uint64_t pass, start; /* start = pass * n_j */
+} pass_memo;
+
 /* Permutes the run's items into place. */
 static void key_cache_flush(key_cache *c, uint64_t *indices)
 {
@@ -611,17 +680,28 @@ void bw__mixture_at_many(const bw__mixture *m, const uint64_t *pos, size_t n, ui
     c.n = 0;
     pos_memo memo[MEMO_NODES];
     for (size_t i = 0; i < MEMO_NODES; i++)
-        memo[i].n = memo[i].next = 0;
+        memo[i].set = false;
+    pass_memo pass_memos[PASS_MEMOS];
+    for (size_t i = 0; i < PASS_MEMOS; i++)
+        pass_memos[i].set = false;
     for (size_t i = 0; i < n; i++) {
         uint32_t j;
         uint64_t k;
         locate(m, memo, pos[i], &j, &k); /* pos[i] is read before indices[i] is set */
-        uint64_t t = stream_base(m, j) + k, nj = m->sizes[j], pass = t / nj;
+        uint64_t t = stream_base(m, j) + k, nj = m->sizes[j];
+        pass_memo *pm = &pass_memos[j % PASS_MEMOS];
+        if (!pm->set || pm->source != j || t < pm->start || t - pm->start >= nj) {
+            pm->pass = t / nj;
+            pm->start = pm->pass * nj;
+            pm->source = j;
+            pm->set = true;
+        }
+        uint64_t pass = pm->pass, within = t - pm->start; /* t / nj and t % nj */
         sources[i] = j;
         if (passes)
             passes[i] = pass;
         if (m->streams[j]) {
-            indices[i] = t % nj; /* a stream is read in its own order, every pass */
+            indices[i] = within; /* a stream is read in its own order, every pass */
             continue;
         }
         size_t s = (j * 7 + pass) % KEY_SLOTS;
@@ -635,7 +715,7 @@ void bw__mixture_at_many(const bw__mixture *m, const uint64_t *pos, size_t n, ui
         }
         c.slot[s].pending = true;
         c.f[c.n] = &c.slot[s].f;
-        c.x[c.n] = t % nj;
+        c.x[c.n] = within;
         c.at[c.n++] = i;
         if (c.n == BW__FEISTEL_EACH_MAX)
             key_cache_flush(&c, indices);

@@ -23,26 +23,37 @@ static inline uint64_t fmix64(uint64_t k)
     return k;
 }
 
-void bw__feistel_init(bw__feistel *f, uint64_t n, uint64_t key)
+static uint64_t low_mask(unsigned bits)
 {
-    unsigned bits = 1;
-    if (n > 2)
-        bits = 64u - (unsigned)__builtin_clzll(n - 1);
+    return bits >= 64 ? ~0ull : (1ull << bits) - 1;
+}
+
+void bw__feistel_init_bits(bw__feistel *f, uint64_t n, unsigned bits, uint64_t key)
+{
     f->n = n;
     f->half_bits = (bits + 1) / 2;
-    if (f->half_bits < 1)
-        f->half_bits = 1;
-    f->half_mask = (f->half_bits >= 64) ? ~0ull : ((1ull << f->half_bits) - 1);
+    f->masks[0] = low_mask(bits - f->half_bits);
+    f->masks[1] = low_mask(f->half_bits);
     uint64_t sm = key;
     for (int i = 0; i < BW__FEISTEL_ROUNDS; i++)
         f->keys[i] = splitmix64(&sm);
 }
 
+void bw__feistel_init(bw__feistel *f, uint64_t n, uint64_t key)
+{
+    unsigned bits = 1;
+    if (n > 2)
+        bits = 64u - (unsigned)__builtin_clzll(n - 1);
+    bw__feistel_init_bits(f, n, bits + (bits & 1), key); /* 4^h: both parts h bits */
+}
+
+/* Round i makes the new right part out of the left one, so it keeps the left part's width:
+ * masks[0] in even rounds, masks[1] in odd ones (the same mask when balanced). */
 static inline uint64_t encrypt(const bw__feistel *f, uint64_t x)
 {
-    uint64_t left = x >> f->half_bits, right = x & f->half_mask;
+    uint64_t left = x >> f->half_bits, right = x & f->masks[1];
     for (int i = 0; i < BW__FEISTEL_ROUNDS; i++) {
-        uint64_t next = left ^ (fmix64(right ^ f->keys[i]) & f->half_mask);
+        uint64_t next = left ^ (fmix64(right ^ f->keys[i]) & f->masks[i & 1]);
         left = right;
         right = next;
     }

@@ -89,14 +89,18 @@ class Perm:
         K = H(1, seed, j, pas)
         self.keys = [mix64((K + r * GOLDEN) & M64) for r in range(6)]
         b = max(1, (n - 1).bit_length())
+        if b < 8:
+            b += b % 2
         self.h = (b + 1) // 2
-        self.mask = (1 << self.h) - 1
+        self.l = b - self.h
         self.n = n
 
     def F(self, x):
-        L, R = x >> self.h, x & self.mask
+        L, R = x >> self.h, x & ((1 << self.h) - 1)
+        wl, wr = self.l, self.h  # the widths of L and R
         for k in self.keys:
-            L, R = R, L ^ (murmur_fin(R ^ k) & self.mask)
+            L, R = R, L ^ (murmur_fin(R ^ k) & ((1 << wl) - 1))
+            wl, wr = wr, wl
         return (L << self.h) | R
 
     def __call__(self, i):
