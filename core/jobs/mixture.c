@@ -437,7 +437,7 @@ typedef struct key160 { /* a key (2^32 k + jitter) x F < 2^160, as top x 2^64 + 
 } key160;
 
 typedef struct pos_memo {
-    bool set;
+    bool set, next_left; /* next_left: element p is a left one */
     uint64_t p, c, m;
     key160 left, right; /* the keys of left element c (if c < A) and right element m (if m < B) */
 } pos_memo;
@@ -507,18 +507,20 @@ static uint64_t left_before(const node *n, pos_memo *mm, uint64_t p, bool *at_p)
             mm->left = node_key(n, 0, mm->c);
         if (mm->m < n->B)
             mm->right = node_key(n, 1, mm->m);
+        mm->next_left = *at_p;
         mm->set = true;
         return mm->c;
     }
     for (; mm->p < p; mm->p++) {
-        if (memo_next_left(n, mm)) {
+        if (mm->next_left) {
             if (++mm->c < n->A)
                 mm->left = node_key(n, 0, mm->c);
         } else if (++mm->m < n->B) {
             mm->right = node_key(n, 1, mm->m);
         }
+        mm->next_left = memo_next_left(n, mm);
     }
-    *at_p = memo_next_left(n, mm);
+    *at_p = mm->next_left;
 #ifndef NDEBUG
     bool at_direct;
     BW_INVARIANT(left_before_at(n, p, &at_direct) == mm->c && at_direct == *at_p,
