@@ -17,11 +17,13 @@ which load disturbs much less than the rates.
 
 Each run is long enough to be measured (--epochs; by default about 3 million 256-byte or 1
 million 4 KiB samples a run, ~2 s on the shared VM, so that /proc's 10 ms CPU ticks are under
-1 % of a run); the runs go in rounds, one run of each job a round, every other round in the
-reverse order, so that a pair of neighbouring runs sees the same load, after one unmeasured
-epoch of each job (the workers' first touch of each file is not counted). Beside the medians, each
-ratio is given per round ("mixture / single shuffled" of the same round) as its median and
-range over the rounds: a 5 % question needs that spread, not only a ratio of medians.
+1 % of a run), after one unmeasured epoch of each job (the workers' first touch of each file
+is not counted). The runs go in rounds, one run of each job a round, every other round in
+the reverse order, each compared pair side by side (single shuffled, mixture, the baseline's
+mixture, the baseline's single shuffled), so that a pair sees about the same load. Beside the
+medians, each ratio is given per round ("mixture / single shuffled" of the same round) as its
+median and range over the rounds: a 5 % question needs that spread, not only a ratio of
+medians.
 
 --baseline-cli PATH adds "mixture_baseline": the same mixture fetched by another build's
 `batchwire` CLI (e.g. a copy of the CLI from before a change to the client's mixture path)
@@ -131,14 +133,15 @@ def main():
             shuf = one + ["--shuffle", "--seed", 1]
             mix1 = ["--mix", "npy:c%d/part-00000.npy=1" % size]
             # (label, arguments, CLI, coordinator: None for the main cluster)
-            runs = [("single", one, None, None), ("single_shuffled", shuf, None, None),
-                    ("mixture_of_one", mix1, None, None), ("mixture", mix, None, None)]
+            # in an order that puts each compared pair side by side
+            runs = [("single", one, None, None), ("mixture_of_one", mix1, None, None),
+                    ("single_shuffled", shuf, None, None), ("mixture", mix, None, None)]
             if a.baseline_cli:
                 runs.append(("mixture_baseline", mix, os.path.abspath(a.baseline_cli), None))
             if bcoord:
                 bcli = os.path.join(bindir, "batchwire")
-                runs += [("single_shuffled_baseline", shuf, bcli, bcoord.addr),
-                         ("mixture_baseline", mix, bcli, bcoord.addr)]
+                runs += [("mixture_baseline", mix, bcli, bcoord.addr),
+                         ("single_shuffled_baseline", shuf, bcli, bcoord.addr)]
             labels = [r[0] for r in runs]
             res = {label: [] for label in labels}
             for label, args, cli, at in runs:  # unmeasured: files mapped, connections made
