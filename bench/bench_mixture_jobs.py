@@ -58,7 +58,7 @@ import bench_client as bc  # noqa: E402
 SIZES = [(256, 256, 1 << 17, 12), (4 << 10, 256, 1 << 14, 32)]
 
 
-def fetch(bt, coord, job, source_args, batch, epochs, cli=None):
+def fetch(bt, coord, job, source_args, batch, epochs=2, cli=None):
     r = bt.run([cli or bt.CLI] + [str(x) for x in (
                "fetch", "--quiet", "--coordinator", coord, "--job", job, *source_args,
                "--rank", 0, "--world-size", 1, "--batch-size", batch, "--epochs", epochs)],
