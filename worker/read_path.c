@@ -393,10 +393,12 @@ int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
 
 /* ---- the checks ---- */
 
-/* bw__rp_open_dataset with the request's deadline for directory walks (0: none). */
-static int open_dataset(bw_worker *w, const char *peer, const char *method,
-                        const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
-                        uint64_t deadline_ms, bw__wds **out, char *err, size_t errlen)
+/* bw__rp_open_dataset with the request's deadline for directory walks (0: none); `part` of
+ * `nparts` (nparts 0: the request's one dataset) is added to `method` in messages, and only
+ * there: formatting it for every dataset of every request cost more than the lookup. */
+static int open_part(bw_worker *w, const char *peer, const char *method, size_t part, size_t nparts,
+                     const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
+                     uint64_t deadline_ms, bw__wds **out, char *err, size_t errlen)
 {
     char why[1024];
     bw__wds *e = NULL;
@@ -414,6 +416,11 @@ static int open_dataset(bw_worker *w, const char *peer, const char *method,
     }
     if (rc != BW_OK) {
         bw__ds_put(e);
+        char named[96];
+        if (nparts) {
+            snprintf(named, sizeof(named), "%s (dataset %zu of %zu)", method, part, nparts);
+            method = named;
+        }
         BW_DEBUG("request refused worker=%s method=%s peer=%s code=%s err=%s", w->id, method, peer,
                  bw_err_name(rc), why);
         snprintf(err, errlen, "%s: dataset %s %s%s: %s", method,
@@ -423,6 +430,14 @@ static int open_dataset(bw_worker *w, const char *peer, const char *method,
     }
     *out = e;
     return BW_OK;
+}
+
+static int open_dataset(bw_worker *w, const char *peer, const char *method,
+                        const Batchwire__V1__Dataset *spec, const char *fingerprint, bool index,
+                        uint64_t deadline_ms, bw__wds **out, char *err, size_t errlen)
+{
+    return open_part(w, peer, method, 0, 0, spec, fingerprint, index, deadline_ms, out, err,
+                     errlen);
 }
 
 int bw__rp_open_dataset(bw_worker *w, const char *peer, const char *method,
@@ -542,7 +557,10 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
         bw__stf_principal(rp->tf, g ? g->claims.data : NULL, g ? g->claims.len : 0, peer);
     }
     const bw__dataset *d = rp->d;
-    for (size_t i = 0; i < r->n_indices && rc == BW_OK; i++)
+    uint64_t most = 0;
+    for (size_t i = 0; i < r->n_indices; i++)
+        most = r->indices[i] > most ? r->indices[i] : most;
+    for (size_t i = 0; most >= d->length && i < r->n_indices && rc == BW_OK; i++)
         if (r->indices[i] >= d->length) {
             snprintf(err, errlen,
                      "ReadSamples: dataset %s %s: index %llu requested (position %zu) but the "
@@ -601,7 +619,10 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
                      k, nd);
             return BW_INVALID_ARGUMENT;
         }
+    uint32_t most = 0; /* a loop without exits: the position is looked for only if needed */
     for (size_t i = 0; i < r->n_indices; i++)
+        most = r->index_datasets[i] > most ? r->index_datasets[i] : most;
+    for (size_t i = 0; most >= nd && i < r->n_indices; i++)
         if (r->index_datasets[i] >= nd) {
             snprintf(err, errlen,
                      "ReadSamples: index %llu (position %zu) names dataset %u but the request has "
@@ -624,12 +645,10 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
     rp->of = r->index_datasets;
     rp->field_table = r->field_table;
     int rc = BW_OK;
-    char method[64];
     for (size_t k = 0; k < nd && rc == BW_OK; k++) {
-        snprintf(method, sizeof(method), "ReadSamples (dataset %zu of %zu)", k, nd);
         const Batchwire__V1__DatasetRef *ref = r->datasets[k];
-        rc = open_dataset(w, peer, method, ref->dataset, ref->fingerprint, true, deadline_ms,
-                          &part[k].e, err, errlen);
+        rc = open_part(w, peer, "ReadSamples", k, nd, ref->dataset, ref->fingerprint, true,
+                       deadline_ms, &part[k].e, err, errlen);
         if (rc != BW_OK)
             break;
         rp->nparts = k + 1; /* part k is the read's: closed with it */
@@ -644,7 +663,13 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
     }
     if (nd)
         use_part(rp, 0);
-    for (size_t i = 0; i < r->n_indices && rc == BW_OK; i++) {
+    uint64_t length[BW_DATA_MAX_DATASETS];
+    for (size_t k = 0; k < nd; k++)
+        length[k] = part[k].d->length;
+    bool out_of_range = false;
+    for (size_t i = 0; i < r->n_indices; i++)
+        out_of_range |= r->indices[i] >= length[r->index_datasets[i]];
+    for (size_t i = 0; out_of_range && i < r->n_indices && rc == BW_OK; i++) {
         const struct rp_part *pt = &part[r->index_datasets[i]];
         if (r->indices[i] >= pt->d->length) {
             char name[320];

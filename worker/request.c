@@ -15,6 +15,8 @@ enum {
     DECODE_BASE = 1 << 20, /* protobuf-c's scan state and the small fields of any request */
     HEADER = 16,           /* before every block: its size and how it was obtained */
     MAP_MIN = 256 << 10,   /* blocks this large are mapped, and unmapped when freed */
+    CHUNK = 8 << 10,       /* the request's chunks of small pieces */
+    PIECE_MAX = 1 << 10,   /* pieces up to this size are cut from a chunk */
 };
 
 int bw__req_header(const uint8_t h[BW_DCHAN_REQ_HEADER], uint64_t max_request, const char *flag,
@@ -112,6 +114,44 @@ void bw__req_buffer_free(void *p)
 
 /* ---- the counting allocator protobuf-c decodes with ---- */
 
+/* A piece of the newest chunk (a new chunk when it does not fit), after a header of zeros
+ * (a block's header holds its size: count_free tells them apart); NULL when a chunk would
+ * pass the cap or memory is out (the caller takes a block instead). Freed with the request's
+ * chunks (chunks_free), never alone. */
+static void *piece_alloc(bw__req *r, size_t size)
+{
+    size_t need = HEADER + ((size + 15) & ~(size_t)15);
+    if (!r->chunks || r->chunk_at + need > CHUNK) {
+        if (r->used + CHUNK > r->cap)
+            return NULL;
+        uint8_t *c = malloc(CHUNK);
+        if (!c)
+            return NULL;
+        memcpy(c, &r->chunks, sizeof(r->chunks)); /* the chunk before */
+        r->chunks = c;
+        r->chunk_at = HEADER;
+        r->used += CHUNK;
+    }
+    uint8_t *p = (uint8_t *)r->chunks + r->chunk_at;
+    r->chunk_at += need;
+    memset(p, 0, HEADER);
+    return p + HEADER;
+}
+
+/* The request's chunks, and what is counted for them. */
+static void chunks_free(bw__req *r)
+{
+    for (uint8_t *c = r->chunks; c;) {
+        uint8_t *next;
+        memcpy(&next, c, sizeof(next));
+        free(c);
+        r->used -= CHUNK;
+        c = next;
+    }
+    r->chunks = NULL;
+    r->chunk_at = 0;
+}
+
 static void *count_alloc(void *ud, size_t size)
 {
     bw__req *r = ud;
@@ -120,7 +160,10 @@ static void *count_alloc(void *ud, size_t size)
         r->refused = true;
         return NULL;
     }
-    void *p = block_alloc(size, &t);
+    void *p = size <= PIECE_MAX ? piece_alloc(r, size) : NULL;
+    if (p)
+        return p;
+    p = block_alloc(size, &t);
     if (!p) {
         r->refused = true;
         return NULL;
@@ -132,7 +175,11 @@ static void *count_alloc(void *ud, size_t size)
 static void count_free(void *ud, void *p)
 {
     bw__req *r = ud;
-    r->used -= block_free(p);
+    size_t t = 0;
+    if (p)
+        memcpy(&t, (uint8_t *)p - HEADER, sizeof(t));
+    if (t) /* a block; a piece (0) goes with its chunk */
+        r->used -= block_free(p);
 }
 
 int bw__req_decode(bw__req *r, uint32_t kind, const uint8_t *body, size_t len, char *err,
@@ -160,6 +207,7 @@ int bw__req_decode(bw__req *r, uint32_t kind, const uint8_t *body, size_t len, c
     r->msg = protobuf_c_message_unpack(d, &r->pb, len, body);
     if (r->msg)
         return BW_OK;
+    chunks_free(r); /* protobuf-c freed the rest */
     if (r->refused) {
         snprintf(err, errlen,
                  "%s: decoding the %zu-byte request needs more than the %llu bytes of memory it "
@@ -178,4 +226,5 @@ void bw__req_free(bw__req *r)
     if (r->msg)
         protobuf_c_message_free_unpacked(r->msg, &r->pb);
     r->msg = NULL;
+    chunks_free(r);
 }

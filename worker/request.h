@@ -41,13 +41,18 @@ uint64_t bw__req_decode_cap(uint32_t kind, uint64_t length);
 uint64_t bw__req_charge(uint32_t kind, uint64_t length, unsigned copies, uint64_t response);
 
 /* A decoded request. `msg` is a ReadSamplesRequest (BW_REQ_SAMPLES) or a ReadStreamRequest
- * (BW_REQ_STREAM); its memory is counted and capped. */
+ * (BW_REQ_STREAM); its memory is counted and capped. Its small pieces (strings, nested
+ * messages, short index arrays) are cut from chunks of its own, freed with it: one malloc and
+ * free per piece was about a tenth of a mixture request's decoding (docs/performance.md,
+ * "The workers' CPU for a mixture"). */
 typedef struct bw__req {
     uint32_t kind;
     ProtobufCMessage *msg;
     ProtobufCAllocator pb;
-    uint64_t cap, used;
-    bool refused; /* an allocation went past the cap */
+    uint64_t cap, used; /* used counts whole chunks */
+    bool refused;       /* an allocation went past the cap */
+    void *chunks;       /* the chunks, newest first (each starts with the one before) */
+    size_t chunk_at;    /* the newest chunk's next free byte */
 } bw__req;
 
 /* The descriptor and method name of a kind ("ReadSamples", "ReadStream"); for any other kind

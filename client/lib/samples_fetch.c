@@ -79,19 +79,39 @@ static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item **out, si
         free(w);
         return BW_NOMEM;
     }
-    for (size_t i = 0; i < n; i++) {
+    const uint32_t *src = b->mixture ? b->sources : NULL; /* BW__MIX_MAX_SOURCES is 256 */
+    /* A mixture's (source, index) pairs sort as one key, the source in the bits above the
+     * batch's largest index: one radix sort, whose passes over the index's top byte order the
+     * sources too (a second sort by source was ~1.5 % of a 2-source fetch's instructions at
+     * 256-byte samples; docs/performance.md, "The workers' CPU for a mixture"). Indices too
+     * large to leave room for the source take the second sort. */
+    uint64_t most = 0;
+    uint32_t smost = 0;
+    for (size_t i = 0; src && i < n; i++) {
+        most |= b->indices[i];
+        smost |= src[i];
+    }
+    unsigned shift = most ? 64 - (unsigned)__builtin_clzll(most) : 0;
+    unsigned sbits = smost ? 32 - (unsigned)__builtin_clz(smost) : 0;
+    bool fold = src && sbits && shift + sbits <= 64; /* then shift < 64 */
+    for (size_t i = 0; fold && i < n; i++) {
+        pairs[2 * i] = b->indices[i] | (uint64_t)src[i] << shift;
+        pairs[2 * i + 1] = i;
+    }
+    for (size_t i = 0; !fold && i < n; i++) {
         pairs[2 * i] = b->indices[i];
         pairs[2 * i + 1] = i;
     }
     sort_pairs(pairs, pairs + 2 * n, n);
-    const uint32_t *src = b->mixture ? b->sources : NULL; /* BW__MIX_MAX_SOURCES is 256 */
-    if (src && n)
+    if (src && sbits && !fold)
         sort_by_source(pairs, pairs + 2 * n, n, src);
+    uint64_t mask = fold ? ((uint64_t)1 << shift) - 1 : UINT64_MAX;
+    bool by_src = src && sbits && !fold; /* equal keys may still differ in source */
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (i == 0 || pairs[2 * i] != pairs[2 * i - 2] ||
-            (src && src[pairs[2 * i + 1]] != src[pairs[2 * i - 1]])) {
-            w[m].key = pairs[2 * i];
+            (by_src && src[pairs[2 * i + 1]] != src[pairs[2 * i - 1]])) {
+            w[m].key = pairs[2 * i] & mask;
             w[m].src = src ? src[pairs[2 * i + 1]] : 0;
             w[m].first = (size_t)pairs[2 * i + 1];
             w[m].max_size = max_size;
@@ -182,20 +202,20 @@ static int samples_message(void *kctx, bw__fetch_item *const *items, size_t n,
     rt->num_shards = p->num_shards;
     rt->shard_mode = BATCHWIRE__V1__SHARD_MODE__SHARD_MODE_MODULO;
     batchwire__v1__read_samples_request__init(req);
-    for (size_t i = 0; i < n; i++)
-        idx[i] = items[i]->key;
     /* A mixture's request reads one source (samples_join), or, from a worker that speaks it,
      * several (docs/data-channel.md, "Several datasets in one request"). */
     const Batchwire__V1__Mixture *mx = ctx->mixture;
-    uint32_t j = n ? items[0]->src : 0;
-    bool several = false;
+    uint32_t j = n ? items[0]->src : 0, other = 0, most = j;
+    for (size_t i = 0; !mx && i < n; i++)
+        idx[i] = items[i]->key;
     for (size_t i = 0; mx && i < n; i++) {
-        if (items[i]->src >= mx->n_sources)
-            return BW_INTERNAL;
-        several = several || items[i]->src != j;
+        idx[i] = items[i]->key;
+        other |= items[i]->src ^ j;
+        most = items[i]->src > most ? items[i]->src : most;
     }
-    if (mx && j >= mx->n_sources)
+    if (mx && most >= mx->n_sources)
         return BW_INTERNAL;
+    bool several = mx && other;
     int rc = several ? several_datasets(ctx, items, n, a, req) : BW_OK;
     if (rc != BW_OK)
         return rc;
