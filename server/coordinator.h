@@ -32,6 +32,8 @@ typedef struct bw_coordinator_config {
     /* /metrics: per-rank series only for jobs of at most this many ranks; larger jobs are
      * summarised per job (server/metrics.c, docs/operating.md "Metrics") */
     int64_t metrics_rank_series;
+    /* the commit channel (commit_channel.h); NULL: off */
+    char *commit_listen;
 } bw_coordinator_config;
 
 typedef struct bw_owner_cache bw_owner_cache;
