@@ -66,10 +66,11 @@ struct cconn {
     pthread_mutex_t mu;
     uint8_t *out; /* encoded answers not yet written */
     size_t out_off, out_len, out_cap;
-    int pending; /* answers waiting on the journal */
-    bool broken; /* an answer could not be queued or written: the loop drops it */
-    bool dead;   /* the loop dropped it: answers only count down */
-    bool reaped; /* ... and let it go: freed by the last answer */
+    int pending;       /* answers waiting on the journal */
+    uint64_t answered; /* answers queued */
+    bool broken;       /* an answer could not be queued or written: the loop drops it */
+    bool dead;         /* the loop dropped it: answers only count down */
+    bool reaped;       /* ... and let it go: freed by the last answer */
     bool on_flush;
     cconn *flush_next;
 };
@@ -235,6 +236,7 @@ static void answer_durable(void *arg, int jrc)
             bw_dchan_frame f = {BW_DCHAN_ANSWER, 0, len, p->ans.resp.id};
             bool was_empty = c->out_len == c->out_off;
             ok = out_frame(c, &f, body, len);
+            c->answered += ok;
             /* A plain socket is written here: the loop thread may be reading it, which TCP
              * allows; a TLS one only by the loop. */
             if (ok && was_empty && !c->ssl && !c->on_flush)
@@ -428,6 +430,8 @@ static void drop(bw_cchan *s, cconn *c)
         }
     pthread_mutex_unlock(&s->mu);
     pthread_mutex_lock(&c->mu);
+    BW_DEBUG("commit channel: connection closed peer=%s principal=%s answered=%llu pending=%d",
+             c->peer, c->who.name, (unsigned long long)c->answered, c->pending);
     c->dead = true;
     c->on_flush = false;
     shutdown(c->fd, SHUT_RDWR);

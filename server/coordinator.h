@@ -49,6 +49,7 @@ typedef struct bw_coordinator {
                         * grants on */
     bw_grants *grants; /* --grant-key: read grants and our proof to workers; NULL: auth off */
     char bound[256];
+    int commit_port; /* the commit channel's (JoinJobResponse.commit_port); 0: off */
     uint64_t start_ms;
 } bw_coordinator;
 

@@ -294,8 +294,6 @@ int bw__jobs_on_get_or_create(void *user, bw_rpc_call *call, const ProtobufCMess
         return answer(c, call, method, rc, out ? &out->base : NULL, wait_seq, err);                \
     }
 
-SIMPLE_HANDLER(bw__jobs_on_join, "JoinJob", Batchwire__V1__JoinJobRequest,
-               Batchwire__V1__JoinJobResponse, bw__jobs_join)
 SIMPLE_HANDLER(bw__jobs_on_lease_heartbeat, "LeaseHeartbeat", Batchwire__V1__LeaseHeartbeatRequest,
                Batchwire__V1__LeaseHeartbeatResponse, bw__jobs_heartbeat)
 SIMPLE_HANDLER(bw__jobs_on_commit, "CommitCursor", Batchwire__V1__CommitCursorRequest,
@@ -308,6 +306,22 @@ SIMPLE_HANDLER(bw__jobs_on_leave, "LeaveJob", Batchwire__V1__LeaveJobRequest,
                Batchwire__V1__LeaveJobResponse, bw__jobs_leave)
 SIMPLE_HANDLER(bw__jobs_on_delete, "DeleteJob", Batchwire__V1__DeleteJobRequest,
                Batchwire__V1__DeleteJobResponse, bw__jobs_delete)
+
+/* JoinJob: bw__jobs_join, and the commit channel's port for the session's commits. */
+int bw__jobs_on_join(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                     ProtobufCMessage **resp)
+{
+    (void)resp;
+    bw_coordinator *c = user;
+    char err[1536] = "";
+    Batchwire__V1__JoinJobResponse *out = NULL;
+    uint64_t wait_seq = 0;
+    int rc = bw__jobs_join(c->jobs, bw__rpc_call_principal(call), (const void *)req,
+                           bw__rpc_call_arena(call), &out, &wait_seq, err, sizeof(err));
+    if (rc == BW_OK && out)
+        out->commit_port = (uint32_t)c->commit_port;
+    return answer(c, call, "JoinJob", rc, out ? &out->base : NULL, wait_seq, err);
+}
 
 int bw__jobs_on_list(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                      ProtobufCMessage **resp)

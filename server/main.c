@@ -183,20 +183,22 @@ int main(int argc, char **argv)
     if (rc == BW_OK) {
         bw__jobs_set_placement(coord.jobs, bw__jobs_placement_table, &coord);
         bw__jobs_set_grants(coord.jobs, coord.grants);
+        /* Before the gRPC server: JoinJob answers carry its port. */
+        if (cfg->commit_listen)
+            rc = bw__cchan_start(&coord, cfg->commit_listen, &cchan, cchan_bound,
+                                 sizeof(cchan_bound), err, sizeof(err));
+        coord.commit_port = bw__cchan_port(cchan);
         bw_rpc_server_opts so;
         bw__daemon_server_opts(&cfg->common, "coordinator", &so);
         so.auth = coord.auth;
-        rc = bw__rpc_server_start(&so, bw__coordinator_handlers, bw__coordinator_nhandlers, &coord,
-                                  &srv, coord.bound, sizeof(coord.bound), err, sizeof(err));
+        if (rc == BW_OK)
+            rc = bw__rpc_server_start(&so, bw__coordinator_handlers, bw__coordinator_nhandlers,
+                                      &coord, &srv, coord.bound, sizeof(coord.bound), err,
+                                      sizeof(err));
     }
-    if (rc == BW_OK && cfg->commit_listen)
-        rc = bw__cchan_start(&coord, cfg->commit_listen, &cchan, cchan_bound, sizeof(cchan_bound),
-                             err, sizeof(err));
     if (rc != BW_OK) {
         BW_ERROR("cannot start err=%s", err);
         status = 1;
-        if (srv) /* the commit channel could not start */
-            bw__rpc_server_stop(srv, 0);
     } else {
         BW_INFO("listening on %s (%s%s) state-dir=%s heartbeat=%lldms dead-after=%lld", coord.bound,
                 cfg->common.tls_cert ? "TLS" : "plaintext",

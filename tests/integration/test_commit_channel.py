@@ -13,7 +13,9 @@ from proto/ by Debian's protoc), on coordinators with --auth-tokens:
   SessionRequest each get an ERROR frame and a closed connection; the coordinator stays up;
 * TLS: the same, over TLS with the coordinator's certificate, verified against the test CA;
 * a commit acknowledged on the channel survives kill -9 of the coordinator right after the
-  answer.
+  answer;
+* a Loader's session (`batchwire fetch --commit`) commits and heartbeats on the channel the
+  coordinator announces in JoinJob, not on the Jobs.Session stream.
 """
 
 import os
@@ -224,7 +226,7 @@ def test(tmp):
     ch.close()
 
     bt.log("===== kill -9 right after an answer: the commit is durable =====")
-    for k in range(3):
+    for k in range(8):  # a wrong order (answer, then write) loses some of 8
         step = 60 + k
         ch = Chan(coord.cchan)
         ch.hello(TOKENS["alice"][1])
@@ -268,6 +270,44 @@ def test(tmp):
         bt.ok("a client that trusts another CA refuses the coordinator: %s" % e)
     bt.check(coord.running(), "the coordinator is up after the TLS refusals")
     coord.stop()
+
+    loader_uses_channel(tmp)
+
+
+def loader_uses_channel(tmp):
+    """`batchwire fetch --commit` (a Loader's session) commits on the announced channel."""
+    bt.log("===== a Loader's session commits on the commit channel =====")
+    coord = bt.coordinator(tmp, name="coordinator-debug", wait=False,
+                           args=["--log-level", "debug", "--lease-ms", "600",
+                                 "--commit-listen", "127.0.0.1:0"])
+    # At debug level gRPC's own lines come first: the address from the line that names it.
+    coord.addr = bt.LISTEN_RE.search(coord.wait_log(r"listening on \S+")[0].group(0)).group(1)
+    root = os.path.join(tmp, "data")
+    os.makedirs(root, exist_ok=True)
+    bt.worker(tmp, coord.addr, "w1", data_root=root)
+    r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, "ds"), "--num-samples", 400,
+               "--sample-bytes", 16, timeout=60)
+    bt.check(r.returncode == 0, "gen a dataset", r.stderr)
+    bt.poll(lambda: any(w["state"] == "alive" for w in bt.status_json(coord.addr)["workers"]),
+            15, what="a live worker")
+    r = bt.run([bt.CLI, "fetch", "--coordinator", coord.addr, "--job", "loader", "--dataset",
+                "npy:ds/part-00000.npy", "--rank", "0", "--world-size", "1", "--batch-size", "4",
+                "--commit", "--commit-every", "1", "--max-steps", "30"], timeout=60)
+    bt.check(r.returncode == 0, "batchwire fetch --commit read 30 steps", r.stderr)
+    rk = jr.Jobs(coord.addr).get("loader").ranks[0]
+    bt.check(rk.committed and rk.step == 30, "its last commit is step 30", rk)
+    coord.stop()
+    text = coord.log_text()
+    for who, t in (("batchwire fetch", r.stderr), ("the coordinator", text)):
+        bt.check("Sanitizer" not in t and "runtime error" not in t,
+                 "%s reported no sanitizer error" % who, t[-3000:])
+    closed = re.findall(r"commit channel: connection closed .*answered=(\d+)", text)
+    bt.check(len(closed) == 1 and int(closed[0]) >= 30,
+             "the coordinator answered the 30 commits (and heartbeats) on one commit-channel "
+             "connection", closed)
+    bt.check("stream ended method=Jobs.Session" not in text,
+             "no Jobs.Session stream was opened", [l for l in text.splitlines()
+                                                   if "Jobs.Session" in l][:5])
 
 
 if __name__ == "__main__":
