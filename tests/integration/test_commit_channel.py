@@ -29,6 +29,7 @@ import bwpy
 import bwtest as bt
 import jobs_rpc as jr
 from test_auth import write_tokens
+from test_session_stream import loader_commits
 
 pb = jr.pb
 TOKENS = {
@@ -277,37 +278,15 @@ def test(tmp):
 def loader_uses_channel(tmp):
     """`batchwire fetch --commit` (a Loader's session) commits on the announced channel."""
     bt.log("===== a Loader's session commits on the commit channel =====")
-    coord = bt.coordinator(tmp, name="coordinator-debug", wait=False,
-                           args=["--log-level", "debug", "--lease-ms", "600",
-                                 "--commit-listen", "127.0.0.1:0"])
-    # At debug level gRPC's own lines come first: the address from the line that names it.
-    coord.addr = bt.LISTEN_RE.search(coord.wait_log(r"listening on \S+")[0].group(0)).group(1)
-    root = os.path.join(tmp, "data")
-    os.makedirs(root, exist_ok=True)
-    bt.worker(tmp, coord.addr, "w1", data_root=root)
-    r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, "ds"), "--num-samples", 400,
-               "--sample-bytes", 16, timeout=60)
-    bt.check(r.returncode == 0, "gen a dataset", r.stderr)
-    bt.poll(lambda: any(w["state"] == "alive" for w in bt.status_json(coord.addr)["workers"]),
-            15, what="a live worker")
-    r = bt.run([bt.CLI, "fetch", "--coordinator", coord.addr, "--job", "loader", "--dataset",
-                "npy:ds/part-00000.npy", "--rank", "0", "--world-size", "1", "--batch-size", "4",
-                "--commit", "--commit-every", "1", "--max-steps", "30"], timeout=60)
-    bt.check(r.returncode == 0, "batchwire fetch --commit read 30 steps", r.stderr)
-    rk = jr.Jobs(coord.addr).get("loader").ranks[0]
-    bt.check(rk.committed and rk.step == 30, "its last commit is step 30", rk)
-    coord.stop()
+    coord, _ = loader_commits(tmp, ["--commit-listen", "127.0.0.1:0"])
     text = coord.log_text()
-    for who, t in (("batchwire fetch", r.stderr), ("the coordinator", text)):
-        bt.check("Sanitizer" not in t and "runtime error" not in t,
-                 "%s reported no sanitizer error" % who, t[-3000:])
     closed = re.findall(r"commit channel: connection closed .*answered=(\d+)", text)
     bt.check(len(closed) == 1 and int(closed[0]) >= 30,
              "the coordinator answered the 30 commits (and heartbeats) on one commit-channel "
              "connection", closed)
     bt.check("stream ended method=Jobs.Session" not in text,
-             "no Jobs.Session stream was opened", [l for l in text.splitlines()
-                                                   if "Jobs.Session" in l][:5])
+             "no Jobs.Session stream was opened", [ln for ln in text.splitlines()
+                                                   if "Jobs.Session" in ln][:5])
 
 
 if __name__ == "__main__":
