@@ -217,6 +217,10 @@ static int stream_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMe
         Batchwire__V1__SessionResponse *sr = NULL;
         char why[BW_LOADER_ERRLEN];
         rc = bw__cchan_client_call(&s->cchan, &sreq, a, &sr, s->timeout_ms, why, sizeof(why));
+        if (rc == BW_OK && !sr) { /* not reached (the call's contract); for the analyzer */
+            snprintf(why, sizeof(why), "no answer");
+            rc = BW_PROTOCOL;
+        }
         out = sr ? &sr->base : NULL;
         if (rc != BW_OK) /* the connection is closed: the next try connects again */
             snprintf(err, errlen, "%s to %s: %s", m->name, s->cchan.address, why);
@@ -225,8 +229,8 @@ static int stream_call(bw__session *s, const bw_rpc_method *m, const ProtobufCMe
                                errlen);
     const Batchwire__V1__SessionResponse *r = (const void *)out;
     if (rc == BW_OK && r->id != sreq.id) {
-        snprintf(err, errlen, "%s to %s: the session stream answered request %llu with %llu",
-                 m->name, target, (unsigned long long)sreq.id, (unsigned long long)r->id);
+        snprintf(err, errlen, "%s to %s: the session answered request %llu with %llu", m->name,
+                 target, (unsigned long long)sreq.id, (unsigned long long)r->id);
         rc = BW_PROTOCOL;
     } else if (rc == BW_OK && r->error_code && r->error_code[0]) {
         /* The request's own error: worded as the unary call's (call_error, core/rpc). */
