@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -58,6 +59,7 @@ struct cconn {
     bool gone; /* dropped: its later events in the same round are skipped (loop thread) */
     uint64_t hello_by;
     bw_principal who;
+    char *token; /* the hello's, checked again with each frame (NULL: none) */
     char peer[64];
     char cert_cn[BW_PRINCIPAL_NAME_MAX];
     uint8_t *in; /* received, not yet decoded */
@@ -211,6 +213,9 @@ static void conn_free(cconn *c)
     if (c->fd >= 0)
         close(c->fd);
     pthread_mutex_destroy(&c->mu);
+    if (c->token)
+        OPENSSL_cleanse(c->token, strlen(c->token));
+    free(c->token);
     free(c->in);
     free(c->out);
     free(c);
@@ -308,6 +313,10 @@ static void hello(cconn *c, const uint8_t *body, size_t len)
         fail_conn(c, rc, "Jobs.Session: %s", err);
         return;
     }
+    if (len && !(c->token = strdup(token))) {
+        fail_conn(c, BW_NOMEM, "commit channel: out of memory for the hello");
+        return;
+    }
     c->authed = true;
     bw_dchan_frame f = {BW_DCHAN_END, 0, 0, 0};
     pthread_mutex_lock(&c->mu);
@@ -336,7 +345,15 @@ static void session(cconn *c, const uint8_t *body, size_t len)
     Batchwire__V1__SessionRequest *r =
         batchwire__v1__session_request__unpack(&p->arena.pb, len, body);
     bw_method_id as = r ? bw__jobs_session_method(r) : BW_M__COUNT;
-    if (!r || as == BW_M__COUNT || !bw__auth_allowed(c->who.role, as)) {
+    /* Each frame is checked against the principals in force now, as each data-channel request
+     * is: a token removed on SIGHUP stops working on open connections too (docs/security.md,
+     * "Rotating tokens"). */
+    char aerr[512] = "";
+    int arc = as == BW_M__COUNT
+                  ? BW_OK
+                  : bw__auth_check(s->c->auth, as, c->token, c->cert_cn[0] ? c->cert_cn : NULL,
+                                   &c->who, aerr, sizeof(aerr));
+    if (!r || as == BW_M__COUNT || arc != BW_OK) {
         if (!r)
             fail_conn(c, BW_INVALID_ARGUMENT,
                       "Jobs.Session: a SESSION frame of %zu bytes is no SessionRequest", len);
@@ -346,9 +363,7 @@ static void session(cconn *c, const uint8_t *body, size_t len)
                       "commit or a heartbeat)",
                       (unsigned long long)r->id);
         else
-            fail_conn(c, BW_PERMISSION_DENIED,
-                      "Jobs.Session: principal '%s' (role %s) may not call %s", c->who.name,
-                      bw__role_name(c->who.role), bw__methods[as].name);
+            fail_conn(c, arc, "Jobs.Session: %s", aerr);
         bw__arena_reset(&p->arena);
         free(p);
         return;

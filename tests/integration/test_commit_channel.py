@@ -19,6 +19,7 @@ from proto/ by Debian's protoc), on coordinators with --auth-tokens:
 """
 
 import os
+import signal
 import socket
 import ssl
 import struct
@@ -225,6 +226,20 @@ def test(tmp):
     _, _, _, _, r = ch.recv()
     bt.check(coord.running() and not r.error_code, "the coordinator still serves commits", r)
     ch.close()
+
+    bt.log("===== a token removed on SIGHUP stops working on an open connection =====")
+    ch = Chan(coord.cchan)
+    ch.hello(TOKENS["alice"][1])
+    write_tokens(path, {k: v for k, v in TOKENS.items() if k != "alice"})
+    coord.send(signal.SIGHUP)
+    coord.wait_log(r"reloaded --auth-tokens", count=1)
+    ch.send(commit_req(55, "a", 0, la, jr.cursor(fp, "a", 0, 2, 0, 55)))
+    refused(ch, code_of("BW_UNAUTHENTICATED"), "not valid",
+            "alice's next commit after her token was removed -> UNAUTHENTICATED")
+    write_tokens(path, TOKENS)
+    coord.send(signal.SIGHUP)
+    coord.wait_log(r"reloaded --auth-tokens", count=2)
+    bt.check(alice.get("a").ranks[0].step == 50, "the refused commit changed nothing (step 50)")
 
     bt.log("===== kill -9 right after an answer: the commit is durable =====")
     for k in range(8):  # a wrong order (answer, then write) loses some of 8
