@@ -30,7 +30,7 @@ import bwpy
 import bwtest as bt
 import jobs_rpc as jr
 from test_auth import write_tokens
-from test_session_stream import loader_commits
+from test_session_stream import commit_req, hb_req, loader_commits
 
 pb = jr.pb
 TOKENS = {
@@ -100,16 +100,6 @@ def _codes():
 
 
 CODE = _codes()
-
-
-def commit_req(i, job, rank, lease, cur):
-    return pb.SessionRequest(id=i, commit=pb.CommitCursorRequest(
-        job=job, rank=rank, cursor=cur, **jr.lease_fields(lease)))
-
-
-def hb_req(i, job, rank, lease):
-    return pb.SessionRequest(id=i, heartbeat=pb.LeaseHeartbeatRequest(
-        job=job, rank=rank, **jr.lease_fields(lease)))
 
 
 def start(tmp, tokens_path, name, state_dir=None, tls=None):
