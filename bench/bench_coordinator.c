@@ -2,7 +2,9 @@
  * Coordinator benchmark: starts build/bin/batchwire-coordinator on a fresh state directory
  * (under /var/tmp: a real disk, not tmpfs) and measures, over gRPC on loopback,
  * Phases 1 and 2 run twice: over unary calls (the baseline) and with each rank's commits or
- * heartbeats as messages on a Jobs.Session stream of its own, as a Loader sends them.
+ * heartbeats as messages on a Jobs.Session stream of its own, as a Loader sends them; phase 1
+ * also a third time, over the coordinator's commit channel (--commit-listen: the same
+ * SessionRequest in a framed plain TCP connection per trainer; server/commit_channel.h).
  *   1. acknowledged CommitCursor calls per second (each acknowledged only after fdatasync;
  *      concurrent commits share one fsync) with 1 and with T concurrent trainers. Every
  *      trainer is a rank of its own with its own lease and keeps exactly one commit
@@ -33,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -48,6 +51,7 @@
 #include "common/util.h"
 #include "common/version.h"
 #include "cursor/cursor.h"
+#include "rpc/dchan.h"
 #include "rpc/methods.h"
 #include "rpc/server.h"
 
@@ -59,6 +63,7 @@ static int max_heartbeats =
 static int connections = 0, client_threads = 1, coord_threads = 2, join_window = 1024;
 static int skip_single = 0;
 static char addr[256];
+static char cchan_addr[64]; /* the commit channel's */
 static int metrics_port;
 static pid_t coord_pid;
 
@@ -121,6 +126,7 @@ static pid_t start_coordinator(void)
     if (pipe(fds) != 0)
         abort();
     metrics_port = free_port();
+    snprintf(cchan_addr, sizeof(cchan_addr), "127.0.0.1:%d", free_port());
     pid_t pid = fork();
     if (pid == 0) {
         dup2(fds[1], 2);
@@ -133,6 +139,7 @@ static pid_t start_coordinator(void)
         snprintf(maxhb, sizeof(maxhb), "%d", max_heartbeats);
         execl(exe, exe, "--listen", "127.0.0.1:0", "--state-dir", state_dir, "--lease-ms", lease,
               "--threads", th, "--max-world-size", "100000", "--metrics-listen", metrics,
+              "--commit-listen", cchan_addr,
               max_heartbeats >= 0 ? "--max-heartbeats-per-second" : (char *)NULL, maxhb,
               (char *)NULL);
         _exit(127);
@@ -533,6 +540,10 @@ typedef struct rank_agent {
     bool busy;
     lats lat;  /* commits */
     stream st; /* Jobs.Session, when the phase runs over streams */
+    int cfd;   /* its commit-channel connection, when the phase runs over it */
+    uint8_t cin[4096];
+    size_t cin_len;
+    double ct0;
 } rank_agent;
 
 /* Closes the Jobs.Session streams of ranks[first .. first + count) on cq. */
@@ -611,6 +622,10 @@ static double self_cpu_s(void);
 
 /* ---- 1. commits ---- */
 
+enum { VIA_UNARY, VIA_STREAM, VIA_CCHAN };
+static const char *const via_name[] = {"unary calls", "a Jobs.Session stream each",
+                                       "the commit channel, a connection each"};
+
 typedef struct commit_ctx {
     const char *job;
     uint64_t fingerprint;
@@ -619,7 +634,7 @@ typedef struct commit_ctx {
     size_t first, count; /* this thread's ranks */
     double until;
     uint64_t done, failed;
-    bool streams; /* commits as Jobs.Session messages */
+    int via; /* VIA_UNARY, VIA_STREAM, VIA_CCHAN */
     double t_end, cpu_end,
         me_end; /* when its last commit was answered (before the streams close) */
 } commit_ctx;
@@ -643,16 +658,133 @@ static void start_commit(commit_ctx *x, rank_agent *a, grpc_completion_queue *cq
     req.cursor.len = len;
     a->s.owner = a;
     a->busy = true;
-    if (x->streams)
+    if (x->via == VIA_CCHAN) {
+        Batchwire__V1__SessionRequest m = BATCHWIRE__V1__SESSION_REQUEST__INIT;
+        m.id = a->step;
+        m.op_case = BATCHWIRE__V1__SESSION_REQUEST__OP_COMMIT;
+        m.commit = &req;
+        uint8_t frame[1024];
+        size_t n = protobuf_c_message_get_packed_size(&m.base);
+        if (n + BW_DCHAN_REQ_HEADER > sizeof(frame))
+            abort();
+        bw__dchan_put_req_header(frame, BW_DCHAN_KIND_SESSION, n);
+        protobuf_c_message_pack(&m.base, frame + BW_DCHAN_REQ_HEADER);
+        a->ct0 = now_s();
+        if (send(a->cfd, frame, n + BW_DCHAN_REQ_HEADER, MSG_NOSIGNAL) !=
+            (ssize_t)(n + BW_DCHAN_REQ_HEADER)) {
+            fprintf(stderr, "bench: commit channel send: %s\n", strerror(errno));
+            exit(1);
+        }
+    } else if (x->via == VIA_STREAM)
         slot_start_msg(&a->s, &a->st, a->c, cq, BW_M_JOBS_COMMIT_CURSOR, &req.base);
     else
         slot_start(&a->s, a->c, cq, BW_M_JOBS_COMMIT_CURSOR, &req.base, 10000);
     free(bin);
 }
 
+/* The commit channel's answers on a's connection: reads what is there and handles each whole
+ * ANSWER frame (a trainer has one outstanding). Returns the answers handled. */
+static int cchan_answers(commit_ctx *x, rank_agent *a)
+{
+    ssize_t r = recv(a->cfd, a->cin + a->cin_len, sizeof(a->cin) - a->cin_len, 0);
+    if (r <= 0) {
+        fprintf(stderr, "bench: commit channel of rank %u: %s\n", a->rank,
+                r == 0 ? "closed" : strerror(errno));
+        exit(1);
+    }
+    a->cin_len += (size_t)r;
+    int handled = 0;
+    while (a->cin_len >= BW_DCHAN_FRAME_HEADER) {
+        bw_dchan_frame f;
+        bw__dchan_get_frame(a->cin, &f);
+        size_t whole = BW_DCHAN_FRAME_HEADER + (size_t)f.a;
+        if (f.a > sizeof(a->cin) - BW_DCHAN_FRAME_HEADER || (f.type != BW_DCHAN_ANSWER)) {
+            fprintf(stderr, "bench: commit channel of rank %u: frame type %u code %d\n", a->rank,
+                    f.type, (int)f.code);
+            exit(1);
+        }
+        if (a->cin_len < whole)
+            break;
+        Batchwire__V1__SessionResponse *resp = batchwire__v1__session_response__unpack(
+            NULL, (size_t)f.a, a->cin + BW_DCHAN_FRAME_HEADER);
+        if (!resp || (resp->error_code && resp->error_code[0])) {
+            fprintf(stderr, "bench: CommitCursor of rank %u on the commit channel: %s\n", a->rank,
+                    resp ? resp->error_message : "no SessionResponse");
+            x->failed++;
+        } else {
+            x->done++;
+            lats_add(&a->lat, now_s() - a->ct0);
+        }
+        if (resp)
+            protobuf_c_message_free_unpacked(&resp->base, NULL);
+        memmove(a->cin, a->cin + whole, a->cin_len - whole);
+        a->cin_len -= whole;
+        handled++;
+    }
+    return handled;
+}
+
+/* Phase 1 over the commit channel: one epoll over this thread's ranks' connections. */
+static void commit_thread_cchan(commit_ctx *x)
+{
+    int ep = epoll_create1(0);
+    for (size_t i = 0; i < x->count; i++) {
+        rank_agent *a = &x->ranks[x->first + i];
+        struct epoll_event ev = {EPOLLIN, {.ptr = a}};
+        if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, a->cfd, &ev) != 0)
+            abort();
+        start_commit(x, a, NULL);
+    }
+    size_t out = x->count;
+    struct epoll_event evs[256];
+    while (out > 0) {
+        int n = epoll_wait(ep, evs, 256, 30000);
+        if (n <= 0) {
+            fprintf(stderr, "bench: a commit on the commit channel took over 30 s\n");
+            exit(1);
+        }
+        for (int i = 0; i < n; i++) {
+            rank_agent *a = evs[i].data.ptr;
+            if (cchan_answers(x, a) == 0)
+                continue;
+            if (now_s() < x->until)
+                start_commit(x, a, NULL);
+            else
+                out--;
+        }
+    }
+    x->t_end = now_s();
+    x->cpu_end = coord_cpu_s();
+    x->me_end = self_cpu_s();
+    close(ep);
+}
+
+/* A commit-channel connection for each rank, its hello answered (an open coordinator: no
+ * token). */
+static void cchan_connect(rank_agent *ranks, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        char err[512];
+        uint8_t h[BW_DCHAN_REQ_HEADER], f[BW_DCHAN_FRAME_HEADER];
+        bw__dchan_put_req_header(h, BW_DCHAN_KIND_AUTH, 0);
+        if (bw__sock_connect(cchan_addr, 5000, &ranks[i].cfd, err, sizeof(err)) != BW_OK ||
+            send(ranks[i].cfd, h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h) ||
+            bw__sock_read_all(ranks[i].cfd, f, sizeof(f), 0, NULL, err, sizeof(err)) != BW_OK ||
+            f[0] != BW_DCHAN_END) {
+            fprintf(stderr, "bench: commit channel %s: hello of rank %u failed: %s\n", cchan_addr,
+                    i, err);
+            exit(1);
+        }
+    }
+}
+
 static void *commit_thread(void *arg)
 {
     commit_ctx *x = arg;
+    if (x->via == VIA_CCHAN) {
+        commit_thread_cchan(x);
+        return NULL;
+    }
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
     for (size_t i = 0; i < x->count; i++)
         start_commit(x, &x->ranks[x->first + i], cq);
@@ -687,7 +819,7 @@ static void *commit_thread(void *arg)
     return NULL;
 }
 
-static void bench_commits(uint32_t world, bool streams)
+static void bench_commits(uint32_t world, int via)
 {
     int nconn = connections > 0 ? connections : (int)world;
     if (nconn > (int)world)
@@ -698,7 +830,10 @@ static void bench_commits(uint32_t world, bool streams)
     for (int i = 0; i < nconn; i++)
         cs[i] = conn_open();
     char job[32];
-    snprintf(job, sizeof(job), "commits-%u-%s", world, streams ? "stream" : "unary");
+    snprintf(job, sizeof(job), "commits-%u-%s", world,
+             via == VIA_CCHAN    ? "cchan"
+             : via == VIA_STREAM ? "stream"
+                                 : "unary");
     uint64_t fp = create(cs[0], job, world);
     rank_agent *ranks = xcalloc(world, sizeof(*ranks));
     for (uint32_t i = 0; i < world; i++) {
@@ -706,6 +841,8 @@ static void bench_commits(uint32_t world, bool streams)
         ranks[i].c = cs[i % (uint32_t)nconn];
     }
     join_all(ranks, world, job, world, 64);
+    if (via == VIA_CCHAN)
+        cchan_connect(ranks, world);
     int k = client_threads < (int)world ? client_threads : (int)world;
     commit_ctx *xs = xcalloc((size_t)k, sizeof(*xs));
     pthread_t *ts = xcalloc((size_t)k, sizeof(*ts));
@@ -721,7 +858,7 @@ static void bench_commits(uint32_t world, bool streams)
                              .first = first,
                              .count = i == k - 1 ? world - first : per,
                              .until = t0 + commit_seconds,
-                             .streams = streams};
+                             .via = via};
         pthread_create(&ts[i], NULL, commit_thread, &xs[i]);
     }
     uint64_t total = 0, failed = 0;
@@ -750,13 +887,15 @@ static void bench_commits(uint32_t world, bool streams)
            "%.2f ms, p99 %.2f ms, max %.2f ms; coordinator CPU %.0f%% of a core, %.1f us/commit; "
            "client CPU %.1f us/commit; %.0f group commits (%.1f commits each, write+fdatasync "
            "%.3f ms mean)\n",
-           streams ? "a Jobs.Session stream each" : "unary calls", world, nconn, k,
-           (double)total / el, total, el, failed, p50, p99, pmax, 100.0 * cpu / el,
+           via_name[via], world, via == VIA_CCHAN ? (int)world : nconn, k, (double)total / el,
+           total, el, failed, p50, p99, pmax, 100.0 * cpu / el,
            total ? cpu / (double)total * 1e6 : 0.0, total ? me / (double)total * 1e6 : 0.0,
            fc1 - fc0, fc1 > fc0 ? (double)total / (fc1 - fc0) : 0.0,
            fc1 > fc0 ? (fs1 - fs0) / (fc1 - fc0) * 1e3 : 0.0);
     fflush(stdout);
     free(all.v);
+    for (uint32_t i = 0; via == VIA_CCHAN && i < world; i++)
+        close(ranks[i].cfd);
     free(ranks);
     free(xs);
     free(ts);
@@ -1161,11 +1300,13 @@ int main(int argc, char **argv)
            coord_threads, state_dir);
     /* Each phase over unary calls (the baseline) and over Jobs.Session streams, in this run. */
     if (!skip_single) {
-        bench_commits(1, false);
-        bench_commits(1, true);
+        bench_commits(1, VIA_UNARY);
+        bench_commits(1, VIA_STREAM);
+        bench_commits(1, VIA_CCHAN);
     }
-    bench_commits((uint32_t)threads, false);
-    bench_commits((uint32_t)threads, true);
+    bench_commits((uint32_t)threads, VIA_UNARY);
+    bench_commits((uint32_t)threads, VIA_STREAM);
+    bench_commits((uint32_t)threads, VIA_CCHAN);
     bench_ranks();
     kill(coord_pid, SIGTERM);
     waitpid(coord_pid, NULL, 0);

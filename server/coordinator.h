@@ -32,6 +32,8 @@ typedef struct bw_coordinator_config {
     /* /metrics: per-rank series only for jobs of at most this many ranks; larger jobs are
      * summarised per job (server/metrics.c, docs/operating.md "Metrics") */
     int64_t metrics_rank_series;
+    /* the commit channel (commit_channel.h); NULL: off */
+    char *commit_listen;
 } bw_coordinator_config;
 
 typedef struct bw_owner_cache bw_owner_cache;
@@ -47,6 +49,7 @@ typedef struct bw_coordinator {
                         * grants on */
     bw_grants *grants; /* --grant-key: read grants and our proof to workers; NULL: auth off */
     char bound[256];
+    int commit_port; /* the commit channel's (JoinJobResponse.commit_port); 0: off */
     uint64_t start_ms;
 } bw_coordinator;
 

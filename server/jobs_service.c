@@ -294,8 +294,6 @@ int bw__jobs_on_get_or_create(void *user, bw_rpc_call *call, const ProtobufCMess
         return answer(c, call, method, rc, out ? &out->base : NULL, wait_seq, err);                \
     }
 
-SIMPLE_HANDLER(bw__jobs_on_join, "JoinJob", Batchwire__V1__JoinJobRequest,
-               Batchwire__V1__JoinJobResponse, bw__jobs_join)
 SIMPLE_HANDLER(bw__jobs_on_lease_heartbeat, "LeaseHeartbeat", Batchwire__V1__LeaseHeartbeatRequest,
                Batchwire__V1__LeaseHeartbeatResponse, bw__jobs_heartbeat)
 SIMPLE_HANDLER(bw__jobs_on_commit, "CommitCursor", Batchwire__V1__CommitCursorRequest,
@@ -308,6 +306,22 @@ SIMPLE_HANDLER(bw__jobs_on_leave, "LeaveJob", Batchwire__V1__LeaveJobRequest,
                Batchwire__V1__LeaveJobResponse, bw__jobs_leave)
 SIMPLE_HANDLER(bw__jobs_on_delete, "DeleteJob", Batchwire__V1__DeleteJobRequest,
                Batchwire__V1__DeleteJobResponse, bw__jobs_delete)
+
+/* JoinJob: bw__jobs_join, and the commit channel's port for the session's commits. */
+int bw__jobs_on_join(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
+                     ProtobufCMessage **resp)
+{
+    (void)resp;
+    bw_coordinator *c = user;
+    char err[1536] = "";
+    Batchwire__V1__JoinJobResponse *out = NULL;
+    uint64_t wait_seq = 0;
+    int rc = bw__jobs_join(c->jobs, bw__rpc_call_principal(call), (const void *)req,
+                           bw__rpc_call_arena(call), &out, &wait_seq, err, sizeof(err));
+    if (rc == BW_OK && out)
+        out->commit_port = (uint32_t)c->commit_port;
+    return answer(c, call, "JoinJob", rc, out ? &out->base : NULL, wait_seq, err);
+}
 
 int bw__jobs_on_list(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
                      ProtobufCMessage **resp)
@@ -335,28 +349,31 @@ int bw__jobs_on_list(void *user, bw_rpc_call *call, const ProtobufCMessage *req,
 typedef struct session_reply {
     bw_coordinator *c;
     bw_rpc_msg *m;
-    int rc;
-    const char *method; /* "CommitCursor", for sentences */
-    char err[1536];
-    Batchwire__V1__SessionResponse resp;
+    bw_session_answer ans;
 } session_reply;
+
+void bw__jobs_session_settle(bw_coordinator *c, bw_session_answer *a, int jrc)
+{
+    char why[768];
+    int rc = durable_rc(c, a->rc, jrc, why, sizeof(why));
+    Batchwire__V1__SessionResponse *out = &a->resp;
+    if (rc != BW_OK) {
+        if (rc != a->rc)
+            snprintf(a->err, sizeof(a->err), "%s", why);
+        else if (a->err[0] == '\0')
+            snprintf(a->err, sizeof(a->err), "%s", bw_strerror(rc));
+        out->result_case = BATCHWIRE__V1__SESSION_RESPONSE__RESULT__NOT_SET;
+        out->error_code = (char *)bw_err_name(rc);
+        out->error_message = a->err;
+    }
+    a->rc = rc;
+}
 
 static void session_durable(void *arg, int jrc)
 {
     session_reply *r = arg;
-    char why[768];
-    int rc = durable_rc(r->c, r->rc, jrc, why, sizeof(why));
-    Batchwire__V1__SessionResponse *out = &r->resp;
-    if (rc != BW_OK) {
-        if (rc != r->rc)
-            snprintf(r->err, sizeof(r->err), "%s", why);
-        else if (r->err[0] == '\0')
-            snprintf(r->err, sizeof(r->err), "%s", bw_strerror(rc));
-        out->result_case = BATCHWIRE__V1__SESSION_RESPONSE__RESULT__NOT_SET;
-        out->error_code = (char *)bw_err_name(rc);
-        out->error_message = r->err;
-    }
-    bw__rpc_msg_answer(r->m, BW_OK, &out->base);
+    bw__jobs_session_settle(r->c, &r->ans, jrc);
+    bw__rpc_msg_answer(r->m, BW_OK, &r->ans.resp.base);
 }
 
 bw_method_id bw__jobs_session_method(const Batchwire__V1__SessionRequest *r)
@@ -393,6 +410,22 @@ int bw__jobs_session_op(bw_jobs *jobs, const bw_principal *who,
     return BW_INVALID_ARGUMENT;
 }
 
+uint64_t bw__jobs_session_begin(bw_coordinator *c, const bw_principal *who,
+                                const Batchwire__V1__SessionRequest *r, bw_arena *a,
+                                bw_session_answer *out)
+{
+    memset(out, 0, sizeof(*out));
+    batchwire__v1__session_response__init(&out->resp);
+    const char *method =
+        bw__jobs_session_method(r) == BW_M_JOBS_COMMIT_CURSOR ? "CommitCursor" : "LeaseHeartbeat";
+    uint64_t wait_seq = 0;
+    char err[1536] = "";
+    out->rc = bw__jobs_session_op(c->jobs, who, r, a, &out->resp, &wait_seq, err, sizeof(err));
+    if (out->rc != BW_OK && err[0])
+        snprintf(out->err, sizeof(out->err), "%s: %.1500s", method, err);
+    return wait_seq;
+}
+
 static int on_session_msg(void *state, bw_rpc_msg *m, const ProtobufCMessage *req,
                           ProtobufCMessage **resp)
 {
@@ -412,18 +445,10 @@ static int on_session_msg(void *state, bw_rpc_msg *m, const ProtobufCMessage *re
     session_reply *out = bw__arena_alloc(bw__rpc_msg_arena(m), sizeof(*out));
     if (!out)
         return bw__rpc_fail(call, BW_NOMEM, "Jobs.Session: out of memory for an answer");
-    memset(out, 0, sizeof(*out));
     out->c = c;
     out->m = m;
-    out->method = as == BW_M_JOBS_COMMIT_CURSOR ? "CommitCursor" : "LeaseHeartbeat";
-    batchwire__v1__session_response__init(&out->resp);
-    uint64_t wait_seq = 0;
-    char err[1536] = "";
-    rc = bw__jobs_session_op(c->jobs, bw__rpc_call_principal(call), r, bw__rpc_msg_arena(m),
-                             &out->resp, &wait_seq, err, sizeof(err));
-    out->rc = rc;
-    if (rc != BW_OK && err[0])
-        snprintf(out->err, sizeof(out->err), "%s: %.1500s", out->method, err);
+    uint64_t wait_seq =
+        bw__jobs_session_begin(c, bw__rpc_call_principal(call), r, bw__rpc_msg_arena(m), &out->ans);
     bw__journal_when_durable(bw__jobs_journal(c->jobs), wait_seq, session_durable, out);
     return BW_RPC_DEFERRED;
 }

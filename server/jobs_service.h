@@ -35,6 +35,25 @@ int bw__jobs_session_op(bw_jobs *jobs, const bw_principal *who,
                         Batchwire__V1__SessionResponse *out, uint64_t *wait_seq, char *err,
                         size_t errlen);
 
+/* One Jobs.Session message's answer in the making, the same whatever carried the message: the
+ * gRPC stream (bw__jobs_on_session) or the commit channel (server/commit_channel.c). */
+typedef struct bw_session_answer {
+    int rc;         /* the operation's, then (bw__jobs_session_settle) the answer's */
+    char err[1536]; /* its sentence, worded as the unary call's ("CommitCursor: ...") */
+    Batchwire__V1__SessionResponse resp;
+} bw_session_answer;
+
+/* Applies message r for `who` (authorized by the caller for bw__jobs_session_method(r)) with
+ * bw__jobs_session_op, filling *out (memory from `a`); returns the journal record the answer
+ * must wait for: hand it to bw__journal_when_durable, then call bw__jobs_session_settle. */
+uint64_t bw__jobs_session_begin(bw_coordinator *c, const bw_principal *who,
+                                const Batchwire__V1__SessionRequest *r, bw_arena *a,
+                                bw_session_answer *out);
+
+/* Once the journal has spoken (jrc, as bw_journal_done_fn gets it): makes out->resp the final
+ * answer, with error_code and error_message when it failed (its rc then in out->rc). */
+void bw__jobs_session_settle(bw_coordinator *c, bw_session_answer *out, int jrc);
+
 /*
  * Asks a live worker (any; the next one if it cannot answer) to describe `dataset`
  * (Data.Describe). Blocks up to a few seconds per worker: never call it on a completion-queue

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "commit_channel.h"
 #include "common/util.h"
 #include "coordinator.h"
 #include "jobs_service.h"
@@ -74,6 +75,10 @@ static const bw_opt options[] = {
     {"metrics-rank-series", BW_OPT_INT, C(metrics_rank_series), "64", 0, 1048576, NULL, 0, "N",
      "/metrics shows per-rank series for jobs of at most N ranks; a larger job's ranks are "
      "summarised per job (slowest, fastest, lag; docs/operating.md, \"Metrics\")"},
+    {"commit-listen", BW_OPT_ADDR, C(commit_listen), NULL, 0, 0, NULL, 0, "HOST:PORT",
+     "also take trainers' cursor commits and lease heartbeats on this address over the commit "
+     "channel (framed TCP, TLS with --tls-cert, the same tokens; docs/operating.md, \"Commit "
+     "channel\"); port 0 picks a free port (logged). Unset: off"},
     {"worker-tls-ca", BW_OPT_PATH, C(worker_tls_ca), NULL, 0, 0, NULL, 0, "FILE",
      "verify workers' certificates with this CA when calling them (dataset descriptions); "
      "--tls-cert/--tls-key are then the client certificate"},
@@ -114,7 +119,8 @@ int main(int argc, char **argv)
     bw_metrics *metrics = NULL;
     bw_metrics_http *metrics_http = NULL;
     bw__cm *cm = NULL;
-    char metrics_bound[300] = "";
+    bw_cchan *cchan = NULL;
+    char metrics_bound[300] = "", cchan_bound[300] = "";
     bw_coordinator coord;
     memset(&coord, 0, sizeof(coord));
     coord.cfg = cfg;
@@ -177,11 +183,18 @@ int main(int argc, char **argv)
     if (rc == BW_OK) {
         bw__jobs_set_placement(coord.jobs, bw__jobs_placement_table, &coord);
         bw__jobs_set_grants(coord.jobs, coord.grants);
+        /* Before the gRPC server: JoinJob answers carry its port. */
+        if (cfg->commit_listen)
+            rc = bw__cchan_start(&coord, cfg->commit_listen, &cchan, cchan_bound,
+                                 sizeof(cchan_bound), err, sizeof(err));
+        coord.commit_port = bw__cchan_port(cchan);
         bw_rpc_server_opts so;
         bw__daemon_server_opts(&cfg->common, "coordinator", &so);
         so.auth = coord.auth;
-        rc = bw__rpc_server_start(&so, bw__coordinator_handlers, bw__coordinator_nhandlers, &coord,
-                                  &srv, coord.bound, sizeof(coord.bound), err, sizeof(err));
+        if (rc == BW_OK)
+            rc = bw__rpc_server_start(&so, bw__coordinator_handlers, bw__coordinator_nhandlers,
+                                      &coord, &srv, coord.bound, sizeof(coord.bound), err,
+                                      sizeof(err));
     }
     if (rc != BW_OK) {
         BW_ERROR("cannot start err=%s", err);
@@ -199,6 +212,9 @@ int main(int argc, char **argv)
                 (unsigned long long)report.snapshot_seq,
                 (unsigned long long)report.records_replayed, report.files,
                 (unsigned long long)report.last_seq);
+        if (cchan)
+            BW_INFO("commit channel on %s (%s)", cchan_bound,
+                    cfg->common.tls_cert ? "TLS" : "plaintext");
         if (metrics_http)
             BW_INFO("metrics on %s%s", metrics_bound,
                     cfg->common.metrics_auth ? " (bearer token required)" : "");
@@ -249,6 +265,7 @@ int main(int argc, char **argv)
         bw__rpc_server_stop(srv, (int)cfg->common.grace_ms);
         BW_INFO("stopped");
     }
+    bw__cchan_stop(cchan, (int)cfg->common.grace_ms); /* its answers wait on the journal */
     bw__metrics_http_stop(metrics_http); /* its scrapes read the jobs and the worker table */
     bw__cm_free(cm);
     bw__jobs_close(coord.jobs); /* before the lock: nothing may write after it is released */

@@ -11,6 +11,7 @@
 
 #include "batchwire/loader.h"
 #include "common/arena.h"
+#include "commit_client.h"
 #include "jobs.pb-c.h"
 #include "loader_limits.h"
 #include "options_int.h"
@@ -93,6 +94,12 @@ typedef struct bw__session {
     bw_rpc_bidi *stream;     /* under stream_mu */
     uint64_t stream_next_id; /* under stream_mu */
     atomic_bool no_stream;
+    /* The coordinator's commit channel (JoinJobResponse.commit_port; commit_client.h): when it
+     * announced one, the requests that hold stream_mu go there instead of on the stream;
+     * no_cchan once it could not be reached or said hello to (the stream from then on). */
+    bw__cchan_client cchan; /* under stream_mu; address NULL: none announced */
+    char cchan_host[256];   /* the name its TLS certificate must carry */
+    atomic_bool no_cchan;
 } bw__session;
 
 /* How a loader joins its job. */

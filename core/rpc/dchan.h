@@ -54,6 +54,8 @@ enum {
     BW_DCHAN_KIND_READ_STREAM = 2,
     BW_DCHAN_KIND_AUTH = 3,
     BW_DCHAN_KIND_FEATURES = 4,
+    /* the coordinator's commit channel (server/commit_channel.h): a packed SessionRequest */
+    BW_DCHAN_KIND_SESSION = 5,
     BW_DCHAN_FEATURES_BODY = 8, /* the FEATURES request's body: a u64 */
     BW_DCHAN_REQ_HEADER = 16,
     BW_DCHAN_FRAME_HEADER = 24,
@@ -62,6 +64,9 @@ enum {
     BW_DCHAN_ERROR = 3,
     BW_DCHAN_RUN = 4,
     BW_DCHAN_ZRUN = 5,
+    /* the commit channel's answer: a = body length, b = the request's id; then a packed
+     * SessionResponse */
+    BW_DCHAN_ANSWER = 6,
     BW_DCHAN_ZRUN_MAX = 4 << 20, /* a ZRUN frame's samples, decompressed, at most (bytes) */
     /* the most a ZRUN frame's zstd window may be (a client refuses larger) */
     BW_DCHAN_ZSTD_WINDOW_LOG_MAX = 22,

@@ -229,11 +229,11 @@ def test(tmp):
     loader_uses_stream(tmp)
 
 
-def loader_uses_stream(tmp):
-    """`batchwire fetch --commit` (a Loader's session) commits and heartbeats on the stream."""
-    bt.log("===== a Loader's session commits on the stream =====")
+def loader_commits(tmp, args=()):
+    """A coordinator at debug level (with `args`), a worker and `batchwire fetch --commit` of 30
+    steps against them, checked; returns (the coordinator, stopped; fetch's result)."""
     coord = bt.coordinator(tmp, name="coordinator-debug", wait=False,
-                           args=["--log-level", "debug", "--lease-ms", "600"])
+                           args=["--log-level", "debug", "--lease-ms", "600"] + list(args))
     # At debug level gRPC's own lines come first: the address from the line that names it.
     coord.addr = bt.LISTEN_RE.search(coord.wait_log(r"listening on \S+")[0].group(0)).group(1)
     root = os.path.join(tmp, "data")
@@ -254,6 +254,13 @@ def loader_uses_stream(tmp):
     for who, text in (("batchwire fetch", r.stderr), ("the coordinator", coord.log_text())):
         bt.check("Sanitizer" not in text and "runtime error" not in text,
                  "%s reported no sanitizer error" % who, text[-3000:])
+    return coord, r
+
+
+def loader_uses_stream(tmp):
+    """`batchwire fetch --commit` (a Loader's session) commits and heartbeats on the stream."""
+    bt.log("===== a Loader's session commits on the stream =====")
+    coord, _ = loader_commits(tmp)
     ends = [line for line in coord.log_text().splitlines()
             if "stream ended method=Jobs.Session" in line]
     bt.check(len(ends) == 1 and "code=BW_OK" in ends[0] and
