@@ -84,21 +84,6 @@ typedef struct pend {
     bw_session_answer ans;
 } pend;
 
-static void bad_conn_log(bw_cchan *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void bad_conn_log(bw_cchan *s, const char *fmt, ...)
-{
-    uint64_t quiet;
-    if (!bw__log_limit_allow(&s->bad_log, &quiet))
-        return;
-    char line[1800];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap); // NOLINT(clang-analyzer-valist.Uninitialized)
-    va_end(ap);
-    BW_WARN("%s%s", line, quiet ? " (more such connections before this one not logged)" : "");
-}
-
 /* ---- bytes in and out (plain or TLS) ---- */
 
 /* > 0 bytes read; 0: nothing now; -1: closed or failed. */
@@ -280,8 +265,9 @@ static void fail_conn(cconn *c, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap); // NOLINT(clang-analyzer-valist.Uninitialized)
     va_end(ap);
-    bad_conn_log(c->srv, "commit channel: closing the connection peer=%s code=%s err=%s", c->peer,
-                 bw_err_name(code), msg);
+    bw__log_limited(&c->srv->bad_log, BW_LOG_WARN,
+                    "commit channel: closing the connection peer=%s code=%s err=%s", c->peer,
+                    bw_err_name(code), msg);
     size_t len = strlen(msg);
     bw_dchan_frame f = {BW_DCHAN_ERROR, (uint32_t)code, len, 0};
     c->closing = true;
@@ -516,7 +502,8 @@ static bool serve(bw_cchan *s, cconn *c)
             else
                 snprintf(why, sizeof(why), "the peer closed the connection");
             ERR_clear_error();
-            bad_conn_log(s, "commit channel: TLS handshake failed peer=%s err=%s", c->peer, why);
+            bw__log_limited(&s->bad_log, BW_LOG_WARN,
+                            "commit channel: TLS handshake failed peer=%s err=%s", c->peer, why);
             return false;
         }
         c->handshaking = false;
@@ -534,8 +521,9 @@ static bool serve(bw_cchan *s, cconn *c)
         ssize_t r = conn_recv(c, c->in + c->in_len, c->in_cap - c->in_len);
         if (r < 0) {
             if (c->in_len)
-                bad_conn_log(s, "commit channel: the connection ended inside a frame peer=%s",
-                             c->peer);
+                bw__log_limited(&s->bad_log, BW_LOG_WARN,
+                                "commit channel: the connection ended inside a frame peer=%s",
+                                c->peer);
             return false;
         }
         c->in_len += (size_t)r;
@@ -563,8 +551,9 @@ static bool accept_one(bw_cchan *s)
     if (fd < 0)
         return errno == EINTR || errno == ECONNABORTED;
     if (s->nconns >= BW_CCHAN_MAX_CONNS) {
-        bad_conn_log(s, "commit channel: refusing a connection: %d are open (the most)",
-                     BW_CCHAN_MAX_CONNS);
+        bw__log_limited(&s->bad_log, BW_LOG_WARN,
+                        "commit channel: refusing a connection: %d are open (the most)",
+                        BW_CCHAN_MAX_CONNS);
         close(fd);
         return true;
     }
@@ -652,10 +641,10 @@ static void *loop(void *arg)
             for (cconn *c = s->conns; c; c = next) {
                 next = c->next;
                 if (!c->authed && now > c->hello_by) {
-                    bad_conn_log(s,
-                                 "commit channel: closing a connection that sent no hello in %d "
-                                 "ms peer=%s",
-                                 BW_CCHAN_HELLO_TIMEOUT_MS, c->peer);
+                    bw__log_limited(&s->bad_log, BW_LOG_WARN,
+                                    "commit channel: closing a connection that sent no hello in %d "
+                                    "ms peer=%s",
+                                    BW_CCHAN_HELLO_TIMEOUT_MS, c->peer);
                     drop(s, c);
                 }
             }

@@ -15,7 +15,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,27 +87,6 @@ struct bw__dchan_server {
     uint64_t refused_logged_ms, refused_quiet; /* one warning per 10 s about refusals */
     bw_log_limit bad_log; /* malformed or refused connections: a port scanner cannot flood */
 };
-
-static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void bad_conn_log(bw__dchan_server *s, const char *fmt, ...)
-{
-    uint64_t quiet;
-    if (!bw__log_limit_allow(&s->bad_log, &quiet))
-        return;
-    char line[1800];
-    va_list ap;
-    va_start(ap, fmt);
-    /* va_start is the line above: clang-analyzer 14 loses it on some callers' paths. */
-    vsnprintf(line, sizeof(line), fmt, ap); // NOLINT(clang-analyzer-valist.Uninitialized)
-    va_end(ap);
-    if (quiet)
-        BW_INFO("(%llu more such connections before this one not logged) %s",
-                (unsigned long long)quiet, line);
-    else
-        BW_INFO("%s", line);
-}
 
 /* ---- sending ----
  * Frames are gathered into one iovec list: headers copied into the staging buffer, records as
@@ -564,8 +542,9 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
     } else if ((rc = bw__dsock_read_all(&c->sock, body, (size_t)len,
                                         bw__mono_ms() + BODY_TIMEOUT_MS, &got, err, sizeof(err))) !=
                BW_OK) {
-        bad_conn_log(c->srv, "data channel: request body cut short peer=%s got=%zu of=%llu err=%s",
-                     c->peer, got, (unsigned long long)len, err);
+        bw__log_limited(&c->srv->bad_log, BW_LOG_INFO,
+                        "data channel: request body cut short peer=%s got=%zu of=%llu err=%s",
+                        c->peer, got, (unsigned long long)len, err);
         status = rc;
         hang_up = true;
     } else {
@@ -590,8 +569,8 @@ static int serve_request(conn *c, uint32_t kind, uint64_t len)
                 snprintf(err, sizeof(err),
                          "data channel: the %llu-byte request is not a %sRequest with a dataset",
                          (unsigned long long)len, method);
-            bad_conn_log(c->srv, "data channel: closing the connection peer=%s err=%s", c->peer,
-                         err);
+            bw__log_limited(&c->srv->bad_log, BW_LOG_INFO,
+                            "data channel: closing the connection peer=%s err=%s", c->peer, err);
             send_error(&c->sock, NULL, status = BW_INVALID_ARGUMENT, 0, err);
             hang_up = true;
         } else if (rc != BW_OK || (rc = bw__worker_grant_check(w, c->role, req.msg, c->peer, err,
@@ -647,7 +626,8 @@ static int serve_features(conn *c, uint64_t len)
         snprintf(err, sizeof(err),
                  "data channel: a FEATURES request's body is %d bytes (a u64), not %llu",
                  BW_DCHAN_FEATURES_BODY, (unsigned long long)len);
-        bad_conn_log(c->srv, "data channel: closing the connection peer=%s err=%s", c->peer, err);
+        bw__log_limited(&c->srv->bad_log, BW_LOG_INFO,
+                        "data channel: closing the connection peer=%s err=%s", c->peer, err);
         send_error(&c->sock, NULL, BW_PROTOCOL, 0, err);
         return BW_PROTOCOL;
     }
@@ -713,8 +693,9 @@ static int serve_auth(conn *c, uint64_t len)
     rc = bw__auth_check(w->auth, BW_M_DATA_READ_SAMPLES, c->token,
                         c->cert_cn[0] ? c->cert_cn : NULL, &who, err, sizeof(err));
     if (rc != BW_OK) {
-        bad_conn_log(c->srv, "data channel: refused the hello peer=%s code=%s err=%s", c->peer,
-                     bw_err_name(rc), err);
+        bw__log_limited(&c->srv->bad_log, BW_LOG_INFO,
+                        "data channel: refused the hello peer=%s code=%s err=%s", c->peer,
+                        bw_err_name(rc), err);
         char msg[600];
         snprintf(msg, sizeof(msg), "data channel hello: %s", err);
         send_error(&c->sock, NULL, rc, 0, msg);
@@ -749,8 +730,9 @@ static int authorize(conn *c, uint32_t kind, uint64_t len)
     c->role = who.role;
     if (rc == BW_OK)
         return BW_OK;
-    bad_conn_log(c->srv, "data channel: refused a request peer=%s method=%s code=%s err=%s",
-                 c->peer, bw__req_method(kind), bw_err_name(rc), err);
+    bw__log_limited(&c->srv->bad_log, BW_LOG_INFO,
+                    "data channel: refused a request peer=%s method=%s code=%s err=%s", c->peer,
+                    bw__req_method(kind), bw_err_name(rc), err);
     char msg[600];
     snprintf(msg, sizeof(msg), "%s: %s", bw__req_method(kind), err);
     if (discard(c, len) == BW_OK)
@@ -791,7 +773,8 @@ static void *serve(void *arg)
     bool first = true;
     if (c->srv->tls &&
         bw__dsock_tls(&c->sock, c->srv->tls, NULL, hello_by, err, sizeof(err)) != BW_OK) {
-        bad_conn_log(c->srv, "data channel: closing the connection peer=%s err=%s", c->peer, err);
+        bw__log_limited(&c->srv->bad_log, BW_LOG_INFO,
+                        "data channel: closing the connection peer=%s err=%s", c->peer, err);
         ok = false;
     }
     if (ok)
@@ -806,10 +789,10 @@ static void *serve(void *arg)
         uint64_t until = first ? hello_by : idle > 0 ? bw__mono_ms() + (uint64_t)idle : 0;
         int rc = bw__dsock_read_all(&c->sock, h, sizeof(h), until, &got, err, sizeof(err));
         if (rc == BW_TIMEOUT && first)
-            bad_conn_log(c->srv,
-                         "data channel: closing a connection that sent no request peer=%s "
-                         "hello_timeout_ms=%lld",
-                         c->peer, (long long)w->cfg->data_hello_timeout_ms);
+            bw__log_limited(&c->srv->bad_log, BW_LOG_INFO,
+                            "data channel: closing a connection that sent no request peer=%s "
+                            "hello_timeout_ms=%lld",
+                            c->peer, (long long)w->cfg->data_hello_timeout_ms);
         else if (rc == BW_TIMEOUT && !got)
             BW_DEBUG("data channel: closing an idle connection peer=%s idle_ms=%lld", c->peer,
                      (long long)idle);
@@ -824,8 +807,8 @@ static void *serve(void *arg)
         rc = bw__req_header(h, (uint64_t)w->cfg->max_request_bytes, "--max-request-bytes", &kind,
                             &len, err, sizeof(err));
         if (rc != BW_OK) {
-            bad_conn_log(c->srv, "data channel: closing the connection peer=%s err=%s", c->peer,
-                         err);
+            bw__log_limited(&c->srv->bad_log, BW_LOG_INFO,
+                            "data channel: closing the connection peer=%s err=%s", c->peer, err);
             send_error(&c->sock, NULL, rc, 0, err);
             break;
         }

@@ -291,6 +291,23 @@ void bw__invariant_broken(const char *what, const char *file, int line)
     abort();
 }
 
+void bw__log_limited(bw_log_limit *l, bw_log_level level, const char *fmt, ...)
+{
+    uint64_t quiet;
+    if ((int)level > bw__log_max_level || !bw__log_limit_allow(l, &quiet))
+        return;
+    char line[1800];
+    va_list ap;
+    va_start(ap, fmt);
+    /* va_start is the line above: clang-analyzer 14 loses it on some callers' paths. */
+    vsnprintf(line, sizeof(line), fmt, ap); // NOLINT(clang-analyzer-valist.Uninitialized)
+    va_end(ap);
+    if (quiet)
+        bw__log_write(level, "not_logged_before=%llu %s", (unsigned long long)quiet, line);
+    else
+        bw__log_write(level, "%s", line);
+}
+
 bool bw__log_limit_allow(bw_log_limit *l, uint64_t *quiet)
 {
     struct timespec ts;

@@ -79,6 +79,11 @@ typedef struct bw_log_limit {
 } bw_log_limit;
 bool bw__log_limit_allow(bw_log_limit *l, uint64_t *quiet);
 
+/* A line at `level` under the limit l: written when the level is on and l allows it, with
+ * "not_logged_before=N" first when N lines were left out since the last one. */
+void bw__log_limited(bw_log_limit *l, bw_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Parses "error", "warn", "info", "debug"; returns BW_OK or BW_INVALID_ARGUMENT. */
 int bw__log_level_parse(const char *text, bw_log_level *out);
 
