@@ -15,7 +15,9 @@ from proto/ by Debian's protoc), on coordinators with --auth-tokens:
 * a commit acknowledged on the channel survives kill -9 of the coordinator right after the
   answer;
 * a Loader's session (`batchwire fetch --commit`) commits and heartbeats on the channel the
-  coordinator announces in JoinJob, not on the Jobs.Session stream.
+  coordinator announces in JoinJob, not on the Jobs.Session stream; when that channel cannot be
+  reached at the host the session reached the coordinator at, it says so once and commits on
+  the Jobs.Session stream instead, every commit answered.
 """
 
 import os
@@ -278,6 +280,24 @@ def test(tmp):
     coord.stop()
 
     loader_uses_channel(tmp)
+    loader_falls_back(tmp)
+
+
+def loader_falls_back(tmp):
+    """A channel the session cannot reach: the session says so and commits on the stream."""
+    bt.log("===== a Loader's session falls back to the stream =====")
+    # The channel listens on 127.0.0.2 only; the session reached the coordinator at
+    # 127.0.0.1, so its connection to the announced port there is refused.
+    coord, r = loader_commits(tmp, ["--commit-listen", "127.0.0.2:0"],
+                              ["--log-level", "info"])
+    said = [ln for ln in r.stderr.splitlines() if "commit channel" in ln]
+    bt.check(len(said) == 1 and "cannot be used" in said[0],
+             "the session said once that the commit channel cannot be used", said)
+    ends = [ln for ln in coord.log_text().splitlines()
+            if "stream ended method=Jobs.Session" in ln]
+    bt.check(len(ends) == 1 and "code=BW_OK" in ends[0] and
+             int(ends[0].split("messages=")[1].split()[0]) >= 30,
+             "the coordinator answered the 30 commits on one Jobs.Session stream", ends)
 
 
 def loader_uses_channel(tmp):

@@ -229,9 +229,10 @@ def test(tmp):
     loader_uses_stream(tmp)
 
 
-def loader_commits(tmp, args=()):
+def loader_commits(tmp, args=(), fetch_args=()):
     """A coordinator at debug level (with `args`), a worker and `batchwire fetch --commit` of 30
-    steps against them, checked; returns (the coordinator, stopped; fetch's result)."""
+    steps (with `fetch_args`) against them, checked; returns (the coordinator, stopped; fetch's
+    result)."""
     coord = bt.coordinator(tmp, name="coordinator-debug", wait=False,
                            args=["--log-level", "debug", "--lease-ms", "600"] + list(args))
     # At debug level gRPC's own lines come first: the address from the line that names it.
@@ -246,7 +247,7 @@ def loader_commits(tmp, args=()):
             15, what="a live worker")
     r = bt.run([bt.CLI, "fetch", "--coordinator", coord.addr, "--job", "loader", "--dataset",
                 "npy:ds/part-00000.npy", "--rank", "0", "--world-size", "1", "--batch-size", "4",
-                "--commit", "--commit-every", "1", "--max-steps", "30"], timeout=60)
+                "--commit", "--commit-every", "1", "--max-steps", "30", *fetch_args], timeout=60)
     bt.check(r.returncode == 0, "batchwire fetch --commit read 30 steps", r.stderr)
     rk = jr.Jobs(coord.addr).get("loader").ranks[0]
     bt.check(rk.committed and rk.step == 30, "its last commit is step 30", rk)
