@@ -162,6 +162,11 @@ def test(tmpdir):
         bt.check_in("requeueing job %s" % job, out, "the launcher requeued the job itself")
         check_mid_epoch(checkpoint(run_dir), 0, "after SIGUSR1")
         check_daemons_stopped(run_dir, 0)
+        with open(os.path.join(run_dir, "logs", "coordinator.0.log")) as f:
+            coord_log = f.read()
+        bt.check(re.search(r"commit channel on 127\.0\.0\.1:\d+", coord_log),
+                 "the coordinator served the trainers' commit channel (BW_COMMIT_PORT's default)",
+                 coord_log[:2000])
         auth = os.path.join(run_dir, "auth")
         bt.check(stat.S_IMODE(os.stat(auth).st_mode) == 0o700 and
                  all(stat.S_IMODE(os.stat(p).st_mode) == 0o600
