@@ -93,6 +93,12 @@ typedef struct bw__pview {
     size_t n;
     char **ids; /* live worker ids at `version` */
     bool stale; /* a request carried a newer version: fetch soon */
+    /* Whose each shard is under this table, as bw__pview_check found it (0 not yet, 1 self's,
+     * 2 another's), for `owners_shards` shards and the worker `owners_self`; reset with the
+     * table. A request's shards take a lookup each, not a rendezvous score per worker. */
+    uint8_t *owners;
+    uint32_t owners_shards;
+    char *owners_self;
 } bw__pview;
 
 void bw__pview_init(bw__pview *v);

@@ -13,6 +13,15 @@ void bw__pview_init(bw__pview *v)
     pthread_mutex_init(&v->mu, NULL);
 }
 
+static void forget_owners(bw__pview *v)
+{
+    free(v->owners);
+    free(v->owners_self);
+    v->owners = NULL;
+    v->owners_self = NULL;
+    v->owners_shards = 0;
+}
+
 static void clear(bw__pview *v)
 {
     for (size_t i = 0; i < v->n; i++)
@@ -20,6 +29,7 @@ static void clear(bw__pview *v)
     free(v->ids);
     v->ids = NULL;
     v->n = 0;
+    forget_owners(v);
 }
 
 void bw__pview_destroy(bw__pview *v)
@@ -67,29 +77,35 @@ int bw__pview_check(bw__pview *v, const char *self, const Batchwire__V1__Routing
         pthread_mutex_unlock(&v->mu);
         return BW_OK;
     }
-    /* memo: 0 unknown, 1 mine, 2 another's */
-    uint8_t *memo = calloc(rt->num_shards, 1);
-    if (!memo) {
-        pthread_mutex_unlock(&v->mu);
-        snprintf(err, errlen, "out of memory for the owners of %u shards", rt->num_shards);
-        return BW_NOMEM;
+    /* Under v->mu: the owners found so far for this table, this many shards and this worker. */
+    if (v->owners_shards != rt->num_shards || !v->owners_self || strcmp(v->owners_self, self)) {
+        forget_owners(v);
+        v->owners = calloc(rt->num_shards, 1);
+        v->owners_self = strdup(self);
+        if (!v->owners || !v->owners_self) {
+            forget_owners(v);
+            pthread_mutex_unlock(&v->mu);
+            snprintf(err, errlen, "out of memory for the owners of %u shards", rt->num_shards);
+            return BW_NOMEM;
+        }
+        v->owners_shards = rt->num_shards;
     }
+    uint8_t *owners = v->owners;
     for (size_t i = 0; i < n && rc == BW_OK; i++) {
         uint32_t s = shards[i];
-        if (!memo[s]) {
-            size_t o = bw__placement_owner((const char *const *)v->ids, v->n, s);
-            memo[s] = strcmp(v->ids[o], self) == 0 ? 1 : 2;
-            if (memo[s] == 2) {
-                snprintf(err, errlen,
-                         "shard %u of %u is owned by worker %s, not %s, under placement version "
-                         "%llu (the request was routed with version %llu): refresh placement",
-                         s, rt->num_shards, v->ids[o], self, (unsigned long long)v->version,
-                         (unsigned long long)rt->placement_version);
-                rc = BW_WRONG_OWNER;
-            }
+        if (owners[s] == 1)
+            continue;
+        size_t o = bw__placement_owner((const char *const *)v->ids, v->n, s);
+        owners[s] = strcmp(v->ids[o], self) == 0 ? 1 : 2;
+        if (owners[s] == 2) {
+            snprintf(err, errlen,
+                     "shard %u of %u is owned by worker %s, not %s, under placement version "
+                     "%llu (the request was routed with version %llu): refresh placement",
+                     s, rt->num_shards, v->ids[o], self, (unsigned long long)v->version,
+                     (unsigned long long)rt->placement_version);
+            rc = BW_WRONG_OWNER;
         }
     }
-    free(memo);
     pthread_mutex_unlock(&v->mu);
     return rc;
 }
