@@ -78,7 +78,8 @@ int bw__pview_check(bw__pview *v, const char *self, const Batchwire__V1__Routing
         return BW_OK;
     }
     /* Under v->mu: the owners found so far for this table, this many shards and this worker. */
-    if (v->owners_shards != rt->num_shards || !v->owners_self || strcmp(v->owners_self, self)) {
+    if (v->owners_shards != rt->num_shards || !v->owners_self ||
+        strcmp(v->owners_self, self) != 0) {
         forget_owners(v);
         v->owners = calloc(rt->num_shards, 1);
         v->owners_self = strdup(self);
