@@ -1311,12 +1311,15 @@ static void bench_ranks(void)
     printf("metrics at %d ranks: one scrape of /metrics %.3f s, %zu bytes, %zu lines\n", nranks, tm,
            bytes, lines);
 
-    /* Every lease must still be live. */
+    /* Every lease must still be live. On a fresh connection: nothing polled cs[] while the
+     * ranks heartbeat over the commit channel, so the coordinator's keepalive pings went
+     * unanswered and it closed them ("Socket closed"). */
     Batchwire__V1__GetJobRequest g = BATCHWIRE__V1__GET_JOB_REQUEST__INIT;
     g.name = "ranks";
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    conn *gc = conn_open();
     slot s;
-    slot_start(&s, cs[0], cq, BW_M_JOBS_GET, &g.base, 30000);
+    slot_start(&s, gc, cq, BW_M_JOBS_GET, &g.base, 30000);
     next_event(cq, now_s() + 60);
     char err[1024];
     ProtobufCMessage *resp;
@@ -1331,6 +1334,7 @@ static void bench_ranks(void)
     printf("ranks: %zu of %d leases live at the end\n", live, nranks);
     protobuf_c_message_free_unpacked(resp, NULL);
     drain_cq(cq);
+    conn_close(gc);
     free(ranks);
     for (int i = 0; i < nconn; i++)
         conn_close(cs[i]);
