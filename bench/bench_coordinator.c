@@ -1030,7 +1030,7 @@ static size_t hb_events(hb_ctx *x, grpc_completion_queue *cq, int ep, double unt
         Batchwire__V1__SessionResponse *r;
         while (cchan_take(k->in, sizeof(k->in), &k->len, &r)) {
             uint64_t id = r ? r->id : UINT64_MAX;
-            if (id < x->first || id - x->first >= x->count || !x->ranks[id].busy) {
+            if (!r || id < x->first || id - x->first >= x->count || !x->ranks[id].busy) {
                 fprintf(stderr,
                         "bench: commit channel: an answer to no heartbeat sent (id %" PRIu64 ")\n",
                         id);
@@ -1050,6 +1050,8 @@ static size_t hb_events(hb_ctx *x, grpc_completion_queue *cq, int ep, double unt
 static void *hb_thread(void *arg)
 {
     hb_ctx *x = arg;
+    if (x->count == 0 || (x->via == VIA_CCHAN && x->ncc == 0))
+        abort(); /* run_heartbeats gives every thread ranks and connections */
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
     int ep = -1;
     if (x->via == VIA_CCHAN) {
