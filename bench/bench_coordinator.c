@@ -1,10 +1,14 @@
 /*
  * Coordinator benchmark: starts build/bin/batchwire-coordinator on a fresh state directory
  * (under /var/tmp: a real disk, not tmpfs) and measures, over gRPC on loopback,
- * Phases 1 and 2 run twice: over unary calls (the baseline) and with each rank's commits or
- * heartbeats as messages on a Jobs.Session stream of its own, as a Loader sends them; phase 1
- * also a third time, over the coordinator's commit channel (--commit-listen: the same
- * SessionRequest in a framed plain TCP connection per trainer; server/commit_channel.h).
+ * Phases 1 and 2 run three times: over unary calls (the baseline), with each rank's commits or
+ * heartbeats as messages on a Jobs.Session stream of its own, as a Loader sends them, and over
+ * the coordinator's commit channel (--commit-listen: the same SessionRequest in framed plain
+ * TCP; server/commit_channel.h). Phase 1 opens a channel connection per trainer. Phase 2's
+ * ranks share --connections channel connections (64 by default), as a trainer process with
+ * many ranks could: the channel's hello only authenticates the connection and every frame
+ * names its own job, rank and lease (docs/operating.md, "Commit channel"), so nothing binds a
+ * rank to a connection, and 10,000 connections would measure sockets, not heartbeats.
  *   1. acknowledged CommitCursor calls per second (each acknowledged only after fdatasync;
  *      concurrent commits share one fsync) with 1 and with T concurrent trainers. Every
  *      trainer is a rank of its own with its own lease and keeps exactly one commit
@@ -639,6 +643,55 @@ typedef struct commit_ctx {
         me_end; /* when its last commit was answered (before the streams close) */
 } commit_ctx;
 
+/* Sends m as one SESSION frame on a commit-channel connection. */
+static void cchan_send(int fd, Batchwire__V1__SessionRequest *m)
+{
+    uint8_t frame[1024];
+    size_t n = protobuf_c_message_get_packed_size(&m->base);
+    if (n + BW_DCHAN_REQ_HEADER > sizeof(frame))
+        abort();
+    bw__dchan_put_req_header(frame, BW_DCHAN_KIND_SESSION, n);
+    protobuf_c_message_pack(&m->base, frame + BW_DCHAN_REQ_HEADER);
+    if (send(fd, frame, n + BW_DCHAN_REQ_HEADER, MSG_NOSIGNAL) !=
+        (ssize_t)(n + BW_DCHAN_REQ_HEADER)) {
+        fprintf(stderr, "bench: commit channel send: %s\n", strerror(errno));
+        exit(1);
+    }
+}
+
+/* Appends what fd has to buf (*len of cap bytes held); exits if the connection closed. */
+static void cchan_recv(int fd, uint8_t *buf, size_t cap, size_t *len)
+{
+    ssize_t r = recv(fd, buf + *len, cap - *len, 0);
+    if (r <= 0) {
+        fprintf(stderr, "bench: commit channel connection: %s\n",
+                r == 0 ? "closed" : strerror(errno));
+        exit(1);
+    }
+    *len += (size_t)r;
+}
+
+/* Takes the first whole ANSWER frame out of buf: *resp its SessionResponse (NULL: none could be
+ * decoded); false when no whole frame is held yet. Exits on another frame type. */
+static bool cchan_take(uint8_t *buf, size_t cap, size_t *len, Batchwire__V1__SessionResponse **resp)
+{
+    if (*len < BW_DCHAN_FRAME_HEADER)
+        return false;
+    bw_dchan_frame f;
+    bw__dchan_get_frame(buf, &f);
+    size_t whole = BW_DCHAN_FRAME_HEADER + (size_t)f.a;
+    if (f.a > cap - BW_DCHAN_FRAME_HEADER || f.type != BW_DCHAN_ANSWER) {
+        fprintf(stderr, "bench: commit channel: frame type %u code %d\n", f.type, (int)f.code);
+        exit(1);
+    }
+    if (*len < whole)
+        return false;
+    *resp = batchwire__v1__session_response__unpack(NULL, (size_t)f.a, buf + BW_DCHAN_FRAME_HEADER);
+    memmove(buf, buf + whole, *len - whole);
+    *len -= whole;
+    return true;
+}
+
 static void start_commit(commit_ctx *x, rank_agent *a, grpc_completion_queue *cq)
 {
     Batchwire__V1__Cursor cur = BATCHWIRE__V1__CURSOR__INIT;
@@ -663,18 +716,8 @@ static void start_commit(commit_ctx *x, rank_agent *a, grpc_completion_queue *cq
         m.id = a->step;
         m.op_case = BATCHWIRE__V1__SESSION_REQUEST__OP_COMMIT;
         m.commit = &req;
-        uint8_t frame[1024];
-        size_t n = protobuf_c_message_get_packed_size(&m.base);
-        if (n + BW_DCHAN_REQ_HEADER > sizeof(frame))
-            abort();
-        bw__dchan_put_req_header(frame, BW_DCHAN_KIND_SESSION, n);
-        protobuf_c_message_pack(&m.base, frame + BW_DCHAN_REQ_HEADER);
         a->ct0 = now_s();
-        if (send(a->cfd, frame, n + BW_DCHAN_REQ_HEADER, MSG_NOSIGNAL) !=
-            (ssize_t)(n + BW_DCHAN_REQ_HEADER)) {
-            fprintf(stderr, "bench: commit channel send: %s\n", strerror(errno));
-            exit(1);
-        }
+        cchan_send(a->cfd, &m);
     } else if (x->via == VIA_STREAM)
         slot_start_msg(&a->s, &a->st, a->c, cq, BW_M_JOBS_COMMIT_CURSOR, &req.base);
     else
@@ -686,27 +729,10 @@ static void start_commit(commit_ctx *x, rank_agent *a, grpc_completion_queue *cq
  * ANSWER frame (a trainer has one outstanding). Returns the answers handled. */
 static int cchan_answers(commit_ctx *x, rank_agent *a)
 {
-    ssize_t r = recv(a->cfd, a->cin + a->cin_len, sizeof(a->cin) - a->cin_len, 0);
-    if (r <= 0) {
-        fprintf(stderr, "bench: commit channel of rank %u: %s\n", a->rank,
-                r == 0 ? "closed" : strerror(errno));
-        exit(1);
-    }
-    a->cin_len += (size_t)r;
+    cchan_recv(a->cfd, a->cin, sizeof(a->cin), &a->cin_len);
     int handled = 0;
-    while (a->cin_len >= BW_DCHAN_FRAME_HEADER) {
-        bw_dchan_frame f;
-        bw__dchan_get_frame(a->cin, &f);
-        size_t whole = BW_DCHAN_FRAME_HEADER + (size_t)f.a;
-        if (f.a > sizeof(a->cin) - BW_DCHAN_FRAME_HEADER || (f.type != BW_DCHAN_ANSWER)) {
-            fprintf(stderr, "bench: commit channel of rank %u: frame type %u code %d\n", a->rank,
-                    f.type, (int)f.code);
-            exit(1);
-        }
-        if (a->cin_len < whole)
-            break;
-        Batchwire__V1__SessionResponse *resp = batchwire__v1__session_response__unpack(
-            NULL, (size_t)f.a, a->cin + BW_DCHAN_FRAME_HEADER);
+    Batchwire__V1__SessionResponse *resp;
+    while (cchan_take(a->cin, sizeof(a->cin), &a->cin_len, &resp)) {
         if (!resp || (resp->error_code && resp->error_code[0])) {
             fprintf(stderr, "bench: CommitCursor of rank %u on the commit channel: %s\n", a->rank,
                     resp ? resp->error_message : "no SessionResponse");
@@ -717,8 +743,6 @@ static int cchan_answers(commit_ctx *x, rank_agent *a)
         }
         if (resp)
             protobuf_c_message_free_unpacked(&resp->base, NULL);
-        memmove(a->cin, a->cin + whole, a->cin_len - whole);
-        a->cin_len -= whole;
         handled++;
     }
     return handled;
@@ -759,23 +783,30 @@ static void commit_thread_cchan(commit_ctx *x)
     close(ep);
 }
 
-/* A commit-channel connection for each rank, its hello answered (an open coordinator: no
- * token). */
+/* A commit-channel connection, its hello answered (an open coordinator: no token); i names it
+ * in an error. */
+static int cchan_open(uint32_t i)
+{
+    char err[512] = "";
+    int fd = -1;
+    uint8_t h[BW_DCHAN_REQ_HEADER], f[BW_DCHAN_FRAME_HEADER];
+    bw__dchan_put_req_header(h, BW_DCHAN_KIND_AUTH, 0);
+    if (bw__sock_connect(cchan_addr, 5000, &fd, err, sizeof(err)) != BW_OK ||
+        send(fd, h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h) ||
+        bw__sock_read_all(fd, f, sizeof(f), 0, NULL, err, sizeof(err)) != BW_OK ||
+        f[0] != BW_DCHAN_END) {
+        fprintf(stderr, "bench: commit channel %s: hello of connection %u failed: %s\n", cchan_addr,
+                i, err);
+        exit(1);
+    }
+    return fd;
+}
+
+/* A commit-channel connection for each rank. */
 static void cchan_connect(rank_agent *ranks, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++) {
-        char err[512];
-        uint8_t h[BW_DCHAN_REQ_HEADER], f[BW_DCHAN_FRAME_HEADER];
-        bw__dchan_put_req_header(h, BW_DCHAN_KIND_AUTH, 0);
-        if (bw__sock_connect(cchan_addr, 5000, &ranks[i].cfd, err, sizeof(err)) != BW_OK ||
-            send(ranks[i].cfd, h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h) ||
-            bw__sock_read_all(ranks[i].cfd, f, sizeof(f), 0, NULL, err, sizeof(err)) != BW_OK ||
-            f[0] != BW_DCHAN_END) {
-            fprintf(stderr, "bench: commit channel %s: hello of rank %u failed: %s\n", cchan_addr,
-                    i, err);
-            exit(1);
-        }
-    }
+    for (uint32_t i = 0; i < n; i++)
+        ranks[i].cfd = cchan_open(i);
 }
 
 static void *commit_thread(void *arg)
@@ -906,6 +937,13 @@ static void bench_commits(uint32_t world, int via)
 
 /* ---- 2. many ranks: joins, heartbeats ---- */
 
+/* A commit-channel connection phase 2's ranks share, and the answers read from it. */
+typedef struct hb_conn {
+    int fd;
+    uint8_t in[1 << 16];
+    size_t len;
+} hb_conn;
+
 typedef struct hb_ctx {
     rank_agent *ranks;
     size_t first, count;
@@ -914,13 +952,15 @@ typedef struct hb_ctx {
     uint64_t beats, failures, skipped;
     double max_lat;
     lats lat;
-    bool streams;                  /* heartbeats as Jobs.Session messages */
+    int via;     /* VIA_UNARY, VIA_STREAM, VIA_CCHAN */
+    hb_conn *cc; /* VIA_CCHAN: this thread's connections */
+    size_t ncc;
     double t_end, cpu_end, me_end; /* when its last beat was answered (before the streams close) */
 } hb_ctx;
 
 /* Each heartbeat carries the rank's progress, as a Loader's does (20 batches of 32 samples of
  * 4 KiB since the last; every 50th rank runs at half speed, so that lags show). */
-static void start_heartbeat(rank_agent *a, grpc_completion_queue *cq, bool streams)
+static void start_heartbeat(rank_agent *a, grpc_completion_queue *cq, int via)
 {
     a->step += a->rank % 50 == 7 ? 10 : 20;
     Batchwire__V1__RankLive live = BATCHWIRE__V1__RANK_LIVE__INIT;
@@ -938,32 +978,92 @@ static void start_heartbeat(rank_agent *a, grpc_completion_queue *cq, bool strea
     req.lease_id_hi = a->lease_hi;
     a->s.owner = a;
     a->busy = true;
-    if (streams)
+    if (via == VIA_CCHAN) {
+        Batchwire__V1__SessionRequest m = BATCHWIRE__V1__SESSION_REQUEST__INIT;
+        m.id = a->rank; /* one beat outstanding a rank: its answer names the rank */
+        m.op_case = BATCHWIRE__V1__SESSION_REQUEST__OP_HEARTBEAT;
+        m.heartbeat = &req;
+        a->ct0 = now_s();
+        cchan_send(a->cfd, &m);
+    } else if (via == VIA_STREAM)
         slot_start_msg(&a->s, &a->st, a->c, cq, BW_M_JOBS_LEASE_HEARTBEAT, &req.base);
     else
         slot_start(&a->s, a->c, cq, BW_M_JOBS_LEASE_HEARTBEAT, &req.base, 10000);
 }
 
-static void end_heartbeat(hb_ctx *x, slot *s)
+/* Counts one answered beat of a, taken dt seconds; err: why it failed (NULL: it did not). */
+static void beat_done(hb_ctx *x, rank_agent *a, double dt, const char *err)
 {
-    rank_agent *a = s->owner;
-    double dt = now_s() - s->t0;
-    char err[1024];
     a->busy = false;
     x->beats++;
-    if (slot_end(s, false, NULL, err, sizeof(err)) != GRPC_STATUS_OK) {
-        if (x->failures++ == 0)
-            fprintf(stderr, "bench: LeaseHeartbeat of rank %u: %s\n", a->rank, err);
-    }
+    if (err && x->failures++ == 0)
+        fprintf(stderr, "bench: LeaseHeartbeat of rank %u: %s\n", a->rank, err);
     x->max_lat = dt > x->max_lat ? dt : x->max_lat;
     lats_add(&x->lat, dt);
+}
+
+static void end_heartbeat(hb_ctx *x, slot *s)
+{
+    double dt = now_s() - s->t0;
+    char err[1024];
+    bool ok = slot_end(s, false, NULL, err, sizeof(err)) == GRPC_STATUS_OK;
+    beat_done(x, s->owner, dt, ok ? NULL : err);
+}
+
+/* Handles the beats answered before `until` (or the first that are): over gRPC one completion,
+ * over the channel one epoll_wait's worth (ep: this thread's connections). Returns how many. */
+static size_t hb_events(hb_ctx *x, grpc_completion_queue *cq, int ep, double until)
+{
+    if (x->via != VIA_CCHAN) {
+        slot *s = next_event(cq, until);
+        if (s)
+            end_heartbeat(x, s);
+        return s ? 1 : 0;
+    }
+    struct epoll_event evs[64];
+    double wait = until - now_s();
+    int n = epoll_wait(ep, evs, 64, wait > 0 ? (int)(wait * 1000) + 1 : 0);
+    size_t handled = 0;
+    for (int i = 0; i < n; i++) {
+        hb_conn *k = evs[i].data.ptr;
+        cchan_recv(k->fd, k->in, sizeof(k->in), &k->len);
+        Batchwire__V1__SessionResponse *r;
+        while (cchan_take(k->in, sizeof(k->in), &k->len, &r)) {
+            uint64_t id = r ? r->id : UINT64_MAX;
+            if (!r || id < x->first || id - x->first >= x->count || !x->ranks[id].busy) {
+                fprintf(stderr,
+                        "bench: commit channel: an answer to no heartbeat sent (id %" PRIu64 ")\n",
+                        id);
+                exit(1);
+            }
+            rank_agent *a = &x->ranks[id];
+            beat_done(x, a, now_s() - a->ct0,
+                      r->error_code && r->error_code[0] ? r->error_message : NULL);
+            protobuf_c_message_free_unpacked(&r->base, NULL);
+            handled++;
+        }
+    }
+    return handled;
 }
 
 /* Each rank heartbeats every period_ms, the thread's ranks spread evenly over the interval. */
 static void *hb_thread(void *arg)
 {
     hb_ctx *x = arg;
+    if (x->count == 0 || (x->via == VIA_CCHAN && x->ncc == 0))
+        abort(); /* run_heartbeats gives every thread ranks and connections */
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    int ep = -1;
+    if (x->via == VIA_CCHAN) {
+        ep = epoll_create1(0);
+        for (size_t j = 0; j < x->ncc; j++) {
+            struct epoll_event ev = {EPOLLIN, {.ptr = &x->cc[j]}};
+            if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, x->cc[j].fd, &ev) != 0)
+                abort();
+        }
+        for (size_t i = 0; i < x->count; i++)
+            x->ranks[x->first + i].cfd = x->cc[i % x->ncc].fd;
+    }
     double period = x->period_ms / 1000.0;
     size_t out = 0;
     for (uint64_t n = 0;; n++) {
@@ -976,31 +1076,25 @@ static void *hb_thread(void *arg)
             double now = now_s();
             if (now >= due)
                 break;
-            slot *s = next_event(cq, due);
-            if (s) {
-                end_heartbeat(x, s);
-                out--;
-            }
+            out -= hb_events(x, cq, ep, due);
         }
         rank_agent *a = &x->ranks[x->first + i];
         if (a->busy) {
             x->skipped++; /* the previous beat has not been answered yet */
             continue;
         }
-        start_heartbeat(a, cq, x->streams);
+        start_heartbeat(a, cq, x->via);
         out++;
     }
-    while (out > 0) {
-        slot *s = next_event(cq, now_s() + 30);
-        if (!s)
-            break;
-        end_heartbeat(x, s);
-        out--;
-    }
+    for (double last = now_s() + 30; out > 0 && now_s() < last;)
+        out -= hb_events(x, cq, ep, last);
     x->t_end = now_s();
     x->cpu_end = coord_cpu_s();
     x->me_end = self_cpu_s();
-    close_rank_streams(x->ranks, x->first, x->count, cq);
+    if (ep >= 0)
+        close(ep);
+    else
+        close_rank_streams(x->ranks, x->first, x->count, cq);
     drain_cq(cq);
     return NULL;
 }
@@ -1096,12 +1190,19 @@ static double self_cpu_s(void)
            (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec / 1e6;
 }
 
-/* The ranks heartbeat for --seconds, over unary calls or their streams; one line of figures. */
-static void run_heartbeats(rank_agent *ranks, bool streams)
+/* The ranks heartbeat for --seconds, over unary calls, their streams or the commit channel
+ * (--connections connections, 64 by default, shared by the ranks: the header comment says
+ * why); one line of figures. */
+static void run_heartbeats(rank_agent *ranks, int via)
 {
     int k = client_threads;
     hb_ctx *xs = xcalloc((size_t)k, sizeof(*xs));
     pthread_t *ts = xcalloc((size_t)k, sizeof(*ts));
+    int ncc = connections > 0 ? connections : 64;
+    ncc = ncc > nranks ? nranks : ncc < k ? k : ncc;
+    hb_conn *cc = via == VIA_CCHAN ? xcalloc((size_t)ncc, sizeof(*cc)) : NULL;
+    for (int j = 0; cc && j < ncc; j++)
+        cc[j].fd = cchan_open((uint32_t)j);
     /* The interval a Loader keeps after its first heartbeat: the coordinator tells every lease
      * the length for all the leases held (docs/operating.md, "Leases at scale"), which the
      * last join was told; the first joins were told less, before the others came. */
@@ -1119,7 +1220,13 @@ static void run_heartbeats(rank_agent *ranks, bool streams)
         xs[i].start = start;
         xs[i].until = start + hb_seconds;
         xs[i].period_ms = period_ms;
-        xs[i].streams = streams;
+        xs[i].via = via;
+        if (cc) { /* this thread's share of the connections */
+            size_t c0 = (size_t)ncc * (size_t)i / (size_t)k,
+                   c1 = (size_t)ncc * (size_t)(i + 1) / (size_t)k;
+            xs[i].cc = cc + c0;
+            xs[i].ncc = c1 - c0;
+        }
         pthread_create(&ts[i], NULL, hb_thread, &xs[i]);
     }
     uint64_t beats = 0, failures = 0, skipped = 0;
@@ -1141,17 +1248,24 @@ static void run_heartbeats(rank_agent *ranks, bool streams)
     }
     double window = t1 - w0, hb_cpu = cpu1 - cpu0, me = me1 - me0;
     double hp50 = lats_ms(&all, 0.5), hp99 = lats_ms(&all, 0.99);
+    char over[96];
+    snprintf(over, sizeof(over), "%s",
+             via == VIA_UNARY ? "unary calls" : "a Jobs.Session stream each");
+    if (via == VIA_CCHAN)
+        snprintf(over, sizeof(over), "the commit channel (%d connections)", ncc);
     printf("ranks: %d ranks heartbeating over %s every %u ms for %d s: %" PRIu64
            " heartbeats (%.0f/s), %" PRIu64 " failed, %" PRIu64
            " skipped (previous unanswered), p50 %.2f ms, p99 %.2f ms, slowest %.2f ms; "
            "coordinator CPU %.2f s in %.1f s = %.1f%% of one core (%.1f us/heartbeat); client "
            "CPU %.1f us/heartbeat\n",
-           nranks, streams ? "a Jobs.Session stream each" : "unary calls", period_ms, hb_seconds,
-           beats, (double)beats / window, failures, skipped, hp50, hp99, max_lat * 1e3, hb_cpu,
-           window, 100.0 * hb_cpu / window, beats ? hb_cpu / (double)beats * 1e6 : 0.0,
-           beats ? me / (double)beats * 1e6 : 0.0);
+           nranks, over, period_ms, hb_seconds, beats, (double)beats / window, failures, skipped,
+           hp50, hp99, max_lat * 1e3, hb_cpu, window, 100.0 * hb_cpu / window,
+           beats ? hb_cpu / (double)beats * 1e6 : 0.0, beats ? me / (double)beats * 1e6 : 0.0);
     fflush(stdout);
     free(all.v);
+    for (int j = 0; cc && j < ncc; j++)
+        close(cc[j].fd);
+    free(cc);
     free(xs);
     free(ts);
 }
@@ -1176,8 +1290,9 @@ static void bench_ranks(void)
            nranks, join_s, nranks / join_s, join_window, join_cpu / nranks * 1e6);
     fflush(stdout);
 
-    run_heartbeats(ranks, false);
-    run_heartbeats(ranks, true);
+    run_heartbeats(ranks, VIA_UNARY);
+    run_heartbeats(ranks, VIA_STREAM);
+    run_heartbeats(ranks, VIA_CCHAN);
 
     /* 3. status and metrics with the ranks held */
     char exe[1100], json_out[1100];
@@ -1198,12 +1313,15 @@ static void bench_ranks(void)
     printf("metrics at %d ranks: one scrape of /metrics %.3f s, %zu bytes, %zu lines\n", nranks, tm,
            bytes, lines);
 
-    /* Every lease must still be live. */
+    /* Every lease must still be live. On a fresh connection: nothing polled cs[] while the
+     * ranks heartbeat over the commit channel, so the coordinator's keepalive pings went
+     * unanswered and it closed them ("Socket closed"). */
     Batchwire__V1__GetJobRequest g = BATCHWIRE__V1__GET_JOB_REQUEST__INIT;
     g.name = "ranks";
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    conn *gc = conn_open();
     slot s;
-    slot_start(&s, cs[0], cq, BW_M_JOBS_GET, &g.base, 30000);
+    slot_start(&s, gc, cq, BW_M_JOBS_GET, &g.base, 30000);
     next_event(cq, now_s() + 60);
     char err[1024];
     ProtobufCMessage *resp;
@@ -1218,6 +1336,7 @@ static void bench_ranks(void)
     printf("ranks: %zu of %d leases live at the end\n", live, nranks);
     protobuf_c_message_free_unpacked(resp, NULL);
     drain_cq(cq);
+    conn_close(gc);
     free(ranks);
     for (int i = 0; i < nconn; i++)
         conn_close(cs[i]);
