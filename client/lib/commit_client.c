@@ -92,6 +92,23 @@ static int send_frame(bw__cchan_client *c, uint32_t kind, const void *body, size
     return bw__dsock_writev_all(&c->sock, iov, len ? 2 : 1, deadline, err, errlen);
 }
 
+/* Sends a frame of `kind` and reads the answer into *f and *body (the caller frees *body): BW_OK
+ * when it is a frame of type `want`, else BW_PROTOCOL naming `what` was answered otherwise. */
+static int exchange(bw__cchan_client *c, uint32_t kind, const void *out, size_t n, uint32_t want,
+                    const char *what, uint64_t deadline, bw_dchan_frame *f, uint8_t **body,
+                    char *err, size_t errlen)
+{
+    int rc = send_frame(c, kind, out, n, deadline, err, errlen);
+    if (rc == BW_OK)
+        rc = read_frame(c, deadline, f, body, err, errlen);
+    if (rc == BW_OK && f->type != want) {
+        snprintf(err, errlen, "commit channel at %s: %s answered with frame type %u", c->address,
+                 what, f->type);
+        rc = BW_PROTOCOL;
+    }
+    return rc;
+}
+
 int bw__cchan_client_connect(bw__cchan_client *c, int timeout_ms, char *err, size_t errlen)
 {
     cclose(c);
@@ -102,17 +119,11 @@ int bw__cchan_client_connect(bw__cchan_client *c, int timeout_ms, char *err, siz
     if (rc == BW_OK && c->tls)
         rc = bw__dsock_tls(&c->sock, c->tls, c->tls_host, deadline, err, errlen);
     const char *tok = c->token ? c->token : "";
-    if (rc == BW_OK)
-        rc = send_frame(c, BW_DCHAN_KIND_AUTH, tok, strlen(tok), deadline, err, errlen);
     bw_dchan_frame f;
     uint8_t *body = NULL;
     if (rc == BW_OK)
-        rc = read_frame(c, deadline, &f, &body, err, errlen);
-    if (rc == BW_OK && f.type != BW_DCHAN_END) {
-        snprintf(err, errlen, "commit channel at %s: the hello was answered with frame type %u",
-                 c->address, f.type);
-        rc = BW_PROTOCOL;
-    }
+        rc = exchange(c, BW_DCHAN_KIND_AUTH, tok, strlen(tok), BW_DCHAN_END, "the hello was",
+                      deadline, &f, &body, err, errlen);
     free(body);
     if (rc != BW_OK)
         cclose(c);
@@ -133,18 +144,12 @@ int bw__cchan_client_call(bw__cchan_client *c, const Batchwire__V1__SessionReque
         return BW_NOMEM;
     }
     protobuf_c_message_pack(&req->base, buf);
-    int rc = send_frame(c, BW_DCHAN_KIND_SESSION, buf, n, deadline, err, errlen);
-    if (buf != small)
-        free(buf);
     bw_dchan_frame f;
     uint8_t *body = NULL;
-    if (rc == BW_OK)
-        rc = read_frame(c, deadline, &f, &body, err, errlen);
-    if (rc == BW_OK && f.type != BW_DCHAN_ANSWER) {
-        snprintf(err, errlen, "commit channel at %s: a request answered with frame type %u",
-                 c->address, f.type);
-        rc = BW_PROTOCOL;
-    }
+    int rc = exchange(c, BW_DCHAN_KIND_SESSION, buf, n, BW_DCHAN_ANSWER, "a request was", deadline,
+                      &f, &body, err, errlen);
+    if (buf != small)
+        free(buf);
     if (rc == BW_OK &&
         !(*resp = batchwire__v1__session_response__unpack(&a->pb, (size_t)f.a, body))) {
         snprintf(err, errlen, "commit channel at %s: an answer of %llu bytes is no SessionResponse",
