@@ -672,8 +672,12 @@ int bw__cchan_start(bw_coordinator *co, const char *addr, bw_cchan **out, char *
         struct bw_tls_server_files files = {cm->tls_cert, cm->tls_key, cm->tls_client_ca};
         rc = bw__dchan_tls_server_ctx(&files, &s->tls, err, errlen);
     }
-    if (rc == BW_OK)
-        rc = bw__sock_listen(addr, &s->lfd, &s->port, err, errlen);
+    if (rc == BW_OK) {
+        char why[512];
+        rc = bw__sock_listen(addr, &s->lfd, &s->port, why, sizeof(why));
+        if (rc != BW_OK) /* which of the coordinator's listeners it was */
+            snprintf(err, errlen, "--commit-listen: %s", why);
+    }
     if (rc == BW_OK && fcntl(s->lfd, F_SETFL, fcntl(s->lfd, F_GETFL) | O_NONBLOCK) != 0) {
         snprintf(err, errlen, "commit channel on %s: %s", addr, strerror(errno));
         rc = BW_INTERNAL;

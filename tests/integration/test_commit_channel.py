@@ -25,6 +25,7 @@ import signal
 import socket
 import ssl
 import struct
+import tempfile
 
 import re
 
@@ -129,6 +130,14 @@ def test(tmp):
     path = os.path.join(tmp, "principals")
     write_tokens(path, TOKENS)
     coord = start(tmp, path, "coordinator")
+
+    bt.log("===== a second coordinator on the same commit port =====")
+    r = bt.run([bt.COORDINATOR, "--listen", "127.0.0.1:0", "--state-dir",
+                tempfile.mkdtemp(prefix="state-", dir=tmp), "--commit-listen", coord.cchan],
+               timeout=30)
+    bt.check(r.returncode != 0 and "--commit-listen" in r.stderr and "in use" in r.stderr,
+             "a coordinator whose --commit-listen address is taken exits naming the flag",
+             (r.returncode, r.stderr[-600:]))
     alice = jr.Jobs(coord.addr, token=TOKENS["alice"][1])
     bob = jr.Jobs(coord.addr, token=TOKENS["bob"][1])
     fp = alice.create("a", world=2).job.fingerprint
