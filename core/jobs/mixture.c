@@ -424,12 +424,12 @@ static uint64_t left_position(const node *n, uint64_t k)
 }
 
 /*
- * A node's merge walked forward (bw__mixture_at_many): the batch's positions at a node mostly
- * follow each other closely (consecutive in accelerate mode and at world size 1, R apart in
- * torch mode at R ranks), so the node keeps where the last one stood -- c left and m right
- * elements before position p, and the keys of left c and right m -- and reaches a nearby
- * later position by merging forward, a key comparison per element, instead of the O(1) but
- * division-heavy random access.
+ * A node's merge walked forward (bw__mixture_at_many): the positions of a batch's items at a
+ * node mostly follow each other closely (consecutive in accelerate mode and at world size 1,
+ * R apart in torch mode at R ranks), so the node keeps where the last one stood -- c left and
+ * m right elements before position p, and the keys of left c and right m -- and reaches a
+ * nearby later position by merging forward, a key comparison and a key per element, instead
+ * of the O(1) but division-heavy random access.
  */
 typedef struct key160 { /* a key (2^32 k + jitter) x F < 2^160, as top x 2^64 + low */
     u128 top;
@@ -438,14 +438,12 @@ typedef struct key160 { /* a key (2^32 k + jitter) x F < 2^160, as top x 2^64 + 
 
 typedef struct pos_memo {
     bool set, next_left; /* next_left: element p is a left one */
-    uint64_t p, c, m;
-    key160 left, right; /* the keys of left element c (if c < A) and right element m (if m < B) */
+    uint64_t p;
+    uint64_t before[2]; /* c left and m right elements before position p */
+    key160 key[2];      /* the keys of left element c (if c < A) and right element m (if m < B) */
 } pos_memo;
 
-enum {
-    MEMO_NODES = 63, /* the top six levels of the tree */
-    MEMO_STEPS = 8   /* the furthest a walk goes forward; beyond, random access */
-};
+enum { MEMO_STEPS = 8 }; /* the furthest a walk goes forward; beyond, random access */
 
 /* The key of element k of side `side` (docs/semantics.md, "The global order"). */
 static key160 node_key(const node *n, uint64_t side, uint64_t k)
@@ -457,15 +455,16 @@ static key160 node_key(const node *n, uint64_t side, uint64_t k)
 }
 
 /* Whether the memo's next element (position p) is a left one: keys ascending, a left element
- * first on an equal key. */
+ * first on an equal key. Without branches: with two sides of similar weight the answer is a
+ * coin toss, which a branch would mispredict half the time. */
 static bool memo_next_left(const node *n, const pos_memo *mm)
 {
-    if (mm->c >= n->A)
+    if (mm->before[0] >= n->A)
         return false;
-    if (mm->m >= n->B)
+    if (mm->before[1] >= n->B)
         return true;
-    return mm->left.top < mm->right.top ||
-           (mm->left.top == mm->right.top && mm->left.low <= mm->right.low);
+    const key160 *l = &mm->key[0], *r = &mm->key[1];
+    return l->top < r->top || (l->top == r->top && l->low <= r->low);
 }
 
 /*
@@ -497,47 +496,46 @@ static uint64_t left_before_at(const node *n, uint64_t p, bool *at_p)
 /* left_before_at, walking the memo's merge forward when p lies a few elements ahead of it. */
 static uint64_t left_before(const node *n, pos_memo *mm, uint64_t p, bool *at_p)
 {
-    if (!mm)
-        return left_before_at(n, p, at_p);
     if (!mm->set || p < mm->p || p - mm->p > MEMO_STEPS) {
-        mm->c = left_before_at(n, p, at_p);
+        uint64_t c = left_before_at(n, p, at_p);
         mm->p = p;
-        mm->m = p - mm->c;
-        if (mm->c < n->A)
-            mm->left = node_key(n, 0, mm->c);
-        if (mm->m < n->B)
-            mm->right = node_key(n, 1, mm->m);
+        mm->before[0] = c;
+        mm->before[1] = p - c;
+        for (uint64_t side = 0; side < 2; side++) {
+            key160 none = {0, 0}; /* a side with no element left: never compared */
+            mm->key[side] = mm->before[side] < (side ? n->B : n->A)
+                                ? node_key(n, side, mm->before[side])
+                                : none;
+        }
         mm->next_left = *at_p;
         mm->set = true;
-        return mm->c;
+        return c;
     }
-    for (; mm->p < p; mm->p++) {
+    for (; mm->p < p; mm->p++) { /* one merge step: the next element's side moves on */
         if (mm->next_left) {
-            if (++mm->c < n->A)
-                mm->left = node_key(n, 0, mm->c);
-        } else if (++mm->m < n->B) {
-            mm->right = node_key(n, 1, mm->m);
+            if (++mm->before[0] < n->A)
+                mm->key[0] = node_key(n, 0, mm->before[0]);
+        } else if (++mm->before[1] < n->B) {
+            mm->key[1] = node_key(n, 1, mm->before[1]);
         }
         mm->next_left = memo_next_left(n, mm);
     }
     *at_p = mm->next_left;
 #ifndef NDEBUG
     bool at_direct;
-    BW_INVARIANT(left_before_at(n, p, &at_direct) == mm->c && at_direct == *at_p,
+    BW_INVARIANT(left_before_at(n, p, &at_direct) == mm->before[0] && at_direct == *at_p,
                  "a mixture's merge walk agrees with its random access");
 #endif
-    return mm->c;
+    return mm->before[0];
 }
 
-/* bw__mixture_locate, with memo[MEMO_NODES] (NULL: none) kept across a batch's positions. */
-static void locate(const bw__mixture *m, pos_memo *memo, uint64_t pos, uint32_t *source,
-                   uint64_t *k)
+void bw__mixture_locate(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64_t *k)
 {
     uint64_t lo = 0, hi = m->nsources;
     for (size_t i = 0; hi - lo > 1;) {
         const node *n = &m->nodes[i];
         bool at;
-        uint64_t left = left_before(n, memo && i < MEMO_NODES ? &memo[i] : NULL, pos, &at);
+        uint64_t left = left_before_at(n, pos, &at);
         if (at) {
             hi = n->mid;
             pos = left;
@@ -550,11 +548,6 @@ static void locate(const bw__mixture *m, pos_memo *memo, uint64_t pos, uint32_t 
     }
     *source = (uint32_t)lo;
     *k = pos;
-}
-
-void bw__mixture_locate(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64_t *k)
-{
-    locate(m, NULL, pos, source, k);
 }
 
 uint64_t bw__mixture_position(const bw__mixture *m, uint32_t source, uint64_t k)
@@ -586,7 +579,7 @@ uint64_t bw__mixture_consumed(const bw__mixture *m, uint32_t source, uint64_t po
     for (size_t i = 0; hi - lo > 1;) {
         const node *n = &m->nodes[i];
         bool at;
-        uint64_t left = left_before(n, NULL, pos, &at);
+        uint64_t left = left_before_at(n, pos, &at);
         if (source < n->mid) {
             hi = n->mid;
             pos = left;
@@ -637,92 +630,99 @@ void bw__mixture_at(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64
         *pass = bw__mixture_pass(m, *source, k);
 }
 
-/* A batch's permutation keys, kept per (source, pass): a batch holds a few sources and
- * rarely crosses a pass, so its samples share a handful of key schedules. */
-enum { KEY_SLOTS = 16 };
-typedef struct key_cache {
-    struct {
-        uint32_t source;
-        uint64_t pass;
-        bool set, pending; /* pending: items waiting in the current run point at it */
-        bw__feistel f;
-    } slot[KEY_SLOTS];
-    const bw__feistel *f[BW__FEISTEL_EACH_MAX]; /* the run: item w's key schedule ... */
-    uint64_t x[BW__FEISTEL_EACH_MAX];           /* ... its position in its pass ... */
-    size_t at[BW__FEISTEL_EACH_MAX];            /* ... and where its index goes */
-    size_t n;
-} key_cache;
+/*
+ * bw__mixture_at_many goes down the tree with a chunk of the batch's items at once. At a node
+ * the items that reach it are taken in batch order, the node's merge walked forward from one
+ * to the next (left_before), and split, still in order, between the two children; at a leaf,
+ * the items of one (source, pass) are permuted with one key schedule (bw__feistel_at_run).
+ * Per item: a merge step per level and one encryption, without the per-position descent and
+ * the key look-ups of one position at a time.
+ */
+enum { CHUNK = 256 };
 
-/* Where a source's current pass starts in its stream: a batch's samples of one source mostly
- * lie in one pass, so its pass and the index within it take a comparison, not a division. */
-enum { PASS_MEMOS = 16 };
-typedef struct pass_memo {
-    uint32_t source;
-    bool set;
-    uint64_t pass, start; /* start = pass * n_j */
-} pass_memo;
+typedef struct chunk {
+    const bw__mixture *m;
+    uint64_t p[CHUNK]; /* item i's position in the node it has reached; at a leaf, its k */
+    uint16_t ids[CHUNK], spare[CHUNK];
+    uint32_t *sources;
+    uint64_t *indices, *passes;
+} chunk;
 
-/* Permutes the run's items into place. */
-static void key_cache_flush(key_cache *c, uint64_t *indices)
+/* Items ids[0, count) have reached source j: their sample indices, a pass's run at a time. */
+static void leaf(chunk *c, uint32_t j, const uint16_t *ids, size_t count)
 {
-    bw__feistel_at_each(c->f, c->x, c->n);
-    for (size_t w = 0; w < c->n; w++)
-        indices[c->at[w]] = c->x[w];
-    for (size_t s = 0; s < KEY_SLOTS; s++)
-        c->slot[s].pending = false;
-    c->n = 0;
+    const bw__mixture *m = c->m;
+    uint64_t base = stream_base(m, j), nj = m->sizes[j];
+    uint64_t x[CHUNK];
+    for (size_t w = 0, r; w < count; w = r) {
+        uint64_t pass = (base + c->p[ids[w]]) / nj, start = pass * nj;
+        for (r = w; r < count; r++) {
+            uint64_t t = base + c->p[ids[r]]; /* (epoch + 1) E < 2^64 was checked */
+            if (t < start || t - start >= nj)
+                break; /* another pass: the next run */
+            x[r - w] = t - start;
+        }
+        if (!m->streams[j]) { /* a stream is read in its own order, every pass */
+            bw__feistel f;
+            permutation_init(&f, m->seed, j, pass, nj);
+            bw__feistel_at_run(&f, x, r - w);
+        }
+        for (size_t q = w; q < r; q++) {
+            c->sources[ids[q]] = j;
+            c->indices[ids[q]] = x[q - w];
+            if (c->passes)
+                c->passes[ids[q]] = pass;
+        }
+    }
+}
+
+/* Items ids[0, count), in batch order, have reached node i (sources [lo, hi)). */
+static void descend(chunk *c, size_t i, uint64_t lo, uint64_t hi, uint16_t *ids, size_t count)
+{
+    if (count == 0)
+        return;
+    if (hi - lo == 1) {
+        leaf(c, (uint32_t)lo, ids, count);
+        return;
+    }
+    const node *n = &c->m->nodes[i];
+    pos_memo mm = {.set = false};
+    uint16_t *right = c->spare + (ids - c->ids); /* this node's part of the scratch */
+    size_t nl = 0, nr = 0;
+    for (size_t w = 0; w < count; w++) {
+        uint16_t id = ids[w];
+        uint64_t p = c->p[id];
+        bool at;
+        uint64_t left = left_before(n, &mm, p, &at);
+        if (at) {
+            c->p[id] = left;
+            ids[nl++] = id; /* nl <= w: an item not read yet is never overwritten */
+        } else {
+            c->p[id] = p - left;
+            right[nr++] = id;
+        }
+    }
+    memcpy(ids + nl, right, nr * sizeof(*ids));
+    descend(c, 2 * i + 1, lo, n->mid, ids, nl);
+    descend(c, 2 * i + 2, n->mid, hi, ids + nl, nr);
 }
 
 void bw__mixture_at_many(const bw__mixture *m, const uint64_t *pos, size_t n, uint32_t *sources,
                          uint64_t *indices, uint64_t *passes)
 {
-    key_cache c;
-    for (size_t s = 0; s < KEY_SLOTS; s++)
-        c.slot[s].set = c.slot[s].pending = false;
-    c.n = 0;
-    pos_memo memo[MEMO_NODES];
-    for (size_t i = 0; i < MEMO_NODES; i++)
-        memo[i].set = false;
-    pass_memo pass_memos[PASS_MEMOS];
-    for (size_t i = 0; i < PASS_MEMOS; i++)
-        pass_memos[i].set = false;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t j;
-        uint64_t k;
-        locate(m, memo, pos[i], &j, &k); /* pos[i] is read before indices[i] is set */
-        uint64_t t = stream_base(m, j) + k, nj = m->sizes[j];
-        pass_memo *pm = &pass_memos[j % PASS_MEMOS];
-        if (!pm->set || pm->source != j || t < pm->start || t - pm->start >= nj) {
-            pm->pass = t / nj;
-            pm->start = pm->pass * nj;
-            pm->source = j;
-            pm->set = true;
+    chunk c;
+    c.m = m;
+    for (size_t off = 0; off < n; off += CHUNK) {
+        size_t count = n - off < CHUNK ? n - off : CHUNK;
+        for (size_t i = 0; i < count; i++) { /* read before indices (maybe pos) are written */
+            c.p[i] = pos[off + i];
+            c.ids[i] = (uint16_t)i;
         }
-        uint64_t pass = pm->pass, within = t - pm->start; /* t / nj and t % nj */
-        sources[i] = j;
-        if (passes)
-            passes[i] = pass;
-        if (m->streams[j]) {
-            indices[i] = within; /* a stream is read in its own order, every pass */
-            continue;
-        }
-        size_t s = (j * 7 + pass) % KEY_SLOTS;
-        if (!c.slot[s].set || c.slot[s].source != j || c.slot[s].pass != pass) {
-            if (c.slot[s].pending)
-                key_cache_flush(&c, indices); /* its items first, with the key they need */
-            permutation_init(&c.slot[s].f, m->seed, j, pass, nj);
-            c.slot[s].source = j;
-            c.slot[s].pass = pass;
-            c.slot[s].set = true;
-        }
-        c.slot[s].pending = true;
-        c.f[c.n] = &c.slot[s].f;
-        c.x[c.n] = within;
-        c.at[c.n++] = i;
-        if (c.n == BW__FEISTEL_EACH_MAX)
-            key_cache_flush(&c, indices);
+        c.sources = sources + off;
+        c.indices = indices + off;
+        c.passes = passes ? passes + off : NULL;
+        descend(&c, 0, 0, m->nsources, c.ids, count);
     }
-    key_cache_flush(&c, indices);
 }
 
 uint64_t bw__mixture_next_record(const bw__mixture *m, uint32_t source, uint64_t pos,

@@ -34,14 +34,10 @@ void bw__feistel_init_bits(bw__feistel *f, uint64_t n, unsigned bits, uint64_t k
 /* The image of pos (< n) under the bijection. */
 uint64_t bw__feistel_at(const bw__feistel *f, uint64_t pos);
 
-/* Items per bw__feistel_at_each call at most. */
-#define BW__FEISTEL_EACH_MAX 64
-
-/* x[i] = bw__feistel_at(f[i], x[i]) for i < n (n <= BW__FEISTEL_EACH_MAX; the f[i] may
- * differ and repeat), with the same results: the items' encryptions are independent, so they
- * are done one round of cycle-walking at a time over all items still outside their domain,
- * which lets the processor overlap them instead of waiting on one walk's chain of
- * multiplications and mispredicting its exit. */
-void bw__feistel_at_each(const bw__feistel *const *f, uint64_t *x, size_t n);
+/* x[i] = bw__feistel_at(f, x[i]) for i < n, with the same results: the items' encryptions
+ * are independent, so they are done one round of cycle-walking at a time over all items still
+ * outside the domain, which lets the processor overlap them instead of waiting on one walk's
+ * chain of multiplications and mispredicting its exit. */
+void bw__feistel_at_run(const bw__feistel *f, uint64_t *x, size_t n);
 
 #endif

@@ -560,11 +560,13 @@ static void test_position_inverse(void **state)
 }
 
 /* bw__mixture_at_many against bw__mixture_at, position by position: random batches of up to
- * 300 positions (past the 64 permuted together), over mixtures of 1 to 256 sources (more
- * (source, pass) pairs than the key slots, so schedules are replaced mid-batch), tiny sources
- * up-sampled so that one batch crosses several passes of one source, stream sources under both
- * policies, consecutive and scattered positions, passes asked or not, and the positions given
- * in the index array itself. */
+ * 300 positions (past a chunk of 256 going down the tree together), over mixtures of 1 to 256
+ * sources (a tree of up to eight levels), tiny sources up-sampled so that one batch crosses
+ * several passes of one source, stream sources under both policies, consecutive, strided and
+ * scattered positions and strides that wrap around to the epoch's start, passes asked or not,
+ * and the positions given in the index array itself. at_many permutes a run of one (source,
+ * pass) eight at a time where the processor has AVX-512 (bw__feistel_at_run), at one at a
+ * time, so on such a machine the two ways of encrypting are compared too. */
 static void test_at_many_equals_at(void **state)
 {
     (void)state;
