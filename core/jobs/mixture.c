@@ -454,17 +454,23 @@ static key160 node_key(const node *n, uint64_t side, uint64_t k)
     return key;
 }
 
-/* Whether the memo's next element (position p) is a left one: keys ascending, a left element
- * first on an equal key. Without branches: with two sides of similar weight the answer is a
- * coin toss, which a branch would mispredict half the time. */
+/* Whether left key l comes before right key r: keys ascending, a left key first on a tie
+ * (l <= r). r - l does not go below zero: the tops are under 2^96, so their difference less
+ * the low words' borrow fits a signed 128-bit number. */
+static bool left_first(const key160 *l, const key160 *r)
+{
+    __int128 d = (__int128)(r->top - l->top) - (r->low < l->low);
+    return d >= 0;
+}
+
+/* Whether the memo's next element (position p) is a left one. */
 static bool memo_next_left(const node *n, const pos_memo *mm)
 {
     if (mm->before[0] >= n->A)
         return false;
     if (mm->before[1] >= n->B)
         return true;
-    const key160 *l = &mm->key[0], *r = &mm->key[1];
-    return l->top < r->top || (l->top == r->top && l->low <= r->low);
+    return left_first(&mm->key[0], &mm->key[1]);
 }
 
 /*
@@ -676,7 +682,57 @@ static void leaf(chunk *c, uint32_t j, const uint16_t *ids, size_t count)
     }
 }
 
-/* Items ids[0, count), in batch order, have reached node i (sources [lo, hi)). */
+enum {
+    MERGE_SPAN = 2 * CHUNK, /* the most positions merged at once */
+    MERGE_MIN = 16          /* the fewest items worth a merge of their span (two random accesses) */
+};
+
+/*
+ * The node's merge over positions [p0, p0 + span) (span <= MERGE_SPAN, p0 + span <= A + B):
+ * merged[q] = 2 x (left elements among positions [p0, p0 + q)) + (element p0 + q is a left
+ * one); *c0: the left elements before p0. Both ends by random access tell how many elements
+ * of each side lie in the span; their keys are computed first, independently of each other
+ * (the processor overlaps them), then the two ascending runs of keys are merged without a
+ * branch (a left key first on a tie). The walk of left_before instead computes each key after
+ * the comparison before it, one chain of hashes and multiplications, and mispredicts which
+ * side comes next about half the time.
+ */
+static void merge_span(const node *n, uint64_t p0, uint64_t span, uint16_t *merged, uint64_t *c0)
+{
+    bool at;
+    uint64_t c = left_before_at(n, p0, &at), m = p0 - c;
+    size_t nl = left_before_at(n, p0 + span, &at) - c, nr = span - nl;
+    key160 lk[MERGE_SPAN], rk[MERGE_SPAN];
+    for (size_t k = 0; k < nl; k++)
+        lk[k] = node_key(n, 0, c + k);
+    for (size_t k = 0; k < nr; k++)
+        rk[k] = node_key(n, 1, m + k);
+    size_t a = 0, b = 0;
+    for (size_t q = 0; q < span; q++) {
+        bool left = b >= nr || (a < nl && left_first(&lk[a], &rk[b])); /* one side done */
+        merged[q] = (uint16_t)(2 * a + left);
+        a += left;
+        b += !left;
+    }
+    *c0 = c;
+}
+
+/* The end of the run of items from ids[w] on that merge_span covers: ascending positions at
+ * most MEMO_STEPS apart (as a walk would take them), within MERGE_SPAN of the first. */
+static size_t run_end(const chunk *c, const uint16_t *ids, size_t count, size_t w)
+{
+    uint64_t p0 = c->p[ids[w]];
+    size_t e = w + 1;
+    for (; e < count; e++) {
+        uint64_t p = c->p[ids[e]], prev = c->p[ids[e - 1]];
+        if (p <= prev || p - prev > MEMO_STEPS || p - p0 >= MERGE_SPAN)
+            break;
+    }
+    return e;
+}
+
+/* Items ids[0, count), in batch order, have reached node i (sources [lo, hi)). Runs of
+ * nearby items are merged at once (merge_span), the rest walked (left_before). */
 static void descend(chunk *c, size_t i, uint64_t lo, uint64_t hi, uint16_t *ids, size_t count)
 {
     if (count == 0)
@@ -687,13 +743,35 @@ static void descend(chunk *c, size_t i, uint64_t lo, uint64_t hi, uint16_t *ids,
     }
     const node *n = &c->m->nodes[i];
     pos_memo mm = {.set = false};
+    uint16_t merged[MERGE_SPAN];
+    uint64_t p0 = 0, c0 = 0;
+    size_t run = 0; /* the current run's end */
+    bool run_merged = false;
     uint16_t *right = c->spare + (ids - c->ids); /* this node's part of the scratch */
     size_t nl = 0, nr = 0;
     for (size_t w = 0; w < count; w++) {
         uint16_t id = ids[w];
-        uint64_t p = c->p[id];
+        uint64_t p = c->p[id], left;
         bool at;
-        uint64_t left = left_before(n, &mm, p, &at);
+        if (w == run) {
+            run = run_end(c, ids, count, w);
+            run_merged = run - w >= MERGE_MIN;
+            if (run_merged) {
+                p0 = p;
+                merge_span(n, p0, c->p[ids[run - 1]] - p0 + 1, merged, &c0);
+            }
+        }
+        if (run_merged) {
+            at = merged[p - p0] & 1;
+            left = c0 + (merged[p - p0] >> 1);
+#ifndef NDEBUG
+            bool at_direct;
+            BW_INVARIANT(left_before_at(n, p, &at_direct) == left && at_direct == at,
+                         "a mixture's merged span agrees with its random access");
+#endif
+        } else {
+            left = left_before(n, &mm, p, &at);
+        }
         if (at) {
             c->p[id] = left;
             ids[nl++] = id; /* nl <= w: an item not read yet is never overwritten */
