@@ -124,6 +124,17 @@ static int free_port(void)
     return ntohs(a.sin_port);
 }
 
+/* Stops the coordinator this run started, also when a phase gives up with exit(1): else it
+ * would outlive the bench, and a pipe on the bench's output would never end. */
+static void stop_coordinator(void)
+{
+    if (coord_pid > 0) {
+        kill(coord_pid, SIGTERM);
+        waitpid(coord_pid, NULL, 0);
+        coord_pid = 0;
+    }
+}
+
 static pid_t start_coordinator(void)
 {
     int fds[2];
@@ -1409,6 +1420,7 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     coord_pid = start_coordinator();
+    atexit(stop_coordinator);
     if (!addr[0]) {
         fprintf(stderr, "bench_coordinator: the coordinator did not start\n");
         return 1;
@@ -1427,8 +1439,7 @@ int main(int argc, char **argv)
     bench_commits((uint32_t)threads, VIA_STREAM);
     bench_commits((uint32_t)threads, VIA_CCHAN);
     bench_ranks();
-    kill(coord_pid, SIGTERM);
-    waitpid(coord_pid, NULL, 0);
+    stop_coordinator();
     grpc_shutdown();
     return 0;
 }
