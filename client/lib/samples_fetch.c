@@ -307,13 +307,22 @@ int bw__fetch_batches(const bw__fetch_ctx *ctx, bw_batch *const *bs, size_t nb)
     size_t *at = malloc((nb + 1) * sizeof(*at));
     uint8_t **bases = malloc(nb * sizeof(*bases));
     bw__fetch_item *items = calloc(total ? total : 1, sizeof(*items));
-    int rc = uid && at && bases && items ? BW_OK : BW_NOMEM;
+    int rc = BW_OK;
+    if (!uid || !at || !bases || !items) {
+        for (size_t j = 0; j < nb; j++) {
+            snprintf(bs[j]->err, sizeof(bs[j]->err), "out of memory for a batch of %zu samples",
+                     bs[j]->count);
+            bs[j]->rc = BW_NOMEM;
+        }
+        goto out;
+    }
     size_t n = 0, pos = 0;
     for (size_t j = 0; j < nb; j++) {
         size_t m = 0;
+        bs[j]->err[0] = '\0';
         if (rc == BW_OK)
             rc = prepare(ctx, bs[j], items + n, &m, uid + pos);
-        else if (!bs[j]->err[0])
+        else
             snprintf(bs[j]->err, sizeof(bs[j]->err), "out of memory for a batch of %zu samples",
                      bs[j]->count);
         at[j] = n;
@@ -321,11 +330,9 @@ int bw__fetch_batches(const bw__fetch_ctx *ctx, bw_batch *const *bs, size_t nb)
             items[u].first += j * stride;
         n += m;
         pos += bs[j]->count;
-        if (bases)
-            bases[j] = bs[j]->narrays ? bs[j]->scratch : bs[j]->data;
+        bases[j] = bs[j]->narrays ? bs[j]->scratch : bs[j]->data;
     }
-    if (at)
-        at[nb] = n;
+    at[nb] = n;
     samples_kctx kctx = {ctx, bs[0]->epoch};
     bw__fetch_kind kind = {
         BW_DCHAN_KIND_READ_SAMPLES, samples_shard, samples_join, samples_message, NULL, &kctx};
@@ -338,27 +345,31 @@ int bw__fetch_batches(const bw__fetch_ctx *ctx, bw_batch *const *bs, size_t nb)
                            stride};
     if (rc == BW_OK)
         rc = bw__fetch_items(ctx, &kind, items, n, &dest, bs[0]->err, sizeof(bs[0]->err));
+    /* Every batch of a failed group says why: the first sentence the fetch or a batch's
+     * preparation wrote. */
+    const char *why = "out of memory";
+    for (size_t j = nb; rc != BW_OK && j-- > 0;)
+        why = bs[j]->err[0] ? bs[j]->err : why;
     pos = 0;
     for (size_t j = 0; j < nb; j++) {
         bw_batch *b = bs[j];
-        if (rc != BW_OK && j > 0 && b->err[0] == '\0')
-            snprintf(b->err, sizeof(b->err), "%s", bs[0]->err);
-        bw__fetch_item *own = items && at ? items + at[j] : NULL;
+        if (rc != BW_OK && b->err[0] == '\0')
+            snprintf(b->err, sizeof(b->err), "%s", why);
+        bw__fetch_item *own = items + at[j];
         for (size_t u = 0; group && rc == BW_OK && u < at[j + 1] - at[j]; u++)
             own[u].first -= j * stride;
         bw__fetch_dest one = {b, ctx->sample_bytes, 0, 0, b->narrays ? b->scratch : NULL, NULL, 0};
-        if (!group)
-            one = dest;
-        finish(b, rc, own, uid ? uid + pos : NULL, &one);
+        finish(b, rc, own, uid + pos, group ? &one : &dest);
         pos += b->count;
     }
     bw__fetch_items_free(items, n);
+out:
     free(items);
     free(uid);
     free(at);
     free(bases);
-    int out = BW_OK;
     for (size_t j = 0; j < nb; j++)
-        out = out == BW_OK ? bs[j]->rc : out;
-    return out;
+        if (bs[j]->rc != BW_OK)
+            return bs[j]->rc;
+    return BW_OK;
 }
