@@ -195,6 +195,14 @@ typedef struct fetch_req {
     uint64_t got_bytes, got_samples;
 } fetch_req;
 
+/* Where the fixed-size sample at position `first` goes (fetch.h, bw__fetch_dest). */
+static uint8_t *fixed_at(const bw__fetch_dest *d, size_t first)
+{
+    if (d->bases)
+        return d->bases[first / d->stride] + (first % d->stride) * d->sample_bytes;
+    return (d->base ? d->base : d->b->data) + first * d->sample_bytes;
+}
+
 /* The sink: checks each sample against the item due and gives its place. Every allocation a
  * worker's bytes ask for is bounded by the item's max_size. */
 static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uint64_t len,
@@ -236,7 +244,7 @@ static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uin
     /* An item is direct only with a dest (above). */
     // NOLINTBEGIN(clang-analyzer-core.NullDereference)
     if (len)
-        *dest = (fixed       ? (d->base ? d->base : d->b->data) + x->first * d->sample_bytes
+        *dest = (fixed       ? fixed_at(d, x->first)
                  : x->direct ? d->b->data + x->off
                              : x->buf) +
                 chunk_off;
@@ -273,7 +281,7 @@ static bool peek(void *arg, size_t ahead, uint64_t *key, uint64_t *size, uint8_t
         return false;
     *key = x->key;
     *size = d->sample_bytes;
-    *dest = (d->base ? d->base : d->b->data) + x->first * d->sample_bytes;
+    *dest = fixed_at(d, x->first);
     return true;
 }
 

@@ -128,6 +128,11 @@ typedef struct bw__fetch_dest {
     uint64_t sample_bytes;
     size_t pos, off;
     uint8_t *base; /* fixed-size samples go to base + first * sample_bytes (NULL: b->data) */
+    /* Several batches in one fetch (fixed-size samples only; bw__fetch_batches): position
+     * `first` is sample first % stride of the batch whose bytes start at
+     * bases[first / stride]. NULL: one batch, as above. */
+    uint8_t *const *bases;
+    size_t stride;
 } bw__fetch_dest;
 
 /*

@@ -15,6 +15,10 @@
 #include "loader_state.h"
 #include "transport.h"
 
+/* Small batches read together (fetch_thread, group_size): at most this many, of at most this
+ * many bytes in all. */
+enum { BW_LOADER_GROUP_MAX = 8, BW_LOADER_GROUP_BYTES = 512 << 10 };
+
 /* The indices of `step` into b (iterable jobs: positions in the epoch's stream); BW_OK or
  * the planner's verdict. */
 static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
@@ -85,34 +89,96 @@ static int fetch_slot(bw_loader *l, bw_batch *b, unsigned gen)
     }
 }
 
+/* Fills planned batches bs[0..nb) (nb <= l->group) together: their samples in one fetch,
+ * each worker asked once for its samples of all of them (samples_fetch.h), then each batch's
+ * fields and device copy as fill() does. A batch whose read was interrupted is filled again
+ * on its own (fetch_slot). */
+static void fill_group(bw_loader *l, bw_batch **bs, size_t nb, unsigned gen)
+{
+    if (nb == 1) {
+        bs[0]->rc = fetch_slot(l, bs[0], gen);
+        return;
+    }
+    for (size_t j = 0; j < nb; j++) {
+        bs[j]->rc = bw__session_lease_gate(&l->session, true, bs[j]->err, sizeof(bs[j]->err));
+        if (bs[j]->rc != BW_OK) { /* no read while the lease may have lapsed: one at a time */
+            for (size_t i = 0; i < nb; i++)
+                bs[i]->rc = fetch_slot(l, bs[i], gen);
+            return;
+        }
+        bw__batch_reuse(bs[j]);
+    }
+    bw__fetch_batches(&l->fctx, bs, nb);
+    for (size_t j = 0; j < nb; j++) {
+        bw_batch *b = bs[j];
+        if (b->rc == BW_INTERRUPTED)
+            b->rc = fetch_slot(l, b, gen);
+        else if (b->rc == BW_OK && (b->rc = bw__batch_split_fields(b, l->fields)) == BW_OK &&
+                 b->gpu)
+            b->rc = bw__gpu_upload(b->gpu, b->data, b->nbytes, &b->dev, &b->dev_cap, b->err,
+                                   sizeof(b->err));
+    }
+}
+
+/* How many steps a fetch thread may take now (l->mu held): the next one when its slot is
+ * free; with groups (l->group > 1), a whole group of free slots or none -- the steps left
+ * when fewer remain -- so that the threads do not split what they could read together. */
+static size_t free_ahead(const bw_loader *l)
+{
+    size_t k = 0;
+    for (uint64_t s = l->next_fetch; k < l->group && s < l->end_step; s += l->stride, k++)
+        if (l->state[(size_t)(s / l->stride % l->nslots)] != SLOT_FREE)
+            return l->group > 1 ? 0 : k;
+    return k;
+}
+
+/* A fetch thread takes the next step whose slot is free, and -- for small batches (l->group)
+ * -- the steps after it whose slots are free too, up to l->group: one fetch for them all
+ * costs each worker one request instead of one per batch (docs/performance.md, "Per-sample
+ * cost, third pass"). Each slot is READY once its batch is. */
 static void *fetch_thread(void *arg)
 {
     bw_loader *l = arg;
+    bw_batch *bs[BW_LOADER_GROUP_MAX];
+    size_t slots[BW_LOADER_GROUP_MAX];
     pthread_mutex_lock(&l->mu);
     while (!l->stopping) {
-        size_t slot = (size_t)(l->next_fetch / l->stride % l->nslots);
-        if (l->next_fetch >= l->end_step || l->state[slot] != SLOT_FREE) {
+        if (free_ahead(l) == 0) {
             pthread_cond_wait(&l->work_cv, &l->mu);
             continue;
         }
-        uint64_t step = l->next_fetch;
-        l->next_fetch += l->stride;
+        uint64_t steps[BW_LOADER_GROUP_MAX];
+        size_t nb = 0, slot;
+        while (nb < l->group && l->next_fetch < l->end_step &&
+               l->state[slot = (size_t)(l->next_fetch / l->stride % l->nslots)] == SLOT_FREE) {
+            steps[nb] = l->next_fetch;
+            slots[nb] = slot;
+            bs[nb++] = &l->slots[slot];
+            l->next_fetch += l->stride;
+            l->state[slot] = SLOT_FETCHING;
+        }
         unsigned gen = l->generation;
-        l->state[slot] = SLOT_FETCHING;
-        bw_batch *b = &l->slots[slot];
         pthread_mutex_unlock(&l->mu);
-        int rc = plan_batch(l, step, b);
-        if (rc != BW_OK)
-            snprintf(b->err, sizeof(b->err), "step %" PRIu64 " of rank %u: no such batch (%s)",
-                     step, l->rank, bw_strerror(rc));
-        else
-            rc = fetch_slot(l, b, gen);
-        b->rc = rc;
+        size_t planned = 0;
+        bw_batch *todo[BW_LOADER_GROUP_MAX];
+        for (size_t j = 0; j < nb; j++) {
+            bw_batch *b = bs[j];
+            int rc = plan_batch(l, steps[j], b);
+            if (rc != BW_OK) {
+                snprintf(b->err, sizeof(b->err), "step %" PRIu64 " of rank %u: no such batch (%s)",
+                         steps[j], l->rank, bw_strerror(rc));
+                b->rc = rc;
+            } else
+                todo[planned++] = b;
+        }
+        if (planned)
+            fill_group(l, todo, planned, gen);
         pthread_mutex_lock(&l->mu);
-        l->state[slot] = gen == l->generation ? SLOT_READY : SLOT_FREE;
+        for (size_t j = 0; j < nb; j++)
+            l->state[slots[j]] = gen == l->generation ? SLOT_READY : SLOT_FREE;
         pthread_cond_broadcast(&l->ready_cv);
-        if (gen != l->generation) /* discarded: its slot is free for the new position */
-            pthread_cond_signal(&l->work_cv);
+        if (gen != l->generation) /* discarded: its slots are free for the new position */
+            pthread_cond_broadcast(&l->work_cv);
     }
     pthread_mutex_unlock(&l->mu);
     return NULL;
@@ -302,6 +368,20 @@ static bw__placement *session_placement(void *arg, bool refresh, char *err, size
     return bw__session_placement(arg, refresh, err, errlen);
 }
 
+/* How many batches of `per` bytes a fetch thread reads together (fetch_thread): map-style
+ * batches of fixed-size samples, while a group stays under BW_LOADER_GROUP_BYTES and the
+ * in-flight slots still make two groups (so that one group's receive overlaps the next
+ * one's requests); else 1. */
+static size_t group_size(const bw_loader *l, size_t per)
+{
+    if (l->stream || l->mixstream || !l->fctx.sample_bytes || l->fctx.mixture || !per)
+        return 1;
+    size_t g = BW_LOADER_GROUP_BYTES / per, inflight = (l->nslots - 1) / 2;
+    g = g < inflight ? g : inflight;
+    g = g < BW_LOADER_GROUP_MAX ? g : BW_LOADER_GROUP_MAX;
+    return g ? g : 1;
+}
+
 static int start(const bw_loader_options *o, const void *cursor, size_t cursor_len,
                  const bw__join *how, bw_loader **out, char *err, size_t errlen)
 {
@@ -455,6 +535,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
             }
         }
         l->held = l->nslots;
+        l->group = group_size(l, per);
     }
     if (rc != BW_OK) {
         snprintf(err, errlen, "%s", l->err);
@@ -462,7 +543,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         return rc;
     }
     /* nthreads counts the threads started: bw_loader_close joins exactly those. */
-    size_t want = l->nslots - 1;
+    size_t want = (l->nslots - 1) / l->group; /* each has a group in flight */
     if (!(l->threads = calloc(want, sizeof(*l->threads)))) {
         snprintf(err, errlen, "out of memory for %zu fetch threads", want);
         bw_loader_close(l);

@@ -64,6 +64,9 @@ struct bw_loader {
     uint64_t after_before;
     bool handed_out_before;
     size_t nslots;
+    /* Batches a fetch thread reads together, at most (loader.c, fetch_thread): small
+     * batches of fixed-size samples share their requests; else 1. */
+    size_t group;
     bw_batch *slots;
     enum slot_state *state;
     size_t held;      /* slot handed out last, or nslots */

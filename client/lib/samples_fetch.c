@@ -68,17 +68,13 @@ static void sort_by_source(uint64_t *pairs, uint64_t *tmp, size_t n, const uint3
 
 /* The batch's distinct samples (indices; for a mixture, (source, index) pairs), sorted, with
  * their first position; uid[pos] = item. Padding repeats a sample: it is fetched once. */
-static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item **out, size_t *nout,
+static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item *w, size_t *nout,
                   size_t *uid)
 {
     size_t n = b->count;
     uint64_t *pairs = malloc((n ? n : 1) * 4 * sizeof(uint64_t)); /* and sort_pairs' tmp */
-    bw__fetch_item *w = calloc(n ? n : 1, sizeof(*w));
-    if (!pairs || !w) {
-        free(pairs);
-        free(w);
+    if (!pairs)
         return BW_NOMEM;
-    }
     const uint32_t *src = b->mixture ? b->sources : NULL; /* BW__MIX_MAX_SOURCES is 256 */
     /* A mixture's (source, index) pairs sort as one key, the source in the bits above the
      * batch's largest index: one radix sort, whose passes over the index's top byte order the
@@ -120,7 +116,6 @@ static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item **out, si
         uid[pairs[2 * i + 1]] = m - 1;
     }
     free(pairs);
-    *out = w;
     *nout = m;
     return BW_OK;
 }
@@ -233,13 +228,14 @@ static int samples_message(void *kctx, bw__fetch_item *const *items, size_t n,
     return BW_OK;
 }
 
-int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
+/* Before a batch's fetch: its distinct samples into items (b->count entries; *n of them used,
+ * uid[pos] = item) and room for its bytes -- the scratch buffer for named arrays, else the
+ * batch buffer when samples have a fixed size. BW_OK, or an error with b->err. */
+static int prepare(const bw__fetch_ctx *ctx, bw_batch *b, bw__fetch_item *items, size_t *n,
+                   size_t *uid)
 {
     b->err[0] = '\0';
-    size_t *uid = malloc((b->count ? b->count : 1) * sizeof(*uid));
-    bw__fetch_item *items = NULL;
-    size_t n = 0;
-    int rc = uid ? dedupe(b, ctx->max_sample_bytes, &items, &n, uid) : BW_NOMEM;
+    int rc = dedupe(b, ctx->max_sample_bytes, items, n, uid);
     /* Named arrays: whole samples arrive in the scratch buffer, then split by field. */
     size_t want = b->count * (size_t)ctx->sample_bytes;
     if (rc == BW_OK && b->narrays && want > b->scratch_cap) {
@@ -253,23 +249,127 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
         rc = bw__batch_reserve(b, want);
     if (rc != BW_OK)
         snprintf(b->err, sizeof(b->err), "out of memory for a batch of %zu samples", b->count);
-    samples_kctx kctx = {ctx, b->epoch};
-    bw__fetch_kind kind = {
-        BW_DCHAN_KIND_READ_SAMPLES, samples_shard, samples_join, samples_message, NULL, &kctx};
-    bw__fetch_dest dest = {b, ctx->sample_bytes, 0, 0, b->narrays ? b->scratch : NULL};
-    if (rc == BW_OK)
-        rc = bw__fetch_items(ctx, &kind, items, n, &dest, b->err, sizeof(b->err));
+    return rc;
+}
+
+/* After a batch's fetch ended with rc: its bytes laid out in batch order (uid from prepare;
+ * dest: where the fetch put them). b->rc. */
+static int finish(bw_batch *b, int rc, bw__fetch_item *items, size_t *uid,
+                  const bw__fetch_dest *dest)
+{
     if (rc != BW_OK && rc != BW_NOMEM && b->err[0])
         BW_DEBUG("batch fetch failed step=%" PRIu64 " err=%s", b->step, b->err);
     if (rc == BW_OK && b->narrays) {
         for (size_t i = 0; i < b->count; i++) /* uid[i]: the item; where it landed: first */
             // NOLINTNEXTLINE(clang-analyzer-core.uninitialized.ArraySubscript): dedupe set all
             uid[i] = items[uid[i]].first;
-        rc = bw__batch_unpack_arrays(b, uid, ctx->sample_bytes);
+        rc = bw__batch_unpack_arrays(b, uid, dest->sample_bytes);
     } else if (rc == BW_OK)
-        rc = bw__fetch_pack(b, items, uid, &dest);
+        rc = bw__fetch_pack(b, items, uid, dest);
+    return b->rc = rc;
+}
+
+int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
+{
+    return bw__fetch_batches(ctx, &b, 1);
+}
+
+/* Whether batches bs[0..nb) may be read together: fixed-size samples of one dataset (not a
+ * mixture), of one epoch (a transform's random choices are keyed by it). */
+static bool together(const bw__fetch_ctx *ctx, bw_batch *const *bs, size_t nb)
+{
+    bool ok = nb > 1 && ctx->sample_bytes && !ctx->mixture;
+    for (size_t j = 0; ok && j < nb; j++)
+        ok = !bs[j]->mixture && bs[j]->epoch == bs[0]->epoch;
+    return ok;
+}
+
+int bw__fetch_batches(const bw__fetch_ctx *ctx, bw_batch *const *bs, size_t nb)
+{
+    bool group = together(ctx, bs, nb);
+    if (!group && nb > 1) {
+        int rc = BW_OK;
+        for (size_t j = 0; j < nb; j++) {
+            int r = bw__fetch_batch(ctx, bs[j]);
+            rc = rc == BW_OK ? r : rc;
+        }
+        return rc;
+    }
+    /* One fetch for all: batch j's positions are j * stride + [0, count), its items
+     * items[at[j], at[j + 1]) -- so each worker gets one request for its samples of every
+     * batch, not one per batch (docs/performance.md, "Per-sample cost, third pass"). */
+    size_t stride = 0, total = 0;
+    for (size_t j = 0; j < nb; j++) {
+        stride = bs[j]->count > stride ? bs[j]->count : stride;
+        total += bs[j]->count;
+    }
+    size_t *uid = malloc((total ? total : 1) * sizeof(*uid));
+    size_t *at = malloc((nb + 1) * sizeof(*at));
+    uint8_t **bases = malloc(nb * sizeof(*bases));
+    bw__fetch_item *items = calloc(total ? total : 1, sizeof(*items));
+    int rc = BW_OK;
+    if (!uid || !at || !bases || !items) {
+        for (size_t j = 0; j < nb; j++) {
+            snprintf(bs[j]->err, sizeof(bs[j]->err), "out of memory for a batch of %zu samples",
+                     bs[j]->count);
+            bs[j]->rc = BW_NOMEM;
+        }
+        goto out;
+    }
+    size_t n = 0, pos = 0;
+    for (size_t j = 0; j < nb; j++) {
+        size_t m = 0;
+        bs[j]->err[0] = '\0';
+        if (rc == BW_OK)
+            rc = prepare(ctx, bs[j], items + n, &m, uid + pos);
+        else
+            snprintf(bs[j]->err, sizeof(bs[j]->err), "out of memory for a batch of %zu samples",
+                     bs[j]->count);
+        at[j] = n;
+        for (size_t u = n; group && u < n + m; u++)
+            items[u].first += j * stride;
+        n += m;
+        pos += bs[j]->count;
+        bases[j] = bs[j]->narrays ? bs[j]->scratch : bs[j]->data;
+    }
+    at[nb] = n;
+    samples_kctx kctx = {ctx, bs[0]->epoch};
+    bw__fetch_kind kind = {
+        BW_DCHAN_KIND_READ_SAMPLES, samples_shard, samples_join, samples_message, NULL, &kctx};
+    bw__fetch_dest dest = {bs[0],
+                           ctx->sample_bytes,
+                           0,
+                           0,
+                           bs[0]->narrays ? bs[0]->scratch : NULL,
+                           group ? bases : NULL,
+                           stride};
+    if (rc == BW_OK)
+        rc = bw__fetch_items(ctx, &kind, items, n, &dest, bs[0]->err, sizeof(bs[0]->err));
+    /* Every batch of a failed group says why: the first sentence the fetch or a batch's
+     * preparation wrote. */
+    const char *why = "out of memory";
+    for (size_t j = nb; rc != BW_OK && j-- > 0;)
+        why = bs[j]->err[0] ? bs[j]->err : why;
+    pos = 0;
+    for (size_t j = 0; j < nb; j++) {
+        bw_batch *b = bs[j];
+        if (rc != BW_OK && b->err[0] == '\0')
+            snprintf(b->err, sizeof(b->err), "%s", why);
+        bw__fetch_item *own = items + at[j];
+        for (size_t u = 0; group && rc == BW_OK && u < at[j + 1] - at[j]; u++)
+            own[u].first -= j * stride;
+        bw__fetch_dest one = {b, ctx->sample_bytes, 0, 0, b->narrays ? b->scratch : NULL, NULL, 0};
+        finish(b, rc, own, uid + pos, group ? &one : &dest);
+        pos += b->count;
+    }
     bw__fetch_items_free(items, n);
+out:
     free(items);
     free(uid);
-    return b->rc = rc;
+    free(at);
+    free(bases);
+    for (size_t j = 0; j < nb; j++)
+        if (bs[j]->rc != BW_OK)
+            return bs[j]->rc;
+    return BW_OK;
 }

@@ -10,4 +10,10 @@
  * them. On error b->err says why. */
 int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b);
 
+/* Fills bs[0..nb) as bw__fetch_batch does each; batches of fixed-size samples of one epoch
+ * (not a mixture's) with one fetch, so that a worker is asked for its samples of all of them
+ * in one request. Each batch's rc and err say how it ended; returns the first error, or BW_OK.
+ */
+int bw__fetch_batches(const bw__fetch_ctx *ctx, bw_batch *const *bs, size_t nb);
+
 #endif

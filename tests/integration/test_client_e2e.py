@@ -453,6 +453,28 @@ def run_matrix(cl, ds, dataset_spec, samples, configs, transport="auto"):
     return total
 
 
+def grouped_reads(cl, samples):
+    """Small batches of fixed-size samples are read several at a time (one request per worker
+    for the samples of a group of batches; docs/performance.md, "Per-sample cost, third
+    pass"): with --prefetch 8 (groups of 4) a rank's batches equal the plan and the
+    generator's bytes as with --prefetch 1 (no groups), over fewer requests. Padding, a short
+    last batch and an epoch boundary fall inside groups."""
+    c = dict(mode="torch", B=7, shuffle=True, seed=77)
+    want, _ = plans(c, 523, 1)
+    requests = {}
+    for prefetch in (1, 8):
+        job = "grouped-%d" % prefetch
+        p = Fetch(cl.addr, job, "npy:npy/part-*.npy", c, 0, 1,
+                  ["--epochs", EPOCHS, "--prefetch", prefetch])
+        got, summary = p.ok(90, "job %s" % job)
+        compare("grouped reads, --prefetch %d" % prefetch, got, want[0], samples)
+        requests[prefetch] = summary["stats"]["requests"]
+    bt.check(requests[8] * 2 < requests[1],
+             "--prefetch 8 read %d batches with %d requests, --prefetch 1 with %d (fewer than "
+             "half: groups of 4 batches share requests)" % (len(want[0]), requests[8],
+                                                           requests[1]))
+
+
 def test(tmpdir):
     cl = Cluster(tmpdir)
     npy = gen(cl, "npy", "npy", ["--num-samples", "523", "--shape", "4,6", "--dtype", "float32",
@@ -461,6 +483,7 @@ def test(tmpdir):
                                       "--sample-bytes-max", "700", "--files", "4"])
     npy_samples = expected_samples(npy)
     tfr_samples = expected_samples(tfr)
+    grouped_reads(cl, npy_samples)
     total = run_matrix(cl, npy, "npy:npy/part-*.npy", npy_samples, CONFIGS)
     # TFRecord: sources listed one by one (no glob), variable sizes including empty records.
     total += run_matrix(cl, tfr, "tfrecord:" + ",".join("tfr/" + s for s in tfr["sources"]),
