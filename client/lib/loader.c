@@ -369,12 +369,12 @@ static bw__placement *session_placement(void *arg, bool refresh, char *err, size
 }
 
 /* How many batches of `per` bytes a fetch thread reads together (fetch_thread): map-style
- * batches of fixed-size samples, while a group stays under BW_LOADER_GROUP_BYTES and the
- * in-flight slots still make two groups (so that one group's receive overlaps the next
- * one's requests); else 1. */
+ * batches of fixed-size samples (of one dataset, or of a mixture of map-style sources), while
+ * a group stays under BW_LOADER_GROUP_BYTES and the in-flight slots still make two groups (so
+ * that one group's receive overlaps the next one's requests); else 1. */
 static size_t group_size(const bw_loader *l, size_t per)
 {
-    if (l->stream || l->mixstream || !l->fctx.sample_bytes || l->fctx.mixture || !per)
+    if (l->stream || l->mixstream || !l->fctx.sample_bytes || !per)
         return 1;
     size_t g = BW_LOADER_GROUP_BYTES / per, inflight = (l->nslots - 1) / 2;
     g = g < inflight ? g : inflight;

@@ -274,13 +274,14 @@ int bw__fetch_batch(const bw__fetch_ctx *ctx, bw_batch *b)
     return bw__fetch_batches(ctx, &b, 1);
 }
 
-/* Whether batches bs[0..nb) may be read together: fixed-size samples of one dataset (not a
- * mixture), of one epoch (a transform's random choices are keyed by it). */
+/* Whether batches bs[0..nb) may be read together: fixed-size samples of one epoch (a
+ * transform's random choices are keyed by it), of one dataset or of one mixture's sources
+ * (each item names its source: a request of several batches is built as one of one batch). */
 static bool together(const bw__fetch_ctx *ctx, bw_batch *const *bs, size_t nb)
 {
-    bool ok = nb > 1 && ctx->sample_bytes && !ctx->mixture;
+    bool ok = nb > 1 && ctx->sample_bytes;
     for (size_t j = 0; ok && j < nb; j++)
-        ok = !bs[j]->mixture && bs[j]->epoch == bs[0]->epoch;
+        ok = bs[j]->mixture == (ctx->mixture != NULL) && bs[j]->epoch == bs[0]->epoch;
     return ok;
 }
 
