@@ -36,9 +36,12 @@ another build's bin/) over the same files, and on it "single_shuffled_baseline" 
 and the client's change together, each build against its own shuffled job (it replaces
 --baseline-cli).
 
+--prefetch N passes `--prefetch N` to every fetch (the CLI's default is 4; small batches are
+read in groups from 8 on, docs/client.md).
+
 Usage (after the README's build):
     /usr/bin/python3 bench/bench_mixture_jobs.py [--build build] [--repeat N] [--quick]
-        [--epochs E] [--baseline-cli PATH | --baseline-bin DIR]
+        [--epochs E] [--prefetch N] [--baseline-cli PATH | --baseline-bin DIR]
 """
 
 import argparse
@@ -58,10 +61,14 @@ import bench_client as bc  # noqa: E402
 SIZES = [(256, 256, 1 << 17, 12), (4 << 10, 256, 1 << 14, 32)]
 
 
+PREFETCH = []  # ["--prefetch", N] from --prefetch
+
+
 def fetch(bt, coord, job, source_args, batch, epochs=2, cli=None):
     r = bt.run([cli or bt.CLI] + [str(x) for x in (
                "fetch", "--quiet", "--coordinator", coord, "--job", job, *source_args,
-               "--rank", 0, "--world-size", 1, "--batch-size", batch, "--epochs", epochs)],
+               "--rank", 0, "--world-size", 1, "--batch-size", batch, "--epochs", epochs,
+               *PREFETCH)],
                timeout=600)
     if r.returncode != 0:
         raise RuntimeError("batchwire fetch failed:\n%s%s" % (r.stdout, r.stderr))
@@ -98,11 +105,16 @@ def main():
                     "mixture_baseline, the mixture fetched by it")
     ap.add_argument("--baseline-bin", help="another build's bin/ folder: adds a cluster of its "
                     "daemons, and single_shuffled_baseline and mixture_baseline on it")
+    ap.add_argument("--prefetch", type=int, help="--prefetch for every fetch (default: the CLI's)")
     a = ap.parse_args()
     if a.baseline_cli and a.baseline_bin:
         ap.error("--baseline-cli and --baseline-bin: one or the other")
     if a.epochs is not None and a.epochs < 1:
         ap.error("--epochs must be at least 1 (got %d)" % a.epochs)
+    if a.prefetch is not None:
+        if a.prefetch < 1:
+            ap.error("--prefetch must be at least 1 (got %d)" % a.prefetch)
+        PREFETCH[:] = ["--prefetch", a.prefetch]
     if a.repeat < 1:
         ap.error("--repeat must be at least 1 (got %d)" % a.repeat)
     os.environ["BW_BUILD_DIR"] = os.path.abspath(a.build)

@@ -16,8 +16,8 @@
 #include "transport.h"
 
 /* Small batches read together (fetch_thread, group_size): at most this many, of at most this
- * many bytes in all. */
-enum { BW_LOADER_GROUP_MAX = 8, BW_LOADER_GROUP_BYTES = 512 << 10 };
+ * many bytes in all, and only while this many groups can be in flight. */
+enum { BW_LOADER_GROUP_MAX = 8, BW_LOADER_GROUP_BYTES = 512 << 10, BW_LOADER_GROUPS_IN_FLIGHT = 4 };
 
 /* The indices of `step` into b (iterable jobs: positions in the epoch's stream); BW_OK or
  * the planner's verdict. */
@@ -370,13 +370,18 @@ static bw__placement *session_placement(void *arg, bool refresh, char *err, size
 
 /* How many batches of `per` bytes a fetch thread reads together (fetch_thread): map-style
  * batches of fixed-size samples (of one dataset, or of a mixture of map-style sources), while
- * a group stays under BW_LOADER_GROUP_BYTES and the in-flight slots still make two groups (so
- * that one group's receive overlaps the next one's requests); else 1. */
+ * a group stays under BW_LOADER_GROUP_BYTES and the in-flight slots still make
+ * BW_LOADER_GROUPS_IN_FLIGHT groups; else 1. Groups cut the CPU a byte costs (fewer requests
+ * and wake-ups) but also the requests in flight: on a machine with cores to spare the rate
+ * follows those, and two groups of two at prefetch 4 read 256-byte samples at 0.64x the rate
+ * of four single batches (docs/performance.md, "Per-sample cost, third pass"). So the default
+ * prefetch (4) reads batch by batch as before, and a deeper prefetch (8 and more) groups
+ * while keeping four requests in flight. */
 static size_t group_size(const bw_loader *l, size_t per)
 {
     if (l->stream || l->mixstream || !l->fctx.sample_bytes || !per)
         return 1;
-    size_t g = BW_LOADER_GROUP_BYTES / per, inflight = (l->nslots - 1) / 2;
+    size_t g = BW_LOADER_GROUP_BYTES / per, inflight = (l->nslots - 1) / BW_LOADER_GROUPS_IN_FLIGHT;
     g = g < inflight ? g : inflight;
     g = g < BW_LOADER_GROUP_MAX ? g : BW_LOADER_GROUP_MAX;
     return g ? g : 1;

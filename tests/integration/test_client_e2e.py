@@ -456,23 +456,24 @@ def run_matrix(cl, ds, dataset_spec, samples, configs, transport="auto"):
 def grouped_reads(cl, samples):
     """Small batches of fixed-size samples are read several at a time (one request per worker
     for the samples of a group of batches; docs/performance.md, "Per-sample cost, third
-    pass"): with --prefetch 8 (groups of 4) a rank's batches equal the plan and the
-    generator's bytes as with --prefetch 1 (no groups), over fewer requests. Padding, a short
-    last batch and an epoch boundary fall inside groups."""
+    pass"): with --prefetch 16 (groups of 4, four in flight) a rank's batches equal the plan
+    and the generator's bytes as with --prefetch 1 (no groups), over fewer requests; the
+    default --prefetch 4 does not group (it would leave fewer requests in flight). Padding, a
+    short last batch and an epoch boundary fall inside groups."""
     c = dict(mode="torch", B=7, shuffle=True, seed=77)
     want, _ = plans(c, 523, 1)
     requests = {}
-    for prefetch in (1, 8):
+    for prefetch in (1, 4, 16):
         job = "grouped-%d" % prefetch
         p = Fetch(cl.addr, job, "npy:npy/part-*.npy", c, 0, 1,
                   ["--epochs", EPOCHS, "--prefetch", prefetch])
         got, summary = p.ok(90, "job %s" % job)
         compare("grouped reads, --prefetch %d" % prefetch, got, want[0], samples)
         requests[prefetch] = summary["stats"]["requests"]
-    bt.check(requests[8] * 2 < requests[1],
-             "--prefetch 8 read %d batches with %d requests, --prefetch 1 with %d (fewer than "
-             "half: groups of 4 batches share requests)" % (len(want[0]), requests[8],
-                                                           requests[1]))
+    bt.check(requests[16] * 2 < requests[1] == requests[4],
+             "--prefetch 16 read %d batches with %d requests, --prefetch 1 and 4 with %d and %d "
+             "(fewer than half: groups of 4 batches share requests; none at 4)"
+             % (len(want[0]), requests[16], requests[1], requests[4]))
 
 
 def test(tmpdir):
