@@ -51,23 +51,36 @@ static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
  * (batch.c: a hold still viewing its last batch keeps those bytes), the read -- by index
  * (map-style) or as runs of stream records (iterable) -- through the fetch loop, the samples'
  * fields, and the copy to the slot's device. BW_OK, or an error with b->err. */
-static int fill(bw_loader *l, bw_batch *b)
+/* Before a slot's read: no read starts while the lease may have lapsed (docs/client.md,
+ * "Fencing"), and none once it is lost; then the slot's memory. */
+static int fill_start(bw_loader *l, bw_batch *b)
 {
-    /* No read starts while the lease may have lapsed (docs/client.md, "Fencing"), and none
-     * once it is lost. */
     int rc = bw__session_lease_gate(&l->session, true, b->err, sizeof(b->err));
-    if (rc != BW_OK)
-        return b->rc = rc;
-    bw__batch_reuse(b);
-    rc = l->stream      ? bw__stream_fetch_batch(&l->fctx, l->stream, l->plan, b)
-         : l->mixstream ? bw__mixstream_fetch_batch(&l->fctx, l->mixstream, b)
-                        : bw__fetch_batch(&l->fctx, b);
+    if (rc == BW_OK)
+        bw__batch_reuse(b);
+    return b->rc = rc;
+}
+
+/* After a slot's read ended with rc: the samples' fields and the copy to the slot's device. */
+static int fill_finish(bw_loader *l, bw_batch *b, int rc)
+{
     if (rc == BW_OK)
         rc = bw__batch_split_fields(b, l->fields);
     if (rc == BW_OK && b->gpu)
         rc = bw__gpu_upload(b->gpu, b->data, b->nbytes, &b->dev, &b->dev_cap, b->err,
                             sizeof(b->err));
     return b->rc = rc;
+}
+
+static int fill(bw_loader *l, bw_batch *b)
+{
+    int rc = fill_start(l, b);
+    if (rc != BW_OK)
+        return rc;
+    rc = l->stream      ? bw__stream_fetch_batch(&l->fctx, l->stream, l->plan, b)
+         : l->mixstream ? bw__mixstream_fetch_batch(&l->fctx, l->mixstream, b)
+                        : bw__fetch_batch(&l->fctx, b);
+    return fill_finish(l, b, rc);
 }
 
 /* A fetch thread's batch. A fill cut short by an interrupt (bw_interrupt) is made again once
@@ -89,10 +102,10 @@ static int fetch_slot(bw_loader *l, bw_batch *b, unsigned gen)
     }
 }
 
-/* Fills planned batches bs[0..nb) (nb <= l->group) together: their samples in one fetch,
- * each worker asked once for its samples of all of them (samples_fetch.h), then each batch's
- * fields and device copy as fill() does. A batch whose read was interrupted is filled again
- * on its own (fetch_slot). */
+/* Fills planned batches bs[0..nb) (nb <= l->group) together: fill()'s steps, with their
+ * samples in one fetch, each worker asked once for its samples of all of them
+ * (samples_fetch.h). A batch whose read was interrupted is filled again on its own
+ * (fetch_slot). */
 static void fill_group(bw_loader *l, bw_batch **bs, size_t nb, unsigned gen)
 {
     if (nb == 1) {
@@ -100,24 +113,16 @@ static void fill_group(bw_loader *l, bw_batch **bs, size_t nb, unsigned gen)
         return;
     }
     for (size_t j = 0; j < nb; j++) {
-        bs[j]->rc = bw__session_lease_gate(&l->session, true, bs[j]->err, sizeof(bs[j]->err));
-        if (bs[j]->rc != BW_OK) { /* no read while the lease may have lapsed: one at a time */
+        if (fill_start(l, bs[j]) != BW_OK) { /* the lease may have lapsed: one at a time */
             for (size_t i = 0; i < nb; i++)
                 bs[i]->rc = fetch_slot(l, bs[i], gen);
             return;
         }
-        bw__batch_reuse(bs[j]);
     }
     bw__fetch_batches(&l->fctx, bs, nb);
-    for (size_t j = 0; j < nb; j++) {
-        bw_batch *b = bs[j];
-        if (b->rc == BW_INTERRUPTED)
-            b->rc = fetch_slot(l, b, gen);
-        else if (b->rc == BW_OK && (b->rc = bw__batch_split_fields(b, l->fields)) == BW_OK &&
-                 b->gpu)
-            b->rc = bw__gpu_upload(b->gpu, b->data, b->nbytes, &b->dev, &b->dev_cap, b->err,
-                                   sizeof(b->err));
-    }
+    for (size_t j = 0; j < nb; j++)
+        bs[j]->rc = bs[j]->rc == BW_INTERRUPTED ? fetch_slot(l, bs[j], gen)
+                                                : fill_finish(l, bs[j], bs[j]->rc);
 }
 
 /* How many steps a fetch thread may take now (l->mu held): the next one when its slot is

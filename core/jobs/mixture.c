@@ -638,11 +638,11 @@ void bw__mixture_at(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64
 
 /*
  * bw__mixture_at_many goes down the tree with a chunk of the batch's items at once. At a node
- * the items that reach it are taken in batch order, the node's merge walked forward from one
- * to the next (left_before), and split, still in order, between the two children; at a leaf,
- * the items of one (source, pass) are permuted with one key schedule (bw__feistel_at_run).
- * Per item: a merge step per level and one encryption, without the per-position descent and
- * the key look-ups of one position at a time.
+ * the items that reach it are taken in batch order -- a run of nearby ones merged at once
+ * (merge_span), the others reached by walking the node's merge forward (left_before) -- and
+ * split, still in order, between the two children; at a leaf, the items of one (source,
+ * pass) are permuted with one key schedule (bw__feistel_at_run). Per item: about a merge step
+ * per level and one encryption, without the per-position descent of bw__mixture_locate.
  */
 enum { CHUNK = 256 };
 

@@ -122,9 +122,9 @@ void bw__mixture_at(const bw__mixture *m, uint64_t pos, uint32_t *source, uint64
 /* bw__mixture_at for n positions at once, with the same results: sources[i], indices[i] and
  * (passes not NULL) passes[i] of position pos[i] (< E). pos may be indices (then each index
  * replaces its position). Cheaper per position than bw__mixture_at: the items go down the
- * tree together, each node's merge walked forward between nearby positions, and the samples
- * of one (source, pass) share one permutation key schedule (bw__feistel_at_run). Allocates
- * nothing (about 6 KiB of stack). */
+ * tree together, each node merging a run of nearby positions at once (or walking its merge
+ * forward between them), and the samples of one (source, pass) share one permutation key
+ * schedule (bw__feistel_at_run). Allocates nothing; uses about 48 KiB of stack. */
 void bw__mixture_at_many(const bw__mixture *m, const uint64_t *pos, size_t n, uint32_t *sources,
                          uint64_t *indices, uint64_t *passes);
 
