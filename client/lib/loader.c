@@ -19,19 +19,35 @@
  * many bytes in all, and only while this many groups can be in flight. */
 enum { BW_LOADER_GROUP_MAX = 8, BW_LOADER_GROUP_BYTES = 512 << 10, BW_LOADER_GROUPS_IN_FLIGHT = 4 };
 
-/* The indices of `step` into b (iterable jobs: positions in the epoch's stream); BW_OK or
- * the planner's verdict. */
-static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
+/* The order of `step` under `plan` (iterable jobs: positions in the epoch's stream) into the
+ * arrays of o, with its count; BW_OK or the planner's verdict. */
+static int order_batch(const bw_loader *l, const bw__plan *plan, uint64_t step, bw__ahead *o)
 {
-    bw__batch out = {b->indices, b->padding, 0, 0};
-    int rc = bw__plan_mix_batch(l->plan, l->rank, step, &out, b->sources,
-                                l->mixstream ? b->passes : NULL);
+    bw__batch out = {o->indices, o->padding, 0, 0};
+    int rc =
+        bw__plan_mix_batch(plan, l->rank, step, &out, o->sources, l->mixstream ? o->passes : NULL);
+    o->count = out.count;
+    o->real = out.real;
+    return rc;
+}
+
+/* The step's batch into b: its order -- already in b when `ordered` (a planned one taken,
+ * with its verdict) -- and what follows from it; BW_OK or the planner's verdict. */
+static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b, const int *ordered)
+{
+    bw__ahead o = {.indices = b->indices,
+                   .padding = b->padding,
+                   .sources = b->sources,
+                   .passes = b->passes,
+                   .count = b->count,
+                   .real = b->real};
+    int rc = ordered ? *ordered : order_batch(l, l->plan, step, &o);
     if (rc != BW_OK)
         return rc;
     b->epoch = l->epoch;
     b->step = step;
-    b->count = out.count;
-    b->real = out.real;
+    b->count = o.count;
+    b->real = o.real;
     b->mixture = bw__plan_mixture(l->plan) != NULL;
     b->has_passes = l->mixstream != NULL;
     const Batchwire__V1__SampleLayout *lay =
@@ -40,7 +56,7 @@ static int plan_batch(bw_loader *l, uint64_t step, bw_batch *b)
     if (lay && lay->dtype && *lay->dtype && lay->n_shape + 1 <= BW_LOADER_MAX_NDIM) {
         b->dtype = lay->dtype;
         b->ndim = 1 + lay->n_shape;
-        b->shape[0] = out.count;
+        b->shape[0] = o.count;
         for (size_t i = 0; i < lay->n_shape; i++)
             b->shape[i + 1] = lay->shape[i];
     }
@@ -137,6 +153,101 @@ static size_t free_ahead(const bw_loader *l)
     return k;
 }
 
+/* Planning ahead. A mixture's order is computed position by position (docs/semantics.md,
+ * "Mixtures"): ~10 us for a batch of 256, which a fetch thread would spend before its requests
+ * go out, on every batch's way. So a thread of its own plans the next nahead steps from
+ * next_fetch into a ring (step s in entry (s / stride) % nahead) while the fetch threads wait
+ * for their answers, and a fetch thread that takes a step swaps the planned arrays into its
+ * slot instead (take_planned). Nobody waits for the planner: a step it has not planned yet is
+ * planned by its fetch thread as before, so the batches are the same either way
+ * (docs/performance.md, "Planning ahead"). */
+
+/* The ring entry of step s when it holds s, planned at the current position; else NULL. */
+static bw__ahead *planned(bw_loader *l, uint64_t s)
+{
+    bw__ahead *e = &l->ahead[(size_t)(s / l->stride % l->nahead)];
+    return e->done && e->step == s && e->gen == l->generation ? e : NULL;
+}
+
+/* With l->mu held, for a fetch thread that took step s for b: swaps the step's planned
+ * order into b and says its verdict in *rc; false when it was not planned (the fetch thread
+ * plans it). Wakes the planner once half its lead is used up. */
+static bool take_planned(bw_loader *l, uint64_t s, bw_batch *b, int *rc)
+{
+    if (!l->has_planner)
+        return false;
+    bw__ahead *e = planned(l, s);
+    if (l->planner_waits && (!e || l->next_fetch - l->planner_slept_at >=
+                                       (uint64_t)(l->nahead / 2 ? l->nahead / 2 : 1) * l->stride))
+        pthread_cond_signal(&l->plan_cv);
+    if (!e)
+        return false;
+#define SWAP(f)                                                                                    \
+    do {                                                                                           \
+        __typeof__(b->f) t_ = b->f;                                                                \
+        b->f = e->f;                                                                               \
+        e->f = t_;                                                                                 \
+    } while (0)
+    SWAP(indices);
+    SWAP(padding);
+    SWAP(sources);
+    SWAP(passes);
+#undef SWAP
+    b->count = e->count;
+    b->real = e->real;
+    *rc = e->rc;
+    e->done = false;
+    return true;
+}
+
+/* The planner: plans the first step of [next_fetch, next_fetch + nahead * stride) not yet
+ * planned, one at a time, and waits when all are (or the epoch ends there). It reads l->plan
+ * outside the lock, so quiesce() waits for it as for a fetch. */
+static void *plan_thread(void *arg)
+{
+    bw_loader *l = arg;
+    pthread_mutex_lock(&l->mu);
+    while (!l->stopping) {
+        uint64_t s = l->next_fetch, k = 0;
+        while (k < l->nahead && s < l->end_step && planned(l, s)) {
+            s += l->stride;
+            k++;
+        }
+        if (k == l->nahead || s >= l->end_step) {
+            l->planner_waits = true;
+            l->planner_slept_at = l->next_fetch;
+            pthread_cond_wait(&l->plan_cv, &l->mu);
+            l->planner_waits = false;
+            continue;
+        }
+        bw__ahead *e = &l->ahead[(size_t)(s / l->stride % l->nahead)];
+        unsigned gen = l->generation;
+        const bw__plan *plan = l->plan;
+        e->done = false;
+        l->planning = true;
+        pthread_mutex_unlock(&l->mu);
+        int rc = order_batch(l, plan, s, e);
+        pthread_mutex_lock(&l->mu);
+        l->planning = false;
+        if (gen == l->generation) {
+            e->step = s;
+            e->gen = gen;
+            e->rc = rc;
+            e->done = true;
+        } else
+            pthread_cond_broadcast(&l->ready_cv); /* a quiesce() may wait for this */
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+/* Everybody who waits for work: the fetch threads and the planner (a new position, stopping). */
+static void wake_all(bw_loader *l)
+{
+    pthread_cond_broadcast(&l->work_cv);
+    pthread_cond_broadcast(&l->plan_cv);
+}
+
 /* A fetch thread takes the next step whose slot is free, and -- for small batches (l->group)
  * -- the steps after it whose slots are free too, up to l->group: one fetch for them all
  * costs each worker one request instead of one per batch (docs/performance.md, "Per-sample
@@ -153,6 +264,8 @@ static void *fetch_thread(void *arg)
             continue;
         }
         uint64_t steps[BW_LOADER_GROUP_MAX];
+        bool ordered[BW_LOADER_GROUP_MAX];
+        int verdict[BW_LOADER_GROUP_MAX];
         size_t nb = 0, slot;
         while (nb < l->group && l->next_fetch < l->end_step &&
                l->state[slot = (size_t)(l->next_fetch / l->stride % l->nslots)] == SLOT_FREE) {
@@ -161,6 +274,7 @@ static void *fetch_thread(void *arg)
             bs[nb++] = &l->slots[slot];
             l->next_fetch += l->stride;
             l->state[slot] = SLOT_FETCHING;
+            ordered[nb - 1] = take_planned(l, steps[nb - 1], bs[nb - 1], &verdict[nb - 1]);
         }
         unsigned gen = l->generation;
         pthread_mutex_unlock(&l->mu);
@@ -168,7 +282,7 @@ static void *fetch_thread(void *arg)
         bw_batch *todo[BW_LOADER_GROUP_MAX];
         for (size_t j = 0; j < nb; j++) {
             bw_batch *b = bs[j];
-            int rc = plan_batch(l, steps[j], b);
+            int rc = plan_batch(l, steps[j], b, ordered[j] ? &verdict[j] : NULL);
             if (rc != BW_OK) {
                 snprintf(b->err, sizeof(b->err), "step %" PRIu64 " of rank %u: no such batch (%s)",
                          steps[j], l->rank, bw_strerror(rc));
@@ -392,6 +506,41 @@ static size_t group_size(const bw_loader *l, size_t per)
     return g ? g : 1;
 }
 
+/* The planner's ring (l->nahead entries of max_batch samples each) and thread, for a job whose
+ * order is computed position by position (a mixture); BW_OK, or BW_NOMEM. Without the thread
+ * (pthread_create failed) the fetch threads plan every step themselves. */
+static int start_planner(bw_loader *l, size_t max_batch)
+{
+    if (!bw__plan_mixture(l->plan))
+        return BW_OK;
+    size_t n = max_batch ? max_batch : 1;
+    if (!(l->ahead = calloc(l->nslots, sizeof(*l->ahead))))
+        return BW_NOMEM;
+    l->nahead = l->nslots;
+    for (size_t i = 0; i < l->nahead; i++) {
+        bw__ahead *e = &l->ahead[i];
+        e->indices = malloc(n * sizeof(*e->indices));
+        e->padding = malloc(n * sizeof(*e->padding));
+        e->sources = malloc(n * sizeof(*e->sources));
+        e->passes = malloc(n * sizeof(*e->passes));
+        if (!e->indices || !e->padding || !e->sources || !e->passes)
+            return BW_NOMEM;
+    }
+    l->has_planner = pthread_create(&l->planner, NULL, plan_thread, l) == 0;
+    return BW_OK;
+}
+
+static void free_ahead_ring(bw_loader *l)
+{
+    for (size_t i = 0; l->ahead && i < l->nahead; i++) {
+        free(l->ahead[i].indices);
+        free(l->ahead[i].padding);
+        free(l->ahead[i].sources);
+        free(l->ahead[i].passes);
+    }
+    free(l->ahead);
+}
+
 static int start(const bw_loader_options *o, const void *cursor, size_t cursor_len,
                  const bw__join *how, bw_loader **out, char *err, size_t errlen)
 {
@@ -410,6 +559,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     bw__fetch_avoid_init(&l->favoid);
     bw__cond_init_mono(&l->work_cv); /* waited on a slice at a time (common/interrupt.h) */
     bw__cond_init_mono(&l->ready_cv);
+    pthread_cond_init(&l->plan_cv, NULL);
     int64_t rank, world;
     bw_arena ca;
     bw__arena_init(&ca, 0);
@@ -566,6 +716,12 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         snprintf(err, errlen, "cannot start fetch threads");
         bw_loader_close(l);
         return BW_INTERNAL;
+    }
+    if (start_planner(l, max_batch) != BW_OK) {
+        snprintf(err, errlen, "out of memory for %zu planned batches of %zu samples", l->nslots,
+                 max_batch);
+        bw_loader_close(l);
+        return BW_NOMEM;
     }
     BW_INFO("job=%s rank=%u world_size=%u joined samples=%" PRIu64 " epoch=%" PRIu64
             " step=%" PRIu64 " prefetch=%zu",
@@ -761,13 +917,13 @@ int bw_loader_get_stats(const bw_loader *l, bw_loader_stats *out, size_t size)
     return BW_OK;
 }
 
-/* Discards the fetches in progress (for a position being left) and waits until none runs;
- * with l->mu held. */
+/* Discards the fetches in progress (for a position being left) and waits until none runs,
+ * nor the planner (both read l->plan); with l->mu held. */
 static void quiesce(bw_loader *l)
 {
     l->generation++;
     for (;;) {
-        bool busy = false;
+        bool busy = l->planning;
         for (size_t i = 0; i < l->nslots; i++)
             busy |= l->state[i] == SLOT_FETCHING;
         if (!busy)
@@ -804,7 +960,7 @@ int bw_loader_seek(bw_loader *l, const void *cursor, size_t len)
             position(l, epoch, step);
             bw__loader_fail(l, rc, "%s", why);
         }
-        pthread_cond_broadcast(&l->work_cv);
+        wake_all(l);
         pthread_mutex_unlock(&l->mu);
     }
     bw__arena_reset(&a);
@@ -830,7 +986,7 @@ static int move_to_epoch(bw_loader *l, uint64_t epoch, const char *what)
     int rc = position(l, epoch, EPOCH_START);
     if (rc != BW_OK)
         stay(l);
-    pthread_cond_broadcast(&l->work_cv);
+    wake_all(l);
     pthread_mutex_unlock(&l->mu);
     return rc;
 }
@@ -952,14 +1108,17 @@ void bw_loader_close(bw_loader *l)
         return;
     pthread_mutex_lock(&l->mu);
     l->stopping = true;
-    pthread_cond_broadcast(&l->work_cv);
+    wake_all(l);
     pthread_cond_broadcast(&l->ready_cv);
     pthread_mutex_unlock(&l->mu);
     if (l->nthreads) /* fetch threads waiting for the lease's confirmation */
         bw__session_cancel(&l->session);
     for (size_t i = 0; i < l->nthreads; i++)
         pthread_join(l->threads[i], NULL);
+    if (l->has_planner)
+        pthread_join(l->planner, NULL);
     free(l->threads);
+    free_ahead_ring(l);
     for (size_t i = 0; l->slots && i < l->nslots; i++)
         bw__batch_free(&l->slots[i]); /* held bytes outlive the loader */
     bw__holds_close(l->holds);
@@ -977,5 +1136,6 @@ void bw_loader_close(bw_loader *l)
     bw__fetch_avoid_destroy(&l->favoid);
     pthread_cond_destroy(&l->work_cv);
     pthread_cond_destroy(&l->ready_cv);
+    pthread_cond_destroy(&l->plan_cv);
     free(l);
 }

@@ -25,6 +25,20 @@
 
 enum slot_state { SLOT_FREE, SLOT_FETCHING, SLOT_READY, SLOT_HELD };
 
+/* A batch's order planned ahead of the fetch threads (loader.c, plan_thread): the step's
+ * indices, padding, sources and passes as bw__plan_mix_batch gave them, with its verdict. */
+typedef struct bw__ahead {
+    uint64_t step;
+    unsigned gen; /* l->generation it was planned in */
+    bool done;    /* planned, and not taken yet */
+    int rc;
+    size_t count, real;
+    uint64_t *indices;
+    uint8_t *padding;
+    uint32_t *sources;
+    uint64_t *passes;
+} bw__ahead;
+
 struct bw_loader {
     bw__session session;
     bw__job_request jr;
@@ -75,6 +89,14 @@ struct bw_loader {
     size_t nthreads;
     pthread_t *threads;
     bool stopping;
+    /* Mixtures: a thread plans the order of the next nahead steps ahead of the fetch threads,
+     * which take it instead of computing it on their batch's way (loader.c, plan_thread). */
+    bw__ahead *ahead;
+    size_t nahead;
+    bool has_planner, planning, planner_waits;
+    uint64_t planner_slept_at; /* next_fetch when the planner last began to wait */
+    pthread_cond_t plan_cv;    /* the planner: steps were taken, the position moved, stopping */
+    pthread_t planner;
     struct bw__gpu_stream *copy_stream; /* bw_loader_to_device's */
     int copy_device;
     char err[BW_LOADER_ERRLEN];

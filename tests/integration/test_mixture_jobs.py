@@ -212,6 +212,39 @@ def test(tmpdir):
     bad = [g[0] for g in got if g[4] != b"".join(sample(s, i) for s, i in zip(g[2], g[1]))]
     bt.check(not bad, "Python: every batch's bytes are its samples' from their sources", bad)
 
+    # --- The loader moves while a thread plans the mixture's order ahead of its fetches
+    # (docs/client.md, "Planning ahead"): a seek back and forward, epochs set out of order and
+    # in order, each batch after a move the plan's, never one planned for the old position.
+    plans = {e: bwpy.plan("--mode", "torch", *plan_args(), "--world-size", 1, "--batch-size",
+                          B, "--seed", 5, "--epoch", e)[0] for e in range(4)}
+
+    with batchwire.Loader(coordinator=coord.addr, job="mixmove", rank=0, world_size=1,
+                          batch_size=B, seed=5, prefetch=8,
+                          mixture=[(s, float(w)) for s, w in zip(SPECS, WEIGHTS)]) as lo:
+        moves, bad = 0, []
+        it = iter(lo)
+        first = [next(it).step for _ in range(3)]
+        saved = lo.state_dict()  # after step 2
+        for _ in range(9):
+            next(it)
+        lo.load_state_dict(saved)  # back: steps 3.. again
+        for label, e, start, n in (("seek back", 0, 3, 12), ("set_epoch(2)", 2, 0, 20),
+                                   ("set_epoch(1)", 1, 0, 7), ("next_epoch", 2, 0, 30),
+                                   ("set_epoch(3)", 3, 0, len(plans[3]))):
+            if label.startswith("set_epoch"):
+                lo.set_epoch(e)
+            elif label == "next_epoch":
+                lo.next_epoch()
+            got = [(lo.epoch, b.step, b.indices.tolist(), b.sources.tolist())
+                   for _, b in zip(range(n), iter(lo))]
+            exp = [(e, p["step"], p["indices"], p["sources"]) for p in plans[e][start:start + n]]
+            moves += 1
+            if got != exp:
+                bad.append((label, got[:2], exp[:2]))
+    bt.check(first == [0, 1, 2] and moves == 5 and not bad,
+             "a mixture loader with its order planned ahead (prefetch 8): after a seek back, "
+             "set_epoch out of order, next_epoch, each move's batches are the plan's", bad)
+
     # --- batchwire.torch: a mixture under DataLoader(num_workers=2).
     import batchwire.torch as bwt
     from torch.utils.data import DataLoader
