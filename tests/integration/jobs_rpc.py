@@ -30,15 +30,6 @@ import health_pb2  # noqa: E402
 # short names for the tests (jr.dpb, jr.bpb, jr.hpb)
 dpb, bpb, hpb = data_pb2, batchwire_pb2, health_pb2
 
-# One channel that lives as long as the process and is never used (a channel connects only
-# when a call needs it). Debian's python3-grpcio 1.51 destroys its event engine's thread pool
-# when the last channel closes; a fork (subprocess starting a coordinator) while that pool is
-# shutting down aborts the whole test in thread_pool.cc ("ASSERTION FAILED: state_ ==
-# State::kRunning", grpc/grpc#31885) -- seen once in test_session_stream, which closes every
-# channel and restarts the coordinator five times. With this channel open the pool never shuts
-# down while a test runs.
-_KEEP_ENGINE = grpc.insecure_channel("127.0.0.1:9")
-
 TORCH = pb.SAMPLER_MODE_TORCH
 ACCELERATE = pb.SAMPLER_MODE_ACCELERATE
 ITERABLE = pb.SAMPLER_MODE_ITERABLE

@@ -32,6 +32,14 @@ from test_auth import write_tokens
 
 pb = jr.pb
 S = grpc.StatusCode
+# One channel that lives as long as this test and is never used (a channel connects only when
+# a call needs it). Debian's python3-grpcio 1.51 destroys its event engine's thread pool when
+# the last channel closes; starting a coordinator (a fork) while that pool is shutting down
+# aborts the test in thread_pool.cc ("ASSERTION FAILED: state_ == State::kRunning",
+# grpc/grpc#31885) -- seen once here, where every channel closes before each of five restarts.
+# Only here: a test that forks Python workers (a DataLoader) must not keep grpcio's threads
+# running, or under AddressSanitizer a worker can inherit the allocator's lock held.
+KEEP_ENGINE = grpc.insecure_channel("127.0.0.1:9")
 SESSION = "/batchwire.v1.Jobs/Session"
 TOKENS = {
     "alice": ("trainer", "alice-token-0123456789abcdef"),
