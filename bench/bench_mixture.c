@@ -7,10 +7,11 @@
  * the cost does not grow with the step.
  * Then the configuration of bench/bench_mixture_jobs.py: two sources of 2^17 samples mixed
  * half and half (E = 2^18), one rank, batches of 256, against one dataset of 2^18 in torch's
- * shuffled order (what `--shuffle` gives a job of that size: a materialised randperm) -- with
- * Prints one JSON object per measurement.
+ * shuffled order (what `--shuffle` gives a job of that size: a materialised randperm).
+ * Prints one JSON object per measurement; with `small`, only those last two (e.g. under
+ * `perf record`).
  *
- *   bench_mixture [SAMPLES_PER_POINT]     (default 2,000,000)
+ *   bench_mixture [SAMPLES_PER_POINT [small]]     (default 2,000,000)
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -108,6 +109,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_mixture: SAMPLES_PER_POINT must be at least %d\n", BATCH);
         return 2;
     }
+    if (argc > 2 && strcmp(argv[2], "small") == 0)
+        return bench_small();
     uint64_t batches = per_point / BATCH;
     /* the last steps of the epoch: positions near 10^10 */
     const uint64_t far = E_SAMPLES / (WORLD * BATCH) - batches - 1;

@@ -454,6 +454,23 @@ static key160 node_key(const node *n, uint64_t side, uint64_t k)
     return key;
 }
 
+/* The keys of elements k0 .. k0 + count - 1 of a side as one number each, where they are
+ * below 2^128 ((k + 1) F <= 2^96); one multiplication a key while k < 2^32. */
+static void keys128(const node *n, uint64_t side, uint64_t k0, size_t count, u128 *out)
+{
+    uint64_t f = side ? n->A : n->B;
+    if (k0 + count <= (1ull << (64 - JITTER_BITS))) {
+        for (size_t i = 0; i < count; i++)
+            out[i] = (u128)(((k0 + i) << JITTER_BITS) | jitter(n, side, k0 + i)) * f;
+        return;
+    }
+    for (size_t i = 0; i < count; i++) {
+        uint64_t k = k0 + i;
+        out[i] = ((u128)(k >> (64 - JITTER_BITS)) * f << 64) +
+                 (u128)((k << JITTER_BITS) | jitter(n, side, k)) * f;
+    }
+}
+
 /* Whether left key l comes before right key r: keys ascending, a left key first on a tie
  * (l <= r). r - l does not go below zero: the tops are under 2^96, so their difference less
  * the low words' borrow fits a signed 128-bit number. */
@@ -702,6 +719,28 @@ static void merge_span(const node *n, uint64_t p0, uint64_t span, uint16_t *merg
     bool at;
     uint64_t c = left_before_at(n, p0, &at), m = p0 - c;
     size_t nl = left_before_at(n, p0 + span, &at) - c, nr = span - nl;
+    *c0 = c;
+    const u128 fits = (u128)1 << (128 - JITTER_BITS);
+    if ((u128)(c + nl) * n->B <= fits && (u128)(m + nr) * n->A <= fits) {
+        /* Every key of the span below 2^128 ((k + 1) F <= 2^96: any epoch of up to 2^48
+         * samples): a key is one 128-bit number, and past each side's last key stands one
+         * above any key (keys stay below 2^128 - F), so the merge needs no test of which side
+         * is done. */
+        u128 lk[MERGE_SPAN + 1], rk[MERGE_SPAN + 1];
+        keys128(n, 0, c, nl, lk);
+        keys128(n, 1, m, nr, rk);
+        lk[nl] = rk[nr] = ~(u128)0;
+        size_t a = 0, b = 0;
+        for (size_t q = 0; q < span; q++) {
+            /* a <= nl and b <= nr: one side ends at its sentinel while the other runs on */
+            // NOLINTNEXTLINE(clang-analyzer-core.UndefinedBinaryOperatorResult)
+            bool left = lk[a] <= rk[b]; /* a left key first on a tie */
+            merged[q] = (uint16_t)(2 * a + left);
+            a += left;
+            b += !left;
+        }
+        return;
+    }
     key160 lk[MERGE_SPAN], rk[MERGE_SPAN];
     for (size_t k = 0; k < nl; k++)
         lk[k] = node_key(n, 0, c + k);
@@ -714,7 +753,6 @@ static void merge_span(const node *n, uint64_t p0, uint64_t span, uint16_t *merg
         a += left;
         b += !left;
     }
-    *c0 = c;
 }
 
 /* The end of the run of items from ids[w] on that merge_span covers: ascending positions at
@@ -772,13 +810,13 @@ static void descend(chunk *c, size_t i, uint64_t lo, uint64_t hi, uint16_t *ids,
         } else {
             left = left_before(n, &mm, p, &at);
         }
-        if (at) {
-            c->p[id] = left;
-            ids[nl++] = id; /* nl <= w: an item not read yet is never overwritten */
-        } else {
-            c->p[id] = p - left;
-            right[nr++] = id;
-        }
+        /* Without a branch: which side comes next is as good as random, a mispredicted
+         * branch an item. nl <= w, so an item not read yet is never overwritten. */
+        c->p[id] = at ? left : p - left;
+        ids[nl] = id;
+        right[nr] = id;
+        nl += at;
+        nr += !at;
     }
     memcpy(ids + nl, right, nr * sizeof(*ids));
     descend(c, 2 * i + 1, lo, n->mid, ids, nl);

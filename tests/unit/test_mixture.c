@@ -564,8 +564,9 @@ static void test_position_inverse(void **state)
  * sources (a tree of up to eight levels), tiny sources up-sampled so that one batch crosses
  * several passes of one source, stream sources under both policies, consecutive, strided and
  * scattered positions and strides that wrap around to the epoch's start, passes asked or not,
- * and the positions given in the index array itself. at_many permutes a run of one (source,
- * pass) eight at a time where the processor has AVX-512 (bw__feistel_at_run), at one at a
+ * and the positions given in the index array itself; epochs small, of 10^10 and up to 2^60
+ * (merge_span's keys of one 128-bit number and of 160 bits). at_many permutes a run of one
+ * (source, pass) eight at a time where the processor has AVX-512 (bw__feistel_at_run), at one at a
  * time, so on such a machine the two ways of encrypting are compared too. */
 static void test_at_many_equals_at(void **state)
 {
@@ -583,7 +584,9 @@ static void test_at_many_equals_at(void **state)
             streams[j] = trial % 5 == 0 && rnd(2);
             any |= streams[j];
         }
-        uint64_t E = 1 + rnd(trial % 2 ? 5000 : 10000000000ull);
+        /* Small epochs, 10^10 (element numbers past 2^32) and up to 2^60 (keys past 2^128),
+         * each with scattered and with consecutive or strided positions. */
+        uint64_t E = 1 + rnd(trial % 4 < 2 ? 5000 : trial % 8 >= 6 ? 1ull << 60 : 10000000000ull);
         bw__mix_spec spec = {sizes, w,       n,
                              E,     streams, any && trial % 2 ? BW__MIX_STOP : BW__MIX_CYCLE};
         bw__mixture *m = NULL;
