@@ -87,3 +87,15 @@ int bw__order_compute(bw__order *o, bw__order_kind kind, uint64_t n, uint64_t se
         bw__randperm_u64(o->p64, n, seed, BW__RANDPERM_AUTO);
     return BW_OK;
 }
+
+void bw__order_at_many(const bw__order *o, uint64_t offset, uint64_t *pos, size_t n)
+{
+    if (o->kind != BW__ORDER_FEISTEL) {
+        for (size_t i = 0; i < n; i++)
+            pos[i] = bw__order_at(o, offset + pos[i]);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        pos[i] += offset;
+    bw__feistel_at_run(&o->feistel, pos, n);
+}

@@ -50,6 +50,10 @@ static inline uint64_t bw__order_at(const bw__order *o, uint64_t pos)
     }
 }
 
+/* pos[i] = bw__order_at(o, offset + pos[i]) for i < n: a feistel order encrypts them
+ * together (bw__feistel_at_run: eight at a time with AVX-512), not one walk after another. */
+void bw__order_at_many(const bw__order *o, uint64_t offset, uint64_t *pos, size_t n);
+
 /* Bytes the order keeps in memory. */
 size_t bw__order_memory(const bw__order *o);
 

@@ -219,8 +219,7 @@ int bw__sampler_batch(const bw__sampler *s, uint64_t rank, uint64_t step, bw__ba
         return BW_END_OF_EPOCH;
     out->count =
         bw__layout_batch(&seg->layout, rank, local, out->indices, out->padding, &out->real);
-    for (size_t j = 0; j < out->count; j++)
-        out->indices[j] = bw__order_at(&s->order, seg->offset + out->indices[j]);
+    bw__order_at_many(&s->order, seg->offset, out->indices, out->count);
     return BW_OK;
 }
 
