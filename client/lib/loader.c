@@ -507,11 +507,12 @@ static size_t group_size(const bw_loader *l, size_t per)
 }
 
 /* The planner's ring (l->nahead entries of max_batch samples each) and thread, for a job whose
- * order is computed position by position (a mixture); BW_OK, or BW_NOMEM. Without the thread
+ * order is computed position by position (a mixture), where l->plan_ahead allows it (cores to
+ * spare, or BATCHWIRE_PLAN_AHEAD=on); BW_OK, or BW_NOMEM. Without the thread
  * (pthread_create failed) the fetch threads plan every step themselves. */
 static int start_planner(bw_loader *l, size_t max_batch)
 {
-    if (!bw__plan_mixture(l->plan))
+    if (!l->plan_ahead || !bw__plan_mixture(l->plan))
         return BW_OK;
     size_t n = max_batch ? max_batch : 1;
     if (!(l->ahead = calloc(l->nslots, sizeof(*l->ahead))))
@@ -570,6 +571,8 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     uint64_t compress = 0; /* asked of each data-channel connection (docs/data-channel.md) */
     if (rc == BW_OK)
         rc = bw__loader_compress(o, &compress, err, errlen);
+    if (rc == BW_OK)
+        rc = bw__loader_plan_ahead(&l->plan_ahead, err, errlen);
     if (rc == BW_OK)
         rc = bw__fields_kind_of(l->jr.format, o->fields != 0, &l->fields, err, errlen);
     if (rc == BW_OK && l->fields == BW_FIELDS_JSON && l->jr.transform_field)

@@ -91,6 +91,7 @@ struct bw_loader {
     bool stopping;
     /* Mixtures: a thread plans the order of the next nahead steps ahead of the fetch threads,
      * which take it instead of computing it on their batch's way (loader.c, plan_thread). */
+    bool plan_ahead; /* bw__loader_plan_ahead: start the planner where it applies */
     bw__ahead *ahead;
     size_t nahead;
     bool has_planner, planning, planner_waits;

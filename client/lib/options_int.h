@@ -56,5 +56,10 @@ int bw__loader_transport(const bw_loader_options *o, bool *data_channel, char *e
 /* The data channel's compression as FEATURES bits (transport.h, bw__worker_opts.compress):
  * o->compress, else BATCHWIRE_COMPRESS, else "none". BW_INVALID_ARGUMENT for another value. */
 int bw__loader_compress(const bw_loader_options *o, uint64_t *bits, char *err, size_t errlen);
+/* Whether a loader whose order is computed position by position plans it ahead in a thread of
+ * its own (docs/client.md, "Planning ahead"): BATCHWIRE_PLAN_AHEAD "on", "off", or "auto"
+ * (unset or empty: on where this process may run on 4 CPUs or more); BW_INVALID_ARGUMENT with
+ * a sentence for any other value. */
+int bw__loader_plan_ahead(bool *on, char *err, size_t errlen);
 
 #endif

@@ -218,6 +218,20 @@ def test(tmpdir):
     plans = {e: bwpy.plan("--mode", "torch", *plan_args(), "--world-size", 1, "--batch-size",
                           B, "--seed", 5, "--epoch", e)[0] for e in range(4)}
 
+    # BATCHWIRE_PLAN_AHEAD=on: the planner runs here even on a machine of fewer than 4 CPUs
+    # (where "auto" leaves it off); a value that is none of auto, on, off is refused.
+    os.environ["BATCHWIRE_PLAN_AHEAD"] = "sometimes"
+    try:
+        batchwire.Loader(coordinator=coord.addr, job="mixmove", rank=0, world_size=1,
+                         batch_size=B, seed=5,
+                         mixture=[(s, float(w)) for s, w in zip(SPECS, WEIGHTS)]).close()
+        refused = None
+    except batchwire.InvalidArgumentError as e:
+        refused = str(e)
+    bt.check(refused and "BATCHWIRE_PLAN_AHEAD is 'sometimes': expected auto, on or off" in
+             refused, "BATCHWIRE_PLAN_AHEAD=sometimes is refused, saying what it expects",
+             refused)
+    os.environ["BATCHWIRE_PLAN_AHEAD"] = "on"
     with batchwire.Loader(coordinator=coord.addr, job="mixmove", rank=0, world_size=1,
                           batch_size=B, seed=5, prefetch=8,
                           mixture=[(s, float(w)) for s, w in zip(SPECS, WEIGHTS)]) as lo:
@@ -241,6 +255,7 @@ def test(tmpdir):
             moves += 1
             if got != exp:
                 bad.append((label, got[:2], exp[:2]))
+    del os.environ["BATCHWIRE_PLAN_AHEAD"]
     bt.check(first == [0, 1, 2] and moves == 5 and not bad,
              "a mixture loader with its order planned ahead (prefetch 8): after a seek back, "
              "set_epoch out of order, next_epoch, each move's batches are the plan's", bad)
