@@ -57,7 +57,8 @@ struct bw__rp {
         uint8_t *touched;
     } * part;
     size_t nparts, cur;
-    const uint32_t *of;
+    const uint8_t *of; /* the request's index_datasets_bytes, or of_copy */
+    uint8_t *of_copy;  /* its index_datasets (varints), as bytes */
 };
 
 /* A file's identity is checked with the first record read from it, then with every
@@ -177,6 +178,7 @@ void bw__rp_close(bw__rp *rp)
         rp->touched = NULL;
     }
     free(rp->part);
+    free(rp->of_copy);
     bw__ds_put(rp->e);
     free(rp->touched);
     free(rp->tf);
@@ -492,7 +494,8 @@ static int no_memory(const char *method, char *err, size_t errlen)
 }
 
 static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadSamplesRequest *r,
-                      uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen);
+                      const uint64_t *idx, size_t n, uint64_t deadline_ms, bw__rp **out, char *err,
+                      size_t errlen);
 
 /* ReadSamples: ownership of every index's shard under rt (by source: of the source of its own
  * dataset holding it). */
@@ -518,26 +521,37 @@ static int check_indices_owner(bw_worker *w, const bw__rp *rp, const Batchwire__
 static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__ReadSamplesRequest *r,
                         uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen)
 {
-    if (r->n_indices > BW_DATA_MAX_INDICES) {
-        snprintf(err, errlen, "ReadSamples: %zu indices is more than the limit of %d", r->n_indices,
+    /* The indices come as varints (`indices`) or fixed-width (`indices_fixed`), not both
+     * (docs/data-channel.md, "Fixed-width indices"). */
+    if (r->n_indices && r->n_indices_fixed) {
+        snprintf(err, errlen,
+                 "ReadSamples: the request carries both `indices` (%zu) and `indices_fixed` "
+                 "(%zu): its indices go in one of them",
+                 r->n_indices, r->n_indices_fixed);
+        return BW_INVALID_ARGUMENT;
+    }
+    const uint64_t *idx = r->n_indices_fixed ? r->indices_fixed : r->indices;
+    size_t n = r->n_indices_fixed ? r->n_indices_fixed : r->n_indices;
+    if (n > BW_DATA_MAX_INDICES) {
+        snprintf(err, errlen, "ReadSamples: %zu indices is more than the limit of %d", n,
                  BW_DATA_MAX_INDICES);
         return BW_TOO_BIG;
     }
-    if (r->n_datasets || r->n_index_datasets)
-        return open_multi(w, peer, r, deadline_ms, out, err, errlen);
+    if (r->n_datasets || r->n_index_datasets || r->index_datasets_bytes.len)
+        return open_multi(w, peer, r, idx, n, deadline_ms, out, err, errlen);
     bw__wds *e = NULL;
     int rc = open_dataset(w, peer, "ReadSamples", r->dataset, r->fingerprint, true, deadline_ms, &e,
                           err, errlen);
     if (rc != BW_OK)
         return rc;
-    bw__rp *rp = bw__rp_samples(e, r->indices, r->n_indices, &w->stats);
+    bw__rp *rp = bw__rp_samples(e, idx, n, &w->stats);
     if (!rp)
         return no_memory("ReadSamples", err, errlen);
     rp->spec = r->dataset;
     rp->field_table = r->field_table;
     if (r->transform && r->transform->spec && r->transform->spec[0]) {
         char why[768];
-        size_t cap = bw__stf_window(w->tfpool, r->n_indices);
+        size_t cap = bw__stf_window(w->tfpool, n);
         rp->win.cap = cap;
         rp->win.recs = malloc(cap * sizeof(*rp->win.recs));
         rp->win.srcs = malloc(cap * sizeof(*rp->win.srcs));
@@ -558,15 +572,15 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
     }
     const bw__dataset *d = rp->d;
     uint64_t most = 0;
-    for (size_t i = 0; i < r->n_indices; i++)
-        most = r->indices[i] > most ? r->indices[i] : most;
-    for (size_t i = 0; most >= d->length && i < r->n_indices && rc == BW_OK; i++)
-        if (r->indices[i] >= d->length) {
+    for (size_t i = 0; i < n; i++)
+        most = idx[i] > most ? idx[i] : most;
+    for (size_t i = 0; most >= d->length && i < n && rc == BW_OK; i++)
+        if (idx[i] >= d->length) {
             snprintf(err, errlen,
                      "ReadSamples: dataset %s %s: index %llu requested (position %zu) but the "
                      "dataset has %llu samples",
-                     r->dataset->format, bw__ds_spec_first(r->dataset),
-                     (unsigned long long)r->indices[i], i, (unsigned long long)d->length);
+                     r->dataset->format, bw__ds_spec_first(r->dataset), (unsigned long long)idx[i],
+                     i, (unsigned long long)d->length);
             rc = BW_OUT_OF_RANGE;
         }
     if (rc == BW_OK)
@@ -586,7 +600,8 @@ static void part_name(const Batchwire__V1__Dataset *spec, char *out, size_t outl
  * request"): the same checks as of one dataset, for each of them, and each index against the
  * dataset it names. Messages name the dataset by its position in the request and its name. */
 static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadSamplesRequest *r,
-                      uint64_t deadline_ms, bw__rp **out, char *err, size_t errlen)
+                      const uint64_t *idx, size_t n, uint64_t deadline_ms, bw__rp **out, char *err,
+                      size_t errlen)
 {
     size_t nd = r->n_datasets;
     if (r->dataset || (r->fingerprint && r->fingerprint[0])) {
@@ -601,10 +616,21 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
                  BW_DATA_MAX_DATASETS);
         return BW_TOO_BIG;
     }
-    if (r->n_index_datasets != r->n_indices) {
+    /* Each index's dataset: varints (`index_datasets`) or a byte each
+     * (`index_datasets_bytes`), not both. */
+    const uint8_t *of8 = r->index_datasets_bytes.len ? r->index_datasets_bytes.data : NULL;
+    const char *ofname = of8 ? "index_datasets_bytes" : "index_datasets";
+    size_t nof = of8 ? r->index_datasets_bytes.len : r->n_index_datasets;
+    if (of8 && r->n_index_datasets) {
         snprintf(err, errlen,
-                 "ReadSamples: %zu indices but %zu index_datasets: each index names its dataset",
-                 r->n_indices, r->n_index_datasets);
+                 "ReadSamples: the request carries both `index_datasets` (%zu) and "
+                 "`index_datasets_bytes` (%zu): each index's dataset goes in one of them",
+                 r->n_index_datasets, r->index_datasets_bytes.len);
+        return BW_INVALID_ARGUMENT;
+    }
+    if (nof != n) {
+        snprintf(err, errlen, "ReadSamples: %zu indices but %zu %s: each index names its dataset",
+                 n, nof, ofname);
         return BW_INVALID_ARGUMENT;
     }
     if (r->transform && r->transform->spec && r->transform->spec[0]) {
@@ -620,29 +646,39 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
             return BW_INVALID_ARGUMENT;
         }
     uint32_t most = 0; /* a loop without exits: the position is looked for only if needed */
-    for (size_t i = 0; i < r->n_indices; i++)
+    for (size_t i = 0; of8 && i < n; i++)
+        most = of8[i] > most ? of8[i] : most;
+    for (size_t i = 0; !of8 && i < n; i++)
         most = r->index_datasets[i] > most ? r->index_datasets[i] : most;
-    for (size_t i = 0; most >= nd && i < r->n_indices; i++)
-        if (r->index_datasets[i] >= nd) {
+    for (size_t i = 0; most >= nd && i < n; i++) {
+        uint32_t j = of8 ? of8[i] : r->index_datasets[i];
+        if (j >= nd) {
             snprintf(err, errlen,
                      "ReadSamples: index %llu (position %zu) names dataset %u but the request has "
                      "%zu datasets",
-                     (unsigned long long)r->indices[i], i, r->index_datasets[i], nd);
+                     (unsigned long long)idx[i], i, j, nd);
             return BW_INVALID_ARGUMENT;
         }
+    }
     bw__rp *rp = calloc(1, sizeof(*rp));
     struct rp_part *part = calloc(nd ? nd : 1, sizeof(*part));
-    if (!rp || !part) {
+    /* varints: copied as bytes (each below nd <= 256), the one form the read goes by */
+    uint8_t *copy = of8 ? NULL : malloc(n ? n : 1);
+    if (!rp || !part || (!of8 && !copy)) {
         free(rp);
         free(part);
+        free(copy);
         return no_memory("ReadSamples", err, errlen);
     }
+    for (size_t i = 0; copy && i < n; i++)
+        copy[i] = (uint8_t)r->index_datasets[i];
     rp->part = part;
     rp->stats = &w->stats;
     rp->checked_src = SIZE_MAX;
-    rp->indices = r->indices;
-    rp->n = r->n_indices;
-    rp->of = r->index_datasets;
+    rp->indices = idx;
+    rp->n = n;
+    rp->of = of8 ? of8 : copy;
+    rp->of_copy = copy;
     rp->field_table = r->field_table;
     int rc = BW_OK;
     for (size_t k = 0; k < nd && rc == BW_OK; k++) {
@@ -667,17 +703,17 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
     for (size_t k = 0; k < nd; k++)
         length[k] = part[k].d->length;
     bool out_of_range = false;
-    for (size_t i = 0; i < r->n_indices; i++)
-        out_of_range |= r->indices[i] >= length[r->index_datasets[i]];
-    for (size_t i = 0; out_of_range && i < r->n_indices && rc == BW_OK; i++) {
-        const struct rp_part *pt = &part[r->index_datasets[i]];
-        if (r->indices[i] >= pt->d->length) {
+    for (size_t i = 0; i < n; i++)
+        out_of_range |= idx[i] >= length[rp->of[i]];
+    for (size_t i = 0; out_of_range && i < n && rc == BW_OK; i++) {
+        const struct rp_part *pt = &part[rp->of[i]];
+        if (idx[i] >= pt->d->length) {
             char name[320];
             part_name(pt->spec, name, sizeof(name));
             snprintf(err, errlen,
                      "ReadSamples: dataset %u of %zu (%s): index %llu requested (position %zu) "
                      "but the dataset has %llu samples",
-                     r->index_datasets[i], nd, name, (unsigned long long)r->indices[i], i,
+                     rp->of[i], nd, name, (unsigned long long)idx[i], i,
                      (unsigned long long)pt->d->length);
             rc = BW_OUT_OF_RANGE;
         }

@@ -312,7 +312,8 @@ static int create(const bw__worker_opts *opts, void **state, char *err, size_t e
     }
     pthread_mutex_init(&s->mu, NULL);
     s->grant = opts->grant;
-    s->offer = BW_DCHAN_FEATURE_RUNS | BW_DCHAN_FEATURE_DATASETS | opts->compress;
+    s->offer =
+        BW_DCHAN_FEATURE_RUNS | BW_DCHAN_FEATURE_DATASETS | BW_DCHAN_FEATURE_FIXED | opts->compress;
     int rc = bw__tls_client_enabled(&opts->rpc.tls)
                  ? bw__dchan_tls_client_ctx(&opts->rpc.tls, &s->tls, err, errlen)
                  : BW_OK;
@@ -507,7 +508,9 @@ struct bw__xfer {
     bw__dconn *c;
     const char *wid, *address; /* borrowed from the placement, alive for the request */
     uint32_t kind;
-    bool several; /* a ReadSamples request of several datasets (BW_DCHAN_FEATURE_DATASETS) */
+    /* The FEATURES bits the packed request relies on: BW_DCHAN_FEATURE_DATASETS (a ReadSamples
+     * request of several datasets), BW_DCHAN_FEATURE_FIXED (fixed-width indices) */
+    uint64_t needs;
     uint8_t *req; /* kept for a resend on a fresh connection */
     size_t reqlen;
     int timeout_ms;
@@ -571,41 +574,81 @@ static void xfer_free(bw__xfer *x)
     free(x);
 }
 
+/*
+ * Packs req for x's connection into x->req (after the request header). A ReadSamples request
+ * goes with fixed-width indices -- packed fixed64, and a byte per index for its datasets --
+ * where the connection's FEATURES answer offered them (docs/data-channel.md, "Fixed-width
+ * indices": protobuf-c reads them with a copy where varints took ~75 instructions an index);
+ * on a connection not answered yet, as varints. x->needs: the features the packed request
+ * relies on. Keeps the indices in x->idx, in the order the worker answers them.
+ */
+static int pack(bw__xfer *x, const bw__read_req *req, const char *worker_id, bw__xres *res)
+{
+    bw__granted granted;
+    const ProtobufCMessage *msg = bw__read_req_granted(req, &x->s->grant, worker_id, &granted);
+    Batchwire__V1__ReadSamplesRequest fixed;
+    uint8_t *of = NULL;
+    const char *what = NULL;
+    if (req->kind == BW_DCHAN_KIND_READ_SAMPLES) {
+        /* A RUN frame names its first sample; the others are the request's next ones. */
+        const Batchwire__V1__ReadSamplesRequest *rs =
+            (const Batchwire__V1__ReadSamplesRequest *)msg;
+        x->nidx = rs->n_indices;
+        x->needs = rs->n_datasets ? BW_DCHAN_FEATURE_DATASETS : 0;
+        if (x->nidx && !(x->idx = malloc(x->nidx * sizeof(*x->idx))))
+            what = "indices";
+        else if (x->nidx)
+            memcpy(x->idx, rs->indices, x->nidx * sizeof(*x->idx));
+        if (!what && x->c && (x->c->features & BW_DCHAN_FEATURE_FIXED)) {
+            fixed = *rs;
+            fixed.n_indices_fixed = rs->n_indices;
+            fixed.indices_fixed = rs->indices;
+            fixed.n_indices = 0;
+            fixed.indices = NULL;
+            if (rs->n_index_datasets && !(of = malloc(rs->n_index_datasets)))
+                what = "datasets";
+            uint32_t most = 0;
+            for (size_t i = 0; of && i < rs->n_index_datasets; i++) {
+                most |= rs->index_datasets[i];
+                of[i] = (uint8_t)rs->index_datasets[i];
+            }
+            /* positions in `datasets`: below BW__MIX_MAX_SOURCES (256), a byte each */
+            BW_INVARIANT(most <= UINT8_MAX, "a request's datasets are at most 256");
+            if (of) {
+                fixed.index_datasets_bytes = (ProtobufCBinaryData){rs->n_index_datasets, of};
+                fixed.n_index_datasets = 0;
+                fixed.index_datasets = NULL;
+            }
+            msg = &fixed.base;
+            x->needs |= BW_DCHAN_FEATURE_FIXED;
+        }
+    }
+    size_t len = what ? 0 : protobuf_c_message_get_packed_size(msg);
+    if (!what && !(x->req = malloc(BW_DCHAN_REQ_HEADER + len)))
+        what = "the request";
+    if (!what) {
+        bw__dchan_put_req_header(x->req, req->kind, len);
+        protobuf_c_message_pack(msg, x->req + BW_DCHAN_REQ_HEADER);
+        x->reqlen = BW_DCHAN_REQ_HEADER + len;
+    }
+    bw__granted_wipe(&granted);
+    free(of);
+    if (!what)
+        return BW_OK;
+    snprintf(res->err, sizeof(res->err), "out of memory for a %zu-index request (%s)", x->nidx,
+             what);
+    return res->rc = BW_NOMEM;
+}
+
 static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req, int timeout_ms,
                  bw__xfer **out, bw__xres *res)
 {
     dchan_state *s = state;
     *out = NULL;
-    bw__granted granted;
-    const ProtobufCMessage *msg = bw__read_req_granted(req, &s->grant, wr->id, &granted);
     bw__xfer *x = calloc(1, sizeof(*x));
-    size_t len = protobuf_c_message_get_packed_size(msg);
-    if (x)
-        x->req = malloc(BW_DCHAN_REQ_HEADER + len);
-    if (!x || !x->req) {
-        bw__granted_wipe(&granted);
-        free(x);
-        snprintf(res->err, sizeof(res->err), "out of memory for a %zu-byte request", len);
+    if (!x) {
+        snprintf(res->err, sizeof(res->err), "out of memory for a request");
         return res->rc = BW_NOMEM;
-    }
-    bw__dchan_put_req_header(x->req, req->kind, len);
-    protobuf_c_message_pack(msg, x->req + BW_DCHAN_REQ_HEADER);
-    bw__granted_wipe(&granted);
-    x->reqlen = BW_DCHAN_REQ_HEADER + len;
-    if (req->kind == BW_DCHAN_KIND_READ_SAMPLES) {
-        /* A RUN frame names its first sample; the others are the request's next ones. */
-        const Batchwire__V1__ReadSamplesRequest *rs =
-            (const Batchwire__V1__ReadSamplesRequest *)req->msg;
-        x->nidx = rs->n_indices;
-        x->several = rs->n_datasets > 0;
-        if (x->nidx && !(x->idx = malloc(x->nidx * sizeof(*x->idx)))) {
-            xfer_free(x);
-            snprintf(res->err, sizeof(res->err), "out of memory for a request's %zu indices",
-                     rs->n_indices);
-            return res->rc = BW_NOMEM;
-        }
-        if (x->nidx)
-            memcpy(x->idx, rs->indices, x->nidx * sizeof(*x->idx));
     }
     x->s = s;
     x->wid = wr->id;
@@ -619,6 +662,9 @@ static int start(void *state, const bw__worker_ref *wr, const bw__read_req *req,
          * answer over gRPC. */
         dconn_suspend(s, x->address, wr->id, e, true);
         res->fallback = true;
+    } else if (pack(x, req, wr->id, res) != BW_OK) {
+        xfer_free(x);
+        return res->rc;
     } else {
         rc = send_req(x, false, e, sizeof(e));
     }
@@ -649,17 +695,19 @@ static bool end(bw__xfer *x, bw__xres *res, int rc, bool reusable, const char *w
     return true;
 }
 
-/* A request of several datasets went to a worker that no longer offers them (another, older
- * worker at the address it was learned from): ended, for the fetch loop to ask again at once
- * (res->fallback), now the old way -- a request per dataset -- since this worker's answer was
- * learned (docs/data-channel.md, "Several datasets in one request"). */
-static bool several_refused(bw__xfer *x, bw__xres *res, const char *why)
+/* A request that relies on features (x->needs) went to a worker that does not offer `lacks` of
+ * them (another, older worker at the address they were learned from, or behind a connection
+ * made again): ended, for the fetch loop to ask again at once (res->fallback), now the old way
+ * -- a request per dataset, varint indices -- since this worker's answer was learned
+ * (docs/data-channel.md, "Several datasets in one request", "Fixed-width indices"). */
+static bool refused(bw__xfer *x, bw__xres *res, uint64_t lacks, const char *why)
 {
     char e[BW_XFER_ERRLEN];
-    snprintf(e, sizeof(e),
-             "a request of several datasets, but %s (an older worker): asked again one dataset "
-             "a request",
-             why);
+    bool several = lacks & BW_DCHAN_FEATURE_DATASETS, fixed = lacks & BW_DCHAN_FEATURE_FIXED;
+    snprintf(e, sizeof(e), "a request %s%s%s, but %s (an older worker): asked again %s%s%s",
+             several ? "of several datasets" : "", several && fixed ? " and " : "",
+             fixed ? "with fixed-width indices" : "", why, several ? "one dataset a request" : "",
+             several && fixed ? " and " : "", fixed ? "with varint indices" : "");
     BW_DEBUG("worker=%s data_channel=%s %s", x->wid, x->address, e);
     res->fallback = true;
     return end(x, res, BW_UNAVAILABLE, false, e);
@@ -863,8 +911,8 @@ static bool frame(bw__xfer *x, const bw__sink *sink, bw__xres *res)
         x->c->hello = false;
         x->c->features = f->b;
         dconn_learned(x->s, x->address, f->b);
-        if (x->several && !(f->b & BW_DCHAN_FEATURE_DATASETS))
-            return several_refused(x, res, "its FEATURES answer does not offer them");
+        if (x->needs & ~f->b)
+            return refused(x, res, x->needs & ~f->b, "its FEATURES answer does not offer them");
         if (x->s->offer & BW_DCHAN_FEATURE_ZSTD)
             BW_DEBUG("worker=%s data_channel=%s compression: %s (features %#llx)", x->wid,
                      x->address,
@@ -937,8 +985,8 @@ static bool resend_plain(bw__xfer *x, bw__xres *res, const char *why)
 {
     char e[BW_XFER_ERRLEN];
     dconn_mark_old(x->s, x->address, why);
-    if (x->several)
-        return several_refused(x, res, "it knows no FEATURES request");
+    if (x->needs)
+        return refused(x, res, x->needs, "it knows no FEATURES request");
     x->phase = X_HDR;
     x->hgot = x->got = x->need = 0;
     x->run_left = 0;

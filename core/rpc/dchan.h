@@ -85,10 +85,14 @@ enum {
 /* ReadSamples requests of several datasets (ReadSamplesRequest.datasets; docs/data-channel.md,
  * "Several datasets in one request"): the worker serves them, on any transport */
 #define BW_DCHAN_FEATURE_DATASETS ((uint64_t)8)
+/* ReadSamples requests whose indices are fixed-width (ReadSamplesRequest.indices_fixed and
+ * index_datasets_bytes; docs/data-channel.md, "Fixed-width indices"): the worker reads them, on
+ * any transport */
+#define BW_DCHAN_FEATURE_FIXED ((uint64_t)16)
 /* every feature this build speaks */
 #define BW_DCHAN_FEATURES                                                                          \
     (BW_DCHAN_FEATURE_RUNS | BW_DCHAN_FEATURE_ZSTD | BW_DCHAN_FEATURE_ZSTD_AUTO |                  \
-     BW_DCHAN_FEATURE_DATASETS)
+     BW_DCHAN_FEATURE_DATASETS | BW_DCHAN_FEATURE_FIXED)
 /* with ZSTD, bits 8-15 are the zstd level: asked (0: the worker's choice), then used */
 #define BW_DCHAN_ZSTD_LEVEL_SHIFT 8
 #define BW_DCHAN_ZSTD_LEVEL_MASK ((uint64_t)0xff << BW_DCHAN_ZSTD_LEVEL_SHIFT)

@@ -24,6 +24,24 @@ static bool varint(const uint8_t *p, size_t n, size_t *i, uint64_t *v)
     return false;
 }
 
+/* The bytes of one element of a packed field of this type: 4 or 8 for the fixed-size types,
+ * 0 for varints. */
+static size_t fixed_width(ProtobufCType t)
+{
+    switch (t) {
+    case PROTOBUF_C_TYPE_FIXED32:
+    case PROTOBUF_C_TYPE_SFIXED32:
+    case PROTOBUF_C_TYPE_FLOAT:
+        return 4;
+    case PROTOBUF_C_TYPE_FIXED64:
+    case PROTOBUF_C_TYPE_SFIXED64:
+    case PROTOBUF_C_TYPE_DOUBLE:
+        return 8;
+    default:
+        return 0;
+    }
+}
+
 static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n, int depth,
                  char *err, size_t errlen)
 {
@@ -73,8 +91,9 @@ static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n
         if (wire == 2 && f->label == PROTOBUF_C_LABEL_REPEATED &&
             f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_BYTES &&
             f->type != PROTOBUF_C_TYPE_MESSAGE) {
-            elems = 0; /* packed: count the varints (or fixed-size elements) */
-            for (size_t k = start; k < start + len; k++)
+            size_t width = fixed_width(f->type);
+            elems = width ? len / width : 0; /* packed: fixed-size elements, or varints */
+            for (size_t k = start; !width && k < start + len; k++)
                 elems += !(p[k] & 0x80);
         }
         size_t fi = (size_t)(f - d->fields);

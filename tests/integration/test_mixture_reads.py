@@ -50,6 +50,7 @@ import test_hostile_grants as hg  # noqa: E402
 
 dpb = hg.dpb
 DATASETS = 8  # FEATURES bit 3
+FIXED = 16  # FEATURES bit 4: fixed-width indices
 NAMES = ["a.npy", "b.npy", "c.npy"]
 
 
@@ -73,6 +74,19 @@ def several(names, indices, of, fingerprints=None, **extra):
         indices=list(indices), index_datasets=list(of), **extra)
 
 
+def fixed(req):
+    """req with its indices as packed fixed64 and its index_datasets as a byte each
+    (docs/data-channel.md, "Fixed-width indices")."""
+    out = dpb.ReadSamplesRequest()
+    out.CopyFrom(req)
+    out.ClearField("indices")
+    out.ClearField("index_datasets")
+    out.indices_fixed.extend(req.indices)
+    if len(req.index_datasets):
+        out.index_datasets_bytes = bytes(req.index_datasets)
+    return out
+
+
 def send(s, req):
     s.sendall(dc.frame(req.SerializeToString()))
 
@@ -83,10 +97,11 @@ def check_frames(got, want, keys, what):
 
 
 class OlderProxy:
-    """Forwards data-channel connections to `upstream`. While `older` is set, it takes bit 3
-    out of FEATURES requests (the worker behind then does not offer it, as an older one), and
-    closes a connection opened before `older` was set when its next request comes (the worker
-    behind the address changed)."""
+    """Forwards data-channel connections to `upstream`. While `older` is set, it takes bits 3
+    and 4 out of FEATURES requests (the worker behind then does not offer them, as an older
+    one), and closes a connection opened before `older` was set when its next request comes (the
+    worker behind the address changed). It counts the ReadSamples requests that pass with
+    fixed-width indices and with varints, and the connections."""
 
     def __init__(self, upstream):
         self.upstream = upstream
@@ -96,6 +111,7 @@ class OlderProxy:
         self.requests = 0
         self.stripped = 0
         self.closed = 0
+        self.fixed = self.varint = self.conns = 0
         self.mu = threading.Lock()
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
@@ -111,6 +127,8 @@ class OlderProxy:
     def accept(self):
         while True:
             c, _ = self.lsock.accept()
+            with self.mu:
+                self.conns += 1
             u = socket.create_connection(self.upstream)
             threading.Thread(target=self.requests_of, args=(c, u, self.generation),
                              daemon=True).start()
@@ -157,10 +175,14 @@ class OlderProxy:
                         raise OSError("the worker behind changed")
                     if kind == 4 and self.older:
                         bits = struct.unpack("<Q", req[16:24])[0]
-                        req = req[:16] + struct.pack("<Q", bits & ~DATASETS)
+                        req = req[:16] + struct.pack("<Q", bits & ~(DATASETS | FIXED))
                         self.stripped += 1
                     if kind == 1:
                         self.requests += 1
+                        if len(dpb.ReadSamplesRequest.FromString(req[16:]).indices_fixed):
+                            self.fixed += 1
+                        else:
+                            self.varint += 1
                         if self.switch_after is not None and self.requests >= self.switch_after:
                             self.switch_after = None
                             self.older = True
@@ -220,6 +242,28 @@ def test(tmpdir):
     bt.check(tail == ("end", len(idx)) and dr.RUN in {t for t, *_ in got},
              "with RUN frames: RUN frames then END", tail)
     check_frames(got, want, idx, "three datasets, RUN frames")
+    bt.log("===== fixed-width indices (FEATURES bit 4): the same samples =====")
+    s.close()
+    s = dc.connect(daddr)
+    answer = dr.features(s, dr.FEATURE_RUNS | DATASETS | FIXED, "FEATURES RUNS|DATASETS|FIXED")
+    bt.check(answer == dr.FEATURE_RUNS | DATASETS | FIXED,
+             "FEATURES offering bit 4 is answered with it (%#x)" % answer)
+    send(s, fixed(req))
+    got, tail = dr.frames(s, "three datasets, fixed-width indices")
+    bt.check(tail == ("end", len(idx)), "fixed-width indices of three datasets: END", tail)
+    check_frames(got, want, idx, "three datasets, fixed-width indices")
+    one = dpb.ReadSamplesRequest(dataset=ds("b.npy"), indices=[199, 0, 7, 7, 2**7, 2**7 - 1])
+    send(s, fixed(one))
+    got, tail = dr.frames(s, "one dataset, fixed-width indices")
+    check_frames(got, [rows["b.npy"][i] for i in one.indices], list(one.indices),
+                 "one dataset, fixed-width indices")
+    bt.check(tail == ("end", 6), "fixed-width indices of one dataset: the same rows", tail)
+    code, got = hg.Raw(w.addr).read(fixed(req))
+    bt.check(code == hg.S.OK and [x.data for x in got] == want and [x.index for x in got] == idx,
+             "gRPC ReadSamples with fixed-width indices: the same samples",
+             code if code != hg.S.OK else len(got))
+    bt.ok("fixed-width indices (packed fixed64, a byte per index's dataset): the samples of "
+          "the varint form, on the data channel and over gRPC")
     ab_of = [k % 2 for k in range(40)]
     ab_idx = [int(i) for i in rng.integers(0, 200, 40)]
     send(s, several(NAMES[:2], ab_idx, ab_of))
@@ -253,6 +297,22 @@ def test(tmpdir):
          dc.BW_INVALID_ARGUMENT, ["dataset 1 of 2", "has no dataset"], "an entry without one"),
         (several(["a.npy"] * 257, [1], [0]), dc.BW_TOO_BIG, ["257 datasets", "256"],
          "257 datasets"),
+        (fixed(several(NAMES[:2], [1, 200], [0, 1])), dc.BW_OUT_OF_RANGE,
+         ["dataset 1 of 2 (npy b.npy)", "index 200", "position 1", "200 samples"],
+         "fixed-width: an index out of range in source b"),
+        (fixed(several(NAMES[:2], [1, 2], [0, 5])), dc.BW_INVALID_ARGUMENT,
+         ["position 1", "names dataset 5", "2 datasets"], "fixed-width: a byte naming dataset 5"),
+        (fixed(several(NAMES[:2], [1, 2], [0])), dc.BW_INVALID_ARGUMENT,
+         ["2 indices but 1 index_datasets_bytes"], "fewer index_datasets_bytes than indices"),
+        (dpb.ReadSamplesRequest(dataset=ds("a.npy"), indices=[1], indices_fixed=[2]),
+         dc.BW_INVALID_ARGUMENT, ["both `indices` (1) and `indices_fixed` (1)"],
+         "indices in both forms"),
+        (several(NAMES[:2], [1, 2], [0, 1], index_datasets_bytes=b"\x00\x01"),
+         dc.BW_INVALID_ARGUMENT, ["both `index_datasets` (2) and `index_datasets_bytes` (2)"],
+         "index datasets in both forms"),
+        (dpb.ReadSamplesRequest(dataset=ds("a.npy"), indices_fixed=[1, 300]),
+         dc.BW_OUT_OF_RANGE, ["index 300", "position 1", "300 samples"],
+         "fixed-width: one dataset, an index out of range"),
     ]
     for r, code, needles, what in bad:
         send(s, r)
@@ -319,7 +379,15 @@ def test(tmpdir):
     requests = {}  # the fetch's requests by label: small batches are read a few at a time
     for label, extra in (("data channel", []), ("zstd", ["--compress", "zstd"]),
                          ("gRPC", ["--transport", "grpc"])):
+        with proxy.mu:
+            proxy.fixed = proxy.varint = proxy.conns = 0
         stats, nb, _ = fetch(label, *extra)
+        with proxy.mu:
+            counts = (proxy.fixed, proxy.varint, proxy.conns)
+        if label != "gRPC":
+            bt.check(counts[0] > 0 and counts[1] <= counts[2],
+                     "%s: %d requests with fixed-width indices, %d as varints (at most the first "
+                     "of each of the %d connections)" % ((label,) + counts), counts)
         requests[label] = stats["requests"]
         if label != "gRPC":
             bt.check(stats["requests"] < 1.5 * nb,
@@ -328,10 +396,15 @@ def test(tmpdir):
 
     bt.log("===== older workers: asked one dataset a request =====")
     proxy.set_older()
+    with proxy.mu:
+        proxy.fixed = proxy.varint = 0
     stats, nb, _ = fetch("older")
     bt.check(proxy.stripped > 0 and stats["requests"] > 1.5 * nb and stats["retries"] == 0,
              "a worker that does not offer bit 3: %d requests for %d batches (one per source), "
              "no retry" % (stats["requests"], nb), stats)
+    bt.check(proxy.fixed == 0 and proxy.varint >= stats["requests"],
+             "a worker that does not offer bit 4: all %d requests as varints" % proxy.varint,
+             (proxy.fixed, proxy.varint))
     with proxy.mu:
         proxy.older = False
         proxy.requests = 0

@@ -14,6 +14,7 @@
 #include "auth/auth.h"
 #include "batchwire/batchwire.h"
 #include "common/text.h"
+#include "data.pb-c.h"
 #include "rpc/proto_check.h"
 
 static char path[64];
@@ -326,6 +327,28 @@ static void test_proto_check(void **state)
         bw__proto_check(&batchwire__v1__join_job_request__descriptor, big, n + 3, err, sizeof(err)),
         BW_TOO_BIG);
     assert_non_null(strstr(err, "JoinJobRequest.job"));
+    free(big);
+    /* packed fixed64 (ReadSamplesRequest.indices_fixed, field 10): 8 bytes an element, whatever
+     * the bytes are -- the limit counts elements, not bytes without a continuation bit */
+    n = (size_t)BW_PROTO_REPEATED_MAX * 8;
+    big = calloc(n + 32, 1);
+    assert_non_null(big);
+    size_t at = 0;
+    big[at++] = (10 << 3) | 2;
+    for (size_t v = n; v; v >>= 7)
+        big[at++] = (uint8_t)((v & 0x7f) | (v >> 7 ? 0x80 : 0));
+    assert_int_equal(bw__proto_check(&batchwire__v1__read_samples_request__descriptor, big, at + n,
+                                     err, sizeof(err)),
+                     BW_OK);
+    /* one element more is over the limit */
+    at = 0;
+    big[at++] = (10 << 3) | 2;
+    for (size_t v = n + 8; v; v >>= 7)
+        big[at++] = (uint8_t)((v & 0x7f) | (v >> 7 ? 0x80 : 0));
+    assert_int_equal(bw__proto_check(&batchwire__v1__read_samples_request__descriptor, big,
+                                     at + n + 8, err, sizeof(err)),
+                     BW_TOO_BIG);
+    assert_non_null(strstr(err, "ReadSamplesRequest.indices_fixed: 1048577"));
     free(big);
 }
 
