@@ -68,6 +68,10 @@ struct bw__rp {
  * channel's throughput at 4 KiB records. */
 enum { CHECK_EVERY = 64 };
 
+/* How many samples ahead of the one read a ReadSamples read prefetches: a few samples' work
+ * covers a miss to memory (docs/performance.md, "Per-sample cost, fifth pass"). */
+enum { PREFETCH_AHEAD = 8 };
+
 /* Served records are added to the shared metrics and the worker's totals every METER_EVERY
  * records and when the read closes: one atomic add per record and counter, contended by every
  * read of the dataset, would cost more than the counting is worth at small records. */
@@ -254,6 +258,13 @@ int bw__rp_recheck(bw__rp *rp, char *err, size_t errlen)
 
 /* The next record as the dataset holds it: ReadSamples, the sample at rp->pos (then pos moves
  * on); ReadStream, the record at rp->off. *src is its source. Not yet counted as served. */
+/* Sample `at` of a ReadSamples read, prefetched (bw__dataset_prefetch) when there is one. */
+static void prefetch(const bw__rp *rp, size_t at)
+{
+    if (at < rp->n)
+        bw__dataset_prefetch(rp->nparts ? rp->part[rp->of[at]].d : rp->d, rp->indices[at]);
+}
+
 static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t errlen)
 {
     char why[1024];
@@ -262,6 +273,11 @@ static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t
     if (!rp->stream) {
         if (rp->pos >= rp->n)
             return end(rp, err, errlen);
+        /* The sample PREFETCH_AHEAD places on is asked for now, so that its bytes are near by
+         * the time it is copied or sent: in a shuffled order each sample is a miss to memory
+         * (and to the TLB), which the copy otherwise waits for alone. */
+        for (size_t a = rp->pos ? PREFETCH_AHEAD : 0; a <= PREFETCH_AHEAD; a++)
+            prefetch(rp, rp->pos + a);
         if (rp->nparts && rp->of[rp->pos] != rp->cur)
             use_part(rp, rp->of[rp->pos]);
         out->key = rp->indices[rp->pos];

@@ -923,6 +923,26 @@ size_t bw__dataset_source_of(const bw__dataset *d, uint64_t index)
     return lo;
 }
 
+void bw__dataset_prefetch(const bw__dataset *d, uint64_t index)
+{
+    if (index >= d->length)
+        return;
+    for (size_t k = 0; k < d->nfields; k++)
+        bw__dataset_prefetch(d->fields[k], index);
+    if (d->nfields || !d->ops->locate)
+        return;
+    size_t lo = bw__dataset_source_of(d, index), len;
+    const bw__source *s = d->sources[lo];
+    const uint8_t *p = s->ops->locate(s, index - d->first[lo], &len);
+    len = len < BW_PREFETCH_MAX ? len : BW_PREFETCH_MAX;
+    /* a line at a time (64 bytes on the processors this runs on), into L2 and further: the
+     * copy comes a few samples later */
+    for (size_t off = 0; off < len; off += 64)
+        __builtin_prefetch(p + off, 0, 2);
+    if (len)
+        __builtin_prefetch(p + len - 1, 0, 2);
+}
+
 int bw__dataset_get(bw__dataset *d, uint64_t index, bw__record *r, char *err, size_t errlen)
 {
     if (index >= d->length) {

@@ -164,6 +164,10 @@ typedef struct bw__format_ops {
     /* Streams (after index): the byte offset of record i <= s->count (the file's size for
      * i == count), read from the index without touching the records. NULL when not a stream. */
     uint64_t (*offset)(const bw__source *s, uint64_t i);
+    /* Where record i < s->count lies in s's mapping (one piece of *len bytes), computed
+     * without touching it: for prefetching (bw__dataset_prefetch). NULL when the format has no
+     * such arithmetic. */
+    const uint8_t *(*locate)(const bw__source *s, uint64_t i, size_t *len);
     void (*close)(bw__source *s);
 } bw__format_ops;
 
@@ -218,6 +222,7 @@ extern const bw__format_ops bw__fmt_npz; /* one array (s->member) of an uncompre
 int bw__npy_open_at(bw__source *s, uint64_t start, uint64_t len, char *err, size_t errlen);
 int bw__npy_index(bw__source *s, char *err, size_t errlen);
 int bw__npy_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t errlen);
+const uint8_t *bw__npy_locate(const bw__source *s, uint64_t i, size_t *len);
 void bw__npy_close(bw__source *s);
 
 /* npz: the names of the archive members of s's file (an open source of any format), in the

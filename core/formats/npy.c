@@ -298,6 +298,13 @@ int bw__npy_get(bw__source *s, uint64_t i, bw__record *r, char *err, size_t errl
     return BW_OK;
 }
 
+const uint8_t *bw__npy_locate(const bw__source *s, uint64_t i, size_t *len)
+{
+    const npy *st = s->state;
+    *len = (size_t)st->row_bytes;
+    return s->map->base + st->data_off + i * st->row_bytes;
+}
+
 void bw__npy_close(bw__source *s)
 {
     free(s->state);
@@ -310,5 +317,6 @@ const bw__format_ops bw__fmt_npy = {
     .index = bw__npy_index,
     .get = bw__npy_get,
     .next = NULL,
+    .locate = bw__npy_locate,
     .close = bw__npy_close,
 };

@@ -241,5 +241,6 @@ const bw__format_ops bw__fmt_npz = {
     .index = npz_index,
     .get = bw__npy_get,
     .next = NULL,
+    .locate = bw__npy_locate,
     .close = bw__npy_close,
 };

@@ -65,6 +65,13 @@ static void test_npy(void **state)
     assert_int_equal(s->ops->get(s, 2, &r, err, sizeof(err)), BW_OK);
     assert_int_equal(r.size, 8);
     assert_int_equal(r.parts[0].p[0], 16);
+    for (uint64_t i = 0; i < 3; i++) { /* locate (for prefetching) names get's bytes */
+        size_t len = 0;
+        const uint8_t *p = s->ops->locate(s, i, &len);
+        assert_int_equal(s->ops->get(s, i, &r, err, sizeof(err)), BW_OK);
+        assert_ptr_equal(p, r.parts[0].p);
+        assert_int_equal(len, r.size);
+    }
     assert_int_equal(s->ops->get(s, 3, &r, err, sizeof(err)), BW_OUT_OF_RANGE);
     bw__source_free(s);
 
@@ -584,6 +591,8 @@ static void test_fields(void **state)
     assert_string_equal(d->ops->name, "npz");
     for (uint64_t i = 0; i < 4; i++)
         check_sample(d, i, (uint8_t)(20 + i), (uint8_t)(60 + i));
+    for (uint64_t i = 0; i < 6; i++) /* every field's bytes; past the end, nothing */
+        bw__dataset_prefetch(d, i);
     bw__dataset_free(d);
     /* a compressed member is refused saying how to write an uncompressed archive */
     zl = zip(z, names, data, lens, 2, 8);
