@@ -17,7 +17,12 @@
 
 /* Small batches read together (fetch_thread, group_size): at most this many, of at most this
  * many bytes in all, and only while this many groups can be in flight. */
-enum { BW_LOADER_GROUP_MAX = 8, BW_LOADER_GROUP_BYTES = 512 << 10, BW_LOADER_GROUPS_IN_FLIGHT = 4 };
+enum {
+    BW_LOADER_GROUP_MAX = 8,
+    BW_LOADER_GROUP_BYTES = 512 << 10,
+    BW_LOADER_GROUPS_IN_FLIGHT = 4,
+    BW_LOADER_DEPTH_DEFAULT = 4 /* batches in flight where they are not grouped (auto_depth) */
+};
 
 /* The order of `step` under `plan` (iterable jobs: positions in the epoch's stream) into the
  * arrays of o, with its count; BW_OK or the planner's verdict. */
@@ -506,6 +511,21 @@ static size_t group_size(const bw_loader *l, size_t per)
     return g ? g : 1;
 }
 
+/* prefetch_batches 0 (the default): as many batches in flight as make BW_LOADER_GROUPS_IN_FLIGHT
+ * groups of the largest size group_size allows (at most BW_LOADER_GROUP_BYTES and
+ * BW_LOADER_GROUP_MAX batches each) -- 32 batches of 64 KiB, 8 of 256 KiB -- and 4 where batches
+ * are not grouped (512 KiB and more, samples of varying size, streams). At 256-byte samples a
+ * prefetch of 32 read 2.1x as fast as 4 for half the CPU a byte; at 1 MiB batches a deeper
+ * prefetch only costs more (docs/performance.md, "Per-sample cost, sixth pass"). */
+static size_t auto_depth(const bw_loader *l, size_t per)
+{
+    if (l->stream || l->mixstream || !l->fctx.sample_bytes || !per)
+        return BW_LOADER_DEPTH_DEFAULT;
+    size_t g = BW_LOADER_GROUP_BYTES / per;
+    g = g < BW_LOADER_GROUP_MAX ? g : BW_LOADER_GROUP_MAX;
+    return g > 1 ? g * BW_LOADER_GROUPS_IN_FLIGHT : BW_LOADER_DEPTH_DEFAULT;
+}
+
 /* The planner's ring (l->nahead entries of max_batch samples each) and thread, for a job whose
  * order is computed position by position (a mixture), where l->plan_ahead allows it (cores to
  * spare, or BATCHWIRE_PLAN_AHEAD=on); BW_OK, or BW_NOMEM. Without the thread
@@ -675,7 +695,7 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     if (rc == BW_OK) {
         size_t per = max_batch * (size_t)(l->fctx.sample_bytes ? l->fctx.sample_bytes : 1);
         l->epochs = o->epochs;
-        size_t depth = o->prefetch_batches ? o->prefetch_batches : 1;
+        size_t depth = o->prefetch_batches ? o->prefetch_batches : auto_depth(l, per);
         if (per && o->max_buffer_bytes && depth * per > o->max_buffer_bytes)
             depth = o->max_buffer_bytes / per;
         /* One slot is held by the trainer; the rest are in flight. */
@@ -727,8 +747,9 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
         return BW_NOMEM;
     }
     BW_INFO("job=%s rank=%u world_size=%u joined samples=%" PRIu64 " epoch=%" PRIu64
-            " step=%" PRIu64 " prefetch=%zu",
-            job->name, l->rank, l->world, l->num_samples, epoch, step, l->nthreads);
+            " step=%" PRIu64 " prefetch=%zu group=%zu fetch_threads=%zu",
+            job->name, l->rank, l->world, l->num_samples, epoch, step, l->nslots - 1, l->group,
+            l->nthreads);
     *out = l;
     return BW_OK;
 }

@@ -38,7 +38,7 @@ static void options_defaults(bw_loader_options *o)
     o->batch_size = 1;
     o->shuffle_algo = "torch";
     o->even_batches = 1;
-    o->prefetch_batches = 4;
+    o->prefetch_batches = 0; /* auto (loader.c, auto_depth) */
     o->max_buffer_bytes = (size_t)1 << 30;
     o->timeout_ms = 10000;
     o->device = -1;

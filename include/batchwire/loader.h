@@ -98,9 +98,12 @@ typedef struct bw_loader_options {
     int even_batches; /* default 1 */
 
     /* the fast path */
-    unsigned prefetch_batches; /* batches fetched ahead (default 4) */
-    size_t max_buffer_bytes;   /* cap on memory held by prefetched batches (default 1 GiB) */
-    int timeout_ms;            /* deadline of each call (default 10000) */
+    /* batches fetched ahead; 0 (the default): auto -- 4, or for small batches of fixed-size
+     * samples enough to keep about 2 MiB in flight, read in groups (32 batches of 64 KiB; 8 of
+     * 256 KiB); docs/client.md, "Fetches ahead" */
+    unsigned prefetch_batches;
+    size_t max_buffer_bytes; /* cap on memory held by prefetched batches (default 1 GiB) */
+    int timeout_ms;          /* deadline of each call (default 10000) */
 
     /* GPU: -1 (default) keeps batches in host memory; N asks for batches on cuda:N */
     int device;

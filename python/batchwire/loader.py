@@ -635,8 +635,8 @@ class _Options:
         if isinstance(a.batch_size, bool) or int(a.batch_size) < 1:
             raise errors.InvalidArgumentError("batch_size: %r is not a positive integer" %
                                               (a.batch_size,))
-        if int(a.prefetch) < 1:
-            raise errors.InvalidArgumentError("prefetch: %r is below 1" % (a.prefetch,))
+        if int(a.prefetch) < 0:
+            raise errors.InvalidArgumentError("prefetch: %r is below 0 (0: auto)" % (a.prefetch,))
         self.device = _parse_device(a.device)
         self.raw = o = _lib.new_options()
         self._keep: List[CData] = []  # the strings the struct points into
@@ -887,7 +887,8 @@ class Loader:
                     process has exited (batchwire.torch passes the DataLoader's main process)
 
     The fast path
-      prefetch      batches fetched ahead; max_buffer_bytes caps their memory
+      prefetch      batches fetched ahead (0, the default: 4, or for small batches of
+                    fixed-size samples about 2 MiB of them); max_buffer_bytes caps their memory
       device        None or "cpu": host memory; "cuda:N": batches copied to that GPU
       reuse_buffers False (default): every batch keeps its bytes for as long as it or a view
                     of it lives. True: a batch and its views are valid only until the next
@@ -959,7 +960,7 @@ class Loader:
             share: Optional[Tuple[int, int]] = None, lease: Optional[str] = None,
             holder_pid: Optional[int] = None,
             # the fast path
-            prefetch: int = 4, max_buffer_bytes: Optional[int] = None, device: Device = None,
+            prefetch: int = 0, max_buffer_bytes: Optional[int] = None, device: Device = None,
             reuse_buffers: bool = False, fields: Optional[bool] = None,
             # the workers' preprocessing (docs/transforms.md)
             transform: Optional[str] = None, transform_field: Optional[str] = None,

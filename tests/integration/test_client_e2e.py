@@ -458,12 +458,14 @@ def grouped_reads(cl, samples):
     for the samples of a group of batches; docs/performance.md, "Per-sample cost, third
     pass"): with --prefetch 16 (groups of 4, four in flight) a rank's batches equal the plan
     and the generator's bytes as with --prefetch 1 (no groups), over fewer requests; the
-    default --prefetch 4 does not group (it would leave fewer requests in flight). Padding, a
-    short last batch and an epoch boundary fall inside groups."""
+    --prefetch 4 does not group (it would leave fewer requests in flight); the default,
+    --prefetch 0 (auto), keeps 32 of these small batches in flight in groups of 8
+    ("Per-sample cost, sixth pass"). Padding, a short last batch and an epoch boundary fall
+    inside groups."""
     c = dict(mode="torch", B=7, shuffle=True, seed=77)
     want, _ = plans(c, 523, 1)
     requests = {}
-    for prefetch in (1, 4, 16):
+    for prefetch in (1, 4, 16, 0):
         job = "grouped-%d" % prefetch
         p = Fetch(cl.addr, job, "npy:npy/part-*.npy", c, 0, 1,
                   ["--epochs", EPOCHS, "--prefetch", prefetch])
@@ -474,6 +476,10 @@ def grouped_reads(cl, samples):
              "--prefetch 16 read %d batches with %d requests, --prefetch 1 and 4 with %d and %d "
              "(fewer than half: groups of 4 batches share requests; none at 4)"
              % (len(want[0]), requests[16], requests[1], requests[4]))
+    bt.check(requests[0] * 5 < requests[1] and requests[0] < requests[16],
+             "the default prefetch (auto) read %d batches of 672 bytes with %d requests, "
+             "--prefetch 1 with %d, 16 with %d (groups of 8)"
+             % (len(want[0]), requests[0], requests[1], requests[16]))
 
 
 def test(tmpdir):
