@@ -361,9 +361,11 @@ def test(tmpdir):
                           batch, "--seed", 5)[0]
 
     def fetch(label, *extra):
+        # --prefetch 4: batch by batch, four requests in flight on as many connections, so
+        # that the worker turning older meets requests of several datasets in flight
         r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "mix-" + label.split()[0],
                    *mix, "--batch-size", batch, "--seed", 5, "--rank", 0, "--world-size", 1,
-                   "--epochs", 1, "--log-level", "debug", *extra, timeout=60)
+                   "--epochs", 1, "--log-level", "debug", "--prefetch", 4, *extra, timeout=60)
         bt.check(r.returncode == 0, "fetch --mix (%s)" % label, r.stderr[-800:])
         lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
         got = [b for b in lines if "epoch" in b]

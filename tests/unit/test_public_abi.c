@@ -58,7 +58,7 @@ static void options_by_size(void **state)
     bw_loader_options_init(&o);
     assert_int_equal(o.size, sizeof(o));
     assert_int_equal(o.rank, -1);
-    assert_int_equal(o.prefetch_batches, 4);
+    assert_int_equal(o.prefetch_batches, 0); /* auto (docs/client.md, "Fetches ahead") */
     assert_string_equal(o.mode, "torch");
     /* A valid struct gets past the size check to the options' own: no coordinator. */
     assert_int_equal(steps_err(&o, err, sizeof(err)), BW_INVALID_ARGUMENT);
