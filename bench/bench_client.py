@@ -165,7 +165,7 @@ def loader_rate(batchwire, coord, job, dataset, batch, epochs):
     t0 = time.perf_counter()
     nbytes = 0
     with batchwire.Loader(coordinator=coord, job=job, dataset=dataset, batch_size=batch,
-                          rank=0, world_size=1, prefetch=4) as lo:
+                          rank=0, world_size=1) as lo:
         for _ in lo.epochs(epochs):
             for b in lo:
                 nbytes += b.nbytes
