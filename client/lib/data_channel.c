@@ -574,6 +574,35 @@ static void xfer_free(bw__xfer *x)
     free(x);
 }
 
+/* rs in the fixed-width form into *out: a shallow copy borrowing rs's indices, a mixture's
+ * per-index datasets as a byte each in *of (NULL without them; the caller frees it once the
+ * request is packed). false: out of memory. */
+static bool fixed_form(const Batchwire__V1__ReadSamplesRequest *rs,
+                       Batchwire__V1__ReadSamplesRequest *out, uint8_t **of)
+{
+    *out = *rs;
+    out->n_indices_fixed = rs->n_indices;
+    out->indices_fixed = rs->indices;
+    out->n_indices = 0;
+    out->indices = NULL;
+    *of = NULL;
+    if (!rs->n_index_datasets)
+        return true;
+    if (!(*of = malloc(rs->n_index_datasets)))
+        return false;
+    uint32_t most = 0;
+    for (size_t i = 0; i < rs->n_index_datasets; i++) {
+        most |= rs->index_datasets[i];
+        (*of)[i] = (uint8_t)rs->index_datasets[i];
+    }
+    /* positions in `datasets`: below BW__MIX_MAX_SOURCES (256), a byte each */
+    BW_INVARIANT(most <= UINT8_MAX, "a request's datasets are at most 256");
+    out->index_datasets_bytes = (ProtobufCBinaryData){rs->n_index_datasets, *of};
+    out->n_index_datasets = 0;
+    out->index_datasets = NULL;
+    return true;
+}
+
 /*
  * Packs req for x's connection into x->req (after the request header). A ReadSamples request
  * goes with fixed-width indices -- packed fixed64, and a byte per index for its datasets --
@@ -600,25 +629,8 @@ static int pack(bw__xfer *x, const bw__read_req *req, const char *worker_id, bw_
         else if (x->nidx)
             memcpy(x->idx, rs->indices, x->nidx * sizeof(*x->idx));
         if (!what && x->c && (x->c->features & BW_DCHAN_FEATURE_FIXED)) {
-            fixed = *rs;
-            fixed.n_indices_fixed = rs->n_indices;
-            fixed.indices_fixed = rs->indices;
-            fixed.n_indices = 0;
-            fixed.indices = NULL;
-            if (rs->n_index_datasets && !(of = malloc(rs->n_index_datasets)))
+            if (!fixed_form(rs, &fixed, &of))
                 what = "datasets";
-            uint32_t most = 0;
-            for (size_t i = 0; of && i < rs->n_index_datasets; i++) {
-                most |= rs->index_datasets[i];
-                of[i] = (uint8_t)rs->index_datasets[i];
-            }
-            /* positions in `datasets`: below BW__MIX_MAX_SOURCES (256), a byte each */
-            BW_INVARIANT(most <= UINT8_MAX, "a request's datasets are at most 256");
-            if (of) {
-                fixed.index_datasets_bytes = (ProtobufCBinaryData){rs->n_index_datasets, of};
-                fixed.n_index_datasets = 0;
-                fixed.index_datasets = NULL;
-            }
             msg = &fixed.base;
             x->needs |= BW_DCHAN_FEATURE_FIXED;
         }

@@ -492,37 +492,42 @@ static bw__placement *session_placement(void *arg, bool refresh, char *err, size
     return bw__session_placement(arg, refresh, err, errlen);
 }
 
-/* How many batches of `per` bytes a fetch thread reads together (fetch_thread): map-style
- * batches of fixed-size samples (of one dataset, or of a mixture of map-style sources), while
- * a group stays under BW_LOADER_GROUP_BYTES and the in-flight slots still make
- * BW_LOADER_GROUPS_IN_FLIGHT groups; else 1. Groups cut the CPU a byte costs (fewer requests
- * and wake-ups) but also the requests in flight: on a machine with cores to spare the rate
- * follows those, and two groups of two at prefetch 4 read 256-byte samples at 0.64x the rate
- * of four single batches (docs/performance.md, "Per-sample cost, third pass"). So the default
- * prefetch (4) reads batch by batch as before, and a deeper prefetch (8 and more) groups
- * while keeping four requests in flight. */
-static size_t group_size(const bw_loader *l, size_t per)
+/* The most batches of `per` bytes a group may hold: map-style batches of fixed-size samples (of
+ * one dataset, or of a mixture of map-style sources) while a group stays under
+ * BW_LOADER_GROUP_BYTES and BW_LOADER_GROUP_MAX batches; else 1. */
+static size_t largest_group(const bw_loader *l, size_t per)
 {
     if (l->stream || l->mixstream || !l->fctx.sample_bytes || !per)
         return 1;
-    size_t g = BW_LOADER_GROUP_BYTES / per, inflight = (l->nslots - 1) / BW_LOADER_GROUPS_IN_FLIGHT;
-    g = g < inflight ? g : inflight;
+    size_t g = BW_LOADER_GROUP_BYTES / per;
     g = g < BW_LOADER_GROUP_MAX ? g : BW_LOADER_GROUP_MAX;
     return g ? g : 1;
 }
 
+/* How many batches of `per` bytes a fetch thread reads together (fetch_thread): the largest
+ * group, as long as the in-flight slots still make BW_LOADER_GROUPS_IN_FLIGHT groups. Groups
+ * cut the CPU a byte costs (fewer requests and wake-ups) but also the requests in flight: on a
+ * machine with cores to spare the rate follows those, and two groups of two at prefetch 4 read
+ * 256-byte samples at 0.64x the rate of four single batches (docs/performance.md, "Per-sample
+ * cost, third pass"). So an explicit prefetch of 4 reads batch by batch, and a deeper prefetch
+ * (8 and more, and the default for small batches: auto_depth) groups while keeping four
+ * requests in flight. */
+static size_t group_size(const bw_loader *l, size_t per)
+{
+    size_t g = largest_group(l, per), inflight = (l->nslots - 1) / BW_LOADER_GROUPS_IN_FLIGHT;
+    g = g < inflight ? g : inflight;
+    return g ? g : 1;
+}
+
 /* prefetch_batches 0 (the default): as many batches in flight as make BW_LOADER_GROUPS_IN_FLIGHT
- * groups of the largest size group_size allows (at most BW_LOADER_GROUP_BYTES and
- * BW_LOADER_GROUP_MAX batches each) -- 32 batches of 64 KiB, 8 of 256 KiB -- and 4 where batches
- * are not grouped (512 KiB and more, samples of varying size, streams). At 256-byte samples a
- * prefetch of 32 read 2.1x as fast as 4 for half the CPU a byte; at 1 MiB batches a deeper
- * prefetch only costs more (docs/performance.md, "Per-sample cost, sixth pass"). */
+ * groups of the largest size (largest_group) -- 32 batches of 64 KiB, 8 of 256 KiB -- and 4
+ * where batches are not grouped (512 KiB and more, samples of varying size, streams). At
+ * 256-byte samples a prefetch of 32 read 2.1x as fast as 4 for half the CPU a byte; at 1 MiB
+ * batches a deeper prefetch only costs more (docs/performance.md, "Per-sample cost, sixth
+ * pass"). */
 static size_t auto_depth(const bw_loader *l, size_t per)
 {
-    if (l->stream || l->mixstream || !l->fctx.sample_bytes || !per)
-        return BW_LOADER_DEPTH_DEFAULT;
-    size_t g = BW_LOADER_GROUP_BYTES / per;
-    g = g < BW_LOADER_GROUP_MAX ? g : BW_LOADER_GROUP_MAX;
+    size_t g = largest_group(l, per);
     return g > 1 ? g * BW_LOADER_GROUPS_IN_FLIGHT : BW_LOADER_DEPTH_DEFAULT;
 }
 
