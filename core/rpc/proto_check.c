@@ -92,6 +92,12 @@ static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n
             f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_BYTES &&
             f->type != PROTOBUF_C_TYPE_MESSAGE) {
             size_t width = fixed_width(f->type);
+            if (width && len % width) {
+                snprintf(err, errlen, "%s.%s: %llu bytes, not a whole number of %zu-byte elements",
+                         d->name, f->name, (unsigned long long)len, width);
+                rc = BW_INVALID_ARGUMENT;
+                break;
+            }
             elems = width ? len / width : 0; /* packed: fixed-size elements, or varints */
             for (size_t k = start; !width && k < start + len; k++)
                 elems += !(p[k] & 0x80);

@@ -329,6 +329,18 @@ def test(tmpdir):
     bt.check(tail == ("end", 3), "an older-style request (one dataset) is served on the same "
              "connection after the errors", tail)
     s.close()
+    s = dc.connect(daddr)
+    # a packed fixed64 field that is no whole number of elements (7 bytes), as an attacker
+    # would write it by hand: refused naming the field; a malformed request closes its
+    # connection (docs/data-channel.md), the worker goes on
+    s.sendall(dc.frame(dpb.ReadSamplesRequest(dataset=ds("a.npy")).SerializeToString() +
+                       bytes([(10 << 3) | 2, 7]) + b"\x01" * 7))
+    got, tail = dr.frames(s, "indices_fixed of 7 bytes")
+    bt.check(not got and tail[:2] == ("error", dc.BW_INVALID_ARGUMENT) and
+             "indices_fixed: 7 bytes, not a whole number of 8-byte elements" in tail[2],
+             "indices_fixed of 7 bytes -> ERROR naming the field", tail)
+    bt.check(w.running(), "the worker is still up")
+    s.close()
 
     bt.log("===== gRPC and compression =====")
     code, got = hg.Raw(w.addr).read(several(NAMES, idx, of, fingerprints=fp))

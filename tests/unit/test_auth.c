@@ -350,6 +350,12 @@ static void test_proto_check(void **state)
                      BW_TOO_BIG);
     assert_non_null(strstr(err, "ReadSamplesRequest.indices_fixed: 1048577"));
     free(big);
+    /* a packed fixed64 field of 7 bytes is no whole element: refused naming the field */
+    const uint8_t seven[] = {(10 << 3) | 2, 7, 1, 2, 3, 4, 5, 6, 7};
+    assert_int_equal(bw__proto_check(&batchwire__v1__read_samples_request__descriptor, seven,
+                                     sizeof(seven), err, sizeof(err)),
+                     BW_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "ReadSamplesRequest.indices_fixed: 7 bytes, not a whole number"));
 }
 
 int main(void)
