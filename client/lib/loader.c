@@ -218,7 +218,7 @@ static void *plan_thread(void *arg)
             s += l->stride;
             k++;
         }
-        if (k == l->nahead || s >= l->end_step) {
+        if (l->quiescing || k == l->nahead || s >= l->end_step) {
             l->planner_waits = true;
             l->planner_slept_at = l->next_fetch;
             pthread_cond_wait(&l->plan_cv, &l->mu);
@@ -264,7 +264,7 @@ static void *fetch_thread(void *arg)
     size_t slots[BW_LOADER_GROUP_MAX];
     pthread_mutex_lock(&l->mu);
     while (!l->stopping) {
-        if (free_ahead(l) == 0) {
+        if (l->quiescing || free_ahead(l) == 0) {
             pthread_cond_wait(&l->work_cv, &l->mu);
             continue;
         }
@@ -947,10 +947,15 @@ int bw_loader_get_stats(const bw_loader *l, bw_loader_stats *out, size_t size)
 }
 
 /* Discards the fetches in progress (for a position being left) and waits until none runs,
- * nor the planner (both read l->plan); with l->mu held. */
+ * nor the planner (both read l->plan); with l->mu held. While it waits nothing new starts
+ * (l->quiescing): work started then would carry the new generation but read the old position
+ * -- a planner that did so kept an order of the old position for a step of the new one, and
+ * ending with the generation unchanged, woke nobody: this wait hung. The caller moves, then
+ * wakes everybody (wake_all). */
 static void quiesce(bw_loader *l)
 {
     l->generation++;
+    l->quiescing = true;
     for (;;) {
         bool busy = l->planning;
         for (size_t i = 0; i < l->nslots; i++)
@@ -959,6 +964,7 @@ static void quiesce(bw_loader *l)
             break;
         pthread_cond_wait(&l->ready_cv, &l->mu);
     }
+    l->quiescing = false;
 }
 
 int bw_loader_seek(bw_loader *l, const void *cursor, size_t len)

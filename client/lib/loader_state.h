@@ -86,6 +86,9 @@ struct bw_loader {
     size_t held;      /* slot handed out last, or nslots */
     bw__holds *holds; /* bw_loader_hold's, shared with the holds themselves */
     unsigned generation;
+    /* A move is waiting in quiesce() for the work on the old position to end: the fetch
+     * threads and the planner start nothing new until it is done (and wake_all) */
+    bool quiescing;
     size_t nthreads;
     pthread_t *threads;
     bool stopping;

@@ -255,10 +255,30 @@ def test(tmpdir):
             moves += 1
             if got != exp:
                 bad.append((label, got[:2], exp[:2]))
-    del os.environ["BATCHWIRE_PLAN_AHEAD"]
     bt.check(first == [0, 1, 2] and moves == 5 and not bad,
              "a mixture loader with its order planned ahead (prefetch 8): after a seek back, "
              "set_epoch out of order, next_epoch, each move's batches are the plan's", bad)
+    # Many moves in a row, each right after a few batches, while the planner is busy: a move
+    # that waits for the planner must neither hang nor keep an order the planner computed for
+    # the old position during the wait (both happened: docs/client.md, "Planning ahead").
+    with batchwire.Loader(coordinator=coord.addr, job="mixmove", rank=0, world_size=1,
+                          batch_size=B, seed=5, prefetch=8,
+                          mixture=[(s, float(w)) for s, w in zip(SPECS, WEIGHTS)]) as lo:
+        bad, moves, e = [], 0, 0
+        for k in range(240):
+            e = (e + 1 + k % 3) % 4  # never the epoch it is in: every set_epoch moves
+            lo.set_epoch(e)
+            n = 1 + k % 6
+            got = [(b.step, b.indices.tolist(), b.sources.tolist())
+                   for _, b in zip(range(n), iter(lo))]
+            exp = [(p["step"], p["indices"], p["sources"]) for p in plans[e][:n]]
+            moves += 1
+            if got != exp:
+                bad.append((k, e, got[:1], exp[:1]))
+    del os.environ["BATCHWIRE_PLAN_AHEAD"]
+    bt.check(moves == 240 and not bad,
+             "240 set_epoch moves, each after 1-6 batches, with the planner running: every "
+             "batch the plan's, no move hung", bad[:3])
 
     # --- batchwire.torch: a mixture under DataLoader(num_workers=2).
     import batchwire.torch as bwt
