@@ -13,8 +13,8 @@ a float32 .npy of 97 samples, TFRecord records (61, two files) and JSON Lines (4
   not shown in the first;
 * resume at a random step: a rank stopped after K steps (--cursor-out) and resumed from its
   cursor (--resume) delivers exactly the plan's steps K..;
-* elastic 4 -> 3 (torch) and 2 -> 5 (accelerate): the old ranks run K steps (random) and
-  write their cursors; the new ranks resume from them (--resume-elastic): their batches equal
+* elastic 4 -> 3 (torch) and 2 -> 5 (accelerate): the old ranks run K1 steps (random), are
+  resumed from their cursors for K - K1 more (K random) and write their cursors; the new ranks resume from them (--resume-elastic): their batches equal
   `batchwire plan --resume-from-world R0 --resume-from-step K --world-size R1 --mix-size ...`,
   and over both worlds every planned (source, index) of the epoch is delivered exactly once,
   with the right per-source counts;
@@ -163,10 +163,21 @@ def test(tmpdir):
         fullp = bwpy.plan("--mode", mode, *plan_args(), "--world-size", r0, "--batch-size", B,
                           "--seed", 5, "--epoch", 0)
         K = rng.randrange(2, len(fullp[0]))
+        K1 = rng.randrange(1, K)
         old, cursors = [], []
         for rank in range(r0):
+            # K1 steps, a resume from that cursor for K - K1 more, then the elastic resume
+            c1 = os.path.join(tmpdir, "%s-%d.first.cursor" % (job, rank))
             cfile = os.path.join(tmpdir, "%s-%d.cursor" % (job, rank))
-            old += fetch(job, rank, r0, "--max-steps", K, "--cursor-out", cfile, mode=mode)
+            legs = fetch(job, rank, r0, "--max-steps", K1, "--cursor-out", c1, mode=mode)
+            with open(c1) as f:
+                legs += fetch(job, rank, r0, "--resume", f.read().strip(), "--max-steps", K - K1,
+                              "--cursor-out", cfile, mode=mode)
+            bt.check(view(legs) == [(p["step"], p["indices"], p["sources"], p["padding"])
+                                    for p in fullp[rank][:K]],
+                     "%d -> %d (%s): rank %d stopped after %d steps, resumed from its cursor for "
+                     "%d more: steps 0..%d = the plan" % (r0, r1, mode, rank, K1, K - K1, K - 1))
+            old += legs
             with open(cfile) as f:
                 cursors.append(f.read())
         ck = os.path.join(tmpdir, "%s.ckpt" % job)
@@ -175,7 +186,7 @@ def test(tmpdir):
         new = [fetch(job, rank, r1, "--resume-elastic", ck, mode=mode) for rank in range(r1)]
         plan1 = bwpy.plan("--mode", mode, *plan_args(), "--world-size", r1, "--batch-size", B,
                           "--seed", 5, "--resume-from-world", r0, "--resume-from-step", K)
-        label = "elastic %d -> %d (%s) at step %d" % (r0, r1, mode, K)
+        label = "elastic %d -> %d (%s) at step %d (resumed at %d first)" % (r0, r1, mode, K, K1)
         for rank in range(r1):
             bt.check(view(new[rank]) == [(p["step"], p["indices"], p["sources"], p["padding"])
                                          for p in plan1[rank]],
