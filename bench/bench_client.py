@@ -409,9 +409,11 @@ def main():
             path = os.path.join(root, name, "part-00000.npy")
             off = npy_header_len(path)
             ds = "npy:%s/part-00000.npy" % name
-            # Enough epochs that a run moves >= 512 MiB (>= 128 MiB quick): joining the job
-            # and the first batch are then a few per cent of the time.
-            epochs = max(1, (128 * MiB if args.quick else 512 * MiB) // total)
+            # Enough epochs that a run moves >= 2 GiB (>= 256 MiB quick): joining the job and
+            # the first batch are then a few per cent of the time, and /proc's 10 ms CPU ticks
+            # under 1 % of a run's CPU (at 512 MiB, 64 KiB and 1 MiB runs took ~0.15 s: their
+            # ratios moved by 0.2 between runs and the workers' CPU came in whole ticks).
+            epochs = max(1, (256 * MiB if args.quick else 2048 * MiB) // total)
             fetch_runs, fetch_sps, grpc_runs, tcp_runs, tcp2_runs = [], [], [], [], []
             shuf_runs, tcp2_shuf_runs, loader_runs = [], [], []
             cpu = {k: [] for k in ("fetch", "tcp2", "shuffled", "tcp2_shuffled")}
