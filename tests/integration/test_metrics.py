@@ -41,6 +41,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bwdata as bd  # noqa: E402
+import bwpy  # noqa: E402
 import bwtest as bt  # noqa: E402
 import test_client_e2e as e2e  # noqa: E402
 import test_data_channel as dc  # noqa: E402
@@ -141,6 +142,45 @@ def counters(samples):
 def check_monotonic(before, after, what):
     down = [(k, before[k], after.get(k)) for k in before if after.get(k, -1) < before[k]]
     bt.check(not down, "%s: no counter went down between two scrapes" % what, down[:5])
+
+
+def mixture_served(root, coord, workers, waddr, scr):
+    """One rank reads a mixture of DATASET and a second .npy over the data channel, where one
+    request carries samples of both (docs/data-channel.md, "Several datasets in one request"):
+    each dataset's samples_served_total and bytes_served_total, summed over the workers, grow by
+    exactly the samples (and their bytes) of that source in the rank's batches."""
+    other = "npy:mx/part-00000.npy"
+    bwpy.gen_npy(root, "mx", 1000, (64,), "uint8")
+
+    def by_dataset(name):
+        got = {}
+        for w in workers:
+            for labels, v in series(scr.scrape(w, waddr[w]), name):
+                got[labels["dataset"]] = got.get(labels["dataset"], 0) + v
+        return got
+
+    before = {n: by_dataset(n) for n in ("batchwire_worker_samples_served_total",
+                                         "batchwire_worker_bytes_served_total")}
+    r = bt.cli("fetch", "--coordinator", coord.addr, "--job", "metrics-mix", "--mix",
+               DATASET + "=0.5", "--mix", other + "=0.5", "--mix-samples", 3000, "--rank", 0,
+               "--world-size", 1, "--batch-size", 64, "--epochs", 1, timeout=120)
+    bt.check(r.returncode == 0, "a mixture of %s and %s fetched" % (DATASET, other), r.stderr)
+    batches = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{\"epoch\"")]
+    want = {DATASET: [0, 0], other: [0, 0]}
+    for b in batches:  # a batch's distinct samples are fetched once each
+        for src, _ in set(zip(b["sources"], b["indices"])):
+            name = (DATASET, other)[src]
+            want[name][0] += 1
+            want[name][1] += SHAPE * 4 if src == 0 else 64
+    bt.check(sum(len(b["indices"]) for b in batches) == 3000 and all(v[0] for v in want.values()),
+             "the mixture's batches hold 3000 samples of both sources (the second, of 1000, "
+             "up-sampled: a batch across two of its passes may hold a sample twice)", want)
+    after = {n: by_dataset(n) for n in before}
+    for k, name in enumerate(before):
+        got = {d: after[name].get(d, 0) - before[name].get(d, 0) for d in want}
+        bt.check(got == {d: v[k] for d, v in want.items()},
+                 "mixture: %s grew by each source's %s in the batches, under its dataset (%s)"
+                 % (name, ("samples", "bytes")[k], got), {d: v[k] for d, v in want.items()})
 
 
 def test(tmpdir):
@@ -362,6 +402,9 @@ def test(tmpdir):
              "one takeover of each kind counted: reclaimed, expired")
     bt.check(total(c, "batchwire_coordinator_ranks", job_name="metrics-b", state="free") == 1,
              "metrics-b's rank 0 is free again once its last trainer left")
+
+    # A mixture: a request's samples of both sources, counted each under its own dataset.
+    mixture_served(root, coord, workers, waddr, scr)
 
     client.close()
     daemons = [coord] + list(workers.values())
