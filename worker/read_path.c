@@ -12,14 +12,21 @@
 #include "sample_transform.h"
 #include "worker.h"
 
+/* Where a read (or, in a read of several datasets, each dataset) stands with its file checks
+ * and its counting: a part keeps its own while another is current (use_part). */
+typedef struct rp_progress {
+    size_t checked_src;                  /* the source last checked, */
+    uint32_t unchecked;                  /* and the records read from it since */
+    uint64_t unmetered, unmetered_bytes; /* served, not yet added to `served` */
+} rp_progress;
+
 struct bw__rp {
     bw__wds *e;
     bw__dataset *d;
     bw__data_stats *stats;
-    const Batchwire__V1__Dataset *spec;  /* bw__rp_open: the request's (borrowed) */
-    bw__wm_served served;                /* bw__rp_meter */
-    uint64_t unmetered, unmetered_bytes; /* served, not yet added to `served` */
-    uint64_t unstated, unstated_bytes;   /* read, not yet added to `stats` */
+    const Batchwire__V1__Dataset *spec; /* bw__rp_open: the request's (borrowed) */
+    bw__wm_served served;               /* bw__rp_meter */
+    uint64_t unstated, unstated_bytes;  /* read, not yet added to `stats` */
     bool stream, locate_only, at_end;
     bool field_table; /* tar samples start with their field table (field_table.h) */
     /* ReadSamples with a transform (else NULL): run on the pool a window at a time */
@@ -44,8 +51,7 @@ struct bw__rp {
     uint64_t count;
     /* ReadSamples: a bit per source a record was served from, checked again at the end */
     uint8_t *touched;
-    size_t checked_src; /* the source last checked, */
-    uint32_t unchecked; /* and the records read from it since */
+    rp_progress at;
     /* ReadSamples of several datasets (ReadSamplesRequest.datasets): each one's state, index i
      * read from part[of[i]]; e, d, spec, served and touched above are the current part's.
      * nparts 0: one dataset, and the fields above are its own. */
@@ -55,14 +61,11 @@ struct bw__rp {
         const Batchwire__V1__Dataset *spec;
         bw__wm_served served;
         uint8_t *touched;
-        /* checked_src, unchecked, unmetered and unmetered_bytes above while another part is
-         * current: a change of part no longer starts its file checks over (an fstat) nor
-         * flushes the counters (atomic adds) -- a worker's fstats for a two-source mixture
-         * fell from 2849 to 2390 in two epochs (docs/performance.md, "Mixture jobs, seventh
-         * pass") */
-        size_t checked_src;
-        uint32_t unchecked;
-        uint64_t unmetered, unmetered_bytes;
+        /* `at` while another part is current: a change of part no longer starts its file
+         * checks over (an fstat) nor flushes the counters (atomic adds) -- a worker's fstats
+         * for a two-source mixture fell from 2849 to 2390 in two epochs (docs/performance.md,
+         * "Mixture jobs, seventh pass") */
+        rp_progress at;
     } * part;
     size_t nparts, cur;
     const uint8_t *of; /* the request's index_datasets_bytes, or of_copy */
@@ -87,15 +90,15 @@ enum { METER_EVERY = 64 };
 
 static void meter(bw__rp *rp)
 {
-    if (rp->unmetered) {
-        bw__counter_add(rp->served.samples, rp->unmetered);
-        bw__counter_add(rp->served.bytes, rp->unmetered_bytes);
+    if (rp->at.unmetered) {
+        bw__counter_add(rp->served.samples, rp->at.unmetered);
+        bw__counter_add(rp->served.bytes, rp->at.unmetered_bytes);
     }
     if (rp->unstated && rp->stats) { /* the worker's totals (heartbeats, GetStats) */
         atomic_fetch_add(&rp->stats->records_read, rp->unstated);
         atomic_fetch_add(&rp->stats->record_bytes_read, rp->unstated_bytes);
     }
-    rp->unmetered = rp->unmetered_bytes = rp->unstated = rp->unstated_bytes = 0;
+    rp->at.unmetered = rp->at.unmetered_bytes = rp->unstated = rp->unstated_bytes = 0;
 }
 
 /* Drops the window's records not yet yielded and gives its charge back. */
@@ -119,7 +122,7 @@ static bw__rp *rp_new(bw__wds *e, bw__data_stats *stats)
     rp->e = e;
     rp->d = bw__ds_dataset(e);
     rp->stats = stats;
-    rp->checked_src = SIZE_MAX;
+    rp->at.checked_src = SIZE_MAX;
     return rp;
 }
 
@@ -165,20 +168,14 @@ void bw__rp_meter(bw__rp *rp, bw__wm *m, bw__wm_transport t)
 static void use_part(bw__rp *rp, size_t k)
 {
     struct rp_part *was = &rp->part[rp->cur], *p = &rp->part[k];
-    was->checked_src = rp->checked_src;
-    was->unchecked = rp->unchecked;
-    was->unmetered = rp->unmetered;
-    was->unmetered_bytes = rp->unmetered_bytes;
+    was->at = rp->at;
     rp->cur = k;
     rp->e = p->e;
     rp->d = p->d;
     rp->spec = p->spec;
     rp->served = p->served;
     rp->touched = p->touched;
-    rp->checked_src = p->checked_src;
-    rp->unchecked = p->unchecked;
-    rp->unmetered = p->unmetered;
-    rp->unmetered_bytes = p->unmetered_bytes;
+    rp->at = p->at;
 }
 
 void bw__rp_close(bw__rp *rp)
@@ -315,9 +312,9 @@ static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t
     /* The file's identity after its record was read and before any byte of it is handed to
      * the transport: a record read while the file changed (or whose read failed because it
      * changed) is refused. */
-    if (rc != BW_OK || src != rp->checked_src || ++rp->unchecked >= CHECK_EVERY) {
-        rp->checked_src = src;
-        rp->unchecked = 0;
+    if (rc != BW_OK || src != rp->at.checked_src || ++rp->at.unchecked >= CHECK_EVERY) {
+        rp->at.checked_src = src;
+        rp->at.unchecked = 0;
         if (bw__dataset_check(rp->d, src, why, sizeof(why)) != BW_OK) {
             if (rc == BW_OK)
                 bw__record_release(&out->rec);
@@ -356,8 +353,8 @@ static int serve(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
         bw__record_release(&out->rec);
         return rc;
     }
-    rp->unmetered_bytes += out->rec.size;
-    if (++rp->unmetered >= METER_EVERY)
+    rp->at.unmetered_bytes += out->rec.size;
+    if (++rp->at.unmetered >= METER_EVERY)
         meter(rp);
     return BW_OK;
 }
@@ -709,7 +706,7 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
         copy[i] = (uint8_t)r->index_datasets[i];
     rp->part = part;
     rp->stats = &w->stats;
-    rp->checked_src = SIZE_MAX;
+    rp->at.checked_src = SIZE_MAX;
     rp->indices = idx;
     rp->n = n;
     rp->of = of8 ? of8 : copy;
@@ -725,7 +722,7 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
         rp->nparts = k + 1; /* part k is the read's: closed with it */
         part[k].d = bw__ds_dataset(part[k].e);
         part[k].spec = ref->dataset;
-        part[k].checked_src = SIZE_MAX;
+        part[k].at.checked_src = SIZE_MAX;
         if (!(part[k].touched = calloc(part[k].d->nsources / 8 + 1, 1)))
             rc = no_memory("ReadSamples", err, errlen);
     }
