@@ -7,8 +7,9 @@
  * the cost does not grow with the step.
  * Then the configuration of bench/bench_mixture_jobs.py: two sources of 2^17 samples mixed
  * half and half (E = 2^18), one rank, batches of 256, against one dataset of 2^18 in torch's
- * shuffled order (what `--shuffle` gives a job of that size: a materialised randperm).
- * Prints one JSON object per measurement; with `small`, only those last two (e.g. under
+ * shuffled order (what `--shuffle` gives a job of that size: a materialised randperm), and a
+ * mixture of one source of 2^18 (the within-source permutation without an interleave).
+ * Prints one JSON object per measurement; with `small`, only those last three (e.g. under
  * `perf record`).
  *
  *   bench_mixture [SAMPLES_PER_POINT [small]]     (default 2,000,000)
@@ -79,24 +80,30 @@ static int bench_small(void)
     cfg.seed = 1;
     bw__sampler_cfg shuffled = cfg;
     shuffled.shuffle = true;
-    uint64_t sizes[2] = {half, half}, weights[2] = {1, 1};
+    uint64_t sizes[2] = {half, half}, weights[2] = {1, 1}, whole = e;
     bw__mix_spec spec = {sizes, weights, 2, e, NULL, BW__MIX_CYCLE};
+    bw__mix_spec one = {&whole, weights, 1, e, NULL, BW__MIX_CYCLE};
     bw__sampler *s = NULL;
-    bw__mix_sampler *m = NULL;
+    bw__mix_sampler *m[2] = {NULL, NULL}; /* a mixture of the one dataset, of two halves */
     int rc = bw__sampler_new(&s, &shuffled, err, sizeof(err));
     if (rc == 0)
-        rc = bw__mix_sampler_new(&m, &spec, &cfg, hist, 1, 0, err, sizeof(err));
+        rc = bw__mix_sampler_new(&m[0], &one, &cfg, hist, 1, 0, err, sizeof(err));
+    if (rc == 0)
+        rc = bw__mix_sampler_new(&m[1], &spec, &cfg, hist, 1, 0, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "bench_mixture: %s\n", err);
         bw__sampler_free(s);
+        bw__mix_sampler_free(m[0]);
         return 1;
     }
-    for (int mixed = 0; mixed < 2; mixed++)
+    static const char *const names[] = {"single shuffled", "mixture of 1", "mixture of 2"};
+    for (int k = 0; k < 3; k++)
         printf("{\"bench\":\"small\",\"order\":\"%s\",\"E\":%" PRIu64 ",\"ns_per_sample\":%.1f}\n",
-               mixed ? "mixture of 2" : "single shuffled", e,
-               time_batches(mixed ? m : NULL, mixed ? NULL : s, 0, 0, e / batch, batch, 5));
+               names[k], e,
+               time_batches(k ? m[k - 1] : NULL, k ? NULL : s, 0, 0, e / batch, batch, 5));
     bw__sampler_free(s);
-    bw__mix_sampler_free(m);
+    bw__mix_sampler_free(m[0]);
+    bw__mix_sampler_free(m[1]);
     return 0;
 }
 

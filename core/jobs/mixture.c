@@ -675,16 +675,19 @@ typedef struct chunk {
     uint64_t *indices, *passes;
 } chunk;
 
-/* Items ids[0, count) have reached source j: their sample indices, a pass's run at a time. */
-static void leaf(chunk *c, uint32_t j, const uint16_t *ids, size_t count)
+/* Items ids[0, count) have reached source j, item ids[w] at element c->p[ids[w]] of the
+ * source's part of the order, or, when `run`, at element k0 + w: their sample indices, a
+ * pass's run at a time. */
+static void leaf(chunk *c, uint32_t j, const uint16_t *ids, size_t count, bool run, uint64_t k0)
 {
     const bw__mixture *m = c->m;
     uint64_t base = stream_base(m, j), nj = m->sizes[j];
     uint64_t x[CHUNK];
     for (size_t w = 0, r; w < count; w = r) {
-        uint64_t pass = (base + c->p[ids[w]]) / nj, start = pass * nj;
+        uint64_t pass = (base + (run ? k0 + w : c->p[ids[w]])) / nj, start = pass * nj;
         for (r = w; r < count; r++) {
-            uint64_t t = base + c->p[ids[r]]; /* (epoch + 1) E < 2^64 was checked */
+            /* (epoch + 1) E < 2^64 was checked */
+            uint64_t t = base + (run ? k0 + r : c->p[ids[r]]);
             if (t < start || t - start >= nj)
                 break; /* another pass: the next run */
             x[r - w] = t - start;
@@ -707,6 +710,66 @@ enum {
     MERGE_SPAN = 2 * CHUNK, /* the most positions merged at once */
     MERGE_MIN = 16          /* the fewest items worth a merge of their span (two random accesses) */
 };
+
+/* Left keys among the first d of the merge of ascending lk[0, nl) and rk[0, nr) (a left key
+ * first on a tie): left key i is among them when d - i - 1 >= nr or lk[i] <= rk[d - i - 1],
+ * true up to some i and false after, so a binary search over the i where both are in range. */
+static size_t merge_split(const u128 *lk, size_t nl, const u128 *rk, size_t nr, size_t d)
+{
+    size_t lo = d > nr ? d - nr : 0, hi = d < nl ? d : nl;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (lk[mid] <= rk[d - mid - 1])
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* One step of a branchless merge at output q: merged[q] = 2 x (left keys before) + (the next
+ * is a left key); a <= nl and b <= nr, one side ending at its sentinel while the other runs. */
+static inline void merge_step(const u128 *lk, const u128 *rk, size_t *a, size_t *b, size_t q,
+                              uint16_t *merged)
+{
+    bool left = lk[*a] <= rk[*b]; /* a left key first on a tie */
+    merged[q] = (uint16_t)(2 * *a + left);
+    *a += left;
+    *b += !left;
+}
+
+enum { MERGE_CHAINS = 4 };
+
+/*
+ * The merge of ascending keys lk[0, nl) and rk[0, nr) (each followed by a sentinel above any
+ * key), span = nl + nr outputs, as MERGE_CHAINS merges of a quarter each, started where
+ * merge_split puts them and stepped side by side. One merge is a chain of dependent steps (the
+ * next keys' addresses wait on the comparison before) ~9 cycles each; four independent chains
+ * overlap in the processor (docs/performance.md, "Mixture jobs, eighth pass").
+ */
+static void merge_chains(const u128 *lk, size_t nl, const u128 *rk, size_t nr, size_t span,
+                         uint16_t *merged)
+{
+    size_t d[MERGE_CHAINS + 1], a[MERGE_CHAINS], b[MERGE_CHAINS];
+    for (size_t g = 0; g < MERGE_CHAINS; g++) {
+        d[g] = span * g / MERGE_CHAINS;
+        a[g] = merge_split(lk, nl, rk, nr, d[g]);
+        b[g] = d[g] - a[g];
+    }
+    d[MERGE_CHAINS] = span;
+    size_t len = span / MERGE_CHAINS; /* every chain's length is len or len + 1 */
+    size_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], b0 = b[0], b1 = b[1], b2 = b[2], b3 = b[3];
+    for (size_t q = 0; q < len; q++) {
+        merge_step(lk, rk, &a0, &b0, d[0] + q, merged);
+        merge_step(lk, rk, &a1, &b1, d[1] + q, merged);
+        merge_step(lk, rk, &a2, &b2, d[2] + q, merged);
+        merge_step(lk, rk, &a3, &b3, d[3] + q, merged);
+    }
+    a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3, b[0] = b0, b[1] = b1, b[2] = b2, b[3] = b3;
+    for (size_t g = 0; g < MERGE_CHAINS; g++)
+        for (size_t q = d[g] + len; q < d[g + 1]; q++)
+            merge_step(lk, rk, &a[g], &b[g], q, merged);
+}
 
 /*
  * The node's merge over positions [p0, p0 + span) (span <= MERGE_SPAN, p0 + span <= A + B):
@@ -734,15 +797,7 @@ static void merge_span(const node *n, uint64_t p0, uint64_t span, uint16_t *merg
         keys128(n, 0, c, nl, lk);
         keys128(n, 1, m, nr, rk);
         lk[nl] = rk[nr] = ~(u128)0;
-        size_t a = 0, b = 0;
-        for (size_t q = 0; q < span; q++) {
-            /* a <= nl and b <= nr: one side ends at its sentinel while the other runs on */
-            // NOLINTNEXTLINE(clang-analyzer-core.UndefinedBinaryOperatorResult)
-            bool left = lk[a] <= rk[b]; /* a left key first on a tie */
-            merged[q] = (uint16_t)(2 * a + left);
-            a += left;
-            b += !left;
-        }
+        merge_chains(lk, nl, rk, nr, span, merged);
         return;
     }
     key160 lk[MERGE_SPAN], rk[MERGE_SPAN];
@@ -780,7 +835,7 @@ static void descend(chunk *c, size_t i, uint64_t lo, uint64_t hi, uint16_t *ids,
     if (count == 0)
         return;
     if (hi - lo == 1) {
-        leaf(c, (uint32_t)lo, ids, count);
+        leaf(c, (uint32_t)lo, ids, count, false, 0);
         return;
     }
     const node *n = &c->m->nodes[i];
@@ -827,6 +882,47 @@ static void descend(chunk *c, size_t i, uint64_t lo, uint64_t hi, uint16_t *ids,
     descend(c, 2 * i + 2, n->mid, hi, ids + nl, nr);
 }
 
+/*
+ * Items ids[0, count), in batch order, have reached node i (sources [lo, hi)) at consecutive
+ * positions p0 .. p0 + count - 1 (a batch's own positions in accelerate mode and at world size
+ * 1): their span merged at once and split between the children, whose items are again at
+ * consecutive positions (the left ones at c0 .., the right ones at p0 - c0 ..), down to the
+ * leaves, which permute their runs without reading positions back item by item.
+ */
+static void descend_run(chunk *c, size_t i, uint64_t lo, uint64_t hi, uint64_t p0, uint16_t *ids,
+                        size_t count)
+{
+    if (count == 0)
+        return;
+    if (hi - lo == 1) {
+        leaf(c, (uint32_t)lo, ids, count, true, p0);
+        return;
+    }
+    const node *n = &c->m->nodes[i];
+    uint16_t merged[MERGE_SPAN];
+    uint64_t c0;
+    merge_span(n, p0, count, merged, &c0);
+    uint16_t *right = c->spare + (ids - c->ids); /* this node's part of the scratch */
+    size_t nl = 0, nr = 0;
+    for (size_t w = 0; w < count; w++) { /* without a branch, as in descend */
+        uint16_t id = ids[w];
+        bool at = merged[w] & 1;
+#ifndef NDEBUG
+        bool at_direct;
+        BW_INVARIANT(left_before_at(n, p0 + w, &at_direct) == c0 + (merged[w] >> 1) &&
+                         at_direct == at,
+                     "a mixture's merged run agrees with its random access");
+#endif
+        ids[nl] = id;
+        right[nr] = id;
+        nl += at;
+        nr += !at;
+    }
+    memcpy(ids + nl, right, nr * sizeof(*ids));
+    descend_run(c, 2 * i + 1, lo, n->mid, c0, ids, nl);
+    descend_run(c, 2 * i + 2, n->mid, hi, p0 - c0, ids + nl, nr);
+}
+
 void bw__mixture_at_many(const bw__mixture *m, const uint64_t *pos, size_t n, uint32_t *sources,
                          uint64_t *indices, uint64_t *passes)
 {
@@ -834,14 +930,19 @@ void bw__mixture_at_many(const bw__mixture *m, const uint64_t *pos, size_t n, ui
     c.m = m;
     for (size_t off = 0; off < n; off += CHUNK) {
         size_t count = n - off < CHUNK ? n - off : CHUNK;
+        bool run = true;
         for (size_t i = 0; i < count; i++) { /* read before indices (maybe pos) are written */
             c.p[i] = pos[off + i];
             c.ids[i] = (uint16_t)i;
+            run &= c.p[i] == c.p[0] + i;
         }
         c.sources = sources + off;
         c.indices = indices + off;
         c.passes = passes ? passes + off : NULL;
-        descend(&c, 0, 0, m->nsources, c.ids, count);
+        if (run)
+            descend_run(&c, 0, 0, m->nsources, c.p[0], c.ids, count);
+        else
+            descend(&c, 0, 0, m->nsources, c.ids, count);
     }
 }
 

@@ -595,9 +595,13 @@ static void test_at_many_equals_at(void **state)
             fail_msg("trial %d: bw__mixture_new: %s", trial, err);
         uint64_t P = bw__mixture_end(m);
         size_t count = 1 + rnd(MAXN);
-        uint64_t start = rnd(P), stride = 1 + rnd(4);
+        /* Two batches in three ordered, of every size of mixture and epoch; half of those
+         * consecutive (accelerate mode, world size 1: the tree is walked a merged span at a
+         * time, descend_run, unless they wrap around), the others strided. */
+        bool ordered = rnd(3) != 0;
+        uint64_t start = rnd(P), stride = rnd(2) ? 1 : 1 + rnd(4);
         for (size_t i = 0; i < count; i++)
-            pos[i] = trial % 2 ? (start + i * stride) % P : rnd(P);
+            pos[i] = ordered ? (start + i * stride) % P : rnd(P);
         bool with_pass = trial % 3 != 0, in_place = trial % 2 == 0;
         if (in_place)
             memcpy(idx, pos, count * sizeof(*pos));
