@@ -98,8 +98,8 @@ typedef struct dchan_state {
         uint64_t until;
     } old[BW_DCONN_OLD_MAX];
     /* what each data channel last answered a FEATURES request with (0 after refusing one):
-     * requests of several datasets go only to workers that offered them (bw__transport_ops
-     * speaks; docs/data-channel.md, "Several datasets in one request") */
+     * requests of several datasets go only to workers that offered them or have not answered
+     * yet (bw__transport_ops speaks; docs/data-channel.md, "Several datasets in one request") */
     size_t nknown;
     struct {
         char *address;
@@ -445,11 +445,19 @@ static void dconn_learned(dchan_state *s, const char *address, uint64_t features
 
 static bool usable(void *state, const bw__worker_ref *wr);
 
-/* Whether wr's data channel last offered `feature` (bw__transport_ops speaks). */
+/*
+ * Whether wr's data channel last offered `feature`, or has not answered a FEATURES request yet
+ * (bw__transport_ops speaks). Before its first answer a request relying on it goes out all the
+ * same, beside the FEATURES request on its fresh connection, and is ended unanswered when the
+ * answer lacks it (refused): assuming no feature instead split a mixture's first batches into a
+ * request per source and batch, each on a connection of its own (none is reused before its
+ * answer), ~50 connections and worker threads per worker where 4 do (docs/performance.md,
+ * "Mixture jobs, eighth pass").
+ */
 static bool speaks(void *state, const bw__worker_ref *wr, uint64_t feature)
 {
     dchan_state *s = state;
-    bool yes = false;
+    bool yes = true;
     if (!usable(s, wr))
         return false;
     pthread_mutex_lock(&s->mu);

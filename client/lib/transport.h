@@ -163,8 +163,10 @@ typedef struct bw__transport_ops {
     /* Closes its connections and frees the state; no request may be in flight. NULL state is
      * a no-op. */
     void (*destroy)(void *state);
-    /* Whether worker wr is known to speak `feature` (BW_DCHAN_FEATURE_* bits) on this
-     * transport now: what it last said. Any thread. NULL: never. */
+    /* Whether a request relying on `feature` (BW_DCHAN_FEATURE_* bits) may go to worker wr on
+     * this transport now: what it last said, or, before it has said anything, yes (the
+     * transport ends such a request unanswered if the worker turns out to lack it, for the
+     * fetch to ask again without it). Any thread. NULL: never. */
     bool (*speaks)(void *state, const bw__worker_ref *wr, uint64_t feature);
 } bw__transport_ops;
 
