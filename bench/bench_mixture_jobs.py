@@ -2,7 +2,7 @@
 """The cost of mixing in a job (issue 27; docs/semantics.md, "Mixture jobs"): one run, on
 loopback, with a coordinator and two workers it starts.
 
-`batchwire fetch --quiet` (one rank, world size 1, --epochs E) over a mixture of two uint8
+`batchwire fetch --quiet` (rank 0 of world size 1, --epochs E) over a mixture of two uint8
 .npy sources of n samples each (`--mix npy:a=0.5 --mix npy:b=0.5`), against the same fetch over
 one .npy of 2n samples of the same size (`--dataset npy:c`), in plan order and shuffled
 (`--shuffle --seed 1`): the same number of samples and bytes per epoch. The mixture reads each
@@ -39,9 +39,13 @@ and the client's change together, each build against its own shuffled job (it re
 --prefetch N passes `--prefetch N` to every fetch (the CLI's default is 4; small batches are
 read in groups from 8 on, docs/client.md).
 
+--world-size R makes every fetch rank 0 of R (torch mode: its positions are R apart in the
+global order, so a mixture's interleave is reached position by position rather than a merged
+span at a time) over R times the epochs, the same samples a run.
+
 Usage (after the README's build):
     /usr/bin/python3 bench/bench_mixture_jobs.py [--build build] [--repeat N] [--quick]
-        [--epochs E] [--prefetch N] [--baseline-cli PATH | --baseline-bin DIR]
+        [--epochs E] [--prefetch N] [--world-size R] [--baseline-cli PATH | --baseline-bin DIR]
 """
 
 import argparse
@@ -62,12 +66,13 @@ SIZES = [(256, 256, 1 << 17, 12), (4 << 10, 256, 1 << 14, 32)]
 
 
 PREFETCH = []  # ["--prefetch", N] from --prefetch
+WORLD = [1]  # --world-size: rank 0 of that many fetches
 
 
 def fetch(bt, coord, job, source_args, batch, epochs=2, cli=None):
     r = bt.run([cli or bt.CLI] + [str(x) for x in (
                "fetch", "--quiet", "--coordinator", coord, "--job", job, *source_args,
-               "--rank", 0, "--world-size", 1, "--batch-size", batch, "--epochs", epochs,
+               "--rank", 0, "--world-size", WORLD[0], "--batch-size", batch, "--epochs", epochs,
                *PREFETCH)],
                timeout=600)
     if r.returncode != 0:
@@ -106,6 +111,9 @@ def main():
     ap.add_argument("--baseline-bin", help="another build's bin/ folder: adds a cluster of its "
                     "daemons, and single_shuffled_baseline and mixture_baseline on it")
     ap.add_argument("--prefetch", type=int, help="--prefetch for every fetch (default: the CLI's)")
+    ap.add_argument("--world-size", type=int, default=1,
+                    help="every fetch is rank 0 of this many, in torch mode (default 1); the "
+                    "epochs a run are multiplied by it, so that a run reads as many samples")
     a = ap.parse_args()
     if a.baseline_cli and a.baseline_bin:
         ap.error("--baseline-cli and --baseline-bin: one or the other")
@@ -117,6 +125,9 @@ def main():
         PREFETCH[:] = ["--prefetch", a.prefetch]
     if a.repeat < 1:
         ap.error("--repeat must be at least 1 (got %d)" % a.repeat)
+    if a.world_size < 1:
+        ap.error("--world-size must be at least 1 (got %d)" % a.world_size)
+    WORLD[0] = a.world_size
     os.environ["BW_BUILD_DIR"] = os.path.abspath(a.build)
     import bwpy
     import bwtest as bt
@@ -138,7 +149,7 @@ def main():
             bcoord, bworkers = baseline_cluster(bt, bwpy, tmp, root, bindir)
             pids[bcoord.addr] = [w.pid for w in bworkers]
         for size, batch, n, epochs in SIZES:
-            epochs = a.epochs or (2 if a.quick else epochs)
+            epochs = (a.epochs or (2 if a.quick else epochs)) * a.world_size
             mix = ["--mix", "npy:a%d/part-00000.npy=0.5" % size,
                    "--mix", "npy:b%d/part-00000.npy=0.5" % size]
             one = ["--dataset", "npy:c%d/part-00000.npy" % size]
