@@ -20,13 +20,26 @@ typedef struct rp_progress {
     uint64_t unmetered, unmetered_bytes; /* served, not yet added to `served` */
 } rp_progress;
 
-struct bw__rp {
+/* A read's dataset and where the read stands in it; a read of several datasets has one a
+ * dataset, in `part`, the current one in `now`. */
+typedef struct rp_part {
     bw__wds *e;
     bw__dataset *d;
-    bw__data_stats *stats;
     const Batchwire__V1__Dataset *spec; /* bw__rp_open: the request's (borrowed) */
     bw__wm_served served;               /* bw__rp_meter */
-    uint64_t unstated, unstated_bytes;  /* read, not yet added to `stats` */
+    /* ReadSamples: a bit per source a record was served from, checked again at the end */
+    uint8_t *touched;
+    /* Kept by a part while another is current: a change of part does not start its file
+     * checks over (an fstat) nor flush the counters (atomic adds) -- a worker's fstats for a
+     * two-source mixture fell from 2849 to 2390 in two epochs (docs/performance.md, "Mixture
+     * jobs, seventh pass") */
+    rp_progress at;
+} rp_part;
+
+struct bw__rp {
+    rp_part now;
+    bw__data_stats *stats;
+    uint64_t unstated, unstated_bytes; /* read, not yet added to `stats` */
     bool stream, locate_only, at_end;
     bool field_table; /* tar samples start with their field table (field_table.h) */
     /* ReadSamples with a transform (else NULL): run on the pool a window at a time */
@@ -49,24 +62,10 @@ struct bw__rp {
     uint32_t src;
     uint64_t off, first_record, max_records;
     uint64_t count;
-    /* ReadSamples: a bit per source a record was served from, checked again at the end */
-    uint8_t *touched;
-    rp_progress at;
-    /* ReadSamples of several datasets (ReadSamplesRequest.datasets): each one's state, index i
-     * read from part[of[i]]; e, d, spec, served and touched above are the current part's.
-     * nparts 0: one dataset, and the fields above are its own. */
-    struct rp_part {
-        bw__wds *e;
-        bw__dataset *d;
-        const Batchwire__V1__Dataset *spec;
-        bw__wm_served served;
-        uint8_t *touched;
-        /* `at` while another part is current: a change of part no longer starts its file
-         * checks over (an fstat) nor flushes the counters (atomic adds) -- a worker's fstats
-         * for a two-source mixture fell from 2849 to 2390 in two epochs (docs/performance.md,
-         * "Mixture jobs, seventh pass") */
-        rp_progress at;
-    } * part;
+    /* ReadSamples of several datasets (ReadSamplesRequest.datasets): each one's, index i read
+     * from part[of[i]], part[cur] being `now` (and brought up to date when another becomes
+     * current). nparts 0: one dataset, `now` alone. */
+    rp_part *part;
     size_t nparts, cur;
     const uint8_t *of; /* the request's index_datasets_bytes, or of_copy */
     uint8_t *of_copy;  /* its index_datasets (varints), as bytes */
@@ -88,17 +87,24 @@ enum { PREFETCH_AHEAD = 8 };
  * read of the dataset, would cost more than the counting is worth at small records. */
 enum { METER_EVERY = 64 };
 
+/* What part p served and has not counted yet, counted under its dataset. */
+static void meter_part(rp_part *p)
+{
+    if (p->at.unmetered) {
+        bw__counter_add(p->served.samples, p->at.unmetered);
+        bw__counter_add(p->served.bytes, p->at.unmetered_bytes);
+    }
+    p->at.unmetered = p->at.unmetered_bytes = 0;
+}
+
 static void meter(bw__rp *rp)
 {
-    if (rp->at.unmetered) {
-        bw__counter_add(rp->served.samples, rp->at.unmetered);
-        bw__counter_add(rp->served.bytes, rp->at.unmetered_bytes);
-    }
+    meter_part(&rp->now);
     if (rp->unstated && rp->stats) { /* the worker's totals (heartbeats, GetStats) */
         atomic_fetch_add(&rp->stats->records_read, rp->unstated);
         atomic_fetch_add(&rp->stats->record_bytes_read, rp->unstated_bytes);
     }
-    rp->at.unmetered = rp->at.unmetered_bytes = rp->unstated = rp->unstated_bytes = 0;
+    rp->unstated = rp->unstated_bytes = 0;
 }
 
 /* Drops the window's records not yet yielded and gives its charge back. */
@@ -119,10 +125,10 @@ static bw__rp *rp_new(bw__wds *e, bw__data_stats *stats)
         bw__ds_put(e);
         return NULL;
     }
-    rp->e = e;
-    rp->d = bw__ds_dataset(e);
+    rp->now.e = e;
+    rp->now.d = bw__ds_dataset(e);
     rp->stats = stats;
-    rp->at.checked_src = SIZE_MAX;
+    rp->now.at.checked_src = SIZE_MAX;
     return rp;
 }
 
@@ -132,8 +138,8 @@ bw__rp *bw__rp_samples(bw__wds *e, const uint64_t *indices, size_t n, bw__data_s
     if (rp) {
         rp->indices = indices;
         rp->n = n;
-        rp->touched = calloc(rp->d->nsources / 8 + 1, 1);
-        if (!rp->touched) {
+        rp->now.touched = calloc(rp->now.d->nsources / 8 + 1, 1);
+        if (!rp->now.touched) {
             bw__rp_close(rp);
             return NULL;
         }
@@ -159,33 +165,26 @@ void bw__rp_meter(bw__rp *rp, bw__wm *m, bw__wm_transport t)
 {
     for (size_t k = 0; k < rp->nparts; k++)
         rp->part[k].served = bw__wm_served_for(m, t, rp->part[k].spec);
-    rp->served = rp->nparts ? rp->part[rp->cur].served : bw__wm_served_for(m, t, rp->spec);
+    rp->now.served = rp->nparts ? rp->part[rp->cur].served : bw__wm_served_for(m, t, rp->now.spec);
 }
 
-/* A read of several datasets moves on to part k: the part before keeps what it has served
- * and not yet counted, and where its file checks stand, until it is current again (or the
- * read closes); k's take up where they were. */
+/* A read of several datasets (its parts set up, `now` being part[cur]) moves on to part k: the
+ * part before keeps what it has served and not yet counted, and where its file checks stand,
+ * until it is current again (or the read closes); k's take up where they were. */
 static void use_part(bw__rp *rp, size_t k)
 {
-    struct rp_part *was = &rp->part[rp->cur], *p = &rp->part[k];
-    was->at = rp->at;
+    rp->part[rp->cur] = rp->now;
     rp->cur = k;
-    rp->e = p->e;
-    rp->d = p->d;
-    rp->spec = p->spec;
-    rp->served = p->served;
-    rp->touched = p->touched;
-    rp->at = p->at;
+    rp->now = rp->part[k];
 }
 
 void bw__rp_close(bw__rp *rp)
 {
     if (!rp)
         return;
-    for (size_t k = 0; k < rp->nparts; k++) { /* each part's served, not yet counted */
-        use_part(rp, k);
-        meter(rp);
-    }
+    for (size_t k = 0; k < rp->nparts; k++) /* the other parts' served, not yet counted */
+        if (k != rp->cur)
+            meter_part(&rp->part[k]);
     meter(rp);
     if (rp->tf)
         window_drop(rp);
@@ -194,13 +193,13 @@ void bw__rp_close(bw__rp *rp)
             bw__ds_put(rp->part[k].e);
             free(rp->part[k].touched);
         }
-        rp->e = NULL;
-        rp->touched = NULL;
+        rp->now.e = NULL;
+        rp->now.touched = NULL;
     }
     free(rp->part);
     free(rp->of_copy);
-    bw__ds_put(rp->e);
-    free(rp->touched);
+    bw__ds_put(rp->now.e);
+    free(rp->now.touched);
     free(rp->tf);
     free(rp->win.recs);
     free(rp->win.srcs);
@@ -238,7 +237,7 @@ uint64_t bw__rp_first_key(const bw__rp *rp)
  * its files at the next request. */
 static int changed(bw__rp *rp, const char *why, char *err, size_t errlen)
 {
-    bw__ds_stale(rp->e);
+    bw__ds_stale(rp->now.e);
     snprintf(err, errlen, "%s: %s", rp->stream ? "ReadStream" : "ReadSamples", why);
     return BW_FAILED_PRECONDITION;
 }
@@ -252,15 +251,15 @@ static int end(bw__rp *rp, char *err, size_t errlen)
 {
     char why[1024];
     if (rp->stream)
-        return rp->count && bw__dataset_check(rp->d, rp->src, why, sizeof(why)) != BW_OK
+        return rp->count && bw__dataset_check(rp->now.d, rp->src, why, sizeof(why)) != BW_OK
                    ? changed(rp, why, err, errlen)
                    : BW_RP_END;
     for (size_t k = 0; k < (rp->nparts ? rp->nparts : 1); k++) {
         if (rp->nparts)
             use_part(rp, k);
-        for (size_t i = 0; i < rp->d->nsources; i++)
-            if ((rp->touched[i / 8] >> (i % 8) & 1) &&
-                bw__dataset_check(rp->d, i, why, sizeof(why)) != BW_OK)
+        for (size_t i = 0; i < rp->now.d->nsources; i++)
+            if ((rp->now.touched[i / 8] >> (i % 8) & 1) &&
+                bw__dataset_check(rp->now.d, i, why, sizeof(why)) != BW_OK)
                 return changed(rp, why, err, errlen);
     }
     return BW_RP_END;
@@ -278,7 +277,7 @@ int bw__rp_recheck(bw__rp *rp, char *err, size_t errlen)
 static void prefetch(const bw__rp *rp, size_t at)
 {
     if (at < rp->n)
-        bw__dataset_prefetch(rp->nparts ? rp->part[rp->of[at]].d : rp->d, rp->indices[at]);
+        bw__dataset_prefetch(rp->nparts ? rp->part[rp->of[at]].d : rp->now.d, rp->indices[at]);
 }
 
 static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t errlen)
@@ -298,24 +297,24 @@ static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t
             use_part(rp, rp->of[rp->pos]);
         out->key = rp->indices[rp->pos];
         out->offset = out->next_offset = 0;
-        rc = bw__dataset_get(rp->d, out->key, &out->rec, why, sizeof(why));
-        src = rc == BW_OUT_OF_RANGE ? 0 : bw__dataset_source_of(rp->d, out->key);
+        rc = bw__dataset_get(rp->now.d, out->key, &out->rec, why, sizeof(why));
+        src = rc == BW_OUT_OF_RANGE ? 0 : bw__dataset_source_of(rp->now.d, out->key);
     } else {
         if (rp->at_end || rp->locate_only || (rp->max_records && rp->count >= rp->max_records))
             return end(rp, err, errlen);
         out->key = rp->first_record + rp->count;
         out->offset = rp->off;
-        rc = bw__dataset_next(rp->d, rp->src, rp->off, &out->rec, &out->next_offset, why,
+        rc = bw__dataset_next(rp->now.d, rp->src, rp->off, &out->rec, &out->next_offset, why,
                               sizeof(why));
         src = rp->src;
     }
     /* The file's identity after its record was read and before any byte of it is handed to
      * the transport: a record read while the file changed (or whose read failed because it
      * changed) is refused. */
-    if (rc != BW_OK || src != rp->at.checked_src || ++rp->at.unchecked >= CHECK_EVERY) {
-        rp->at.checked_src = src;
-        rp->at.unchecked = 0;
-        if (bw__dataset_check(rp->d, src, why, sizeof(why)) != BW_OK) {
+    if (rc != BW_OK || src != rp->now.at.checked_src || ++rp->now.at.unchecked >= CHECK_EVERY) {
+        rp->now.at.checked_src = src;
+        rp->now.at.unchecked = 0;
+        if (bw__dataset_check(rp->now.d, src, why, sizeof(why)) != BW_OK) {
             if (rc == BW_OK)
                 bw__record_release(&out->rec);
             return changed(rp, why, err, errlen);
@@ -333,7 +332,7 @@ static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t
     if (rp->stream)
         rp->off = out->next_offset;
     else {
-        rp->touched[src / 8] |= (uint8_t)(1u << (src % 8));
+        rp->now.touched[src / 8] |= (uint8_t)(1u << (src % 8));
         rp->pos++;
     }
     rp->unstated++;
@@ -353,8 +352,8 @@ static int serve(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
         bw__record_release(&out->rec);
         return rc;
     }
-    rp->at.unmetered_bytes += out->rec.size;
-    if (++rp->at.unmetered >= METER_EVERY)
+    rp->now.at.unmetered_bytes += out->rec.size;
+    if (++rp->now.at.unmetered >= METER_EVERY)
         meter(rp);
     return BW_OK;
 }
@@ -393,7 +392,7 @@ static int window_fill(bw__rp *rp, char *err, size_t errlen)
     /* A read that failed after k samples fails again when the window is used up: the
      * samples before it are served first, as without a transform. */
     rp->win.n = k;
-    bw__stf_run_window(rp->tf, rp->pool, rp->d, rp->field_table, rp->win.recs, rp->win.srcs,
+    bw__stf_run_window(rp->tf, rp->pool, rp->now.d, rp->field_table, rp->win.recs, rp->win.srcs,
                        rp->win.rcs, rp->win.errs, k, rp->metrics);
     return BW_OK;
 }
@@ -414,8 +413,8 @@ int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
         /* The sample is named (source and index): the request fails, never sends an empty
          * result (docs/transforms.md, "On the workers"). Calling again reads it again. */
         rc = rp->win.rcs[k];
-        snprintf(err, errlen, "ReadSamples: dataset %s %s: %s", rp->spec->format,
-                 bw__ds_spec_first(rp->spec), rp->win.errs[k]);
+        snprintf(err, errlen, "ReadSamples: dataset %s %s: %s", rp->now.spec->format,
+                 bw__ds_spec_first(rp->now.spec), rp->win.errs[k]);
         window_drop(rp);
         rp->pos = rp->count;
         return rc;
@@ -543,7 +542,7 @@ static int check_indices_owner(bw_worker *w, const bw__rp *rp, const Batchwire__
     for (size_t i = 0; i < rp->n; i++)
         shards[i] =
             rt->by_source
-                ? source_shard(rp->nparts ? rp->part[rp->of[i]].d : rp->d, rp->indices[i], rt)
+                ? source_shard(rp->nparts ? rp->part[rp->of[i]].d : rp->now.d, rp->indices[i], rt)
                 : bw__placement_shard(rp->indices[i], ns, (bw_shard_mode)rt->shard_mode);
     int rc = check_owner(w, "ReadSamples", rt, shards, rp->n, err, errlen);
     free(shards);
@@ -579,7 +578,7 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
     bw__rp *rp = bw__rp_samples(e, idx, n, &w->stats);
     if (!rp)
         return no_memory("ReadSamples", err, errlen);
-    rp->spec = r->dataset;
+    rp->now.spec = r->dataset;
     rp->field_table = r->field_table;
     if (r->transform && r->transform->spec && r->transform->spec[0]) {
         char why[768];
@@ -597,12 +596,13 @@ static int open_samples(bw_worker *w, const char *peer, const Batchwire__V1__Rea
         rp->pool = w->tfpool;
         rp->exec = w->exec;
         rp->metrics = w->metrics;
-        if ((rc = bw__stf_parse(r->transform, &rp->d->layout, rp->tf, why, sizeof(why))) != BW_OK)
+        if ((rc = bw__stf_parse(r->transform, &rp->now.d->layout, rp->tf, why, sizeof(why))) !=
+            BW_OK)
             snprintf(err, errlen, "ReadSamples: %s", why);
         const Batchwire__V1__ReadGrant *g = w->grants ? r->grant : NULL; /* verified */
         bw__stf_principal(rp->tf, g ? g->claims.data : NULL, g ? g->claims.len : 0, peer);
     }
-    const bw__dataset *d = rp->d;
+    const bw__dataset *d = rp->now.d;
     uint64_t most = 0;
     for (size_t i = 0; i < n; i++)
         most = idx[i] > most ? idx[i] : most;
@@ -706,7 +706,7 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
         copy[i] = (uint8_t)r->index_datasets[i];
     rp->part = part;
     rp->stats = &w->stats;
-    rp->at.checked_src = SIZE_MAX;
+    rp->now.at.checked_src = SIZE_MAX;
     rp->indices = idx;
     rp->n = n;
     rp->of = of8 ? of8 : copy;
@@ -730,8 +730,8 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
         bw__rp_close(rp);
         return rc;
     }
-    if (nd)
-        use_part(rp, 0);
+    if (nd) /* part 0 current */
+        rp->now = part[0];
     uint64_t length[BW_DATA_MAX_DATASETS];
     for (size_t k = 0; k < nd; k++)
         length[k] = part[k].d->length;
@@ -768,8 +768,8 @@ static int open_stream(bw_worker *w, const char *peer, const Batchwire__V1__Read
         bw__rp_records(e, r->source, r->offset, r->first_record, r->max_records, &w->stats);
     if (!rp)
         return no_memory("ReadStream", err, errlen);
-    rp->spec = r->dataset;
-    bw__dataset *d = rp->d;
+    rp->now.spec = r->dataset;
+    bw__dataset *d = rp->now.d;
     const Batchwire__V1__Routing *rt = r->routing;
     rp->locate_only = r->locate_only;
     rp->field_table = r->field_table;
