@@ -10,6 +10,9 @@
     (the honest limit: as parallel as two workers); the same fetch shuffled (--shuffle --seed 0)
     against two-connection raw TCP sending the same samples in the same order (the order
     `batchwire plan --shuffle` gives, read from the same random offsets of the mapped file);
+    two-connection raw TCP again, receiving batch k into buffer k mod 2 rather than into one
+    buffer (bench_client_tcp --buffers 2: the least a loader that overlaps the next batch's
+    transfer with the trainer's work can have; one buffer stays in the cache, two may not);
     and the Python binding (batchwire.Loader, plan order, the same dataset, batch size, epochs
     and prefetch, timed the same way: from opening the loader to the last batch) against
     `batchwire fetch`; and the CPU each costs per GiB moved -- the fetch process and both
@@ -132,9 +135,11 @@ def fetch_rate(bt, coord, job, dataset, batch, epochs, transport="auto", extra=(
     return s["bytes"] / MiB / s["seconds"], s["samples"] / s["seconds"], s
 
 
-def tcp_rate(tcp_bin, path, offset, nbytes, chunk, repeat, conns=1, order=None, sample=0):
-    r = subprocess.run([tcp_bin, path, str(offset), str(nbytes), str(chunk), str(repeat),
-                        str(conns)] + ([order, str(sample)] if order else []),
+def tcp_rate(tcp_bin, path, offset, nbytes, chunk, repeat, conns=1, order=None, sample=0,
+             buffers=1):
+    r = subprocess.run([tcp_bin, "--buffers", str(buffers), path, str(offset), str(nbytes),
+                        str(chunk), str(repeat), str(conns)] + ([order, str(sample)] if order
+                                                               else []),
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError("bench_client_tcp failed: %s" % r.stderr)
@@ -415,8 +420,8 @@ def main():
             # ratios moved by 0.2 between runs and the workers' CPU came in whole ticks).
             epochs = max(1, (256 * MiB if args.quick else 2048 * MiB) // total)
             fetch_runs, fetch_sps, grpc_runs, tcp_runs, tcp2_runs = [], [], [], [], []
-            shuf_runs, tcp2_shuf_runs, loader_runs = [], [], []
-            cpu = {k: [] for k in ("fetch", "tcp2", "shuffled", "tcp2_shuffled")}
+            shuf_runs, tcp2_shuf_runs, loader_runs, tcp2b_runs = [], [], [], []
+            cpu = {k: [] for k in ("fetch", "tcp2", "shuffled", "tcp2_shuffled", "tcp2b")}
             fetch_rate(bt, coord.addr, "warm-" + name, ds, batch, 1, extra=fetch_args)
             order = os.path.join(tmp, "order-%s" % name)
             if "a" in args.parts:
@@ -432,6 +437,10 @@ def main():
                                  len(workers))
                 tcp2_runs.append(mib)
                 cpu["tcp2"].append(c)
+                mib, c = tcp_cpu(tcp_bin, path, off, n * sample, batch * sample, epochs,
+                                 len(workers), buffers=2)
+                tcp2b_runs.append(mib)
+                cpu["tcp2b"].append(c)
                 mib, _, _ = fetch_rate(bt, coord.addr, "g-%s-%d" % (name, i), ds, batch, epochs,
                                        "grpc", extra=fetch_args)
                 grpc_runs.append(mib)
@@ -458,13 +467,15 @@ def main():
                 row.update({"shuffled_mib_s": median(shuf_runs),
                             "tcp2_shuffled_mib_s": median(tcp2_shuf_runs),
                             "loader_mib_s": median(loader_runs), "shuffled_runs": shuf_runs,
-                            "tcp2_shuffled_runs": tcp2_shuf_runs, "loader_runs": loader_runs})
+                            "tcp2_shuffled_runs": tcp2_shuf_runs, "loader_runs": loader_runs,
+                            "tcp2b_mib_s": median(tcp2b_runs), "tcp2b_runs": tcp2b_runs})
+                row["ratio2b"] = row["fetch_mib_s"] / row["tcp2b_mib_s"]
                 row["ratio2_shuffled"] = row["shuffled_mib_s"] / row["tcp2_shuffled_mib_s"]
                 # CPU per GiB, medians: fetch (client, workers, total) and raw TCP, 2 conn.
                 for k in ("fetch", "shuffled"):
                     for part in ("client", "workers", "total"):
                         row["%s_cpu_%s_ms_gib" % (k, part)] = median([c[part] for c in cpu[k]])
-                for k in ("tcp2", "tcp2_shuffled"):
+                for k in ("tcp2", "tcp2_shuffled", "tcp2b"):
                     row["%s_cpu_ms_gib" % k] = median(cpu[k])
                 row["loader_vs_fetch"] = row["loader_mib_s"] / row["fetch_mib_s"]
                 report["a"].append(row)
@@ -474,6 +485,9 @@ def main():
                     % (human(sample), batch, row["fetch_mib_s"], row["fetch_samples_s"],
                        row["grpc_mib_s"], row["tcp_mib_s"], len(workers), row["tcp2_mib_s"],
                        row["ratio"], row["grpc_ratio"], len(workers), row["ratio2"]))
+                log("(a) %s x %d: raw TCP (%d connections) into 2 alternating batch buffers "
+                    "%.0f MiB/s, fetch / that %.2f"
+                    % (human(sample), batch, len(workers), row["tcp2b_mib_s"], row["ratio2b"]))
                 log("(a) %s x %d shuffled: fetch %.0f MiB/s, raw TCP (%d connections, the same "
                     "order) %.0f MiB/s, ratio %.2f; batchwire.Loader (plan order) %.0f MiB/s, "
                     "%.2f of fetch"
@@ -584,6 +598,16 @@ def print_markdown(rep, repeat):
         out.append("| %s | %d | %.0f | %.0f | %.2f | %.0f | %.2f |" % (
             human(r["sample"]), r["batch"], r["shuffled_mib_s"], r["tcp2_shuffled_mib_s"],
             r["ratio2_shuffled"], r["loader_mib_s"], r["loader_vs_fetch"]))
+    out.append("\n(a) plan order against raw TCP over 2 connections that receives batch k into "
+               "buffer k mod 2 (as a loader handing the trainer one batch while the next "
+               "arrives) instead of one buffer (median of %d)\n" % repeat)
+    out.append("| sample | batch | fetch MiB/s | raw TCP, 1 buffer MiB/s | fetch / that | "
+               "raw TCP, 2 buffers MiB/s | fetch / that | CPU ms/GiB: 1 buffer | 2 buffers |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rep["a"]:
+        out.append("| %s | %d | %.0f | %.0f | %.2f | %.0f | %.2f | %.0f | %.0f |" % (
+            human(r["sample"]), r["batch"], r["fetch_mib_s"], r["tcp2_mib_s"], r["ratio2"],
+            r["tcp2b_mib_s"], r["ratio2b"], r["tcp2_cpu_ms_gib"], r["tcp2b_cpu_ms_gib"]))
     out.append("\n(a) CPU per GiB moved, ms (median of %d): `batchwire fetch` (the fetch process "
                "+ both workers) against raw TCP over 2 connections (both ends)\n" % repeat)
     out.append("| sample | order | fetch: client | workers | total | raw TCP, 2 conn. | "

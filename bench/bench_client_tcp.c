@@ -3,14 +3,18 @@
  * fetches over CONNS loopback TCP connections (default 1), with no framing and no protocol,
  * and reports the rate.
  *
- *     bench_client_tcp FILE OFFSET BYTES CHUNK REPEAT [CONNS [ORDER SAMPLE]]
+ *     bench_client_tcp [--buffers N] FILE OFFSET BYTES CHUNK REPEAT [CONNS [ORDER SAMPLE]]
  *
  * FILE is mapped and bytes [OFFSET, OFFSET + BYTES) are sent REPEAT times as batches of CHUNK
  * bytes. With CONNS connections, sender thread i writes part i of every batch (CONNS equal
  * parts, one write() each) and receiver thread i reads it into its part of one reusable
- * CHUNK-byte buffer (as a client fills a reusable batch buffer from several workers). Prints
- * one JSON line: {"bytes":N,"seconds":S,"mib_per_s":M}. Timing starts before the connections
- * are accepted and ends when every byte has arrived.
+ * CHUNK-byte buffer (as a client fills a reusable batch buffer from several workers). With
+ * --buffers N (default 1), batch k is read into buffer k mod N of N such buffers: N = 2 is
+ * the least a loader can have that hands the trainer one batch while the next arrives, and a
+ * single buffer, written again and again, stays in the processor's cache where N of them may
+ * not (docs/performance.md, "Per-sample cost, seventh pass"). Prints one JSON line:
+ * {"bytes":N,"seconds":S,"mib_per_s":M}. Timing starts before the connections are accepted
+ * and ends when every byte has arrived.
  *
  * With ORDER and SAMPLE, the range holds samples of SAMPLE bytes (CHUNK a multiple of it) and
  * they are sent in the order ORDER gives -- a file of REPEAT * BYTES / SAMPLE sample numbers,
@@ -159,7 +163,8 @@ static void *send_main(void *arg)
 
 typedef struct receiver {
     int fd;
-    uint8_t *buf;    /* the whole batch buffer; this receiver fills its part */
+    uint8_t *buf; /* the batch buffers (nbufs of CHUNK bytes); this receiver fills its part */
+    uint64_t nbufs;
     uint64_t sample; /* with an order: parts are whole samples */
     uint64_t bytes, chunk, repeat;
     unsigned part, conns;
@@ -170,15 +175,17 @@ static void *recv_main(void *arg)
 {
     receiver *r = arg;
     volatile uint8_t sink = 0;
+    uint64_t batch = 0; /* batches received: batch k goes into buffer k mod nbufs */
     for (uint64_t rep = 0; rep < r->repeat && !r->rc; rep++)
-        for (uint64_t off = 0; off < r->bytes && !r->rc;) {
+        for (uint64_t off = 0; off < r->bytes && !r->rc; batch++) {
             uint64_t n = r->bytes - off < r->chunk ? r->bytes - off : r->chunk;
             uint64_t from, to;
+            uint8_t *buf = r->buf + batch % r->nbufs * r->chunk;
             part_of(n / r->sample, r->part, r->conns, &from, &to);
             from *= r->sample;
             to *= r->sample;
             while (from < to) {
-                ssize_t got = read(r->fd, r->buf + from, (size_t)(to - from));
+                ssize_t got = read(r->fd, buf + from, (size_t)(to - from));
                 if (got < 0 && errno == EINTR)
                     continue;
                 if (got <= 0) {
@@ -188,7 +195,7 @@ static void *recv_main(void *arg)
                 }
                 from += (uint64_t)got;
             }
-            sink ^= r->buf[0]; /* a batch part is complete: the consumer looks at it */
+            sink ^= buf[0]; /* a batch part is complete: the consumer looks at it */
             off += n;
         }
     (void)sink;
@@ -200,7 +207,15 @@ int main(int argc, char **argv)
     if (bw__version_flag(argc, argv, "bench_client_tcp"))
         return 0;
     uint64_t offset, bytes, chunk, repeat;
-    uint64_t conns = 1, sample = 1;
+    uint64_t conns = 1, sample = 1, nbufs = 1;
+    if (argc > 2 && strcmp(argv[1], "--buffers") == 0) {
+        if (parse_u64(argv[2], &nbufs) || nbufs < 1 || nbufs > 64) {
+            fprintf(stderr, "bench_client_tcp: --buffers %s: expected 1 to 64\n", argv[2]);
+            return 2;
+        }
+        argv += 2;
+        argc -= 2;
+    }
     if ((argc != 6 && argc != 7 && argc != 9) || parse_u64(argv[2], &offset) ||
         parse_u64(argv[3], &bytes) || parse_u64(argv[4], &chunk) || parse_u64(argv[5], &repeat) ||
         chunk == 0 ||
@@ -208,7 +223,8 @@ int main(int argc, char **argv)
         (argc == 9 &&
          (parse_u64(argv[8], &sample) || sample == 0 || chunk % sample || bytes % sample))) {
         fprintf(stderr,
-                "usage: bench_client_tcp FILE OFFSET BYTES CHUNK REPEAT [CONNS 1-%d [ORDER "
+                "usage: bench_client_tcp [--buffers N] FILE OFFSET BYTES CHUNK REPEAT [CONNS 1-%d "
+                "[ORDER "
                 "SAMPLE]]\n(with ORDER, BYTES and CHUNK are multiples of SAMPLE)\n",
                 MAX_CONNS);
         return 2;
@@ -262,10 +278,15 @@ int main(int argc, char **argv)
         perror("bench_client_tcp: listen");
         return 1;
     }
-    uint8_t *buf = malloc((size_t)chunk);
+    if (chunk > SIZE_MAX / nbufs) {
+        fprintf(stderr, "bench_client_tcp: %" PRIu64 " buffers of %" PRIu64 " bytes: too many\n",
+                nbufs, chunk);
+        return 2;
+    }
+    uint8_t *buf = malloc((size_t)(chunk * nbufs));
     if (!buf)
         return 1;
-    memset(buf, 0, (size_t)chunk);
+    memset(buf, 0, (size_t)(chunk * nbufs)); /* faulted in before the clock starts */
     sender s[MAX_CONNS];
     receiver rv[MAX_CONNS];
     pthread_t sth[MAX_CONNS], rth[MAX_CONNS];
@@ -282,7 +303,7 @@ int main(int argc, char **argv)
             perror("bench_client_tcp: accept");
             return 1;
         }
-        rv[i] = (receiver){cs, buf, sample, bytes, chunk, repeat, i, (unsigned)conns, 0};
+        rv[i] = (receiver){cs, buf, nbufs, sample, bytes, chunk, repeat, i, (unsigned)conns, 0};
         if (pthread_create(&rth[i], NULL, recv_main, &rv[i]) != 0)
             return 1;
     }
