@@ -576,71 +576,72 @@ def finish(report, repeat, tmp, args):
     print_markdown(report, repeat)
 
 
+def md_table(out, title, head, rows):
+    """Appends a markdown table to out: its title paragraph, then a row per tuple of cells
+    (strings, formatted by the caller)."""
+    out.append(title)
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    out.extend("| " + " | ".join(cells) + " |" for cells in rows)
+
+
 def print_markdown(rep, repeat):
     out = []
-    out.append("(a) `batchwire fetch --quiet` vs raw TCP (median of %d)\n" % repeat)
-    out.append("| sample | batch | fetch MiB/s | fetch samples/s | raw TCP MiB/s | fetch / TCP | "
-               "fetch --transport grpc MiB/s | gRPC / TCP | raw TCP, 2 connections MiB/s | "
-               "fetch / that |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rep["a"]:
-        out.append("| %s | %d | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %.0f | %.2f |" % (
-            human(r["sample"]), r["batch"], r["fetch_mib_s"], r["fetch_samples_s"],
-            r["tcp_mib_s"], r["ratio"], r["grpc_mib_s"], r["grpc_ratio"], r["tcp2_mib_s"],
-            r["ratio2"]))
-    out.append("\n(a) shuffled (--shuffle --seed 0) against raw TCP over 2 connections sending "
-               "the same samples in the same order; and batchwire.Loader against `batchwire "
-               "fetch`, plan order (median of %d)\n" % repeat)
-    out.append("| sample | batch | fetch shuffled MiB/s | raw TCP shuffled, 2 connections MiB/s "
-               "| fetch / that | Loader MiB/s | Loader / fetch |")
-    out.append("|---|---|---|---|---|---|---|")
-    for r in rep["a"]:
-        out.append("| %s | %d | %.0f | %.0f | %.2f | %.0f | %.2f |" % (
-            human(r["sample"]), r["batch"], r["shuffled_mib_s"], r["tcp2_shuffled_mib_s"],
-            r["ratio2_shuffled"], r["loader_mib_s"], r["loader_vs_fetch"]))
-    out.append("\n(a) plan order against raw TCP over 2 connections that receives batch k into "
-               "buffer k mod 2 (as a loader handing the trainer one batch while the next "
-               "arrives) instead of one buffer (median of %d)\n" % repeat)
-    out.append("| sample | batch | fetch MiB/s | raw TCP, 1 buffer MiB/s | fetch / that | "
-               "raw TCP, 2 buffers MiB/s | fetch / that | CPU ms/GiB: 1 buffer | 2 buffers |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
-    for r in rep["a"]:
-        out.append("| %s | %d | %.0f | %.0f | %.2f | %.0f | %.2f | %.0f | %.0f |" % (
-            human(r["sample"]), r["batch"], r["fetch_mib_s"], r["tcp2_mib_s"], r["ratio2"],
-            r["tcp2b_mib_s"], r["ratio2b"], r["tcp2_cpu_ms_gib"], r["tcp2b_cpu_ms_gib"]))
-    out.append("\n(a) CPU per GiB moved, ms (median of %d): `batchwire fetch` (the fetch process "
-               "+ both workers) against raw TCP over 2 connections (both ends)\n" % repeat)
-    out.append("| sample | order | fetch: client | workers | total | raw TCP, 2 conn. | "
-               "raw TCP / fetch |")
-    out.append("|---|---|---|---|---|---|---|")
+    med = "(median of %d)\n" % repeat
+
+    def f(fmt, *xs):
+        return tuple(fm % x for fm, x in zip(fmt.split(), xs))
+
+    md_table(out, "(a) `batchwire fetch --quiet` vs raw TCP " + med,
+             ["sample", "batch", "fetch MiB/s", "fetch samples/s", "raw TCP MiB/s",
+              "fetch / TCP", "fetch --transport grpc MiB/s", "gRPC / TCP",
+              "raw TCP, 2 connections MiB/s", "fetch / that"],
+             [f("%s %d %.0f %.0f %.0f %.2f %.0f %.2f %.0f %.2f", human(r["sample"]), r["batch"],
+                r["fetch_mib_s"], r["fetch_samples_s"], r["tcp_mib_s"], r["ratio"],
+                r["grpc_mib_s"], r["grpc_ratio"], r["tcp2_mib_s"], r["ratio2"])
+              for r in rep["a"]])
+    md_table(out, "\n(a) shuffled (--shuffle --seed 0) against raw TCP over 2 connections "
+             "sending the same samples in the same order; and batchwire.Loader against "
+             "`batchwire fetch`, plan order " + med,
+             ["sample", "batch", "fetch shuffled MiB/s", "raw TCP shuffled, 2 connections MiB/s",
+              "fetch / that", "Loader MiB/s", "Loader / fetch"],
+             [f("%s %d %.0f %.0f %.2f %.0f %.2f", human(r["sample"]), r["batch"],
+                r["shuffled_mib_s"], r["tcp2_shuffled_mib_s"], r["ratio2_shuffled"],
+                r["loader_mib_s"], r["loader_vs_fetch"]) for r in rep["a"]])
+    md_table(out, "\n(a) plan order against raw TCP over 2 connections that receives batch k "
+             "into buffer k mod 2 (as a loader handing the trainer one batch while the next "
+             "arrives) instead of one buffer " + med,
+             ["sample", "batch", "fetch MiB/s", "raw TCP, 1 buffer MiB/s", "fetch / that",
+              "raw TCP, 2 buffers MiB/s", "fetch / that", "CPU ms/GiB: 1 buffer", "2 buffers"],
+             [f("%s %d %.0f %.0f %.2f %.0f %.2f %.0f %.0f", human(r["sample"]), r["batch"],
+                r["fetch_mib_s"], r["tcp2_mib_s"], r["ratio2"], r["tcp2b_mib_s"], r["ratio2b"],
+                r["tcp2_cpu_ms_gib"], r["tcp2b_cpu_ms_gib"]) for r in rep["a"]])
+    cpu_rows = []
     for r in rep["a"]:
         for order, k, t in (("plan", "fetch", "tcp2"), ("shuffled", "shuffled", "tcp2_shuffled")):
             tot = r["%s_cpu_total_ms_gib" % k]
-            out.append("| %s | %s | %.0f | %.0f | %.0f | %.0f | %.2f |" % (
-                human(r["sample"]), order, r["%s_cpu_client_ms_gib" % k],
-                r["%s_cpu_workers_ms_gib" % k], tot, r["%s_cpu_ms_gib" % t],
-                r["%s_cpu_ms_gib" % t] / tot))
-    out.append("\n(b) Python: batchwire.Loader + batch.torch() vs torch DataLoader(num_workers=2)"
-               " (median of %d)\n" % repeat)
-    out.append("| sample | batch | batches | batchwire MiB/s | samples/s | DataLoader MiB/s | "
-               "samples/s | speed-up |")
-    out.append("|---|---|---|---|---|---|---|---|")
-    for r in rep["b"]:
-        out.append("| %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %.2f |" % (
-            human(r["sample"]), r["batch"], r["batches"], r["bw_mib_s"], r["bw_samples_s"],
-            r["torch_mib_s"], r["torch_samples_s"], r["speedup"]))
-    out.append("\n(t) the same fetch against workers serving TLS (median of %d)\n" % repeat)
-    out.append("| sample | batch | data channel (TLS) MiB/s | gRPC (TLS) MiB/s | speed-up |")
-    out.append("|---|---|---|---|---|")
-    for r in rep["t"]:
-        out.append("| %s | %d | %.0f | %.0f | %.2f |" % (
-            human(r["sample"]), r["batch"], r["dchan_mib_s"], r["grpc_mib_s"], r["speedup"]))
-    out.append("\n(c) time to first batch after resume (median of %d)\n" % repeat)
-    out.append("| step | Loader(resume=...) | first batch | total |")
-    out.append("|---|---|---|---|")
-    for r in rep["c"]:
-        out.append("| %s | %.1f ms | %.2f ms | %.1f ms |" % (
-            "{:,}".format(r["step"]), r["open_ms"], r["first_batch_ms"], r["total_ms"]))
+            cpu_rows.append(f("%s %s %.0f %.0f %.0f %.0f %.2f", human(r["sample"]), order,
+                              r["%s_cpu_client_ms_gib" % k], r["%s_cpu_workers_ms_gib" % k], tot,
+                              r["%s_cpu_ms_gib" % t], r["%s_cpu_ms_gib" % t] / tot))
+    md_table(out, "\n(a) CPU per GiB moved, ms " + med.rstrip("\n") + ": `batchwire fetch` (the "
+             "fetch process + both workers) against raw TCP over 2 connections (both ends)\n",
+             ["sample", "order", "fetch: client", "workers", "total", "raw TCP, 2 conn.",
+              "raw TCP / fetch"], cpu_rows)
+    md_table(out, "\n(b) Python: batchwire.Loader + batch.torch() vs torch "
+             "DataLoader(num_workers=2) " + med,
+             ["sample", "batch", "batches", "batchwire MiB/s", "samples/s", "DataLoader MiB/s",
+              "samples/s", "speed-up"],
+             [f("%s %d %d %.0f %.0f %.0f %.0f %.2f", human(r["sample"]), r["batch"],
+                r["batches"], r["bw_mib_s"], r["bw_samples_s"], r["torch_mib_s"],
+                r["torch_samples_s"], r["speedup"]) for r in rep["b"]])
+    md_table(out, "\n(t) the same fetch against workers serving TLS " + med,
+             ["sample", "batch", "data channel (TLS) MiB/s", "gRPC (TLS) MiB/s", "speed-up"],
+             [f("%s %d %.0f %.0f %.2f", human(r["sample"]), r["batch"], r["dchan_mib_s"],
+                r["grpc_mib_s"], r["speedup"]) for r in rep["t"]])
+    md_table(out, "\n(c) time to first batch after resume " + med,
+             ["step", "Loader(resume=...)", "first batch", "total"],
+             [("{:,}".format(r["step"]), "%.1f ms" % r["open_ms"],
+               "%.2f ms" % r["first_batch_ms"], "%.1f ms" % r["total_ms"]) for r in rep["c"]])
     print("\n".join(out))
 
 
