@@ -284,8 +284,13 @@ int main(int argc, char **argv)
         return 2;
     }
     uint8_t *buf = malloc((size_t)(chunk * nbufs));
-    if (!buf)
+    if (!buf) {
+        fprintf(stderr,
+                "bench_client_tcp: cannot allocate %" PRIu64 " batch buffer(s) of %" PRIu64
+                " bytes (CHUNK)\n",
+                nbufs, chunk);
         return 1;
+    }
     memset(buf, 0, (size_t)(chunk * nbufs)); /* faulted in before the clock starts */
     sender s[MAX_CONNS];
     receiver rv[MAX_CONNS];
