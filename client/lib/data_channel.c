@@ -55,12 +55,20 @@ typedef struct bw__dconn {
  * read, each read posting about twice as many as the last one brought (from SPEC_START). */
 enum { SPEC_MAX = 256, SPEC_START = 32 };
 
+/* Inside a RUN frame (run_recv) a read posts about twice the samples the last one brought,
+ * from RUN_POST_START to RUN_POST_MAX. */
+enum { RUN_POST_START = 256, RUN_POST_MAX = 16384 };
+
 struct spec {
     uint8_t hdr[SPEC_MAX][BW_DCHAN_FRAME_HEADER];
     uint64_t key[SPEC_MAX];
     uint8_t *dest[SPEC_MAX];
     struct iovec iov[2 * SPEC_MAX + 2]; /* the sample in progress, slots, the read-ahead */
     size_t cap;                         /* samples the next read posts */
+    /* run_recv: the pieces posted (each count[p] samples from dest[p]), and how many samples
+     * of a run the next read posts */
+    size_t count[SPEC_MAX];
+    size_t runcap;
 };
 
 enum {
@@ -1181,22 +1189,86 @@ static int spec_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *use
     return BW_OK;
 }
 
+/* The places of up to n samples of the RUN in progress after the one being received, from
+ * `ahead` on (as peek counts): how many, from the first, lie back to back from *dest -- the
+ * sink's span, else its peek a sample at a time. 0: not known ahead (place() judges each). */
+static size_t run_span(const bw__xfer *x, const bw__sink *sink, size_t ahead, size_t n,
+                       uint8_t **dest)
+{
+    const uint64_t *keys = x->idx + x->nsamples + ahead;
+    if (sink->span)
+        return sink->span(sink->ctx, ahead, keys, n, x->run_size, dest);
+    size_t m = 0;
+    for (uint8_t *next = NULL; m < n; m++) {
+        uint64_t key, sz;
+        uint8_t *d;
+        if (!sink->peek(sink->ctx, ahead + m, &key, &sz, &d) || key != keys[m] ||
+            sz != x->run_size || (m && d != next))
+            break;
+        if (!m)
+            *dest = d;
+        next = d + sz;
+    }
+    return m;
+}
+
+/* The place of the j-th sample posted in the pieces of sp (run_recv). */
+static uint8_t *run_place(const struct spec *sp, size_t j, uint64_t size)
+{
+    size_t p = 0;
+    while (j >= sp->count[p])
+        j -= sp->count[p++];
+    return sp->dest[p] + j * size;
+}
+
+/* The next k samples of the run, posted in sp's pieces, have landed whole: they count -- the
+ * sink's landed, else place() (which must give each the place it was posted at) and arrived()
+ * a sample at a time. BW_OK, or the error with a sentence in err. */
+static int run_landed(bw__xfer *x, const bw__sink *sink, const struct spec *sp, size_t k, char *err,
+                      size_t errlen)
+{
+    uint64_t size = x->run_size;
+    if (sink->landed) {
+        sink->landed(sink->ctx, k, size);
+        x->nsamples += k;
+        return BW_OK;
+    }
+    for (size_t j = 0; j < k; j++, x->nsamples++) {
+        uint8_t *d = NULL;
+        int rc = sink->place(sink->ctx, x->idx[x->nsamples], size, 0, size, &d, err, errlen);
+        if (rc == BW_OK && d != run_place(sp, j, size)) {
+            snprintf(err, errlen, "sample %llu's place moved while it was received",
+                     (unsigned long long)x->idx[x->nsamples]);
+            rc = BW_INTERNAL;
+        }
+        if (rc != BW_OK)
+            return rc;
+        sink->arrived(sink->ctx, size);
+    }
+    return BW_OK;
+}
+
 /* Plain TCP, fixed-size samples (the sink peeks), inside a RUN frame: one recvmsg takes the
- * rest of the sample in progress and the next samples of the run (up to SPEC_MAX), each
- * straight into its place in the batch, and -- once the run's last sample is posted -- the
- * next frame header into the read-ahead buffer. No copy in user space and no header per
- * sample (docs/data-channel.md, "RUN frames"). Each sample posted is the one due (peek) with
- * the run's key and size, or the request ends here (BW_PROTOCOL): a run that claims other
- * samples than those due writes nothing. *ended: the request ended; *got: bytes received (0:
- * none yet). BW_OK, or the connection's error. */
+ * rest of the sample in progress and the next samples of the run, each straight into its
+ * place in the batch -- places that follow one another as one piece (plan order: one worker's
+ * samples of a batch), at most SPEC_MAX pieces and about twice the samples the last read
+ * brought -- and, once the run's last sample is posted, the next frame header into the
+ * read-ahead buffer. No copy in user space, no header and no call into the sink per sample
+ * (span, landed; docs/data-channel.md, "RUN frames"; docs/performance.md, "Per-sample cost,
+ * eighth pass"). The run's samples are the request's next ones (frame() checked its header);
+ * each posted is the one due, of the run's size, or it is not posted and place() judges it
+ * when it comes. *ended: the request ended; *got: bytes received (0: none yet). BW_OK, or the
+ * connection's error. */
 static int run_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *ended, size_t *got,
                     char *err, size_t errlen)
 {
     bw__dconn *c = x->c;
     *ended = false;
     *got = 0;
-    if (!c->spec && (c->spec = malloc(sizeof(*c->spec))) != NULL)
+    if (!c->spec && (c->spec = malloc(sizeof(*c->spec))) != NULL) {
         c->spec->cap = SPEC_START;
+        c->spec->runcap = RUN_POST_START;
+    }
     struct spec *sp = c->spec;
     if (!sp) { /* out of memory: this sample alone */
         struct iovec one = {x->dest + x->got, x->need - x->got};
@@ -1205,33 +1277,25 @@ static int run_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *ende
             *ended = sample_done(x, sink, res);
         return rc;
     }
-    size_t niov = 0, m = 0;
+    uint64_t size = x->run_size;
+    size_t niov = 0, np = 0, posted = 0;
+    size_t cap = x->run_left < sp->runcap ? (size_t)x->run_left : sp->runcap;
     sp->iov[niov++] = (struct iovec){x->dest + x->got, x->need - x->got};
-    for (; m < x->run_left && m < SPEC_MAX; m++) {
-        uint64_t key, sz;
-        if (!sink->peek(sink->ctx, 1 + m, &key, &sz, &sp->dest[m]))
+    while (posted < cap && np < SPEC_MAX) {
+        uint8_t *d = NULL;
+        size_t k = run_span(x, sink, 1 + posted, cap - posted, &d);
+        if (!k)
             break; /* not known ahead: place() judges it when it comes */
-        if (key != x->idx[x->nsamples + 1 + m] || sz != x->run_size) {
-            snprintf(err, errlen,
-                     "in a RUN frame of %u samples from index %llu (%llu bytes each): sample "
-                     "%llu of the request where sample %llu (%llu bytes) is due",
-                     x->f.code, (unsigned long long)x->f.a, (unsigned long long)x->run_size,
-                     (unsigned long long)x->idx[x->nsamples + 1 + m], (unsigned long long)key,
-                     (unsigned long long)sz);
-            *ended = end(x, res, BW_PROTOCOL, false, err);
-            return BW_OK;
-        }
-        /* A sample whose place follows the last piece's (plan order, one worker's run of the
-         * batch) extends it: one piece for the kernel's copy rather than one a sample -- a
-         * sixteenth of the client's CPU at 256-byte samples (docs/performance.md,
-         * "Per-sample cost, seventh pass"). */
         struct iovec *last = &sp->iov[niov - 1];
-        if ((uint8_t *)last->iov_base + last->iov_len == sp->dest[m])
-            last->iov_len += (size_t)sz;
+        if ((uint8_t *)last->iov_base + last->iov_len == d)
+            last->iov_len += k * (size_t)size;
         else
-            sp->iov[niov++] = (struct iovec){sp->dest[m], (size_t)sz};
+            sp->iov[niov++] = (struct iovec){d, k * (size_t)size};
+        sp->dest[np] = d;
+        sp->count[np++] = k;
+        posted += k;
     }
-    if (m == x->run_left) /* the run's end is posted: then the next frame header */
+    if (posted == x->run_left) /* the run's end is posted: then the next frame header */
         sp->iov[niov++] = (struct iovec){c->buf, BW_DCHAN_FRAME_HEADER};
     size_t left = 0;
     int rc = dconn_recvmsg(c, sp->iov, niov, &left, err, errlen);
@@ -1241,24 +1305,37 @@ static int run_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *ende
     size_t take = left < x->need - x->got ? left : x->need - x->got;
     x->got += take;
     left -= take;
-    for (size_t j = 0; x->got == x->need; j++) {
-        bool more = x->run_left > 0;
-        if ((*ended = sample_done(x, sink, res)) || !more)
-            break;
-        /* sample_done placed the run's next sample: where it was posted */
-        if (j >= m || x->dest != sp->dest[j]) {
-            if (j < m) {
+    if (x->got < x->need)
+        return BW_OK;
+    /* The sample in progress is whole; then those posted after it that arrived whole. */
+    sink->arrived(sink->ctx, x->need);
+    x->nsamples++;
+    x->phase = X_HDR;
+    size_t whole = left / (size_t)size < posted ? left / (size_t)size : posted;
+    if (whole && (rc = run_landed(x, sink, sp, whole, err, errlen)) != BW_OK) {
+        *ended = end(x, res, rc, false, err);
+        return BW_OK;
+    }
+    x->run_left -= whole;
+    left -= whole * (size_t)size;
+    size_t next = 2 * (whole + 1);
+    sp->runcap = next < RUN_POST_START ? RUN_POST_START : next < RUN_POST_MAX ? next : RUN_POST_MAX;
+    if (x->run_left) { /* the run's next sample starts: its bytes so far, where it was posted */
+        x->run_left--;
+        if ((*ended = start_sample(x, sink, res, x->idx[x->nsamples], size)))
+            return BW_OK;
+        if (whole < posted) {
+            if (x->dest != run_place(sp, whole, size)) {
                 snprintf(err, errlen, "sample %llu's place moved while it was received",
                          (unsigned long long)x->idx[x->nsamples]);
                 *ended = end(x, res, BW_INTERNAL, false, err);
+                return BW_OK;
             }
-            break; /* j >= m: not posted (left is 0) */
+            x->got = left; /* less than a sample: whole counted every complete one */
+            left = 0;
         }
-        take = left < x->need ? left : x->need;
-        x->got = take;
-        left -= take;
     }
-    if (left && !*ended) { /* past the run: the next frame header (or part of it) */
+    if (left) { /* past the run: the next frame header (or part of it), in the buffer */
         c->pos = 0;
         c->len = left;
     }

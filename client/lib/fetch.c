@@ -285,6 +285,51 @@ static bool peek(void *arg, size_t ahead, uint64_t *key, uint64_t *size, uint8_t
     return true;
 }
 
+/* The sink's span (transport.h): the samples due from r->k + ahead whose places follow one
+ * another -- one worker's samples of a batch in plan order -- checked as place() checks each
+ * (the key due, the batch's sample size, not begun, within its bound). */
+static size_t span(void *arg, size_t ahead, const uint64_t *keys, size_t n, uint64_t size,
+                   uint8_t **dest)
+{
+    const fetch_req *r = arg;
+    const bw__fetch_dest *d = r->dest;
+    size_t k0 = r->k + ahead, m = 0;
+    if (!d || !d->sample_bytes || size != d->sample_bytes || k0 >= r->nsamples)
+        return 0;
+    if (n > r->nsamples - k0)
+        n = r->nsamples - k0;
+    uint8_t *next = NULL;
+    for (; m < n; m++) {
+        const bw__fetch_item *x = r->items[k0 + m];
+        if (x->key != keys[m] || x->got || x->max_size < size)
+            break;
+        uint8_t *at = fixed_at(d, x->first);
+        if (m && at != next)
+            break;
+        if (!m)
+            *dest = at;
+        next = at + size;
+    }
+    return m;
+}
+
+/* The sink's landed (transport.h): the k samples span gave count, as place() and arrived()
+ * would count each. */
+static void landed(void *arg, size_t k, uint64_t size)
+{
+    fetch_req *r = arg;
+    for (size_t i = 0; i < k; i++) {
+        bw__fetch_item *x = r->items[r->k + i];
+        x->size = size;
+        x->started = true;
+        x->got = size;
+        x->done = true;
+    }
+    r->k += k;
+    r->got_samples += k;
+    r->got_bytes += k * size;
+}
+
 /* The item a failed request was receiving starts over. */
 static void drop_partial(fetch_req *r)
 {
@@ -443,7 +488,7 @@ static void receive(fetch_req *reqs, size_t n, uint64_t deadline, uint64_t attem
         for (size_t j = 0; ready > 0 && j < m; j++)
             if (pf[j].revents) {
                 fetch_req *r = &reqs[who[j]];
-                bw__sink sink = {place, arrived, r, peek};
+                bw__sink sink = {place, arrived, r, peek, span, landed};
                 r->heard = now;
                 r->ended = r->t->ops->recv(r->x, &sink, &r->res);
             }
@@ -458,7 +503,7 @@ static void receive(fetch_req *reqs, size_t n, uint64_t deadline, uint64_t attem
             snprintf(r->res.err, sizeof(r->res.err), "worker %s: %s", r->wid,
                      bw_strerror(BW_INTERRUPTED));
         } else if (r->t->ops->fd(r->x) < 0) { /* blocking transports: read to the end now */
-            bw__sink sink = {place, arrived, r, peek};
+            bw__sink sink = {place, arrived, r, peek, span, landed};
             r->ended = r->t->ops->recv(r->x, &sink, &r->res);
         } else {
             r->ended = true;

@@ -126,6 +126,17 @@ typedef struct bw__sink {
      * place() and arrived() for each, in order, once its header has arrived and matched.
      * false: not known; place() decides. Changes nothing. */
     bool (*peek)(void *ctx, size_t ahead, uint64_t *key, uint64_t *size, uint8_t **dest);
+    /* May be NULL (then landed is unused). Many samples at once, as peek gives one: of the n
+     * samples due from `ahead` on (as peek counts), how many, from the first, are the samples
+     * keys[0..n) names, of `size` bytes each, not begun, with places back to back from *dest
+     * -- 0 when not even the first is (peek and place() then decide). Changes nothing. */
+    size_t (*span)(void *ctx, size_t ahead, const uint64_t *keys, size_t n, uint64_t size,
+                   uint8_t **dest);
+    /* The next k samples due, each of `size` bytes, have all landed whole at the places span
+     * gave them: they count, as place() and arrived() for each one would make them -- so a
+     * RUN frame's samples cost the transport no call a sample (docs/performance.md,
+     * "Per-sample cost, eighth pass"). */
+    void (*landed)(void *ctx, size_t k, uint64_t size);
 } bw__sink;
 
 /* How a request ended. */

@@ -123,13 +123,30 @@ static void *serve(void *arg)
 
 /* ---- the sink: fixed-size samples, as the fetch loop's ---- */
 
+/* How the sink works (the `mode` of run_v): place() alone; with peek; with peek, span and
+ * landed (as the fetch loop's); and both again with places that do not all follow one
+ * another (every third sample's place is followed by a gap), so that a read posts several
+ * pieces. */
+enum { PLAIN, PEEK, SPAN, PEEK_GAPS, SPAN_GAPS, MODES };
+
 typedef struct sinkctx {
     const uint64_t *keys;
     size_t n, k;
     uint64_t size;
     uint8_t *buf;
     unsigned places;
+    bool gaps;
+    size_t spans, landed; /* calls of span that gave samples, samples counted by landed */
 } sinkctx;
+
+/* Samples each mode's sinks counted through landed, over every request so far. */
+static size_t landed_in[MODES];
+
+/* Where sample k goes: back to back, or with a sample's gap after every third one. */
+static size_t slot(const sinkctx *c, size_t k)
+{
+    return c->gaps ? k + k / 3 : k;
+}
 
 static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uint64_t len,
                  uint8_t **dest, char *err, size_t errlen)
@@ -141,7 +158,7 @@ static int place(void *arg, uint64_t key, uint64_t size, uint64_t chunk_off, uin
         return BW_PROTOCOL;
     }
     c->places++;
-    *dest = c->buf + c->k * c->size;
+    *dest = c->buf + slot(c, c->k) * c->size;
     return BW_OK;
 }
 
@@ -159,14 +176,38 @@ static bool peek(void *arg, size_t ahead, uint64_t *key, uint64_t *size, uint8_t
         return false;
     *key = c->keys[c->k + ahead];
     *size = c->size;
-    *dest = c->buf + (c->k + ahead) * c->size;
+    *dest = c->buf + slot(c, c->k + ahead) * c->size;
     return true;
+}
+
+static size_t span(void *arg, size_t ahead, const uint64_t *keys, size_t n, uint64_t size,
+                   uint8_t **dest)
+{
+    sinkctx *c = arg;
+    size_t m = 0;
+    while (m < n && c->k + ahead + m < c->n && keys[m] == c->keys[c->k + ahead + m] &&
+           size == c->size && (m == 0 || slot(c, c->k + ahead + m) == slot(c, c->k + ahead) + m))
+        m++;
+    if (m) {
+        *dest = c->buf + slot(c, c->k + ahead) * c->size;
+        c->spans++;
+    }
+    return m;
+}
+
+static void landed(void *arg, size_t k, uint64_t size)
+{
+    sinkctx *c = arg;
+    assert_int_equal(size, c->size);
+    assert_true(c->k + k <= c->n);
+    c->k += k;
+    c->landed += k;
 }
 
 /* Runs one request against a worker (versions as v; what it saw in *seen, may be NULL)
  * answering `sc` in pieces of at most max_piece bytes; the sink expects keys[0..n) of `size`
  * bytes. Returns the request's outcome; *done: samples that arrived, checked byte for byte. */
-static int run_v(script *sc, const uint64_t *keys, size_t n, size_t size, bool with_peek,
+static int run_v(script *sc, const uint64_t *keys, size_t n, size_t size, int mode,
                  size_t max_piece, unsigned seed, const fake_versions *v, fake_request *seen,
                  size_t *done, bw__xres *res)
 {
@@ -199,10 +240,16 @@ static int run_v(script *sc, const uint64_t *keys, size_t n, size_t size, bool w
     bw__xfer *x = NULL;
     memset(res, 0, sizeof(*res));
     assert_int_equal(t.ops->start(t.state, &wr, &req, 10000, &x, res), BW_OK);
-    uint8_t *buf = calloc(n ? n : 1, size ? size : 1);
+    uint8_t *buf = calloc(n ? n + n / 3 : 1, size ? size : 1);
     assert_non_null(buf);
-    sinkctx c = {keys, n, 0, size, buf, 0};
-    bw__sink sink = {place, arrived, &c, with_peek ? peek : NULL};
+    sinkctx c = {keys, n, 0, size, buf, 0, mode == PEEK_GAPS || mode == SPAN_GAPS, 0, 0};
+    bool spans = mode == SPAN || mode == SPAN_GAPS;
+    bw__sink sink = {place,
+                     arrived,
+                     &c,
+                     mode == PLAIN ? NULL : peek,
+                     spans ? span : NULL,
+                     spans ? landed : NULL};
     while (!t.ops->recv(x, &sink, res)) {
         struct pollfd pf = {t.ops->fd(x), POLLIN, 0};
         poll(&pf, 1, 1000);
@@ -213,10 +260,12 @@ static int run_v(script *sc, const uint64_t *keys, size_t n, size_t size, bool w
     close(w.lfd);
     for (size_t k = 0; k < c.k; k++)
         for (size_t i = 0; i < size; i++)
-            if (buf[k * size + i] != pattern(keys[k], i))
+            if (buf[slot(&c, k) * size + i] != pattern(keys[k], i))
                 fail_msg("sample %zu (key %llu) byte %zu: %u, want %u", k,
-                         (unsigned long long)keys[k], i, buf[k * size + i], pattern(keys[k], i));
-    assert_true(c.places >= c.k);
+                         (unsigned long long)keys[k], i, buf[slot(&c, k) * size + i],
+                         pattern(keys[k], i));
+    assert_true(c.places + c.landed >= c.k);
+    landed_in[mode] += c.landed;
     free(buf);
     *done = c.k;
     if (seen)
@@ -225,11 +274,11 @@ static int run_v(script *sc, const uint64_t *keys, size_t n, size_t size, bool w
 }
 
 /* run_v against a current worker that uses no feature: today's frames. */
-static int run(script *sc, const uint64_t *keys, size_t n, size_t size, bool with_peek,
-               size_t max_piece, unsigned seed, size_t *done, bw__xres *res)
+static int run(script *sc, const uint64_t *keys, size_t n, size_t size, int mode, size_t max_piece,
+               unsigned seed, size_t *done, bw__xres *res)
 {
     fake_versions v = {false, 0, 0};
-    return run_v(sc, keys, n, size, with_peek, max_piece, seed, &v, NULL, done, res);
+    return run_v(sc, keys, n, size, mode, max_piece, seed, &v, NULL, done, res);
 }
 
 static uint64_t *shuffled_keys(size_t n, unsigned seed)
@@ -267,7 +316,7 @@ static size_t run_lengths(size_t n, unsigned seed, uint32_t *runs)
  * byte. */
 static void whole_case(size_t n, size_t size, size_t piece, unsigned seed, bool runs)
 {
-    for (int with_peek = 0; with_peek < 2; with_peek++) {
+    for (int mode = 0; mode < MODES; mode++) {
         uint64_t *keys = shuffled_keys(n, seed);
         uint32_t *lens = malloc((n ? n : 1) * sizeof(*lens));
         assert_non_null(lens);
@@ -288,10 +337,10 @@ static void whole_case(size_t n, size_t size, size_t piece, unsigned seed, bool 
         fake_request seen;
         size_t done = 0;
         bw__xres res;
-        int rc = run_v(&sc, keys, n, size, with_peek, piece, seed * 7 + 3, &v, &seen, &done, &res);
+        int rc = run_v(&sc, keys, n, size, mode, piece, seed * 7 + 3, &v, &seen, &done, &res);
         if (rc != BW_OK)
-            fail_msg("%zu samples of %zu bytes in pieces of %zu (runs %d, peek %d): %s", n, size,
-                     piece, runs, with_peek, res.err);
+            fail_msg("%zu samples of %zu bytes in pieces of %zu (runs %d, mode %d): %s", n, size,
+                     piece, runs, mode, res.err);
         assert_int_equal(done, n);
         assert_int_equal(seen.features_asked, 1);
         assert_true(seen.offered & BW_DCHAN_FEATURE_RUNS);
@@ -319,7 +368,7 @@ static void error_after_samples(void **state)
 {
     (void)state;
     for (size_t piece = 5; piece <= 5000; piece *= 10)
-        for (int with_peek = 0; with_peek < 2; with_peek++) {
+        for (int mode = 0; mode < MODES; mode++) {
             size_t n = 120, size = 100, good = 50;
             uint64_t *keys = shuffled_keys(n, 9);
             script sc = {0};
@@ -330,8 +379,7 @@ static void error_after_samples(void **state)
             put(&sc, msg, sizeof(msg) - 1);
             size_t done = 0;
             bw__xres res;
-            assert_int_equal(run(&sc, keys, n, size, with_peek, piece, 11, &done, &res),
-                             BW_WRONG_OWNER);
+            assert_int_equal(run(&sc, keys, n, size, mode, piece, 11, &done, &res), BW_WRONG_OWNER);
             assert_non_null(strstr(res.err, msg));
             assert_int_equal(done, good);
             free(sc.bytes);
@@ -345,7 +393,7 @@ static void error_after_samples(void **state)
 static void short_wrong_and_cut(void **state)
 {
     (void)state;
-    for (int with_peek = 0; with_peek < 2; with_peek++) {
+    for (int mode = 0; mode < MODES; mode++) {
         size_t n = 20, size = 64, done = 0;
         uint64_t *keys = shuffled_keys(n, 5);
         bw__xres res;
@@ -354,7 +402,7 @@ static void short_wrong_and_cut(void **state)
         for (size_t k = 0; k < 10; k++)
             put_sample(&sc, keys[k], size);
         put_frame(&sc, BW_DCHAN_END, 0, 10, 0);
-        assert_int_equal(run(&sc, keys, n, size, with_peek, 50, 1, &done, &res), BW_OK);
+        assert_int_equal(run(&sc, keys, n, size, mode, 50, 1, &done, &res), BW_OK);
         assert_int_equal(done, 10);
         free(sc.bytes);
 
@@ -365,7 +413,7 @@ static void short_wrong_and_cut(void **state)
         for (size_t k = 8; k < n; k++)
             put_sample(&sc, keys[k], size);
         put_frame(&sc, BW_DCHAN_END, 0, n, 0);
-        assert_int_equal(run(&sc, keys, n, size, with_peek, 300, 2, &done, &res), BW_PROTOCOL);
+        assert_int_equal(run(&sc, keys, n, size, mode, 300, 2, &done, &res), BW_PROTOCOL);
         assert_int_equal(done, 7);
         assert_non_null(strstr(res.err, "where"));
         free(sc.bytes);
@@ -376,7 +424,7 @@ static void short_wrong_and_cut(void **state)
         put_frame(&sc, BW_DCHAN_SAMPLE, 0, keys[12], size);
         put(&sc, "half", 4);
         sc.cut = true;
-        assert_int_equal(run(&sc, keys, n, size, with_peek, 100, 3, &done, &res), BW_UNAVAILABLE);
+        assert_int_equal(run(&sc, keys, n, size, mode, 100, 3, &done, &res), BW_UNAVAILABLE);
         assert_int_equal(done, 12);
         free(sc.bytes);
 
@@ -386,7 +434,7 @@ static void short_wrong_and_cut(void **state)
             put_sample(&sc, keys[k], size);
         put_sample(&sc, keys[4], size + 1);
         put_frame(&sc, BW_DCHAN_END, 0, 5, 0);
-        assert_int_equal(run(&sc, keys, n, size, with_peek, 1000, 4, &done, &res), BW_PROTOCOL);
+        assert_int_equal(run(&sc, keys, n, size, mode, 1000, 4, &done, &res), BW_PROTOCOL);
         assert_int_equal(done, 4);
         free(sc.bytes);
         free(keys);
@@ -400,7 +448,7 @@ static void older_worker(void **state)
 {
     (void)state;
     for (size_t piece = 3; piece <= 30000; piece *= 100)
-        for (int with_peek = 0; with_peek < 2; with_peek++) {
+        for (int mode = 0; mode < MODES; mode++) {
             size_t n = 90, size = 300, done = 0;
             uint64_t *keys = shuffled_keys(n, 21);
             script sc = {0};
@@ -410,9 +458,9 @@ static void older_worker(void **state)
             fake_versions v = {true, 0, 0};
             fake_request seen;
             bw__xres res;
-            int rc = run_v(&sc, keys, n, size, with_peek, piece, 5, &v, &seen, &done, &res);
+            int rc = run_v(&sc, keys, n, size, mode, piece, 5, &v, &seen, &done, &res);
             if (rc != BW_OK)
-                fail_msg("piece %zu (peek %d): %s", piece, with_peek, res.err);
+                fail_msg("piece %zu (mode %d): %s", piece, mode, res.err);
             assert_int_equal(done, n);
             assert_int_equal(seen.connections, 2);
             assert_int_equal(seen.features_asked, 1);
@@ -430,8 +478,14 @@ static void run_frames(void **state)
     static const size_t cases[][3] = {{600, 40, 7000},    {600, 40, 37},    {300, 256, 65536},
                                       {100, 256, 2},      {90, 4096, 1500}, {90, 4096, 70000},
                                       {12, 70000, 30000}, {5, 1, 3}};
+    memset(landed_in, 0, sizeof(landed_in));
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
         whole_case(cases[ci][0], cases[ci][1], cases[ci][2], (unsigned)ci + 3, true);
+    /* the runs' samples went through span and landed where the sink has them, back to back
+     * and in pieces, and only there */
+    assert_true(landed_in[SPAN] > 0);
+    assert_true(landed_in[SPAN_GAPS] > 0);
+    assert_int_equal(landed_in[PLAIN] + landed_in[PEEK] + landed_in[PEEK_GAPS], 0);
 }
 
 /* Runs that lie: each ends the request with BW_PROTOCOL and a sentence saying so, the samples
@@ -466,7 +520,7 @@ static void run_frames_refused(void **state)
          "FEATURES"},
     };
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
-        for (int with_peek = 0; with_peek < 2; with_peek++) {
+        for (int mode = 0; mode < MODES; mode++) {
             script sc = {0};
             for (size_t k = 0; k < cases[ci].before; k++)
                 put_sample(&sc, keys[k], SIZE);
@@ -481,11 +535,11 @@ static void run_frames_refused(void **state)
             put_frame(&sc, BW_DCHAN_END, 0, cases[ci].before + cases[ci].count, 0);
             size_t done = 0;
             bw__xres res;
-            int rc = run_v(&sc, keys, N, SIZE, with_peek, 700, (unsigned)ci + 9, cases[ci].v, NULL,
+            int rc = run_v(&sc, keys, N, SIZE, mode, 700, (unsigned)ci + 9, cases[ci].v, NULL,
                            &done, &res);
             if (rc != BW_PROTOCOL || !strstr(res.err, cases[ci].needle))
-                fail_msg("a run %s (peek %d): %s, want BW_PROTOCOL saying \"%s\": %s",
-                         cases[ci].what, with_peek, bw_err_name(rc), cases[ci].needle, res.err);
+                fail_msg("a run %s (mode %d): %s, want BW_PROTOCOL saying \"%s\": %s",
+                         cases[ci].what, mode, bw_err_name(rc), cases[ci].needle, res.err);
             /* the samples before the lie are complete and checked (run_v) */
             assert_int_equal(done, cases[ci].done);
             free(sc.bytes);

@@ -245,7 +245,7 @@ static void data_channel_sends_grant_not_token(void **state)
     bw__xres res;
     memset(&res, 0, sizeof(res));
     assert_int_equal(t.ops->start(t.state, &wr, &req, 5000, &x, &res), BW_OK);
-    bw__sink sink = {place, arrived, NULL, NULL};
+    bw__sink sink = {place, arrived, NULL, NULL, NULL, NULL};
     while (!t.ops->recv(x, &sink, &res))
         usleep(1000);
     if (res.rc != BW_OK)
