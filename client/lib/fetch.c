@@ -33,10 +33,11 @@ static bool retryable(int rc)
 
 void bw__fetch_items_free(bw__fetch_item *items, size_t n)
 {
-    for (size_t i = 0; items && i < n; i++) {
-        free(items[i].buf);
-        items[i].buf = NULL;
-    }
+    for (size_t i = 0; items && i < n; i++)
+        if (items[i].buf) { /* most samples have none: they landed in the batch */
+            free(items[i].buf);
+            items[i].buf = NULL;
+        }
 }
 
 /* Makes `id` a suspect (route.h); false when it already was one, when the list is full or out
@@ -298,18 +299,17 @@ static size_t span(void *arg, size_t ahead, const uint64_t *keys, size_t n, uint
         return 0;
     if (n > r->nsamples - k0)
         n = r->nsamples - k0;
-    uint8_t *next = NULL;
+    /* back to back: the next positions of one batch (fixed_at) */
+    size_t f0 = r->items[k0]->first;
+    size_t end = d->bases ? (f0 / d->stride + 1) * d->stride : SIZE_MAX;
     for (; m < n; m++) {
         const bw__fetch_item *x = r->items[k0 + m];
-        if (x->key != keys[m] || x->got || x->max_size < size)
+        if (x->key != keys[m] || x->got || x->max_size < size || x->first != f0 + m ||
+            x->first >= end)
             break;
-        uint8_t *at = fixed_at(d, x->first);
-        if (m && at != next)
-            break;
-        if (!m)
-            *dest = at;
-        next = at + size;
     }
+    if (m)
+        *dest = fixed_at(d, f0);
     return m;
 }
 
