@@ -43,6 +43,8 @@ typedef struct bw__dconn {
     bool hello;
     uint64_t features;
     bool in_runs; /* the last sample frame was a RUN of several: expect the next to be one */
+    int lowat;    /* the socket's SO_RCVLOWAT (wait_more); 0 as 1, the kernel's default */
+    uint64_t rx;  /* bytes received on it */
     /* ZRUN frames: the compressed bytes of the one being received, and the decompressor
      * (made on the first, kept with the connection) */
     uint8_t *zin;
@@ -58,6 +60,10 @@ enum { SPEC_MAX = 256, SPEC_START = 32 };
 /* Inside a RUN frame (run_recv) a read posts about twice the samples the last one brought,
  * from RUN_POST_START to RUN_POST_MAX. */
 enum { RUN_POST_START = 256, RUN_POST_MAX = 16384 };
+
+/* Inside a RUN frame a receiving thread is woken once this many of the run's bytes have
+ * arrived (wait_more). */
+enum { LOWAT_MAX = 256 << 10 };
 
 struct spec {
     uint8_t hdr[SPEC_MAX][BW_DCHAN_FRAME_HEADER];
@@ -196,6 +202,7 @@ static int dconn_recvmsg(bw__dconn *c, struct iovec *iov, size_t n, size_t *got,
         r = recvmsg(c->s.fd, &mh, MSG_DONTWAIT);
     while (r < 0 && errno == EINTR);
     *got = r > 0 ? (size_t)r : 0;
+    c->rx += *got;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return BW_OK;
     if (r <= 0) {
@@ -223,6 +230,7 @@ static int dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t 
                       : n < BW_DCONN_BUF ? n
                                          : BW_DCONN_BUF;
         int rc = bw__dsock_recv(&c->s, direct ? dst : c->buf, want, got, err, errlen);
+        c->rx += *got;
         if (rc != BW_OK || direct)
             return rc;
         c->len = *got;
@@ -259,6 +267,12 @@ static void dconn_put(dchan_state *s, bw__dconn *c, bool reusable)
         return;
     reusable = reusable && c->pos == c->len; /* nothing may follow a response */
     c->pos = c->len = 0;
+    int one = 1; /* the next request's first wait is for a frame header (wait_more) */
+    if (reusable && c->lowat > 1 &&
+        setsockopt(c->s.fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one)) != 0)
+        reusable = false;
+    if (reusable)
+        c->lowat = 1;
     bw__dconn *drop = NULL;
     if (reusable) {
         pthread_mutex_lock(&s->mu);
@@ -1342,6 +1356,29 @@ static int run_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *ende
     return BW_OK;
 }
 
+/* Waiting for more of the response: false (recv_some's "not ended"), with res->received
+ * current. Inside a RUN frame
+ * on plain TCP the socket wakes its poller only once LOWAT_MAX bytes of the run (or all that
+ * is left of it, if less) have arrived -- a RUN's header promises its bytes, which the worker
+ * sends with it -- so a thread receiving a large run wakes, and reads, a few times per run
+ * rather than for every segment that lands (the fetch loop reads a quiet request now and then
+ * all the same: a worker sending slowly is alive -- fetch.c, receive); elsewhere (frame headers,
+ * messages, other frames) at the first byte, as by default. A setsockopt only when the mark
+ * changes; one that fails leaves the socket as it was, and waking early is always safe. */
+static bool wait_more(bw__xfer *x, bw__xres *res)
+{
+    bw__dconn *c = x->c;
+    res->received = c->rx;
+    size_t want = 1;
+    if (!c->s.ssl && x->phase == X_DATA && x->run_left && c->pos == c->len)
+        want = (x->need - x->got) + (size_t)(x->run_left * x->run_size);
+    int v = want > LOWAT_MAX ? LOWAT_MAX : (int)want;
+    if (v != (c->lowat ? c->lowat : 1) &&
+        setsockopt(c->s.fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)) == 0)
+        c->lowat = v;
+    return false;
+}
+
 static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
 {
     char e[BW_XFER_ERRLEN];
@@ -1358,7 +1395,7 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
             if (rc != BW_OK)
                 return end(x, res, rc, false, e);
             if (!got)
-                return false;
+                return wait_more(x, res);
             continue;
         }
         if (!c->s.ssl && c->pos == c->len && sink->peek && x->kind == BW_DCHAN_KIND_READ_SAMPLES &&
@@ -1386,7 +1423,7 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
             if (ended)
                 return true;
             if (!got)
-                return false;
+                return wait_more(x, res);
             if (spec)
                 continue;
             if ((x->hgot += got) == sizeof(x->hdr)) {
@@ -1407,7 +1444,7 @@ static bool recv_some(bw__xfer *x, const bw__sink *sink, bw__xres *res)
             if (rc != BW_OK)
                 return end(x, res, rc, false, e);
             if (!got)
-                return false;
+                return wait_more(x, res);
             x->got += got;
         }
         if (x->got == x->need) {

@@ -185,7 +185,8 @@ typedef struct fetch_req {
     bw__fetch_dest *dest; /* see bw__fetch_items */
     bw__fetch_stats *stats;
     const char *wid; /* the worker's id (borrowed from the placement) */
-    uint64_t heard;  /* when it last sent something */
+    uint64_t heard;  /* when it last sent something (at the latest: receive) */
+    uint64_t read;   /* when it was last read */
     const bw__transport *t;
     bw__xfer *x;
     bool ended;
@@ -456,8 +457,13 @@ static void receive(fetch_req *reqs, size_t n, uint64_t deadline, uint64_t attem
                     struct pollfd *pf, size_t *who)
 {
     uint64_t start = bw__mono_ms();
+    /* A transport may keep its descriptor quiet until many bytes are in (transport.h,
+     * `received`): a request quiet for a quarter of an attempt is read all the same, and bytes
+     * found then count as sent when it was last read -- so a worker sending slowly stays alive
+     * and one gone quiet is given up one attempt after its last byte, as without the mark. */
+    uint64_t probe = attempt / 4 ? attempt / 4 : 1;
     for (size_t i = 0; i < n; i++)
-        reqs[i].heard = start;
+        reqs[i].heard = reqs[i].read = start;
     for (;;) {
         size_t m = 0;
         uint64_t now = bw__mono_ms(), wake = deadline;
@@ -472,26 +478,34 @@ static void receive(fetch_req *reqs, size_t n, uint64_t deadline, uint64_t attem
                          r->wid, (unsigned long long)(now - r->heard));
                 continue;
             }
-            if (r->heard + attempt < wake)
-                wake = r->heard + attempt;
+            uint64_t until =
+                r->heard + attempt < r->read + probe ? r->heard + attempt : r->read + probe;
+            wake = until < wake ? until : wake;
             pf[m] = (struct pollfd){r->t->ops->fd(r->x), POLLIN, 0};
             who[m++] = i;
         }
         if (m == 0)
             break;
-        int ready = bw__poll(pf, m, (int)(wake - now));
+        int ready = bw__poll(pf, m, (int)(wake > now ? wake - now : 0));
         if (bw__interrupted())
             break; /* the requests not ended end below, interrupted */
         if (ready < 0 && errno != EINTR)
             break;
         now = bw__mono_ms();
-        for (size_t j = 0; ready > 0 && j < m; j++)
-            if (pf[j].revents) {
-                fetch_req *r = &reqs[who[j]];
-                bw__sink sink = {place, arrived, r, peek, span, landed};
+        for (size_t j = 0; j < m; j++) {
+            fetch_req *r = &reqs[who[j]];
+            bool woke = ready > 0 && pf[j].revents;
+            if (!woke && now < r->read + probe)
+                continue;
+            bw__sink sink = {place, arrived, r, peek, span, landed};
+            uint64_t before = r->res.received;
+            r->ended = r->t->ops->recv(r->x, &sink, &r->res);
+            if (woke)
                 r->heard = now;
-                r->ended = r->t->ops->recv(r->x, &sink, &r->res);
-            }
+            else if (r->ended || r->res.received != before)
+                r->heard = r->read; /* they may have come right after that read */
+            r->read = now;
+        }
     }
     for (size_t i = 0; i < n; i++) {
         fetch_req *r = &reqs[i];

@@ -146,6 +146,10 @@ typedef struct bw__xres {
     uint32_t retry_after_ms; /* BW_BUSY: the worker's hint */
     bool has_end_offset;     /* streams: end_offset is where the record after the last */
     uint64_t end_offset;     /* complete one starts in its source */
+    /* Changes whenever bytes of the response arrive (recv keeps it current while the request
+     * is in flight): the sign of life of a request whose descriptor a transport keeps quiet
+     * until many bytes are in (the data channel inside a RUN frame: wait_more). */
+    uint64_t received;
     char err[BW_XFER_ERRLEN];
 } bw__xres;
 

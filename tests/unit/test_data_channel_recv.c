@@ -114,7 +114,7 @@ static void *serve(void *arg)
         }
         if (!w->sc->cut) { /* until the client has read everything and closed or pooled it */
             struct pollfd pf = {fd, POLLIN, 0};
-            poll(&pf, 1, 2000);
+            poll(&pf, 1, 10000); /* (longer than run_v waits for a quiet descriptor) */
         }
         close(fd);
     }
@@ -251,8 +251,13 @@ static int run_v(script *sc, const uint64_t *keys, size_t n, size_t size, int mo
                      spans ? span : NULL,
                      spans ? landed : NULL};
     while (!t.ops->recv(x, &sink, res)) {
+        /* Every byte the worker sends wakes the descriptor in time: inside a RUN the client
+         * asks to be woken only once bytes the run still owes have come (wait_more), never
+         * for more than that -- so a quiet descriptor here is a request that hangs. */
         struct pollfd pf = {t.ops->fd(x), POLLIN, 0};
-        poll(&pf, 1, 1000);
+        if (poll(&pf, 1, 3000) == 0)
+            fail_msg("the request's descriptor stayed quiet for 3 s (%zu of %zu samples in)", c.k,
+                     n);
     }
     t.ops->finish(x);
     bw__transport_close(&t); /* closes the pooled connection: the worker's thread ends */

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,8 @@ typedef enum behave {
                      timeout the transport was given, then BW_TIMEOUT) */
     LIE_THEN_DIE, /* after k samples, announces the next one 10 bytes longer (with `mid`: half
                      as long) than it is, sends part of it and fails */
+    TRICKLE,      /* its descriptor never gets ready, but each read finds a little more (bytes
+                     below a transport's wake mark: transport.h, `received`) */
 } behave;
 
 typedef enum sizes { SZ_FIXED, SZ_MIXED, SZ_EMPTY } sizes;
@@ -336,7 +339,7 @@ static int fstart(void *state, const bw__worker_ref *wr, const bw__read_req *req
         assert_true(x->fd >= 0);
         uint32_t ms = w->b == SLOW || w->b == FAIL_LATE ? w->delay_ms : 0;
         struct itimerspec its = {{0, 0}, {ms / 1000, (long)(ms % 1000) * 1000000L + 1}};
-        if (w->b == HANG_LATER && reqno > 0)
+        if ((w->b == HANG_LATER && reqno > 0) || w->b == TRICKLE)
             its.it_value = (struct timespec){3600, 0};
         assert_int_equal(timerfd_settime(x->fd, 0, &its, NULL), 0);
     }
@@ -483,7 +486,14 @@ static bool step(bw__xfer *x, const bw__sink *sink, bw__xres *res)
 
 static bool frecv(bw__xfer *x, const bw__sink *sink, bw__xres *res)
 {
-    if (x->which == 0) { /* a few steps per readiness, as bytes trickle in */
+    if (x->which == 0 && x->w->b == TRICKLE) { /* a step a read, the descriptor quiet */
+        res->received++;
+        return step(x, sink, res);
+    }
+    if (x->which == 0) { /* a few steps per readiness, as bytes trickle in (none before) */
+        struct pollfd p = {x->fd, POLLIN, 0};
+        if (poll(&p, 1, 0) != 1)
+            return false;
         for (int i = 0; i < 3; i++)
             if (step(x, sink, res))
                 return true;
@@ -916,6 +926,25 @@ static void test_slow_worker(void **state)
     }
 }
 
+/* A worker whose bytes keep coming while its descriptor stays quiet (below the transport's
+ * wake mark) is read every half attempt and is alive: its request is never timed out and
+ * asked elsewhere, though it takes several attempts' time. */
+static void test_quiet_worker_is_alive(void **state)
+{
+    (void)state;
+    rig *g = rig_new(3, SZ_MIXED, 0);
+    g->c.w[1].b = TRICKLE;
+    g->ctx.attempt_ms = 120;
+    g->ctx.timeout_ms = 20000;
+    assert_int_equal(rig_fetch(g, PLAN, 24), BW_OK);
+    check_batch(g);
+    check_asked_once(g);
+    assert_int_equal(g->c.w[1].nreq, 1);
+    assert_true(g->c.w[1].served > 1);
+    assert_true(g->took_ms >= 2 * 120); /* several attempts' time: read at half of each */
+    rig_free(g);
+}
+
 static void test_every_worker_fails(void **state)
 {
     (void)state;
@@ -1059,6 +1088,7 @@ int main(void)
         cmocka_unit_test_teardown(test_busy_waits_for_hint, free_rigs),
         cmocka_unit_test_teardown(test_preferred_refusal_falls_back, free_rigs),
         cmocka_unit_test_teardown(test_slow_worker, free_rigs),
+        cmocka_unit_test_teardown(test_quiet_worker_is_alive, free_rigs),
         cmocka_unit_test_teardown(test_every_worker_fails, free_rigs),
         cmocka_unit_test_teardown(test_empty_samples, free_rigs),
         cmocka_unit_test_teardown(test_retry_in_place_or_moved, free_rigs),
