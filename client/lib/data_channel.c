@@ -1264,9 +1264,9 @@ static int run_landed(bw__xfer *x, const bw__sink *sink, const struct spec *sp, 
 
 /* Plain TCP, fixed-size samples (the sink peeks), inside a RUN frame: one recvmsg takes the
  * rest of the sample in progress and the next samples of the run, each straight into its
- * place in the batch -- places that follow one another as one piece (plan order: one worker's
- * samples of a batch), at most SPEC_MAX pieces and about twice the samples the last read
- * brought -- and, once the run's last sample is posted, the next frame header into the
+ * place in the batch -- places that follow one another as one piece (plan order: neighbours in
+ * the batch that the same worker holds), at most SPEC_MAX pieces and about twice the samples the
+ * last read brought -- and, once the run's last sample is posted, the next frame header into the
  * read-ahead buffer. No copy in user space, no header and no call into the sink per sample
  * (span, landed; docs/data-channel.md, "RUN frames"; docs/performance.md, "Per-sample cost,
  * eighth pass"). The run's samples are the request's next ones (frame() checked its header);

@@ -288,8 +288,8 @@ static bool peek(void *arg, size_t ahead, uint64_t *key, uint64_t *size, uint8_t
 }
 
 /* The sink's span (transport.h): the samples due from r->k + ahead whose places follow one
- * another -- one worker's samples of a batch in plan order -- checked as place() checks each
- * (the key due, the batch's sample size, not begun, within its bound). */
+ * another -- in plan order, neighbours in the batch that one worker holds -- checked as place()
+ * checks each (the key due, the batch's sample size, not begun, within its bound). */
 static size_t span(void *arg, size_t ahead, const uint64_t *keys, size_t n, uint64_t size,
                    uint8_t **dest)
 {
