@@ -261,18 +261,26 @@ static int dconn_take(bw__dconn *c, uint8_t *dst, size_t n, bool direct, size_t 
     return BW_OK;
 }
 
+/* Sets the socket's wake mark (SO_RCVLOWAT: poll and the kernel wake its reader once v bytes
+ * are in) unless it is v already. false: it could not be set, and is as it was. */
+static bool dconn_lowat(bw__dconn *c, int v)
+{
+    if (v == (c->lowat ? c->lowat : 1))
+        return true;
+    if (setsockopt(c->s.fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)) != 0)
+        return false;
+    c->lowat = v;
+    return true;
+}
+
 static void dconn_put(dchan_state *s, bw__dconn *c, bool reusable)
 {
     if (!c)
         return;
     reusable = reusable && c->pos == c->len; /* nothing may follow a response */
     c->pos = c->len = 0;
-    int one = 1; /* the next request's first wait is for a frame header (wait_more) */
-    if (reusable && c->lowat > 1 &&
-        setsockopt(c->s.fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one)) != 0)
-        reusable = false;
-    if (reusable)
-        c->lowat = 1;
+    /* the next request's first wait is for a frame header (wait_more) */
+    reusable = reusable && dconn_lowat(c, 1);
     bw__dconn *drop = NULL;
     if (reusable) {
         pthread_mutex_lock(&s->mu);
@@ -1357,14 +1365,13 @@ static int run_recv(bw__xfer *x, const bw__sink *sink, bw__xres *res, bool *ende
 }
 
 /* Waiting for more of the response: false (recv_some's "not ended"), with res->received
- * current. Inside a RUN frame
- * on plain TCP the socket wakes its poller only once LOWAT_MAX bytes of the run (or all that
- * is left of it, if less) have arrived -- a RUN's header promises its bytes, which the worker
- * sends with it -- so a thread receiving a large run wakes, and reads, a few times per run
- * rather than for every segment that lands (the fetch loop reads a quiet request now and then
- * all the same: a worker sending slowly is alive -- fetch.c, receive); elsewhere (frame headers,
- * messages, other frames) at the first byte, as by default. A setsockopt only when the mark
- * changes; one that fails leaves the socket as it was, and waking early is always safe. */
+ * current. Inside a RUN frame on plain TCP the socket wakes its poller only once LOWAT_MAX
+ * bytes of the run (or all that is left of it, if less) have arrived -- a RUN's header
+ * promises its bytes, which the worker sends with it -- so a thread receiving a large run
+ * wakes, and reads, a few times per run rather than for every segment that lands (the fetch
+ * loop reads a quiet request now and then all the same: a worker sending slowly is alive --
+ * fetch.c, receive); elsewhere (frame headers, messages, other frames) at the first byte, as
+ * by default. A mark that cannot be set leaves the socket as it was: waking early is safe. */
 static bool wait_more(bw__xfer *x, bw__xres *res)
 {
     bw__dconn *c = x->c;
@@ -1372,10 +1379,7 @@ static bool wait_more(bw__xfer *x, bw__xres *res)
     size_t want = 1;
     if (!c->s.ssl && x->phase == X_DATA && x->run_left && c->pos == c->len)
         want = (x->need - x->got) + (size_t)(x->run_left * x->run_size);
-    int v = want > LOWAT_MAX ? LOWAT_MAX : (int)want;
-    if (v != (c->lowat ? c->lowat : 1) &&
-        setsockopt(c->s.fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)) == 0)
-        c->lowat = v;
+    dconn_lowat(c, want > LOWAT_MAX ? LOWAT_MAX : (int)want);
     return false;
 }
 
