@@ -327,6 +327,30 @@ static void put_bytes(wbuf *o, bw__rp_rec *r)
     }
 }
 
+/* A span of samples (bw__rp_next_span), all of one size, lying back to back in a dataset's mapping:
+ * it joins the open run when it is of the run's size, else opens one; its bytes are one piece,
+ * sent from the mapping from REF_MIN bytes and copied into the stage below that, as put_bytes
+ * sends such samples one at a time. */
+static void put_span(wbuf *o, const bw__rp_span *sp)
+{
+    run *u = &o->run;
+    if (!u->open || sp->size != u->size || u->n + sp->n > BW_DCHAN_RUN_MAX) {
+        run_close(o);
+        *u = (run){true, o->len, sp->first, 0, sp->size, NULL, 0};
+        stage_frame(o, BW_DCHAN_SAMPLE, 0, sp->first, sp->size);
+    }
+    u->n += sp->n;
+    size_t bytes = (size_t)(sp->n * sp->size);
+    u->next = sp->p + bytes;
+    u->nstaged = bytes < REF_MIN ? sp->n : 0; /* put_bytes may take them back (rejoin) */
+    if (bytes < REF_MIN) {
+        stage(o, sp->p, bytes);
+    } else {
+        add_iov(o, sp->p, bytes);
+        o->mapped = true;
+    }
+}
+
 /* ---- compression (docs/data-channel.md, "Compression") ---- */
 
 /* Sends the group gathered (if any), after what o has pending: as one ZRUN frame when it
@@ -400,6 +424,19 @@ static int serve_read(wbuf *o, bw__rp *rp, int *status)
         int rc = make_room(o);
         if (rc != BW_OK)
             return rc;
+        /* With RUN frames and no compression, the next samples lying back to back in the
+         * dataset's mapping come as one span (bw__rp_next_span), one call for them all. */
+        if (o->runs && !o->z.cc) {
+            bw__rp_span sp;
+            uint64_t room = o->pending < SEND_BYTES ? SEND_BYTES - o->pending : 0;
+            rc = bw__rp_next_span(rp, BW_DCHAN_RUN_MAX, room, &sp, err, sizeof(err));
+            if (rc != BW_OK)
+                return send_error(o->sock, o, *status = rc, 0, err);
+            if (sp.n) {
+                put_span(o, &sp);
+                continue;
+            }
+        }
         bw__rp_rec *r = &o->recs[o->nrec];
         rc = bw__rp_next(rp, r, err, sizeof(err));
         if (rc == BW_RP_END)

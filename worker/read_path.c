@@ -341,6 +341,63 @@ static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t
     return BW_OK;
 }
 
+int bw__rp_next_span(bw__rp *rp, size_t max, uint64_t max_bytes, bw__rp_span *out, char *err,
+                     size_t errlen)
+{
+    out->n = 0;
+    if (rp->stream || rp->tf || rp->field_table || rp->pos >= rp->n || !max)
+        return BW_OK;
+    if (rp->nparts && rp->of[rp->pos] != rp->cur)
+        use_part(rp, rp->of[rp->pos]);
+    const bw__dataset *d = rp->now.d;
+    uint64_t first = rp->indices[rp->pos];
+    if (d->nfields || !d->ops->locate || first >= d->length)
+        return BW_OK;
+    size_t src = bw__dataset_source_of(d, first), size;
+    const bw__source *s = d->sources[src];
+    uint64_t rel = first - d->first[src];
+    const uint8_t *p = rel < s->count ? s->ops->locate(s, rel, &size) : NULL;
+    if (!p || !size)
+        return BW_OK;
+    /* the samples that follow in the request: the next indices of this file (and of this
+     * dataset, in a read of several), each where the one before it ends */
+    size_t cap = max_bytes / size < max ? (size_t)(max_bytes / size) : max;
+    cap = cap ? cap : 1;
+    if (cap > rp->n - rp->pos)
+        cap = rp->n - rp->pos;
+    if (cap > s->count - rel)
+        cap = (size_t)(s->count - rel);
+    size_t k = 1, len;
+    while (k < cap && rp->indices[rp->pos + k] == first + k &&
+           (!rp->nparts || rp->of[rp->pos + k] == rp->cur) &&
+           s->ops->locate(s, rel + k, &len) == p + k * size && len == size)
+        k++;
+    /* prefetched as bw__rp_next prefetches each (read_raw) */
+    for (size_t a = rp->pos ? rp->pos + PREFETCH_AHEAD : 0; a < rp->pos + k + PREFETCH_AHEAD; a++)
+        prefetch(rp, a);
+    /* the file's identity before its bytes go to a transport, as read_raw checks it */
+    rp_progress *at = &rp->now.at;
+    if (src != at->checked_src || (at->unchecked += (uint32_t)k) >= CHECK_EVERY) {
+        char why[1024];
+        at->checked_src = src;
+        at->unchecked = 0;
+        if (bw__dataset_check(d, src, why, sizeof(why)) != BW_OK)
+            return changed(rp, why, err, errlen);
+    }
+    /* counted as read_raw and serve count each */
+    rp->now.touched[src / 8] |= (uint8_t)(1u << (src % 8));
+    rp->pos += k;
+    rp->count += k;
+    rp->unstated += k;
+    rp->unstated_bytes += k * size;
+    at->unmetered += k;
+    at->unmetered_bytes += k * size;
+    if (at->unmetered >= METER_EVERY)
+        meter(rp);
+    *out = (bw__rp_span){first, k, size, p};
+    return BW_OK;
+}
+
 /* A record read (and transformed) is served: counted, its field table in front. */
 static int serve(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen)
 {

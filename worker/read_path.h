@@ -79,6 +79,27 @@ bw__rp *bw__rp_records(bw__wds *e, uint32_t src, uint64_t offset, uint64_t first
  * good; calling again tries the same record again). */
 int bw__rp_next(bw__rp *rp, bw__rp_rec *out, char *err, size_t errlen);
 
+/* A run of a ReadSamples read's next samples (bw__rp_next_span): n samples of `size` bytes, the
+ * dataset's indices first, first + 1, ..., lying back to back from p in mapped file memory
+ * that the open read holds. */
+typedef struct bw__rp_span {
+    uint64_t first;
+    size_t n;
+    uint64_t size;
+    const uint8_t *p;
+} bw__rp_span;
+
+/* The read's next samples as one span, when they are consecutive indices of one file whose
+ * format locates its samples (npy, npz arrays) and the read has no transform: up to `max`
+ * samples and `max_bytes` bytes (at least one sample), each served, checked and counted as
+ * bw__rp_next serves it -- the same file checks (the first record of a file and every
+ * CHECK_EVERY-th), prefetching and counters, in one call instead of one a sample. BW_OK with
+ * out->n == 0 where the next sample is not such (another format, a transform, the read's end,
+ * an index out of range): take it with bw__rp_next, which also ends the read. Otherwise the
+ * changed-file error, as bw__rp_next gives it. */
+int bw__rp_next_span(bw__rp *rp, size_t max, uint64_t max_bytes, bw__rp_span *out, char *err,
+                     size_t errlen);
+
 /* After BW_RP_END: checks every file the read served from once more (BW_OK, or the
  * changed-file error). For a transport that sends records' bytes from the mapping after it
  * has seen the end: it sends them, then asks this, then ends the request. */

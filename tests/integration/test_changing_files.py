@@ -1,7 +1,8 @@
 """Dataset files that change under a worker that serves them (docs/formats.md, "Files that
 change under a worker"). For an .npy file and a TFRecord file, each of three changes is made
 while clients read the file with the job's fingerprint over gRPC (ReadSamples, and ReadStream
-for TFRecord) and over the data channel (ReadSamples, ReadStream):
+for TFRecord) and over the data channel (ReadSamples, ReadStream; ReadSamples also with RUN
+frames, where a worker sends an .npy file's rows lying back to back as one piece):
 
 * truncated to half its size;
 * overwritten in place with different bytes of the same size (a valid file: TFRecord CRCs
@@ -28,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bwtest as bt  # noqa: E402
 import bwdata as bd  # noqa: E402
 import test_data_channel as dc  # noqa: E402
+import test_data_channel_runs as dcr  # noqa: E402
 import test_data_channel_streams as dcs  # noqa: E402
 
 SC = grpc.StatusCode
@@ -91,7 +93,9 @@ class Readers:
         self.lock = threading.Lock()
         self.good, self.errors, self.wrong, self.closed = 0, [], [], 0
         self.changed_at, self.late = 0.0, []  # complete answers to requests sent after it
-        kinds = ["grpc_samples", "dc_samples"]
+        # dc_runs: the data channel with RUN frames (FEATURES), where a worker sends samples
+        # lying back to back in an .npy file as one piece (bw__rp_next_span)
+        kinds = ["grpc_samples", "dc_samples", "dc_runs"]
         if fmt == "tfrecord":
             kinds += ["grpc_stream", "dc_stream"]
         self.threads = [threading.Thread(target=self.loop, args=(k,), daemon=True) for k in kinds]
@@ -134,6 +138,15 @@ class Readers:
             sock.sendall(dc.frame(dc.request(self.c.pb, [self.rel], range(n), fmt=self.fmt,
                                              fingerprint=self.fp)))
             got = dc.response_full(sock, "%s %s" % (kind, self.rel))
+        elif kind == "dc_runs":
+            sock.sendall(dc.frame(dc.request(self.c.pb, [self.rel], range(n), fmt=self.fmt,
+                                             fingerprint=self.fp)))
+            frames, tail = dcr.frames(sock, "%s %s" % (kind, self.rel))
+            samples = []  # (index, bytes) in request order: the indices are 0, 1, ...
+            for _, _, count, size, data in frames:
+                for j in range(count):
+                    samples.append((len(samples), data[j * size:(j + 1) * size]))
+            got = ("end", samples) if tail[0] == "end" else ("error", samples, tail[1:])
         else:
             req = dcs.stream_request(self.c.pb, self.fmt, [self.rel], 0, fingerprint=self.fp)
             got = dcs.dchan_stream(sock, req, "%s %s" % (kind, self.rel))
@@ -144,8 +157,15 @@ class Readers:
             return (DC_CODES.get(code, str(code)), msg)
         return got[1]
 
+    def connect(self, kind):
+        sock = dc.connect(self.daddr)
+        if kind == "dc_runs" and dcr.features(sock, dcr.FEATURE_RUNS, "FEATURES") != \
+                dcr.FEATURE_RUNS:
+            raise bt.TestFailure("the worker did not turn RUN frames on")
+        return sock
+
     def loop(self, kind):
-        sock = dc.connect(self.daddr) if kind.startswith("dc") else None
+        sock = self.connect(kind) if kind.startswith("dc") else None
         while not self.stop.is_set():
             try:
                 started = time.monotonic()
@@ -158,7 +178,7 @@ class Readers:
                 with self.lock:
                     self.closed += 1
                 sock.close()
-                sock = dc.connect(self.daddr)
+                sock = self.connect(kind)
         if sock:
             sock.close()
 

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -290,13 +292,215 @@ static void test_cache_budgets(void **state)
     bw__ds_cache_free(c);
 }
 
+/* ---- spans (bw__rp_next_span) ---- */
+
+enum { ROW = 48 };
+
+static uint8_t row_byte(uint64_t i, size_t j)
+{
+    return (uint8_t)(i * 7 + j * 13 + (i >> 8));
+}
+
+/* An .npy file of `rows` uint8 rows of ROW bytes: dataset rows first, first + 1, ... */
+static void write_rows(const char *rel, uint64_t first, uint64_t rows)
+{
+    char path[1024], dict[128];
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    int dl = snprintf(dict, sizeof(dict),
+                      "{'descr': '|u1', 'fortran_order': False, 'shape': (%llu, %d), }",
+                      (unsigned long long)rows, ROW);
+    size_t hl = 10 + (size_t)dl + 1, pad = (64 - hl % 64) % 64;
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint8_t h[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 0, 0};
+    h[8] = (uint8_t)((size_t)dl + pad + 1);
+    h[9] = (uint8_t)(((size_t)dl + pad + 1) >> 8);
+    assert_int_equal(fwrite(h, 1, 10, f), 10);
+    assert_int_equal(fwrite(dict, 1, (size_t)dl, f), (size_t)dl);
+    for (size_t k = 0; k < pad; k++)
+        fputc(' ', f);
+    fputc('\n', f);
+    for (uint64_t i = first; i < first + rows; i++)
+        for (size_t j = 0; j < ROW; j++)
+            fputc(row_byte(i, j), f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Overwrites the last byte of `rel` in place (same size), on a later clock tick than its
+ * opening, so its change time moves. */
+static void touch_in_place(const char *rel)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, -1, SEEK_END), 0);
+    fputc(0x5a, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* One read of idx: spans of at most max samples and max_bytes (taking a sample with
+ * bw__rp_next where there is no span) when max > 0, else bw__rp_next alone. Checks every
+ * sample's key and bytes and every span's form; returns the samples served before the read
+ * ended (*rc: BW_RP_END or the error), and the most a span held. */
+static size_t read_all(bw__wds *e, const uint64_t *idx, size_t n, size_t max, uint64_t max_bytes,
+                       bw__data_stats *st, int *rc, size_t *widest)
+{
+    bw__rp *rp = bw__rp_samples(e, idx, n, st);
+    assert_non_null(rp);
+    size_t pos = 0;
+    *widest = 0;
+    for (;;) {
+        bw__rp_span sp = {0};
+        if (max) {
+            *rc = bw__rp_next_span(rp, max, max_bytes, &sp, err, sizeof(err));
+            if (*rc != BW_OK)
+                break;
+        }
+        if (sp.n) {
+            assert_true(sp.n <= max && (sp.n == 1 || sp.n * sp.size <= max_bytes));
+            assert_int_equal(sp.size, ROW);
+            /* one file's rows: never across s0.npy (rows 0-99) and s1.npy (100-199) */
+            assert_true(sp.first >= 100 || sp.first + sp.n <= 100);
+            for (size_t k = 0; k < sp.n; k++) {
+                assert_true(pos < n);
+                assert_int_equal(idx[pos], sp.first + k);
+                for (size_t j = 0; j < ROW; j++)
+                    assert_int_equal(sp.p[k * ROW + j], row_byte(sp.first + k, j));
+                pos++;
+            }
+            *widest = sp.n > *widest ? sp.n : *widest;
+            continue;
+        }
+        bw__rp_rec r;
+        *rc = bw__rp_next(rp, &r, err, sizeof(err));
+        if (*rc != BW_OK)
+            break;
+        assert_true(pos < n);
+        assert_int_equal(r.key, idx[pos]);
+        assert_int_equal(r.rec.size, ROW);
+        for (size_t j = 0; j < ROW; j++)
+            assert_int_equal(r.rec.parts[0].p[j], row_byte(r.key, j));
+        bw__record_release(&r.rec);
+        pos++;
+    }
+    assert_int_equal(bw__rp_count(rp), pos);
+    bw__rp_close(rp);
+    return pos;
+}
+
+/* Spans serve what bw__rp_next serves, counted alike, and check the files as it does: the
+ * first record of a file before its bytes are handed on, every CHECK_EVERY-th after, and every
+ * file served from at the end. */
+static void test_spans(void **state)
+{
+    (void)state;
+    write_rows("s0.npy", 0, 100);
+    write_rows("s1.npy", 100, 100);
+    bw__ds_cache *c = bw__ds_cache_new(root);
+    char *srcs[] = {"s*.npy"};
+    Batchwire__V1__Dataset d = spec("npy", srcs, 1);
+    bw__wds *e = NULL;
+    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__ds_dataset(e)->length, 200);
+
+    /* runs, gaps, a file boundary inside a run, repeats, backwards */
+    uint64_t idx[128];
+    size_t n = 0;
+    for (uint64_t i = 0; i < 10; i++)
+        idx[n++] = i;
+    uint64_t more[] = {50, 52, 53, 54, 98, 99, 100, 101, 3, 4, 4, 199, 0};
+    for (size_t k = 0; k < sizeof(more) / sizeof(*more); k++)
+        idx[n++] = more[k];
+    for (uint64_t i = 150; i < 200; i++)
+        idx[n++] = i;
+    bw__data_stats a, b;
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    int rc;
+    size_t widest;
+    bw__wds *e2 = NULL;
+    assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
+    assert_int_equal(read_all(e2, idx, n, 0, 0, &b, &rc, &widest), n);
+    assert_int_equal(rc, BW_RP_END);
+    uint64_t limits[][2] = {{4, 1 << 20}, {1000, 5 * ROW}, {1000, 1}, {1, 1 << 20}};
+    for (size_t l = 0; l < 4; l++) {
+        memset(&a, 0, sizeof(a));
+        assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
+        assert_int_equal(read_all(e2, idx, n, limits[l][0], limits[l][1], &a, &rc, &widest), n);
+        assert_int_equal(rc, BW_RP_END);
+        assert_int_equal(widest, l == 0 ? 4 : l == 1 ? 5 : 1);
+        assert_int_equal(a.records_read, b.records_read);
+        assert_int_equal(a.record_bytes_read, b.record_bytes_read);
+    }
+
+    /* s0 changed after the read's first span of it: the read may go on (the next check is
+     * CHECK_EVERY records later) but cannot end well */
+    uint64_t first[20];
+    for (uint64_t i = 0; i < 20; i++)
+        first[i] = i;
+    assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
+    bw__rp *rp = bw__rp_samples(e2, first, 20, NULL);
+    bw__rp_span sp;
+    assert_int_equal(bw__rp_next_span(rp, 4, 1 << 20, &sp, err, sizeof(err)), BW_OK);
+    assert_int_equal(sp.n, 4);
+    touch_in_place("s0.npy");
+    size_t served = 4;
+    while ((rc = bw__rp_next_span(rp, 4, 1 << 20, &sp, err, sizeof(err))) == BW_OK && sp.n)
+        served += sp.n;
+    assert_int_equal(rc, BW_OK);
+    assert_int_equal(served, 20);
+    bw__rp_rec r;
+    assert_int_equal(bw__rp_next(rp, &r, err, sizeof(err)), BW_FAILED_PRECONDITION);
+    assert_non_null(strstr(err, "s0.npy changed on disk"));
+    bw__rp_close(rp);
+
+    /* ... and CHECK_EVERY (64) records after the check, a span checks again */
+    bw__ds_put(e);
+    bw__ds_cache_free(c);
+    write_rows("s0.npy", 0, 100);
+    c = bw__ds_cache_new(root);
+    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    for (uint64_t i = 0; i < 100; i++)
+        idx[i] = i;
+    assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
+    rp = bw__rp_samples(e2, idx, 100, NULL);
+    assert_int_equal(bw__rp_next_span(rp, 8, 1 << 20, &sp, err, sizeof(err)), BW_OK);
+    assert_int_equal(sp.n, 8);
+    touch_in_place("s0.npy");
+    served = 8;
+    while ((rc = bw__rp_next_span(rp, 8, 1 << 20, &sp, err, sizeof(err))) == BW_OK && sp.n)
+        served += sp.n;
+    assert_int_equal(rc, BW_FAILED_PRECONDITION);
+    assert_int_equal(served, 64); /* the span of rows 64-71 was refused */
+    assert_non_null(strstr(err, "changed on disk"));
+    bw__rp_close(rp);
+
+    /* a file changed before the read's first record of it: refused before any byte of it
+     * (the dataset opened before the change, as a read that began before it holds it) */
+    assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(bw__ds_dataset(e2), err, sizeof(err)), BW_OK);
+    touch_in_place("s1.npy");
+    uint64_t late[] = {100, 101};
+    rp = bw__rp_samples(e2, late, 2, NULL);
+    assert_int_equal(bw__rp_next_span(rp, 8, 1 << 20, &sp, err, sizeof(err)),
+                     BW_FAILED_PRECONDITION);
+    assert_non_null(strstr(err, "s1.npy changed on disk"));
+    bw__rp_close(rp);
+    bw__ds_put(e);
+    bw__ds_cache_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_samples_chunked),
-        cmocka_unit_test(test_stream_records),
-        cmocka_unit_test(test_corrupt_midway),
-        cmocka_unit_test(test_cache_budgets),
+        cmocka_unit_test(test_samples_chunked), cmocka_unit_test(test_stream_records),
+        cmocka_unit_test(test_corrupt_midway),  cmocka_unit_test(test_cache_budgets),
+        cmocka_unit_test(test_spans),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
