@@ -23,6 +23,7 @@
 #include "common/util.h"
 #include "fetch.h"
 #include "batch_int.h"
+#include "placement/placement.h"
 
 /* Errors after which another worker or a fresher placement may succeed. */
 static bool retryable(int rc)
@@ -376,7 +377,7 @@ static size_t make_requests(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind
     size_t m = 0, used = 0;
     fetch_req *cur = NULL;
     for (size_t ro = 0; ro < nroutes; ro++, cur = NULL) {
-        bool all = used < count[ro] && joins_all(ctx, kind, p, ro / 2);
+        bool all = used < count[ro] && (!kind->joins || joins_all(ctx, kind, p, ro / 2));
         for (; used < count[ro]; used++) {
             /* slots[0, count[nroutes - 1]) were all set by the loop above */
             // NOLINTNEXTLINE(clang-analyzer-core.uninitialized.Assign)
@@ -632,7 +633,9 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
             size_t m = 0;
             for (size_t u = 0; u < n; u++)
                 if (!items[u].done)
-                    shards[m++] = kind->shard(kind->kctx, &items[u], p->num_shards);
+                    shards[m++] = kind->shard ? kind->shard(kind->kctx, &items[u], p->num_shards)
+                                              : bw__placement_shard(items[u].key, p->num_shards,
+                                                                    BW_SHARD_MODULO);
             /* route[] by pending item, then spread over all items for make_requests */
             int rrc = bw__route_items(p, shards, m, &suspects, route);
             avoid_moved(ctx->avoid, p);
@@ -728,6 +731,21 @@ int bw__fetch_pack(bw_batch *b, bw__fetch_item *items, const size_t *uid,
                    const bw__fetch_dest *dest)
 {
     uint64_t fixed = dest ? dest->sample_bytes : 0;
+    if (fixed) { /* every sample has that size (place and span take no other), at its place */
+        size_t sz = (size_t)fixed;
+        int rc = bw__batch_reserve(b, b->count * sz);
+        if (rc != BW_OK)
+            return rc;
+        for (size_t i = 0; i < b->count; i++) {
+            size_t f = items[uid ? uid[i] : i].first;
+            b->offsets[i] = i * sz;
+            b->sizes[i] = sz;
+            if (f != i) /* a sample repeated (padding): it was fetched once, to its first place */
+                memcpy(b->data + i * sz, b->data + f * sz, sz);
+        }
+        b->nbytes = b->count * sz;
+        return BW_OK;
+    }
     size_t total = 0;
     for (size_t i = 0; i < b->count; i++)
         total += (size_t)items[uid ? uid[i] : i].size;
@@ -735,13 +753,13 @@ int bw__fetch_pack(bw_batch *b, bw__fetch_item *items, const size_t *uid,
      * batch order; one whose size changed on a retry breaks it: what followed it moves out
      * first (rare: a worker answered a retry with another size). */
     size_t off = 0, i = 0;
-    for (; !fixed && i < b->count; i++) {
+    for (; i < b->count; i++) {
         bw__fetch_item *x = &items[uid ? uid[i] : i];
         if (!x->direct || x->first != i || x->off != off)
             break;
         off += (size_t)x->size;
     }
-    for (size_t j = i; !fixed && j < b->count; j++) {
+    for (size_t j = i; j < b->count; j++) {
         bw__fetch_item *x = &items[uid ? uid[j] : j];
         if (!x->direct || x->first != j)
             continue;
@@ -760,10 +778,9 @@ int bw__fetch_pack(bw_batch *b, bw__fetch_item *items, const size_t *uid,
         b->offsets[i] = off;
         b->sizes[i] = (size_t)x->size;
         if (x->size) { /* empty samples have no bytes (and maybe no buffer) */
-            const uint8_t *from = fixed           ? b->data + x->first * fixed
-                                  : x->first != i ? b->data + b->offsets[x->first]
-                                  : x->direct     ? b->data + x->off
-                                                  : x->buf;
+            const uint8_t *from = x->first != i ? b->data + b->offsets[x->first]
+                                  : x->direct   ? b->data + x->off
+                                                : x->buf;
             if (from != b->data + off)
                 memcpy(b->data + off, from, (size_t)x->size);
         }

@@ -38,9 +38,11 @@ typedef struct bw__fetch_item {
 
 typedef struct bw__fetch_kind {
     uint32_t req_kind; /* BW_DCHAN_KIND_READ_SAMPLES or _READ_STREAM */
-    /* The storage shard (of num_shards) an item is routed by. */
+    /* The storage shard (of num_shards) an item is routed by; NULL: its key's, modulo
+     * (bw__placement_shard, BW_SHARD_MODULO), without a call an item. */
     uint32_t (*shard)(void *kctx, const bw__fetch_item *it, uint32_t num_shards);
-    /* Whether b may follow a in one request (both pending, a before b). */
+    /* Whether b may follow a in one request (both pending, a before b); NULL: any items of
+     * one worker may. */
     bool (*joins)(const bw__fetch_item *a, const bw__fetch_item *b);
     /* The request for items[0..n) (pending, in order) from a worker of placement p: *out from
      * arena a. `checked`: the request carries p's version for the worker to check. */

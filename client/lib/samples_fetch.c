@@ -107,23 +107,17 @@ static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item *w, size_
     for (size_t i = 0; i < n; i++) {
         if (i == 0 || pairs[2 * i] != pairs[2 * i - 2] ||
             (by_src && src[pairs[2 * i + 1]] != src[pairs[2 * i - 1]])) {
-            w[m].key = pairs[2 * i] & mask;
-            w[m].src = src ? src[pairs[2 * i + 1]] : 0;
-            w[m].first = (size_t)pairs[2 * i + 1];
-            w[m].max_size = max_size;
-            m++;
+            /* the whole item (bw__fetch_batches does not clear them first) */
+            w[m++] = (bw__fetch_item){.key = pairs[2 * i] & mask,
+                                      .src = src ? src[pairs[2 * i + 1]] : 0,
+                                      .first = (size_t)pairs[2 * i + 1],
+                                      .max_size = max_size};
         }
         uid[pairs[2 * i + 1]] = m - 1;
     }
     free(pairs);
     *nout = m;
     return BW_OK;
-}
-
-static uint32_t samples_shard(void *kctx, const bw__fetch_item *it, uint32_t num_shards)
-{
-    (void)kctx;
-    return bw__placement_shard(it->key, num_shards, BW_SHARD_MODULO);
 }
 
 static bool samples_join(const bw__fetch_item *a, const bw__fetch_item *b)
@@ -307,7 +301,7 @@ int bw__fetch_batches(const bw__fetch_ctx *ctx, bw_batch *const *bs, size_t nb)
     size_t *uid = malloc((total ? total : 1) * sizeof(*uid));
     size_t *at = malloc((nb + 1) * sizeof(*at));
     uint8_t **bases = malloc(nb * sizeof(*bases));
-    bw__fetch_item *items = calloc(total ? total : 1, sizeof(*items));
+    bw__fetch_item *items = malloc((total ? total : 1) * sizeof(*items)); /* set by dedupe */
     int rc = BW_OK;
     if (!uid || !at || !bases || !items) {
         for (size_t j = 0; j < nb; j++) {
@@ -335,8 +329,14 @@ int bw__fetch_batches(const bw__fetch_ctx *ctx, bw_batch *const *bs, size_t nb)
     }
     at[nb] = n;
     samples_kctx kctx = {ctx, bs[0]->epoch};
-    bw__fetch_kind kind = {
-        BW_DCHAN_KIND_READ_SAMPLES, samples_shard, samples_join, samples_message, NULL, &kctx};
+    /* routed by index modulo (shard NULL); one dataset's samples all join (samples_join):
+     * no call an item for either */
+    bw__fetch_kind kind = {BW_DCHAN_KIND_READ_SAMPLES,
+                           NULL,
+                           ctx->mixture ? samples_join : NULL,
+                           samples_message,
+                           NULL,
+                           &kctx};
     bw__fetch_dest dest = {bs[0],
                            ctx->sample_bytes,
                            0,

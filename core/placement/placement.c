@@ -30,7 +30,9 @@ uint32_t bw__placement_shard(uint64_t index, uint32_t num_shards, bw_shard_mode 
     if (num_shards <= 1)
         return 0;
     uint64_t k = mode == BW_SHARD_HASH ? bw__placement_mix64(index) : index;
-    return (uint32_t)(k % num_shards);
+    /* a mask for a power of two (256, the loader's: no division, about a tenth of a
+     * nanosecond instead of several, once a sample on each side) */
+    return (uint32_t)((num_shards & (num_shards - 1)) ? k % num_shards : k & (num_shards - 1));
 }
 
 uint32_t bw__placement_stream_shard(uint32_t position, const char *path, uint32_t num_shards,
