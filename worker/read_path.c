@@ -16,7 +16,7 @@
  * and its counting: a part keeps its own while another is current (use_part). */
 typedef struct rp_progress {
     size_t checked_src;                  /* the source last checked, */
-    uint32_t unchecked;                  /* and the records read from it since */
+    uint64_t unchecked, unchecked_bytes; /* and the records (and bytes) read from it since */
     uint64_t unmetered, unmetered_bytes; /* served, not yet added to `served` */
 } rp_progress;
 
@@ -71,12 +71,30 @@ struct bw__rp {
     uint8_t *of_copy;  /* its index_datasets (varints), as bytes */
 };
 
-/* A file's identity is checked with the first record read from it, then with every
- * CHECK_EVERY-th, with any record that failed, and at the end of the read (end()), which is
- * what guarantees that a read ending well served no changed byte: the checks between only
- * make a change fail the read sooner. One fstat per record cost about a sixth of the data
- * channel's throughput at 4 KiB records. */
-enum { CHECK_EVERY = 64 };
+/* A file's identity is checked with the first record read from it, then once CHECK_EVERY
+ * records and CHECK_BYTES bytes have been read from it since the last check, with any record
+ * that failed, and at the end of the read (end()), which is what guarantees that a read ending
+ * well served no changed byte: the checks between only make a change fail the read sooner
+ * (docs/formats.md, "Files that change under a worker"). One fstat per record cost about a
+ * sixth of the data channel's throughput at 4 KiB records, and one every 64 records about 6 %
+ * of a worker's CPU at 256 bytes (docs/performance.md, "Per-sample cost, tenth pass"). */
+enum { CHECK_EVERY = 64, CHECK_BYTES = 256 << 10 };
+
+/* Whether a check of source src is due now that k more records of `bytes` in all were read
+ * from it (counted here): a record that failed (`failed`), the first records of another
+ * source, or CHECK_EVERY records and CHECK_BYTES bytes since the last check. A due check
+ * restarts the counts. */
+static bool check_due(rp_progress *at, size_t src, uint64_t k, uint64_t bytes, bool failed)
+{
+    at->unchecked += k;
+    at->unchecked_bytes += bytes;
+    if (!failed && src == at->checked_src &&
+        (at->unchecked < CHECK_EVERY || at->unchecked_bytes < CHECK_BYTES))
+        return false;
+    at->checked_src = src;
+    at->unchecked = at->unchecked_bytes = 0;
+    return true;
+}
 
 /* How many samples ahead of the one read a ReadSamples read prefetches: a few samples' work
  * covers a miss to memory (docs/performance.md, "Per-sample cost, fifth pass"). */
@@ -311,9 +329,7 @@ static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t
     /* The file's identity after its record was read and before any byte of it is handed to
      * the transport: a record read while the file changed (or whose read failed because it
      * changed) is refused. */
-    if (rc != BW_OK || src != rp->now.at.checked_src || ++rp->now.at.unchecked >= CHECK_EVERY) {
-        rp->now.at.checked_src = src;
-        rp->now.at.unchecked = 0;
+    if (check_due(&rp->now.at, src, 1, rc == BW_OK ? out->rec.size : 0, rc != BW_OK)) {
         if (bw__dataset_check(rp->now.d, src, why, sizeof(why)) != BW_OK) {
             if (rc == BW_OK)
                 bw__record_release(&out->rec);
@@ -377,10 +393,8 @@ int bw__rp_next_span(bw__rp *rp, size_t max, uint64_t max_bytes, bw__rp_span *ou
         prefetch(rp, a);
     /* the file's identity before its bytes go to a transport, as read_raw checks it */
     rp_progress *at = &rp->now.at;
-    if (src != at->checked_src || (at->unchecked += (uint32_t)k) >= CHECK_EVERY) {
+    if (check_due(at, src, k, k * size, false)) {
         char why[1024];
-        at->checked_src = src;
-        at->unchecked = 0;
         if (bw__dataset_check(d, src, why, sizeof(why)) != BW_OK)
             return changed(rp, why, err, errlen);
     }

@@ -92,8 +92,9 @@ typedef struct bw__rp_span {
 /* The read's next samples as one span, when they are consecutive indices of one file whose
  * format locates its samples (npy, npz arrays) and the read has no transform: up to `max`
  * samples and `max_bytes` bytes (at least one sample), each served, checked and counted as
- * bw__rp_next serves it -- the same file checks (the first record of a file and every
- * CHECK_EVERY-th), prefetching and counters, in one call instead of one a sample. BW_OK with
+ * bw__rp_next serves it -- the same file checks (the first record of a file, then every 64
+ * records and 256 KiB: read_path.c, CHECK_EVERY), prefetching and counters, in one call
+ * instead of one a sample. BW_OK with
  * out->n == 0 where the next sample is not such (another format, a transform, the read's end,
  * an index out of range): take it with bw__rp_next, which also ends the read. Otherwise the
  * changed-file error, as bw__rp_next gives it. */

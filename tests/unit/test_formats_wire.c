@@ -458,28 +458,6 @@ static void test_spans(void **state)
     assert_non_null(strstr(err, "s0.npy changed on disk"));
     bw__rp_close(rp);
 
-    /* ... and CHECK_EVERY (64) records after the check, a span checks again */
-    bw__ds_put(e);
-    bw__ds_cache_free(c);
-    write_rows("s0.npy", 0, 100);
-    c = bw__ds_cache_new(root);
-    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
-    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
-    for (uint64_t i = 0; i < 100; i++)
-        idx[i] = i;
-    assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
-    rp = bw__rp_samples(e2, idx, 100, NULL);
-    assert_int_equal(bw__rp_next_span(rp, 8, 1 << 20, &sp, err, sizeof(err)), BW_OK);
-    assert_int_equal(sp.n, 8);
-    touch_in_place("s0.npy");
-    served = 8;
-    while ((rc = bw__rp_next_span(rp, 8, 1 << 20, &sp, err, sizeof(err))) == BW_OK && sp.n)
-        served += sp.n;
-    assert_int_equal(rc, BW_FAILED_PRECONDITION);
-    assert_int_equal(served, 64); /* the span of rows 64-71 was refused */
-    assert_non_null(strstr(err, "changed on disk"));
-    bw__rp_close(rp);
-
     /* a file changed before the read's first record of it: refused before any byte of it
      * (the dataset opened before the change, as a read that began before it holds it) */
     assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
@@ -491,6 +469,37 @@ static void test_spans(void **state)
                      BW_FAILED_PRECONDITION);
     assert_non_null(strstr(err, "s1.npy changed on disk"));
     bw__rp_close(rp);
+    bw__ds_put(e);
+    bw__ds_cache_free(c);
+
+    /* ... and once 64 records and 256 KiB have been read from a file since its last check, a
+     * span checks it again: rows of 48 bytes, spans of 8, the first span checked -- the span
+     * that brings the count past 256 KiB is refused, none before it */
+    enum { BIG = 6000 };
+    write_rows("big.npy", 0, BIG);
+    char *big[] = {"big.npy"};
+    d = spec("npy", big, 1);
+    c = bw__ds_cache_new(root);
+    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    uint64_t *all = malloc(BIG * sizeof(*all));
+    assert_non_null(all);
+    for (uint64_t i = 0; i < BIG; i++)
+        all[i] = i;
+    assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
+    rp = bw__rp_samples(e2, all, BIG, NULL);
+    assert_int_equal(bw__rp_next_span(rp, 8, 1 << 20, &sp, err, sizeof(err)), BW_OK);
+    assert_int_equal(sp.n, 8);
+    touch_in_place("big.npy");
+    served = 8;
+    while ((rc = bw__rp_next_span(rp, 8, 1 << 20, &sp, err, sizeof(err))) == BW_OK && sp.n)
+        served += sp.n;
+    assert_int_equal(rc, BW_FAILED_PRECONDITION);
+    size_t rows_due = ((256u << 10) + ROW - 1) / ROW; /* 5462 rows after the first span */
+    assert_int_equal(served, 8 + ((rows_due + 7) / 8 - 1) * 8);
+    assert_non_null(strstr(err, "big.npy changed on disk"));
+    bw__rp_close(rp);
+    free(all);
     bw__ds_put(e);
     bw__ds_cache_free(c);
 }
