@@ -934,7 +934,8 @@ void bw__dataset_prefetch(const bw__dataset *d, uint64_t index)
     size_t lo = bw__dataset_source_of(d, index), len;
     const bw__source *s = d->sources[lo];
     const uint8_t *p = s->ops->locate(s, index - d->first[lo], &len);
-    len = len < BW_PREFETCH_MAX ? len : BW_PREFETCH_MAX;
+    if (len >= BW_PREFETCH_BELOW)
+        return;
     /* a line at a time (64 bytes on the processors this runs on), into L2 and further: the
      * copy comes a few samples later */
     for (size_t off = 0; off < len; off += 64)

@@ -117,11 +117,14 @@ int bw__dataset_get(bw__dataset *d, uint64_t index, bw__record *r, char *err, si
 
 /* The source holding dataset index `index` (< length; the dataset indexed). */
 size_t bw__dataset_source_of(const bw__dataset *d, uint64_t index);
-/* Asks the processor to bring sample `index`'s bytes (up to BW_PREFETCH_MAX of them, each
- * field's) towards its caches, for a read that will copy or send them soon: reads in a
- * shuffled order wait on memory a sample at a time otherwise. Touches nothing, fails never;
- * does nothing for an index out of range or a format without a `locate` op. */
-enum { BW_PREFETCH_MAX = 4096 };
+/* Asks the processor to bring sample `index`'s bytes (each field's) towards its caches, for a
+ * read that will copy or send them soon: reads of small samples wait on memory a sample at a
+ * time otherwise. Only samples under BW_PREFETCH_BELOW bytes: from a page up the copy streams
+ * through whole pages, which the processor's own prefetcher follows, and asking as well cost
+ * the workers 6-9 % more CPU at 4 and 64 KiB, against 11 % less at 1 KiB (docs/performance.md,
+ * "Per-sample cost, tenth pass"). Touches nothing, fails never; does nothing for an index out
+ * of range or a format without a `locate` op. */
+enum { BW_PREFETCH_BELOW = 4096 };
 void bw__dataset_prefetch(const bw__dataset *d, uint64_t index);
 
 /* Stream access: the record at byte offset `off` of source `src`. BW_FMT_END at its end;
