@@ -129,7 +129,8 @@ static const bw_opt options[] = {
     {"device", BW_OPT_STRING, offsetof(fetch_cfg, device), NULL, 0, 0, NULL, 0, "cuda:N",
      "deliver batches on this GPU"},
     {"prefetch", BW_OPT_INT, offsetof(fetch_cfg, prefetch), "0", 0, 1024, NULL, 0, "N",
-     "batches fetched ahead (0: auto, 4 or for small batches about 2 MiB of them)"},
+     "batches fetched ahead (0: auto: about 2 MiB of small batches, 8 MiB of larger ones (2 to "
+     "4 batches), or 4)"},
     {"timeout-ms", BW_OPT_INT, offsetof(fetch_cfg, timeout_ms), "10000", 1, 3600000, NULL, 0, "MS",
      "deadline of each call"},
     {"job-epochs", BW_OPT_INT, offsetof(fetch_cfg, job_epochs), "0", 0, 1000000, NULL, 0, "N",

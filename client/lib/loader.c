@@ -21,7 +21,11 @@ enum {
     BW_LOADER_GROUP_MAX = 8,
     BW_LOADER_GROUP_BYTES = 512 << 10,
     BW_LOADER_GROUPS_IN_FLIGHT = 4,
-    BW_LOADER_DEPTH_DEFAULT = 4 /* batches in flight where they are not grouped (auto_depth) */
+    /* batches in flight where they are not grouped (auto_depth): 4, or for fixed-size batches
+     * as many as hold BW_LOADER_INFLIGHT_BYTES, and never fewer than BW_LOADER_DEPTH_MIN */
+    BW_LOADER_DEPTH_DEFAULT = 4,
+    BW_LOADER_DEPTH_MIN = 2,
+    BW_LOADER_INFLIGHT_BYTES = 8 << 20
 };
 
 /* The order of `step` under `plan` (iterable jobs: positions in the epoch's stream) into the
@@ -492,12 +496,19 @@ static bw__placement *session_placement(void *arg, bool refresh, char *err, size
     return bw__session_placement(arg, refresh, err, errlen);
 }
 
-/* The most batches of `per` bytes a group may hold: map-style batches of fixed-size samples (of
- * one dataset, or of a mixture of map-style sources) while a group stays under
+/* Whether batches of `per` bytes are of fixed-size samples of map-style sources (of one
+ * dataset, or of a mixture of map-style sources), whose bytes are known before they are read:
+ * such batches are grouped, and counted in flight, by their bytes. */
+static bool fixed_batches(const bw_loader *l, size_t per)
+{
+    return !l->stream && !l->mixstream && l->fctx.sample_bytes && per;
+}
+
+/* The most batches of `per` bytes a group may hold: fixed_batches while a group stays under
  * BW_LOADER_GROUP_BYTES and BW_LOADER_GROUP_MAX batches; else 1. */
 static size_t largest_group(const bw_loader *l, size_t per)
 {
-    if (l->stream || l->mixstream || !l->fctx.sample_bytes || !per)
+    if (!fixed_batches(l, per))
         return 1;
     size_t g = BW_LOADER_GROUP_BYTES / per;
     g = g < BW_LOADER_GROUP_MAX ? g : BW_LOADER_GROUP_MAX;
@@ -520,15 +531,25 @@ static size_t group_size(const bw_loader *l, size_t per)
 }
 
 /* prefetch_batches 0 (the default): as many batches in flight as make BW_LOADER_GROUPS_IN_FLIGHT
- * groups of the largest size (largest_group) -- 32 batches of 64 KiB, 8 of 256 KiB -- and 4
- * where batches are not grouped (512 KiB and more, samples of varying size, streams). At
- * 256-byte samples a prefetch of 32 read 2.1x as fast as 4 for half the CPU a byte; at 1 MiB
- * batches a deeper prefetch only costs more (docs/performance.md, "Per-sample cost, sixth
- * pass"). */
+ * groups of the largest size (largest_group) -- 32 batches of 64 KiB, 8 of 256 KiB; where
+ * batches of fixed-size samples are not grouped (512 KiB and more), as many as hold 8 MiB, from
+ * 2 to 4 -- 4 of 1 or 2 MiB, 3 of 3 MiB, 2 of 4 MiB and more; and 4 for samples of varying size
+ * and streams. At 256-byte samples a prefetch of 32 read 2.1x as fast as 4 for half the CPU a
+ * byte; at 1 MiB batches a deeper prefetch only costs more (docs/performance.md, "Per-sample
+ * cost, sixth pass"), and batches of 4 and 16 MiB read 3-5 % faster two at a time than four,
+ * for less CPU and half the memory, while two such batches in flight still cover a network's
+ * round trip (4 MiB take 0.34 ms at 100 Gb/s; "Per-sample cost, tenth pass"). */
 static size_t auto_depth(const bw_loader *l, size_t per)
 {
     size_t g = largest_group(l, per);
-    return g > 1 ? g * BW_LOADER_GROUPS_IN_FLIGHT : BW_LOADER_DEPTH_DEFAULT;
+    if (g > 1)
+        return g * BW_LOADER_GROUPS_IN_FLIGHT;
+    if (!fixed_batches(l, per))
+        return BW_LOADER_DEPTH_DEFAULT;
+    size_t d = (BW_LOADER_INFLIGHT_BYTES + per - 1) / per;
+    return d < BW_LOADER_DEPTH_MIN       ? BW_LOADER_DEPTH_MIN
+           : d > BW_LOADER_DEPTH_DEFAULT ? BW_LOADER_DEPTH_DEFAULT
+                                         : d;
 }
 
 /* The planner's ring (l->nahead entries of max_batch samples each) and thread, for a job whose

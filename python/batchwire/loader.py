@@ -887,8 +887,9 @@ class Loader:
                     process has exited (batchwire.torch passes the DataLoader's main process)
 
     The fast path
-      prefetch      batches fetched ahead (0, the default: 4, or for small batches of
-                    fixed-size samples about 2 MiB of them); max_buffer_bytes caps their memory
+      prefetch      batches fetched ahead (0, the default: for batches of fixed-size samples
+                    about 2 MiB of small ones, 8 MiB of larger ones (2 to 4 batches); else 4);
+                    max_buffer_bytes caps their memory
       device        None or "cpu": host memory; "cuda:N": batches copied to that GPU
       reuse_buffers False (default): every batch keeps its bytes for as long as it or a view
                     of it lives. True: a batch and its views are valid only until the next

@@ -22,6 +22,7 @@ the other test_client_*.py files.
 import hashlib
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -482,6 +483,28 @@ def grouped_reads(cl, samples):
              % (len(want[0]), requests[0], requests[1], requests[16]))
 
 
+
+def large_batch_depth(cl):
+    """The default prefetch (auto) for batches of fixed-size samples too large to group: as
+    many as hold 8 MiB, from 2 to 4 (docs/client.md, "Fetches ahead"), so 4 MiB batches go
+    two at a time, 3 MiB three, 1 MiB four -- with the plan's samples and the generator's
+    bytes at each."""
+    big = gen(cl, "big", "npy", ["--num-samples", "160", "--shape", "65536", "--dtype", "uint8",
+                                 "--files", "2"])
+    samples = expected_samples(big)
+    for batch, depth in ((64, 2), (48, 3), (16, 4)):
+        c = dict(mode="torch", B=batch, shuffle=True, seed=5)
+        want, _ = plans(c, 160, 1, 1)
+        job = "depth-%d" % batch
+        p = Fetch(cl.addr, job, "npy:big/part-*.npy", c, 0, 1,
+                  ["--epochs", 1, "--log-level", "info"])
+        got, _ = p.ok(90, "job %s" % job)
+        compare("batches of %d x 64 KiB, the default prefetch" % batch, got, want[0], samples)
+        chose = re.search(r"prefetch=(\d+) group=(\d+)", p.stderr())
+        bt.check(chose and (int(chose.group(1)), int(chose.group(2))) == (depth, 1),
+                 "batches of %d KiB: the default prefetch is %d batches, ungrouped (the loader "
+                 "said %r)" % (batch * 64, depth, chose and chose.group(0)))
+
 def test(tmpdir):
     cl = Cluster(tmpdir)
     npy = gen(cl, "npy", "npy", ["--num-samples", "523", "--shape", "4,6", "--dtype", "float32",
@@ -491,6 +514,7 @@ def test(tmpdir):
     npy_samples = expected_samples(npy)
     tfr_samples = expected_samples(tfr)
     grouped_reads(cl, npy_samples)
+    large_batch_depth(cl)
     total = run_matrix(cl, npy, "npy:npy/part-*.npy", npy_samples, CONFIGS)
     # TFRecord: sources listed one by one (no glob), variable sizes including empty records.
     total += run_matrix(cl, tfr, "tfrecord:" + ",".join("tfr/" + s for s in tfr["sources"]),
