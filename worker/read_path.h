@@ -94,10 +94,9 @@ typedef struct bw__rp_span {
  * samples and `max_bytes` bytes (at least one sample), each served, checked and counted as
  * bw__rp_next serves it -- the same file checks (the first record of a file, then every 64
  * records and 256 KiB: read_path.c, CHECK_EVERY), prefetching and counters, in one call
- * instead of one a sample. BW_OK with
- * out->n == 0 where the next sample is not such (another format, a transform, the read's end,
- * an index out of range): take it with bw__rp_next, which also ends the read. Otherwise the
- * changed-file error, as bw__rp_next gives it. */
+ * instead of one a sample. BW_OK with out->n == 0 where the next sample is not such (another
+ * format, a transform, the read's end, an index out of range): take it with bw__rp_next, which
+ * also ends the read. Otherwise the changed-file error, as bw__rp_next gives it. */
 int bw__rp_next_span(bw__rp *rp, size_t max, uint64_t max_bytes, bw__rp_span *out, char *err,
                      size_t errlen);
 

@@ -483,7 +483,6 @@ def grouped_reads(cl, samples):
              % (len(want[0]), requests[0], requests[1], requests[16]))
 
 
-
 def large_batch_depth(cl):
     """The default prefetch (auto) for batches of fixed-size samples too large to group: as
     many as hold 8 MiB, from 2 to 4 (docs/client.md, "Fetches ahead"), so 4 MiB batches go
@@ -504,6 +503,7 @@ def large_batch_depth(cl):
         bt.check(chose and (int(chose.group(1)), int(chose.group(2))) == (depth, 1),
                  "batches of %d KiB: the default prefetch is %d batches, ungrouped (the loader "
                  "said %r)" % (batch * 64, depth, chose and chose.group(0)))
+
 
 def test(tmpdir):
     cl = Cluster(tmpdir)

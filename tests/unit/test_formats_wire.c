@@ -392,8 +392,8 @@ static size_t read_all(bw__wds *e, const uint64_t *idx, size_t n, size_t max, ui
 }
 
 /* Spans serve what bw__rp_next serves, counted alike, and check the files as it does: the
- * first record of a file before its bytes are handed on, every CHECK_EVERY-th after, and every
- * file served from at the end. */
+ * first record of a file before its bytes are handed on, again once 64 records and 256 KiB have
+ * been read from it, and every file served from at the end. */
 static void test_spans(void **state)
 {
     (void)state;
