@@ -13,6 +13,11 @@
     two-connection raw TCP again, receiving batch k into buffer k mod 2 rather than into one
     buffer (bench_client_tcp --buffers 2: the least a loader that overlaps the next batch's
     transfer with the trainer's work can have; one buffer stays in the cache, two may not);
+    two-connection raw TCP once more, each connection carrying the samples of each batch that
+    the placement gives its worker (bench_client_tcp --placement 256 --copy-below 1024: the
+    loader's 256 shards modulo, owners w0 and w1 by rendezvous hashing; runs of about two
+    samples gathered on one end, pieces under 1 KiB copied together as the workers copy them,
+    and scattered into their places on the other -- the same split without the protocol);
     and the Python binding (batchwire.Loader, plan order, the same dataset, batch size, epochs
     and prefetch, timed the same way: from opening the loader to the last batch) against
     `batchwire fetch`; and the CPU each costs per GiB moved -- the fetch process and both
@@ -136,10 +141,13 @@ def fetch_rate(bt, coord, job, dataset, batch, epochs, transport="auto", extra=(
 
 
 def tcp_rate(tcp_bin, path, offset, nbytes, chunk, repeat, conns=1, order=None, sample=0,
-             buffers=1):
-    r = subprocess.run([tcp_bin, "--buffers", str(buffers), path, str(offset), str(nbytes),
-                        str(chunk), str(repeat), str(conns)] + ([order, str(sample)] if order
-                                                               else []),
+             buffers=1, placement=False):
+    # placement: each connection carries the samples its worker would (the loader's 256 shards,
+    # workers w0, w1 as named here), pieces under 1 KiB copied together as the workers copy them
+    split = ["--placement", "256", "--copy-below", "1024"] if placement else []
+    r = subprocess.run([tcp_bin, "--buffers", str(buffers)] + split +
+                       [path, str(offset), str(nbytes), str(chunk), str(repeat), str(conns)] +
+                       ([order or "-", str(sample)] if order or placement else []),
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError("bench_client_tcp failed: %s" % r.stderr)
@@ -420,8 +428,9 @@ def main():
             # ratios moved by 0.2 between runs and the workers' CPU came in whole ticks).
             epochs = max(1, (256 * MiB if args.quick else 2048 * MiB) // total)
             fetch_runs, fetch_sps, grpc_runs, tcp_runs, tcp2_runs = [], [], [], [], []
-            shuf_runs, tcp2_shuf_runs, loader_runs, tcp2b_runs = [], [], [], []
-            cpu = {k: [] for k in ("fetch", "tcp2", "shuffled", "tcp2_shuffled", "tcp2b")}
+            shuf_runs, tcp2_shuf_runs, loader_runs, tcp2b_runs, tcp2p_runs = [], [], [], [], []
+            cpu = {k: [] for k in ("fetch", "tcp2", "shuffled", "tcp2_shuffled", "tcp2b",
+                                   "tcp2p")}
             fetch_rate(bt, coord.addr, "warm-" + name, ds, batch, 1, extra=fetch_args)
             order = os.path.join(tmp, "order-%s" % name)
             if "a" in args.parts:
@@ -441,6 +450,10 @@ def main():
                                  len(workers), buffers=2)
                 tcp2b_runs.append(mib)
                 cpu["tcp2b"].append(c)
+                mib, c = tcp_cpu(tcp_bin, path, off, n * sample, batch * sample, epochs,
+                                 len(workers), sample=sample, placement=True)
+                tcp2p_runs.append(mib)
+                cpu["tcp2p"].append(c)
                 mib, _, _ = fetch_rate(bt, coord.addr, "g-%s-%d" % (name, i), ds, batch, epochs,
                                        "grpc", extra=fetch_args)
                 grpc_runs.append(mib)
@@ -468,14 +481,16 @@ def main():
                             "tcp2_shuffled_mib_s": median(tcp2_shuf_runs),
                             "loader_mib_s": median(loader_runs), "shuffled_runs": shuf_runs,
                             "tcp2_shuffled_runs": tcp2_shuf_runs, "loader_runs": loader_runs,
-                            "tcp2b_mib_s": median(tcp2b_runs), "tcp2b_runs": tcp2b_runs})
+                            "tcp2b_mib_s": median(tcp2b_runs), "tcp2b_runs": tcp2b_runs,
+                            "tcp2p_mib_s": median(tcp2p_runs), "tcp2p_runs": tcp2p_runs})
                 row["ratio2b"] = row["fetch_mib_s"] / row["tcp2b_mib_s"]
+                row["ratio2p"] = row["fetch_mib_s"] / row["tcp2p_mib_s"]
                 row["ratio2_shuffled"] = row["shuffled_mib_s"] / row["tcp2_shuffled_mib_s"]
                 # CPU per GiB, medians: fetch (client, workers, total) and raw TCP, 2 conn.
                 for k in ("fetch", "shuffled"):
                     for part in ("client", "workers", "total"):
                         row["%s_cpu_%s_ms_gib" % (k, part)] = median([c[part] for c in cpu[k]])
-                for k in ("tcp2", "tcp2_shuffled", "tcp2b"):
+                for k in ("tcp2", "tcp2_shuffled", "tcp2b", "tcp2p"):
                     row["%s_cpu_ms_gib" % k] = median(cpu[k])
                 row["loader_vs_fetch"] = row["loader_mib_s"] / row["fetch_mib_s"]
                 report["a"].append(row)
@@ -488,6 +503,9 @@ def main():
                 log("(a) %s x %d: raw TCP (%d connections) into 2 alternating batch buffers "
                     "%.0f MiB/s, fetch / that %.2f"
                     % (human(sample), batch, len(workers), row["tcp2b_mib_s"], row["ratio2b"]))
+                log("(a) %s x %d: raw TCP (%d connections) split as placement splits the fetch "
+                    "%.0f MiB/s, fetch / that %.2f"
+                    % (human(sample), batch, len(workers), row["tcp2p_mib_s"], row["ratio2p"]))
                 log("(a) %s x %d shuffled: fetch %.0f MiB/s, raw TCP (%d connections, the same "
                     "order) %.0f MiB/s, ratio %.2f; batchwire.Loader (plan order) %.0f MiB/s, "
                     "%.2f of fetch"
@@ -616,6 +634,15 @@ def print_markdown(rep, repeat):
              [f("%s %d %.0f %.0f %.2f %.0f %.2f %.0f %.0f", human(r["sample"]), r["batch"],
                 r["fetch_mib_s"], r["tcp2_mib_s"], r["ratio2"], r["tcp2b_mib_s"], r["ratio2b"],
                 r["tcp2_cpu_ms_gib"], r["tcp2b_cpu_ms_gib"]) for r in rep["a"]])
+    md_table(out, "\n(a) plan order against raw TCP over 2 connections that each carry the "
+             "samples the placement gives their worker (256 shards modulo, rendezvous owners "
+             "w0, w1): with two workers a worker's samples of a batch come in runs of about two, "
+             "gathered on one end and scattered on the other " + med,
+             ["sample", "batch", "fetch MiB/s", "raw TCP, 2 connections MiB/s", "fetch / that",
+              "raw TCP, the placement's split MiB/s", "fetch / that", "CPU ms/GiB: split"],
+             [f("%s %d %.0f %.0f %.2f %.0f %.2f %.0f", human(r["sample"]), r["batch"],
+                r["fetch_mib_s"], r["tcp2_mib_s"], r["ratio2"], r["tcp2p_mib_s"], r["ratio2p"],
+                r["tcp2p_cpu_ms_gib"]) for r in rep["a"]])
     cpu_rows = []
     for r in rep["a"]:
         for order, k, t in (("plan", "fetch", "tcp2"), ("shuffled", "shuffled", "tcp2_shuffled")):

@@ -3,7 +3,8 @@
  * fetches over CONNS loopback TCP connections (default 1), with no framing and no protocol,
  * and reports the rate.
  *
- *     bench_client_tcp [--buffers N] FILE OFFSET BYTES CHUNK REPEAT [CONNS [ORDER SAMPLE]]
+ *     bench_client_tcp [--buffers N] [--placement SHARDS [--check]] [--copy-below BYTES]
+ *                      FILE OFFSET BYTES CHUNK REPEAT [CONNS [ORDER|- SAMPLE]]
  *
  * FILE is mapped and bytes [OFFSET, OFFSET + BYTES) are sent REPEAT times as batches of CHUNK
  * bytes. With CONNS connections, sender thread i writes part i of every batch (CONNS equal
@@ -23,6 +24,19 @@
  * places in the mapping, sender i writing part i of them (whole samples) with one writev of
  * up to IOV_MAX pieces at a time, so the baseline reads the same random offsets a shuffled
  * fetch reads.
+ *
+ * With --placement SHARDS (and ORDER, or "-" for the range's own order, and SAMPLE), each
+ * batch is split as the fetch splits it over CONNS workers with ids w0, w1, ... (bench_client.py
+ * names its workers so): sample i goes over connection owner(i mod SHARDS), the rendezvous
+ * owner of its storage shard (core/placement, BW_SHARD_MODULO -- the loader routes by 256
+ * shards). The sender gathers its samples of the batch with writev, neighbours in the file as
+ * one piece; the receiver scatters them into their places in the batch with readv, neighbours
+ * in the batch as one piece, into batch buffers of its own -- what the fetch's two ends do with
+ * a worker's samples, without the protocol (docs/performance.md, "Per-sample cost, eleventh
+ * pass"). --check compares every sample received so with the file. --copy-below BYTES copies
+ * the pieces smaller than BYTES into a send buffer first and sends them from there as one
+ * piece (the workers do so below 1 KiB: many small pieces cost the kernel more than the copy).
+ * A run that fails prints no rate.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -31,6 +45,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,17 +57,27 @@
 #include <unistd.h>
 
 #include "common/version.h"
+#include "placement/placement.h"
 
-enum { MAX_CONNS = 16 };
+enum { MAX_CONNS = 16, IOV_BATCH = 1024 };
+
+/* --placement: which connection carries each storage shard's samples. */
+typedef struct split {
+    uint32_t shards; /* 0: no split by placement (parts by position) */
+    uint8_t owner[4096];
+} split;
 
 typedef struct sender {
     const uint8_t *data;
     const uint64_t *order; /* NULL: in file order; else the samples of SAMPLE bytes to send */
+    const split *split;
     uint64_t sample;
     uint64_t bytes, chunk, repeat;
     uint16_t port;
     unsigned part, conns;
     int rc;
+    uint64_t copy_below; /* --copy-below: smaller pieces are copied into `stage` and sent from it */
+    uint8_t *stage;      /* CHUNK bytes, with copy_below */
 } sender;
 
 /* Part `part` of CONNS of an n-byte batch: [*from, *to). */
@@ -80,34 +105,87 @@ static int parse_u64(const char *s, uint64_t *out)
     return 0;
 }
 
-/* Writes samples order[from, to) of SAMPLE bytes each from the mapping, IOV_MAX at a time. */
+/* Moves all of iov[0..n) over fd: writev (out) or readv, again after a partial one. */
+static int move_all(int fd, struct iovec *iov, size_t n, bool out)
+{
+    for (size_t i = 0; i < n;) {
+        ssize_t w = out ? writev(fd, iov + i, (int)(n - i)) : readv(fd, iov + i, (int)(n - i));
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            if (out)
+                perror("bench_client_tcp: writev");
+            else
+                fprintf(stderr, "bench_client_tcp: readv: connection ended early\n");
+            return 1;
+        }
+        for (size_t left = (size_t)w; left && i < n;) { /* skip what was moved */
+            size_t take = left < iov[i].iov_len ? left : iov[i].iov_len;
+            iov[i].iov_base = (uint8_t *)iov[i].iov_base + take;
+            iov[i].iov_len -= take;
+            left -= take;
+            if (!iov[i].iov_len)
+                i++;
+        }
+    }
+    return 0;
+}
+
+/* Adds [p, p + len) to iov[0..*n), as part of the last piece when it follows it. */
+static void add_piece(struct iovec *iov, size_t *n, uint8_t *p, size_t len)
+{
+    if (*n && (uint8_t *)iov[*n - 1].iov_base + iov[*n - 1].iov_len == p)
+        iov[*n - 1].iov_len += len;
+    else
+        iov[(*n)++] = (struct iovec){p, len};
+}
+
+/* The sample at place k of the sent sequence: order[k], or k itself in the range's order. */
+static uint64_t sample_at(const uint64_t *order, uint64_t k)
+{
+    return order ? order[k] : k;
+}
+
+/* Whether connection `part` carries sample i (always, without a split by placement). */
+static bool carries(const split *sp, unsigned part, uint64_t i)
+{
+    return !sp->shards || sp->owner[bw__placement_shard(i, sp->shards, BW_SHARD_MODULO)] == part;
+}
+
+/* Copies the pieces of iov[0..n) under `below` bytes into stage, in order, neighbours there
+ * forming one piece, and returns how many pieces are left (the larger ones sent from where
+ * they are). The pieces fit: at most a batch of bytes, and stage holds one. */
+static size_t stage_pieces(struct iovec *iov, size_t n, uint8_t *stage, uint64_t below)
+{
+    size_t m = 0, used = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct iovec v = iov[i];
+        if (v.iov_len < below) {
+            memcpy(stage + used, v.iov_base, v.iov_len);
+            v.iov_base = stage + used;
+            used += v.iov_len;
+        }
+        add_piece(iov, &m, v.iov_base, v.iov_len); /* m <= i: iov[i] is read first */
+    }
+    return m;
+}
+
+/* Writes the samples at places [from, to) of the sequence that this sender carries, each
+ * from its place in the mapping, IOV_BATCH pieces at a time. */
 static int write_samples(int fd, const sender *s, uint64_t from, uint64_t to)
 {
-    enum { IOV_BATCH = 1024 };
     struct iovec iov[IOV_BATCH];
     while (from < to) {
         size_t n = 0;
-        for (; n < IOV_BATCH && from + n < to; n++)
-            iov[n] = (struct iovec){(void *)(s->data + s->order[from + n] * s->sample),
-                                    (size_t)s->sample};
-        from += n;
-        for (size_t i = 0; i < n;) {
-            ssize_t w = writev(fd, iov + i, (int)(n - i));
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0) {
-                perror("bench_client_tcp: writev");
-                return 1;
-            }
-            for (size_t left = (size_t)w; left && i < n;) { /* skip what was written */
-                size_t take = left < iov[i].iov_len ? left : iov[i].iov_len;
-                iov[i].iov_base = (uint8_t *)iov[i].iov_base + take;
-                iov[i].iov_len -= take;
-                left -= take;
-                if (!iov[i].iov_len)
-                    i++;
-            }
+        for (; from < to && (n < IOV_BATCH - 1 || n == 0); from++) {
+            uint64_t i = sample_at(s->order, from);
+            if (carries(s->split, s->part, i))
+                add_piece(iov, &n, (uint8_t *)(s->data + i * s->sample), (size_t)s->sample);
         }
+        if (s->copy_below) /* small pieces copied together: one piece for the lot */
+            n = stage_pieces(iov, n, s->stage, s->copy_below);
+        if (move_all(fd, iov, n, true))
+            return 1;
     }
     return 0;
 }
@@ -130,13 +208,30 @@ static void *send_main(void *arg)
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    /* which part this connection carries: connections are accepted in any order */
+    uint8_t part = (uint8_t)s->part;
+    if (write(fd, &part, 1) != 1) {
+        perror("bench_client_tcp: write");
+        s->rc = 1;
+    }
+    if (s->copy_below && !(s->stage = malloc((size_t)s->chunk))) {
+        fprintf(stderr, "bench_client_tcp: cannot allocate a send buffer of %" PRIu64 " bytes\n",
+                s->chunk);
+        s->rc = 1;
+    }
     for (uint64_t r = 0; r < s->repeat && !s->rc; r++) {
         for (uint64_t off = 0; off < s->bytes && !s->rc;) {
             uint64_t n = s->bytes - off < s->chunk ? s->bytes - off : s->chunk;
             uint64_t from, to;
-            if (s->order) { /* this part's whole samples, from where the order puts them */
-                uint64_t first = (r * s->bytes + off) / s->sample;
-                part_of(n / s->sample, s->part, s->conns, &from, &to);
+            if (s->order || s->split->shards ||
+                s->copy_below) { /* this part's whole samples, from their places */
+                uint64_t first = ((s->order ? r * s->bytes : 0) + off) / s->sample;
+                if (s->split->shards) { /* the batch's samples its shards' owner holds */
+                    from = 0;
+                    to = n / s->sample;
+                } else {
+                    part_of(n / s->sample, s->part, s->conns, &from, &to);
+                }
                 s->rc = write_samples(fd, s, first + from, first + to);
                 off += n;
                 continue;
@@ -158,18 +253,50 @@ static void *send_main(void *arg)
         }
     }
     close(fd);
+    free(s->stage);
     return NULL;
 }
 
 typedef struct receiver {
     int fd;
     uint8_t *buf; /* the batch buffers (nbufs of CHUNK bytes); this receiver fills its part */
+    const uint64_t *order; /* with a split by placement: which sample each place holds */
+    const split *split;
+    const uint8_t *check; /* --check (with --placement): the range, to compare samples with */
     uint64_t nbufs;
     uint64_t sample; /* with an order: parts are whole samples */
     uint64_t bytes, chunk, repeat;
     unsigned part, conns;
     int rc;
 } receiver;
+
+/* Reads the samples this receiver's connection carries of the batch of `count` samples whose
+ * first is place `first` of the sequence, each into its place in buf, IOV_BATCH pieces at a
+ * time. */
+static int read_places(const receiver *r, uint8_t *buf, uint64_t first, uint64_t count)
+{
+    struct iovec iov[IOV_BATCH];
+    for (uint64_t k = 0; k < count;) {
+        size_t n = 0;
+        for (; k < count && (n < IOV_BATCH - 1 || n == 0); k++)
+            if (carries(r->split, r->part, sample_at(r->order, first + k)))
+                add_piece(iov, &n, buf + k * r->sample, (size_t)r->sample);
+        if (move_all(r->fd, iov, n, false))
+            return 1;
+    }
+    for (uint64_t k = 0; r->check && k < count; k++) {
+        uint64_t i = sample_at(r->order, first + k);
+        if (carries(r->split, r->part, i) &&
+            memcmp(buf + k * r->sample, r->check + i * r->sample, (size_t)r->sample) != 0) {
+            fprintf(stderr,
+                    "bench_client_tcp: --check: place %" PRIu64 " of batch at %" PRIu64
+                    " is not sample %" PRIu64 "\n",
+                    k, first, i);
+            return 1;
+        }
+    }
+    return 0;
+}
 
 static void *recv_main(void *arg)
 {
@@ -181,6 +308,13 @@ static void *recv_main(void *arg)
             uint64_t n = r->bytes - off < r->chunk ? r->bytes - off : r->chunk;
             uint64_t from, to;
             uint8_t *buf = r->buf + batch % r->nbufs * r->chunk;
+            if (r->split->shards) { /* the places of the samples this connection carries */
+                r->rc = read_places(r, buf, ((r->order ? rep * r->bytes : 0) + off) / r->sample,
+                                    n / r->sample);
+                sink ^= buf[0];
+                off += n;
+                continue;
+            }
             part_of(n / r->sample, r->part, r->conns, &from, &to);
             from *= r->sample;
             to *= r->sample;
@@ -207,10 +341,37 @@ int main(int argc, char **argv)
     if (bw__version_flag(argc, argv, "bench_client_tcp"))
         return 0;
     uint64_t offset, bytes, chunk, repeat;
-    uint64_t conns = 1, sample = 1, nbufs = 1;
-    if (argc > 2 && strcmp(argv[1], "--buffers") == 0) {
-        if (parse_u64(argv[2], &nbufs) || nbufs < 1 || nbufs > 64) {
-            fprintf(stderr, "bench_client_tcp: --buffers %s: expected 1 to 64\n", argv[2]);
+    uint64_t conns = 1, sample = 1, nbufs = 1, shards = 0, copy_below = 0;
+    bool check = false;
+    static split sp; /* zero: parts by position */
+    /* options, in any order, before FILE */
+    while (argc > 1 && strncmp(argv[1], "--", 2) == 0) {
+        const char *opt = argv[1], *val = argc > 2 ? argv[2] : "";
+        if (strcmp(opt, "--check") == 0) {
+            check = true;
+            argv++;
+            argc--;
+            continue;
+        }
+        if (strcmp(opt, "--buffers") == 0) {
+            if (parse_u64(val, &nbufs) || nbufs < 1 || nbufs > 64) {
+                fprintf(stderr, "bench_client_tcp: --buffers %s: expected 1 to 64\n", val);
+                return 2;
+            }
+        } else if (strcmp(opt, "--placement") == 0) {
+            if (parse_u64(val, &shards) || shards < 1 || shards > sizeof(sp.owner)) {
+                fprintf(stderr, "bench_client_tcp: --placement %s: expected 1 to %zu shards\n", val,
+                        sizeof(sp.owner));
+                return 2;
+            }
+        } else if (strcmp(opt, "--copy-below") == 0) {
+            if (parse_u64(val, &copy_below) || copy_below > (1u << 20)) {
+                fprintf(stderr, "bench_client_tcp: --copy-below %s: expected 0 to 1048576 bytes\n",
+                        val);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "bench_client_tcp: unknown option %s\n", opt);
             return 2;
         }
         argv += 2;
@@ -223,14 +384,35 @@ int main(int argc, char **argv)
         (argc == 9 &&
          (parse_u64(argv[8], &sample) || sample == 0 || chunk % sample || bytes % sample))) {
         fprintf(stderr,
-                "usage: bench_client_tcp [--buffers N] FILE OFFSET BYTES CHUNK REPEAT [CONNS 1-%d "
-                "[ORDER "
-                "SAMPLE]]\n(with ORDER, BYTES and CHUNK are multiples of SAMPLE)\n",
+                "usage: bench_client_tcp [--buffers N] [--placement SHARDS [--check]] "
+                "[--copy-below BYTES] FILE OFFSET BYTES CHUNK REPEAT [CONNS 1-%d [ORDER|- "
+                "SAMPLE]]\n(with ORDER, BYTES and CHUNK are multiples of SAMPLE; --placement and "
+                "--copy-below need ORDER or -)\n",
                 MAX_CONNS);
         return 2;
     }
+    if (check && !shards) {
+        fprintf(stderr, "bench_client_tcp: --check compares what --placement splits: give both\n");
+        return 2;
+    }
+    if ((shards || copy_below) && argc != 9) {
+        fprintf(stderr, "bench_client_tcp: --placement and --copy-below work on whole samples: "
+                        "give ORDER (or -) and SAMPLE\n");
+        return 2;
+    }
+    if (shards) { /* shard k's owner among workers w0 .. w<CONNS-1> (core/placement) */
+        char names[MAX_CONNS][16];
+        const char *ids[MAX_CONNS];
+        for (unsigned i = 0; i < conns; i++) {
+            snprintf(names[i], sizeof(names[i]), "w%u", i);
+            ids[i] = names[i];
+        }
+        sp.shards = (uint32_t)shards;
+        for (uint32_t k = 0; k < sp.shards; k++)
+            sp.owner[k] = (uint8_t)bw__placement_owner(ids, (size_t)conns, k);
+    }
     uint64_t *order = NULL;
-    if (argc == 9) {
+    if (argc == 9 && strcmp(argv[7], "-") != 0) {
         uint64_t want = repeat * (bytes / sample);
         FILE *f = fopen(argv[7], "rb");
         order = malloc((size_t)(want ? want : 1) * sizeof(*order));
@@ -278,6 +460,14 @@ int main(int argc, char **argv)
         perror("bench_client_tcp: listen");
         return 1;
     }
+    /* With a split by placement each receiver fills buffers of its own: a place belongs to
+     * another connection from one batch to the next, and receivers that shared a buffer would
+     * write the next batch's places into one the other still fills (a fetch's batch is whole
+     * before its slot is filled again; a barrier a batch would cost the baseline a hand-off per
+     * batch, which the fetch spreads over a group of batches). Each writes only its places, so
+     * the same cache lines are written as with one shared buffer. */
+    uint64_t sets = sp.shards ? conns : 1;
+    nbufs *= sets;
     if (chunk > SIZE_MAX / nbufs) {
         fprintf(stderr, "bench_client_tcp: %" PRIu64 " buffers of %" PRIu64 " bytes: too many\n",
                 nbufs, chunk);
@@ -297,18 +487,42 @@ int main(int argc, char **argv)
     pthread_t sth[MAX_CONNS], rth[MAX_CONNS];
     double t0 = now_s();
     for (unsigned i = 0; i < conns; i++) {
-        s[i] = (sender){map + offset,      order, sample,          bytes, chunk, repeat,
-                        ntohs(a.sin_port), i,     (unsigned)conns, 0};
+        s[i] = (sender){.data = map + offset,
+                        .order = order,
+                        .split = &sp,
+                        .sample = sample,
+                        .bytes = bytes,
+                        .chunk = chunk,
+                        .repeat = repeat,
+                        .port = ntohs(a.sin_port),
+                        .part = i,
+                        .conns = (unsigned)conns,
+                        .copy_below = copy_below};
         if (pthread_create(&sth[i], NULL, send_main, &s[i]) != 0)
             return 1;
     }
-    for (unsigned i = 0; i < conns; i++) {
+    bool seen[MAX_CONNS] = {false};
+    for (unsigned k = 0; k < conns; k++) {
         int cs = accept(ls, NULL, NULL);
-        if (cs < 0) {
-            perror("bench_client_tcp: accept");
+        uint8_t part = 0;
+        if (cs < 0 || read(cs, &part, 1) != 1 || part >= conns || seen[part]) {
+            fprintf(stderr, "bench_client_tcp: connection %u: no part number, or a wrong one\n", k);
             return 1;
         }
-        rv[i] = (receiver){cs, buf, nbufs, sample, bytes, chunk, repeat, i, (unsigned)conns, 0};
+        seen[part] = true;
+        unsigned i = part; /* the receiver of the part its sender carries */
+        rv[i] = (receiver){.fd = cs,
+                           .buf = buf + (sets > 1 ? i * (nbufs / sets) * chunk : 0),
+                           .order = order,
+                           .split = &sp,
+                           .nbufs = nbufs / sets,
+                           .sample = sample,
+                           .bytes = bytes,
+                           .chunk = chunk,
+                           .repeat = repeat,
+                           .part = i,
+                           .conns = (unsigned)conns,
+                           .check = check ? map + offset : NULL};
         if (pthread_create(&rth[i], NULL, recv_main, &rv[i]) != 0)
             return 1;
     }
@@ -328,7 +542,8 @@ int main(int argc, char **argv)
     free(buf);
     free(order);
     munmap(map, (size_t)st.st_size);
-    printf("{\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"mib_per_s\":%.1f}\n", total, secs,
-           secs > 0 ? (double)total / (1 << 20) / secs : 0.0);
+    if (rc == 0) /* a failed run has no rate */
+        printf("{\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"mib_per_s\":%.1f}\n", total, secs,
+               secs > 0 ? (double)total / (1 << 20) / secs : 0.0);
     return rc;
 }
