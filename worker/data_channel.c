@@ -40,6 +40,7 @@ enum {
     PENDING_MAX = 32,         /* large samples gathered into one sendmsg, at most */
     SEND_BYTES = 4 << 20,     /* bytes gathered into one sendmsg, about */
     IOV_CAP = 1024,
+    GATHER_MAX = 256,         /* small samples gathered by one call (bw__rp_next_gather), at most */
     DISCARD_CHUNK = 16 << 10, /* a refused body is read and dropped this much at a time */
     BODY_TIMEOUT_MS = 30000,  /* a request's body must arrive within this after its header */
     SEND_TIMEOUT_MS = 120000, /* a client that stops reading for this long is dropped */
@@ -118,6 +119,7 @@ typedef struct wbuf {
     size_t niov, pending;
     bw__rp_rec *recs; /* PENDING_MAX, referenced by iov */
     size_t nrec;
+    const uint8_t *gathered[GATHER_MAX]; /* bw__rp_next_gather's places */
     bool mapped; /* iov references a dataset's mapping (held by the open read) */
     bool runs;   /* RUN frames: the connection's FEATURES asked for them, and a ReadSamples */
     run run;
@@ -327,19 +329,27 @@ static void put_bytes(wbuf *o, bw__rp_rec *r)
     }
 }
 
+/* The next n samples of `size` bytes, from index `first`, join the open run when it is of their
+ * size and has room, else open one (its header staged): the run, counting them. */
+static run *run_join(wbuf *o, uint64_t first, uint64_t n, uint64_t size)
+{
+    run *u = &o->run;
+    if (!u->open || size != u->size || u->n + n > BW_DCHAN_RUN_MAX) {
+        run_close(o);
+        *u = (run){true, o->len, first, 0, size, NULL, 0};
+        stage_frame(o, BW_DCHAN_SAMPLE, 0, first, size);
+    }
+    u->n += n;
+    return u;
+}
+
 /* A span of samples (bw__rp_next_span), all of one size, lying back to back in a dataset's mapping:
  * it joins the open run when it is of the run's size, else opens one; its bytes are one piece,
  * sent from the mapping from REF_MIN bytes and copied into the stage below that, as put_bytes
  * sends such samples one at a time. */
 static void put_span(wbuf *o, const bw__rp_span *sp)
 {
-    run *u = &o->run;
-    if (!u->open || sp->size != u->size || u->n + sp->n > BW_DCHAN_RUN_MAX) {
-        run_close(o);
-        *u = (run){true, o->len, sp->first, 0, sp->size, NULL, 0};
-        stage_frame(o, BW_DCHAN_SAMPLE, 0, sp->first, sp->size);
-    }
-    u->n += sp->n;
+    run *u = run_join(o, sp->first, sp->n, sp->size);
     size_t bytes = (size_t)(sp->n * sp->size);
     u->next = sp->p + bytes;
     u->nstaged = bytes < REF_MIN ? sp->n : 0; /* put_bytes may take them back (rejoin) */
@@ -349,6 +359,26 @@ static void put_span(wbuf *o, const bw__rp_span *sp)
         add_iov(o, sp->p, bytes);
         o->mapped = true;
     }
+}
+
+/* Small samples gathered (bw__rp_next_gather), all of one size, from anywhere in a dataset's
+ * mapping: they join the open run when it is of their size, else open one, and are copied into
+ * the stage one after the other (neighbours in the file with one copy), as put_bytes copies such
+ * samples one at a time. */
+static void put_gather(wbuf *o, const bw__rp_gather *g)
+{
+    run *u = run_join(o, g->first, g->n, g->size);
+    u->next = NULL; /* copies only: nothing for a later sample to rejoin */
+    u->nstaged = 0;
+    const uint8_t *const *p = o->gathered;
+    size_t size = (size_t)g->size;
+    for (size_t i = 0; i < g->n; i++) {
+        if (i + BW_RP_PREFETCH_AHEAD < g->n)
+            bw__prefetch_bytes(p[i + BW_RP_PREFETCH_AHEAD], size);
+        memcpy(o->stage + o->len, p[i], size);
+        o->len += size;
+    }
+    add_iov(o, o->stage + o->len - g->n * size, g->n * size);
 }
 
 /* ---- compression (docs/data-channel.md, "Compression") ---- */
@@ -427,6 +457,17 @@ static int serve_read(wbuf *o, bw__rp *rp, int *status)
         /* With RUN frames and no compression, the next samples lying back to back in the
          * dataset's mapping come as one span (bw__rp_next_span), one call for them all. */
         if (o->runs && !o->z.cc) {
+            /* small samples that are not neighbours in the file, gathered and copied; the
+             * stage keeps room for COPY_MAX bytes and a header (make_room) */
+            bw__rp_gather g;
+            rc = bw__rp_next_gather(rp, GATHER_MAX, COPY_MAX, REF_MIN, o->gathered, &g, err,
+                                    sizeof(err));
+            if (rc != BW_OK)
+                return send_error(o->sock, o, *status = rc, 0, err);
+            if (g.n) {
+                put_gather(o, &g);
+                continue;
+            }
             bw__rp_span sp;
             uint64_t room = o->pending < SEND_BYTES ? SEND_BYTES - o->pending : 0;
             rc = bw__rp_next_span(rp, BW_DCHAN_RUN_MAX, room, &sp, err, sizeof(err));

@@ -98,7 +98,7 @@ static bool check_due(rp_progress *at, size_t src, uint64_t k, uint64_t bytes, b
 
 /* How many samples ahead of the one read a ReadSamples read prefetches: a few samples' work
  * covers a miss to memory (docs/performance.md, "Per-sample cost, fifth pass"). */
-enum { PREFETCH_AHEAD = 8 };
+enum { PREFETCH_AHEAD = BW_RP_PREFETCH_AHEAD };
 
 /* Served records are added to the shared metrics and the worker's totals every METER_EVERY
  * records and when the read closes: one atomic add per record and counter, contended by every
@@ -357,24 +357,62 @@ static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t
     return BW_OK;
 }
 
-int bw__rp_next_span(bw__rp *rp, size_t max, uint64_t max_bytes, bw__rp_span *out, char *err,
-                     size_t errlen)
+/* The read's next k samples of `size` bytes, from source src of the current dataset, are served
+ * together (a span or a gather): the file's identity checked before their bytes go to a
+ * transport, as read_raw checks it, and counted as read_raw and serve count each. BW_OK, or
+ * the changed-file error (nothing taken). */
+static int take(bw__rp *rp, size_t src, size_t k, uint64_t size, char *err, size_t errlen)
 {
-    out->n = 0;
+    rp_progress *at = &rp->now.at;
+    if (check_due(at, src, k, k * size, false)) {
+        char why[1024];
+        if (bw__dataset_check(rp->now.d, src, why, sizeof(why)) != BW_OK)
+            return changed(rp, why, err, errlen);
+    }
+    rp->now.touched[src / 8] |= (uint8_t)(1u << (src % 8));
+    rp->pos += k;
+    rp->count += k;
+    rp->unstated += k;
+    rp->unstated_bytes += k * size;
+    at->unmetered += k;
+    at->unmetered_bytes += k * size;
+    if (at->unmetered >= METER_EVERY)
+        meter(rp);
+    return BW_OK;
+}
+
+/* Where the read's next sample lies in mapped file memory, for a span or a gather (NULL where
+ * it may be neither: a stream, a transform, field tables, the read's end, fields, a format
+ * that does not locate its samples, an index out of range, an empty sample); *src and *size:
+ * its source (the current dataset's, made current) and size. */
+static const uint8_t *next_located(bw__rp *rp, size_t max, size_t *src, size_t *size)
+{
     if (rp->stream || rp->tf || rp->field_table || rp->pos >= rp->n || !max)
-        return BW_OK;
+        return NULL;
     if (rp->nparts && rp->of[rp->pos] != rp->cur)
         use_part(rp, rp->of[rp->pos]);
     const bw__dataset *d = rp->now.d;
     uint64_t first = rp->indices[rp->pos];
     if (d->nfields || !d->ops->locate || first >= d->length)
+        return NULL;
+    *src = bw__dataset_source_of(d, first);
+    const bw__source *s = d->sources[*src];
+    uint64_t rel = first - d->first[*src];
+    const uint8_t *p = rel < s->count ? s->ops->locate(s, rel, size) : NULL;
+    return p && *size ? p : NULL;
+}
+
+int bw__rp_next_span(bw__rp *rp, size_t max, uint64_t max_bytes, bw__rp_span *out, char *err,
+                     size_t errlen)
+{
+    out->n = 0;
+    size_t src, size;
+    const uint8_t *p = next_located(rp, max, &src, &size);
+    if (!p)
         return BW_OK;
-    size_t src = bw__dataset_source_of(d, first), size;
+    const bw__dataset *d = rp->now.d;
     const bw__source *s = d->sources[src];
-    uint64_t rel = first - d->first[src];
-    const uint8_t *p = rel < s->count ? s->ops->locate(s, rel, &size) : NULL;
-    if (!p || !size)
-        return BW_OK;
+    uint64_t first = rp->indices[rp->pos], rel = first - d->first[src];
     /* the samples that follow in the request: the next indices of this file (and of this
      * dataset, in a read of several), each where the one before it ends */
     size_t cap = max_bytes / size < max ? (size_t)(max_bytes / size) : max;
@@ -391,24 +429,61 @@ int bw__rp_next_span(bw__rp *rp, size_t max, uint64_t max_bytes, bw__rp_span *ou
     /* prefetched as bw__rp_next prefetches each (read_raw) */
     for (size_t a = rp->pos ? rp->pos + PREFETCH_AHEAD : 0; a < rp->pos + k + PREFETCH_AHEAD; a++)
         prefetch(rp, a);
-    /* the file's identity before its bytes go to a transport, as read_raw checks it */
-    rp_progress *at = &rp->now.at;
-    if (check_due(at, src, k, k * size, false)) {
-        char why[1024];
-        if (bw__dataset_check(d, src, why, sizeof(why)) != BW_OK)
-            return changed(rp, why, err, errlen);
-    }
-    /* counted as read_raw and serve count each */
-    rp->now.touched[src / 8] |= (uint8_t)(1u << (src % 8));
-    rp->pos += k;
-    rp->count += k;
-    rp->unstated += k;
-    rp->unstated_bytes += k * size;
-    at->unmetered += k;
-    at->unmetered_bytes += k * size;
-    if (at->unmetered >= METER_EVERY)
-        meter(rp);
+    int rc = take(rp, src, k, size, err, errlen);
+    if (rc != BW_OK)
+        return rc;
     *out = (bw__rp_span){first, k, size, p};
+    return BW_OK;
+}
+
+int bw__rp_next_gather(bw__rp *rp, size_t max, uint64_t max_bytes, uint64_t below,
+                       const uint8_t **p, bw__rp_gather *out, char *err, size_t errlen)
+{
+    out->n = 0;
+    size_t src, size;
+    if (!(p[0] = next_located(rp, max, &src, &size)) || size >= below)
+        return BW_OK;
+    const bw__dataset *d = rp->now.d;
+    const bw__source *s = d->sources[src];
+    uint64_t first = rp->indices[rp->pos], lo = d->first[src], hi = lo + s->count;
+    size_t cap = max_bytes / size < max ? (size_t)(max_bytes / size) : max;
+    cap = cap ? cap : 1;
+    if (cap > rp->n - rp->pos)
+        cap = rp->n - rp->pos;
+    /* samples of this file (and dataset) in request order, up to cap -- and, to see whether the
+     * last ones begin a streak of neighbours in the file that make `below` bytes, up to L - 1
+     * past it: a streak is left to a span, so the gather ends before its first sample */
+    size_t streak_min = (size_t)((below + size - 1) / size), streak = 1, k = 1, len;
+    size_t look = rp->n - rp->pos - cap < streak_min - 1 ? rp->n - rp->pos : cap + streak_min - 1;
+    const uint8_t *prev = p[0];
+    for (; k < look; k++) {
+        uint64_t i = rp->indices[rp->pos + k];
+        const uint8_t *q;
+        if (i < lo || i >= hi || (rp->nparts && rp->of[rp->pos + k] != rp->cur) ||
+            !(q = s->ops->locate(s, i - lo, &len)) || len != size)
+            break;
+        streak = q == prev + size ? streak + 1 : 1;
+        if (streak == streak_min)
+            break;
+        prev = q;
+        if (k < cap)
+            p[k] = q;
+    }
+    if (streak == streak_min)
+        k -= streak_min - 1; /* up to the streak's first sample */
+    if (k > cap)
+        k = cap;
+    if (k == 0) /* the streak begins with the next sample */
+        return BW_OK;
+    /* prefetched as bw__rp_next prefetches each (read_raw): the caller asks for p[i +
+     * BW_RP_PREFETCH_AHEAD] as it copies p[i], and this for the next call's first ones (the
+     * first call: for its own too) -- spread over the copies, not all at once */
+    for (size_t a = rp->pos ? rp->pos + k : 0; a < rp->pos + k + PREFETCH_AHEAD; a++)
+        prefetch(rp, a);
+    int rc = take(rp, src, k, size, err, errlen);
+    if (rc != BW_OK)
+        return rc;
+    *out = (bw__rp_gather){first, k, size};
     return BW_OK;
 }
 

@@ -100,6 +100,31 @@ typedef struct bw__rp_span {
 int bw__rp_next_span(bw__rp *rp, size_t max, uint64_t max_bytes, bw__rp_span *out, char *err,
                      size_t errlen);
 
+/* The read's next samples gathered (bw__rp_next_gather): n samples of `size` bytes, the
+ * dataset's indices first, ... in request order, samples p[0 .. n) in mapped file memory that
+ * the open read holds -- wherever each lies in the file. */
+/* How many samples ahead of the one read a ReadSamples read prefetches: a few samples' work
+ * covers a miss to memory (docs/performance.md, "Per-sample cost, fifth pass"). */
+enum { BW_RP_PREFETCH_AHEAD = 8 };
+
+typedef struct bw__rp_gather {
+    uint64_t first;
+    size_t n;
+    uint64_t size;
+} bw__rp_gather;
+
+/* The read's next samples smaller than `below` bytes, of one size and one file whose format
+ * locates its samples (npy, npz arrays), the read without a transform: up to `max` samples and
+ * `max_bytes` bytes (at least one sample), their places in p[0 .. n) -- served, checked and
+ * counted as bw__rp_next_span serves a span, for samples that are not neighbours in the file
+ * (a shuffled order, or one worker's share of a plan order: runs of about two with two
+ * workers). It stops before samples that follow one another in the file for `below` bytes or
+ * more (bw__rp_next_span sends those as one piece): BW_OK with out->n == 0 when they begin
+ * with the next sample, as where the next sample is not such (larger, another format, the
+ * read's end). Otherwise the changed-file error, as bw__rp_next gives it. */
+int bw__rp_next_gather(bw__rp *rp, size_t max, uint64_t max_bytes, uint64_t below,
+                       const uint8_t **p, bw__rp_gather *out, char *err, size_t errlen);
+
 /* After BW_RP_END: checks every file the read served from once more (BW_OK, or the
  * changed-file error). For a transport that sends records' bytes from the mapping after it
  * has seen the end: it sends them, then asks this, then ends the request. */

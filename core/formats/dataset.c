@@ -934,6 +934,12 @@ void bw__dataset_prefetch(const bw__dataset *d, uint64_t index)
     size_t lo = bw__dataset_source_of(d, index), len;
     const bw__source *s = d->sources[lo];
     const uint8_t *p = s->ops->locate(s, index - d->first[lo], &len);
+    if (p)
+        bw__prefetch_bytes(p, len);
+}
+
+void bw__prefetch_bytes(const uint8_t *p, size_t len)
+{
     if (len >= BW_PREFETCH_BELOW)
         return;
     /* a line at a time (64 bytes on the processors this runs on), into L2 and further: the

@@ -126,6 +126,8 @@ size_t bw__dataset_source_of(const bw__dataset *d, uint64_t index);
  * of range or a format without a `locate` op. */
 enum { BW_PREFETCH_BELOW = 4096 };
 void bw__dataset_prefetch(const bw__dataset *d, uint64_t index);
+/* The same for len bytes at p that a reader already located. */
+void bw__prefetch_bytes(const uint8_t *p, size_t len);
 
 /* Stream access: the record at byte offset `off` of source `src`. BW_FMT_END at its end;
  * BW_UNIMPLEMENTED for formats that are not streams. */

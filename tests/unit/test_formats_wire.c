@@ -341,18 +341,65 @@ static void touch_in_place(const char *rel)
     assert_int_equal(fclose(f), 0);
 }
 
-/* One read of idx: spans of at most max samples and max_bytes (taking a sample with
- * bw__rp_next where there is no span) when max > 0, else bw__rp_next alone. Checks every
- * sample's key and bytes and every span's form; returns the samples served before the read
- * ended (*rc: BW_RP_END or the error), and the most a span held. */
-static size_t read_all(bw__wds *e, const uint64_t *idx, size_t n, size_t max, uint64_t max_bytes,
-                       bw__data_stats *st, int *rc, size_t *widest)
+/* How read_all takes a read's samples: gathers of at most `gather` samples under `below` bytes
+ * first (0: none), as the data channel does, then spans of at most `max` samples and
+ * `max_bytes` (0: none), then bw__rp_next. What it saw: the most a span and a gather held. */
+typedef struct reading {
+    size_t gather;
+    uint64_t below;
+    size_t max;
+    uint64_t max_bytes;
+    size_t widest, widest_gather, gathers;
+} reading;
+
+/* Checks a gather of g->n samples at p[] against idx[*pos ..]: the keys due, their bytes, one
+ * file, and no `streak` of neighbours in the file (those are left to spans). */
+static void check_gather(const uint64_t *idx, size_t n, size_t *pos, const bw__rp_gather *g,
+                         const uint8_t *const *p, size_t streak)
+{
+    assert_int_equal(g->size, ROW);
+    assert_int_equal(g->first, idx[*pos]);
+    size_t run = 0;
+    for (size_t k = 0; k < g->n; k++) {
+        assert_true(*pos < n);
+        uint64_t i = idx[*pos];
+        assert_true((i < 100) == (g->first < 100)); /* one file's rows (s0.npy: 0-99) */
+        for (size_t j = 0; j < ROW; j++)
+            assert_int_equal(p[k][j], row_byte(i, j));
+        run = k && p[k] == p[k - 1] + ROW ? run + 1 : 1;
+        assert_true(run < streak);
+        (*pos)++;
+    }
+}
+
+/* One read of idx, taken as `how` says (reading). Checks every sample's key and bytes and every
+ * span's and gather's form; returns the samples served before the read ended (*rc: BW_RP_END
+ * or the error). */
+static size_t read_with(bw__wds *e, const uint64_t *idx, size_t n, reading *how, bw__data_stats *st,
+                        int *rc)
 {
     bw__rp *rp = bw__rp_samples(e, idx, n, st);
     assert_non_null(rp);
-    size_t pos = 0;
-    *widest = 0;
+    size_t pos = 0, max = how->max;
+    uint64_t max_bytes = how->max_bytes;
+    const uint8_t *gp[64];
+    assert_true(how->gather <= 64);
+    how->widest = how->widest_gather = how->gathers = 0;
     for (;;) {
+        if (how->gather) {
+            bw__rp_gather g = {0};
+            *rc =
+                bw__rp_next_gather(rp, how->gather, 1 << 20, how->below, gp, &g, err, sizeof(err));
+            if (*rc != BW_OK)
+                break;
+            if (g.n) {
+                assert_true(g.n <= how->gather);
+                check_gather(idx, n, &pos, &g, gp, (size_t)((how->below + ROW - 1) / ROW));
+                how->widest_gather = g.n > how->widest_gather ? g.n : how->widest_gather;
+                how->gathers++;
+                continue;
+            }
+        }
         bw__rp_span sp = {0};
         if (max) {
             *rc = bw__rp_next_span(rp, max, max_bytes, &sp, err, sizeof(err));
@@ -371,7 +418,7 @@ static size_t read_all(bw__wds *e, const uint64_t *idx, size_t n, size_t max, ui
                     assert_int_equal(sp.p[k * ROW + j], row_byte(sp.first + k, j));
                 pos++;
             }
-            *widest = sp.n > *widest ? sp.n : *widest;
+            how->widest = sp.n > how->widest ? sp.n : how->widest;
             continue;
         }
         bw__rp_rec r;
@@ -389,6 +436,128 @@ static size_t read_all(bw__wds *e, const uint64_t *idx, size_t n, size_t max, ui
     assert_int_equal(bw__rp_count(rp), pos);
     bw__rp_close(rp);
     return pos;
+}
+
+/* read_with spans alone (max 0: bw__rp_next alone); *widest: the most a span held. */
+static size_t read_all(bw__wds *e, const uint64_t *idx, size_t n, size_t max, uint64_t max_bytes,
+                       bw__data_stats *st, int *rc, size_t *widest)
+{
+    reading how = {0, 0, max, max_bytes, 0, 0, 0};
+    size_t served = read_with(e, idx, n, &how, st, rc);
+    *widest = how.widest;
+    return served;
+}
+
+/* ---- the file checks of spans and gathers ---- */
+
+/* The read's next samples as a span or a gather of at most `max` (at most 8): how many (0 where
+ * there is none), *rc the call's result. */
+typedef size_t (*take_fn)(bw__rp *rp, size_t max, int *rc);
+
+static size_t take_span(bw__rp *rp, size_t max, int *rc)
+{
+    bw__rp_span sp = {0};
+    *rc = bw__rp_next_span(rp, max, 1 << 20, &sp, err, sizeof(err));
+    return sp.n;
+}
+
+static size_t take_gather(bw__rp *rp, size_t max, int *rc)
+{
+    const uint8_t *gp[8];
+    bw__rp_gather g = {0};
+    assert_true(max <= 8);
+    *rc = bw__rp_next_gather(rp, max, 1 << 20, 4 * ROW, gp, &g, err, sizeof(err));
+    return g.n;
+}
+
+/* The read's samples, taken `max` at a time until none is left or a call fails: how many were
+ * taken after the first call (which must take `max`), and that call's result. `between` runs
+ * once, after the first call. */
+static size_t take_all(take_fn take, bw__rp *rp, size_t max, void (*between)(const char *),
+                       const char *arg, int *rc)
+{
+    assert_int_equal(take(rp, max, rc), max);
+    assert_int_equal(*rc, BW_OK);
+    between(arg);
+    size_t served = max, k;
+    while ((k = take(rp, max, rc)) > 0 && *rc == BW_OK)
+        served += k;
+    return served;
+}
+
+/* Spans and gathers (take) check the files as bw__rp_next does: the first record of a file
+ * before its bytes are handed on, again once 64 records and 256 KiB have been read from it,
+ * and every file served from at the end. Over files P0.npy (rows 0-99) and P1.npy (100-199),
+ * and Pbig.npy, every `step`-th row (1: spans, neighbours; 2: gathers, none). */
+static void files_checked(take_fn take, const char *prefix, uint64_t step)
+{
+    char f0[32], f1[32], fbig[32], glob[32], want[64];
+    snprintf(f0, sizeof(f0), "%s0.npy", prefix);
+    snprintf(f1, sizeof(f1), "%s1.npy", prefix);
+    snprintf(fbig, sizeof(fbig), "%sbig.npy", prefix);
+    snprintf(glob, sizeof(glob), "%s[01].npy", prefix);
+    write_rows(f0, 0, 100);
+    write_rows(f1, 100, 100);
+    bw__ds_cache *c = bw__ds_cache_new(root);
+    char *srcs[] = {glob};
+    Batchwire__V1__Dataset d = spec("npy", srcs, 1);
+    bw__wds *e = NULL;
+    int rc;
+
+    /* P0 changed after the read's first span or gather of it: the read may go on (the next
+     * check is CHECK_EVERY records later) but cannot end well */
+    uint64_t first[20];
+    for (uint64_t i = 0; i < 20; i++)
+        first[i] = i * step;
+    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    bw__rp *rp = bw__rp_samples(e, first, 20, NULL);
+    assert_int_equal(take_all(take, rp, 4, touch_in_place, f0, &rc), 20);
+    assert_int_equal(rc, BW_OK);
+    bw__rp_rec r;
+    assert_int_equal(bw__rp_next(rp, &r, err, sizeof(err)), BW_FAILED_PRECONDITION);
+    snprintf(want, sizeof(want), "%s changed on disk", f0);
+    assert_non_null(strstr(err, want));
+    bw__rp_close(rp); /* and with it the dataset it was opened on */
+
+    /* a file changed before the read's first record of it: refused before any byte of it
+     * (the dataset opened before the change, as a read that began before it holds it) */
+    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    touch_in_place(f1);
+    uint64_t late[] = {100, 100 + step};
+    rp = bw__rp_samples(e, late, 2, NULL);
+    assert_int_equal(take(rp, 8, &rc), 0);
+    assert_int_equal(rc, BW_FAILED_PRECONDITION);
+    snprintf(want, sizeof(want), "%s changed on disk", f1);
+    assert_non_null(strstr(err, want));
+    bw__rp_close(rp); /* and with it the dataset it was opened on */
+    bw__ds_cache_free(c);
+
+    /* ... and once 64 records and 256 KiB have been read from a file since its last check, a
+     * span or gather checks it again: rows of 48 bytes, 8 at a time, the first 8 checked --
+     * the call that brings the count past 256 KiB is refused, none before it */
+    enum { BIG = 6000 };
+    write_rows(fbig, 0, BIG * step);
+    char *big[] = {fbig};
+    d = spec("npy", big, 1);
+    c = bw__ds_cache_new(root);
+    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    uint64_t *all = malloc(BIG * sizeof(*all));
+    assert_non_null(all);
+    for (uint64_t i = 0; i < BIG; i++)
+        all[i] = i * step;
+    rp = bw__rp_samples(e, all, BIG, NULL);
+    size_t served = take_all(take, rp, 8, touch_in_place, fbig, &rc);
+    assert_int_equal(rc, BW_FAILED_PRECONDITION);
+    size_t rows_due = ((256u << 10) + ROW - 1) / ROW; /* 5462 rows after the first 8 */
+    assert_int_equal(served, 8 + ((rows_due + 7) / 8 - 1) * 8);
+    snprintf(want, sizeof(want), "%s changed on disk", fbig);
+    assert_non_null(strstr(err, want));
+    bw__rp_close(rp);
+    free(all);
+    bw__ds_cache_free(c);
 }
 
 /* Spans serve what bw__rp_next serves, counted alike, and check the files as it does: the
@@ -437,71 +606,66 @@ static void test_spans(void **state)
         assert_int_equal(a.record_bytes_read, b.record_bytes_read);
     }
 
-    /* s0 changed after the read's first span of it: the read may go on (the next check is
-     * CHECK_EVERY records later) but cannot end well */
-    uint64_t first[20];
-    for (uint64_t i = 0; i < 20; i++)
-        first[i] = i;
-    assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
-    bw__rp *rp = bw__rp_samples(e2, first, 20, NULL);
-    bw__rp_span sp;
-    assert_int_equal(bw__rp_next_span(rp, 4, 1 << 20, &sp, err, sizeof(err)), BW_OK);
-    assert_int_equal(sp.n, 4);
-    touch_in_place("s0.npy");
-    size_t served = 4;
-    while ((rc = bw__rp_next_span(rp, 4, 1 << 20, &sp, err, sizeof(err))) == BW_OK && sp.n)
-        served += sp.n;
-    assert_int_equal(rc, BW_OK);
-    assert_int_equal(served, 20);
-    bw__rp_rec r;
-    assert_int_equal(bw__rp_next(rp, &r, err, sizeof(err)), BW_FAILED_PRECONDITION);
-    assert_non_null(strstr(err, "s0.npy changed on disk"));
-    bw__rp_close(rp);
-
-    /* a file changed before the read's first record of it: refused before any byte of it
-     * (the dataset opened before the change, as a read that began before it holds it) */
-    assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
-    assert_int_equal(bw__dataset_index(bw__ds_dataset(e2), err, sizeof(err)), BW_OK);
-    touch_in_place("s1.npy");
-    uint64_t late[] = {100, 101};
-    rp = bw__rp_samples(e2, late, 2, NULL);
-    assert_int_equal(bw__rp_next_span(rp, 8, 1 << 20, &sp, err, sizeof(err)),
-                     BW_FAILED_PRECONDITION);
-    assert_non_null(strstr(err, "s1.npy changed on disk"));
-    bw__rp_close(rp);
     bw__ds_put(e);
     bw__ds_cache_free(c);
+    files_checked(take_span, "s", 1);
+}
 
-    /* ... and once 64 records and 256 KiB have been read from a file since its last check, a
-     * span checks it again: rows of 48 bytes, spans of 8, the first span checked -- the span
-     * that brings the count past 256 KiB is refused, none before it */
-    enum { BIG = 6000 };
-    write_rows("big.npy", 0, BIG);
-    char *big[] = {"big.npy"};
-    d = spec("npy", big, 1);
-    c = bw__ds_cache_new(root);
+/* Gathers (bw__rp_next_gather) serve what bw__rp_next serves, counted alike: the small samples
+ * due, one file's at a time, leaving neighbours in the file that make `below` bytes to spans;
+ * and check the files as spans do. */
+static void test_gathers(void **state)
+{
+    (void)state;
+    write_rows("g0.npy", 0, 100);
+    write_rows("g1.npy", 100, 100);
+    bw__ds_cache *c = bw__ds_cache_new(root);
+    char *srcs[] = {"g*.npy"};
+    Batchwire__V1__Dataset d = spec("npy", srcs, 1);
+    bw__wds *e = NULL;
     assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
     assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
-    uint64_t *all = malloc(BIG * sizeof(*all));
-    assert_non_null(all);
-    for (uint64_t i = 0; i < BIG; i++)
-        all[i] = i;
+
+    /* neighbours, gaps, a file boundary, repeats, backwards, then a long run */
+    uint64_t idx[128] = {0,  2,  4,  5,   6,   7, 8, 20, 50,  52, 53,
+                         54, 98, 99, 100, 101, 3, 4, 4,  199, 0};
+    size_t n = 21;
+    for (uint64_t i = 150; i < 200; i++)
+        idx[n++] = i;
+    bw__data_stats a, b;
+    memset(&b, 0, sizeof(b));
+    int rc;
+    size_t widest;
+    bw__wds *e2 = NULL;
     assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
-    rp = bw__rp_samples(e2, all, BIG, NULL);
-    assert_int_equal(bw__rp_next_span(rp, 8, 1 << 20, &sp, err, sizeof(err)), BW_OK);
-    assert_int_equal(sp.n, 8);
-    touch_in_place("big.npy");
-    served = 8;
-    while ((rc = bw__rp_next_span(rp, 8, 1 << 20, &sp, err, sizeof(err))) == BW_OK && sp.n)
-        served += sp.n;
-    assert_int_equal(rc, BW_FAILED_PRECONDITION);
-    size_t rows_due = ((256u << 10) + ROW - 1) / ROW; /* 5462 rows after the first span */
-    assert_int_equal(served, 8 + ((rows_due + 7) / 8 - 1) * 8);
-    assert_non_null(strstr(err, "big.npy changed on disk"));
-    bw__rp_close(rp);
-    free(all);
+    assert_int_equal(read_all(e2, idx, n, 0, 0, &b, &rc, &widest), n);
+    /* {gather, below}, and what must come of it: the widest gather, how many, the widest span.
+     * Below 4 rows: [0 2] (4 5 6 7 8 make a streak: a span) [20 50 52 53 54 98 99] (100: another
+     * file) [100 101] [3 4 4] [199] [0], then 150-199 a span. */
+    struct {
+        size_t gather;
+        uint64_t below;
+        size_t widest_gather, gathers, widest;
+    } cases[] = {{64, 4 * ROW, 7, 6, 50},
+                 {2, 4 * ROW, 2, 10, 50},
+                 {64, ROW, 0, 0, 50},
+                 {64, 1 << 20, 50, 6, 0}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(*cases); k++) {
+        memset(&a, 0, sizeof(a));
+        reading how = {cases[k].gather, cases[k].below, 1000, 1 << 20, 0, 0, 0};
+        assert_int_equal(bw__ds_get(c, &d, &e2, err, sizeof(err)), BW_OK);
+        assert_int_equal(read_with(e2, idx, n, &how, &a, &rc), n);
+        assert_int_equal(rc, BW_RP_END);
+        assert_int_equal(how.widest_gather, cases[k].widest_gather);
+        assert_int_equal(how.gathers, cases[k].gathers);
+        assert_int_equal(how.widest, cases[k].widest);
+        assert_int_equal(a.records_read, b.records_read);
+        assert_int_equal(a.record_bytes_read, b.record_bytes_read);
+    }
+
     bw__ds_put(e);
     bw__ds_cache_free(c);
+    files_checked(take_gather, "g", 2);
 }
 
 int main(void)
@@ -509,7 +673,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_samples_chunked), cmocka_unit_test(test_stream_records),
         cmocka_unit_test(test_corrupt_midway),  cmocka_unit_test(test_cache_budgets),
-        cmocka_unit_test(test_spans),
+        cmocka_unit_test(test_spans),           cmocka_unit_test(test_gathers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
