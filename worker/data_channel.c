@@ -363,8 +363,9 @@ static void put_span(wbuf *o, const bw__rp_span *sp)
 
 /* Small samples gathered (bw__rp_next_gather), all of one size, from anywhere in a dataset's
  * mapping: they join the open run when it is of their size, else open one, and are copied into
- * the stage one after the other (neighbours in the file with one copy), as put_bytes copies such
- * samples one at a time. */
+ * the stage one after the other, as put_bytes copies such samples one at a time, each sample
+ * BW_RP_PREFETCH_AHEAD places on asked for as one is copied (the read path asked for the first
+ * ones). */
 static void put_gather(wbuf *o, const bw__rp_gather *g)
 {
     run *u = run_join(o, g->first, g->n, g->size);

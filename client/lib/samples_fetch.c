@@ -66,11 +66,64 @@ static void sort_by_source(uint64_t *pairs, uint64_t *tmp, size_t n, const uint3
     memcpy(pairs, tmp, n * 2 * sizeof(uint64_t));
 }
 
-/* The batch's distinct samples (indices; for a mixture, (source, index) pairs), sorted, with
- * their first position; uid[pos] = item. Padding repeats a sample: it is fetched once. */
+/* The distinct indices of a batch of one dataset, in batch order (the order of their first
+ * places), each with its first place; uid[pos] = item. A batch in index order (plan order)
+ * compares neighbours; another (shuffled, or padded: padding repeats the first indices) finds
+ * repeats in a hash table. Not sorted: a shuffled batch's samples then reach each worker's
+ * request in batch order, so the samples one worker sends land in runs of neighbouring places
+ * (about two with two workers) rather than one place each -- about half as many pieces for the
+ * client to receive into -- and the workers gather them wherever they lie anyway (sorting each
+ * batch was 8.6 % of the client's time at 256-byte samples shuffled; docs/performance.md,
+ * "Per-sample cost, eleventh pass"). */
+static int dedupe_indices(const bw_batch *b, uint64_t max_size, bw__fetch_item *w, size_t *nout,
+                          size_t *uid)
+{
+    size_t n = b->count, m = 0;
+    const uint64_t *idx = b->indices;
+    bool sorted = true;
+    for (size_t i = 1; i < n && sorted; i++)
+        sorted = idx[i] >= idx[i - 1];
+    if (sorted) {
+        for (size_t i = 0; i < n; i++) {
+            if (i == 0 || idx[i] != idx[i - 1]) /* the whole item (not cleared before) */
+                w[m++] = (bw__fetch_item){.key = idx[i], .first = i, .max_size = max_size};
+            uid[i] = m - 1;
+        }
+        *nout = m;
+        return BW_OK;
+    }
+    unsigned bits = 1;
+    while (((size_t)1 << bits) < 2 * n)
+        bits++;
+    size_t mask = ((size_t)1 << bits) - 1;
+    size_t *slot = malloc((mask + 1) * sizeof(*slot)); /* item + 1; 0: empty */
+    if (!slot)
+        return BW_NOMEM;
+    memset(slot, 0, (mask + 1) * sizeof(*slot));
+    for (size_t i = 0; i < n; i++) {
+        size_t h = (size_t)((idx[i] * 0x9e3779b97f4a7c15ull) >> (64 - bits));
+        while (slot[h] && w[slot[h] - 1].key != idx[i])
+            h = (h + 1) & mask;
+        if (!slot[h]) {
+            w[m] = (bw__fetch_item){.key = idx[i], .first = i, .max_size = max_size};
+            slot[h] = ++m;
+        }
+        uid[i] = slot[h] - 1;
+    }
+    free(slot);
+    *nout = m;
+    return BW_OK;
+}
+
+/* The batch's distinct samples (indices; for a mixture, (source, index) pairs) with their first
+ * position; uid[pos] = item. Padding repeats a sample: it is fetched once. A mixture's are
+ * sorted, so that each source's samples are together (samples_join); one dataset's come in
+ * batch order (dedupe_indices). */
 static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item *w, size_t *nout,
                   size_t *uid)
 {
+    if (!b->mixture)
+        return dedupe_indices(b, max_size, w, nout, uid);
     size_t n = b->count;
     uint64_t *pairs = malloc((n ? n : 1) * 4 * sizeof(uint64_t)); /* and sort_pairs' tmp */
     if (!pairs)
