@@ -72,7 +72,9 @@ def messages(msgs):
 def keys_of(n, stream):
     if stream:
         return [FIRST_RECORD + i for i in range(n)]
-    return sorted(set(BATCH[:n]))
+    # the distinct indices in batch order, as the client asks for them (samples_fetch.c,
+    # dedupe_indices)
+    return list(dict.fromkeys(BATCH[:n]))
 
 
 class Worker:

@@ -701,16 +701,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         bw__stream_free(sc);
         bw__plan_free(plan);
     } else {
-        for (size_t i = 0; i < n; i++) { /* the distinct indices, sorted: the request's order */
+        /* the distinct indices in batch order (their first places): the request's order */
+        for (size_t i = 0; i < n; i++) {
             b.indices[i] = BATCH[i];
-            size_t j = m;
-            while (j > 0 && keys[j - 1] > BATCH[i])
-                j--;
-            if (j > 0 && keys[j - 1] == BATCH[i])
-                continue;
-            memmove(keys + j + 1, keys + j, (m - j) * sizeof(keys[0]));
-            keys[j] = BATCH[i];
-            m++;
+            size_t j = 0;
+            while (j < m && keys[j] != BATCH[i])
+                j++;
+            if (j == m)
+                keys[m++] = BATCH[i];
         }
         rc = bw__fetch_batch(&ctx, &b);
     }
