@@ -358,11 +358,16 @@ static int read_raw(bw__rp *rp, bw__rp_rec *out, size_t *srcp, char *err, size_t
 }
 
 /* The read's next k samples of `size` bytes, from source src of the current dataset, are served
- * together (a span or a gather): the file's identity checked before their bytes go to a
- * transport, as read_raw checks it, and counted as read_raw and serve count each. BW_OK, or
- * the changed-file error (nothing taken). */
-static int take(bw__rp *rp, size_t src, size_t k, uint64_t size, char *err, size_t errlen)
+ * together (a span or a gather): the samples from place `ahead` (the read's first call: from
+ * its first) to PREFETCH_AHEAD places past them prefetched, as bw__rp_next prefetches each
+ * (read_raw) -- a caller that prefetches some of its own as it copies them starts later -- the
+ * file's identity checked before their bytes go to a transport, as read_raw checks it, and
+ * counted as read_raw and serve count each. BW_OK, or the changed-file error (nothing taken). */
+static int take(bw__rp *rp, size_t src, size_t k, uint64_t size, size_t ahead, char *err,
+                size_t errlen)
 {
+    for (size_t a = rp->pos ? ahead : 0; a < rp->pos + k + PREFETCH_AHEAD; a++)
+        prefetch(rp, a);
     rp_progress *at = &rp->now.at;
     if (check_due(at, src, k, k * size, false)) {
         char why[1024];
@@ -426,10 +431,8 @@ int bw__rp_next_span(bw__rp *rp, size_t max, uint64_t max_bytes, bw__rp_span *ou
            (!rp->nparts || rp->of[rp->pos + k] == rp->cur) &&
            s->ops->locate(s, rel + k, &len) == p + k * size && len == size)
         k++;
-    /* prefetched as bw__rp_next prefetches each (read_raw) */
-    for (size_t a = rp->pos ? rp->pos + PREFETCH_AHEAD : 0; a < rp->pos + k + PREFETCH_AHEAD; a++)
-        prefetch(rp, a);
-    int rc = take(rp, src, k, size, err, errlen);
+    /* the first PREFETCH_AHEAD were prefetched with what came before them */
+    int rc = take(rp, src, k, size, rp->pos + PREFETCH_AHEAD, err, errlen);
     if (rc != BW_OK)
         return rc;
     *out = (bw__rp_span){first, k, size, p};
@@ -475,12 +478,9 @@ int bw__rp_next_gather(bw__rp *rp, size_t max, uint64_t max_bytes, uint64_t belo
         k = cap;
     if (k == 0) /* the streak begins with the next sample */
         return BW_OK;
-    /* prefetched as bw__rp_next prefetches each (read_raw): the caller asks for p[i +
-     * BW_RP_PREFETCH_AHEAD] as it copies p[i], and this for the next call's first ones (the
-     * first call: for its own too) -- spread over the copies, not all at once */
-    for (size_t a = rp->pos ? rp->pos + k : 0; a < rp->pos + k + PREFETCH_AHEAD; a++)
-        prefetch(rp, a);
-    int rc = take(rp, src, k, size, err, errlen);
+    /* the caller asks for p[i + BW_RP_PREFETCH_AHEAD] as it copies p[i]: this, only for the
+     * next call's first ones -- spread over the copies, not all at once */
+    int rc = take(rp, src, k, size, rp->pos + k, err, errlen);
     if (rc != BW_OK)
         return rc;
     *out = (bw__rp_gather){first, k, size};

@@ -128,7 +128,7 @@ static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item *w, size_
     uint64_t *pairs = malloc((n ? n : 1) * 4 * sizeof(uint64_t)); /* and sort_pairs' tmp */
     if (!pairs)
         return BW_NOMEM;
-    const uint32_t *src = b->mixture ? b->sources : NULL; /* BW__MIX_MAX_SOURCES is 256 */
+    const uint32_t *src = b->sources; /* BW__MIX_MAX_SOURCES is 256 */
     /* A mixture's (source, index) pairs sort as one key, the source in the bits above the
      * batch's largest index: one radix sort, whose passes over the index's top byte order the
      * sources too (a second sort by source was ~1.5 % of a 2-source fetch's instructions at
@@ -136,13 +136,13 @@ static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item *w, size_
      * large to leave room for the source take the second sort. */
     uint64_t most = 0;
     uint32_t smost = 0;
-    for (size_t i = 0; src && i < n; i++) {
+    for (size_t i = 0; i < n; i++) {
         most |= b->indices[i];
         smost |= src[i];
     }
     unsigned shift = most ? 64 - (unsigned)__builtin_clzll(most) : 0;
     unsigned sbits = smost ? 32 - (unsigned)__builtin_clz(smost) : 0;
-    bool fold = src && sbits && shift + sbits <= 64; /* then shift < 64 */
+    bool fold = sbits && shift + sbits <= 64; /* then shift < 64 */
     for (size_t i = 0; fold && i < n; i++) {
         pairs[2 * i] = b->indices[i] | (uint64_t)src[i] << shift;
         pairs[2 * i + 1] = i;
@@ -152,17 +152,17 @@ static int dedupe(const bw_batch *b, uint64_t max_size, bw__fetch_item *w, size_
         pairs[2 * i + 1] = i;
     }
     sort_pairs(pairs, pairs + 2 * n, n);
-    if (src && sbits && !fold)
+    bool by_src = sbits && !fold; /* equal keys may still differ in source */
+    if (by_src)
         sort_by_source(pairs, pairs + 2 * n, n, src);
     uint64_t mask = fold ? ((uint64_t)1 << shift) - 1 : UINT64_MAX;
-    bool by_src = src && sbits && !fold; /* equal keys may still differ in source */
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (i == 0 || pairs[2 * i] != pairs[2 * i - 2] ||
             (by_src && src[pairs[2 * i + 1]] != src[pairs[2 * i - 1]])) {
             /* the whole item (bw__fetch_batches does not clear them first) */
             w[m++] = (bw__fetch_item){.key = pairs[2 * i] & mask,
-                                      .src = src ? src[pairs[2 * i + 1]] : 0,
+                                      .src = src[pairs[2 * i + 1]],
                                       .first = (size_t)pairs[2 * i + 1],
                                       .max_size = max_size};
         }

@@ -450,6 +450,25 @@ static size_t read_all(bw__wds *e, const uint64_t *idx, size_t n, size_t max, ui
 
 /* ---- the file checks of spans and gathers ---- */
 
+/* Dataset d from cache c, indexed: a reference the caller puts (or a read opened on it closes). */
+static bw__wds *opened(bw__ds_cache *c, const Batchwire__V1__Dataset *d)
+{
+    bw__wds *e = NULL;
+    assert_int_equal(bw__ds_get(c, d, &e, err, sizeof(err)), BW_OK);
+    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    return e;
+}
+
+/* Files P0.npy (rows 0-99) and P1.npy (rows 100-199). */
+static void write_pair(const char *prefix)
+{
+    char name[32];
+    snprintf(name, sizeof(name), "%s0.npy", prefix);
+    write_rows(name, 0, 100);
+    snprintf(name, sizeof(name), "%s1.npy", prefix);
+    write_rows(name, 100, 100);
+}
+
 /* The read's next samples as a span or a gather of at most `max` (at most 8): how many (0 where
  * there is none), *rc the call's result. */
 typedef size_t (*take_fn)(bw__rp *rp, size_t max, int *rc);
@@ -496,8 +515,7 @@ static void files_checked(take_fn take, const char *prefix, uint64_t step)
     snprintf(f1, sizeof(f1), "%s1.npy", prefix);
     snprintf(fbig, sizeof(fbig), "%sbig.npy", prefix);
     snprintf(glob, sizeof(glob), "%s[01].npy", prefix);
-    write_rows(f0, 0, 100);
-    write_rows(f1, 100, 100);
+    write_pair(prefix);
     bw__ds_cache *c = bw__ds_cache_new(root);
     char *srcs[] = {glob};
     Batchwire__V1__Dataset d = spec("npy", srcs, 1);
@@ -509,8 +527,7 @@ static void files_checked(take_fn take, const char *prefix, uint64_t step)
     uint64_t first[20];
     for (uint64_t i = 0; i < 20; i++)
         first[i] = i * step;
-    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
-    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    e = opened(c, &d);
     bw__rp *rp = bw__rp_samples(e, first, 20, NULL);
     assert_int_equal(take_all(take, rp, 4, touch_in_place, f0, &rc), 20);
     assert_int_equal(rc, BW_OK);
@@ -522,8 +539,7 @@ static void files_checked(take_fn take, const char *prefix, uint64_t step)
 
     /* a file changed before the read's first record of it: refused before any byte of it
      * (the dataset opened before the change, as a read that began before it holds it) */
-    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
-    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    e = opened(c, &d);
     touch_in_place(f1);
     uint64_t late[] = {100, 100 + step};
     rp = bw__rp_samples(e, late, 2, NULL);
@@ -542,8 +558,7 @@ static void files_checked(take_fn take, const char *prefix, uint64_t step)
     char *big[] = {fbig};
     d = spec("npy", big, 1);
     c = bw__ds_cache_new(root);
-    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
-    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    e = opened(c, &d);
     uint64_t *all = malloc(BIG * sizeof(*all));
     assert_non_null(all);
     for (uint64_t i = 0; i < BIG; i++)
@@ -566,14 +581,11 @@ static void files_checked(take_fn take, const char *prefix, uint64_t step)
 static void test_spans(void **state)
 {
     (void)state;
-    write_rows("s0.npy", 0, 100);
-    write_rows("s1.npy", 100, 100);
+    write_pair("s");
     bw__ds_cache *c = bw__ds_cache_new(root);
     char *srcs[] = {"s*.npy"};
     Batchwire__V1__Dataset d = spec("npy", srcs, 1);
-    bw__wds *e = NULL;
-    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
-    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    bw__wds *e = opened(c, &d);
     assert_int_equal(bw__ds_dataset(e)->length, 200);
 
     /* runs, gaps, a file boundary inside a run, repeats, backwards */
@@ -617,14 +629,11 @@ static void test_spans(void **state)
 static void test_gathers(void **state)
 {
     (void)state;
-    write_rows("g0.npy", 0, 100);
-    write_rows("g1.npy", 100, 100);
+    write_pair("g");
     bw__ds_cache *c = bw__ds_cache_new(root);
     char *srcs[] = {"g*.npy"};
     Batchwire__V1__Dataset d = spec("npy", srcs, 1);
-    bw__wds *e = NULL;
-    assert_int_equal(bw__ds_get(c, &d, &e, err, sizeof(err)), BW_OK);
-    assert_int_equal(bw__dataset_index(bw__ds_dataset(e), err, sizeof(err)), BW_OK);
+    bw__wds *e = opened(c, &d);
 
     /* neighbours, gaps, a file boundary, repeats, backwards, then a long run */
     uint64_t idx[128] = {0,  2,  4,  5,   6,   7, 8, 20, 50,  52, 53,
