@@ -7,9 +7,10 @@
   then a ReadSamples request gets RUN frames -- one header for the request's samples of one
   size, in request order, whatever their indices (back to back in the file, scattered,
   repeated) -- whose bytes are numpy's rows, then END with the count; 4 KiB rows, 256-byte
-  rows (copied, or sent from the file when back to back) and 40 KiB rows alike; an error
-  after the samples (an index out of range at the end) still comes as an ERROR frame, with the
-  samples before it complete; a FEATURES answer of 0 bits turns runs off again;
+  rows (copied -- gathered when scattered -- or sent from the file when back to back) and 40
+  KiB rows alike; a request with an index out of range at its end is refused whole, before
+  any sample, with an ERROR frame naming the index and its position (runs on, and scattered
+  small rows before it); a FEATURES answer of 0 bits turns runs off again;
 * a FEATURES request whose body is not 8 bytes gets ERROR BW_PROTOCOL and the connection is
   closed; the worker keeps serving;
 * `batchwire fetch` (which sends FEATURES) and a fetch over gRPC give the same per-batch
@@ -157,6 +158,17 @@ def test(tmpdir):
     out, tail = frames(s, "an index out of range after three")
     bt.check(tail[0] == "error" and tail[1] == dc.BW_OUT_OF_RANGE and "300" in tail[2],
              "an index out of range is an ERROR frame with runs on", tail)
+    # scattered small rows (the worker gathers them), then an index out of range: the request is
+    # refused whole when it is opened -- no row before it is sent -- naming index and position
+    idx = [int(i) for i in rng.permutation(2000)[:300]]
+    s.sendall(dc.frame(dc.request(pbm, ["r256.npy"], idx + [2000, 7])))
+    out, tail = frames(s, "scattered small rows, then an index out of range")
+    bt.check(not out and tail[0] == "error" and tail[1] == dc.BW_OUT_OF_RANGE and
+             "index 2000 requested (position 300)" in tail[2],
+             "scattered small rows then an index out of range: refused whole, an ERROR frame "
+             "naming the index and its position, no row before it", (len(out), tail))
+    s.sendall(dc.frame(dc.request(pbm, ["r256.npy"], idx)))
+    expect(s, rows["r256.npy"], idx, "the same rows without it", runs=True)
     s.sendall(dc.frame(dc.request(pbm, ["r4k.npy"], [5, 6])))
     expect(s, rows["r4k.npy"], [5, 6], "the request after the error", runs=True)
     bt.check(features(s, 0, "FEATURES offering nothing") == 0, "FEATURES 0 is answered 0")
