@@ -27,16 +27,17 @@
  *
  * With --placement SHARDS (and ORDER, or "-" for the range's own order, and SAMPLE), each
  * batch is split as the fetch splits it over CONNS workers with ids w0, w1, ... (bench_client.py
- * names its workers so): sample i goes over connection owner(i mod SHARDS), the rendezvous
- * owner of its storage shard (core/placement, BW_SHARD_MODULO -- the loader routes by 256
- * shards). The sender gathers its samples of the batch with writev, neighbours in the file as
- * one piece; the receiver scatters them into their places in the batch with readv, neighbours
- * in the batch as one piece, into batch buffers of its own -- what the fetch's two ends do with
- * a worker's samples, without the protocol (docs/performance.md, "Per-sample cost, eleventh
- * pass"). --check compares every sample received so with the file. --copy-below BYTES copies
- * the pieces smaller than BYTES into a send buffer first and sends them from there as one
- * piece (the workers do so below 1 KiB: many small pieces cost the kernel more than the copy).
- * A run that fails prints no rate.
+ * names its workers so): sample i goes over connection owner(shard(i)), the rendezvous owner
+ * of its storage shard -- that of its block of neighbouring samples, the loader's block for
+ * FILE as the dataset (bw__placement_block of the range's samples and the file's size), modulo
+ * SHARDS (core/placement, BW_SHARD_MODULO -- the loader routes by 256 shards). The sender gathers
+ * its samples of the batch with writev, neighbours in the file as one piece; the receiver scatters
+ * them into their places in the batch with readv, neighbours in the batch as one piece, into batch
+ * buffers of its own -- what the fetch's two ends do with a worker's samples, without the protocol
+ * (docs/performance.md, "Per-sample cost, eleventh pass"). --check compares every sample received
+ * so with the file. --copy-below BYTES copies the pieces smaller than BYTES into a send buffer
+ * first and sends them from there as one piece (the workers do so below 1 KiB: many small pieces
+ * cost the kernel more than the copy). A run that fails prints no rate.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -64,6 +65,7 @@ enum { MAX_CONNS = 16, IOV_BATCH = 1024 };
 /* --placement: which connection carries each storage shard's samples. */
 typedef struct split {
     uint32_t shards; /* 0: no split by placement (parts by position) */
+    uint32_t block;  /* neighbouring samples placed together, as the loader places them */
     uint8_t owner[4096];
 } split;
 
@@ -149,7 +151,8 @@ static uint64_t sample_at(const uint64_t *order, uint64_t k)
 /* Whether connection `part` carries sample i (always, without a split by placement). */
 static bool carries(const split *sp, unsigned part, uint64_t i)
 {
-    return !sp->shards || sp->owner[bw__placement_shard(i, sp->shards, BW_SHARD_MODULO)] == part;
+    return !sp->shards ||
+           sp->owner[bw__placement_shard(i, sp->block, sp->shards, BW_SHARD_MODULO)] == part;
 }
 
 /* Copies the pieces of iov[0..n) under `below` bytes into stage, in order, neighbours there
@@ -443,6 +446,8 @@ int main(int argc, char **argv)
                 argv[1], bytes, offset);
         return 1;
     }
+    if (sp.shards)
+        sp.block = bw__placement_block(bytes / sample, (uint64_t)st.st_size, sp.shards);
     uint8_t *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (map == MAP_FAILED) {

@@ -674,8 +674,8 @@ static int open_multi(bw_worker *w, const char *peer, const Batchwire__V1__ReadS
                       const uint64_t *idx, size_t n, uint64_t deadline_ms, bw__rp **out, char *err,
                       size_t errlen);
 
-/* ReadSamples: ownership of every index's shard under rt (by source: of the source of its own
- * dataset holding it). */
+/* ReadSamples: ownership of every index's shard under rt -- its block's (Routing.block_samples),
+ * or, by source, that of the source of its own dataset holding it. */
 static int check_indices_owner(bw_worker *w, const bw__rp *rp, const Batchwire__V1__Routing *rt,
                                char *err, size_t errlen)
 {
@@ -686,10 +686,10 @@ static int check_indices_owner(bw_worker *w, const bw__rp *rp, const Batchwire__
         return no_memory("ReadSamples", err, errlen);
     uint32_t ns = rt->num_shards ? rt->num_shards : 1;
     for (size_t i = 0; i < rp->n; i++)
-        shards[i] =
-            rt->by_source
-                ? source_shard(rp->nparts ? rp->part[rp->of[i]].d : rp->now.d, rp->indices[i], rt)
-                : bw__placement_shard(rp->indices[i], ns, (bw_shard_mode)rt->shard_mode);
+        shards[i] = rt->by_source ? source_shard(rp->nparts ? rp->part[rp->of[i]].d : rp->now.d,
+                                                 rp->indices[i], rt)
+                                  : bw__placement_shard(rp->indices[i], rt->block_samples, ns,
+                                                        (bw_shard_mode)rt->shard_mode);
     int rc = check_owner(w, "ReadSamples", rt, shards, rp->n, err, errlen);
     free(shards);
     return rc;

@@ -634,8 +634,8 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
             for (size_t u = 0; u < n; u++)
                 if (!items[u].done)
                     shards[m++] = kind->shard ? kind->shard(kind->kctx, &items[u], p->num_shards)
-                                              : bw__placement_shard(items[u].key, p->num_shards,
-                                                                    BW_SHARD_MODULO);
+                                              : bw__placement_shard(items[u].key, ctx->block,
+                                                                    p->num_shards, BW_SHARD_MODULO);
             /* route[] by pending item, then spread over all items for make_requests */
             int rrc = bw__route_items(p, shards, m, &suspects, route);
             avoid_moved(ctx->avoid, p);

@@ -38,8 +38,9 @@ typedef struct bw__fetch_item {
 
 typedef struct bw__fetch_kind {
     uint32_t req_kind; /* BW_DCHAN_KIND_READ_SAMPLES or _READ_STREAM */
-    /* The storage shard (of num_shards) an item is routed by; NULL: its key's, modulo
-     * (bw__placement_shard, BW_SHARD_MODULO), without a call an item. */
+    /* The storage shard (of num_shards) an item is routed by; NULL: its key's block's
+     * (the context's block), modulo (bw__placement_shard, BW_SHARD_MODULO), without a call
+     * an item. */
     uint32_t (*shard)(void *kctx, const bw__fetch_item *it, uint32_t num_shards);
     /* Whether b may follow a in one request (both pending, a before b); NULL: any items of
      * one worker may. */
@@ -93,9 +94,13 @@ typedef struct bw__fetch_ctx {
     bw__transport preferred; /* the data channel (ops NULL: never) */
     bw__transport fallback;  /* gRPC: every worker has it */
     const Batchwire__V1__Dataset *dataset;
-    const char *fingerprint;    /* the dataset's, checked by workers */
-    uint64_t sample_bytes;      /* fixed sample size, 0 if samples differ */
-    uint64_t max_sample_bytes;  /* the largest sample a worker may announce */
+    const char *fingerprint;   /* the dataset's, checked by workers */
+    uint64_t sample_bytes;     /* fixed sample size, 0 if samples differ */
+    uint64_t max_sample_bytes; /* the largest sample a worker may announce */
+    /* Map-style samples are routed by the shard of their block of this many neighbouring
+     * indices (bw__placement_shard; 0 or 1: each alone), and requests say so
+     * (Routing.block_samples). */
+    uint32_t block;
     uint32_t max_message_bytes; /* asked of gRPC streams */
     int timeout_ms;             /* for one batch, all retries included */
     /* One attempt's: a worker that sends nothing for this long (or a gRPC call not done in

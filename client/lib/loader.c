@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "formats/field_table.h"
+#include "placement/placement.h"
 #include "gpu.h"
 #include "loader_state.h"
 #include "transport.h"
@@ -685,6 +686,12 @@ static int start(const bw_loader_options *o, const void *cursor, size_t cursor_l
     l->fctx.mix_infos = job->dataset->mix_sources;
     l->fctx.sample_bytes = job->dataset->layout ? job->dataset->layout->sample_bytes : 0;
     l->fctx.max_sample_bytes = largest_sample(job->dataset);
+    /* Neighbouring samples are placed together (docs/formats.md, "Shards and placement"); a
+     * mixture's sources share one placement, sample by sample. */
+    l->fctx.block = job->config->mixture
+                        ? 1
+                        : bw__placement_block(job->dataset->length, job->dataset->total_bytes,
+                                              BW_LOADER_NUM_SHARDS);
     l->fctx.max_message_bytes = 4u << 20;
     l->fctx.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
     l->fctx.field_table = l->fields == BW_FIELDS_TABLE;

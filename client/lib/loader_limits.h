@@ -4,7 +4,7 @@
 #define BW_CLIENT_LOADER_LIMITS_H
 
 enum {
-    BW_LOADER_NUM_SHARDS = 256, /* storage shards samples are routed by (modulo) */
+    BW_LOADER_NUM_SHARDS = 256, /* storage shards samples are routed by (blocks, modulo) */
     BW_LOADER_MAX_NDIM = 16,
     BW_LOADER_ERRLEN = 1024,
 };

@@ -243,6 +243,7 @@ static int samples_message(void *kctx, bw__fetch_item *const *items, size_t n,
     rt->placement_version = checked ? p->version : 0;
     rt->num_shards = p->num_shards;
     rt->shard_mode = BATCHWIRE__V1__SHARD_MODE__SHARD_MODE_MODULO;
+    rt->block_samples = ctx->block;
     batchwire__v1__read_samples_request__init(req);
     /* A mixture's request reads one source (samples_join), or, from a worker that speaks it,
      * several (docs/data-channel.md, "Several datasets in one request"). */
@@ -382,8 +383,8 @@ int bw__fetch_batches(const bw__fetch_ctx *ctx, bw_batch *const *bs, size_t nb)
     }
     at[nb] = n;
     samples_kctx kctx = {ctx, bs[0]->epoch};
-    /* routed by index modulo (shard NULL); one dataset's samples all join (samples_join):
-     * no call an item for either */
+    /* routed by their blocks' shards, modulo (shard NULL); one dataset's samples all join
+     * (samples_join): no call an item for either */
     bw__fetch_kind kind = {BW_DCHAN_KIND_READ_SAMPLES,
                            NULL,
                            ctx->mixture ? samples_join : NULL,

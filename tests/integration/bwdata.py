@@ -62,6 +62,31 @@ def _mix_int(z):
     return z
 
 
+# ---------------------------------------------------------------------------
+# the loader's placement, written from docs/formats.md ("Shards and placement")
+
+LOADER_SHARDS = 256
+BLOCK_BYTES = 64 << 10
+
+
+def loader_block(length, total_bytes, num_shards=LOADER_SHARDS):
+    """The loader's block of neighbouring samples for a dataset of `length` samples and
+    `total_bytes` bytes: the largest power of two b with b x the mean size (rounded up) <=
+    64 KiB and b x num_shards <= length; 1 at least."""
+    if length <= 0:
+        return 1
+    mean = max(1, -(-total_bytes // length))
+    b = 1
+    while b * 2 * mean <= BLOCK_BYTES and b * 2 * num_shards <= length:
+        b *= 2
+    return b
+
+
+def loader_shard(index, block, num_shards=LOADER_SHARDS):
+    """The storage shard the loader routes map-style sample `index` by (modulo)."""
+    return (index // max(block, 1)) % num_shards
+
+
 def synth_bytes(index, length):
     """bytes(i, L): the first L bytes of word(i,0) word(i,1) ..., little endian."""
     nwords = (length + 7) // 8 + 1

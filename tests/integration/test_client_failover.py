@@ -29,11 +29,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import bwdata as bd  # noqa: E402
 import bwtest as bt  # noqa: E402
 import test_client_e2e as e2e  # noqa: E402
 from test_client_resume import key, LEASE_MS, LEASE_WAIT  # noqa: E402
 
-NUM_SHARDS = 256  # the loader routes by index % 256 (client/lib/loader_limits.h)
+NUM_SHARDS = bd.LOADER_SHARDS  # the loader routes by blocks of samples, modulo 256
 CFG = dict(mode="torch", B=16, shuffle=True, seed=5)
 SPEC = "npy:big/part-*.npy"
 GATE = 20
@@ -130,7 +131,7 @@ def release_and_kill(cl, ranks, victim):
     return t_kill
 
 
-def failover(cl, ref, want, samples, victim="w2", transport="auto"):
+def failover(cl, ref, want, samples, ds, victim="w2", transport="auto"):
     job = "failover-" + transport
     fo = [e2e.Fetch(cl.addr, job, SPEC, CFG, r, gate_after=GATE,
                     extra=["--epochs", e2e.EPOCHS, "--prefetch", 2, "--timeout-ms", 5000,
@@ -147,6 +148,7 @@ def failover(cl, ref, want, samples, victim="w2", transport="auto"):
     table = placement_table(cl, NUM_SHARDS)
     ids = table["ids"]
     vshards = {s for s in range(NUM_SHARDS) if ids[table["owners"][s]] == victim}
+    block = bd.loader_block(ds["num_samples"], sum(os.path.getsize(p) for p in ds["paths"]))
     vports = {int(cl.workers[victim].addr.rsplit(":", 1)[1])}
     for w in bt.status_json(cl.addr)["workers"]:
         if w["id"] == victim and w.get("data_address"):
@@ -161,7 +163,7 @@ def failover(cl, ref, want, samples, victim="w2", transport="auto"):
              "each rank held by backpressure well before the end of the epoch" %
              (victim, seen, per_epoch))
     served = sum(1 for p in fo for b in p.result()[0][:seen[p.rank]]
-                 for i in b["indices"] if i % NUM_SHARDS in vshards)
+                 for i in b["indices"] if bd.loader_shard(i, block) in vshards)
     bt.check(sent > 0 and served > 0,
              "%s was serving before the kill: it had sent %d bytes on %d data connections (ss), "
              "and %d samples delivered before the kill are in its %d of %d shards (placement "
@@ -242,8 +244,8 @@ def test(tmpdir):
           len(ref[0]))
     time.sleep(LEASE_WAIT)
     device_check(cl)
-    failover(cl, ref, want, samples)  # sample bytes over the workers' data channels
-    failover(cl, ref, want, samples, "w3", "grpc")  # ... and over gRPC (w1 is left)
+    failover(cl, ref, want, samples, ds)  # sample bytes over the workers' data channels
+    failover(cl, ref, want, samples, ds, "w3", "grpc")  # ... and over gRPC (w1 is left)
     time.sleep(LEASE_WAIT)
     all_dead(cl)
     cl.stop()

@@ -26,6 +26,7 @@ Also: `/metrics` is plain HTTP served by libmicrohttpd (404 elsewhere), and a se
 given the same metrics port refuses to start with a message naming --metrics-listen.
 """
 
+import glob
 import json
 import os
 import re
@@ -325,6 +326,21 @@ def test(tmpdir):
     bt.check(samples == got_samples,
              "samples served (%d) = distinct samples in the ranks' batches (%d)" %
              (samples, got_samples))
+    # Each worker served the samples of the blocks it owns (docs/formats.md, "Shards and
+    # placement"): every index once an epoch, from the owner of its block's shard.
+    paths = sorted(glob.glob(os.path.join(root, "m", "part-*.npy")))
+    block = bd.loader_block(N, sum(os.path.getsize(p) for p in paths))
+    cc = bd.DataClient(tmpdir, coord.addr)
+    table = cc.placement(bd.LOADER_SHARDS)
+    ids = [w.id for w in table.workers]
+    want = {w: 0 for w in workers}
+    for i in range(N):
+        want[ids[table.owners[bd.loader_shard(i, block)]]] += EPOCHS
+    got = {w: total(after[w], "batchwire_worker_samples_served_total") for w in workers}
+    bt.check(block > 1 and got == want,
+             "each worker served its own blocks' samples: %r, as blocks of %d neighbouring "
+             "samples over %d shards give (placement version %d)" %
+             (got, block, bd.LOADER_SHARDS, table.version), want)
 
     # Errors by code, one a transport: an index past the end, over gRPC and the data channel.
     bad = [N + 5]
@@ -407,6 +423,7 @@ def test(tmpdir):
     mixture_served(root, coord, workers, waddr, scr)
 
     client.close()
+    cc.close()
     daemons = [coord] + list(workers.values())
     for d in daemons:
         d.proc.send_signal(signal.SIGTERM)

@@ -170,6 +170,37 @@ def test(tmpdir):
                                    routing=routing(pbm, table.version)),
         grpc.StatusCode.FAILED_PRECONDITION, "owned by worker w2", "refresh placement")
     bt.check(code == "BW_WRONG_OWNER", "a request for w2's shard at w1 is refused: " + details)
+    # Blocks (Routing.block_samples): a block of neighbouring indices is one shard's, checked
+    # by the rule the request carries -- served whole by its owner, refused whole elsewhere.
+    blk = 4
+    bshard = next(s for s in range(NUM_SHARDS) if ids[table.owners[s]] == "w2" and
+                  ids[table.owners[(blk * s) % NUM_SHARDS]] != "w2")
+    block_idx = list(range(blk * bshard, blk * bshard + blk))
+    rows = clients["w2"].read("npy", npy["sources"], block_idx,
+                              routing=pbm.Routing(placement_version=table.version,
+                                                  num_shards=NUM_SHARDS,
+                                                  shard_mode=pbm.SHARD_MODE_MODULO,
+                                                  block_samples=blk))
+    bt.check([r["index"] for r in rows] == block_idx,
+             "block %d of %d samples (indices %r, shard %d by blocks, %d alone) is served by "
+             "w2, its owner" % (bshard, blk, block_idx, bshard, block_idx[0] % NUM_SHARDS))
+    details, code = bd.expect_error(
+        lambda: clients["w2"].read("npy", npy["sources"], block_idx[:1],
+                                   routing=routing(pbm, table.version)),
+        grpc.StatusCode.FAILED_PRECONDITION, "shard %d of %d" % (block_idx[0] % NUM_SHARDS,
+                                                                NUM_SHARDS), "refresh placement")
+    bt.check(code == "BW_WRONG_OWNER",
+             "index %d routed sample by sample (shard %d, not w2's) is refused at w2: %s" %
+             (block_idx[0], block_idx[0] % NUM_SHARDS, details))
+    details, code = bd.expect_error(
+        lambda: clients["w1"].read("npy", npy["sources"], block_idx,
+                                   routing=pbm.Routing(placement_version=table.version,
+                                                       num_shards=NUM_SHARDS,
+                                                       shard_mode=pbm.SHARD_MODE_MODULO,
+                                                       block_samples=blk)),
+        grpc.StatusCode.FAILED_PRECONDITION, "shard %d of %d is owned by worker w2" %
+        (bshard, NUM_SHARDS))
+    bt.check(code == "BW_WRONG_OWNER", "the same block at w1 is refused: " + details)
 
     # Kill w2: only its shards move.
     workers["w2"].kill9()

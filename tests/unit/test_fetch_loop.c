@@ -36,6 +36,7 @@
 
 enum {
     NSHARDS = 256, /* as the loader routes (BW_LOADER_NUM_SHARDS) */
+    BLOCK = 2,     /* neighbouring samples placed together (bw__fetch_ctx.block) */
     MAXW = 4,
     MAXIDX = 1024,
     MAXREQ = 16,
@@ -181,7 +182,8 @@ static int owner_of(uint64_t idx, unsigned gone)
             ids[m] = IDS[i];
             map[m++] = i;
         }
-    return map[bw__placement_owner(ids, m, bw__placement_shard(idx, NSHARDS, BW_SHARD_MODULO))];
+    return map[bw__placement_owner(ids, m,
+                                   bw__placement_shard(idx, BLOCK, NSHARDS, BW_SHARD_MODULO))];
 }
 
 static bw__placement *fake_placement(void *arg, bool refresh, char *err, size_t errlen)
@@ -272,6 +274,7 @@ static int fstart(void *state, const bw__worker_ref *wr, const bw__read_req *req
     assert_string_equal(r->fingerprint, g_fingerprint);
     assert_non_null(r->routing);
     assert_int_equal(r->routing->num_shards, NSHARDS);
+    assert_int_equal(r->routing->block_samples, BLOCK);
     assert_true(r->n_indices > 0);
 
     int reqno = w->nreq++;
@@ -320,7 +323,8 @@ static int fstart(void *state, const bw__worker_ref *wr, const bw__read_req *req
             if (strcmp(p->workers[i].id, w->id) == 0)
                 mine = (long)i;
         for (size_t i = 0; i < x->n && !x->end_rc; i++) {
-            uint32_t s = bw__placement_shard(x->idx[i], NSHARDS, BW_SHARD_MODULO);
+            uint32_t s =
+                bw__placement_shard(x->idx[i], r->routing->block_samples, NSHARDS, BW_SHARD_MODULO);
             if ((long)p->owners[s] != mine) {
                 x->end_rc = BW_WRONG_OWNER;
                 snprintf(x->end_err, sizeof(x->end_err),
@@ -556,6 +560,7 @@ static rig *rig_new(size_t nw, sizes sz, uint64_t fixed)
     g_dataset = &g->ds;
     g_fingerprint = "fp-test";
     g->ctx.placement = fake_placement;
+    g->ctx.block = BLOCK;
     g->ctx.placement_arg = &g->c;
     g->ctx.preferred = (bw__transport){&fake_ops, &g->pref};
     g->ctx.fallback = (bw__transport){&fake_ops, &g->fb};

@@ -22,9 +22,15 @@ static void test_pinned(void **state)
     assert_true(bw__placement_mix64(1) == 0x5692161d100b05e5ull);
     assert_true(bw__placement_hash_bytes("", 0) == 0xcbf29ce484222325ull);
     assert_true(bw__placement_hash_bytes("a", 1) == 0xaf63dc4c8601ec8cull);
-    assert_int_equal(bw__placement_shard(37, 16, BW_SHARD_MODULO), 5);
-    assert_int_equal(bw__placement_shard(37, 1, BW_SHARD_HASH), 0);
-    assert_int_equal(bw__placement_shard(1, 16, BW_SHARD_HASH), 0x5692161d100b05e5ull % 16);
+    assert_int_equal(bw__placement_shard(37, 1, 16, BW_SHARD_MODULO), 5);
+    assert_int_equal(bw__placement_shard(37, 0, 16, BW_SHARD_MODULO), 5);
+    assert_int_equal(bw__placement_shard(37, 1, 1, BW_SHARD_HASH), 0);
+    assert_int_equal(bw__placement_shard(1, 1, 16, BW_SHARD_HASH), 0x5692161d100b05e5ull % 16);
+    /* blocks: 37 / 4 = 9; 37 / 3 = 12 (any block, not only the loader's powers of two) */
+    assert_int_equal(bw__placement_shard(37, 4, 16, BW_SHARD_MODULO), 9);
+    assert_int_equal(bw__placement_shard(37, 3, 16, BW_SHARD_MODULO), 12);
+    assert_int_equal(bw__placement_shard(7, 8, 16, BW_SHARD_HASH), 0);
+    assert_int_equal(bw__placement_shard(9, 8, 16, BW_SHARD_HASH), 0x5692161d100b05e5ull % 16);
     assert_int_equal(bw__placement_stream_shard(5, "x", 4, BW_SHARD_MODULO), 1);
     const char *ids[] = {"w1", "w2", "w3"};
     char owners[17] = "";
@@ -95,9 +101,42 @@ static void test_hash_spreads_consecutive(void **state)
     (void)state;
     int count[16] = {0};
     for (uint64_t i = 0; i < 16000; i++)
-        count[bw__placement_shard(i, 16, BW_SHARD_HASH)]++;
+        count[bw__placement_shard(i, 1, 16, BW_SHARD_HASH)]++;
     for (int s = 0; s < 16; s++)
         assert_true(count[s] > 850 && count[s] < 1150);
+}
+
+/* A block of neighbouring samples lands on one shard; the next block on the next shard. */
+static void test_blocks(void **state)
+{
+    (void)state;
+    for (uint64_t i = 0; i < 4096; i++) {
+        assert_int_equal(bw__placement_shard(i, 64, 256, BW_SHARD_MODULO), (i / 64) % 256);
+        assert_int_equal(bw__placement_shard(i, 64, 256, BW_SHARD_HASH),
+                         bw__placement_shard(i / 64, 1, 256, BW_SHARD_HASH));
+    }
+    uint64_t big = (1ull << 40) + 12345;
+    assert_int_equal(bw__placement_shard(big, 1u << 31, 7, BW_SHARD_MODULO), (big >> 31) % 7);
+    assert_int_equal(bw__placement_shard(big, 1000, 7, BW_SHARD_MODULO), (big / 1000) % 7);
+}
+
+/* The loader's block: the largest power of two of mean-sized samples within 64 KiB that still
+ * leaves a block for every shard; 1 when samples are large or the dataset small. */
+static void test_loader_block(void **state)
+{
+    (void)state;
+    /* 2^18 samples of 256 B (64 MiB): 256 of them make 64 KiB */
+    assert_int_equal(bw__placement_block(1u << 18, 64ull << 20, 256), 256);
+    /* with a header: the mean rounds up to 257 B, so 128 */
+    assert_int_equal(bw__placement_block(1u << 18, (64ull << 20) + 128, 256), 128);
+    assert_int_equal(bw__placement_block(65536, 256ull << 20, 256), 16);     /* 4 KiB */
+    assert_int_equal(bw__placement_block(8192, 512ull << 20, 256), 1);       /* 64 KiB */
+    assert_int_equal(bw__placement_block(512, 512ull << 20, 256), 1);        /* 1 MiB */
+    assert_int_equal(bw__placement_block(1003, 1003 * 200, 256), 2);         /* small: 1003 / 256 */
+    assert_int_equal(bw__placement_block(255, 255, 256), 1);                 /* fewer than shards */
+    assert_int_equal(bw__placement_block(0, 0, 256), 1);                     /* empty */
+    assert_int_equal(bw__placement_block(1ull << 40, 0, 256), 65536);        /* empty samples */
+    assert_int_equal(bw__placement_block(1ull << 20, 1ull << 20, 1), 65536); /* one shard */
 }
 
 int main(void)
@@ -107,6 +146,8 @@ int main(void)
         cmocka_unit_test(test_remove_moves_only_its_shards),
         cmocka_unit_test(test_order_independent),
         cmocka_unit_test(test_hash_spreads_consecutive),
+        cmocka_unit_test(test_blocks),
+        cmocka_unit_test(test_loader_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
