@@ -168,6 +168,10 @@ typedef struct bw__format_ops {
      * without touching it: for prefetching (bw__dataset_prefetch). NULL when the format has no
      * such arithmetic. */
     const uint8_t *(*locate)(const bw__source *s, uint64_t i, size_t *len);
+    /* With locate: a source's records all have one size and lie one after another in index
+     * order (locate(i + k) is locate(i) + k * len), so a run of neighbouring indices is one
+     * piece of the mapping without locating each (bw__rp_next_span). */
+    bool back_to_back;
     void (*close)(bw__source *s);
 } bw__format_ops;
 

@@ -318,5 +318,6 @@ const bw__format_ops bw__fmt_npy = {
     .get = bw__npy_get,
     .next = NULL,
     .locate = bw__npy_locate,
+    .back_to_back = true,
     .close = bw__npy_close,
 };

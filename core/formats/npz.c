@@ -242,5 +242,6 @@ const bw__format_ops bw__fmt_npz = {
     .get = bw__npy_get,
     .next = NULL,
     .locate = bw__npy_locate,
+    .back_to_back = true,
     .close = bw__npy_close,
 };
