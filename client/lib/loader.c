@@ -19,8 +19,8 @@
 /* Small batches read together (fetch_thread, group_size): at most this many, of at most this
  * many bytes in all, and only while this many groups can be in flight. */
 enum {
-    BW_LOADER_GROUP_MAX = 8,
-    BW_LOADER_GROUP_BYTES = 512 << 10,
+    BW_LOADER_GROUP_MAX = 32,
+    BW_LOADER_GROUP_BYTES = 2 << 20,
     BW_LOADER_GROUPS_IN_FLIGHT = 4,
     /* batches in flight where they are not grouped (auto_depth): 4, or for fixed-size batches
      * as many as hold BW_LOADER_INFLIGHT_BYTES, and never fewer than BW_LOADER_DEPTH_MIN */
@@ -532,11 +532,13 @@ static size_t group_size(const bw_loader *l, size_t per)
 }
 
 /* prefetch_batches 0 (the default): as many batches in flight as make BW_LOADER_GROUPS_IN_FLIGHT
- * groups of the largest size (largest_group) -- 32 batches of 64 KiB, 8 of 256 KiB; where
- * batches of fixed-size samples are not grouped (512 KiB and more), as many as hold 8 MiB, from
- * 2 to 4 -- 4 of 1 or 2 MiB, 3 of 3 MiB, 2 of 4 MiB and more; and 4 for samples of varying size
- * and streams. At 256-byte samples a prefetch of 32 read 2.1x as fast as 4 for half the CPU a
- * byte; at 1 MiB batches a deeper prefetch only costs more (docs/performance.md, "Per-sample
+ * groups of the largest size (largest_group) -- 128 batches of 64 KiB, 32 of 256 KiB, 8 of
+ * 1 MiB; where batches of fixed-size samples are not grouped (more than 1 MiB), as many as hold
+ * 8 MiB, from 2 to 4 -- 4 of 2 MiB, 3 of 3 MiB, 2 of 4 MiB and more; and 4 for samples of
+ * varying size and streams. At 256-byte samples a prefetch of 32 read 2.1x as fast as 4 for
+ * half the CPU a byte, and groups of 32 batches (2 MiB) 1.3x as fast as groups of 8 once
+ * placement by blocks made a request's samples cheap ("Per-sample cost, twelfth pass"); at
+ * 1 MiB samples a deeper prefetch only costs more (docs/performance.md, "Per-sample
  * cost, sixth pass"), and batches of 4 and 16 MiB read 3-5 % faster two at a time than four,
  * for less CPU and half the memory, while two such batches in flight still cover a network's
  * round trip (4 MiB take 0.34 ms at 100 Gb/s; "Per-sample cost, tenth pass"). */
@@ -835,7 +837,7 @@ int bw_loader_next(bw_loader *l, const bw_batch **out)
         l->state[l->held] = SLOT_FREE;
         l->held = l->nslots;
         /* One fetch can start -- with groups, once a whole group's slots are free: a thread
-         * woken for each slot went back to sleep seven times in eight at groups of 8. */
+         * woken for each slot went back to sleep 31 times in 32 at groups of 32. */
         if (free_ahead(l) > 0)
             pthread_cond_signal(&l->work_cv);
     }

@@ -460,7 +460,7 @@ def grouped_reads(cl, samples):
     pass"): with --prefetch 16 (groups of 4, four in flight) a rank's batches equal the plan
     and the generator's bytes as with --prefetch 1 (no groups), over fewer requests; the
     --prefetch 4 does not group (it would leave fewer requests in flight); the default,
-    --prefetch 0 (auto), keeps 32 of these small batches in flight in groups of 8
+    --prefetch 0 (auto), keeps 128 of these small batches in flight in groups of 32
     ("Per-sample cost, sixth pass"). Padding, a short last batch and an epoch boundary fall
     inside groups."""
     c = dict(mode="torch", B=7, shuffle=True, seed=77)
@@ -479,19 +479,19 @@ def grouped_reads(cl, samples):
              % (len(want[0]), requests[16], requests[1], requests[4]))
     bt.check(requests[0] * 5 < requests[1] and requests[0] < requests[16],
              "the default prefetch (auto) read %d batches of 672 bytes with %d requests, "
-             "--prefetch 1 with %d, 16 with %d (groups of 8)"
+             "--prefetch 1 with %d, 16 with %d (groups of 32)"
              % (len(want[0]), requests[0], requests[1], requests[16]))
 
 
 def large_batch_depth(cl):
-    """The default prefetch (auto) for batches of fixed-size samples too large to group: as
-    many as hold 8 MiB, from 2 to 4 (docs/client.md, "Fetches ahead"), so 4 MiB batches go
-    two at a time, 3 MiB three, 1 MiB four -- with the plan's samples and the generator's
-    bytes at each."""
+    """The default prefetch (auto) for batches of fixed-size samples too large to group (over
+    1 MiB): as many as hold 8 MiB, from 2 to 4 (docs/client.md, "Fetches ahead"), so 4 MiB
+    batches go two at a time, 3 MiB three, 2 MiB four; 1 MiB batches, the largest grouped, go
+    in pairs, eight in flight -- with the plan's samples and the generator's bytes at each."""
     big = gen(cl, "big", "npy", ["--num-samples", "160", "--shape", "65536", "--dtype", "uint8",
                                  "--files", "2"])
     samples = expected_samples(big)
-    for batch, depth in ((64, 2), (48, 3), (16, 4)):
+    for batch, depth, group in ((64, 2, 1), (48, 3, 1), (32, 4, 1), (16, 8, 2)):
         c = dict(mode="torch", B=batch, shuffle=True, seed=5)
         want, _ = plans(c, 160, 1, 1)
         job = "depth-%d" % batch
@@ -500,9 +500,10 @@ def large_batch_depth(cl):
         got, _ = p.ok(90, "job %s" % job)
         compare("batches of %d x 64 KiB, the default prefetch" % batch, got, want[0], samples)
         chose = re.search(r"prefetch=(\d+) group=(\d+)", p.stderr())
-        bt.check(chose and (int(chose.group(1)), int(chose.group(2))) == (depth, 1),
-                 "batches of %d KiB: the default prefetch is %d batches, ungrouped (the loader "
-                 "said %r)" % (batch * 64, depth, chose and chose.group(0)))
+        bt.check(chose and (int(chose.group(1)), int(chose.group(2))) == (depth, group),
+                 "batches of %d KiB: the default prefetch is %d batches, %s (the loader said %r)"
+                 % (batch * 64, depth, "in groups of %d" % group if group > 1 else "ungrouped",
+                    chose and chose.group(0)))
 
 
 def test(tmpdir):
