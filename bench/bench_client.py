@@ -15,9 +15,10 @@
     transfer with the trainer's work can have; one buffer stays in the cache, two may not);
     two-connection raw TCP once more, each connection carrying the samples of each batch that
     the placement gives its worker (bench_client_tcp --placement 256 --copy-below 1024: the
-    loader's 256 shards modulo, owners w0 and w1 by rendezvous hashing; runs of about two
-    samples gathered on one end, pieces under 1 KiB copied together as the workers copy them,
-    and scattered into their places on the other -- the same split without the protocol);
+    loader's blocks of neighbouring samples over 256 shards, owners w0 and w1 by rendezvous
+    hashing; each worker's runs of samples gathered on one end, pieces under 1 KiB copied
+    together as the workers copy them, and scattered into their places on the other -- the same
+    split without the protocol);
     and the Python binding (batchwire.Loader, plan order, the same dataset, batch size, epochs
     and prefetch, timed the same way: from opening the loader to the last batch) against
     `batchwire fetch`; and the CPU each costs per GiB moved -- the fetch process and both
@@ -635,9 +636,9 @@ def print_markdown(rep, repeat):
                 r["fetch_mib_s"], r["tcp2_mib_s"], r["ratio2"], r["tcp2b_mib_s"], r["ratio2b"],
                 r["tcp2_cpu_ms_gib"], r["tcp2b_cpu_ms_gib"]) for r in rep["a"]])
     md_table(out, "\n(a) plan order against raw TCP over 2 connections that each carry the "
-             "samples the placement gives their worker (256 shards modulo, rendezvous owners "
-             "w0, w1): with two workers a worker's samples of a batch come in runs of about two, "
-             "gathered on one end and scattered on the other " + med,
+             "samples the placement gives their worker (the loader's blocks of neighbouring "
+             "samples over 256 shards, rendezvous owners w0, w1): each worker's runs of a "
+             "batch's samples gathered on one end and scattered on the other " + med,
              ["sample", "batch", "fetch MiB/s", "raw TCP, 2 connections MiB/s", "fetch / that",
               "raw TCP, the placement's split MiB/s", "fetch / that", "CPU ms/GiB: split"],
              [f("%s %d %.0f %.0f %.2f %.0f %.2f %.0f", human(r["sample"]), r["batch"],
