@@ -84,6 +84,18 @@ def human(n):
         "%d B" % n
 
 
+def gen_npy(bt, root, name, n, sample):
+    """`batchwire gen` of n uint8 samples of `sample` bytes into root/name/part-00000.npy, its
+    pages written back before anything is timed: left dirty, the kernel writes them back about
+    30 s later (vm.dirty_expire_centisecs), in the middle of the runs -- the 1 MiB rows' first
+    runs (of a 512 MiB file) ran at 0.55-0.85 of the rest so."""
+    r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, name), "--num-samples", n,
+               "--shape", sample, "--dtype", "uint8", timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    os.sync()
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -254,8 +266,10 @@ def _varint(v):
 
 
 def cursor_at(template, step):
-    """The cursor bytes with field 7 (step) replaced: proto/jobs.proto's Cursor."""
-    out, i = bytearray(), 0
+    """The cursor bytes with field 7 (step) replaced: proto/jobs.proto's Cursor, in the one form
+    batchwire writes and accepts (fields in number order, a zero step left out, as protobuf-c
+    packs it; core/cursor/cursor.c)."""
+    fields, i = [], 0
     while i < len(template):
         start = i
         key, i = _read_varint(template, i)
@@ -270,8 +284,10 @@ def cursor_at(template, step):
         elif wire == 5:
             i += 4
         if field not in (7, 15):  # the step, and the checksum that must follow the rest
-            out += template[start:i]
-    out += _varint(7 << 3) + _varint(step)
+            fields.append((field, template[start:i]))
+    if step:
+        fields.append((7, _varint(7 << 3) + _varint(step)))
+    out = bytearray(b"".join(f for _, f in sorted(fields, key=lambda x: x[0])))
     out += b"\x7d" + _crc32c(bytes(out)).to_bytes(4, "little")
     return "bwc1:" + base64.b64encode(bytes(out)).decode()
 
@@ -330,10 +346,7 @@ def tls_rates(bt, tmp, root, repeat, quick, report):
         total = (64 if quick else 256) * MiB
         n = total // sample
         name = "t%d" % sample
-        r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, name), "--num-samples",
-                   n, "--shape", sample, "--dtype", "uint8", timeout=600)
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr)
+        gen_npy(bt, root, name, n, sample)
         ds = "npy:%s/part-00000.npy" % name
         epochs = max(1, (128 * MiB if quick else 512 * MiB) // total)
         fetch_rate(bt, coord.addr, "warm-" + name, ds, batch, 1, "auto", ca)
@@ -416,10 +429,7 @@ def main():
         for sample, batch, total in sizes:
             n = total // sample
             name = "s%d" % sample
-            r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, name),
-                       "--num-samples", n, "--shape", sample, "--dtype", "uint8", timeout=600)
-            if r.returncode != 0:
-                raise RuntimeError(r.stderr)
+            gen_npy(bt, root, name, n, sample)
             path = os.path.join(root, name, "part-00000.npy")
             off = npy_header_len(path)
             ds = "npy:%s/part-00000.npy" % name
@@ -550,10 +560,7 @@ def main():
                 raise RuntimeError("worker %s died; log:\n%s" % (w.name, w.log_text()))
         if not n:
             return finish(report, repeat, tmp, args)
-        r = bt.cli("gen", "--format", "npy", "--out", os.path.join(root, "small"),
-                   "--num-samples", n, "--shape", 16, "--dtype", "uint8", timeout=600)
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr)
+        gen_npy(bt, root, "small", n, 16)
         ds = "npy:small/part-00000.npy"
         with batchwire.Loader(coordinator=coord.addr, job="c", dataset=ds, batch_size=1,
                               shuffle=True, seed=0, rank=0, world_size=1) as lo:
