@@ -129,8 +129,8 @@ static const bw_opt options[] = {
     {"device", BW_OPT_STRING, offsetof(fetch_cfg, device), NULL, 0, 0, NULL, 0, "cuda:N",
      "deliver batches on this GPU"},
     {"prefetch", BW_OPT_INT, offsetof(fetch_cfg, prefetch), "0", 0, 1024, NULL, 0, "N",
-     "batches fetched ahead (0: auto: about 2 MiB of small batches, 8 MiB of larger ones (2 to "
-     "4 batches), or 4)"},
+     "batches fetched ahead (0: auto: batches of fixed-size samples up to 1 MiB read in "
+     "groups, about 8 MiB in flight; larger ones 2 to 4 at a time; otherwise 4)"},
     {"timeout-ms", BW_OPT_INT, offsetof(fetch_cfg, timeout_ms), "10000", 1, 3600000, NULL, 0, "MS",
      "deadline of each call"},
     {"job-epochs", BW_OPT_INT, offsetof(fetch_cfg, job_epochs), "0", 0, 1000000, NULL, 0, "N",

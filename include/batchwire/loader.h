@@ -98,10 +98,10 @@ typedef struct bw_loader_options {
     int even_batches; /* default 1 */
 
     /* the fast path */
-    /* batches fetched ahead; 0 (the default): auto -- for small batches of fixed-size samples
-     * enough to keep about 2 MiB in flight, read in groups (32 batches of 64 KiB; 8 of 256 KiB),
-     * for larger ones as many as hold 8 MiB, from 2 to 4 (4 of 1 MiB, 2 of 4 MiB and more),
-     * else 4; docs/client.md, "Fetches ahead" */
+    /* batches fetched ahead; 0 (the default): auto -- for batches of fixed-size samples up to
+     * 1 MiB enough to keep about 8 MiB in flight, read in groups (128 batches of 64 KiB in groups
+     * of 32; 8 of 1 MiB in pairs), for larger ones as many as hold 8 MiB, from 2 to 4 (4 of
+     * 2 MiB, 2 of 4 MiB and more), else 4; docs/client.md, "Fetches ahead" */
     unsigned prefetch_batches;
     size_t max_buffer_bytes; /* cap on memory held by prefetched batches (default 1 GiB) */
     int timeout_ms;          /* deadline of each call (default 10000) */

@@ -888,7 +888,7 @@ class Loader:
 
     The fast path
       prefetch      batches fetched ahead (0, the default: for batches of fixed-size samples
-                    about 2 MiB of small ones, 8 MiB of larger ones (2 to 4 batches); else 4);
+                    about 8 MiB, in groups for batches up to 1 MiB, else 2 to 4 batches; else 4);
                     max_buffer_bytes caps their memory
       device        None or "cpu": host memory; "cuda:N": batches copied to that GPU
       reuse_buffers False (default): every batch keeps its bytes for as long as it or a view
