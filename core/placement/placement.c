@@ -43,8 +43,8 @@ uint32_t bw__placement_block(uint64_t length, uint64_t total_bytes, uint32_t num
 {
     if (length == 0)
         return 1;
-    /* the mean size, rounded up: a block never makes more than the bytes on average */
-    uint64_t mean = total_bytes / length + (total_bytes % length != 0);
+    /* the mean size (a file's header, spread over its samples, rounds away) */
+    uint64_t mean = total_bytes / length;
     uint64_t shards = num_shards ? num_shards : 1;
     uint32_t b = 1;
     while (b < (1u << 30) && (uint64_t)b * 2 * (mean ? mean : 1) <= BW_PLACEMENT_BLOCK_BYTES &&

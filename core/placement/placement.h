@@ -34,9 +34,10 @@ enum {
 };
 
 /* The loader's block for a dataset of `length` samples and `total_bytes` bytes routed over
- * num_shards shards: the largest power of two of samples whose mean size in all makes at most
- * BW_PLACEMENT_BLOCK_BYTES and that still gives every shard a block (block * num_shards <=
- * length); 1 when none is larger (docs/formats.md, "Shards and placement"). */
+ * num_shards shards: the largest power of two of samples whose mean size (total_bytes /
+ * length, rounded down) in all makes at most BW_PLACEMENT_BLOCK_BYTES and that still gives
+ * every shard a block (block * num_shards <= length); 1 when none is larger (docs/formats.md,
+ * "Shards and placement"). */
 uint32_t bw__placement_block(uint64_t length, uint64_t total_bytes, uint32_t num_shards);
 
 /* The shard of stream source number `position` named `path` (hash mode hashes the path, so a

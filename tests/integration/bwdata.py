@@ -71,11 +71,11 @@ BLOCK_BYTES = 64 << 10
 
 def loader_block(length, total_bytes, num_shards=LOADER_SHARDS):
     """The loader's block of neighbouring samples for a dataset of `length` samples and
-    `total_bytes` bytes: the largest power of two b with b x the mean size (rounded up) <=
+    `total_bytes` bytes: the largest power of two b with b x the mean size (rounded down) <=
     64 KiB and b x num_shards <= length; 1 at least."""
     if length <= 0:
         return 1
-    mean = max(1, -(-total_bytes // length))
+    mean = max(1, total_bytes // length)
     b = 1
     while b * 2 * mean <= BLOCK_BYTES and b * 2 * num_shards <= length:
         b *= 2

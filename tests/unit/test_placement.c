@@ -127,8 +127,9 @@ static void test_loader_block(void **state)
     (void)state;
     /* 2^18 samples of 256 B (64 MiB): 256 of them make 64 KiB */
     assert_int_equal(bw__placement_block(1u << 18, 64ull << 20, 256), 256);
-    /* with a header: the mean rounds up to 257 B, so 128 */
-    assert_int_equal(bw__placement_block(1u << 18, (64ull << 20) + 128, 256), 128);
+    /* a header's bytes spread over the samples round away; a mean of 257 B takes 128 */
+    assert_int_equal(bw__placement_block(1u << 18, (64ull << 20) + 128, 256), 256);
+    assert_int_equal(bw__placement_block(1u << 18, 257ull << 18, 256), 128);
     assert_int_equal(bw__placement_block(65536, 256ull << 20, 256), 16);     /* 4 KiB */
     assert_int_equal(bw__placement_block(8192, 512ull << 20, 256), 1);       /* 64 KiB */
     assert_int_equal(bw__placement_block(512, 512ull << 20, 256), 1);        /* 1 MiB */
