@@ -36,7 +36,9 @@ static uint64_t touch_dataset(const Batchwire__V1__Dataset *d)
 
 static uint64_t touch_routing(const Batchwire__V1__Routing *r)
 {
-    return r ? r->placement_version + r->num_shards + (uint64_t)r->shard_mode + r->by_source : 0;
+    return r ? r->placement_version + r->num_shards + (uint64_t)r->shard_mode + r->by_source +
+                   r->block_samples
+             : 0;
 }
 
 static void decode(uint32_t kind, const uint8_t *body, size_t len)
