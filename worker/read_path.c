@@ -428,13 +428,11 @@ int bw__rp_next_span(bw__rp *rp, size_t max, uint64_t max_bytes, bw__rp_span *ou
         cap = (size_t)(s->count - rel);
     size_t k = 1, len;
     const uint64_t *ix = rp->indices + rp->pos;
-    if (s->ops->back_to_back && !rp->nparts) /* each index's place follows from the first's */
-        while (k < cap && ix[k] == first + k)
-            k++;
-    else
-        while (k < cap && ix[k] == first + k && (!rp->nparts || rp->of[rp->pos + k] == rp->cur) &&
-               s->ops->locate(s, rel + k, &len) == p + k * size && len == size)
-            k++;
+    /* back to back (npy, npz): each index's place follows from the first's, unlocated */
+    bool stride = s->ops->back_to_back;
+    while (k < cap && ix[k] == first + k && (!rp->nparts || rp->of[rp->pos + k] == rp->cur) &&
+           (stride || (s->ops->locate(s, rel + k, &len) == p + k * size && len == size)))
+        k++;
     /* The first PREFETCH_AHEAD were prefetched with what came before them; a longer span is
      * one piece read in order, so only the samples after it are (a prefetch a sample of the
      * span's own would cost more than it hides). */
