@@ -201,6 +201,21 @@ def test(tmpdir):
         grpc.StatusCode.FAILED_PRECONDITION, "shard %d of %d is owned by worker w2" %
         (bshard, NUM_SHARDS))
     bt.check(code == "BW_WRONG_OWNER", "the same block at w1 is refused: " + details)
+    # Any block a request carries is checked by its rule: the largest puts every index of the
+    # dataset in block 0, shard 0, served by shard 0's owner alone.
+    huge = pbm.Routing(placement_version=table.version, num_shards=NUM_SHARDS,
+                       shard_mode=pbm.SHARD_MODE_MODULO, block_samples=2**32 - 1)
+    owner0 = ids[table.owners[0]]
+    other = next(w for w in ("w1", "w2", "w3") if w != owner0)
+    far = [0, 299, 150]
+    rows = clients[owner0].read("npy", npy["sources"], far, routing=huge)
+    bt.check([r["index"] for r in rows] == far,
+             "blocks of 2^32-1 samples: indices %r are all shard 0's, served by %s" % (far, owner0))
+    details, code = bd.expect_error(
+        lambda: clients[other].read("npy", npy["sources"], far, routing=huge),
+        grpc.StatusCode.FAILED_PRECONDITION, "shard 0 of %d is owned by worker %s" %
+        (NUM_SHARDS, owner0))
+    bt.check(code == "BW_WRONG_OWNER", "... and refused at %s: %s" % (other, details))
 
     # Kill w2: only its shards move.
     workers["w2"].kill9()
