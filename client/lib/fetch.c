@@ -451,11 +451,19 @@ static void start(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, const bw
     bw__arena_reset(&a); /* both transports have sent or copied the message */
 }
 
+/* Tells dest's owner that samples were completed (fetch.h, bw__fetch_dest.progress). */
+static void progressed(const bw__fetch_dest *dest, bool any)
+{
+    if (any && dest && dest->progress)
+        dest->progress(dest->progress_arg);
+}
+
 /* Receives every started request to its end, serving whichever has data (pf and who hold n
- * entries). A request silent for `attempt` ms ends with BW_TIMEOUT: its worker is treated as
- * failed, and a retry elsewhere still fits in the batch's deadline. */
-static void receive(fetch_req *reqs, size_t n, uint64_t deadline, uint64_t attempt,
-                    struct pollfd *pf, size_t *who)
+ * entries), and says after each read that completed samples (progressed). A request silent
+ * for `attempt` ms ends with BW_TIMEOUT: its worker is treated as failed, and a retry
+ * elsewhere still fits in the batch's deadline. */
+static void receive(fetch_req *reqs, size_t n, const bw__fetch_dest *dest, uint64_t deadline,
+                    uint64_t attempt, struct pollfd *pf, size_t *who)
 {
     uint64_t start = bw__mono_ms();
     /* A transport may keep its descriptor quiet until many bytes are in (transport.h,
@@ -493,6 +501,7 @@ static void receive(fetch_req *reqs, size_t n, uint64_t deadline, uint64_t attem
         if (ready < 0 && errno != EINTR)
             break;
         now = bw__mono_ms();
+        bool completed = false;
         for (size_t j = 0; j < m; j++) {
             fetch_req *r = &reqs[who[j]];
             bool woke = ready > 0 && pf[j].revents;
@@ -500,14 +509,18 @@ static void receive(fetch_req *reqs, size_t n, uint64_t deadline, uint64_t attem
                 continue;
             bw__sink sink = {place, arrived, r, peek, span, landed};
             uint64_t before = r->res.received;
+            size_t k = r->k;
             r->ended = r->t->ops->recv(r->x, &sink, &r->res);
+            completed |= r->k != k;
             if (woke)
                 r->heard = now;
             else if (r->ended || r->res.received != before)
                 r->heard = r->read; /* they may have come right after that read */
             r->read = now;
         }
+        progressed(dest, completed);
     }
+    bool completed = false;
     for (size_t i = 0; i < n; i++) {
         fetch_req *r = &reqs[i];
         if (r->ended)
@@ -519,13 +532,16 @@ static void receive(fetch_req *reqs, size_t n, uint64_t deadline, uint64_t attem
                      bw_strerror(BW_INTERRUPTED));
         } else if (r->t->ops->fd(r->x) < 0) { /* blocking transports: read to the end now */
             bw__sink sink = {place, arrived, r, peek, span, landed};
+            size_t k = r->k;
             r->ended = r->t->ops->recv(r->x, &sink, &r->res);
+            completed |= r->k != k;
         } else {
             r->ended = true;
             r->res.rc = BW_TIMEOUT;
             snprintf(r->res.err, sizeof(r->res.err), "no answer before the deadline");
         }
     }
+    progressed(dest, completed);
 }
 
 /* What the outcome of a request means for the rest of the fetch. */
@@ -669,7 +685,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
                     reqs[i].stats = ctx->stats;
                     start(ctx, kind, p, &reqs[i], deadline);
                 }
-                receive(reqs, nreqs, deadline, attempt_ms(ctx), pf, who);
+                receive(reqs, nreqs, dest, deadline, attempt_ms(ctx), pf, who);
                 for (size_t i = 0; i < nreqs; i++) {
                     fetch_req *r = &reqs[i];
                     if (r->t)

@@ -140,6 +140,12 @@ typedef struct bw__fetch_dest {
      * bases[first / stride]. NULL: one batch, as above. */
     uint8_t *const *bases;
     size_t stride;
+    /* Called, when set, after each read that completed samples (and before the fetch returns):
+     * the owner may take the batches whose items are all done -- their bytes are in place and
+     * the fetch touches them no more (bw__fetch_batches hands each batch of a group over as it
+     * completes). */
+    void (*progress)(void *arg);
+    void *progress_arg;
 } bw__fetch_dest;
 
 /*

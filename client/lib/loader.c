@@ -128,27 +128,70 @@ static int fetch_slot(bw_loader *l, bw_batch *b, unsigned gen)
     }
 }
 
-/* Fills planned batches bs[0..nb) (nb <= l->group) together: fill()'s steps, with their
- * samples in one fetch, each worker asked once for its samples of all of them
- * (samples_fetch.h). A batch whose read was interrupted is filled again on its own
- * (fetch_slot). */
-static void fill_group(bw_loader *l, bw_batch **bs, size_t nb, unsigned gen)
+/* A fetch thread's steps: their slots (FETCHING), and which of them were handed to the
+ * trainer's side (READY) before the rest of their group was read. */
+typedef struct fetch_run {
+    bw_loader *l;
+    unsigned gen;
+    size_t nb;
+    bw_batch *bs[BW_LOADER_GROUP_MAX];
+    size_t slots[BW_LOADER_GROUP_MAX];
+    bool handed[BW_LOADER_GROUP_MAX];
+} fetch_run;
+
+/* Step j of run f is read (its slot's rc says how): READY for bw_loader_next, or FREE when
+ * the loader moved meanwhile; with l->mu held. */
+static void slot_done(fetch_run *f, size_t j)
 {
+    bw_loader *l = f->l;
+    l->state[f->slots[j]] = f->gen == l->generation ? SLOT_READY : SLOT_FREE;
+    f->handed[j] = true;
+}
+
+/* bw__fetch_batches' batch b, complete before the rest of its group: finished (fill_finish)
+ * and made READY at once, so that a slow rest does not hold it back (samples_fetch.h). */
+static void batch_done(void *arg, bw_batch *b)
+{
+    fetch_run *f = arg;
+    bw_loader *l = f->l;
+    fill_finish(l, b, b->rc);
+    pthread_mutex_lock(&l->mu);
+    for (size_t j = 0; j < f->nb; j++)
+        if (f->bs[j] == b)
+            slot_done(f, j);
+    pthread_cond_broadcast(&l->ready_cv);
+    if (f->gen != l->generation)
+        pthread_cond_broadcast(&l->work_cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Fills planned batches bs[0..nb) (nb <= l->group) of run f together: fill()'s steps, with
+ * their samples in one fetch, each worker asked once for its samples of all of them -- each
+ * batch handed over as soon as its samples are in (batch_done) -- (samples_fetch.h). A
+ * batch whose read was interrupted is filled again on its own (fetch_slot). */
+static void fill_group(fetch_run *f, bw_batch **bs, size_t nb)
+{
+    bw_loader *l = f->l;
     if (nb == 1) {
-        bs[0]->rc = fetch_slot(l, bs[0], gen);
+        bs[0]->rc = fetch_slot(l, bs[0], f->gen);
         return;
     }
     for (size_t j = 0; j < nb; j++) {
         if (fill_start(l, bs[j]) != BW_OK) { /* the lease may have lapsed: one at a time */
             for (size_t i = 0; i < nb; i++)
-                bs[i]->rc = fetch_slot(l, bs[i], gen);
+                bs[i]->rc = fetch_slot(l, bs[i], f->gen);
             return;
         }
     }
-    bw__fetch_batches(&l->fctx, bs, nb);
-    for (size_t j = 0; j < nb; j++)
-        bs[j]->rc = bs[j]->rc == BW_INTERRUPTED ? fetch_slot(l, bs[j], gen)
-                                                : fill_finish(l, bs[j], bs[j]->rc);
+    bw__fetch_batches(&l->fctx, bs, nb, batch_done, f);
+    for (size_t j = 0; j < nb; j++) {
+        bool handed = false;
+        for (size_t i = 0; i < f->nb; i++)
+            handed |= f->bs[i] == bs[j] && f->handed[i];
+        if (!handed)
+            bs[j]->rc = bs[j]->rc == BW_INTERRUPTED ? fetch_slot(l, bs[j], f->gen)
+                                                    : fill_finish(l, bs[j], bs[j]->rc);
+    }
 }
 
 /* How many steps a fetch thread may take now (l->mu held): the next one when its slot is
@@ -265,8 +308,9 @@ static void wake_all(bw_loader *l)
 static void *fetch_thread(void *arg)
 {
     bw_loader *l = arg;
-    bw_batch *bs[BW_LOADER_GROUP_MAX];
-    size_t slots[BW_LOADER_GROUP_MAX];
+    fetch_run f = {.l = l};
+    bw_batch **bs = f.bs;
+    size_t *slots = f.slots;
     pthread_mutex_lock(&l->mu);
     while (!l->stopping) {
         if (l->quiescing || free_ahead(l) == 0) {
@@ -286,7 +330,9 @@ static void *fetch_thread(void *arg)
             l->state[slot] = SLOT_FETCHING;
             ordered[nb - 1] = take_planned(l, steps[nb - 1], bs[nb - 1], &verdict[nb - 1]);
         }
-        unsigned gen = l->generation;
+        unsigned gen = f.gen = l->generation;
+        f.nb = nb;
+        memset(f.handed, 0, sizeof(f.handed));
         pthread_mutex_unlock(&l->mu);
         size_t planned = 0;
         bw_batch *todo[BW_LOADER_GROUP_MAX];
@@ -301,10 +347,11 @@ static void *fetch_thread(void *arg)
                 todo[planned++] = b;
         }
         if (planned)
-            fill_group(l, todo, planned, gen);
+            fill_group(&f, todo, planned);
         pthread_mutex_lock(&l->mu);
         for (size_t j = 0; j < nb; j++)
-            l->state[slots[j]] = gen == l->generation ? SLOT_READY : SLOT_FREE;
+            if (!f.handed[j]) /* a slot handed over may be another step's by now */
+                slot_done(&f, j);
         pthread_cond_broadcast(&l->ready_cv);
         if (gen != l->generation) /* discarded: its slots are free for the new position */
             pthread_cond_broadcast(&l->work_cv);

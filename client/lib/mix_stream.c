@@ -290,7 +290,7 @@ int bw__mixstream_fetch_batch(const bw__fetch_ctx *ctx, bw__mixstream *ms, bw_ba
             rc = BW_INTERNAL;
         }
     }
-    bw__fetch_dest dest = {b, 0, 0, 0, NULL, NULL, 0};
+    bw__fetch_dest dest = {b, 0, 0, 0, NULL, NULL, 0, NULL, NULL};
     if (rc == BW_OK)
         rc = fetch_streams(ctx, ms, b, all, &dest);
     if (rc == BW_OK)

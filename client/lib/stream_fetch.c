@@ -233,7 +233,7 @@ int bw__stream_fetch_batch(const bw__fetch_ctx *ctx, bw__stream_ctx *sc, const b
     }
     stream_kind k = {ctx, sc, NULL, false, 0};
     bw__fetch_kind kind = stream_kind_of(&k);
-    bw__fetch_dest dest = {b, 0, 0, 0, NULL, NULL, 0};
+    bw__fetch_dest dest = {b, 0, 0, 0, NULL, NULL, 0, NULL, NULL};
     if (rc == BW_OK)
         rc = bw__fetch_items(ctx, &kind, items, n, &dest, b->err, sizeof(b->err));
     if (rc == BW_OK)

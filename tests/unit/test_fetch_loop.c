@@ -607,13 +607,12 @@ static int free_rigs(void **state)
     return 0;
 }
 
-/* The batch holds every position's bytes, in plan order, and nothing else. */
-static void check_batch(const rig *g)
+/* Batch b holds every position's bytes, in plan order, and nothing else. */
+static void check_one(const cluster *c, const bw_batch *b)
 {
-    const bw_batch *b = &g->b;
     size_t total = 0;
     for (size_t i = 0; i < b->count; i++) {
-        uint64_t idx = b->indices[i], want = sample_size(&g->c, idx);
+        uint64_t idx = b->indices[i], want = sample_size(c, idx);
         const void *data = NULL;
         size_t size = 0;
         assert_int_equal(bw_batch_sample(b, i, &data, &size), BW_OK);
@@ -628,6 +627,11 @@ static void check_batch(const rig *g)
         total += size;
     }
     assert_int_equal(bw_batch_nbytes(b), total);
+}
+
+static void check_batch(const rig *g)
+{
+    check_one(&g->c, &g->b);
 }
 
 static void check_asked_once(const rig *g)
@@ -1079,6 +1083,70 @@ static void test_deadline_covers_retries(void **state)
     rig_free(g);
 }
 
+/* What a group's done callback saw: the batches handed over, in order, and how many samples
+ * the slow worker had sent at each hand-over. */
+typedef struct handed {
+    const cluster *c;
+    bw_batch *got[4];
+    size_t slow_served[4];
+    size_t n;
+} handed;
+
+static void on_done(void *arg, bw_batch *b)
+{
+    handed *h = arg;
+    assert_true(h->n < 4);
+    assert_int_equal(b->rc, BW_OK);
+    check_one(h->c, b); /* whole and in place when handed over */
+    h->slow_served[h->n] = h->c->w[1].served;
+    h->got[h->n++] = b;
+}
+
+/* Batches read together (bw__fetch_batches) are handed over each as soon as its own samples
+ * are in, in order: batch 0, all of its samples on w1, before w2 -- slow, holding batch 1 --
+ * has sent anything; then batch 1 and batch 2 (w1's again, waiting for batch 1 only). Read
+ * under 10 % packet loss, a group held its first batches back until its slowest request
+ * ended (docs/operating.md, "Measured recovery"). */
+static void test_group_hands_over_each_batch(void **state)
+{
+    (void)state;
+    rig *g = rig_new(2, SZ_FIXED, 16);
+    g->c.w[1].b = SLOW;
+    g->c.w[1].delay_ms = 1500;
+    g->ctx.timeout_ms = 10000;
+    const unsigned two = (1u << 2) | (1u << 3); /* w3, w4 are not in this cluster */
+    bw_batch bs[3];
+    bw_batch *ptrs[3] = {&bs[0], &bs[1], &bs[2]};
+    const int owner[3] = {0, 1, 0};
+    uint64_t next = 0;
+    for (int j = 0; j < 3; j++) {
+        assert_int_equal(bw__batch_init(&bs[j], 4, 0, false), BW_OK);
+        for (size_t i = 0; i < 4; i++) {
+            while (owner_of(next, two) != owner[j])
+                next++;
+            bs[j].indices[i] = next++;
+        }
+        bs[j].count = bs[j].real = 4;
+    }
+    handed h = {.c = &g->c};
+    assert_int_equal(bw__fetch_batches(&g->ctx, ptrs, 3, on_done, &h), BW_OK);
+    assert_int_equal(h.n, 3);
+    for (int j = 0; j < 3; j++) {
+        assert_ptr_equal(h.got[j], &bs[j]);
+        check_one(&g->c, &bs[j]);
+    }
+    if (h.slow_served[0] != 0)
+        fail_msg("batch 0 was handed over after the slow worker had sent %zu samples: it waited "
+                 "for the rest of its group",
+                 h.slow_served[0]);
+    assert_int_equal(h.slow_served[1], 4);
+    assert_int_equal(g->c.w[0].nreq, 1); /* still one request per worker for the group */
+    assert_int_equal(g->c.w[1].nreq, 1);
+    for (int j = 0; j < 3; j++)
+        bw__batch_free(&bs[j]);
+    rig_free(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1099,6 +1167,7 @@ int main(void)
         cmocka_unit_test_teardown(test_retry_in_place_or_moved, free_rigs),
         cmocka_unit_test_teardown(test_dies_inside_whole_sample, free_rigs),
         cmocka_unit_test_teardown(test_deadline_covers_retries, free_rigs),
+        cmocka_unit_test_teardown(test_group_hands_over_each_batch, free_rigs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
