@@ -118,7 +118,10 @@ int bw__sock_split(const char *addr, char *host, size_t hostlen, char *port, siz
 /* Listens on addr (port 0: any free one); *bound_port is the port bound. */
 int bw__sock_listen(const char *addr, int *fd, int *bound_port, char *err, size_t errlen);
 
-/* Connects to addr within timeout_ms; TCP_NODELAY, close-on-exec, and bw__sock_tune. */
+/* Connects to addr within timeout_ms; TCP_NODELAY, close-on-exec, and bw__sock_tune. While
+ * no attempt has connected, another starts beside them every BW_SOCK_RACE_MS, up to
+ * BW_SOCK_RACE_MAX at once (a SYN lost costs the kernel's first retransmission, 1 s). */
+enum { BW_SOCK_RACE_MS = 200, BW_SOCK_RACE_MAX = 4 };
 int bw__sock_connect(const char *addr, int timeout_ms, int *fd, char *err, size_t errlen);
 
 /* A connected socket's settings for a network that may partition (docs/operating.md,

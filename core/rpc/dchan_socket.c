@@ -93,36 +93,115 @@ const char *bw__sock_wait_failed(int rc, const char *on_timeout, const char *oth
     return rc == BW_TIMEOUT ? on_timeout : rc == BW_INTERRUPTED ? bw_strerror(rc) : otherwise;
 }
 
+/* Attempts racing to connect (bw__sock_connect): the name's addresses (the first
+ * BW_SOCK_RACE_ADDRS), those that refused, and the attempts in flight with their address. */
+enum { BW_SOCK_RACE_ADDRS = 16 };
+typedef struct race {
+    const struct addrinfo *ai[BW_SOCK_RACE_ADDRS];
+    bool dead[BW_SOCK_RACE_ADDRS];
+    size_t naddr, live, next; /* addresses; not refused; the next to try */
+    struct pollfd pf[BW_SOCK_RACE_MAX];
+    size_t of[BW_SOCK_RACE_MAX];
+    size_t n;
+} race;
+
+/* Address k refused (or cannot be reached): it is not tried again. */
+static void race_dead(race *r, size_t k)
+{
+    if (!r->dead[k]) {
+        r->dead[k] = true;
+        r->live--;
+    }
+}
+
+/* Starts an attempt beside those in flight, to the next address not refused: the socket
+ * when it connected at once, else -1 (*saved: why it failed at once, if it did). */
+static int race_start(race *r, int *saved)
+{
+    size_t k = r->next;
+    while (r->dead[k])
+        k = (k + 1) % r->naddr;
+    r->next = (k + 1) % r->naddr;
+    const struct addrinfo *ai = r->ai[k];
+    int s = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (s >= 0 && connect(s, ai->ai_addr, ai->ai_addrlen) == 0)
+        return s;
+    if (s >= 0 && errno == EINPROGRESS) {
+        r->pf[r->n] = (struct pollfd){s, POLLOUT, 0};
+        r->of[r->n++] = k;
+        return -1;
+    }
+    *saved = errno;
+    if (s >= 0)
+        close(s);
+    race_dead(r, k);
+    return -1;
+}
+
 int bw__sock_connect(const char *addr, int timeout_ms, int *fd, char *err, size_t errlen)
 {
     struct addrinfo *res = NULL;
     int rc = bw__sock_resolve(addr, false, &res, err, errlen);
     if (rc != BW_OK)
         return rc;
-    uint64_t deadline = bw__mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
-    int s = -1, saved = ECONNREFUSED;
-    for (struct addrinfo *ai = res; ai && s < 0; ai = ai->ai_next) {
-        s = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-        if (s < 0) {
-            saved = errno;
-            continue;
+    /* A lost SYN, or its answer, costs the kernel's first retransmission: 1 s. So while no
+     * attempt has connected another starts beside them every BW_SOCK_RACE_MS -- a fresh SYN,
+     * to the name's next address (one that refused is not tried again) -- up to
+     * BW_SOCK_RACE_MAX at once; the first to connect wins, the others are closed
+     * (docs/operating.md, "Networks"). */
+    race r;
+    memset(&r, 0, sizeof(r));
+    for (const struct addrinfo *a = res; a && r.naddr < BW_SOCK_RACE_ADDRS; a = a->ai_next)
+        r.ai[r.naddr++] = a;
+    r.live = r.naddr;
+    uint64_t now = bw__mono_ms(), deadline = now + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
+    uint64_t next = now;
+    int s = -1, saved = ETIMEDOUT;
+    for (;;) {
+        while (s < 0 && r.live > 0 && r.n < BW_SOCK_RACE_MAX && (now >= next || r.n == 0)) {
+            s = race_start(&r, &saved);
+            next = now + BW_SOCK_RACE_MS;
         }
-        int ok = connect(s, ai->ai_addr, ai->ai_addrlen) == 0, wrc = BW_TIMEOUT;
-        if (!ok && errno == EINPROGRESS && (wrc = bw__sock_wait(s, POLLOUT, deadline)) == BW_OK) {
+        if (s >= 0 || (r.n == 0 && r.live == 0))
+            break;
+        if (now >= deadline) {
+            saved = ETIMEDOUT;
+            break;
+        }
+        bool more = r.live > 0 && r.n < BW_SOCK_RACE_MAX && next < deadline;
+        uint64_t wake = more ? next : deadline;
+        int ready = bw__poll(r.pf, r.n, (int)(wake > now ? wake - now : 0));
+        if (bw__interrupted()) {
+            saved = EINTR;
+            break;
+        }
+        if (ready < 0 && errno != EINTR) {
+            saved = errno;
+            break;
+        }
+        for (size_t k = r.n; ready > 0 && k-- > 0;) {
+            if (!r.pf[k].revents)
+                continue;
             int e = 0;
             socklen_t el = sizeof(e);
-            getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &el);
-            ok = e == 0;
-            errno = e ? e : ETIMEDOUT;
-        } else if (!ok && errno == EINPROGRESS) {
-            errno = wrc == BW_INTERRUPTED ? EINTR : ETIMEDOUT;
+            if (getsockopt(r.pf[k].fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0)
+                e = errno;
+            if (e == 0 && s < 0) {
+                s = r.pf[k].fd;
+            } else {
+                if (e != 0) { /* refused, unreachable: the address answered */
+                    saved = e;
+                    race_dead(&r, r.of[k]);
+                }
+                close(r.pf[k].fd);
+            }
+            r.pf[k] = r.pf[r.n - 1];
+            r.of[k] = r.of[--r.n];
         }
-        if (!ok) {
-            saved = errno;
-            close(s);
-            s = -1;
-        }
+        now = bw__mono_ms();
     }
+    for (size_t k = 0; k < r.n; k++) /* the attempts that lost the race */
+        close(r.pf[k].fd);
     freeaddrinfo(res);
     if (s < 0 && saved == EINTR) {
         snprintf(err, errlen, "connecting to %s: %s", addr, bw_strerror(BW_INTERRUPTED));
