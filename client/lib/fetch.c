@@ -451,19 +451,30 @@ static void start(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, const bw
     bw__arena_reset(&a); /* both transports have sent or copied the message */
 }
 
-/* Tells dest's owner that samples were completed (fetch.h, bw__fetch_dest.progress). */
-static void progressed(const bw__fetch_dest *dest, bool any)
+/* Telling dest's owner of completed samples (fetch.h, bw__fetch_dest.progress): from
+ * `after` on, after each read that completed some, and at `after` itself when some completed
+ * before it (`owed`). */
+typedef struct progress {
+    const bw__fetch_dest *dest;
+    uint64_t after;
+    bool owed;
+} progress;
+
+static void progressed(progress *pg, bool completed, uint64_t now)
 {
-    if (any && dest && dest->progress)
-        dest->progress(dest->progress_arg);
+    pg->owed |= completed;
+    if (pg->owed && now >= pg->after) {
+        pg->owed = false;
+        pg->dest->progress(pg->dest->progress_arg);
+    }
 }
 
 /* Receives every started request to its end, serving whichever has data (pf and who hold n
- * entries), and says after each read that completed samples (progressed). A request silent
- * for `attempt` ms ends with BW_TIMEOUT: its worker is treated as failed, and a retry
- * elsewhere still fits in the batch's deadline. */
-static void receive(fetch_req *reqs, size_t n, const bw__fetch_dest *dest, uint64_t deadline,
-                    uint64_t attempt, struct pollfd *pf, size_t *who)
+ * entries), telling the owner of completed samples when it asked (pg: NULL when it did not).
+ * A request silent for `attempt` ms ends with BW_TIMEOUT: its worker is treated as failed,
+ * and a retry elsewhere still fits in the batch's deadline. */
+static void receive(fetch_req *reqs, size_t n, progress *pg, uint64_t deadline, uint64_t attempt,
+                    struct pollfd *pf, size_t *who)
 {
     uint64_t start = bw__mono_ms();
     /* A transport may keep its descriptor quiet until many bytes are in (transport.h,
@@ -495,6 +506,8 @@ static void receive(fetch_req *reqs, size_t n, const bw__fetch_dest *dest, uint6
         }
         if (m == 0)
             break;
+        if (pg && pg->owed && pg->after < wake)
+            wake = pg->after;
         int ready = bw__poll(pf, m, (int)(wake > now ? wake - now : 0));
         if (bw__interrupted())
             break; /* the requests not ended end below, interrupted */
@@ -518,7 +531,8 @@ static void receive(fetch_req *reqs, size_t n, const bw__fetch_dest *dest, uint6
                 r->heard = r->read; /* they may have come right after that read */
             r->read = now;
         }
-        progressed(dest, completed);
+        if (pg)
+            progressed(pg, completed, now);
     }
     bool completed = false;
     for (size_t i = 0; i < n; i++) {
@@ -541,7 +555,8 @@ static void receive(fetch_req *reqs, size_t n, const bw__fetch_dest *dest, uint6
             snprintf(r->res.err, sizeof(r->res.err), "no answer before the deadline");
         }
     }
-    progressed(dest, completed);
+    if (pg)
+        progressed(pg, completed, bw__mono_ms());
 }
 
 /* What the outcome of a request means for the rest of the fetch. */
@@ -629,6 +644,7 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
     size_t remaining = 0;
     for (size_t u = 0; u < n; u++)
         remaining += !items[u].done;
+    progress pg = {dest, start_ms + BW_FETCH_PROGRESS_AFTER_MS, false};
     avoid_seed(ctx->avoid, &suspects);
     while (rc == BW_OK && remaining > 0) {
         if (bw__interrupted()) {
@@ -685,7 +701,8 @@ int bw__fetch_items(const bw__fetch_ctx *ctx, const bw__fetch_kind *kind, bw__fe
                     reqs[i].stats = ctx->stats;
                     start(ctx, kind, p, &reqs[i], deadline);
                 }
-                receive(reqs, nreqs, dest, deadline, attempt_ms(ctx), pf, who);
+                receive(reqs, nreqs, dest && dest->progress ? &pg : NULL, deadline, attempt_ms(ctx),
+                        pf, who);
                 for (size_t i = 0; i < nreqs; i++) {
                     fetch_req *r = &reqs[i];
                     if (r->t)

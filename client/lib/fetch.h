@@ -20,8 +20,10 @@
 #include "jobs.pb-c.h"
 #include "transport.h"
 
-/* Items per request at most: a worker's request-size limit is never approached. */
-enum { BW_FETCH_MAX_PER_REQUEST = 1 << 16 };
+/* Items per request at most: a worker's request-size limit is never approached. A fetch
+ * lasting longer than BW_FETCH_PROGRESS_AFTER_MS tells its owner of completed samples
+ * (bw__fetch_dest.progress). */
+enum { BW_FETCH_MAX_PER_REQUEST = 1 << 16, BW_FETCH_PROGRESS_AFTER_MS = 10 };
 
 typedef struct bw__fetch_item {
     uint64_t key;      /* what the worker sends back: dataset index, or record number */
@@ -140,10 +142,12 @@ typedef struct bw__fetch_dest {
      * bases[first / stride]. NULL: one batch, as above. */
     uint8_t *const *bases;
     size_t stride;
-    /* Called, when set, after each read that completed samples (and before the fetch returns):
-     * the owner may take the batches whose items are all done -- their bytes are in place and
-     * the fetch touches them no more (bw__fetch_batches hands each batch of a group over as it
-     * completes). */
+    /* Called, when set, once the fetch has lasted BW_FETCH_PROGRESS_AFTER_MS, if samples
+     * completed by then, and after each read that completed samples from then on: the owner
+     * may take the batches whose items are all done -- their bytes are in place and the fetch
+     * touches them no more (bw__fetch_batches hands each batch of a group over so). A fetch
+     * over sooner makes no call: its batches are all the owner's at once, at no cost per
+     * batch. */
     void (*progress)(void *arg);
     void *progress_arg;
 } bw__fetch_dest;
